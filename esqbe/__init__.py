@@ -1,0 +1,3 @@
+"""esqbe: faceted query-by-example search for scientific papers."""
+
+__version__ = "0.1.0"
