@@ -53,6 +53,8 @@ class IndexedPaper:
 
     paper: Paper
     vectors: np.ndarray
+    #: wordpiece token -> count in this paper's sentences (the encoder's tokenizer); feeds corpus token frequencies
+    token_counts: dict[str, int] | None = None
 
     def __post_init__(self):
         self.vectors = np.asarray(self.vectors, dtype=np.float32)
@@ -151,8 +153,9 @@ class Backend(ABC):
     def stats(self) -> dict:
         """Counts for humans and scripts: papers, sentences, per-facet sentences, model, backend details."""
 
-    def token_document_frequencies(self) -> tuple[dict[str, int], int] | None:
-        """Optional: (token -> number of papers containing it, number of papers) for frequency weighting."""
+    def token_counts(self) -> tuple[dict[str, int], int] | None:
+        """Corpus token frequencies kept up to date on upsert/delete: (token -> count, total tokens),
+        or None when the backend keeps none (rescorers then estimate from the candidates)."""
         return None
 
     def close(self) -> None:
