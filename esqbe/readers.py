@@ -1,0 +1,410 @@
+"""Read papers from every input format esqbe accepts into `Paper` objects.
+
+Each source (a path, a gzipped path, `-` for stdin, or an open text stream) is JSON Lines. The
+format is detected from the first parseable record of the source unless `format=` is given.
+Bad lines are reported as `file:line: field: reason` and reading goes on (`strict=True` stops at
+the first one); records without an abstract are skipped and counted. Nothing is dropped silently:
+every non-blank line ends up yielded, skipped (with a reason) or in `ReadReport.errors`.
+"""
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import sys
+import zlib
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from esqbe.papers import Paper, normalize_label, split_sentences
+
+FORMATS = ("s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl")
+
+NO_ABSTRACT = "no abstract"
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class InputError(ValueError):
+    """One bad input line, located precisely enough to fix it by hand."""
+
+    def __init__(self, source: str, line: int, field: str, reason: str):
+        self.source = source
+        self.line = line
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{source}:{line}: {field}: {reason}")
+
+
+@dataclass
+class ReadReport:
+    """What happened to every line, so a caller can show the user that nothing was lost.
+
+    For line-level outcomes `read == yielded + sum(skipped.values()) + len(errors)`; a source that
+    cannot be read to its end (corrupt gzip) adds one error for the unread rest.
+    """
+
+    read: int = 0
+    yielded: int = 0
+    skipped: collections.Counter = field(default_factory=collections.Counter)
+    errors: list[InputError] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {
+            "read": self.read,
+            "yielded": self.yielded,
+            "skipped": dict(sorted(self.skipped.items())),
+            "errors": [str(e) for e in self.errors],
+        }
+
+
+class _Invalid(Exception):
+    """A record is malformed in `field`; turned into an InputError once the line is known."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(field, reason)
+        self.field = field
+        self.reason = reason
+
+
+class _Skip(Exception):
+    """A well-formed record that cannot become a paper (e.g. no abstract)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+# ---------------------------------------------------------------- format detection
+
+
+def detect_format(record: dict) -> str:
+    """Name the format of one record from its keys; ValueError naming the keys if none fits."""
+    if not isinstance(record, dict):
+        raise ValueError(f"cannot detect the input format: expected a JSON object, got {_type_name(record)}")
+    keys = set(record)
+    lower = {k.lower() for k in keys}
+    if "corpusid" in lower:
+        if "content" in lower:
+            return "s2ag-s2orc"
+        if "abstract" in lower:
+            return "s2ag-abstracts"
+        if "title" in lower:
+            raise ValueError(
+                "records look like the S2AG 'papers' dataset, which has no abstracts; "
+                "read the S2AG 'abstracts' (or 's2orc') dataset instead"
+            )
+    elif "sentences" in keys:
+        return "csabstruct"
+    elif "pred_labels" in keys:
+        return "csfcube"
+    elif "paper_id" in keys:
+        return "csfcube" if isinstance(record.get("abstract"), list) else "s2orc"
+    elif "id" in keys:
+        return "jsonl"
+    raise ValueError(
+        f"cannot detect the input format from keys {sorted(keys)}; "
+        f"pass a format explicitly (one of {', '.join(FORMATS)})"
+    )
+
+
+# ---------------------------------------------------------------- field helpers
+
+
+def _type_name(value) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _paper_id(record: dict, key: str) -> str:
+    value = record.get(key)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise _Invalid(key, "missing")
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise _Invalid(key, f"expected a string or integer, got {_type_name(value)}")
+    return str(value).strip()
+
+
+def _title(record: dict, key: str = "title") -> str:
+    value = record.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _Invalid(key, f"expected a string, got {_type_name(value)}")
+    return " ".join(value.split())
+
+
+def _split_text_abstract(value, key: str) -> list[str]:
+    """A string abstract split into sentences; null/missing/blank is a skip, other types are errors."""
+    if value is None:
+        raise _Skip(NO_ABSTRACT)
+    if not isinstance(value, str):
+        raise _Invalid(key, f"expected a string, got {_type_name(value)}")
+    sentences = split_sentences(value)
+    if not sentences:
+        raise _Skip(NO_ABSTRACT)
+    return sentences
+
+
+def _sentence_list(value, key: str) -> list[str]:
+    """An abstract given as sentences; an empty one among others is an error (its label would dangle)."""
+    if value is None:
+        raise _Skip(NO_ABSTRACT)
+    if not isinstance(value, list):
+        raise _Invalid(key, f"expected a list of sentences, got {_type_name(value)}")
+    for i, sentence in enumerate(value):
+        if not isinstance(sentence, str):
+            raise _Invalid(key, f"sentence {i} is {_type_name(sentence)}, expected a string")
+    sentences = [s.strip() for s in value]
+    if not any(sentences):
+        raise _Skip(NO_ABSTRACT)
+    for i, sentence in enumerate(sentences):
+        if not sentence:
+            raise _Invalid(key, f"sentence {i} is empty")
+    return sentences
+
+
+def _labels(value, n_sentences: int, key: str, raw_labels: bool) -> list[str]:
+    """Given labels, one per sentence, normalised; null/missing means unlabeled."""
+    if value is None:
+        return ["unlabeled"] * n_sentences
+    if not isinstance(value, list):
+        raise _Invalid(key, f"expected a list of labels, got {_type_name(value)}")
+    if len(value) != n_sentences:
+        raise _Invalid(key, f"{len(value)} labels for {n_sentences} sentences")
+    labels = []
+    for i, label in enumerate(value):
+        try:
+            labels.append(normalize_label(label, raw=raw_labels))
+        except ValueError as e:
+            raise _Invalid(key, f"label {i}: {e}") from None
+    return labels
+
+
+def _metadata(fmt: str, year=None) -> dict:
+    """Only what is worth storing next to the paper; the rest of the record stays in the source."""
+    meta = {"format": fmt}
+    if isinstance(year, int) and not isinstance(year, bool):
+        meta["year"] = year
+    return meta
+
+
+def _lower_keys(d: dict) -> dict:
+    """S2AG bulk files use `corpusid`, the API docs `corpusId`: accept both."""
+    return {str(k).lower(): v for k, v in d.items()}
+
+
+# ---------------------------------------------------------------- one parser per format
+
+
+def _from_s2orc(record: dict, raw_labels: bool) -> Paper:
+    paper_id = _paper_id(record, "paper_id")
+    title = _title(record)
+    sentences = _split_text_abstract(record.get("abstract"), "abstract")
+    return Paper(paper_id, title, sentences, metadata=_metadata("s2orc", record.get("year")))
+
+
+def _from_s2ag_abstracts(record: dict, raw_labels: bool) -> Paper:
+    record = _lower_keys(record)
+    paper_id = _paper_id(record, "corpusid")
+    title = _title(record)
+    sentences = _split_text_abstract(record.get("abstract"), "abstract")
+    return Paper(paper_id, title, sentences, metadata=_metadata("s2ag-abstracts", record.get("year")))
+
+
+def _spans(annotations: dict, name: str, text: str) -> list[tuple[int, int]]:
+    """Distinct (start, end) spans of one annotation; S2AG stores them as a JSON-encoded list."""
+    key = f"content.annotations.{name}"
+    value = annotations.get(name)
+    if value is None:
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise _Invalid(key, f"not a JSON span list ({e.msg})") from None
+    if not isinstance(value, list):
+        raise _Invalid(key, f"expected a list of spans, got {_type_name(value)}")
+    spans = []
+    for span in value:
+        start = span.get("start") if isinstance(span, dict) else None
+        end = span.get("end") if isinstance(span, dict) else None
+        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= len(text)):
+            raise _Invalid(key, f"bad span {span!r} for a text of {len(text)} characters")
+        if (start, end) not in spans:
+            spans.append((start, end))
+    return spans
+
+
+def _from_s2ag_s2orc(record: dict, raw_labels: bool) -> Paper:
+    record = _lower_keys(record)
+    paper_id = _paper_id(record, "corpusid")
+    content = record.get("content")
+    if content is None:
+        raise _Skip(NO_ABSTRACT)
+    if not isinstance(content, dict):
+        raise _Invalid("content", f"expected an object, got {_type_name(content)}")
+    content = _lower_keys(content)
+    text = content.get("text")
+    if text is None:
+        raise _Skip(NO_ABSTRACT)
+    if not isinstance(text, str):
+        raise _Invalid("content.text", f"expected a string, got {_type_name(text)}")
+    annotations = content.get("annotations")
+    if annotations is None:
+        raise _Skip(NO_ABSTRACT)
+    if not isinstance(annotations, dict):
+        raise _Invalid("content.annotations", f"expected an object, got {_type_name(annotations)}")
+    annotations = _lower_keys(annotations)
+
+    # Grobid repeats the title and abstract (same or different offsets): keep each distinct text once.
+    title_spans = _spans(annotations, "title", text)
+    title = " ".join(text[title_spans[0][0] : title_spans[0][1]].split()) if title_spans else ""
+    parts: list[str] = []
+    for start, end in _spans(annotations, "abstract", text):
+        part = text[start:end].strip()
+        if part and part not in parts:
+            parts.append(part)
+    sentences = _split_text_abstract(" ".join(parts), "content.annotations.abstract")
+    return Paper(paper_id, title, sentences, metadata=_metadata("s2ag-s2orc", record.get("year")))
+
+
+def _from_csfcube(record: dict, raw_labels: bool) -> Paper:
+    paper_id = _paper_id(record, "paper_id")
+    title = _title(record)
+    sentences = _sentence_list(record.get("abstract"), "abstract")
+    facets = _labels(record.get("pred_labels"), len(sentences), "pred_labels", raw_labels)
+    meta = record.get("metadata")
+    year = meta.get("year") if isinstance(meta, dict) else None
+    return Paper(paper_id, title, sentences, facets, metadata=_metadata("csfcube", year))
+
+
+def _from_csabstruct(record: dict, raw_labels: bool) -> Paper:
+    paper_id = _paper_id(record, "paper_id")
+    sentences = _sentence_list(record.get("sentences"), "sentences")
+    facets = _labels(record.get("labels"), len(sentences), "labels", raw_labels)
+    return Paper(paper_id, "", sentences, facets, metadata=_metadata("csabstruct"))
+
+
+def _from_jsonl(record: dict, raw_labels: bool) -> Paper:
+    paper_id = _paper_id(record, "id")
+    title = _title(record)
+    abstract = record.get("abstract")
+    facets = record.get("facets")
+    if isinstance(abstract, list):
+        sentences = _sentence_list(abstract, "abstract")
+        labels = _labels(facets, len(sentences), "facets", raw_labels)
+    elif abstract is None or isinstance(abstract, str):
+        if facets is not None:
+            raise _Invalid("facets", "only valid with an abstract given as a list of sentences")
+        sentences = _split_text_abstract(abstract, "abstract")
+        labels = []
+    else:
+        raise _Invalid("abstract", f"expected a string or a list of sentences, got {_type_name(abstract)}")
+    return Paper(paper_id, title, sentences, labels, metadata=_metadata("jsonl", record.get("year")))
+
+
+_PARSERS = {
+    "s2orc": _from_s2orc,
+    "s2ag-abstracts": _from_s2ag_abstracts,
+    "s2ag-s2orc": _from_s2ag_s2orc,
+    "csfcube": _from_csfcube,
+    "csabstruct": _from_csabstruct,
+    "jsonl": _from_jsonl,
+}
+
+
+# ---------------------------------------------------------------- sources
+
+
+def _open_source(source, stack: ExitStack) -> tuple[str, Iterator]:
+    """(name for messages, iterator of raw lines as bytes or str) for a path, `-` or a stream."""
+    if isinstance(source, str) and source == "-":
+        return "<stdin>", iter(getattr(sys.stdin, "buffer", sys.stdin))
+    if hasattr(source, "read"):
+        return str(getattr(source, "name", "<stream>")), iter(source)
+    name = str(source)
+    f = stack.enter_context(open(source, "rb"))
+    if f.peek(2)[:2] == _GZIP_MAGIC:  # by content, so a `.gz` name is neither needed nor trusted
+        f = stack.enter_context(gzip.open(f, "rb"))
+    return name, iter(f)
+
+
+def _decode(raw, lineno: int) -> str:
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _Invalid("encoding", f"not UTF-8 ({e.reason} at byte {e.start})") from None
+    else:
+        text = raw
+    return text.lstrip("\ufeff") if lineno == 1 else text
+
+
+def _parse_json(line: str) -> dict:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise _Invalid("json", f"{e.msg} (column {e.colno})") from None
+    if not isinstance(record, dict):
+        raise _Invalid("record", f"expected a JSON object, got {_type_name(record)}")
+    return record
+
+
+def read_papers(
+    source,
+    format: str | None = None,
+    *,
+    strict: bool = False,
+    raw_labels: bool = False,
+    report: ReadReport | None = None,
+) -> Iterator[Paper]:
+    """Yield the papers of one source, filling `report` with what was read, skipped or wrong.
+
+    An unknown `format` raises ValueError at once; a source whose format cannot be detected raises
+    InputError (even without `strict`: every line would fail). `raw_labels=True` keeps `objective`
+    apart from `background`, for training the facet tagger on the five CSAbstruct labels.
+    """
+    if format is not None and format not in FORMATS:
+        raise ValueError(f"unknown input format {format!r}; valid formats: {', '.join(FORMATS)}")
+    return _read(source, format, strict, raw_labels, report if report is not None else ReadReport())
+
+
+def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport) -> Iterator[Paper]:
+    with ExitStack() as stack:
+        name, lines = _open_source(source, stack)
+        lineno = 0
+        while True:
+            try:
+                raw = next(lines)
+            except StopIteration:
+                break
+            except (EOFError, OSError, zlib.error) as e:  # truncated or corrupt gzip, I/O failure
+                error = InputError(name, lineno + 1, "file", f"cannot read further: {e}")
+                if strict:
+                    raise error from e
+                report.errors.append(error)
+                break
+            lineno += 1
+            if not raw.strip():
+                continue
+            report.read += 1
+            try:
+                record = _parse_json(_decode(raw, lineno))
+                if fmt is None:
+                    try:
+                        fmt = detect_format(record)
+                    except ValueError as e:
+                        raise InputError(name, lineno, "format", str(e)) from None
+                paper = _PARSERS[fmt](record, raw_labels)
+            except _Invalid as e:
+                error = InputError(name, lineno, e.field, e.reason)
+                if strict:
+                    raise error from None
+                report.errors.append(error)
+                continue
+            except _Skip as e:
+                report.skipped[e.reason] += 1
+                continue
+            report.yielded += 1
+            yield paper
