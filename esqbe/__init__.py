@@ -1,3 +1,19 @@
-"""esqbe: faceted query-by-example search for scientific papers."""
+"""esqbe: faceted query-by-example search for scientific papers.
+
+    import esqbe
+    index = esqbe.open_index("esqbe-index")
+    index.index_files(["papers.jsonl"])
+    for hit in index.query(paper_id="1791179", facet="method").hits:
+        print(hit.rank, hit.paper_id, hit.title)
+"""
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # the API imports torch-free modules only, but keep `import esqbe` instant for the CLI's --help
+    if name in ("open_index", "open_backend", "Index", "IndexReport"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(name)

@@ -81,6 +81,10 @@ class Encoder:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
         source, self.name = resolve_model(model)
         offline = not source.count("/") or Path(source).is_dir()
         self.device = _pick_device(device)

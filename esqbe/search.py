@@ -1,0 +1,180 @@
+"""The query pipeline: query sentences -> first stage (BM25 + kNN, fused) -> rescorer -> ranked hits.
+
+A query is a paper (from the index, or given as text) and either a facet (Definition 1: the
+sentences labelled with it) or chosen sentence indices (Definition 2: no labels needed).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .backends.base import Backend, FirstStageRequest, IndexedPaper
+from .config import Settings
+from .papers import QUERY_FACETS, normalize_label
+from .rescore import CandidateBatch, QueryBatch, RescoreContext, make_rescorer
+
+CANDIDATE_FACET_MODES = ("all", "same")
+
+
+class QueryError(ValueError):
+    """The query cannot be answered as asked (unknown paper, facet absent, bad sentence index)."""
+
+
+@dataclass
+class MatchedPair:
+    query_index: int
+    query_sentence: str
+    candidate_index: int
+    candidate_sentence: str
+    candidate_facet: str
+    weight: float
+
+
+@dataclass
+class Hit:
+    rank: int
+    paper_id: str
+    title: str
+    score: float
+    first_stage_score: float
+    bm25: float
+    knn: float
+    matches: list[MatchedPair] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class QueryResult:
+    query_paper_id: str | None
+    facet: str | None
+    query_sentences: list[tuple[int, str]]
+    hits: list[Hit]
+    rescorer: str
+    timings: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "query": {
+                "paper_id": self.query_paper_id,
+                "facet": self.facet,
+                "sentences": [{"index": i, "text": t} for i, t in self.query_sentences],
+            },
+            "rescorer": self.rescorer,
+            "hits": [h.to_dict() for h in self.hits],
+            "timings_ms": self.timings,
+        }
+
+
+def select_query_sentences(paper: IndexedPaper, facet: str | None, sentences: Sequence[int] | None) -> list[int]:
+    """Which of the paper's sentences form the query (facet labels, chosen indices, or all)."""
+    p = paper.paper
+    if facet is not None and sentences is not None:
+        raise QueryError("give either a facet or sentence indices, not both")
+    if sentences is not None:
+        chosen = list(dict.fromkeys(int(i) for i in sentences))
+        bad = [i for i in chosen if not 0 <= i < len(p.sentences)]
+        if bad or not chosen:
+            raise QueryError(
+                f"paper {p.paper_id} has sentences 0..{len(p.sentences) - 1}; "
+                f"{'no sentence chosen' if not chosen else 'no sentence ' + ', '.join(map(str, bad))}"
+            )
+        return chosen
+    if facet is None:
+        return list(range(len(p.sentences)))
+    facet = normalize_label(facet)
+    if facet not in QUERY_FACETS:
+        raise QueryError(f"facet must be one of {', '.join(QUERY_FACETS)} (got {facet!r})")
+    chosen = p.facet_indices(facet)
+    if not chosen:
+        if not p.is_labeled:
+            raise QueryError(
+                f"paper {p.paper_id} has no facet labels (it was indexed without labels and without the tagger); "
+                "query it with --sentences, or re-index it with labels or `--facets predict`"
+            )
+        present = sorted(set(p.facets) - {"unlabeled"})
+        raise QueryError(f"paper {p.paper_id} has no sentence labelled {facet!r}; its facets: {', '.join(present)}")
+    return chosen
+
+
+def _minmax(x: np.ndarray) -> np.ndarray:
+    if x.size == 0:
+        return x
+    lo, hi = float(x.min()), float(x.max())
+    return np.zeros_like(x) if hi <= lo else (x - lo) / (hi - lo)
+
+
+def run_query(
+    backend: Backend,
+    query: IndexedPaper,
+    indices: list[int],
+    settings: Settings,
+    *,
+    facet: str | None = None,
+    exclude: Sequence[str] = (),
+    restrict_to: Sequence[str] | None = None,
+    context: RescoreContext | None = None,
+) -> QueryResult:
+    """Rank papers by similarity to the chosen sentences of `query`."""
+    if settings.candidate_facet not in CANDIDATE_FACET_MODES:
+        raise QueryError(f"candidate_facet must be one of {', '.join(CANDIDATE_FACET_MODES)}")
+    timings = {}
+    t0 = time.perf_counter()
+    q_sentences = [query.paper.sentences[i] for i in indices]
+    q_vectors = query.vectors[indices]
+    restrict = frozenset(map(str, restrict_to)) if restrict_to is not None else None
+    depth = max(settings.rescore_depth, settings.k)
+    if restrict is not None:
+        depth = max(depth, len(restrict))  # re-ranking a given pool: every member gets rescored
+    request = FirstStageRequest(
+        text=" ".join(q_sentences),
+        vectors=q_vectors,
+        facet=normalize_label(facet) if (facet and settings.candidate_facet == "same") else None,
+        k=depth,
+        knn_k=max(settings.knn_k, depth if restrict is not None else 0),
+        bm25_k=max(settings.bm25_k, depth if restrict is not None else 0),
+        exclude=frozenset({query.paper_id, *map(str, exclude)}),
+        restrict_to=restrict,
+        fusion=settings.fusion,
+        bm25_weight=settings.fusion_bm25_weight,
+    )
+    candidates = backend.first_stage(request)
+    timings["first_stage"] = round(1000 * (time.perf_counter() - t0), 2)
+
+    t1 = time.perf_counter()
+    rescorer = make_rescorer(settings.rescorer, context or RescoreContext(backend=backend), **(settings.rescorer_params or {}))
+    first = np.array([c.score for c in candidates], dtype=np.float64)
+    matches: list[list[tuple[int, int, float]]] = [[] for _ in candidates]
+    if rescorer is not None and candidates:
+        batch = CandidateBatch.from_papers([c.paper for c in candidates])
+        result = rescorer(QueryBatch(q_vectors, q_sentences), batch)
+        scores = np.asarray(result.scores, dtype=np.float64)
+        matches = result.matches or matches
+    else:
+        scores = first.copy()
+    if settings.final_bm25_weight and candidates:
+        w = float(settings.final_bm25_weight)
+        bm25 = np.array([c.bm25 for c in candidates], dtype=np.float64)
+        scores = (1 - w) * _minmax(scores) + w * _minmax(bm25)
+    timings["rescore"] = round(1000 * (time.perf_counter() - t1), 2)
+
+    order = sorted(range(len(candidates)), key=lambda i: (-scores[i], candidates[i].paper_id))
+    hits = []
+    limit = len(order) if restrict is not None else settings.k
+    for rank, i in enumerate(order[:limit], start=1):
+        c = candidates[i]
+        pairs = []
+        for qi, ci, w in matches[i]:
+            pairs.append(MatchedPair(indices[qi], q_sentences[qi], ci, c.paper.paper.sentences[ci], c.paper.paper.facets[ci], float(w)))
+        if not pairs and c.paper is not None and len(c.paper.paper.sentences):
+            # first-stage order only: still show the best sentence pair, by cosine
+            sims = q_vectors @ c.paper.vectors.T
+            qi, ci = np.unravel_index(int(np.argmax(sims)), sims.shape)
+            pairs.append(MatchedPair(indices[qi], q_sentences[qi], int(ci), c.paper.paper.sentences[ci], c.paper.paper.facets[ci], float(sims[qi, ci])))
+        hits.append(Hit(rank, c.paper_id, c.paper.paper.title if c.paper else "", float(scores[i]), c.score, c.bm25, c.knn, pairs))
+    return QueryResult(query.paper_id, normalize_label(facet) if facet else None, list(zip(indices, q_sentences)), hits,
+                       settings.rescorer or "none", timings)
