@@ -1,0 +1,151 @@
+"""Elasticsearch 8.11 to 9.x backend (official `elasticsearch` client, `pip install 'esqbe[elasticsearch]'`).
+
+kNN: the top-level `knn` section on one facet path's `vector` (works from 8.11; the `knn` query clause
+needs 8.12), `filter` on the parent's `paper_id` for re-ranking pools. Basic licence only: the BM25
+search and the kNN searches go in one `_msearch` and are fused on the client. Layout, retries and
+parsing: `engine_common`.
+
+Client and server majors: elasticsearch-py 9.x sends `compatible-with=9` media types, which an 8.x
+server rejects (elasticsearch-py #2923). The backend asks the server's version with plain JSON first and,
+when the server is older than the client, sends `compatible-with=<server major>` instead.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any, Iterator
+
+from .base import BackendError
+from .engine_common import EngineBackend, EngineInfo, parse_version
+
+PIP_HINT = "pip install 'esqbe[elasticsearch]'"
+
+
+def _client_module():
+    try:
+        import elasticsearch
+    except ImportError as exc:
+        raise BackendError(f"the elasticsearch backend needs the official client: {PIP_HINT}") from exc
+    return elasticsearch
+
+
+@lru_cache(maxsize=None)
+def compat_transport_class():
+    """A Transport that rewrites `compatible-with=N` to the server's major once it is known."""
+    from elastic_transport import HttpHeaders, Transport
+
+    class CompatTransport(Transport):
+        compat_major: int | None = None
+
+        def perform_request(self, method, target, *, headers=None, **kwargs):  # type: ignore[override]
+            if self.compat_major is not None and headers:
+                headers = HttpHeaders(headers)
+                for key in ("accept", "content-type"):
+                    value = headers.get(key)
+                    if value and "compatible-with=" in value:
+                        headers[key] = re.sub(r"compatible-with=\d+", f"compatible-with={self.compat_major}", value)
+            if headers is None:
+                return super().perform_request(method, target, **kwargs)
+            return super().perform_request(method, target, headers=headers, **kwargs)
+
+    return CompatTransport
+
+
+class ElasticsearchBackend(EngineBackend):
+    """Papers in an Elasticsearch index (8.11+, basic licence is enough)."""
+
+    name = "elasticsearch"
+    engine = "elasticsearch"
+    extra = "elasticsearch"
+
+    def _make_client(self, url: str, *, api_key, username, password, ca_certs, verify_certs, request_timeout) -> Any:
+        es = _client_module()
+        options: dict[str, Any] = {
+            "request_timeout": request_timeout,
+            "max_retries": 0,  # esqbe retries (tenacity, exponential backoff) so that waits are bounded and tested
+            "retry_on_timeout": False,
+            "transport_class": compat_transport_class(),
+        }
+        if api_key:
+            options["api_key"] = api_key
+        if username:
+            options["basic_auth"] = (username, password or "")
+        if ca_certs:
+            options["ca_certs"] = ca_certs
+        if not verify_certs:
+            options["verify_certs"] = False
+            options["ssl_show_warn"] = False
+        try:
+            return es.Elasticsearch(url, **options)
+        except ValueError as exc:
+            raise BackendError(f"elasticsearch: bad connection settings for {url!r}: {exc}") from exc
+
+    def _probe(self) -> EngineInfo:
+        es = _client_module()
+        # plain JSON: every server major accepts it, whatever the client's compatibility headers
+        meta, body = self.client.transport.perform_request("GET", "/", headers={"accept": "application/json"})
+        if meta.status == 401 or meta.status == 403:
+            raise BackendError(f"elasticsearch at {self.url}: authentication failed ({meta.status}); check the API key or username/password")
+        if not 200 <= meta.status < 300 or not isinstance(body, dict):
+            raise BackendError(f"elasticsearch at {self.url}: GET / answered {meta.status}")
+        version = body.get("version", {})
+        if version.get("distribution") == "opensearch":
+            raise BackendError(f"{self.url} is OpenSearch {version.get('number')}: use --backend opensearch")
+        info = EngineInfo("elasticsearch", parse_version(version.get("number", "0")), str(version.get("number", "?")))
+        client_major = int(es.__versionstr__.split(".")[0])
+        if info.version[0] < client_major:
+            transport = self.client.transport
+            if hasattr(type(transport), "compat_major"):
+                transport.compat_major = info.version[0]
+            else:
+                raise BackendError(
+                    f"elasticsearch-py {es.__versionstr__} cannot talk to Elasticsearch {info.number}; "
+                    f"install a matching client (pip install 'elasticsearch>={info.version[0]},<{info.version[0] + 1}') "
+                    "or let esqbe build the client"
+                )
+        return info
+
+    def _knn_body(self, path, vector, k, num_candidates, restrict_to) -> dict:
+        knn: dict[str, Any] = {"field": f"{path}.vector", "query_vector": vector, "k": k, "num_candidates": num_candidates}
+        if restrict_to is not None:
+            knn["filter"] = [{"terms": {"paper_id": restrict_to}}]
+        return {"size": k, "_source": False, "track_total_hits": False, "knn": knn}
+
+    def _status(self, exc: BaseException) -> int | None:
+        meta = getattr(exc, "meta", None)
+        status = getattr(meta, "status", None)
+        if isinstance(status, int):
+            return status
+        status = getattr(exc, "status_code", None)
+        return status if isinstance(status, int) else None
+
+    def _is_connection_error(self, exc: BaseException) -> bool:
+        try:
+            from elastic_transport import ConnectionError as TransportConnectionError
+            from elastic_transport import ConnectionTimeout
+        except ImportError:  # pragma: no cover
+            return False
+        return isinstance(exc, (TransportConnectionError, ConnectionTimeout))
+
+    def _streaming_bulk(self, actions: list[dict]) -> Iterator[tuple[bool, dict]]:
+        from elasticsearch.helpers import streaming_bulk
+
+        return streaming_bulk(
+            self.client,
+            actions,
+            chunk_size=self.chunk_size,
+            max_chunk_bytes=self.max_chunk_bytes,
+            raise_on_error=False,
+            raise_on_exception=False,
+            max_retries=0,  # retried by EngineBackend._bulk, item by item
+        )
+
+    def _engine_fusion(self) -> str:
+        try:
+            licence = self._body(self.client.license.get()).get("license", {})
+        except Exception:
+            return "unknown (licence not readable)"
+        kind = licence.get("type", "?")
+        if kind in ("enterprise", "trial") and licence.get("status") == "active" and self.info().version[:2] >= (8, 14):
+            return f"rrf/linear retrievers available ({kind} licence)"
+        return f"none on a {kind} licence (rrf/linear retrievers need enterprise or trial)"

@@ -1,0 +1,1047 @@
+"""Contract tests of the Elasticsearch and OpenSearch backends, with no engine running.
+
+The real backend code and the real official clients (`elasticsearch`, `opensearch-py`) produce every
+request; only the lowest layer is replaced: `RecordingNode` (elastic-transport node) and
+`RecordingConnection` (opensearch-py connection) record the bytes the client would put on the wire and
+answer with canned engine responses from `CannedEngine`. Nothing here searches anything: these are NOT
+integration tests (those are in test_engine_integration.py and need a running engine).
+
+What is checked:
+- every index definition, search body and bulk action line against the engines' own API specifications
+  (strict JSON Schemas in tests/specs/, cut from the official ES 9.5 / OpenSearch 3.5 specs);
+- what the schemas cannot see: vector dimensions vs the model, every field a query names exists in the
+  mapping with the right type, which engine features each version has (ES 8.11, 8.19, 9.2; OS 2.12, 2.19, 3.5);
+- response parsing (hits -> Candidates, engine scores -> cosine), retries (429/5xx/connection errors then
+  success), per-document bulk errors, model mismatch, idempotent re-runs.
+"""
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import re
+import sys
+from collections import defaultdict
+from functools import lru_cache
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jsonschema")
+es_client = pytest.importorskip("elasticsearch")
+os_client = pytest.importorskip("opensearchpy")
+
+from elastic_transport import ApiResponseMeta, BaseNode, HttpHeaders  # noqa: E402
+from elastic_transport._node import NodeApiResponse  # noqa: E402
+from elastic_transport import ConnectionError as ESConnectionError  # noqa: E402
+from jsonschema import Draft202012Validator  # noqa: E402
+from opensearchpy.connection import Connection  # noqa: E402
+
+from esqbe.backends.base import (  # noqa: E402
+    BackendError,
+    FirstStageRequest,
+    IndexedPaper,
+    IndexMeta,
+    ModelMismatchError,
+)
+from esqbe.backends.elasticsearch import ElasticsearchBackend, compat_transport_class  # noqa: E402
+from esqbe.backends.engine_common import (  # noqa: E402
+    FACET_PATHS,
+    FEATURE_SINCE,
+    FEATURES_USED,
+    VECTOR_FIELDS,
+    EngineInfo,
+    cosine_from_score,
+    doc_to_paper,
+    index_body,
+    load_index_template,
+    paper_to_doc,
+    parse_version,
+)
+from esqbe.backends.opensearch import OpenSearchBackend  # noqa: E402
+from esqbe.fusion import fuse, top_k  # noqa: E402
+from esqbe.papers import FACET_LABELS, Paper  # noqa: E402
+
+SPECS = Path(__file__).parent / "specs"
+SCHEMA_FILES = {
+    "elasticsearch": SPECS / "elasticsearch-9.5-requests.strict.schema.json",
+    "opensearch": SPECS / "opensearch-3.5-requests.strict.schema.json",
+}
+VERSIONS = {"elasticsearch": ["8.11.4", "8.19.5", "9.2.0"], "opensearch": ["2.12.0", "2.19.3", "3.5.0"]}
+ENGINE_VERSIONS = [(e, v) for e, vs in VERSIONS.items() for v in vs]
+INDEX = "papers"
+DIM = 8
+META = IndexMeta("test-encoder", DIM, "contextual")
+
+
+# ------------------------------------------------------------------------------------------------
+# schemas
+
+
+@lru_cache(maxsize=None)
+def _schema_doc(engine: str) -> dict:
+    return json.loads(SCHEMA_FILES[engine].read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=None)
+def validator(engine: str, key: str) -> Draft202012Validator:
+    doc = _schema_doc(engine)
+    return Draft202012Validator({"$schema": doc["$schema"], "$defs": doc["$defs"], **doc[key]})
+
+
+def _leaves(errors):
+    return [leaf for e in errors for leaf in (_leaves(e.context) if e.context else [e])]
+
+
+def schema_errors(engine: str, key: str, body) -> list[str]:
+    errors = sorted(_leaves(validator(engine, key).iter_errors(body)), key=lambda e: (-len(e.absolute_path), e.validator == "type"))
+    return [f"{e.json_path}: {e.message[:200]}" for e in errors[:3]]
+
+
+def assert_valid(engine: str, key: str, body) -> None:
+    errors = schema_errors(engine, key, body)
+    assert not errors, f"{engine} {key} body rejected by the spec: {errors}\n{json.dumps(body)[:600]}"
+
+
+# ------------------------------------------------------------------------------------------------
+# the canned engine behind the real clients
+
+
+class CannedEngine:
+    """Answers the real client's requests with canned engine responses and records them.
+
+    It stores the index definition and the documents sent in bulk so that `_mapping` / `_mget` answer
+    like an engine would; `_msearch` answers come from `self.knn_hits` / `self.bm25_hits` set by a test.
+    `self.failures[endpoint]` queues failures (an HTTP status, or "connection") for the next calls.
+    """
+
+    def __init__(self, engine: str, version: str):
+        self.engine = engine
+        self.version = version
+        self.requests: list[dict] = []
+        self.mapping: dict | None = None
+        self.settings: dict | None = None
+        self.sources: dict[str, dict] = {}
+        self.failures: dict[str, list] = defaultdict(list)
+        self.bulk_item_status: dict[str, list[int]] = defaultdict(list)  # paper id -> statuses to answer first
+        self.knn_hits = lambda body: []  # body -> [(id, score)]
+        self.bm25_hits = lambda body: []
+        self.omit_source_vectors = engine == "elasticsearch" and parse_version(version) >= (9, 2, 0)
+
+    # -- recording helpers
+    def sent(self, endpoint: str) -> list[dict]:
+        return [r for r in self.requests if r["endpoint"] == endpoint]
+
+    # -- dispatch
+    def handle(self, method: str, target: str, headers: dict, body: bytes | None):
+        parts = urlsplit(target)
+        path = parts.path.rstrip("/") or "/"
+        segs = [s for s in path.split("/") if s]
+        endpoint = "info" if not segs else (segs[-1] if segs[-1].startswith("_") else "index")
+        if len(segs) >= 2 and segs[0] == "_cat":
+            endpoint = "_cat/" + segs[1]
+        text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body
+        lines = [json.loads(x) for x in text.splitlines() if x.strip()] if text else []
+        record = {
+            "method": method,
+            "path": path,
+            "params": {k: v[0] for k, v in parse_qs(parts.query).items()},
+            "headers": {k.lower(): v for k, v in (headers or {}).items()},
+            "endpoint": endpoint,
+            "raw": text,
+            "lines": lines,
+        }
+        self.requests.append(record)
+        if self.failures[endpoint]:
+            failure = self.failures[endpoint].pop(0)
+            if failure == "connection":
+                return "connection", None
+            return failure, {"error": {"type": "canned_failure", "reason": f"canned {failure}"}, "status": failure}
+        return getattr(self, "_" + endpoint.replace("/", "_").lstrip("_"))(method, segs, record)
+
+    def _info(self, method, segs, record):
+        version = {"number": self.version, "lucene_version": "9.x"}
+        if self.engine == "opensearch":
+            version["distribution"] = "opensearch"
+        else:
+            version["build_flavor"] = "default"
+        return 200, {"name": "canned", "cluster_name": "canned", "version": version, "tagline": "canned"}
+
+    def _index(self, method, segs, record):
+        if method == "PUT":
+            body = record["lines"][0]
+            self.mapping, self.settings = body["mappings"], body.get("settings")
+            return 200, {"acknowledged": True, "shards_acknowledged": True, "index": segs[0]}
+        return 405, {"error": "unexpected"}
+
+    def _mapping(self, method, segs, record):
+        if self.mapping is None:
+            return 404, {"error": {"type": "index_not_found_exception", "reason": f"no such index [{segs[0]}]"}, "status": 404}
+        return 200, {segs[0]: {"mappings": self.mapping}}
+
+    def _refresh(self, method, segs, record):
+        return 200, {"_shards": {"total": 1, "successful": 1, "failed": 0}}
+
+    def _license(self, method, segs, record):
+        return 200, {"license": {"type": "basic", "status": "active"}}
+
+    def _cat_plugins(self, method, segs, record):
+        return 200, [{"name": "node", "component": "opensearch-knn", "version": self.version}]
+
+    def _mget(self, method, segs, record):
+        if self.mapping is None:
+            return 404, {"error": {"type": "index_not_found_exception", "reason": "no such index"}, "status": 404}
+        includes = record["params"].get("_source_includes")
+        excludes = set((record["params"].get("_source_excludes") or "").split(",")) - {""}
+        docs = []
+        for pid in record["lines"][0]["ids"]:
+            src = self.sources.get(pid)
+            if src is None:
+                docs.append({"_index": INDEX, "_id": pid, "found": False})
+                continue
+            src = json.loads(json.dumps(src))
+            if includes:
+                src = {k: v for k, v in src.items() if k in includes.split(",")}
+            for field in excludes | ({f for f in VECTOR_FIELDS} if self.omit_source_vectors else set()):
+                path, _, leaf = field.partition(".")
+                for row in src.get(path) or ():
+                    row.pop(leaf, None)
+            docs.append({"_index": INDEX, "_id": pid, "_version": 1, "found": True, "_source": src})
+        return 200, {"docs": docs}
+
+    def _bulk(self, method, segs, record):
+        items, lines, i = [], record["lines"], 0
+        while i < len(lines):
+            (op, meta), = lines[i].items()
+            pid = meta["_id"]
+            doc = lines[i + 1] if op in ("index", "create", "update") else None
+            i += 2 if doc is not None else 1
+            queued = self.bulk_item_status[pid]
+            status = queued.pop(0) if queued else None
+            if status is not None and status >= 300:
+                items.append({op: {"_index": INDEX, "_id": pid, "status": status,
+                                   "error": {"type": "canned_rejection", "reason": f"canned {status}"}}})
+                continue
+            if op == "delete":
+                found = self.sources.pop(pid, None) is not None
+                items.append({op: {"_index": INDEX, "_id": pid, "status": 200 if found else 404,
+                                   "result": "deleted" if found else "not_found"}})
+            else:
+                existed = pid in self.sources
+                self.sources[pid] = doc
+                items.append({op: {"_index": INDEX, "_id": pid, "status": 200 if existed else 201,
+                                   "result": "updated" if existed else "created", "_version": 1}})
+        return 200, {"took": 1, "errors": any("error" in next(iter(x.values())) for x in items), "items": items}
+
+    def _msearch(self, method, segs, record):
+        responses = []
+        for body in record["lines"][1::2]:
+            hits = self.bm25_hits(body) if _is_bm25(body) else self.knn_hits(body)
+            responses.append({"took": 1, "timed_out": False, "status": 200,
+                              "hits": {"max_score": None, "hits": [{"_index": INDEX, "_id": pid, "_score": s} for pid, s in hits]}})
+        return 200, {"took": 1, "responses": responses}
+
+    def _search(self, method, segs, record):
+        aggs = {facet: {"doc_count": 0} for facet in FACET_LABELS}
+        for src in self.sources.values():
+            for facet, path in FACET_PATHS.items():
+                aggs[facet]["doc_count"] += len(src.get(path) or ())
+        return 200, {"hits": {"total": {"value": len(self.sources), "relation": "eq"}, "hits": []}, "aggregations": aggs}
+
+
+def _is_bm25(body: dict) -> bool:
+    return "multi_match" in json.dumps(body.get("query", {}))
+
+
+class RecordingNode(BaseNode):
+    """elastic-transport node: hands the request bytes to a CannedEngine instead of a socket."""
+
+    canned: CannedEngine
+
+    def perform_request(self, method, target, body=None, headers=None, request_timeout=None):
+        sent = dict(self.headers)
+        sent.update(headers or {})
+        status, payload = self.canned.handle(method, target, sent, body)
+        if status == "connection":
+            raise ESConnectionError("canned: connection refused")
+        meta = ApiResponseMeta(
+            status=status,
+            http_version="1.1",
+            headers=HttpHeaders({"content-type": "application/json", "x-elastic-product": "Elasticsearch"}),
+            duration=0.0,
+            node=self.config,
+        )
+        return NodeApiResponse(meta, json.dumps(payload).encode("utf-8"))
+
+    def close(self):
+        pass
+
+
+class RecordingConnection(Connection):
+    """opensearch-py connection: hands the request bytes to a CannedEngine instead of a socket."""
+
+    canned: CannedEngine
+
+    def perform_request(self, method, url, params=None, body=None, timeout=None, ignore=(), headers=None):
+        target = url
+        if params:
+            from urllib.parse import urlencode
+
+            target = f"{url}?{urlencode(params)}"
+        sent = dict(self.headers)
+        sent.update(headers or {})
+        status, payload = self.canned.handle(method, target, sent, body)
+        if status == "connection":
+            raise os_client.ConnectionError("N/A", "canned: connection refused", None)
+        raw = json.dumps(payload)
+        if not (200 <= status < 300) and status not in ignore:
+            self._raise_error(status, raw, "application/json")
+        return status, {"content-type": "application/json"}, raw
+
+    def close(self):
+        pass
+
+
+def make_backend(engine: str, version: str, **client_options):
+    """The real backend on a real client whose lowest layer is the canned engine."""
+    canned = CannedEngine(engine, version)
+    if engine == "elasticsearch":
+        node = type("Node", (RecordingNode,), {"canned": canned})
+        client = es_client.Elasticsearch(
+            "http://canned:9200", node_class=node, transport_class=compat_transport_class(), max_retries=0, **client_options
+        )
+        backend = ElasticsearchBackend("http://canned:9200", INDEX, client=client)
+    else:
+        conn = type("Conn", (RecordingConnection,), {"canned": canned})
+        client = os_client.OpenSearch(hosts=["http://canned:9200"], connection_class=conn, max_retries=0, **client_options)
+        backend = OpenSearchBackend("http://canned:9200", INDEX, client=client)
+    backend.retry_wait_initial = 0.0  # no sleeping in tests
+    backend.retry_wait_max = 0.0
+    return backend, canned
+
+
+# ------------------------------------------------------------------------------------------------
+# test data: small random papers
+
+
+def make_papers(n: int = 6, dim: int = DIM, seed: int = 0) -> list[IndexedPaper]:
+    rng = np.random.default_rng(seed)
+    facets = ["background", "method", "result", "other", "unlabeled"]
+    out = []
+    for i in range(n):
+        k = 3 + i % 3
+        labels = [facets[(i + j) % 4] for j in range(k)]
+        vecs = rng.normal(size=(k, dim)).astype(np.float32)
+        vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+        paper = Paper(f"p{i}", f"Title {i} about graphs", [f"Sentence {j} of paper {i} on topic {j % 2}." for j in range(k)], labels)
+        out.append(IndexedPaper(paper, vecs))
+    return out
+
+
+def request_variants(dim: int = DIM):
+    rng = np.random.default_rng(1)
+    q = rng.normal(size=(2, dim)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    for facet, restrict, exclude in itertools.product((None, "method"), (None, frozenset({"p1", "p2", "p3"})), (frozenset(), frozenset({"p0"}))):
+        name = f"facet={facet},restrict={'yes' if restrict else 'no'},exclude={'yes' if exclude else 'no'}"
+        yield name, FirstStageRequest(text="graphs on topic", vectors=q, facet=facet, k=5, knn_k=4, bm25_k=4,
+                                      restrict_to=restrict, exclude=exclude, with_papers=False)
+
+
+def ready_backend(engine, version, papers=None):
+    backend, canned = make_backend(engine, version)
+    backend.ensure(META)
+    if papers:
+        backend.upsert(papers)
+    return backend, canned
+
+
+# ------------------------------------------------------------------------------------------------
+# mapping-side helpers: what the schemas cannot see
+
+
+def mapping_fields(mapping: dict) -> dict[str, dict]:
+    """Flattened field name -> field mapping (nested paths included)."""
+    out = {}
+
+    def walk(props, prefix):
+        for name, spec in props.items():
+            full = f"{prefix}{name}"
+            out[full] = spec
+            if "properties" in spec:
+                walk(spec["properties"], full + ".")
+
+    walk(mapping["properties"], "")
+    return out
+
+
+def referenced_fields(node, out=None) -> set[str]:
+    """Every field name a search body refers to."""
+    out = set() if out is None else out
+    if isinstance(node, list):
+        for x in node:
+            referenced_fields(x, out)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key == "knn" and isinstance(value, dict) and "field" in value:  # ES top-level knn
+                out.add(value["field"])
+                referenced_fields(value.get("filter"), out)
+            elif key == "knn" and isinstance(value, dict):  # OpenSearch knn query: {field: {...}}
+                for field, spec in value.items():
+                    out.add(field)
+                    referenced_fields(spec.get("filter"), out)
+            elif key == "nested" and isinstance(value, dict):
+                out.add(value["path"])
+                referenced_fields(value.get("query"), out)
+            elif key in ("term", "terms", "match", "match_phrase", "range", "prefix"):
+                out.update(k for k in value if k not in ("boost", "_name"))
+            elif key == "multi_match":
+                out.update(f.split("^")[0] for f in value["fields"])
+            elif key == "exists":
+                out.add(value["field"])
+            else:
+                referenced_fields(value, out)
+    return out
+
+
+def vectors_in(node, out=None) -> list[tuple[str, list]]:
+    """(field, query vector) pairs in a search body."""
+    out = [] if out is None else out
+    if isinstance(node, list):
+        for x in node:
+            vectors_in(x, out)
+    elif isinstance(node, dict):
+        if isinstance(node.get("knn"), dict) and "query_vector" in node["knn"]:
+            out.append((node["knn"]["field"], node["knn"]["query_vector"]))
+        elif isinstance(node.get("knn"), dict):
+            for field, spec in node["knn"].items():
+                if isinstance(spec, dict) and "vector" in spec:
+                    out.append((field, spec["vector"]))
+        for v in node.values():
+            vectors_in(v, out)
+    return out
+
+
+def features_in(body: dict, engine: str) -> set[str]:
+    """Version-gated engine features a search body uses (see FEATURE_SINCE)."""
+    text = json.dumps(body)
+    used = set()
+    knn_filters = []
+    if engine == "elasticsearch":
+        if "knn" in body:
+            used.add("nested_knn")
+            knn_filters = [body["knn"].get("filter")]
+            if "inner_hits" in body["knn"]:
+                used.add("knn_inner_hits")
+        if '"knn"' in json.dumps(body.get("query", {})):
+            used.add("knn_query_dsl")
+        if "exclude_vectors" in text:
+            used.add("source_exclude_vectors_param")
+    else:
+        if '"knn"' in text:
+            used.add("nested_knn")
+        if "expand_nested_docs" in text:
+            used.add("expand_nested_docs")
+        if '"hybrid"' in text:
+            used.add("hybrid_query")
+        knn_filters = [spec.get("filter") for _, spec in _os_knn_specs(body)]
+    for flt in knn_filters:
+        if flt is None:
+            continue
+        fields = referenced_fields(flt)  # parent fields are top-level names; nested ones are dotted paths
+        if any("." in f for f in fields) or '"nested"' in json.dumps(flt):
+            used.add("knn_nested_filter" if engine == "elasticsearch" else "knn_nested_filter_wrapped")
+        if any("." not in f for f in fields):
+            used.add("knn_parent_filter")
+    if "retriever" in body or "rank" in body:
+        used.add("rrf_retriever")
+    return used
+
+
+def _os_knn_specs(node):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "knn" and isinstance(value, dict):
+                yield from ((f, s) for f, s in value.items() if isinstance(s, dict))
+            else:
+                yield from _os_knn_specs(value)
+    elif isinstance(node, list):
+        for x in node:
+            yield from _os_knn_specs(x)
+
+
+# ------------------------------------------------------------------------------------------------
+# index definitions
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_shipped_mapping_files_are_valid_index_definitions(engine):
+    body = load_index_template(engine)
+    assert_valid(engine, "indices_create", body)
+    other = "opensearch" if engine == "elasticsearch" else "elasticsearch"
+    assert schema_errors(other, "indices_create", body), f"the {engine} mapping should not pass as {other}'s"
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_mapping_layout_one_nested_path_per_facet(engine):
+    mapping = load_index_template(engine)["mappings"]
+    fields = mapping_fields(mapping)
+    vector_type = "dense_vector" if engine == "elasticsearch" else "knn_vector"
+    for facet, path in FACET_PATHS.items():
+        assert fields[path]["type"] == "nested"
+        assert fields[f"{path}.idx"]["type"] == "integer"
+        assert fields[f"{path}.facet"]["type"] == "keyword"
+        assert fields[f"{path}.text"]["type"] == "text"
+        assert fields[f"{path}.vector"]["type"] == vector_type
+        # every facet path is mapped the same way
+        assert fields[path] == fields[FACET_PATHS["background"]]
+    assert set(FACET_PATHS) == set(FACET_LABELS)
+    for name, kind in [("paper_id", "keyword"), ("content_hash", "keyword"), ("title", "text"), ("abstract", "text"), ("vectors_b64", "binary")]:
+        assert fields[name]["type"] == kind
+    assert mapping["dynamic"] == "strict"
+    if engine == "elasticsearch":
+        vector = fields["method_sentences.vector"]
+        assert vector["similarity"] == "cosine" and vector["index"] is True
+        assert vector["index_options"]["type"] == "hnsw"  # unquantized: scores are exact cosines, like the embedded backend
+    else:
+        method = fields["method_sentences.vector"]["method"]
+        assert (method["engine"], method["space_type"], method["name"]) == ("lucene", "cosinesimil", "hnsw")
+        assert load_index_template(engine)["settings"]["index"]["knn"] is True
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+@pytest.mark.parametrize("dim", [384, 768])
+def test_index_body_fills_the_model_dimension_and_meta(engine, dim):
+    meta = IndexMeta("sentence-transformers/all-mpnet-base-v2", dim, "independent")
+    body = index_body(engine, meta)
+    assert_valid(engine, "indices_create", body)
+    fields = mapping_fields(body["mappings"])
+    key = "dims" if engine == "elasticsearch" else "dimension"
+    assert {fields[f][key] for f in VECTOR_FIELDS} == {dim}
+    assert IndexMeta.from_dict(body["mappings"]["_meta"]) == meta
+    assert load_index_template(engine)["mappings"]["_meta"]["model"] != meta.model  # the template is not mutated
+
+
+@pytest.mark.parametrize("engine,version", ENGINE_VERSIONS)
+def test_ensure_sends_a_valid_index_definition(engine, version):
+    backend, canned = make_backend(engine, version)
+    assert backend.meta() is None
+    backend.ensure(META)
+    (put,) = [r for r in canned.requests if r["method"] == "PUT"]
+    assert put["path"] == f"/{INDEX}"
+    body = put["lines"][0]
+    assert_valid(engine, "indices_create", body)
+    assert body == index_body(engine, META)
+    assert backend.meta() == META
+    backend.ensure(META)  # idempotent: no second PUT
+    assert len([r for r in canned.requests if r["method"] == "PUT"]) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# model mismatch
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_ensure_with_another_model_raises_model_mismatch(engine):
+    backend, _ = ready_backend(engine, VERSIONS[engine][-1])
+    with pytest.raises(ModelMismatchError, match="test-encoder"):
+        backend.ensure(IndexMeta("other-model", DIM))
+    with pytest.raises(ModelMismatchError):
+        backend.ensure(IndexMeta("test-encoder", DIM, "independent"))
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_query_time_checks_the_index_model(engine):
+    backend, canned = ready_backend(engine, VERSIONS[engine][0], make_papers(3))
+    request = FirstStageRequest(text="x", vectors=np.ones((1, DIM + 1), np.float32))
+    with pytest.raises(ModelMismatchError, match=f"{DIM}-d"):
+        backend.first_stage(request)
+    # a second process that expects another model, on the same index
+    other, _ = make_backend(engine, VERSIONS[engine][0])
+    other.client = backend.client
+    other._expected = IndexMeta("other-model", DIM)
+    with pytest.raises(ModelMismatchError, match="other-model"):
+        other.first_stage(FirstStageRequest(text="x", vectors=np.ones((1, DIM), np.float32)))
+    with pytest.raises(ModelMismatchError):
+        backend.upsert([IndexedPaper(Paper("z", "t", ["a"], ["method"]), np.ones((1, DIM + 2), np.float32))])
+    assert not canned.sent("_msearch")
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_foreign_index_without_esqbe_meta_is_refused(engine):
+    backend, canned = make_backend(engine, VERSIONS[engine][-1])
+    canned.mapping = {"properties": {"title": {"type": "text"}}}
+    with pytest.raises(BackendError, match="not an esqbe index"):
+        backend.meta()
+
+
+# ------------------------------------------------------------------------------------------------
+# search bodies
+
+
+@pytest.mark.parametrize("engine,version", ENGINE_VERSIONS)
+def test_first_stage_bodies_pass_the_spec_and_the_mapping(engine, version):
+    backend, canned = ready_backend(engine, version, make_papers())
+    mapping = canned.mapping
+    fields = mapping_fields(mapping)
+    vector_type = "dense_vector" if engine == "elasticsearch" else "knn_vector"
+    dim_key = "dims" if engine == "elasticsearch" else "dimension"
+    info = EngineInfo(engine, parse_version(version), version)
+    for name, request in request_variants():
+        before = len(canned.sent("_msearch"))
+        backend.first_stage(request)
+        (sent,) = canned.sent("_msearch")[before:]
+        headers, bodies = sent["lines"][0::2], sent["lines"][1::2]
+        assert all(h == {} for h in headers), name  # the index is in the URL
+        assert sent["path"] == f"/{INDEX}/_msearch"
+        for body in bodies:
+            assert_valid(engine, "search", body)
+            for field in referenced_fields(body):
+                assert field in fields, f"{name}: {field} is not in the mapping"
+            for field, vector in vectors_in(body):
+                assert fields[field]["type"] == vector_type
+                assert len(vector) == fields[field][dim_key] == DIM
+            used = features_in(body, engine)
+            missing = {f for f in used if not info.has(f)}
+            assert not missing, f"{engine} {version} lacks {missing} used by {name}"
+            assert used <= FEATURES_USED[engine] | {"knn_parent_filter"}
+            assert body["size"] >= 1 and body["_source"] is False
+        knn = [b for b in bodies if not _is_bm25(b)]
+        bm25 = [b for b in bodies if _is_bm25(b)]
+        assert len(bm25) == 1
+        paths = {field.split(".")[0] for b in knn for field, _ in vectors_in(b)}
+        # facet filter = the facet's own path; no facet = every facet path
+        assert paths == ({"method_sentences"} if request.facet else set(FACET_PATHS.values())), name
+        assert len(knn) == len(request.vectors) * len(paths)
+        for b in knn:
+            filters = referenced_fields(b) - {f for f in referenced_fields(b) if f.endswith(".vector") or f.endswith("_sentences")}
+            if request.restrict_to is not None:
+                assert filters == {"paper_id"}, name
+                assert set(json.dumps(b).split('"paper_id": ')[1].split("]")[0].strip("[").replace('"', "").split(", ")) == set(request.restrict_to)
+            else:
+                assert filters == set(), name
+            # exclusions are dropped on the client; the kNN asks for that many more hits
+            spec = b["knn"] if engine == "elasticsearch" else next(s for _, s in _os_knn_specs(b))
+            assert spec["k"] == request.knn_k + len(request.exclude)
+            if engine == "elasticsearch":
+                assert spec["num_candidates"] >= spec["k"]
+        bool_query = bm25[0]["query"]["bool"]
+        assert ("filter" in bool_query) == (request.restrict_to is not None)
+        assert ("must_not" in bool_query) == bool(request.exclude)
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_bodies_do_not_depend_on_the_engine_version(engine):
+    """One set of bodies serves every supported version (per-facet paths need no version-gated feature)."""
+    seen = {}
+    for version in VERSIONS[engine]:
+        backend, canned = ready_backend(engine, version, make_papers())
+        for name, request in request_variants():
+            backend.first_stage(request)
+        seen[version] = [r["lines"] for r in canned.sent("_msearch")]
+    first, *rest = seen.values()
+    assert all(r == first for r in rest)
+
+
+@pytest.mark.parametrize("engine,version", ENGINE_VERSIONS)
+def test_feature_table_matches_the_version_matrix(engine, version):
+    info = EngineInfo(engine, parse_version(version), version)
+    for feature in FEATURES_USED[engine]:
+        assert info.has(feature), f"{engine} {version} must have {feature}"
+    v = parse_version(version)[:2]
+    if engine == "elasticsearch":
+        assert info.has("knn_nested_filter") == (v >= (9, 2))
+        assert info.has("knn_inner_hits") == (v >= (8, 13))
+        assert info.has("vectors_out_of_source_by_default") == (v >= (9, 2))
+        assert info.has("source_exclude_vectors_param") == (v == (8, 19) or v >= (9, 1))
+    else:
+        assert info.has("expand_nested_docs") == (v >= (2, 19))
+        assert info.has("knn_nested_filter_wrapped") == (v >= (3, 5))
+        assert info.has("unified_cosine_score") == (v >= (2, 19))
+    assert all(engine_ in ("elasticsearch", "opensearch") for engine_, _ in FEATURE_SINCE)
+
+
+def test_feature_detection_sees_version_gated_syntax():
+    """The checker above would notice a body that needs a newer engine."""
+    es_nested_filter = {"knn": {"field": "sentences.vector", "query_vector": [0.1], "k": 1, "num_candidates": 1,
+                                "filter": [{"term": {"sentences.facet": "method"}}], "inner_hits": {}}}
+    assert {"knn_nested_filter", "knn_inner_hits"} <= features_in(es_nested_filter, "elasticsearch")
+    assert not EngineInfo("elasticsearch", (8, 11, 0), "8.11.0").has("knn_nested_filter")
+    os_wrapped = {"query": {"nested": {"path": "sentences", "query": {"knn": {"sentences.vector": {
+        "vector": [0.1], "k": 1, "expand_nested_docs": True,
+        "filter": {"nested": {"path": "sentences", "query": {"term": {"sentences.facet": "method"}}}}}}}}}}
+    assert {"expand_nested_docs", "knn_nested_filter_wrapped"} <= features_in(os_wrapped, "opensearch")
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_stats_body_is_valid_and_counts_per_facet(engine):
+    papers = make_papers()
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1], papers)
+    stats = backend.stats()
+    (sent,) = canned.sent("_search")
+    assert_valid(engine, "search", sent["lines"][0])
+    for field in referenced_fields(sent["lines"][0]) | {a["nested"]["path"] for a in sent["lines"][0]["aggs"].values()}:
+        assert field in mapping_fields(canned.mapping)
+    assert stats["papers"] == len(papers)
+    assert stats["sentences"] == sum(len(p.paper.sentences) for p in papers)
+    assert stats["facets"]["method"] == sum(p.paper.facets.count("method") for p in papers)
+    assert (stats["model"], stats["dim"]) == (META.model, META.dim)
+    assert "client" in stats["fusion"]
+
+
+# ------------------------------------------------------------------------------------------------
+# bulk lines
+
+
+@pytest.mark.parametrize("engine,version", ENGINE_VERSIONS)
+def test_bulk_lines_pass_the_spec_and_the_mapping(engine, version):
+    papers = make_papers()
+    backend, canned = ready_backend(engine, version)
+    result = backend.upsert(papers)
+    assert (result.added, result.replaced, result.unchanged, result.errors) == (len(papers), 0, 0, [])
+    (bulk,) = canned.sent("_bulk")
+    assert bulk["raw"].endswith("\n")  # NDJSON framing
+    fields = mapping_fields(canned.mapping)
+    dim_key = "dims" if engine == "elasticsearch" else "dimension"
+    actions, sources = bulk["lines"][0::2], bulk["lines"][1::2]
+    assert len(actions) == len(papers)
+    for action, source, ip in zip(actions, sources, papers):
+        assert_valid(engine, "bulk_action", action)
+        assert action == {"index": {"_index": INDEX, "_id": ip.paper_id}}  # id = paper id: re-runs replace
+        # dynamic: strict -- every field sent must be mapped
+        for key, value in source.items():
+            assert key in fields, key
+            if fields[key]["type"] == "nested":
+                for row in value:
+                    assert set(row) <= set(fields[key]["properties"])
+                    assert len(row["vector"]) == fields[f"{key}.vector"][dim_key]
+                    assert row["facet"] == key[: -len("_sentences")]
+        assert source["content_hash"] == ip.paper.content_hash()
+        decoded = np.frombuffer(base64.b64decode(source["vectors_b64"]), "<f4").reshape(len(ip.paper.sentences), DIM)
+        assert np.array_equal(decoded, ip.vectors)
+    assert canned.sent("_refresh"), "upsert must refresh at the end"
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_bulk_batches_are_sized_by_bytes(engine):
+    papers = make_papers(12)
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1])
+    one = len(json.dumps(paper_to_doc(papers[0])))
+    backend.max_chunk_bytes = 3 * one
+    backend.upsert(papers)
+    sent = canned.sent("_bulk")
+    assert len(sent) >= 4
+    assert all(len(r["raw"].encode()) <= 3 * one + 4096 for r in sent)
+    assert sum(len(r["lines"]) // 2 for r in sent) == len(papers)
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_rerun_is_idempotent_and_counts_added_replaced_unchanged(engine):
+    papers = make_papers(4)
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1])
+    assert backend.upsert(papers).added == 4
+    again = backend.upsert(papers)
+    assert (again.added, again.replaced, again.unchanged) == (0, 0, 4)
+    assert len(canned.sent("_bulk")) == 1  # unchanged papers are not sent again
+    changed = IndexedPaper(Paper("p1", "A new title", papers[1].paper.sentences, papers[1].paper.facets), papers[1].vectors)
+    third = backend.upsert([changed, *make_papers(6)[4:]])
+    assert (third.added, third.replaced, third.unchanged) == (2, 1, 0)
+    assert len(canned.sources) == 6
+    assert backend.content_hashes(["p1", "nope"]) == {"p1": changed.paper.content_hash()}
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_per_document_bulk_errors_are_reported(engine):
+    papers = make_papers(4)
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1])
+    canned.bulk_item_status["p2"] = [400]
+    result = backend.upsert(papers)
+    assert (result.added, len(result.errors)) == (3, 1)
+    assert result.errors[0].startswith("p2: 400") and "canned_rejection" in result.errors[0]
+    assert len(canned.sent("_bulk")) == 1  # a 400 is not retried
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_bulk_retries_429_items_then_succeeds(engine):
+    papers = make_papers(4)
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1])
+    canned.bulk_item_status["p1"] = [429, 503]
+    result = backend.upsert(papers)
+    assert (result.added, result.errors) == (4, [])
+    sent = canned.sent("_bulk")
+    assert [len(r["lines"]) // 2 for r in sent] == [4, 1, 1]  # only the rejected document goes again
+    assert all(r["lines"][0]["index"]["_id"] == "p1" for r in sent[1:])
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+@pytest.mark.parametrize("failure", [429, 502, "connection"])
+def test_bulk_retries_whole_request_failures(engine, failure):
+    papers = make_papers(3)
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1])
+    canned.failures["_bulk"] = [failure, failure]
+    result = backend.upsert(papers)
+    assert (result.added, result.errors) == (3, [])
+    assert len(canned.sent("_bulk")) == 3
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_bulk_gives_up_after_the_retry_budget(engine):
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1])
+    backend.retry_attempts = 3
+    canned.bulk_item_status["p0"] = [429] * 10
+    result = backend.upsert(make_papers(2))
+    assert result.added == 1
+    assert len(result.errors) == 1 and "gave up after 3 tries" in result.errors[0] and "429" in result.errors[0]
+    assert len(canned.sent("_bulk")) == 3
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_delete_counts_existing_papers(engine):
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1], make_papers(3))
+    assert backend.delete(["p0", "p2", "missing"]) == 2
+    bulk = canned.sent("_bulk")[-1]
+    for line in bulk["lines"]:
+        assert_valid(engine, "bulk_action", line)
+    assert set(canned.sources) == {"p1"}
+
+
+# ------------------------------------------------------------------------------------------------
+# retries of searches
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+@pytest.mark.parametrize("failure", [429, 503, "connection"])
+def test_search_retries_then_succeeds(engine, failure):
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1], make_papers(3))
+    canned.failures["_msearch"] = [failure]
+    canned.bm25_hits = lambda body: [("p1", 2.0)]
+    out = backend.first_stage(FirstStageRequest(text="graphs", vectors=np.ones((1, DIM), np.float32) / np.sqrt(DIM), with_papers=False))
+    assert [c.paper_id for c in out] == ["p1"]
+    assert len(canned.sent("_msearch")) == 2
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_search_item_429_inside_msearch_is_retried(engine):
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1], make_papers(3))
+    calls = []
+    original = canned._msearch
+
+    def flaky(method, segs, record):
+        status, body = original(method, segs, record)
+        calls.append(1)
+        if len(calls) == 1:
+            body["responses"][0] = {"error": {"type": "es_rejected_execution_exception", "reason": "queue full"}, "status": 429}
+        return status, body
+
+    canned._msearch = flaky
+    backend.first_stage(FirstStageRequest(text="graphs", vectors=np.ones((1, DIM), np.float32), with_papers=False))
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_search_client_errors_are_not_retried(engine):
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1], make_papers(3))
+    canned.failures["_msearch"] = [400]
+    with pytest.raises(BackendError, match="searching failed"):
+        backend.first_stage(FirstStageRequest(text="graphs", vectors=np.ones((1, DIM), np.float32), with_papers=False))
+    assert len(canned.sent("_msearch")) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# response parsing
+
+
+@pytest.mark.parametrize("engine,version", ENGINE_VERSIONS)
+def test_hits_become_candidates_with_cosines(engine, version):
+    papers = make_papers(5)
+    backend, canned = ready_backend(engine, version, papers)
+    q = np.stack([papers[0].vectors[0], papers[3].vectors[1]])
+    # canned kNN answers: per (query sentence, path), the stored sentences' exact cosines as engine scores
+    by_path = defaultdict(list)
+    for ip in papers:
+        for i, facet in enumerate(ip.paper.facets):
+            by_path[FACET_PATHS[facet]].append((ip.paper_id, ip.vectors[i]))
+
+    def knn_hits(body):
+        (field, vector), = vectors_in(body)
+        path = field.split(".")[0]
+        best = {}
+        for pid, vec in by_path[path]:
+            best[pid] = max(best.get(pid, -1.0), float(np.dot(vec, np.asarray(vector, np.float32))))
+        ranked = sorted(best.items(), key=lambda kv: -kv[1])[: (body["knn"]["k"] if "knn" in body else next(s for _, s in _os_knn_specs(body))["k"])]
+        return [(pid, (1.0 + cos) / 2.0) for pid, cos in ranked]  # both engines' cosine score
+
+    canned.knn_hits = knn_hits
+    canned.bm25_hits = lambda body: [("p2", 7.5), ("p0", 3.0), ("p4", 1.0)]
+    request = FirstStageRequest(text="graphs", vectors=q, facet=None, k=4, knn_k=3, bm25_k=3, exclude=frozenset({"p4"}))
+    out = backend.first_stage(request)
+
+    # expected: the definition, computed from the vectors directly
+    expected_knn = defaultdict(float)
+    for qv in q:
+        per_paper = {ip.paper_id: float((ip.vectors @ qv).max()) for ip in papers if ip.paper_id != "p4"}
+        for pid, cos in sorted(per_paper.items(), key=lambda kv: (-kv[1], kv[0]))[:3]:
+            expected_knn[pid] += cos / len(q)
+    expected_bm25 = {"p2": 7.5, "p0": 3.0}
+    expected = top_k(fuse(expected_bm25, dict(expected_knn), "rrf"), 4)
+    assert [(c.paper_id, pytest.approx(c.score)) for c in out] == [(pid, pytest.approx(s)) for pid, s in expected]
+    for c in out:
+        assert c.knn == pytest.approx(expected_knn.get(c.paper_id, 0.0), abs=1e-6)
+        assert c.bm25 == expected_bm25.get(c.paper_id, 0.0)
+        # the rescorers get every sentence with its facet, text and exact vector
+        ip = next(p for p in papers if p.paper_id == c.paper_id)
+        assert c.paper.paper.sentences == ip.paper.sentences
+        assert c.paper.paper.facets == ip.paper.facets
+        assert c.paper.paper.title == ip.paper.title
+        assert np.array_equal(c.paper.vectors, ip.vectors)
+    assert "p4" not in {c.paper_id for c in out}
+    # the papers come from one _mget that leaves the indexed vectors out of _source
+    (mget,) = canned.sent("_mget")[-1:]
+    assert set(mget["params"]["_source_excludes"].split(",")) == set(VECTOR_FIELDS)
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_facet_filter_maps_objective_to_background_path(engine):
+    backend, canned = ready_backend(engine, VERSIONS[engine][0], make_papers(2))
+    backend.first_stage(FirstStageRequest(text="", vectors=np.ones((1, DIM), np.float32), facet="objective", with_papers=False))
+    (sent,) = canned.sent("_msearch")
+    assert {f.split(".")[0] for b in sent["lines"][1::2] for f, _ in vectors_in(b)} == {"background_sentences"}
+    assert not any(_is_bm25(b) for b in sent["lines"][1::2])  # no text: no BM25 search
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_empty_restrict_to_asks_nothing(engine):
+    backend, canned = ready_backend(engine, VERSIONS[engine][0], make_papers(2))
+    assert backend.first_stage(FirstStageRequest(text="x", vectors=np.ones((1, DIM), np.float32), restrict_to=frozenset())) == []
+    assert not canned.sent("_msearch")
+
+
+def test_score_to_cosine_conversion():
+    for cos in (-1.0, -0.3, 0.0, 0.42, 1.0):
+        es_score = (1 + cos) / 2  # dense_vector similarity: cosine
+        assert cosine_from_score(es_score, "elasticsearch") == pytest.approx(cos)
+        assert cosine_from_score(es_score, "opensearch", "lucene", (2, 12, 0)) == pytest.approx(cos)
+        assert cosine_from_score(es_score, "opensearch", "faiss", (2, 19, 0)) == pytest.approx(cos)
+        assert cosine_from_score(1 / (2 - cos), "opensearch", "nmslib", (2, 12, 0)) == pytest.approx(cos)
+    assert cosine_from_score(1.0000001, "elasticsearch") == 1.0
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_get_rebuilds_papers_without_source_vectors(engine):
+    """ES 9.2+ leaves vectors out of _source; the rescorers' vectors come from vectors_b64, bit for bit."""
+    papers = make_papers(3)
+    version = "9.2.0" if engine == "elasticsearch" else "3.5.0"
+    backend, canned = ready_backend(engine, version, papers)
+    canned.omit_source_vectors = True
+    got = backend.get(["p2", "p0", "absent"])
+    assert set(got) == {"p0", "p2"}
+    for pid, ip in got.items():
+        original = papers[int(pid[1:])]
+        assert np.array_equal(ip.vectors, original.vectors) and ip.vectors.dtype == np.float32
+        assert ip.paper.sentences == original.paper.sentences and ip.paper.facets == original.paper.facets
+
+
+def test_document_round_trip_and_fallback_to_nested_vectors():
+    ip = make_papers(1)[0]
+    doc = paper_to_doc(ip)
+    assert doc_to_paper(doc, DIM).paper.to_dict() == ip.paper.to_dict()
+    del doc["vectors_b64"]  # a document written by another tool
+    assert np.allclose(doc_to_paper(doc, DIM).vectors, ip.vectors)
+    for path in FACET_PATHS.values():
+        for row in doc.get(path, []):
+            row.pop("vector")
+    with pytest.raises(BackendError, match="no vectors_b64"):
+        doc_to_paper(doc, DIM)
+
+
+# ------------------------------------------------------------------------------------------------
+# clients: versions, auth, imports
+
+
+@pytest.mark.parametrize("version,major", [("8.11.4", 8), ("8.19.5", 8), ("9.2.0", 9)])
+def test_es_client_speaks_the_server_major(version, major):
+    """elasticsearch-py 9 sends compatible-with=9, which 8.x rejects: the backend sends the server's major."""
+    backend, canned = ready_backend("elasticsearch", version, make_papers(1))
+    client_major = int(es_client.__versionstr__.split(".")[0])
+    expected = min(major, client_major)
+    for r in canned.requests:
+        if r["endpoint"] == "info":
+            assert "compatible-with" not in r["headers"].get("accept", "")  # the probe asks in plain JSON
+            continue
+        for key in ("accept", "content-type"):
+            if "compatible-with" in r["headers"].get(key, ""):
+                assert r["headers"][key].endswith(f"compatible-with={expected}"), (r["path"], r["headers"][key])
+
+
+def test_es_client_without_compat_transport_refuses_an_older_server():
+    canned = CannedEngine("elasticsearch", "8.11.0")
+    node = type("Node", (RecordingNode,), {"canned": canned})
+    client = es_client.Elasticsearch("http://canned:9200", node_class=node, max_retries=0)
+    backend = ElasticsearchBackend("http://canned:9200", INDEX, client=client)
+    if int(es_client.__versionstr__.split(".")[0]) > 8:
+        with pytest.raises(BackendError, match="cannot talk to Elasticsearch 8.11.0"):
+            backend.meta()
+
+
+@pytest.mark.parametrize("engine,version", [("elasticsearch", "8.10.2"), ("opensearch", "2.11.1")])
+def test_too_old_engines_are_refused(engine, version):
+    backend, _ = make_backend(engine, version)
+    with pytest.raises(BackendError, match="too old"):
+        backend.meta()
+
+
+@pytest.mark.parametrize("engine,other", [("elasticsearch", "opensearch"), ("opensearch", "elasticsearch")])
+def test_wrong_engine_behind_the_url_is_named(engine, other):
+    backend, canned = make_backend(engine, "9.2.0" if engine == "elasticsearch" else "3.5.0")
+    canned.engine = other
+    with pytest.raises(BackendError, match=f"--backend {other}"):
+        backend.meta()
+
+
+def test_es_client_options_from_constructor():
+    certifi = pytest.importorskip("certifi")
+    key = ElasticsearchBackend("https://es.example:9200", "papers", api_key="a2V5OnNlY3JldA==", request_timeout=7,
+                               ca_certs=certifi.where())
+    assert key.client._headers["authorization"] == "ApiKey a2V5OnNlY3JldA=="
+    assert key.client._request_timeout == 7
+    assert isinstance(key.client.transport, compat_transport_class())
+    node = next(iter(key.client.transport.node_pool.all()))
+    assert (node.config.scheme, node.config.ca_certs) == ("https", certifi.where())
+    basic = ElasticsearchBackend("http://localhost:9200", "papers", username="elastic", password="pw")
+    assert basic.client._headers["authorization"] == "Basic " + base64.b64encode(b"elastic:pw").decode()
+    unverified = ElasticsearchBackend("https://es.example:9200", "papers", verify_certs=False)
+    assert next(iter(unverified.client.transport.node_pool.all())).config.verify_certs is False
+
+
+def test_os_client_options_from_constructor():
+    certifi = pytest.importorskip("certifi")
+    basic = OpenSearchBackend("https://os.example:9200", "papers", username="admin", password="pw", request_timeout=7,
+                              ca_certs=certifi.where())
+    conn = basic.client.transport.get_connection()
+    assert conn.host == "https://os.example:9200" and conn.timeout == 7
+    assert conn.headers["authorization"] == "Basic " + base64.b64encode(b"admin:pw").decode()
+    assert basic.client.transport.kwargs["ca_certs"] == certifi.where()
+    key = OpenSearchBackend("http://localhost:9200", "papers", api_key="tok")
+    assert key.client.transport.get_connection().headers["authorization"] == "ApiKey tok"
+    unverified = OpenSearchBackend("https://os.example:9200", "papers", verify_certs=False)
+    assert unverified.client.transport.kwargs["verify_certs"] is False
+
+
+@pytest.mark.parametrize("module,cls,extra", [
+    ("elasticsearch", ElasticsearchBackend, "esqbe[elasticsearch]"),
+    ("opensearchpy", OpenSearchBackend, "esqbe[opensearch]"),
+])
+def test_missing_client_names_the_pip_extra(monkeypatch, module, cls, extra):
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
+    with pytest.raises(BackendError, match=re.escape(f"pip install '{extra}'")):
+        cls("http://localhost:9200", "papers")
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_missing_index_is_reported_not_created_by_bulk(engine):
+    backend, canned = make_backend(engine, VERSIONS[engine][-1])
+    with pytest.raises(BackendError, match="does not exist"):
+        backend.upsert(make_papers(1))
+    assert not canned.sent("_bulk")
