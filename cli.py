@@ -246,5 +246,50 @@ def stats_cmd(as_json, **kw):
         click.echo(f"{key:>20}: {value}")
 
 
+@main.group("eval")
+def eval_group():
+    """Measure ranking quality on a test collection."""
+
+
+@eval_group.command("csfcube")
+@click.option("--data", "data_dir", required=True, type=click.Path(exists=True, file_okay=False), help="CSFCube release directory (abstracts-csfcube-preds.jsonl, test-pid2anns-csfcube-*.json, evaluation_splits.json).")
+@click.option("--out", type=click.Path(file_okay=False), help="Write OUT/<config>.run (TREC) and merge OUT/results.json.")
+@click.option("--index-path", type=click.Path(file_okay=False), help="Index to build or reuse (default: .esqbe-eval/csfcube-<model>-<mode>-<labels>).")
+@click.option("--labels", "facets", type=click.Choice(["keep", "predict"]), default="keep", show_default=True, help="keep: the collection's sentence labels; predict: every paper's labels replaced by esqbe's tagger.")
+@click.option("--rescorer", help="ts, summax, ot, asym, asym_token, or none.")
+@click.option("--param", "params", multiple=True, help="Rescorer parameter KEY=VALUE (repeatable).")
+@click.option("--candidate-facet", type=click.Choice(["all", "same"]))
+@click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]))
+@click.option("--bm25-weight", "final_bm25_weight", type=float, help="Fuse rescorer and BM25 scores (0..1).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option("--config", "config", type=click.Path(dir_okay=False), help="YAML settings file.")
+@encoder_options
+@handle_errors
+def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candidate_facet, fusion, final_bm25_weight,
+                     as_json, config, **kw):
+    """Re-rank every CSFCube query's pool through esqbe's query path and print the collection's metrics.
+
+    \b
+    Prints RP, P@20, R@20, MAP and NDCG%20 per facet and for all facets, for every split whose
+    queries are all judged (fold1_dev for ../shared/data/csfcube-dev; dev and test for the full release).
+    Each configuration is one command, e.g.:
+      esqbe eval csfcube --data DIR --rescorer ot --param tau=0.5 --out runs/
+    """
+    from esqbe.config import load_settings
+    from esqbe.evaluate import evaluate_csfcube, format_table
+
+    overrides = {"rescorer": rescorer, "candidate_facet": candidate_facet, "fusion": fusion,
+                 "final_bm25_weight": final_bm25_weight, **kw}
+    if params:
+        overrides["rescorer_params"] = _parse_params(params)
+    settings = load_settings(config, **overrides)
+    result = evaluate_csfcube(data_dir, settings, facets=facets, index_path=index_path, out=out,
+                              progress=sys.stderr.isatty())
+    if as_json:
+        click.echo(json.dumps({"name": result.name, "config": result.config, "splits": result.splits}, indent=2))
+    else:
+        click.echo(format_table(result))
+
+
 if __name__ == "__main__":
     main()

@@ -22,7 +22,7 @@ from .readers import InputError, ReadReport, read_papers
 from .search import QueryError, QueryResult, run_query, select_query_sentences
 
 FACET_MODES = ("keep", "predict", "none")
-BATCH_PAPERS = 128
+_ENCODERS: dict = {}  # loaded models, shared by the indexes of one process (the CLI runner, a server)
 
 
 def open_backend(settings: Settings, *, create: bool = True) -> Backend:
@@ -104,7 +104,10 @@ class Index:
             meta = self.backend.meta()
             model = self.settings.model or (meta.model if meta else None)
             self.check_model()
-            self._encoder = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size)
+            key = (model, self.settings.device, self.settings.batch_size)
+            if key not in _ENCODERS:
+                _ENCODERS[key] = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size)
+            self._encoder = _ENCODERS[key]
         return self._encoder
 
     @property
@@ -150,7 +153,7 @@ class Index:
         start = time.perf_counter()
         self.backend.ensure(self._requested_meta(self.encoder))
         bar = _bar(progress)
-        for batch in _batches(papers, BATCH_PAPERS):
+        for batch in _batches(papers, max(1, int(self.settings.commit_every))):
             latest = {p.paper_id: p for p in batch}  # an id repeated within a batch: the last one wins
             report.replaced += len(batch) - len(latest)
             stored = self.backend.content_hashes(latest)

@@ -36,6 +36,7 @@ class Settings:
     device: str | None = None  # cpu | cuda | auto
     batch_size: int = 32
     facets: str = "keep"  # keep | predict | none: what indexing does about facet labels
+    commit_every: int = 128  # papers per committed batch while indexing (a killed run loses at most one batch)
     # querying
     k: int = 10
     rescorer: str = "summax"

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .backends.base import Backend, FirstStageRequest, IndexedPaper
+from .backends.base import Backend, Candidate, FirstStageRequest, IndexedPaper
 from .config import Settings
 from .papers import QUERY_FACETS, normalize_label
 from .rescore import CandidateBatch, QueryBatch, RescoreContext, make_rescorer
@@ -143,6 +143,12 @@ def run_query(
         bm25_weight=settings.fusion_bm25_weight,
     )
     candidates = backend.first_stage(request)
+    if restrict is not None:
+        # re-ranking a pool: members neither BM25 nor kNN reached still get ranked (below the rest)
+        missing = sorted(restrict - {c.paper_id for c in candidates} - request.exclude)
+        floor = min((c.score for c in candidates), default=0.0) - 1.0
+        found = backend.get(missing) if missing else {}
+        candidates += [Candidate(pid, floor, 0.0, 0.0, found[pid]) for pid in missing if pid in found]
     timings["first_stage"] = round(1000 * (time.perf_counter() - t0), 2)
 
     t1 = time.perf_counter()

