@@ -512,6 +512,22 @@ def test_mapping_layout_one_nested_path_per_facet(engine):
 
 
 @pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_text_fields_use_a_defined_analyzer_like_the_embedded_bm25(engine):
+    """Schemas cannot see that an analyzer a field names is defined; BM25 parity wants tantivy's en_stem
+    (split on non-alphanumerics, drop tokens of 40+ bytes, lowercase, Snowball English = porter2)."""
+    body = load_index_template(engine)
+    analysis = body["settings"]["index"]["analysis"]
+    for name, spec in mapping_fields(body["mappings"]).items():
+        if spec.get("type") == "text":
+            assert spec.get("analyzer") == "esqbe_en", name
+    analyzer = analysis["analyzer"]["esqbe_en"]
+    assert analyzer["tokenizer"] in analysis["tokenizer"]
+    assert all(f in analysis["filter"] or f == "lowercase" for f in analyzer["filter"])
+    assert analysis["tokenizer"][analyzer["tokenizer"]]["pattern"] == "[^\\p{L}\\p{N}]+"
+    assert [analysis["filter"].get(f, {}).get("language") for f in analyzer["filter"]][-1] == "porter2"
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
 @pytest.mark.parametrize("dim", [384, 768])
 def test_index_body_fills_the_model_dimension_and_meta(engine, dim):
     meta = IndexMeta("sentence-transformers/all-mpnet-base-v2", dim, "independent")
@@ -686,7 +702,7 @@ def test_stats_body_is_valid_and_counts_per_facet(engine):
         assert field in mapping_fields(canned.mapping)
     assert stats["papers"] == len(papers)
     assert stats["sentences"] == sum(len(p.paper.sentences) for p in papers)
-    assert stats["facets"]["method"] == sum(p.paper.facets.count("method") for p in papers)
+    assert stats["sentences_by_facet"]["method"] == sum(p.paper.facets.count("method") for p in papers)
     assert (stats["model"], stats["dim"]) == (META.model, META.dim)
     assert "client" in stats["fusion"]
 
@@ -1045,3 +1061,38 @@ def test_missing_index_is_reported_not_created_by_bulk(engine):
     with pytest.raises(BackendError, match="does not exist"):
         backend.upsert(make_papers(1))
     assert not canned.sent("_bulk")
+
+
+# ------------------------------------------------------------------------------------------------
+# the compose files users start (static checks; starting them is the integration tests' job)
+
+COMPOSE = sorted((Path(__file__).resolve().parents[1] / "docker").glob("*.yml"))
+
+
+def test_compose_files_exist_for_both_engines_and_topologies():
+    names = {p.name for p in COMPOSE}
+    assert {"elasticsearch-single-node.yml", "elasticsearch-three-nodes.yml",
+            "opensearch-single-node.yml", "opensearch-three-nodes.yml"} <= names
+
+
+@pytest.mark.parametrize("path", COMPOSE, ids=lambda p: p.name)
+def test_compose_files_bind_localhost_with_security_off(path):
+    yaml = pytest.importorskip("yaml")
+    spec = yaml.safe_load(path.read_text())
+    services = spec["services"]
+    published = [p for s in services.values() for p in s.get("ports", [])]
+    assert len(published) == 1 and published[0].startswith("127.0.0.1:"), published
+    for name, service in services.items():
+        env = dict(e.split("=", 1) for e in service["environment"])
+        if "elasticsearch" in service["image"]:
+            assert env["xpack.security.enabled"] == "false"
+            assert "-Xms" in env["ES_JAVA_OPTS"]
+        else:
+            assert env["DISABLE_SECURITY_PLUGIN"] == "true" and env["DISABLE_INSTALL_DEMO_CONFIG"] == "true"
+            assert "-Xms" in env["OPENSEARCH_JAVA_OPTS"]
+        if len(services) == 1:
+            assert env["discovery.type"] == "single-node"
+        else:
+            assert len(services) == 3 and "discovery.seed_hosts" in env
+            key = "cluster.initial_master_nodes" if "elasticsearch" in service["image"] else "cluster.initial_cluster_manager_nodes"
+            assert set(env[key].split(",")) == set(services)

@@ -688,7 +688,7 @@ class EngineBackend(Backend):
             "layout": LAYOUT,
             "papers": int(total.get("value", 0) if isinstance(total, dict) else total),
             "sentences": sum(facets.values()),
-            "facets": facets,
+            "sentences_by_facet": dict(sorted((f, n) for f, n in facets.items() if n)),
             "model": meta.model,
             "dim": meta.dim,
             "encoder_mode": meta.encoder_mode,
