@@ -236,12 +236,12 @@ class CannedEngine:
         return 200, {"took": 1, "errors": any("error" in next(iter(x.values())) for x in items), "items": items}
 
     def _msearch(self, method, segs, record):
-        responses = []
+        answers = []
         for body in record["lines"][1::2]:
             hits = self.bm25_hits(body) if _is_bm25(body) else self.knn_hits(body)
-            responses.append({"took": 1, "timed_out": False, "status": 200,
+            answers.append({"took": 1, "timed_out": False, "status": 200,
                               "hits": {"max_score": None, "hits": [{"_index": INDEX, "_id": pid, "_score": s} for pid, s in hits]}})
-        return 200, {"took": 1, "responses": responses}
+        return 200, {"took": 1, "responses": answers}
 
     def _search(self, method, segs, record):
         aggs = {facet: {"doc_count": 0} for facet in FACET_LABELS}

@@ -56,7 +56,6 @@ class ElasticsearchBackend(EngineBackend):
 
     name = "elasticsearch"
     engine = "elasticsearch"
-    extra = "elasticsearch"
 
     def _make_client(self, url: str, *, api_key, username, password, ca_certs, verify_certs, request_timeout) -> Any:
         es = _client_module()

@@ -265,7 +265,6 @@ class EngineBackend(Backend):
     """Backend on a search engine; subclasses supply the client and the engine-specific bits."""
 
     engine: str = ""
-    extra: str = ""
     #: candidates per shard for each kNN (x k); more = closer to exact search
     num_candidates_factor: int = 4
     max_chunk_bytes: int = 10 * 1024 * 1024
@@ -574,7 +573,7 @@ class EngineBackend(Backend):
         restrict = sorted(request.restrict_to) if request.restrict_to is not None else None
         out: list[tuple[str, int | None, dict]] = []
         if request.text and request.text.strip() and request.bm25_k > 0:
-            out.append(("bm25", None, bm25_body(request.text, request.bm25_k, restrict, request.exclude)))
+            out.append(("bm25", None, bm25_body(request.text, min(request.bm25_k, 10_000), restrict, request.exclude)))
         if request.knn_k > 0 and q.shape[0] and q.shape[1]:
             # excluded ids are dropped on the client: a must_not inside a nested kNN filter is unreliable
             # before ES 8.13 / OpenSearch 3.5, so ask for as many more hits as there are exclusions

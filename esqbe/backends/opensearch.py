@@ -29,7 +29,6 @@ class OpenSearchBackend(EngineBackend):
 
     name = "opensearch"
     engine = "opensearch"
-    extra = "opensearch"
 
     def _make_client(self, url: str, *, api_key, username, password, ca_certs, verify_certs, request_timeout) -> Any:
         osp = _client_module()
@@ -43,8 +42,8 @@ class OpenSearchBackend(EngineBackend):
         if username:
             options["http_auth"] = (username, password or "")
         if api_key:
-            # OpenSearch's security plugin has no Elasticsearch-style API keys; gateways that take one
-            # (and OpenSearch 3.x API tokens) read it from this header
+            # the security plugin's API keys (OpenSearch 3.7+) authenticate with this header; older
+            # versions take basic auth (or a gateway in front that reads it)
             options["headers"] = {"Authorization": f"ApiKey {api_key}"}
         if ca_certs:
             options["ca_certs"] = ca_certs
