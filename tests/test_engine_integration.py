@@ -141,13 +141,14 @@ def indexed(cluster, tmp_path_factory):
             embedded.close()
 
 
-def _ids(backend) -> list[str]:
-    return [json.loads(line)["paper_id"] for line in open(SAMPLE, encoding="utf-8")][:N_PAPERS]
+def _ids() -> list[str]:
+    with open(SAMPLE, encoding="utf-8") as fp:
+        return [json.loads(line)["paper_id"] for line in itertools.islice(fp, N_PAPERS)]
 
 
 def test_query_rescore_ranking_matches_embedded(indexed):
     embedded, engine, _ = indexed
-    ids = _ids(engine.backend)
+    ids = _ids()
     stored = engine.backend.get(ids)
     compared = 0
     for pid, facet in itertools.product(ids[:8], ("background", "method", "result")):
@@ -168,7 +169,7 @@ def test_engine_knn_scores_are_the_cosines(indexed):
 
     _, engine, _ = indexed
     backend = engine.backend
-    ids = _ids(backend)
+    ids = _ids()
     papers = backend.get(ids)
     query = papers[ids[0]]
     rows = query.paper.facet_indices("method") or [0]
@@ -188,7 +189,7 @@ def test_engine_knn_scores_are_the_cosines(indexed):
 
 def test_vectors_reach_the_rescorers_bit_exact(indexed):
     embedded, engine, _ = indexed
-    ids = _ids(engine.backend)[:10]
+    ids = _ids()[:10]
     mine, ref = engine.backend.get(ids), embedded.backend.get(ids)
     assert set(mine) == set(ref) == set(ids)
     for pid in ids:
@@ -201,7 +202,7 @@ def test_restrict_to_and_exclude(indexed):
     from esqbe.backends.base import FirstStageRequest
 
     _, engine, _ = indexed
-    ids = _ids(engine.backend)
+    ids = _ids()
     pool = frozenset(ids[5:15])
     query = engine.backend.get([ids[5]])[ids[5]]
     request = FirstStageRequest(text=" ".join(query.paper.sentences), vectors=query.vectors, facet=None, k=50,
