@@ -1,0 +1,59 @@
+"""`esqbe eval csfcube` plumbing on a miniature collection in the release layout (built from the sample)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+from esqbe.metrics import read_trec_run
+
+from .conftest import SAMPLE
+
+
+@pytest.fixture
+def mini_release(tmp_path):
+    """Two queries (a method and a result query) over 24 sample abstracts, in CSFCube's file layout."""
+    recs = [json.loads(l) for l in SAMPLE.read_text().splitlines()[:24]]
+    root = tmp_path / "mini"
+    root.mkdir()
+    with open(root / "abstracts-csfcube-preds.jsonl", "w") as f:
+        for r in recs:
+            f.write(json.dumps({"paper_id": r["paper_id"], "title": "", "abstract": r["sentences"],
+                                "pred_labels": [f"{lab}_label" for lab in r["labels"]]}) + "\n")
+    pool = [r["paper_id"] for r in recs[1:]]
+    grades = [3 if i % 5 == 0 else 1 if i % 3 == 0 else 0 for i in range(len(pool))]
+    for facet in ("background", "method", "result"):
+        anns = {recs[0]["paper_id"]: {"cands": pool, "relevance_adju": grades}}
+        (root / f"test-pid2anns-csfcube-{facet}.json").write_text(json.dumps(anns))
+    qid0 = recs[0]["paper_id"]
+    splits = {f: {"fold1_dev": [f"{qid0}_{f}"]} for f in ("background", "method", "result")}
+    (root / "evaluation_splits.json").write_text(json.dumps(splits))
+    (root / "queries-release.csv").write_text(f"pid,facet,year,title,paper type\n" + "".join(f"{qid0},{f},2020,x,y\n" for f in ("background", "method", "result")))
+    return root
+
+
+def test_eval_writes_runs_and_results(tmp_path, mini_release):
+    out = tmp_path / "out"
+    args = ["eval", "csfcube", "--data", str(mini_release), "--out", str(out), "--index-path", str(tmp_path / "ix")]
+    r = CliRunner().invoke(main, args + ["--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["name"] == "default"
+    table = data["splits"]["dev"]
+    assert set(table) == {"background", "method", "result", "all"}
+    for facet in table:
+        assert set(table[facet]) == {"RP", "P@20", "R@20", "MAP", "NDCG%20"}
+        assert all(0 <= v <= 100 for v in table[facet].values())
+    run = read_trec_run(out / "default.run")
+    qid0 = json.loads(SAMPLE.read_text().splitlines()[0])["paper_id"]
+    assert set(run) == {f"{qid0}_{f}" for f in ("background", "method", "result")}
+    assert all(len(v) == 23 for v in run.values())  # the whole pool is ranked
+
+    # a second configuration reuses the index and adds its own run and results entry
+    r = CliRunner().invoke(main, args + ["--rescorer", "ts"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "contextual-ts — split dev" in r.stdout
+    assert (out / "contextual-ts.run").exists()
+    assert set(json.loads((out / "results.json").read_text())) == {"default", "contextual-ts"}
