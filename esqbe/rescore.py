@@ -8,6 +8,8 @@ Register new ones with `@register("name")`; the query pipeline and `esqbe eval` 
 """
 from __future__ import annotations
 
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -22,6 +24,8 @@ class QueryBatch:
 
     vectors: np.ndarray  # (m, d)
     sentences: list[str]
+    #: per-sentence importance for rescorers that weigh query sentences (asym); None = uniform 1/m
+    weights: np.ndarray | None = None
 
 
 @dataclass
@@ -64,6 +68,8 @@ Match = tuple[int, int, float]  # (query sentence index, candidate sentence inde
 class RescoreResult:
     scores: np.ndarray  # (n,) higher is better
     matches: list[list[Match]] = field(default_factory=list)  # per candidate, strongest first
+    #: (n, m, L) transport plans of the `ot` rescorer (zeros on padded slots); None for the others
+    plans: np.ndarray | None = None
 
 
 @dataclass
@@ -103,9 +109,18 @@ def make_rescorer(name: str, context: RescoreContext | None = None, **params) ->
     return factory(context or RescoreContext(), **params)
 
 
+def _cosines(query_vectors: np.ndarray, cand_vectors: np.ndarray) -> np.ndarray:
+    """(n, m, L) dot products of unit vectors, one float32 matmul (several times faster than einsum here)."""
+    n, width, dim = cand_vectors.shape
+    if n == 0:  # CandidateBatch.from_papers([]) has no dimension to match
+        return np.zeros((0, len(query_vectors), width), dtype=np.float32)
+    flat = np.asarray(cand_vectors, dtype=np.float32).reshape(n * width, dim)
+    return (flat @ np.asarray(query_vectors, dtype=np.float32).T).reshape(n, width, -1).transpose(0, 2, 1)
+
+
 def cosine_matrix(query: QueryBatch, cands: CandidateBatch) -> np.ndarray:
     """(n, m, L) cosine similarities; masked candidate slots are -inf."""
-    sims = np.einsum("md,nld->nml", query.vectors.astype(np.float32), cands.vectors, optimize=True)
+    sims = _cosines(query.vectors, cands.vectors)
     return np.where(cands.mask[:, None, :], sims, -np.inf)
 
 
@@ -144,5 +159,430 @@ def rescore_summax(context: RescoreContext, **params) -> Rescorer:
         sims = cosine_matrix(query, cands)
         scores = sims.max(axis=2).mean(axis=1)
         return RescoreResult(scores=scores, matches=_top_matches(sims))
+
+    return score
+
+
+# --- parameters ---------------------------------------------------------------------------------
+# Factory parameters may arrive as strings (`--param tau=0.5` on the command line): coerce and check.
+
+
+def _reject_unknown(name: str, unknown: dict, accepted: Sequence[str]) -> None:
+    if unknown:
+        raise ValueError(f"{name} got unknown parameter(s) {', '.join(sorted(unknown))}; it takes {', '.join(accepted)}")
+
+
+def _positive_float(rescorer: str, name: str, value) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{rescorer}: {name} must be a number (got {value!r})") from None
+    if not np.isfinite(out) or out <= 0:
+        raise ValueError(f"{rescorer}: {name} must be a positive number (got {value!r})")
+    return out
+
+
+def _positive_int(rescorer: str, name: str, value) -> int:
+    out = _positive_float(rescorer, name, value)
+    if out != int(out):
+        raise ValueError(f"{rescorer}: {name} must be a whole number (got {value!r})")
+    return int(out)
+
+
+def _bool(rescorer: str, name: str, value) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{rescorer}: {name} must be true or false (got {value!r})")
+
+
+def _finite_matches(matches: list[list[Match]]) -> list[list[Match]]:
+    """Drop the placeholder pairs `_top_matches` reports for candidates without sentences."""
+    return [[mt for mt in row if np.isfinite(mt[2])] for row in matches]
+
+
+def _check_query(rescorer: str, query: QueryBatch) -> None:
+    if len(query.vectors) == 0:
+        raise ValueError(f"{rescorer}: the query has no sentences")
+
+
+# --- optimal transport (otAspire) -----------------------------------------------------------------
+
+
+def pairwise_l2(query_vectors: np.ndarray, cand_vectors: np.ndarray) -> np.ndarray:
+    """(n, m, L) L2 distances between m query vectors and each candidate's L vectors, in float64.
+
+    Vectors are unit-norm (the index stores them so), hence ||q - c|| = sqrt(2 - 2 cos).
+    """
+    cos = _cosines(np.asarray(query_vectors, dtype=np.float32), np.asarray(cand_vectors, dtype=np.float32))
+    return np.sqrt(np.maximum(2.0 - 2.0 * cos.astype(np.float64), 0.0))
+
+
+def _masked_softmax(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, restricted to `mask`; masked entries get 0 (rows need one True)."""
+    x = np.where(mask, logits, -np.inf)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def ot_marginals(dist: np.ndarray, mask: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray]:
+    """otAspire's sentence weights: x_q = softmax(-s_q / tau), s_q[i] = min_j D[i, j], and
+    x_c = softmax(-s_c / tau), s_c[j] = min_i D[i, j], so sentences with a close partner carry
+    more mass (tau -> inf: uniform). dist (n, m, L), mask (n, L); padded slots get 0 mass."""
+    masked = np.where(mask[:, None, :], dist, np.inf)
+    s_q = masked.min(axis=2)  # (n, m)
+    s_c = masked.min(axis=1)  # (n, L), inf on padding
+    x_q = _masked_softmax(-s_q / tau, np.ones_like(s_q, dtype=bool))
+    x_c = _masked_softmax(-np.where(mask, s_c, 0.0) / tau, mask)
+    return x_q, x_c
+
+
+def _logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
+    top = x.max(axis=axis, keepdims=True)
+    return np.log(np.exp(x - top).sum(axis=axis)) + np.squeeze(top, axis=axis)
+
+
+def _log_sinkhorn_steps(log_a, log_b, log_k, f, g, steps):
+    """`steps` plain log-domain Sinkhorn iterations on the potentials (exact logsumexp: never
+    under- or overflows). Absent slots have -inf potentials and a finite log_k."""
+    for _ in range(steps):
+        f = log_a - _logsumexp(log_k + g[:, None, :], axis=2)
+        g = log_b - _logsumexp(log_k + f[:, :, None], axis=1)
+    return f, g
+
+
+def sinkhorn_batched(a, b, M, reg, *, numItermax: int = 1000, stopThr: float = 1e-4, check_every: int = 10,
+                     method: str = "stabilized", log: bool = False):
+    """Entropic OT plans for n problems at once: `ot.sinkhorn(a[k], b[k], M[k], reg)` for every k.
+
+    a (n, m), b (n, L): histograms, each summing to 1; zero entries are absent slots (padding),
+    so problems of different sizes share one padded tensor. M (n, m, L): costs.
+
+    Log-domain potentials f, g (P = exp(f_i + g_j - M_ij / reg)). method="stabilized" (default)
+    absorbs them into a kernel every `check_every` iterations and runs the iterations in between
+    as scaling updates (two batched mat-vecs each, much cheaper than a logsumexp); a problem whose
+    scalings under- or overflow redoes that block with exact log-domain steps, so any reg is safe.
+    method="log": exact log-domain steps throughout (slower; same fixed point).
+    A problem stops when its row marginals are within `stopThr` in L1 (columns are exact after
+    every step), checked every `check_every` iterations, or after `numItermax`; converged problems
+    leave the batch, so a slow one costs only itself.
+    Returns plans (n, m, L), and with `log=True` also {"niter": per problem, "err": per problem}.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    M = np.asarray(M, dtype=np.float64)
+    if a.ndim != 2 or b.ndim != 2 or b.shape[0] != a.shape[0] or M.shape != (a.shape[0], a.shape[1], b.shape[1]):
+        raise ValueError(f"sinkhorn_batched: expected a (n, m), b (n, L), M (n, m, L); got {a.shape}, {b.shape}, {M.shape}")
+    if not ((a > 0).any(axis=1).all() and (b > 0).any(axis=1).all()):
+        raise ValueError("sinkhorn_batched: every problem needs mass on both sides")
+    if method not in ("stabilized", "log"):
+        raise ValueError(f"sinkhorn_batched: method must be 'stabilized' or 'log' (got {method!r})")
+    a_live, b_live = a > 0, b > 0
+    log_k = -np.where(a_live[:, :, None] & b_live[:, None, :], M, 0.0) / reg  # finite everywhere
+    with np.errstate(divide="ignore"):
+        log_a, log_b = np.log(a), np.log(b)
+    # start from the c-transforms of zero: every live row and column of the first kernel holds a 1
+    f = np.where(a_live, -np.where(b_live[:, None, :], log_k, -np.inf).max(axis=2), -np.inf)
+    g = np.where(b_live, -np.where(a_live[:, :, None], log_k + f[:, :, None], -np.inf).max(axis=1), -np.inf)
+
+    n = len(a)
+    niter = np.zeros(n, dtype=np.int64)
+    err = np.full(n, np.inf)
+    active = np.arange(n)
+    done_iters = 0
+    while active.size and done_iters < numItermax:
+        steps = min(int(check_every), int(numItermax) - done_iters)
+        A, B, LA, LB, LK, F, G = a[active], b[active], log_a[active], log_b[active], log_k[active], f[active], g[active]
+        if method == "log":
+            F, G = _log_sinkhorn_steps(LA, LB, LK, F, G, steps)
+            rows = np.exp(F + _logsumexp(LK + G[:, None, :], axis=2))
+        else:
+            with np.errstate(all="ignore"):
+                K = np.exp(LK + F[:, :, None] + G[:, None, :])  # the current plan
+                v = np.ones_like(B)
+                A_dead, B_dead = (A == 0).astype(np.float64), (B == 0).astype(np.float64)  # absent: 0 / (0 + 1) = 0
+                for _ in range(steps):
+                    u = A / (np.einsum("nml,nl->nm", K, v) + A_dead)
+                    v = B / (np.einsum("nml,nm->nl", K, u) + B_dead)
+                rows = u * np.einsum("nml,nl->nm", K, v)
+                log_u, log_v = np.log(np.where(A > 0, u, 1.0)), np.log(np.where(B > 0, v, 1.0))
+            bad = ~(np.isfinite(log_u).all(axis=1) & np.isfinite(log_v).all(axis=1) & np.isfinite(rows).all(axis=1))
+            F, G = F + log_u, G + log_v
+            if bad.any():  # scalings left float range: redo this block exactly for those problems
+                Fb, Gb = _log_sinkhorn_steps(LA[bad], LB[bad], LK[bad], f[active[bad]], g[active[bad]], steps)
+                F[bad], G[bad] = Fb, Gb
+                rows[bad] = np.exp(Fb + _logsumexp(LK[bad] + Gb[:, None, :], axis=2))
+        done_iters += steps
+        f[active], g[active] = F, G
+        err[active] = np.abs(rows - A).sum(axis=1)
+        niter[active] = done_iters
+        active = active[err[active] >= stopThr]
+    plans = np.exp(log_k + f[:, :, None] + g[:, None, :])
+    if log:
+        return plans, {"niter": niter, "err": err}
+    return plans
+
+
+def round_to_marginals(plans: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The nearest-feasible fix of approximate plans (Altschuler, Weed & Rigollet 2017, Alg. 2): scale
+    down rows over a and columns over b, then spread the missing mass as a rank-one term, so the
+    marginals hold exactly while the plan moves by at most twice Sinkhorn's marginal error.
+    Sinkhorn stopped early (slow near-diagonal problems) thus still yields a transport plan."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rows = plans.sum(axis=2)
+        plans = plans * np.where(rows > a, a / rows, 1.0)[:, :, None]
+        cols = plans.sum(axis=1)
+        plans = plans * np.where(cols > b, b / cols, 1.0)[:, None, :]
+    miss_a = np.maximum(a - plans.sum(axis=2), 0.0)
+    miss_b = np.maximum(b - plans.sum(axis=1), 0.0)
+    total = miss_a.sum(axis=1)
+    return plans + miss_a[:, :, None] * miss_b[:, None, :] / np.where(total > 0, total, 1.0)[:, None, None]
+
+
+def emd_loop(a, b, M) -> np.ndarray:
+    """Exact OT plans with POT's network simplex, one problem at a time (the reference for Sinkhorn).
+    Same padded layout as `sinkhorn_batched`: zero-mass slots are left out of each problem."""
+    import ot
+
+    plans = np.zeros(np.shape(M), dtype=np.float64)
+    for k in range(len(plans)):
+        rows, cols = np.flatnonzero(a[k] > 0), np.flatnonzero(b[k] > 0)
+        plans[k][np.ix_(rows, cols)] = ot.emd(
+            np.ascontiguousarray(a[k][rows], dtype=np.float64),
+            np.ascontiguousarray(b[k][cols], dtype=np.float64),
+            np.ascontiguousarray(M[k][np.ix_(rows, cols)], dtype=np.float64),
+        )
+    return plans
+
+
+def plan_matches(plans: np.ndarray, mask: np.ndarray, *, min_mass: float = 1e-4) -> list[list[Match]]:
+    """Per candidate, the (query sentence, candidate sentence, mass) pairs of its plan, heaviest first.
+
+    Keeps at most m + k - 1 pairs (the most an exact plan between m and k sentences uses) and
+    drops crumbs under `min_mass` that entropic smoothing spreads everywhere.
+    """
+    n, m, width = plans.shape
+    flat = plans.reshape(n, -1)
+    top = min(m + width - 1, flat.shape[1])
+    if n == 0 or top <= 0:
+        return [[] for _ in range(n)]
+    order = np.argsort(-flat, axis=1, kind="stable")[:, :top]
+    mass = np.take_along_axis(flat, order, axis=1)
+    keep = np.minimum(np.maximum(m + mask.sum(axis=1) - 1, 0), (mass >= min_mass).sum(axis=1))
+    rows, cols, mass, keep = (order // width).tolist(), (order % width).tolist(), mass.tolist(), keep.tolist()
+    return [list(zip(rows[i][: keep[i]], cols[i][: keep[i]], mass[i][: keep[i]])) for i in range(n)]
+
+
+@register("ot")
+def rescore_ot(context: RescoreContext, *, tau=0.5, lam=20.0, exact=False, max_iter=1000, tol=1e-4, **unknown) -> Rescorer:
+    """Multi-match (otAspire): score = -<D, P>, P the optimal transport plan between query and candidate
+    sentences under L2 distances D, with otAspire's nearest-neighbour marginals (`ot_marginals`, tau).
+
+    Several query sentences can be matched at once, and extra candidate sentences take mass away
+    from good matches (OT penalises what the query does not cover; see `asym` for the opposite).
+    lam: entropic regularisation 1/reg of the batched Sinkhorn (max_iter, tol: its stopping rule);
+    exact=true: POT's exact `ot.emd` per candidate instead (slow; the reference).
+    Sinkhorn's plans are rounded onto the marginals (`round_to_marginals`), so every plan is an
+    exact transport plan even when a slow problem stops at max_iter.
+    The plans come back in `RescoreResult.plans`; `matches` lists each plan's heaviest pairs.
+    """
+    _reject_unknown("ot", unknown, ["tau", "lam", "exact", "max_iter", "tol"])
+    tau = _positive_float("ot", "tau", tau)
+    reg = 1.0 / _positive_float("ot", "lam", lam)
+    exact = _bool("ot", "exact", exact)
+    max_iter = _positive_int("ot", "max_iter", max_iter)
+    tol = _positive_float("ot", "tol", tol)
+
+    def score(query: QueryBatch, cands: CandidateBatch) -> RescoreResult:
+        _check_query("ot", query)
+        n, m = len(cands), len(query.vectors)
+        if n == 0:
+            return RescoreResult(scores=np.zeros(0), matches=[], plans=np.zeros((0, m, 0)))
+        dist = pairwise_l2(query.vectors, cands.vectors)
+        full = cands.mask.any(axis=1)  # candidates with at least one sentence
+        plans = np.zeros_like(dist)
+        if full.any():
+            x_q, x_c = ot_marginals(dist[full], cands.mask[full], tau)
+            if exact:
+                plans[full] = emd_loop(x_q, x_c, dist[full])
+            else:
+                approx = sinkhorn_batched(x_q, x_c, dist[full], reg, numItermax=max_iter, stopThr=tol)
+                plans[full] = round_to_marginals(approx, x_q, x_c)
+        scores = np.where(full, -np.einsum("nml,nml->n", dist, plans), -np.inf)
+        return RescoreResult(scores=scores, matches=plan_matches(plans, cands.mask), plans=plans)
+
+    return score
+
+
+# --- asymmetric partial matching --------------------------------------------------------------------
+
+
+def _query_weights(query: QueryBatch) -> np.ndarray:
+    m = len(query.vectors)
+    if query.weights is None:
+        return np.full(m, 1.0 / m)
+    w = np.asarray(query.weights, dtype=np.float64)
+    if w.shape != (m,) or (w < 0).any() or w.sum() <= 0:
+        raise ValueError(f"query weights must be {m} non-negative numbers, not all zero (got shape {w.shape})")
+    return w / w.sum()
+
+
+@register("asym")
+def rescore_asym(context: RescoreContext, *, d=4.0, **unknown) -> Rescorer:
+    """Asymmetric partial matching over the stored sentence vectors: score = sum over query sentences
+    of weight x max over candidate sentences of max(cos, 0)^d.
+
+    The candidate must cover the query; its extra sentences cost nothing (unlike `ot`).
+    d = 1 is plain coverage (summax with weights); larger d rewards near-exact matches more.
+    Weights: `QueryBatch.weights` (normalised to sum 1), uniform 1/m when absent.
+    Candidates without sentences score -inf.
+    """
+    _reject_unknown("asym", unknown, ["d"])
+    power = _positive_float("asym", "d", d)
+
+    def score(query: QueryBatch, cands: CandidateBatch) -> RescoreResult:
+        _check_query("asym", query)
+        weights = _query_weights(query)
+        sims = cosine_matrix(query, cands).astype(np.float64)  # (n, m, L), -inf on padding
+        scaled = np.where(cands.mask[:, None, :], np.maximum(sims, 0.0) ** power, -np.inf)
+        best = scaled.max(axis=2) if scaled.shape[2] else np.full(scaled.shape[:2], -np.inf)
+        scores = np.where(cands.mask.any(axis=1), np.maximum(best, 0.0) @ weights, -np.inf)
+        return RescoreResult(scores=scores, matches=_finite_matches(_top_matches(scaled, limit=None)) if len(cands) else [])
+
+    return score
+
+
+#: "(Author, 2010)", "(Author et al., 2010; Other and Else, 2011a)", "(e.g., Author, 2010)"
+_AUTHOR_YEAR = r"[A-Z][^()\[\];]*?,?\s*(?:19|20)\d{2}[a-z]?"
+_CITATION_MARKERS = re.compile(
+    rf"\(\s*(?:(?:e\.g\.|i\.e\.|see|cf\.)[,\s]+)?{_AUTHOR_YEAR}(?:\s*;\s*{_AUTHOR_YEAR})*\s*\)"
+    r"|\(\s*(?:19|20)\d{2}[a-z]?(?:\s*[,;]\s*(?:19|20)\d{2}[a-z]?)*\s*\)"  # "Author et al. (2010)"
+    r"|\[\s*\d+(?:\s*[-\u2013,;]\s*\d+)*\s*\]"  # "[12]", "[3, 5-7]"
+)
+
+
+def strip_citation_markers(text: str) -> str:
+    """Drop citation markers ("(Author, 2010)", "(2010)", "[12]"): names and years are not content
+    and would match other papers' citations of the same work."""
+    text = _CITATION_MARKERS.sub(" ", text)
+    text = re.sub(r"\s+([,.;:)])", r"\1", text)
+    return " ".join(text.split())
+
+
+def token_frequency_weights(tokens: Sequence[str], counts: dict[str, int], total: int, alpha: float) -> np.ndarray:
+    """W(w) = alpha / (alpha + p(w)), p(w) = count / total: frequent tokens count less (SIF weights).
+    A token the counts never saw gets p = 0, weight 1."""
+    p = np.fromiter((counts.get(t, 0) for t in tokens), dtype=np.float64, count=len(tokens)) / max(int(total), 1)
+    return alpha / (alpha + p)
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def segment_max_cosines(query_tokens: np.ndarray, cand_tokens: np.ndarray, starts: np.ndarray, *, max_cells: int = 1 << 24) -> np.ndarray:
+    """(Mq, S): for every query token, its best cosine within each of S candidate segments.
+
+    cand_tokens (Nc, d) holds the S non-empty segments back to back, segment s starting at
+    starts[s]. One matmul per chunk of segments, sized so a chunk's cosines stay under
+    `max_cells` floats; `np.maximum.reduceat` takes the per-segment maxima.
+    """
+    n_q, n_c, n_seg = len(query_tokens), len(cand_tokens), len(starts)
+    out = np.empty((n_q, n_seg), dtype=np.float32)
+    bounds = np.append(starts, n_c)
+    per_chunk = max(max_cells // max(n_q, 1), 1)
+    s = 0
+    while s < n_seg:
+        # segments s..e-1, at least one, their tokens under per_chunk unless one alone is bigger
+        e = max(int(np.searchsorted(bounds, bounds[s] + per_chunk, side="right")) - 1, s + 1)
+        e = min(e, n_seg)
+        lo, hi = bounds[s], bounds[e]
+        cos = query_tokens @ cand_tokens[lo:hi].T
+        out[:, s:e] = np.maximum.reduceat(cos, starts[s:e] - lo, axis=1)
+        s = e
+    return out
+
+
+@register("asym_token")
+def rescore_asym_token(context: RescoreContext, *, d=4.0, alpha=1e-4, max_tokens=100, **unknown) -> Rescorer:
+    """Asymmetric partial matching over token vectors, as in cited-text identification.
+
+    For query sentence S_q and candidate sentence S_c:
+        sim = sum over query tokens w of W(w) * max over candidate tokens w' of max(cos(w, w'), 0)^d,
+    divided by the sum of W over S_q so sentences of any length compare (sim in [0, 1]);
+    W(w) = alpha / (alpha + p(w)). Paper score = mean over query sentences of their best
+    candidate sentence's sim (as in summax); candidates without sentences score -inf.
+
+    Token vectors come from `context.encoder.token_vectors` at query time (each sentence
+    encoded alone after stripping citation markers, cut at `max_tokens`, unit-normalised, each
+    distinct text once per call); they are not stored in the index. p(w) comes from
+    `context.backend.token_counts()`; when there is no backend or it keeps no counts, p(w) is
+    estimated from the tokens of this call's query and candidate sentences (each distinct
+    sentence once), which is a small sample: rare-token weights are then less reliable.
+    """
+    _reject_unknown("asym_token", unknown, ["d", "alpha", "max_tokens"])
+    power = _positive_float("asym_token", "d", d)
+    alpha = _positive_float("asym_token", "alpha", alpha)
+    max_tokens = _positive_int("asym_token", "max_tokens", max_tokens)
+    encoder = getattr(context, "encoder", None)
+    if encoder is None:
+        raise ValueError("asym_token needs an encoder for token vectors: pass RescoreContext(encoder=...)")
+    backend = getattr(context, "backend", None)
+
+    def score(query: QueryBatch, cands: CandidateBatch) -> RescoreResult:
+        m, n = len(query.sentences), len(cands)
+        if m == 0:
+            raise ValueError("asym_token: the query has no sentences")
+        width = cands.mask.shape[1] if n else 0
+        # every distinct (cleaned) text once: query sentences first, then candidate sentences
+        texts: dict[str, int] = {}
+        q_ids = [texts.setdefault(strip_citation_markers(t), len(texts)) for t in query.sentences]
+        slot_ids = np.zeros((n, width), dtype=np.int64)
+        for i, sents in enumerate(cands.sentences):
+            slot_ids[i, : len(sents)] = [texts.setdefault(strip_citation_markers(t), len(texts)) for t in sents]
+        unique = list(texts)
+        nonempty = [k for k, t in enumerate(unique) if t]  # a sentence that was only a citation has no tokens
+        encoded: list[tuple[list[str], np.ndarray | None]] = [([], None)] * len(unique)
+        for k, out in zip(nonempty, encoder.token_vectors([unique[k] for k in nonempty], max_tokens=max_tokens)):
+            encoded[k] = out
+        dim = next((vecs.shape[-1] for _, vecs in encoded if vecs is not None), 1)
+        encoded = [(toks, vecs if vecs is not None else np.zeros((0, dim), np.float32)) for toks, vecs in encoded]
+        lengths = np.array([len(toks) for toks, _ in encoded], dtype=np.int64)
+
+        counts_total = backend.token_counts() if backend is not None else None
+        if counts_total is None:
+            counts = Counter(t for toks, _ in encoded for t in toks)
+            counts_total = (counts, sum(counts.values()))
+
+        # query tokens, and the matrix that averages their scaled maxima into per-sentence sims
+        q_tokens = [encoded[k][0] for k in q_ids]
+        q_vecs = _unit_rows(np.concatenate([encoded[k][1] for k in q_ids]))
+        q_weights = token_frequency_weights([t for toks in q_tokens for t in toks], *counts_total, alpha)
+        q_sent = np.repeat(np.arange(m), [len(toks) for toks in q_tokens])
+        totals = np.bincount(q_sent, weights=q_weights, minlength=m)
+        pool = np.zeros((m, len(q_weights)))
+        pool[q_sent, np.arange(len(q_weights))] = q_weights / np.maximum(totals[q_sent], 1e-300)
+
+        # every distinct candidate text with tokens, back to back
+        used = np.zeros(len(unique), dtype=bool)
+        used[slot_ids[cands.mask]] = True
+        segs = np.flatnonzero(used & (lengths > 0))
+        sent_sims = np.zeros((m, len(unique)))  # (query sentence, distinct text)
+        if len(segs) and len(q_weights):
+            c_vecs = _unit_rows(np.concatenate([encoded[k][1] for k in segs]))
+            starts = np.concatenate([[0], np.cumsum(lengths[segs])[:-1]])
+            best = segment_max_cosines(q_vecs, c_vecs, starts).astype(np.float64)
+            sent_sims[:, segs] = pool @ (np.maximum(best, 0.0) ** power)
+
+        sims = np.where(cands.mask[:, None, :], sent_sims[:, slot_ids].transpose(1, 0, 2), -np.inf)  # (n, m, L)
+        has = cands.mask.any(axis=1)
+        best_per_q = sims.max(axis=2) if width else np.full((n, m), -np.inf)
+        scores = np.where(has, np.where(has[:, None], best_per_q, 0.0).mean(axis=1), -np.inf)
+        return RescoreResult(scores=scores, matches=_finite_matches(_top_matches(sims, limit=None)) if n else [])
 
     return score
