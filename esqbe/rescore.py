@@ -268,8 +268,8 @@ def sinkhorn_batched(a, b, M, reg, *, numItermax: int = 1000, stopThr: float = 1
     scalings under- or overflow redoes that block with exact log-domain steps, so any reg is safe.
     method="log": exact log-domain steps throughout (slower; same fixed point).
     A problem stops when its row marginals are within `stopThr` in L1 (columns are exact after
-    every step), checked every `check_every` iterations, or after `numItermax`; converged problems
-    leave the batch, so a slow one costs only itself.
+    every step), checked every `check_every` iterations (5x that once at most 32 problems are
+    left), or after `numItermax`; converged problems leave the batch, so a slow one costs only itself.
     Returns plans (n, m, L), and with `log=True` also {"niter": per problem, "err": per problem}.
     """
     a = np.asarray(a, dtype=np.float64)
@@ -295,20 +295,29 @@ def sinkhorn_batched(a, b, M, reg, *, numItermax: int = 1000, stopThr: float = 1
     active = np.arange(n)
     done_iters = 0
     while active.size and done_iters < numItermax:
-        steps = min(int(check_every), int(numItermax) - done_iters)
+        # the few slow problems left run longer blocks: less per-block overhead, slightly coarser stops
+        steps = min(int(check_every) * (1 if len(active) > 32 else 5), int(numItermax) - done_iters)
         A, B, LA, LB, LK, F, G = a[active], b[active], log_a[active], log_b[active], log_k[active], f[active], g[active]
         if method == "log":
             F, G = _log_sinkhorn_steps(LA, LB, LK, F, G, steps)
             rows = np.exp(F + _logsumexp(LK + G[:, None, :], axis=2))
         else:
             with np.errstate(all="ignore"):
-                K = np.exp(LK + F[:, :, None] + G[:, None, :])  # the current plan
-                v = np.ones_like(B)
-                A_dead, B_dead = (A == 0).astype(np.float64), (B == 0).astype(np.float64)  # absent: 0 / (0 + 1) = 0
-                for _ in range(steps):
-                    u = A / (np.einsum("nml,nl->nm", K, v) + A_dead)
-                    v = B / (np.einsum("nml,nm->nl", K, u) + B_dead)
-                rows = u * np.einsum("nml,nl->nm", K, v)
+                # the current plan; 1 on absent slots so their scalings come out 0 / positive = 0
+                K = np.where((A > 0)[:, :, None] & (B > 0)[:, None, :], np.exp(LK + F[:, :, None] + G[:, None, :]), 1.0)
+                if len(active) > 32:  # einsum is the faster mat-vec for big batches ...
+                    v = (B > 0).astype(np.float64)
+                    for _ in range(steps):
+                        u = A / np.einsum("nml,nl->nm", K, v)
+                        v = B / np.einsum("nml,nm->nl", K, u)
+                    rows = u * np.einsum("nml,nl->nm", K, v)
+                else:  # ... matmul for the few slow problems left
+                    KT, A3, v3 = np.ascontiguousarray(K.transpose(0, 2, 1)), A[:, :, None], (B > 0).astype(np.float64)[:, :, None]
+                    for _ in range(steps):
+                        u3 = A3 / (K @ v3)
+                        v3 = B[:, :, None] / (KT @ u3)
+                    u, v = u3[:, :, 0], v3[:, :, 0]
+                    rows = u * (K @ v3)[:, :, 0]
                 log_u, log_v = np.log(np.where(A > 0, u, 1.0)), np.log(np.where(B > 0, v, 1.0))
             bad = ~(np.isfinite(log_u).all(axis=1) & np.isfinite(log_v).all(axis=1) & np.isfinite(rows).all(axis=1))
             F, G = F + log_u, G + log_v
@@ -488,9 +497,10 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
 def segment_max_cosines(query_tokens: np.ndarray, cand_tokens: np.ndarray, starts: np.ndarray, *, max_cells: int = 1 << 24) -> np.ndarray:
     """(Mq, S): for every query token, its best cosine within each of S candidate segments.
 
-    cand_tokens (Nc, d) holds the S non-empty segments back to back, segment s starting at
-    starts[s]. One matmul per chunk of segments, sized so a chunk's cosines stay under
-    `max_cells` floats; `np.maximum.reduceat` takes the per-segment maxima.
+    query_tokens (Mq, d) unit-norm; cand_tokens (Nc, d) any norm, the S non-empty segments back
+    to back, segment s starting at starts[s]. One matmul per chunk of segments, sized so a chunk's
+    cosines stay under `max_cells` floats, scaled by the candidate tokens' inverse norms (cheaper
+    than normalising the big matrix); `np.maximum.reduceat` takes the per-segment maxima.
     """
     n_q, n_c, n_seg = len(query_tokens), len(cand_tokens), len(starts)
     out = np.empty((n_q, n_seg), dtype=np.float32)
@@ -502,7 +512,9 @@ def segment_max_cosines(query_tokens: np.ndarray, cand_tokens: np.ndarray, start
         e = max(int(np.searchsorted(bounds, bounds[s] + per_chunk, side="right")) - 1, s + 1)
         e = min(e, n_seg)
         lo, hi = bounds[s], bounds[e]
-        cos = query_tokens @ cand_tokens[lo:hi].T
+        chunk = np.asarray(cand_tokens[lo:hi], dtype=np.float32)
+        inv_norms = 1.0 / np.maximum(np.sqrt(np.einsum("ij,ij->i", chunk, chunk)), 1e-12)
+        cos = (np.asarray(query_tokens, dtype=np.float32) @ chunk.T) * inv_norms[None, :]
         out[:, s:e] = np.maximum.reduceat(cos, starts[s:e] - lo, axis=1)
         s = e
     return out
@@ -574,7 +586,7 @@ def rescore_asym_token(context: RescoreContext, *, d=4.0, alpha=1e-4, max_tokens
         segs = np.flatnonzero(used & (lengths > 0))
         sent_sims = np.zeros((m, len(unique)))  # (query sentence, distinct text)
         if len(segs) and len(q_weights):
-            c_vecs = _unit_rows(np.concatenate([encoded[k][1] for k in segs]))
+            c_vecs = np.concatenate([encoded[k][1] for k in segs]).astype(np.float32, copy=False)
             starts = np.concatenate([[0], np.cumsum(lengths[segs])[:-1]])
             best = segment_max_cosines(q_vecs, c_vecs, starts).astype(np.float64)
             sent_sims[:, segs] = pool @ (np.maximum(best, 0.0) ** power)

@@ -257,6 +257,18 @@ def test_batched_sinkhorn_equals_pot_per_pair(reg):
         assert (plans[k][:, ~cols] == 0).all()
 
 
+def test_big_batches_and_the_slow_tail_agree_with_pot():
+    """Big active batches take the einsum path, the last few problems the matmul path: same plans."""
+    _, _, mask, dist, a, b = padded_problems(13, n=70)
+    plans, log = sinkhorn_batched(a, b, dist, 0.05, stopThr=1e-10, numItermax=100000, log=True)
+    assert log["niter"].max() > log["niter"].min()  # some problems outlived the big batch
+    np.testing.assert_allclose(plans, sinkhorn_batched(a, b, dist, 0.05, stopThr=1e-10, numItermax=100000, method="log"), atol=1e-12)
+    for k in range(0, 70, 7):
+        cols = mask[k]
+        np.testing.assert_allclose(plans[k][:, cols], ot.sinkhorn(a[k], b[k][cols], dist[k][:, cols], 0.05, stopThr=1e-10,
+                                                                   numItermax=100000), atol=1e-9)
+
+
 def test_sinkhorn_stays_finite_for_tiny_reg_and_tiny_masses():
     rng = np.random.default_rng(3)
     M = 2 * rng.random((4, 3, 4))
