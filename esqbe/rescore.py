@@ -164,7 +164,7 @@ def rescore_summax(context: RescoreContext, **params) -> Rescorer:
 
 
 # --- parameters ---------------------------------------------------------------------------------
-# Factory parameters may arrive as strings (`--param tau=0.5` on the command line): coerce and check.
+# Factory parameters may arrive as strings (from a command line or a config file): coerce and check.
 
 
 def _reject_unknown(name: str, unknown: dict, accepted: Sequence[str]) -> None:
