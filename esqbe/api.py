@@ -116,17 +116,17 @@ class Index:
         if self._tagger is None:
             try:
                 from .tagger import FacetTagger
-            except ImportError:
-                self._tagger = False  # no tagger in this build: sentences stay `unlabeled`
-            else:
+
                 self._tagger = FacetTagger.load(encoder=self.encoder)
+            except (ImportError, FileNotFoundError):
+                self._tagger = False  # no tagger weights in this build: sentences stay `unlabeled`
         return self._tagger or None
 
     # --- writing --------------------------------------------------------------------------------
     def _encode(self, papers: list[Paper], facets: str) -> tuple[list[IndexedPaper], int]:
         """Sentence vectors (and predicted facet labels where needed) for a batch, in one encoder pass."""
         needs_tags = [facets == "predict" or (facets == "keep" and not p.is_labeled) for p in papers]
-        if self.tagger is None:
+        if any(needs_tags) and self.tagger is None:
             needs_tags = [False] * len(papers)
         on_batch = None
         if any(needs_tags) and self.settings.encoder_mode == "contextual":

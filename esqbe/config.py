@@ -46,8 +46,8 @@ class Settings:
     bm25_k: int = 100
     fusion: str = "rrf"  # rrf | linear | bm25 | knn (first stage)
     fusion_bm25_weight: float = 0.5  # for linear first-stage fusion
-    candidate_facet: str = "all"  # all: kNN over every candidate sentence | same: only the query facet's
-    final_bm25_weight: float = 0.0  # rescorer score fused with BM25 (per-query min-max), 0 = rescorer alone
+    candidate_facet: str = "same"  # same: a facet query matches candidate sentences of that facet | all: every sentence
+    final_bm25_weight: float = 0.1  # rescorer score fused with BM25 (per-query min-max), 0 = rescorer alone
 
     def replace(self, **changes) -> "Settings":
         clean = {k: v for k, v in changes.items() if v is not None}

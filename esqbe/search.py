@@ -13,7 +13,7 @@ import numpy as np
 
 from .backends.base import Backend, Candidate, FirstStageRequest, IndexedPaper
 from .config import Settings
-from .papers import QUERY_FACETS, normalize_label
+from .papers import QUERY_FACETS, Paper, normalize_label
 from .rescore import CandidateBatch, QueryBatch, RescoreContext, make_rescorer
 
 CANDIDATE_FACET_MODES = ("all", "same")
@@ -101,6 +101,22 @@ def select_query_sentences(paper: IndexedPaper, facet: str | None, sentences: Se
     return chosen
 
 
+def facet_view(paper: IndexedPaper, facet: str | None) -> tuple[IndexedPaper, list[int]]:
+    """The candidate as the rescorer sees it, and which of its sentences those are.
+
+    With a facet (candidate_facet=same) only the candidate's sentences labelled with it take part,
+    as in the first stage's kNN filter; a candidate with none of them gets the lowest rescorer
+    score (BM25 fusion can still lift it). Without a facet, every sentence takes part.
+    """
+    n = len(paper.paper.sentences)
+    keep = [i for i, f in enumerate(paper.paper.facets) if f == facet] if facet else list(range(n))
+    if len(keep) == n:
+        return paper, keep
+    p = paper.paper
+    view = Paper(p.paper_id, p.title, [p.sentences[i] for i in keep], [p.facets[i] for i in keep], p.metadata)
+    return IndexedPaper(view, paper.vectors[np.asarray(keep, dtype=np.int64)]), keep
+
+
 def _minmax(x: np.ndarray) -> np.ndarray:
     if x.size == 0:
         return x
@@ -156,10 +172,16 @@ def run_query(
     first = np.array([c.score for c in candidates], dtype=np.float64)
     matches: list[list[tuple[int, int, float]]] = [[] for _ in candidates]
     if rescorer is not None and candidates:
-        batch = CandidateBatch.from_papers([c.paper for c in candidates])
+        views = [facet_view(c.paper, request.facet) for c in candidates]
+        batch = CandidateBatch.from_papers([v for v, _ in views])
         result = rescorer(QueryBatch(q_vectors, q_sentences), batch)
         scores = np.asarray(result.scores, dtype=np.float64)
-        matches = result.matches or matches
+        finite = np.isfinite(scores)
+        if not finite.all():  # candidates with nothing to match (no sentences) go last
+            scores = np.where(finite, scores, (scores[finite].min() if finite.any() else 0.0) - 1.0)
+        if result.matches:  # back to the candidates' own sentence numbers
+            matches = [[(qi, views[n][1][ci], w) for qi, ci, w in ms if ci < len(views[n][1]) and np.isfinite(w)]
+                       for n, ms in enumerate(result.matches)]
     else:
         scores = first.copy()
     if settings.final_bm25_weight and candidates:

@@ -32,7 +32,7 @@ def test_facet_query_uses_the_facet_sentences_and_excludes_the_query_paper(small
 
 
 def test_summax_score_is_mean_best_cosine(small_index):
-    result = small_index.query(QID, facet="background", k=3, rescorer="summax")
+    result = small_index.query(QID, facet="background", k=3, rescorer="summax", candidate_facet="all", final_bm25_weight=0)
     q = small_index.backend.get([QID])[QID]
     idx = [i for i, _ in result.query_sentences]
     for h in result.hits:
@@ -42,7 +42,7 @@ def test_summax_score_is_mean_best_cosine(small_index):
 
 
 def test_ts_score_is_best_single_pair(small_index):
-    result = small_index.query(QID, facet="method", k=3, rescorer="ts")
+    result = small_index.query(QID, facet="method", k=3, rescorer="ts", candidate_facet="all", final_bm25_weight=0)
     q = small_index.backend.get([QID])[QID]
     idx = [i for i, _ in result.query_sentences]
     for h in result.hits:
@@ -56,6 +56,23 @@ def test_a_paper_finds_its_own_sentences_first(small_index):
     result = small_index.query(text=list(other.paper.sentences), k=3)
     assert result.hits[0].paper_id == "csabstruct-train-0007"
     assert result.hits[0].score > 0.95
+
+
+def test_default_facet_query_matches_candidate_sentences_of_that_facet(small_index):
+    """Default (candidate_facet=same): the matched candidate sentence carries the query's facet, and a
+    candidate without any such sentence ranks below every candidate that has one (before BM25 fusion)."""
+    result = small_index.query(QID, facet="result", k=39, final_bm25_weight=0)
+    has = [("result" in small_index.backend.get([h.paper_id])[h.paper_id].paper.facets) for h in result.hits]
+    assert any(has) and not all(has)
+    assert has == sorted(has, reverse=True)
+    for h, ok in zip(result.hits, has):
+        if ok:
+            assert all(m.candidate_facet == "result" for m in h.matches)
+    idx = [i for i, _ in result.query_sentences]
+    q = small_index.backend.get([QID])[QID]
+    top = small_index.backend.get([result.hits[0].paper_id])[result.hits[0].paper_id]
+    rows = [i for i, f in enumerate(top.paper.facets) if f == "result"]
+    assert result.hits[0].score == pytest.approx((q.vectors[idx] @ top.vectors[rows].T).max(1).mean(), abs=1e-5)
 
 
 def test_chosen_sentences_query(small_index):
