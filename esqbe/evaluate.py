@@ -44,10 +44,7 @@ def config_name(settings: Settings, facets: str) -> str:
         return "default"
     parts = [d["encoder_mode"], d["rescorer"]]
     parts += [f"{k}{v}" for k, v in sorted(d["rescorer_params"].items())]
-    if d["candidate_facet"] != "all":
-        parts.append(f"cand-{d['candidate_facet']}")
-    if d["final_bm25_weight"]:
-        parts.append(f"bm25w{d['final_bm25_weight']}")
+    parts += [f"cand-{d['candidate_facet']}", f"bm25w{d['final_bm25_weight']:g}"]
     if d["fusion"] != "rrf":
         parts.append(f"fusion-{d['fusion']}")
     if facets != "keep":
