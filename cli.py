@@ -276,19 +276,26 @@ def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candid
       esqbe eval csfcube --data DIR --rescorer ot --param tau=0.5 --out runs/
     """
     from esqbe.config import load_settings
-    from esqbe.evaluate import evaluate_csfcube, format_table
+    from esqbe.evaluate import check_conformance, evaluate_csfcube, format_table
 
     overrides = {"rescorer": rescorer, "candidate_facet": candidate_facet, "fusion": fusion,
                  "final_bm25_weight": final_bm25_weight, **kw}
     if params:
         overrides["rescorer_params"] = _parse_params(params)
     settings = load_settings(config, **overrides)
+    conformance = check_conformance(data_dir)
     result = evaluate_csfcube(data_dir, settings, facets=facets, index_path=index_path, out=out,
                               progress=sys.stderr.isatty())
     if as_json:
-        click.echo(json.dumps({"name": result.name, "config": result.config, "splits": result.splits}, indent=2))
-    else:
-        click.echo(format_table(result))
+        data = {"name": result.name, "config": result.config, "splits": result.splits}
+        if conformance:
+            data["conformance"] = {"verdict": conformance[0], "splits": conformance[1].splits}
+        click.echo(json.dumps(data, indent=2))
+        return
+    if conformance:
+        click.echo(format_table(conformance[1]))
+        click.echo(conformance[0] + "\n")
+    click.echo(format_table(result))
 
 
 if __name__ == "__main__":

@@ -124,6 +124,30 @@ def evaluate_csfcube(data_dir: str, settings: Settings, *, facets: str = "keep",
     return result
 
 
+def check_conformance(data_dir: str) -> tuple[str, EvalResult] | None:
+    """If the collection ships `conformance/` (its sample run + the figures its own script prints for it),
+    score that run with esqbe's metrics and compare every figure. Returns a one-line verdict, None if
+    there is nothing to check; raises if any figure differs (the metrics would then be wrong)."""
+    from .csfcube import load_pid2pool_runs
+
+    root = Path(data_dir) / "conformance"
+    expected_path = root / "expected-dev-metrics.json"
+    if not expected_path.exists():
+        return None
+    expected = json.loads(expected_path.read_text())
+    cube = load_csfcube(data_dir)
+    run = load_pid2pool_runs(root, "specter")
+    split = "dev" if expected.get("split") in ("fold1_dev", "dev") else expected["split"]
+    got = aggregate(evaluate_run(run, cube.qrels), cube.splits, split)
+    wrong = [f"{facet} {m}: expected {v}, got {got[facet][m]}" for facet, ms in expected["metrics"].items()
+             for m, v in ms.items() if got[facet][m] != v]
+    if wrong:
+        raise ValueError(f"conformance: esqbe's metrics disagree with the collection's script on its sample run: {'; '.join(wrong)}")
+    n = sum(len(ms) for ms in expected["metrics"].values())
+    verdict = f"conformance: the collection's sample SPECTER run scores exactly the {n} figures its eval script prints"
+    return verdict, EvalResult("collection sample run (SPECTER)", {}, {split: got}, {})
+
+
 def write_outputs(result: EvalResult, out: str) -> None:
     """OUT/<name>.run (TREC format) and OUT/results.json (one entry per configuration, merged)."""
     out_dir = Path(out)

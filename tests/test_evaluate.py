@@ -57,3 +57,26 @@ def test_eval_writes_runs_and_results(tmp_path, mini_release):
     assert "contextual-ts-cand-same-bm25w0.1 — split dev" in r.stdout
     assert (out / "contextual-ts-cand-same-bm25w0.1.run").exists()
     assert set(json.loads((out / "results.json").read_text())) == {"default", "contextual-ts-cand-same-bm25w0.1"}
+
+
+def test_eval_checks_the_collections_sample_run(tmp_path):
+    """`esqbe eval csfcube` reproduces the collection script's figures for its sample run, or refuses."""
+    import shutil
+
+    from esqbe.evaluate import check_conformance
+
+    from .conftest import shared_path
+
+    data = shared_path("data", "csfcube-dev")
+    verdict, table = check_conformance(str(data))
+    assert "exactly the 20 figures" in verdict
+    assert table.splits["dev"]["all"]["NDCG%20"] == json.loads((data / "conformance" / "expected-dev-metrics.json").read_text())["metrics"]["all"]["NDCG%20"]
+
+    copy = tmp_path / "cube"
+    shutil.copytree(data, copy)
+    expected = json.loads((copy / "conformance" / "expected-dev-metrics.json").read_text())
+    expected["metrics"]["method"]["MAP"] += 0.01
+    (copy / "conformance" / "expected-dev-metrics.json").write_text(json.dumps(expected))
+    with pytest.raises(ValueError, match="method MAP"):
+        check_conformance(str(copy))
+    assert check_conformance(str(tmp_path)) is None  # no conformance/ folder: nothing to check
