@@ -1,14 +1,16 @@
 """Turn `esqbe eval --out DIR` results (DIR/results.json) into the markdown table of docs/results.md.
 
-    python scripts/results_table.py runs/dev > table.md
+    python scripts/results_table.py runs/dev [more run dirs...] > table.md
 """
 import json
 import sys
 from pathlib import Path
 
 
-def main(out_dir: str, split: str = "dev") -> None:
-    results = json.loads((Path(out_dir) / "results.json").read_text())
+def main(*out_dirs: str, split: str = "dev") -> None:
+    results = {}
+    for out_dir in out_dirs:
+        results.update(json.loads((Path(out_dir) / "results.json").read_text()))
     rows = []
     for name, r in results.items():
         t = r["splits"][split]
