@@ -140,8 +140,18 @@ class Index:
             for p, need, lab in zip(papers, needs_tags, labels):
                 if need:
                     p.facets = [normalize_label(x) for x in lab]
+                    p.metadata["facets_predicted"] = True
                     tagged += 1
         return [IndexedPaper(p, v, self.encoder.token_counts(p)) for p, v in zip(papers, vectors)], tagged
+
+    def _already_tagged(self, papers: list[Paper]) -> set[str]:
+        """Ids whose stored copy has the same title and sentences and tagger-predicted labels."""
+        if not papers:
+            return set()
+        stored = self.backend.get([p.paper_id for p in papers])
+        return {p.paper_id for p in papers if p.paper_id in stored
+                and stored[p.paper_id].paper.metadata.get("facets_predicted")
+                and (stored[p.paper_id].paper.title, stored[p.paper_id].paper.sentences) == (p.title, p.sentences)}
 
     def add_papers(self, papers: Iterable[Paper], *, facets: str | None = None, report: IndexReport | None = None,
                    progress: bool = False) -> IndexReport:
@@ -157,10 +167,14 @@ class Index:
             latest = {p.paper_id: p for p in batch}  # an id repeated within a batch: the last one wins
             report.replaced += len(batch) - len(latest)
             stored = self.backend.content_hashes(latest)
+            tagged_before = self._already_tagged([p for p in latest.values() if p.paper_id in stored]) if facets == "predict" else set()
             fresh = []
             for p in latest.values():
                 if facets == "predict":
-                    fresh.append(p)  # labels are not known until tagged: compare after
+                    if p.paper_id in tagged_before:
+                        report.unchanged += 1  # same text, labels already predicted: tagging again changes nothing
+                    else:
+                        fresh.append(p)
                 elif stored.get(p.paper_id) == p.content_hash():
                     report.unchanged += 1
                 else:

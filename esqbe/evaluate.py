@@ -17,6 +17,7 @@ from pathlib import Path
 from .config import Settings
 from .csfcube import load_csfcube, split_qid
 from .metrics import METRICS, aggregate, evaluate_run, write_trec_run
+from .search import QueryError
 
 #: the settings that change a ranking: a run's name and results are keyed by them
 RANKING_KEYS = ("encoder_mode", "candidate_facet", "fusion", "fusion_bm25_weight", "rescorer", "rescorer_params",
@@ -110,10 +111,20 @@ def evaluate_csfcube(data_dir: str, settings: Settings, *, facets: str = "keep",
         qids = list(dict.fromkeys(q for s in splits for q in cube.query_ids(s)))
         run = {}
         t1 = time.perf_counter()
+        fallbacks = []
         for qid in qids:
             pid, facet = split_qid(qid)
-            result = index.query(pid, facet=facet, restrict_to=cube.pools[qid])
+            try:
+                result = index.query(pid, facet=facet, restrict_to=cube.pools[qid])
+            except QueryError:
+                # the query paper has no sentence with that label (possible with predicted labels):
+                # rank with all its sentences rather than drop the query, and say so
+                fallbacks.append(qid)
+                result = index.query(pid, restrict_to=cube.pools[qid])
             run[qid] = [(h.paper_id, h.score) for h in result.hits]
+        if fallbacks:
+            log(f"{len(fallbacks)} queries had no sentence labelled with their facet and used all sentences: {', '.join(fallbacks)}")
+        timings["facet_fallbacks"] = fallbacks
         timings["queries"] = round(time.perf_counter() - t1, 1)
     per_query = evaluate_run(run, cube.qrels)
     by_split = {s: aggregate(per_query, cube.splits, s) for s in splits}

@@ -177,3 +177,19 @@ def test_long_abstracts_are_encoded_in_windows(encoder):
     (vectors,) = encoder.contextual_sentence_vectors([paper])
     assert vectors.shape == (60, encoder.dim)
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)  # every sentence got tokens
+
+
+def test_unlabeled_papers_are_tagged_while_indexing_and_rerun_skips_them(tmp_path, encoder, write_jsonl):
+    src = write_jsonl("plain.jsonl", [
+        {"id": "t1", "title": "Graph cuts for sentiment", "abstract": "Sentiment analysis is hard. We propose a graph cut method over sentences. It improves accuracy by 4 points."},
+        {"id": "t2", "title": "Neural parsing", "abstract": "Parsing underlies many systems. We train a neural parser with a new loss. Results show state of the art accuracy."},
+    ])
+    index = esqbe.open_index(str(tmp_path / "ix"), encoder=encoder)
+    first = index.index_files([str(src)])  # facets=keep: no labels given, so the tagger labels them
+    assert first.tagged == 2
+    stored = index.backend.get(["t1"])["t1"].paper
+    assert "unlabeled" not in stored.facets and stored.metadata["facets_predicted"]
+    facet = next(f for f in ("background", "method", "result") if f in stored.facets)
+    assert [h.paper_id for h in index.query("t1", facet=facet).hits] == ["t2"]  # facet queries work on tagged papers
+    again = index.index_files([str(src)], facets="predict")
+    assert (again.unchanged, again.tagged, again.indexed) == (2, 0, 0)
