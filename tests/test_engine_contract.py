@@ -1096,3 +1096,28 @@ def test_compose_files_bind_localhost_with_security_off(path):
             assert len(services) == 3 and "discovery.seed_hosts" in env
             key = "cluster.initial_master_nodes" if "elasticsearch" in service["image"] else "cluster.initial_cluster_manager_nodes"
             assert set(env[key].split(",")) == set(services)
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 10, item 9: an API key and a username at once are refused on both backends
+
+
+@pytest.mark.parametrize("cls", [ElasticsearchBackend, OpenSearchBackend])
+def test_api_key_and_username_together_are_refused(cls):
+    """opensearch-py used to keep only the basic auth (it lower-cases the custom header, then http_auth
+    overwrites `authorization`) and elasticsearch-py raises a ValueError: both now get the same clear error."""
+    with pytest.raises(BackendError, match="both an API key and a username"):
+        cls("http://127.0.0.1:9", "papers", api_key="a2V5OnNlY3JldA==", username="elastic", password="pw")
+
+
+@pytest.mark.parametrize("backend", ["elasticsearch", "opensearch"])
+def test_cli_reports_api_key_and_username_as_one_error_line(backend):
+    from click.testing import CliRunner
+
+    from cli import main
+
+    result = CliRunner().invoke(main, ["stats", "--backend", backend, "--url", "http://127.0.0.1:9", "--index", "papers",
+                                       "--api-key", "a2V5OnNlY3JldA==", "--username", "elastic", "--password", "pw"])
+    assert result.exit_code == 1, result.output
+    assert "both an API key and a username" in result.output
+    assert "Traceback" not in result.output

@@ -290,6 +290,14 @@ class EngineBackend(Backend):
     ):
         if not index:
             raise BackendError(f"the {self.name} backend needs an index name")
+        if api_key and username:
+            # elasticsearch-py raises on both; opensearch-py would silently drop the API key (it lower-cases
+            # custom headers, then http_auth overwrites `authorization`): refuse both the same way, up front
+            raise BackendError(
+                f"{self.name}: both an API key and a username were given (--api-key / ESQBE_API_KEY / api_key: and "
+                "--username / ESQBE_USERNAME / username:); use one way to authenticate: the API key alone, "
+                "or --username with --password"
+            )
         self.url = url
         self.index = index
         self.client = client if client is not None else self._make_client(
