@@ -130,6 +130,22 @@ class CannedEngine:
         self.bm25_hits = lambda body: []
         self.omit_source_vectors = engine == "elasticsearch" and parse_version(version) >= (9, 2, 0)
 
+    # -- security, as on a cluster with security on: `require_auth` = the one Authorization value accepted;
+    # `forbidden` = endpoints the credentials lack the privilege for (403), e.g. "info" for a key without `monitor`
+    require_auth: str | None = None
+    forbidden: frozenset = frozenset()
+
+    def _security(self, record):
+        if self.require_auth is None:
+            return None
+        if record["headers"].get("authorization") != self.require_auth:
+            return 401, {"error": {"root_cause": [{"type": "security_exception", "reason": "missing authentication credentials for REST request [/]"}],
+                                   "type": "security_exception", "reason": "missing authentication credentials for REST request [/]"}, "status": 401}
+        if record["endpoint"] in self.forbidden:
+            reason = "action [cluster:monitor/main] is unauthorized for API key id [canned] of user [esqbe], this action is granted by the cluster privileges [monitor,manage,all]"
+            return 403, {"error": {"root_cause": [{"type": "security_exception", "reason": reason}], "type": "security_exception", "reason": reason}, "status": 403}
+        return None
+
     # -- recording helpers
     def sent(self, endpoint: str) -> list[dict]:
         return [r for r in self.requests if r["endpoint"] == endpoint]
@@ -154,6 +170,19 @@ class CannedEngine:
             "lines": lines,
         }
         self.requests.append(record)
+        denied = self._security(record)
+        if denied is not None:
+            return denied
+        if self.engine == "elasticsearch":
+            # a server of major M rejects compatible-with=N for N > M (what elasticsearch-py 9 sends to 8.x)
+            major = parse_version(self.version)[0]
+            for key in ("accept", "content-type"):
+                asked = re.search(r"compatible-with=(\d+)", record["headers"].get(key, ""))
+                if asked and int(asked.group(1)) > major:
+                    return 400, {"error": {"root_cause": [{"type": "media_type_header_exception", "reason": "Invalid media-type value on headers [Accept, Content-Type]"}],
+                                           "type": "media_type_header_exception", "reason": "Invalid media-type value on headers [Accept, Content-Type]",
+                                           "caused_by": {"type": "status_exception", "reason": f"{key} version must be either version {major} or {major - 1}, but found {asked.group(1)}."}},
+                                 "status": 400}
         if self.failures[endpoint]:
             failure = self.failures[endpoint].pop(0)
             if failure == "connection":
@@ -180,6 +209,23 @@ class CannedEngine:
         if self.mapping is None:
             return 404, {"error": {"type": "index_not_found_exception", "reason": f"no such index [{segs[0]}]"}, "status": 404}
         return 200, {segs[0]: {"mappings": self.mapping}}
+
+    def created_version_id(self) -> str:
+        """`index.version.created` as the engine writes it (see version_from_created_setting)."""
+        major, minor, rev = parse_version(self.version)
+        if self.engine == "opensearch":
+            return str((major * 1_000_000 + minor * 10_000 + rev * 100 + 99) ^ 0x08000000)
+        if major >= 9:
+            return str(major * 1_000_000 + 12_000 + minor)
+        return str(8_500_000 + minor * 1000 if (major, minor) >= (8, 11) else major * 1_000_000 + minor * 10_000 + rev * 100 + 99)
+
+    def _settings(self, method, segs, record):
+        if self.mapping is None:
+            return 404, {"error": {"type": "index_not_found_exception", "reason": f"no such index [{segs[0]}]"}, "status": 404}
+        settings = json.loads(json.dumps((self.settings or {}).get("index", self.settings or {})))
+        settings.update({"number_of_shards": "1", "provided_name": segs[0], "uuid": "canned",
+                         "version": {"created": self.created_version_id()}})
+        return 200, {segs[0]: {"settings": {"index": settings}}}
 
     def _refresh(self, method, segs, record):
         return 200, {"_shards": {"total": 1, "successful": 1, "failed": 0}}
@@ -302,6 +348,74 @@ class RecordingConnection(Connection):
 
     def close(self):
         pass
+
+
+class EngineHTTPServer:
+    """A real HTTP server on 127.0.0.1 that answers like the engine (a CannedEngine behind it): the clients'
+    own transports (urllib3 nodes / connections) put the request on a socket, so what is checked is what
+    goes over the wire. `delays[endpoint]` queues seconds to wait before answering (request timeouts)."""
+
+    def __init__(self, canned: CannedEngine):
+        import http.server
+        import threading
+        import time
+
+        self.canned = canned
+        self.delays: dict[str, list[float]] = defaultdict(list)
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            wbufsize = 1 << 16  # one write per response (flushed by the handler): no Nagle/delayed-ACK stalls
+            disable_nagle_algorithm = True
+
+            def _answer(self):
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else None
+                n = len(canned.requests)
+                status, payload = canned.handle(self.command, self.path, dict(self.headers.items()), body)
+                endpoint = canned.requests[n]["endpoint"] if len(canned.requests) > n else ""
+                if server.delays[endpoint]:
+                    time.sleep(server.delays[endpoint].pop(0))
+                raw = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(raw)))
+                if canned.engine == "elasticsearch":
+                    self.send_header("x-elastic-product", "Elasticsearch")
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(raw)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def engine_server():
+    """engine_server(engine, version) -> (server, canned); servers are stopped after the test."""
+    servers = []
+
+    def start(engine: str, version: str):
+        server = EngineHTTPServer(CannedEngine(engine, version))
+        servers.append(server)
+        return server, server.canned
+
+    yield start
+    for server in servers:
+        server.close()
 
 
 def make_backend(engine: str, version: str, **client_options):
@@ -997,7 +1111,7 @@ def test_es_client_without_compat_transport_refuses_an_older_server():
     client = es_client.Elasticsearch("http://canned:9200", node_class=node, max_retries=0)
     backend = ElasticsearchBackend("http://canned:9200", INDEX, client=client)
     if int(es_client.__versionstr__.split(".")[0]) > 8:
-        with pytest.raises(BackendError, match="cannot talk to Elasticsearch 8.11.0"):
+        with pytest.raises(BackendError, match=r"cannot talk to the \(older\) Elasticsearch"):
             backend.meta()
 
 
@@ -1121,3 +1235,109 @@ def test_cli_reports_api_key_and_username_as_one_error_line(backend):
     assert result.exit_code == 1, result.output
     assert "both an API key and a username" in result.output
     assert "Traceback" not in result.output
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 10, item 1: credentials on every request (the version probe included), over a real socket
+
+ES_KEY = base64.b64encode(b"esqbe-id:esqbe-secret").decode()
+AUTH_CASES = [
+    ("elasticsearch", "9.2.0", {"api_key": ES_KEY}, f"ApiKey {ES_KEY}"),
+    ("elasticsearch", "8.19.5", {"username": "elastic", "password": "pw"}, "Basic " + base64.b64encode(b"elastic:pw").decode()),
+    ("opensearch", "3.5.0", {"username": "admin", "password": "pw"}, "Basic " + base64.b64encode(b"admin:pw").decode()),
+    ("opensearch", "2.19.3", {"api_key": "os-key"}, "ApiKey os-key"),
+]
+
+
+def _http_backend(server, engine, **options):
+    cls = ElasticsearchBackend if engine == "elasticsearch" else OpenSearchBackend
+    backend = cls(server.url, INDEX, **options)
+    backend.retry_wait_initial = backend.retry_wait_max = 0.0
+    return backend
+
+
+def _full_session(backend):
+    """What `esqbe index`, `query`, `stats` and `delete` send, in order."""
+    papers = make_papers(4)
+    backend.ensure(META)
+    backend.upsert(papers)
+    out = backend.first_stage(FirstStageRequest(text="graphs", vectors=papers[0].vectors, k=3))
+    backend.stats()
+    backend.delete(["p3"])
+    return out
+
+
+@pytest.mark.parametrize("engine,version,options,expected", AUTH_CASES, ids=lambda x: x if isinstance(x, str) else None)
+def test_every_request_carries_the_configured_authorization(engine_server, engine, version, options, expected):
+    server, canned = engine_server(engine, version)
+    canned.require_auth = expected  # anything else answers 401, as a cluster with security on does
+    canned.bm25_hits = lambda body: [("p1", 2.0), ("p2", 1.0)]
+    backend = _http_backend(server, engine, **options)
+    out = _full_session(backend)
+    assert [c.paper_id for c in out][:2] == ["p1", "p2"] and out[0].paper is not None
+    assert canned.requests[0]["endpoint"] == "info"  # the version probe is the first request
+    assert {r["endpoint"] for r in canned.requests} >= {"info", "_mapping", "index", "_mget", "_bulk", "_refresh", "_msearch", "_search"}
+    assert [r["path"] for r in canned.requests if r["headers"].get("authorization") != expected] == []
+    backend.close()
+
+
+@pytest.mark.parametrize("engine,version", [("elasticsearch", "9.2.0"), ("opensearch", "3.5.0")])
+def test_wrong_credentials_fail_at_once_with_a_clear_error(engine_server, engine, version):
+    server, canned = engine_server(engine, version)
+    canned.require_auth = "Basic " + base64.b64encode(b"elastic:right").decode()
+    backend = _http_backend(server, engine, username="elastic", password="wrong")
+    with pytest.raises(BackendError, match=r"authentication failed \(401\)"):
+        backend.meta()
+    assert len(canned.requests) == 1  # a 401 is not retried
+
+
+@pytest.mark.parametrize("engine,version", [("elasticsearch", "9.2.0"), ("opensearch", "3.5.0")])
+def test_version_probe_is_retried_on_429_and_503(engine_server, engine, version):
+    server, canned = engine_server(engine, version)
+    canned.failures["info"] = [429, 503, 429, 503]  # more than the transport's own 3 retries: esqbe's backoff retries
+    backend = _http_backend(server, engine)
+    assert backend.meta() is None
+    assert [r["endpoint"] for r in canned.requests] == ["info"] * 5 + ["_mapping"]
+    assert str(backend.info()) == f"{engine} {version}"
+
+
+@pytest.mark.parametrize("engine,version", [("elasticsearch", "9.2.0"), ("opensearch", "3.5.0")])
+def test_version_probe_uses_the_request_timeout(engine_server, engine, version):
+    """A probe past `request_timeout` is cut off and tried again (it used to wait the transport's default)."""
+    server, canned = engine_server(engine, version)
+    server.delays["info"] = [1.5]
+    backend = _http_backend(server, engine, request_timeout=0.3)
+    assert backend.meta() is None
+    assert [r["endpoint"] for r in canned.requests][:2] == ["info", "info"]
+
+
+@pytest.mark.parametrize("engine,version,created", [
+    ("elasticsearch", "9.2.0", (9, 0, 0)),
+    ("elasticsearch", "8.19.5", (8, 11, 0)),  # a 9.x client and an 8.x server: compatibility found by trying
+    ("opensearch", "2.19.3", (2, 19, 3)),
+])
+def test_least_privilege_key_without_monitor_still_works(engine_server, caplog, engine, version, created):
+    """A key with read/write/view_index_metadata/create_index on the esqbe index only: GET / answers 403."""
+    key = "ApiKey bGVhc3Q6cHJpdmlsZWdl"
+    server, canned = engine_server(engine, version)
+    canned.require_auth = key
+    canned.forbidden = frozenset({"info", "_license", "_cat/plugins"})
+    canned.bm25_hits = lambda body: [("p1", 2.0)]
+    options = {"api_key": key.split()[1]}
+    first = _http_backend(server, engine, **options)
+    with caplog.at_level("WARNING", logger="esqbe.backends"):
+        out = _full_session(first)
+    assert [c.paper_id for c in out] == ["p1"]
+    assert "GET / answered 403" in caplog.text and "monitor" in caplog.text
+    info = first.info()
+    assert not info.exact and info.version[:2] == (8, 11) if engine == "elasticsearch" else info.version[:2] == (2, 12)
+    assert "version unknown" in first.stats()["engine"]
+    # a later session on the existing index reads the lower bound from the index's creation version
+    second = _http_backend(server, engine, **options)
+    assert second.meta() == META
+    assert second.info().version == created and not second.info().exact
+    if engine == "elasticsearch":
+        client_major = int(es_client.__versionstr__.split(".")[0])
+        server_major = parse_version(version)[0]
+        last = canned.requests[-1]["headers"]["accept"]
+        assert f"compatible-with={min(client_major, server_major)}" in last

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import logging
 import re
 from abc import abstractmethod
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from .base import (
     ModelMismatchError,
     UpsertResult,
 )
+
+log = logging.getLogger("esqbe.backends")
 
 LAYOUT = "facet-nested/1"
 #: facet label -> nested path holding that facet's sentences
@@ -136,11 +139,36 @@ FEATURES_USED = {
 }
 
 
+def version_from_created_setting(engine: str, created: Any) -> tuple[int, int, int] | None:
+    """The engine version an index was created with, from its `index.version.created` setting: a lower
+    bound of the cluster's version when `GET /` is not allowed (a key without the `monitor` privilege).
+
+    OpenSearch ids are `major*1e6 + minor*1e4 + revision*100 + build` xor 0x08000000 (2.11.0 -> 136327827).
+    Elasticsearch ids follow the same pattern up to 8.10; from 8.11 they count independently of releases
+    (8.11+ indexes: 8_500_000 and up; 9.x: 9_000_000 and up), so only the major (and "8.11 or newer") is read."""
+    try:
+        vid = int(str(created))
+    except (TypeError, ValueError):
+        return None
+    if engine == "opensearch":
+        vid ^= 0x08000000
+        return (vid // 1_000_000, vid // 10_000 % 100, vid // 100 % 100)
+    major = vid // 1_000_000
+    if major >= 9:
+        return (major, 0, 0)
+    if major == 8 and vid % 1_000_000 >= 500_000:
+        return (8, 11, 0)
+    return (major, vid // 10_000 % 100, vid // 100 % 100)
+
+
 @dataclass(frozen=True)
 class EngineInfo:
     engine: str  # "elasticsearch" | "opensearch"
     version: tuple[int, int, int]
     number: str
+    #: False when `GET /` was refused (403: no `monitor` privilege): `version` is then a lower bound (the
+    #: index's creation version, or the oldest supported one) and features are used only if it has them
+    exact: bool = True
 
     def has(self, feature: str) -> bool:
         since = FEATURE_SINCE.get((self.engine, feature))
@@ -152,6 +180,12 @@ class EngineInfo:
 
     def __str__(self) -> str:
         return f"{self.engine} {self.number}"
+
+
+UNKNOWN_VERSION_HINT = (
+    "the credentials may not read the cluster version (GET / needs the `monitor` cluster privilege); "
+    "esqbe goes on without the version check, assuming at least {floor} (the {source})"
+)
 
 
 def cosine_from_score(score: float, engine: str, space_engine: str = "lucene", version: tuple[int, ...] = (99,)) -> float:
@@ -363,20 +397,61 @@ class EngineBackend(Backend):
         return BackendError(f"{self.name} at {self.url}, index {self.index!r}: {what} failed: {exc}")
 
     def info(self) -> EngineInfo:
+        """Which engine and version answers. `GET /` goes through the client's normal request path (stored
+        credentials, request timeout) and is retried like every other request; a 403 (a least-privilege key
+        without the `monitor` cluster privilege) is not fatal: see `_version_unknown`."""
         if self._info is None:
             try:
                 info = self._retrying()(self._probe)
             except BackendError:
                 raise
             except Exception as exc:
-                raise self._error("connecting", exc) from exc
+                status = self._status(exc)
+                if status == 401:
+                    raise BackendError(
+                        f"{self.name} at {self.url}: authentication failed (401): check the API key or the "
+                        f"username/password ({_exc_reason(exc)})"
+                    ) from exc
+                if status != 403:
+                    raise self._error("connecting", exc) from exc
+                info = self._version_unknown(exc)
             low = MIN_VERSIONS[info.engine]
-            if info.version[:2] < low:
+            if info.exact and info.version[:2] < low:
                 raise BackendError(
                     f"{info} is too old: esqbe needs {self.engine} {low[0]}.{low[1]}+ (kNN over nested vectors with a parent filter)"
                 )
             self._info = info
         return self._info
+
+    def _version_unknown(self, exc: BaseException) -> EngineInfo:
+        """`GET /` answered 403: take the index's creation version (readable with index privileges) as a
+        lower bound of the cluster's version, else the oldest supported version, and say so once."""
+        self._on_version_unknown()
+        created = self._created_version()
+        floor = MIN_VERSIONS[self.engine]
+        version = max(created or (0, 0, 0), (*floor, 0))
+        source = (f"version index {self.index!r} was created with" if created and created[:2] >= floor
+                  else "oldest version esqbe supports")
+        log.warning(
+            "%s at %s: GET / answered 403 (%s); %s", self.name, self.url, _exc_reason(exc),
+            UNKNOWN_VERSION_HINT.format(floor=".".join(map(str, version[:2])), source=source),
+        )
+        return EngineInfo(self.engine, version, f"version unknown (GET / refused: 403; at least {version[0]}.{version[1]})", exact=False)
+
+    def _on_version_unknown(self) -> None:
+        """Engine hook: adapt the client when the server's version cannot be read."""
+
+    def _created_version(self) -> tuple[int, int, int] | None:
+        """`index.version.created` of the index (None when it does not exist or cannot be read)."""
+        try:
+            body = self._body(self._call(self.client.indices.get_settings, index=self.index))
+        except Exception:  # missing index (404), no view_index_metadata (403), ...: no lower bound
+            return None
+        for entry in body.values() if isinstance(body, dict) else ():
+            created = (((entry.get("settings") or {}).get("index") or {}).get("version") or {}).get("created")
+            if created is not None:
+                return version_from_created_setting(self.engine, created)
+        return None
 
     def _get_mapping(self) -> dict | None:
         """The index's mapping, or None when it does not exist."""
@@ -719,6 +794,16 @@ class _ItemRetry(Exception):
     def __init__(self, status: int, error: Any):
         super().__init__(f"{status}: {_reason(error)}")
         self.status_code = status
+
+
+def _exc_reason(exc: BaseException) -> str:
+    """A client exception's engine error, shortly: `type: reason` when the body holds one."""
+    body = getattr(exc, "body", None)
+    if body is None:
+        body = getattr(exc, "info", None)  # opensearch-py
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return _reason(body["error"])
+    return str(exc)[:300]
 
 
 def _reason(error: Any) -> str:
