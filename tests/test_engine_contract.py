@@ -238,7 +238,19 @@ class CannedEngine:
 
     def _mget(self, method, segs, record):
         if self.mapping is None:
-            return 404, {"error": {"type": "index_not_found_exception", "reason": "no such index"}, "status": 404}
+            # What the engines answer (not a 404): 200, and per requested id a failure item holding the
+            # IndexNotFoundException. Sources: elastic/elasticsearch
+            # rest-api-spec/src/yamlRestTest/resources/rest-api-spec/test/mget/12_non_existent_index.yml (mget on a
+            # missing index succeeds; docs.0.found is false; _index/_id echoed) and
+            # server/src/main/java/org/elasticsearch/action/get/MultiGetResponse.java (Failure.toXContent:
+            # _index, _id, then ElasticsearchException.generateFailureXContent -> "error"), raised per item by
+            # TransportMultiGetAction when the index does not resolve; the same files in opensearch-project/OpenSearch
+            # (rest-api-spec/src/main/resources/rest-api-spec/test/mget/12_non_existent_index.yml).
+            name = segs[0]
+            error = {"type": "index_not_found_exception", "reason": f"no such index [{name}]", "resource.type": "index_expression",
+                     "resource.id": name, "index_uuid": "_na_", "index": name}
+            return 200, {"docs": [{"_index": name, "_id": pid, "error": {"root_cause": [dict(error)], **error}}
+                                  for pid in record["lines"][0]["ids"]]}
         includes = record["params"].get("_source_includes")
         excludes = set((record["params"].get("_source_excludes") or "").split(",")) - {""}
         docs = []
@@ -1341,3 +1353,32 @@ def test_least_privilege_key_without_monitor_still_works(engine_server, caplog, 
         server_major = parse_version(version)[0]
         last = canned.requests[-1]["headers"]["accept"]
         assert f"compatible-with={min(client_major, server_major)}" in last
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 10, item 6: _mget on a missing index answers 200 with per-document index_not_found_exception
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_mget_on_a_missing_index_means_nothing_stored(engine):
+    """`esqbe index` asks for the stored content hashes before the first paper is written; on a new cluster
+    the index does not exist yet and the engine answers 200 with one failure item per id."""
+    backend, canned = make_backend(engine, VERSIONS[engine][-1])
+    assert backend.content_hashes(["p0", "p1"]) == {}
+    (mget,) = canned.sent("_mget")
+    assert mget["lines"][0] == {"ids": ["p0", "p1"]}
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_mget_other_per_document_errors_still_raise(engine):
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1], make_papers(2))
+    original = canned._mget
+
+    def shard_failure(method, segs, record):
+        status, body = original(method, segs, record)
+        body["docs"][0] = {"_index": INDEX, "_id": "p0", "error": {"type": "no_shard_available_action_exception", "reason": "No shard available"}}
+        return status, body
+
+    canned._mget = shard_failure
+    with pytest.raises(BackendError, match="no_shard_available_action_exception"):
+        backend.content_hashes(["p0", "p1"])

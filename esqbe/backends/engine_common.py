@@ -525,7 +525,10 @@ class EngineBackend(Backend):
                 if doc.get("found"):
                     out[doc["_id"]] = doc.get("_source") or {}
                 elif "error" in doc:
-                    raise BackendError(f"fetching paper {doc.get('_id')}: {doc['error']}")
+                    # a missing index is not a 404 here: 200 with one index_not_found_exception per id
+                    if _error_type(doc["error"]) == "index_not_found_exception":
+                        return {}
+                    raise BackendError(f"fetching paper {doc.get('_id')} from {self.index!r}: {_reason(doc['error'])}")
         return out
 
     def content_hashes(self, paper_ids: Iterable[str]) -> dict[str, str]:
@@ -804,6 +807,10 @@ def _exc_reason(exc: BaseException) -> str:
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return _reason(body["error"])
     return str(exc)[:300]
+
+
+def _error_type(error: Any) -> str:
+    return str(error.get("type", "")) if isinstance(error, dict) else ""
 
 
 def _reason(error: Any) -> str:
