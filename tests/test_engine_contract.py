@@ -736,7 +736,8 @@ def test_first_stage_bodies_pass_the_spec_and_the_mapping(engine, version):
         backend.first_stage(request)
         (sent,) = canned.sent("_msearch")[before:]
         headers, bodies = sent["lines"][0::2], sent["lines"][1::2]
-        assert all(h == {} for h in headers), name  # the index is in the URL
+        # the index is in the URL; every search of one query goes to the same shard copies
+        assert all(h == {"preference": backend.preference_for(request)} for h in headers), name
         assert sent["path"] == f"/{INDEX}/_msearch"
         for body in bodies:
             assert_valid(engine, "search", body)
@@ -1382,3 +1383,31 @@ def test_mget_other_per_document_errors_still_raise(engine):
     canned._mget = shard_failure
     with pytest.raises(BackendError, match="no_shard_available_action_exception"):
         backend.content_hashes(["p0", "p1"])
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 10, item 5: a stable `preference` on _msearch (scores must not depend on which copy answers)
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_msearch_sends_a_stable_preference_per_query(engine):
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1], make_papers(3))
+    q = make_papers(1)[0].vectors
+    same = [FirstStageRequest(text="graphs on topic", vectors=q.copy(), facet="method", with_papers=False) for _ in range(2)]
+    other = FirstStageRequest(text="other words", vectors=q, facet="method", with_papers=False)
+    for request in (*same, other):
+        backend.first_stage(request)
+    prefs = []
+    for sent in canned.sent("_msearch"):
+        values = {h.get("preference") for h in sent["lines"][0::2]}
+        assert len(values) == 1, values  # one copy per query: BM25 and kNN see the same statistics
+        prefs.append(values.pop())
+    assert prefs[0] == prefs[1] and prefs[0] != prefs[2]
+    assert all(p and not p.startswith("_") for p in prefs)
+    # a second process (another session) sends the same preference for the same query
+    again, canned2 = ready_backend(engine, VERSIONS[engine][-1], make_papers(3))
+    again.first_stage(same[0])
+    assert canned2.sent("_msearch")[0]["lines"][0]["preference"] == prefs[0]
+    backend.preference = "my-session"  # configurable, e.g. one per user session
+    backend.first_stage(other)
+    assert {h["preference"] for h in canned.sent("_msearch")[-1]["lines"][0::2]} == {"my-session"}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
 import logging
 import re
@@ -308,6 +309,8 @@ class EngineBackend(Backend):
     retry_wait_initial: float = 0.5
     retry_wait_max: float = 30.0
     mget_batch: int = 1000
+    #: `preference` of every search in a first stage's `_msearch`; None: derived from the query (see `preference_for`)
+    preference: str | None = None
 
     def __init__(
         self,
@@ -671,11 +674,27 @@ class EngineBackend(Backend):
                     out.append(("knn", i, self._knn_body(path, values, k, num_candidates, restrict)))
         return out
 
-    def _msearch_once(self, bodies: list[dict]) -> list[dict]:
+    def preference_for(self, request: FirstStageRequest) -> str:
+        """A stable shard-copy `preference` for one query: with replicas, primary and replica hold different
+        deleted-document counts after upserts, so BM25 statistics (and scores) depend on which copy answers.
+        The same query (text, facet, vectors, pool) always goes to the same copies; different queries still
+        spread over the replicas. Never starts with `_` (reserved for the engines' own preference values)."""
+        if self.preference:
+            return self.preference
+        h = hashlib.sha1()
+        h.update((request.text or "").encode("utf-8"))
+        h.update(f"\x00{request.facet}\x00".encode())
+        h.update(np.ascontiguousarray(np.asarray(request.vectors, dtype="<f4")).tobytes())
+        if request.restrict_to is not None:
+            h.update("\x00".join(sorted(request.restrict_to)).encode("utf-8"))
+        return f"esqbe-{h.hexdigest()[:16]}"
+
+    def _msearch_once(self, bodies: list[dict], preference: str | None = None) -> list[dict]:
         """One `_msearch`; a search inside it failing with 429/5xx raises so the whole request is retried."""
+        header = {"preference": preference} if preference else {}
         lines: list[dict] = []
         for body in bodies:
-            lines.extend(({}, body))
+            lines.extend((dict(header), body))
         resp = self.client.msearch(index=self.index, body=lines)
         responses = self._body(resp).get("responses", [])
         if len(responses) != len(bodies):
@@ -705,7 +724,7 @@ class EngineBackend(Backend):
         info = self.info()
         space = self._space_engine()
         try:
-            responses = self._retrying()(self._msearch_once, [body for _, _, body in searches])
+            responses = self._retrying()(self._msearch_once, [body for _, _, body in searches], self.preference_for(request))
         except BackendError:
             raise
         except Exception as exc:
