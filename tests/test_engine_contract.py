@@ -293,9 +293,17 @@ class CannedEngine:
                                    "result": "updated" if existed else "created", "_version": 1}})
         return 200, {"took": 1, "errors": any("error" in next(iter(x.values())) for x in items), "items": items}
 
+    max_clause_count = 1024  # OpenSearch indices.query.bool.max_clause_count default; ES 8+: at least this
+
     def _msearch(self, method, segs, record):
         answers = []
         for body in record["lines"][1::2]:
+            if lucene_clauses(body) > self.max_clause_count:
+                reason = f"maxClauseCount is set to {self.max_clause_count}"
+                answers.append({"error": {"root_cause": [{"type": "too_many_clauses", "reason": reason}],
+                                          "type": "search_phase_execution_exception", "reason": "all shards failed",
+                                          "caused_by": {"type": "too_many_clauses", "reason": reason}}, "status": 500})
+                continue
             hits = self.bm25_hits(body) if _is_bm25(body) else self.knn_hits(body)
             answers.append({"took": 1, "timed_out": False, "status": 200,
                               "hits": {"max_score": None, "hits": [{"_index": INDEX, "_id": pid, "_score": s} for pid, s in hits]}})
@@ -307,6 +315,25 @@ class CannedEngine:
             for facet, path in FACET_PATHS.items():
                 aggs[facet]["doc_count"] += len(src.get(path) or ())
         return 200, {"hits": {"total": {"value": len(self.sources), "relation": "eq"}, "hits": []}, "aggregations": aggs}
+
+
+def lucene_clauses(node) -> int:
+    """Leaf clauses a search body becomes in Lucene, counted as the engines' analyzer would split the text
+    (one term clause per token and field of a match/multi_match; repeats counted, as the builder sees them)."""
+    if isinstance(node, list):
+        return sum(lucene_clauses(x) for x in node)
+    if not isinstance(node, dict):
+        return 0
+    total = 0
+    for key, value in node.items():
+        if key == "multi_match":
+            total += len(re.findall(r"[^\W_]+", value["query"])) * len(value["fields"])
+        elif key == "match":
+            (spec,) = value.values()
+            total += len(re.findall(r"[^\W_]+", spec["query"] if isinstance(spec, dict) else spec))
+        else:
+            total += lucene_clauses(value)
+    return total
 
 
 def _is_bm25(body: dict) -> bool:
@@ -1411,3 +1438,57 @@ def test_msearch_sends_a_stable_preference_per_query(engine):
     backend.preference = "my-session"  # configurable, e.g. one per user session
     backend.first_stage(other)
     assert {h["preference"] for h in canned.sent("_msearch")[-1]["lines"][0::2]} == {"my-session"}
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 10, item 3: BM25 within the clause limit (OpenSearch keeps max_clause_count at 1024)
+
+WORDS = [f"w{i}x{chr(97 + i % 26)}{chr(97 + i // 26 % 26)}" for i in range(2000)]
+
+
+def _bm25_of(canned) -> dict:
+    (body,) = [b for b in canned.sent("_msearch")[-1]["lines"][1::2] if _is_bm25(b)]
+    return body
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_600_token_query_stays_under_the_clause_limit(engine):
+    """600 distinct tokens x 2 fields = 1200 clauses: the whole first stage used to fail with too_many_clauses."""
+    backend, canned = ready_backend(engine, VERSIONS[engine][0], make_papers(3))
+    canned.bm25_hits = lambda body: [("p1", 5.0)]
+    text = " ".join(WORDS[:600])
+    out = backend.first_stage(FirstStageRequest(text=text, vectors=np.ones((1, DIM), np.float32), with_papers=False))
+    assert "p1" in {c.paper_id for c in out}
+    body = _bm25_of(canned)
+    assert_valid(engine, "search", body)
+    assert lucene_clauses(body) <= 1024
+    kept = [c["multi_match"]["query"] for c in body["query"]["bool"]["must"][0]["bool"]["should"]]
+    assert len(kept) == 512 and set(kept) <= set(WORDS[:600])
+    assert referenced_fields(body) - {"paper_id"} == {"title", "abstract"}
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_long_query_with_repeats_keeps_bm25_exact(engine):
+    """600 tokens, 150 distinct: one boosted clause per distinct token; BM25 is linear in the boost, so the
+    score is the full query's (every token counted as often as it occurs)."""
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1], make_papers(3))
+    rng = np.random.default_rng(3)
+    tokens = [WORDS[i] for i in rng.integers(0, 150, size=600)]
+    tokens[:150] = WORDS[:150]  # every one of the 150 occurs
+    text = " ".join(t.capitalize() if i % 7 == 0 else t for i, t in enumerate(tokens)) + ". " + "x" * 45
+    backend.first_stage(FirstStageRequest(text=text, vectors=np.ones((1, DIM), np.float32), with_papers=False))
+    body = _bm25_of(canned)
+    assert_valid(engine, "search", body)
+    assert lucene_clauses(body) <= 1024
+    weights = {c["multi_match"]["query"]: c["multi_match"].get("boost", 1.0) for c in body["query"]["bool"]["must"][0]["bool"]["should"]}
+    from collections import Counter
+    assert weights == {t: float(n) for t, n in Counter(tokens).items()}  # lower-cased, the 45-char token dropped
+    assert all(c["multi_match"]["type"] == "most_fields" for c in body["query"]["bool"]["must"][0]["bool"]["should"])
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_short_queries_keep_the_plain_multi_match(engine):
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1], make_papers(3))
+    text = " ".join(WORDS[:400])  # 800 clauses: within the limit
+    backend.first_stage(FirstStageRequest(text=text, vectors=np.ones((1, DIM), np.float32), with_papers=False))
+    assert _bm25_of(canned)["query"]["bool"]["must"] == [{"multi_match": {"query": text, "fields": ["title", "abstract"], "type": "most_fields"}}]

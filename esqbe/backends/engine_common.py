@@ -24,6 +24,7 @@ import json
 import logging
 import re
 from abc import abstractmethod
+from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -263,8 +264,53 @@ def doc_to_paper(source: dict, dim: int) -> IndexedPaper:
 # Request bodies shared by both engines
 
 
-def bm25_body(text: str, size: int, restrict_to: Iterable[str] | None, exclude: Iterable[str]) -> dict:
-    query: dict[str, Any] = {"must": [{"multi_match": {"query": text, "fields": list(BM25_FIELDS), "type": "most_fields"}}]}
+#: Lucene's clause limit as both engines set it at its lowest: OpenSearch `indices.query.bool.max_clause_count`
+#: (default 1024); Elasticsearch 8+ derives it from heap and thread pool, 1024 at least
+BM25_MAX_CLAUSES = 1024
+#: the `esqbe_en` tokenizer (`[^\p{L}\p{N}]+` splits): runs of letters and digits (`\w` minus `_` is exactly that in Python)
+_WORD = re.compile(r"[^\W_]+")
+#: `esqbe_max_39`: the engines' `length` filter counts UTF-16 code units
+MAX_TOKEN_UTF16 = 39
+
+
+def utf16_len(token: str) -> int:
+    return len(token.encode("utf-16-le")) // 2
+
+
+def analyzed_tokens(text: str) -> list[str]:
+    """The query tokens the engines' `esqbe_en` analyzer makes, before stemming: one clause per token and field."""
+    return [t.lower() for t in _WORD.findall(text) if utf16_len(t) <= MAX_TOKEN_UTF16]
+
+
+def bm25_query(text: str, max_clauses: int = BM25_MAX_CLAUSES) -> dict:
+    """BM25 over title + abstract (`most_fields`: the sum of both fields' scores), within the clause limit.
+
+    A `multi_match` makes one term clause per analysed token and field, so a long query text (about 510+
+    tokens over two fields) fails the whole search with too_many_clauses. Beyond the limit, each distinct
+    token becomes one `multi_match` boosted by its count: BM25 is linear in the boost, so the scores are the
+    same as the full query's while every token fits. If even the distinct tokens do not fit, the most frequent
+    ones are kept (then the longest, a rough stand-in for rarity), within the limit."""
+    plain = {"multi_match": {"query": text, "fields": list(BM25_FIELDS), "type": "most_fields"}}
+    tokens = analyzed_tokens(text)
+    per_token = len(BM25_FIELDS)
+    if len(tokens) * per_token <= max_clauses:
+        return plain
+    counts = Counter(tokens)
+    first = {t: i for i, t in reversed(list(enumerate(tokens)))}
+    keep = sorted(counts, key=lambda t: (-counts[t], -utf16_len(t), first[t]))[: max(1, max_clauses // per_token)]
+    keep.sort(key=first.__getitem__)  # in text order: a readable body
+    should = []
+    for token in keep:
+        clause: dict[str, Any] = {"query": token, "fields": list(BM25_FIELDS), "type": "most_fields"}
+        if counts[token] > 1:
+            clause["boost"] = float(counts[token])
+        should.append({"multi_match": clause})
+    return {"bool": {"should": should}}
+
+
+def bm25_body(text: str, size: int, restrict_to: Iterable[str] | None, exclude: Iterable[str],
+              max_clauses: int = BM25_MAX_CLAUSES) -> dict:
+    query: dict[str, Any] = {"must": [bm25_query(text, max_clauses)]}
     if restrict_to is not None:
         query["filter"] = [{"terms": {"paper_id": sorted(restrict_to)}}]
     if exclude:
@@ -309,6 +355,8 @@ class EngineBackend(Backend):
     retry_wait_initial: float = 0.5
     retry_wait_max: float = 30.0
     mget_batch: int = 1000
+    #: leaf clauses the BM25 query may hold (raise it where the cluster's limit is higher)
+    bm25_max_clauses: int = BM25_MAX_CLAUSES
     #: `preference` of every search in a first stage's `_msearch`; None: derived from the query (see `preference_for`)
     preference: str | None = None
 
@@ -662,7 +710,8 @@ class EngineBackend(Backend):
         restrict = sorted(request.restrict_to) if request.restrict_to is not None else None
         out: list[tuple[str, int | None, dict]] = []
         if request.text and request.text.strip() and request.bm25_k > 0:
-            out.append(("bm25", None, bm25_body(request.text, min(request.bm25_k, 10_000), restrict, request.exclude)))
+            out.append(("bm25", None, bm25_body(request.text, min(request.bm25_k, 10_000), restrict, request.exclude,
+                                                self.bm25_max_clauses)))
         if request.knn_k > 0 and q.shape[0] and q.shape[1]:
             # excluded ids are dropped on the client: a must_not inside a nested kNN filter is unreliable
             # before ES 8.13 / OpenSearch 3.5, so ask for as many more hits as there are exclusions
