@@ -54,6 +54,7 @@ from esqbe.backends.engine_common import (  # noqa: E402
     VECTOR_FIELDS,
     EngineInfo,
     cosine_from_score,
+    opensearch_vector_space,
     doc_to_paper,
     index_body,
     load_index_template,
@@ -1492,3 +1493,84 @@ def test_short_queries_keep_the_plain_multi_match(engine):
     text = " ".join(WORDS[:400])  # 800 clauses: within the limit
     backend.first_stage(FirstStageRequest(text=text, vectors=np.ones((1, DIM), np.float32), with_papers=False))
     assert _bm25_of(canned)["query"]["bool"]["must"] == [{"multi_match": {"query": text, "fields": ["title", "abstract"], "type": "most_fields"}}]
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 10, item 8: OpenSearch score conversion from the mapping's engine and the cluster version
+
+COSINES = (-0.9, -0.3, 0.0, 0.42, 0.97, 1.0)
+
+
+@pytest.mark.parametrize("engine,space_engine,version,formula", [
+    ("elasticsearch", "lucene", (8, 11, 0), "half"),
+    ("elasticsearch", "lucene", (9, 2, 0), "half"),
+    ("opensearch", "lucene", (2, 12, 0), "half"),  # Lucene's VectorSimilarityFunction.COSINE
+    ("opensearch", "lucene", (3, 5, 0), "half"),
+    ("opensearch", "nmslib", (2, 12, 0), "nmslib"),  # SpaceType.COSINESIMIL: 1 / (1 + (1 - cos)) before 2.19
+    ("opensearch", "nmslib", (2, 18, 0), "nmslib"),
+    ("opensearch", "nmslib", (2, 19, 0), "half"),  # one formula for every engine (k-NN #2357)
+    ("opensearch", "nmslib", (3, 5, 0), "half"),
+    ("opensearch", "faiss", (2, 19, 0), "half"),  # faiss has cosinesimil only from 2.19 (k-NN #2376)
+    ("opensearch", "faiss", (3, 5, 0), "half"),
+])
+def test_cosine_formula_per_engine_and_version(engine, space_engine, version, formula):
+    for cos in COSINES:
+        score = (1 + cos) / 2 if formula == "half" else 1 / (2 - cos)
+        assert cosine_from_score(score, engine, space_engine, version) == pytest.approx(cos, abs=1e-6)
+
+
+def test_faiss_cosine_has_no_pre_2_19_branch():
+    """faiss could not index cosinesimil before 2.19, so its scores are always (1 + cos) / 2: the old
+    "faiss before 2.19" branch was dead code and would have misread a (1 + cos) / 2 score."""
+    assert cosine_from_score(0.71, "opensearch", "faiss", (2, 18, 0)) == pytest.approx(0.42)
+
+
+@pytest.mark.parametrize("vector,created,settings,expected", [
+    ({"type": "knn_vector", "dimension": 8, "method": {"name": "hnsw", "space_type": "cosinesimil", "engine": "lucene"}}, (2, 12, 0), None, ("lucene", "cosinesimil")),
+    ({"type": "knn_vector", "dimension": 8, "method": {"name": "hnsw", "space_type": "cosinesimil", "engine": "faiss"}}, (2, 19, 0), None, ("faiss", "cosinesimil")),
+    ({"type": "knn_vector", "dimension": 8, "method": {"name": "hnsw", "space_type": "cosinesimil"}}, (2, 17, 1), None, ("nmslib", "cosinesimil")),
+    ({"type": "knn_vector", "dimension": 8, "method": {"name": "hnsw", "space_type": "cosinesimil"}}, (2, 18, 0), None, ("faiss", "cosinesimil")),
+    ({"type": "knn_vector", "dimension": 8, "space_type": "cosinesimil"}, (3, 5, 0), None, ("faiss", "cosinesimil")),
+    ({"type": "knn_vector", "dimension": 8, "space_type": "cosinesimil", "engine": "lucene"}, (3, 5, 0), None, ("lucene", "cosinesimil")),
+    ({"type": "knn_vector", "dimension": 8, "space_type": "cosinesimil", "compression_level": "4x"}, (3, 5, 0), None, ("lucene", "cosinesimil")),
+    ({"type": "knn_vector", "dimension": 8, "space_type": "cosinesimil", "mode": "on_disk"}, (2, 17, 0), None, ("faiss", "cosinesimil")),
+    ({"type": "knn_vector", "dimension": 8}, (2, 13, 0), {"knn": {"space_type": "cosinesimil"}}, ("nmslib", "cosinesimil")),  # legacy mapping
+    ({"type": "knn_vector", "dimension": 8}, (2, 11, 0), {"knn": "true", "knn.space_type": "cosinesimil"}, ("nmslib", "cosinesimil")),
+    ({"type": "knn_vector", "dimension": 8}, (2, 19, 0), {}, ("faiss", "l2")),
+])
+def test_opensearch_engine_and_space_are_read_as_the_plugin_resolves_them(vector, created, settings, expected):
+    assert opensearch_vector_space(vector, created, settings) == expected
+
+
+def _foreign_opensearch_index(version, vector_spec, settings_extra=None):
+    backend, canned = ready_backend("opensearch", version, make_papers(5))
+    for path in FACET_PATHS.values():
+        canned.mapping["properties"][path]["properties"]["vector"] = dict(vector_spec)
+    canned.settings = {"index": {**canned.settings["index"], **(settings_extra or {})}}
+    fresh = OpenSearchBackend("http://canned:9200", INDEX, client=backend.client)  # a new session reads the mapping
+    fresh.retry_wait_initial = fresh.retry_wait_max = 0.0
+    return fresh, canned
+
+
+@pytest.mark.parametrize("version,vector_spec,settings_extra,score", [
+    ("2.17.0", {"type": "knn_vector", "dimension": DIM}, {"knn": {"space_type": "cosinesimil"}}, lambda c: 1 / (2 - c)),  # nmslib default
+    ("2.17.0", {"type": "knn_vector", "dimension": DIM, "method": {"name": "hnsw", "space_type": "cosinesimil"}}, None, lambda c: 1 / (2 - c)),
+    ("2.19.3", {"type": "knn_vector", "dimension": DIM, "method": {"name": "hnsw", "space_type": "cosinesimil"}}, None, lambda c: (1 + c) / 2),  # faiss default
+    ("3.5.0", {"type": "knn_vector", "dimension": DIM, "space_type": "cosinesimil"}, None, lambda c: (1 + c) / 2),
+])
+def test_opensearch_index_not_created_by_esqbe_gives_exact_cosines(version, vector_spec, settings_extra, score):
+    """An index whose mapping names no engine: the default engine of its creation version decides the formula
+    (the code used to assume lucene, reading 1 / (2 - cos) scores of nmslib as (1 + cos) / 2)."""
+    backend, canned = _foreign_opensearch_index(version, vector_spec, settings_extra)
+    papers = make_papers(5)
+    q = papers[2].vectors[:1]
+    cos = {ip.paper_id: float((ip.vectors @ q[0]).max()) for ip in papers}
+    canned.knn_hits = lambda body: [(pid, score(c)) for pid, c in sorted(cos.items(), key=lambda kv: -kv[1])]
+    out = backend.first_stage(FirstStageRequest(text="", vectors=q, fusion="knn", k=5, with_papers=False))
+    assert {c.paper_id: round(c.knn, 5) for c in out} == {pid: round(c, 5) for pid, c in cos.items()}
+
+
+def test_opensearch_index_with_another_space_type_is_refused():
+    backend, _ = _foreign_opensearch_index("3.5.0", {"type": "knn_vector", "dimension": DIM, "space_type": "l2", "engine": "faiss"})
+    with pytest.raises(BackendError, match="space_type 'l2'.*cosinesimil"):
+        backend.first_stage(FirstStageRequest(text="", vectors=np.ones((1, DIM), np.float32), with_papers=False))

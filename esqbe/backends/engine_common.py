@@ -191,18 +191,62 @@ UNKNOWN_VERSION_HINT = (
 
 
 def cosine_from_score(score: float, engine: str, space_engine: str = "lucene", version: tuple[int, ...] = (99,)) -> float:
-    """Cosine similarity back from a kNN hit's score.
+    """Cosine similarity back from a kNN hit's score (vectors indexed with a cosine similarity).
 
-    - Elasticsearch `dense_vector` with `similarity: cosine`: score = (1 + cos) / 2.
-    - OpenSearch `cosinesimil` on the lucene engine (what esqbe creates): score = (1 + cos) / 2 (Lucene's own);
-      nmslib/faiss gave 1 / (2 - cos) before 2.19 and (1 + cos) / 2 since.
+    - Elasticsearch `dense_vector`, `similarity: cosine`: score = (1 + cos) / 2.
+    - OpenSearch `cosinesimil`, by the engine behind the field (read from the mapping, `_vector_space`) and
+      the version answering the query:
+      - lucene (what esqbe creates): Lucene's own (1 + cos) / 2, on every version;
+      - nmslib: 1 / (1 + (1 - cos)) = 1 / (2 - cos) before 2.19 (SpaceType.COSINESIMIL.scoreTranslation was
+        `1 / (1 + rawScore)` with rawScore = 1 - cos), (1 + cos) / 2 from 2.19 ("Use one formula to calculate
+        cosine similarity", k-NN #2357);
+      - faiss: `cosinesimil` exists only from 2.19 (k-NN #2376, earlier faiss had l2 and innerproduct only),
+        and scores (1 + cos) / 2 there.
     """
     score = float(score)
-    if engine == "opensearch" and space_engine in ("nmslib", "faiss") and tuple(version)[:2] < (2, 19):
+    if engine == "opensearch" and space_engine == "nmslib" and tuple(version)[:2] < (2, 19):
         cos = 2.0 - 1.0 / score if score > 0 else -1.0
     else:
         cos = 2.0 * score - 1.0
     return min(1.0, max(-1.0, cos))
+
+
+def _setting(settings: dict, dotted: str) -> Any:
+    """A setting from a `settings.index` object however it is nested (`index.knn: true` beside
+    `index.knn.space_type` is rendered as a `knn.space_type` key next to `knn`)."""
+    node: Any = settings
+    parts = dotted.split(".")
+    for i in range(len(parts)):
+        if not isinstance(node, dict):
+            return None
+        rest = ".".join(parts[i:])
+        if rest in node and not isinstance(node[rest], dict):
+            return node[rest]
+        node = node.get(parts[i])
+    return node if not isinstance(node, dict) else None
+
+
+def opensearch_vector_space(vector: dict, created: tuple[int, int, int] | None, settings: dict | None = None) -> tuple[str, str]:
+    """(engine, space type) of an OpenSearch `knn_vector` mapping, as the k-NN plugin resolves them.
+
+    The engine is `method.engine`, else the top-level `engine` (3.x); with neither it is the plugin's default
+    when the index was created (EngineResolver): lucene for `compression_level: 4x`, faiss for `mode: on_disk`
+    or other compressions, else faiss from 2.18 (k-NN #2221) and nmslib before. The space type is
+    `method.space_type`, else the top-level `space_type`, else the legacy index setting `index.knn.space_type`,
+    else l2."""
+    method = vector.get("method") or {}
+    engine = method.get("engine") or vector.get("engine")
+    if not engine:
+        compression, mode = vector.get("compression_level"), vector.get("mode")
+        if compression == "4x":
+            engine = "lucene"
+        elif mode == "on_disk" or compression not in (None, "1x"):
+            engine = "faiss"
+        else:
+            engine = "faiss" if created is not None and created[:2] >= (2, 18) else "nmslib"
+    legacy_space = _setting(settings or {}, "knn.space_type")
+    space = method.get("space_type") or vector.get("space_type") or legacy_space or "l2"
+    return str(engine), str(space)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,6 +440,7 @@ class EngineBackend(Backend):
         )
         self._info: EngineInfo | None = None
         self._mapping: dict | None = None
+        self._settings: dict | None = None
         self._expected: IndexMeta | None = None
 
     # --- engine-specific hooks ---------------------------------------------------------------
@@ -492,17 +537,22 @@ class EngineBackend(Backend):
     def _on_version_unknown(self) -> None:
         """Engine hook: adapt the client when the server's version cannot be read."""
 
+    def _index_settings(self) -> dict | None:
+        """The index's `settings.index` (None when it does not exist or cannot be read); read once."""
+        if self._settings is None:
+            try:
+                body = self._body(self._call(self.client.indices.get_settings, index=self.index))
+            except Exception:  # missing index (404), no view_index_metadata (403), ...
+                return None
+            for entry in body.values() if isinstance(body, dict) else ():
+                self._settings = (entry.get("settings") or {}).get("index") or {}
+                break
+        return self._settings
+
     def _created_version(self) -> tuple[int, int, int] | None:
         """`index.version.created` of the index (None when it does not exist or cannot be read)."""
-        try:
-            body = self._body(self._call(self.client.indices.get_settings, index=self.index))
-        except Exception:  # missing index (404), no view_index_metadata (403), ...: no lower bound
-            return None
-        for entry in body.values() if isinstance(body, dict) else ():
-            created = (((entry.get("settings") or {}).get("index") or {}).get("version") or {}).get("created")
-            if created is not None:
-                return version_from_created_setting(self.engine, created)
-        return None
+        created = ((self._index_settings() or {}).get("version") or {}).get("created")
+        return version_from_created_setting(self.engine, created) if created is not None else None
 
     def _get_mapping(self) -> dict | None:
         """The index's mapping, or None when it does not exist."""
@@ -532,11 +582,16 @@ class EngineBackend(Backend):
             meta.check(self._expected)
         return meta
 
-    def _space_engine(self) -> str:
-        """The kNN library behind the vector fields (OpenSearch: lucene/faiss/nmslib); decides score conversion."""
+    def _vector_space(self) -> tuple[str, str]:
+        """(kNN library, similarity) behind the vector fields; decides the score conversion. Engine hook."""
+        return ("lucene", "cosine")
+
+    def _vector_mapping(self) -> dict:
         props = self._index_mapping().get("properties", {})
-        vector = props.get(FACET_PATHS["method"], {}).get("properties", {}).get("vector", {})
-        return (vector.get("method") or {}).get("engine", "lucene")
+        return props.get(FACET_PATHS["method"], {}).get("properties", {}).get("vector", {})
+
+    def _space_engine(self) -> str:
+        return self._vector_space()[0]
 
     # --- Backend -------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from .base import BackendError
-from .engine_common import EngineBackend, EngineInfo, parse_version
+from .engine_common import EngineBackend, EngineInfo, opensearch_vector_space, parse_version
 
 PIP_HINT = "pip install 'esqbe[opensearch]'"
 
@@ -58,6 +58,23 @@ class OpenSearchBackend(EngineBackend):
         if version.get("distribution") != "opensearch":
             raise BackendError(f"{self.url} is Elasticsearch {version.get('number')}: use --backend elasticsearch")
         return EngineInfo("opensearch", parse_version(version.get("number", "0")), str(version.get("number", "?")))
+
+    def _vector_space(self) -> tuple[str, str]:
+        """The k-NN library and space type of the vector fields, from the mapping (and, when it names no
+        engine, the version the index was created with): decides how hit scores become cosines."""
+        settings = None
+        vector = self._vector_mapping()
+        if not (vector.get("method") or {}).get("engine") and not vector.get("engine") or not (
+                (vector.get("method") or {}).get("space_type") or vector.get("space_type")):
+            settings = self._index_settings()
+        created = self._created_version() if settings is not None else None
+        engine, space = opensearch_vector_space(vector, created, settings)
+        if space != "cosinesimil":
+            raise BackendError(
+                f"index {self.index!r}: the sentence vectors use space_type {space!r} ({engine}); esqbe reads kNN "
+                "scores as cosine similarities and needs `cosinesimil` (mappings/opensearch.json): rebuild the index"
+            )
+        return engine, space
 
     def _knn_body(self, path, vector, k, num_candidates, restrict_to) -> dict:
         knn: dict[str, Any] = {"vector": vector, "k": k}
