@@ -51,6 +51,7 @@ from esqbe.backends.engine_common import (  # noqa: E402
     FACET_PATHS,
     FEATURE_SINCE,
     FEATURES_USED,
+    FEATURES_WHERE_SUPPORTED,
     VECTOR_FIELDS,
     EngineInfo,
     cosine_from_score,
@@ -600,6 +601,8 @@ def features_in(body: dict, engine: str) -> set[str]:
             used.add("expand_nested_docs")
         if '"hybrid"' in text:
             used.add("hybrid_query")
+        if "method_parameters" in text:
+            used.add("knn_method_parameters")
         knn_filters = [spec.get("filter") for _, spec in _os_knn_specs(body)]
     for flt in knn_filters:
         if flt is None:
@@ -777,7 +780,7 @@ def test_first_stage_bodies_pass_the_spec_and_the_mapping(engine, version):
             used = features_in(body, engine)
             missing = {f for f in used if not info.has(f)}
             assert not missing, f"{engine} {version} lacks {missing} used by {name}"
-            assert used <= FEATURES_USED[engine] | {"knn_parent_filter"}
+            assert used <= FEATURES_USED[engine] | FEATURES_WHERE_SUPPORTED[engine] | {"knn_parent_filter"}
             assert body["size"] >= 1 and body["_source"] is False
         knn = [b for b in bodies if not _is_bm25(b)]
         bm25 = [b for b in bodies if _is_bm25(b)]
@@ -795,9 +798,13 @@ def test_first_stage_bodies_pass_the_spec_and_the_mapping(engine, version):
                 assert filters == set(), name
             # exclusions are dropped on the client; the kNN asks for that many more hits
             spec = b["knn"] if engine == "elasticsearch" else next(s for _, s in _os_knn_specs(b))
-            assert spec["k"] == request.knn_k + len(request.exclude)
+            wanted = request.knn_k + len(request.exclude)
             if engine == "elasticsearch":
-                assert spec["num_candidates"] >= spec["k"]
+                assert spec["k"] == wanted and spec["num_candidates"] == max(100, 4 * wanted)
+            elif info.has("knn_method_parameters"):
+                assert spec["k"] == b["size"] == wanted and spec["method_parameters"] == {"ef_search": max(100, 4 * wanted)}
+            else:  # before 2.16: ef = k on the Lucene engine, so k is the candidate count and size the k best
+                assert spec["k"] == max(100, 4 * wanted) and b["size"] == wanted and "method_parameters" not in spec
         bool_query = bm25[0]["query"]["bool"]
         assert ("filter" in bool_query) == (request.restrict_to is not None)
         assert ("must_not" in bool_query) == bool(request.exclude)
@@ -805,15 +812,25 @@ def test_first_stage_bodies_pass_the_spec_and_the_mapping(engine, version):
 
 @pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
 def test_bodies_do_not_depend_on_the_engine_version(engine):
-    """One set of bodies serves every supported version (per-facet paths need no version-gated feature)."""
+    """One set of bodies serves every supported version (per-facet paths need no version-gated feature);
+    on OpenSearch only the HNSW search width is sent differently (ef_search from 2.16, a larger k before)."""
     seen = {}
     for version in VERSIONS[engine]:
         backend, canned = ready_backend(engine, version, make_papers())
         for name, request in request_variants():
             backend.first_stage(request)
-        seen[version] = [r["lines"] for r in canned.sent("_msearch")]
+        seen[version] = [_without_search_width(r["lines"]) for r in canned.sent("_msearch")]
     first, *rest = seen.values()
     assert all(r == first for r in rest)
+
+
+def _without_search_width(lines):
+    out = json.loads(json.dumps(lines))
+    for body in out[1::2]:
+        for _, spec in _os_knn_specs(body):
+            spec.pop("method_parameters", None)
+            spec["k"] = body["size"]
+    return out
 
 
 @pytest.mark.parametrize("engine,version", ENGINE_VERSIONS)
@@ -1574,3 +1591,23 @@ def test_opensearch_index_with_another_space_type_is_refused():
     backend, _ = _foreign_opensearch_index("3.5.0", {"type": "knn_vector", "dimension": DIM, "space_type": "l2", "engine": "faiss"})
     with pytest.raises(BackendError, match="space_type 'l2'.*cosinesimil"):
         backend.first_stage(FirstStageRequest(text="", vectors=np.ones((1, DIM), np.float32), with_papers=False))
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 10, item 4: OpenSearch gets the candidate factor (ef_search) where the version has it
+
+
+@pytest.mark.parametrize("version,expected", [
+    ("2.12.0", "k"), ("2.15.0", "k"), ("2.16.0", "ef_search"), ("2.19.3", "ef_search"), ("3.5.0", "ef_search"),
+])
+def test_opensearch_knn_searches_as_wide_as_elasticsearch(version, expected):
+    backend, canned = ready_backend("opensearch", version, make_papers(3))
+    backend.first_stage(FirstStageRequest(text="", vectors=np.ones((1, DIM), np.float32), knn_k=10, with_papers=False))
+    for body in canned.sent("_msearch")[-1]["lines"][1::2]:
+        assert_valid("opensearch", "search", body)
+        (_, spec), = _os_knn_specs(body)
+        assert body["size"] == 10
+        if expected == "ef_search":
+            assert spec["method_parameters"] == {"ef_search": 100} and spec["k"] == 10
+        else:
+            assert spec["k"] == 100 and "method_parameters" not in spec  # 2.12-2.15 reject method_parameters

@@ -132,12 +132,18 @@ FEATURE_SINCE: dict[tuple[str, str], tuple[int, int]] = {
     ("opensearch", "rrf_processor"): (2, 19),
     ("opensearch", "unified_cosine_score"): (2, 19),  # (1 + cos) / 2 for every engine, not only lucene
     ("opensearch", "knn_nested_filter_wrapped"): (3, 5),  # nested-field filters must be wrapped in nested{}
+    ("opensearch", "knn_method_parameters"): (2, 16),  # `method_parameters.ef_search` in the knn query (k-NN #1783)
 }
 
 #: the features the request bodies of this module use (the contract tests check bodies against this)
 FEATURES_USED = {
     "elasticsearch": frozenset({"nested_knn", "knn_parent_filter"}),
     "opensearch": frozenset({"nested_knn", "knn_parent_filter"}),
+}
+#: features the bodies use only on versions that have them (with a fallback elsewhere)
+FEATURES_WHERE_SUPPORTED = {
+    "elasticsearch": frozenset(),
+    "opensearch": frozenset({"knn_method_parameters"}),
 }
 
 

@@ -77,7 +77,16 @@ class OpenSearchBackend(EngineBackend):
         return engine, space
 
     def _knn_body(self, path, vector, k, num_candidates, restrict_to) -> dict:
+        """`num_candidates` (the same candidate factor as Elasticsearch's) becomes the HNSW search width:
+        `method_parameters.ef_search` from 2.16; before that the Lucene engine searches with ef = k, so k
+        itself is raised to `num_candidates` and `size` keeps the k best (what 2.16-3.4 do with ef_search:
+        Lucene k = max(k, ef_search), cut to `size`)."""
         knn: dict[str, Any] = {"vector": vector, "k": k}
+        if num_candidates > k:
+            if self.info().has("knn_method_parameters"):
+                knn["method_parameters"] = {"ef_search": num_candidates}
+            else:
+                knn["k"] = num_candidates
         if restrict_to is not None:
             knn["filter"] = {"terms": {"paper_id": restrict_to}}
         return {
