@@ -261,13 +261,7 @@ class CannedEngine:
             if src is None:
                 docs.append({"_index": INDEX, "_id": pid, "found": False})
                 continue
-            src = json.loads(json.dumps(src))
-            if includes:
-                src = {k: v for k, v in src.items() if k in includes.split(",")}
-            for field in excludes | ({f for f in VECTOR_FIELDS} if self.omit_source_vectors else set()):
-                path, _, leaf = field.partition(".")
-                for row in src.get(path) or ():
-                    row.pop(leaf, None)
+            src = filter_source(src, includes.split(",") if includes else None, excludes, self.omit_source_vectors)
             docs.append({"_index": INDEX, "_id": pid, "_version": 1, "found": True, "_source": src})
         return 200, {"docs": docs}
 
@@ -312,6 +306,14 @@ class CannedEngine:
         return 200, {"took": 1, "responses": answers}
 
     def _search(self, method, segs, record):
+        body = record["lines"][0] if record["lines"] else {}
+        ids = (body.get("query") or {}).get("ids", {}).get("values")
+        if ids is not None:  # documents by id, with source filtering (ES: exclude_vectors: false rehydrates vectors)
+            spec = body.get("_source") if isinstance(body.get("_source"), dict) else {}
+            omit = self.omit_source_vectors and spec.get("exclude_vectors") is not False
+            hits = [{"_index": INDEX, "_id": pid, "_score": 1.0, "_source": filter_source(self.sources[pid], spec.get("includes"), set(), omit)}
+                    for pid in ids if pid in self.sources]
+            return 200, {"hits": {"max_score": 1.0, "hits": hits}}
         aggs = {facet: {"doc_count": 0} for facet in FACET_LABELS}
         for src in self.sources.values():
             for facet, path in FACET_PATHS.items():
@@ -336,6 +338,31 @@ def lucene_clauses(node) -> int:
         else:
             total += lucene_clauses(value)
     return total
+
+
+def filter_source(src: dict, includes, excludes: set, omit_vectors: bool) -> dict:
+    """`_source` filtering as the engines do it (top-level and `path.leaf` includes/excludes); `omit_vectors`:
+    ES 9.2+ leaving dense_vector values out."""
+    src = json.loads(json.dumps(src))
+    if includes:
+        wanted = {}
+        for field in includes:
+            path, _, leaf = field.partition(".")
+            if path not in src:
+                continue
+            if not leaf:
+                wanted[path] = src[path]
+            else:
+                rows = wanted.setdefault(path, [{} for _ in src[path]])
+                for row, full in zip(rows, src[path]):
+                    if leaf in full:
+                        row[leaf] = full[leaf]
+        src = wanted
+    for field in set(excludes) | (set(VECTOR_FIELDS) if omit_vectors else set()):
+        path, _, leaf = field.partition(".")
+        for row in src.get(path) or ():
+            row.pop(leaf, None)
+    return src
 
 
 def _is_bm25(body: dict) -> bool:
@@ -1611,3 +1638,30 @@ def test_opensearch_knn_searches_as_wide_as_elasticsearch(version, expected):
             assert spec["method_parameters"] == {"ef_search": 100} and spec["k"] == 10
         else:
             assert spec["k"] == 100 and "method_parameters" not in spec  # 2.12-2.15 reject method_parameters
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 10, item 7: documents without vectors_b64 (written by another tool) fall back to the indexed vectors
+
+
+@pytest.mark.parametrize("engine,version", ENGINE_VERSIONS)
+def test_get_falls_back_to_indexed_vectors_without_vectors_b64(engine, version):
+    papers = make_papers(4)
+    backend, canned = ready_backend(engine, version, papers)
+    for pid in ("p1", "p3"):
+        del canned.sources[pid]["vectors_b64"]  # as another tool would write them
+    got = backend.get(["p0", "p1", "p3"])
+    for pid in ("p0", "p1", "p3"):
+        original = papers[int(pid[1:])]
+        assert np.array_equal(got[pid].vectors, original.vectors), pid
+        assert got[pid].paper.sentences == original.paper.sentences
+    first = canned.sent("_mget")[-2 if not (engine == "elasticsearch" and parse_version(version) >= (8, 19, 0)) else -1]
+    assert set(first["params"]["_source_excludes"].split(",")) == set(VECTOR_FIELDS)  # the usual fetch stays lean
+    if engine == "elasticsearch" and parse_version(version) >= (8, 19, 0):
+        (search,) = [r for r in canned.sent("_search") if "ids" in r["lines"][0].get("query", {})]
+        assert_valid(engine, "search", search["lines"][0])
+        assert search["lines"][0]["query"]["ids"]["values"] == ["p1", "p3"]
+        assert search["lines"][0]["_source"]["exclude_vectors"] is False
+    else:
+        again = canned.sent("_mget")[-1]
+        assert again["lines"][0] == {"ids": ["p1", "p3"]} and "vector" in again["params"]["_source_includes"]

@@ -16,7 +16,13 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 from .base import BackendError
-from .engine_common import EngineBackend, EngineInfo, parse_version
+from .engine_common import VECTOR_SOURCE_FIELDS, EngineBackend, EngineInfo, parse_version
+
+
+def indexed_vectors_search_body(ids: list[str]) -> dict:
+    """Search body that returns the nested sentence vectors of `ids`, rehydrated into `_source`."""
+    return {"size": len(ids), "track_total_hits": False, "query": {"ids": {"values": ids}},
+            "_source": {"includes": list(VECTOR_SOURCE_FIELDS), "exclude_vectors": False}}
 
 PIP_HINT = "pip install 'esqbe[elasticsearch]'"
 
@@ -155,6 +161,23 @@ class ElasticsearchBackend(EngineBackend):
         transport = self.client.transport
         if hasattr(type(transport), "detect_major"):
             transport.detect_major = int(_client_module().__versionstr__.split(".")[0])
+
+    def _indexed_vectors(self, ids) -> dict[str, dict]:
+        """ES 9.2+ leaves `dense_vector` values out of `_source` (index.mapping.exclude_source_vectors), and
+        `_mget` cannot ask for them back: a search by id with `_source.exclude_vectors: false` (8.19, 9.1+)
+        rehydrates them. Older versions keep them in `_source`, where `_mget` reads them."""
+        if not self.info().has("source_exclude_vectors_param"):
+            return super()._indexed_vectors(ids)
+        out: dict[str, dict] = {}
+        ids = list(ids)
+        for start in range(0, len(ids), self.mget_batch):
+            body = indexed_vectors_search_body(ids[start : start + self.mget_batch])
+            try:
+                resp = self._body(self._call(self.client.search, index=self.index, body=body))
+            except Exception as exc:
+                raise self._error("fetching indexed vectors", exc) from exc
+            out.update({hit["_id"]: hit.get("_source") or {} for hit in resp.get("hits", {}).get("hits", [])})
+        return out
 
     def _knn_body(self, path, vector, k, num_candidates, restrict_to) -> dict:
         knn: dict[str, Any] = {"field": f"{path}.vector", "query_vector": vector, "k": k, "num_candidates": num_candidates}

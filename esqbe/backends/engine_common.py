@@ -53,6 +53,8 @@ FACET_PATHS: dict[str, str] = {facet: f"{facet}_sentences" for facet in FACET_LA
 #: the indexed vector fields; left out of fetched `_source` (the rescorers read `vectors_b64`)
 VECTOR_FIELDS: tuple[str, ...] = tuple(f"{path}.vector" for path in FACET_PATHS.values())
 BM25_FIELDS: tuple[str, ...] = ("title", "abstract")
+#: what the fallback to indexed vectors reads: each sentence's position and vector
+VECTOR_SOURCE_FIELDS: tuple[str, ...] = tuple(f"{path}.{leaf}" for path in FACET_PATHS.values() for leaf in ("idx", "vector"))
 
 #: HTTP statuses worth another try: too many requests, server errors, gateway/availability errors
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -288,6 +290,15 @@ def paper_to_doc(ip: IndexedPaper) -> dict:
             {"idx": i, "facet": facet, "text": text, "vector": [float(x) for x in ip.vectors[i]]}
         )
     return doc
+
+
+def _merge_vectors(source: dict, stored: dict) -> None:
+    """Put the indexed vectors of `stored` (nested `idx` + `vector`) into `source`'s sentence rows."""
+    for path in FACET_PATHS.values():
+        by_idx = {int(r["idx"]): r["vector"] for r in stored.get(path) or () if "idx" in r and r.get("vector") is not None}
+        for row in source.get(path) or ():
+            if int(row.get("idx", -1)) in by_idx:
+                row["vector"] = by_idx[int(row["idx"])]
 
 
 def doc_to_paper(source: dict, dim: int) -> IndexedPaper:
@@ -656,7 +667,16 @@ class EngineBackend(Backend):
             return {}
         dim = self._index_meta().dim
         sources = self._mget_sources(ids, _source_excludes=list(VECTOR_FIELDS))
+        foreign = [pid for pid, src in sources.items() if src.get("vectors_b64") is None]
+        if foreign:  # written by another tool: read the indexed sentence vectors instead
+            for pid, stored in self._indexed_vectors(foreign).items():
+                _merge_vectors(sources[pid], stored)
         return {pid: doc_to_paper(src, dim) for pid, src in sources.items()}
+
+    def _indexed_vectors(self, ids: Sequence[str]) -> dict[str, dict]:
+        """The nested `idx` and `vector` values of documents without `vectors_b64` (engine hook: how to get
+        vectors back into `_source` differs by engine and version)."""
+        return self._mget_sources(list(ids), _source_includes=list(VECTOR_SOURCE_FIELDS))
 
     def _bulk(self, actions: list[dict]) -> dict[str, tuple[bool, dict]]:
         """Send bulk actions (each with `_id`); retry items failing with 429/5xx and whole chunks failing
