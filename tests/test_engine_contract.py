@@ -1665,3 +1665,34 @@ def test_get_falls_back_to_indexed_vectors_without_vectors_b64(engine, version):
     else:
         again = canned.sent("_mget")[-1]
         assert again["lines"][0] == {"ids": ["p1", "p3"]} and "vector" in again["params"]["_source_includes"]
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 10, item 10: the long-token rule of the engines' analyzer (documented divergence from tantivy)
+
+
+def test_engine_length_filter_counts_utf16_units_and_differs_from_tantivy_on_non_ascii(tmp_path):
+    """The engines' `length` filter (max 39) counts UTF-16 code units; the embedded tantivy `en_stem`
+    drops tokens of 40+ UTF-8 *bytes* (RemoveLongFilter(40)). They agree on ASCII; a long non-ASCII token
+    (25 Cyrillic letters = 50 bytes) is searchable in the engines and not in the embedded index. This pins
+    what docs/engines.md says (BM25 parity); aligning would mean changing the embedded tokenizer."""
+    for engine in ("elasticsearch", "opensearch"):
+        analysis = load_index_template(engine)["settings"]["index"]["analysis"]
+        assert analysis["filter"]["esqbe_max_39"] == {"type": "length", "max": 39}
+        assert analysis["analyzer"]["esqbe_en"]["filter"][0] == "esqbe_max_39"
+    from esqbe.backends.engine_common import analyzed_tokens
+
+    cyrillic, a39, a40, astral = "ж" * 25, "a" * 39, "b" * 40, "x" * 30 + "\U0001d400" * 5  # 𝐀: 2 UTF-16 units
+    engine_kept = set(analyzed_tokens(f"{cyrillic} {a39} {a40} {astral}"))
+    assert engine_kept == {cyrillic, a39}  # the astral word is 40 UTF-16 units: dropped, like the engines do
+    tantivy = pytest.importorskip("tantivy")
+    sb = tantivy.SchemaBuilder()
+    sb.add_text_field("t", tokenizer_name="en_stem")
+    schema = sb.build()
+    index = tantivy.Index(schema, path=str(tmp_path))
+    writer = index.writer(15_000_000, 1)
+    writer.add_document(tantivy.Document(t=f"{cyrillic} {a39} {a40}"))
+    writer.commit()
+    index.reload()
+    found = {w for w in (cyrillic, a39, a40) if index.searcher().search(tantivy.Query.term_query(schema, "t", w), 1).count}
+    assert found == {a39}  # tantivy: the 50-byte Cyrillic token is gone, the engines keep it
