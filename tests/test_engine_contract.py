@@ -201,6 +201,9 @@ class CannedEngine:
         return 200, {"name": "canned", "cluster_name": "canned", "version": version, "tagline": "canned"}
 
     def _index(self, method, segs, record):
+        if method == "DELETE":
+            self.mapping, self.settings, self.sources = None, None, {}
+            return 200, {"acknowledged": True}
         if method == "PUT":
             body = record["lines"][0]
             self.mapping, self.settings = body["mappings"], body.get("settings")
@@ -1752,3 +1755,61 @@ def test_secured_compose_files_turn_security_and_tls_on(path):
         assert "node.p12" in text and "truststore.p12" in text and "hash.sh" in text
         assert "certs:/usr/share/opensearch/config/esqbe-certs" in node["volumes"]
     assert node["healthcheck"]["test"][1].count("--cacert") == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# the CLI end to end over HTTP with a least-privilege API key (what tests/test_engine_secured.py runs on a real
+# secured cluster), against the engine-like server whose kNN answers are exact cosines
+
+
+def exact_knn_hits(canned: CannedEngine):
+    """kNN answers computed from the stored documents: per paper, the best cosine of the searched path's
+    sentences, as the engines score it ((1 + cos) / 2), best first, `k` (or `size`) of them."""
+
+    def answer(body):
+        (field, vector), = vectors_in(body)
+        path = field.split(".")[0]
+        q = np.asarray(vector, dtype=np.float32)
+        best = {}
+        for pid, src in canned.sources.items():
+            rows = [r["vector"] for r in src.get(path) or ()]
+            if rows:
+                best[pid] = float((np.asarray(rows, dtype=np.float32) @ q).max())
+        spec = body["knn"] if "knn" in body else next(s for _, s in _os_knn_specs(body))
+        flt = json.dumps(spec.get("filter") or {})
+        ranked = sorted(((pid, c) for pid, c in best.items() if not spec.get("filter") or f'"{pid}"' in flt), key=lambda kv: -kv[1])
+        return [(pid, (1 + c) / 2) for pid, c in ranked[: min(spec["k"], body["size"])]]
+
+    return answer
+
+
+@pytest.mark.parametrize("engine,version", [("elasticsearch", "8.19.5")])  # one engine: it loads the model (~10 s)
+def test_cli_index_query_rescore_with_a_least_privilege_key_over_http(engine_server, tmp_path, engine, version):
+    """The CLI path of the secured integration test, here against a server that demands the key on every
+    request and refuses GET / (no monitor privilege); with kNN-only fusion the ranking must be the embedded
+    backend's, scores included (exact kNN on both sides; the canned engine has no BM25, so BM25 is left out
+    of the fusion and of the final score)."""
+    from tests.test_engine_secured import _cli, index_query_rescore
+
+    from .conftest import SAMPLE
+
+    lines = SAMPLE.read_text(encoding="utf-8").splitlines()[:8]
+    sample = tmp_path / "sample.jsonl"
+    sample.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ids = [json.loads(line)["paper_id"] for line in lines]
+    key = base64.b64encode(b"least:privilege").decode()
+    server, canned = engine_server(engine, version)
+    canned.require_auth = f"ApiKey {key}"
+    canned.forbidden = frozenset({"info", "_license", "_cat/plugins"})
+    canned.knn_hits = exact_knn_hits(canned)
+    result, stats = index_query_rescore(engine, server.url, ["--api-key", key], sample, ids, index="esqbe-it",
+                                        query_args=("--fusion", "knn", "--bm25-weight", "0"))
+    assert stats["papers"] == len(ids) and "version unknown" in stats["engine"]
+    assert {r["headers"].get("authorization") for r in canned.requests} == {f"ApiKey {key}"}
+    embedded = _cli("index", "--path", str(tmp_path / "embedded"), "--json", str(sample))
+    assert embedded.exit_code == 0, embedded.output
+    ref = _cli("query", "--path", str(tmp_path / "embedded"), "--paper", ids[0], "--facet", "method", "--rescorer", "summax",
+               "-k", "5", "--json", "--fusion", "knn", "--bm25-weight", "0")
+    want = json.loads(ref.output[ref.output.index("{"):])["hits"]
+    assert [h["paper_id"] for h in result["hits"]] == [h["paper_id"] for h in want], ([(h["paper_id"], h["score"]) for h in result["hits"]], [(h["paper_id"], h["score"]) for h in want])
+    assert [h["score"] for h in result["hits"]] == pytest.approx([h["score"] for h in want], abs=1e-5)

@@ -150,32 +150,41 @@ def _drop(secured, index, **auth):
         backend.close()
 
 
-def _index_query_rescore(secured, subset, auth: list[str]) -> dict:
-    """esqbe index -> query (summax rescoring) -> stats through the CLI with --ca-certs; returns stats."""
+def index_query_rescore(kind: str, url: str, auth: list[str], sample: Path, ids: list[str], *, ca_certs: str | None = None,
+                        index: str | None = None, query_args: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """esqbe index (twice: the second run reads the stored content hashes back) -> query with summax rescoring
+    -> stats, through the CLI; returns (query result, stats). Also run by the contract suite against a local
+    engine-like HTTP server (tests/test_engine_contract.py), so this path is exercised here too."""
+    index = index or f"esqbe-it-{uuid.uuid4().hex[:10]}"  # inside the API key's esqbe* scope
+    where = ["--backend", kind, "--url", url, "--index", index, *(["--ca-certs", ca_certs] if ca_certs else []), *auth]
+    done = _cli("index", *where, "--json", str(sample))
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.output[done.output.index("{"):])
+    assert report["indexed"] == len(ids) and not report["errors"], report
+    again = _cli("index", *where, "--json", str(sample))
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output[again.output.index("{"):])["unchanged"] == len(ids)
+    hits = _cli("query", *where, "--paper", ids[0], "--facet", "method", "--rescorer", "summax", "-k", "5", "--json", *query_args)
+    assert hits.exit_code == 0, hits.output
+    result = json.loads(hits.output[hits.output.index("{"):])
+    assert result["hits"] and ids[0] not in {h["paper_id"] for h in result["hits"]}
+    assert all(h["matches"] for h in result["hits"])  # rescored with aligned sentences: the vectors came back
+    stats = _cli("stats", *where, "--json")
+    assert stats.exit_code == 0, stats.output
+    return result, json.loads(stats.output[stats.output.index("{"):])
+
+
+def _run(secured, subset, auth: list[str]) -> dict:
     path, ids = subset
-    index = f"esqbe-it-{uuid.uuid4().hex[:10]}"  # inside the API key's esqbe* scope
-    where = ["--backend", secured["kind"], "--url", secured["url"], "--index", index, "--ca-certs", secured["ca_certs"], *auth]
+    index = f"esqbe-it-{uuid.uuid4().hex[:10]}"
     try:
-        done = _cli("index", *where, "--json", str(path))
-        assert done.exit_code == 0, done.output
-        report = json.loads(done.output[done.output.index("{"):])
-        assert report["indexed"] == len(ids) and not report["errors"]
-        again = _cli("index", *where, "--json", str(path))  # content hashes read back through the same auth
-        assert json.loads(again.output[again.output.index("{"):])["unchanged"] == len(ids)
-        hits = _cli("query", *where, "--paper", ids[0], "--facet", "method", "--rescorer", "summax", "-k", "5", "--json")
-        assert hits.exit_code == 0, hits.output
-        result = json.loads(hits.output[hits.output.index("{"):])
-        assert result["hits"] and ids[0] not in {h["paper_id"] for h in result["hits"]}
-        assert all(h["matches"] for h in result["hits"])  # rescored with aligned sentences: vectors came back
-        stats = _cli("stats", *where, "--json")
-        assert stats.exit_code == 0, stats.output
-        return json.loads(stats.output[stats.output.index("{"):])
+        return index_query_rescore(secured["kind"], secured["url"], auth, path, ids, ca_certs=secured["ca_certs"], index=index)[1]
     finally:
         _drop(secured, index)
 
 
 def test_basic_auth_over_tls_index_query_rescore(secured, subset):
-    stats = _index_query_rescore(secured, subset, ["--username", secured["username"], "--password", secured["password"]])
+    stats = _run(secured, subset, ["--username", secured["username"], "--password", secured["password"]])
     assert stats["papers"] == N_PAPERS
     assert "version unknown" not in stats["engine"]  # the superuser may read GET /
 
@@ -185,7 +194,7 @@ def test_least_privilege_api_key_over_tls_index_query_rescore(secured, subset):
         pytest.skip("OpenSearch API keys need the security plugin of 3.7+; the secured compose file uses basic auth")
     if not secured["api_key"]:
         pytest.skip("no API key given (ESQBE_ES_API_KEY)")
-    stats = _index_query_rescore(secured, subset, ["--api-key", secured["api_key"]])
+    stats = _run(secured, subset, ["--api-key", secured["api_key"]])
     assert stats["papers"] == N_PAPERS
     assert "version unknown" in stats["engine"]  # no `monitor` privilege: GET / answered 403 and esqbe went on
 
