@@ -160,6 +160,8 @@ class CannedEngine:
         endpoint = "info" if not segs else (segs[-1] if segs[-1].startswith("_") else "index")
         if len(segs) >= 2 and segs[0] == "_cat":
             endpoint = "_cat/" + segs[1]
+        if len(segs) == 3 and segs[1] == "_doc":
+            endpoint = "_doc"
         text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body
         lines = [json.loads(x) for x in text.splitlines() if x.strip()] if text else []
         record = {
@@ -231,6 +233,20 @@ class CannedEngine:
         settings.update({"number_of_shards": "1", "provided_name": segs[0], "uuid": "canned",
                          "version": {"created": self.created_version_id()}})
         return 200, {segs[0]: {"settings": {"index": settings}}}
+
+    def _doc(self, method, segs, record):
+        pid = segs[2]
+        if method in ("PUT", "POST"):
+            existed = pid in self.sources
+            self.sources[pid] = record["lines"][0]
+            return (200 if existed else 201), {"_index": INDEX, "_id": pid, "result": "updated" if existed else "created"}
+        if method == "DELETE":
+            found = self.sources.pop(pid, None) is not None
+            return (200 if found else 404), {"_index": INDEX, "_id": pid, "result": "deleted" if found else "not_found"}
+        src = self.sources.get(pid)
+        if src is None:
+            return 404, {"_index": INDEX, "_id": pid, "found": False}
+        return 200, {"_index": INDEX, "_id": pid, "found": True, "_source": filter_source(src, None, set(), self.omit_source_vectors)}
 
     def _refresh(self, method, segs, record):
         return 200, {"_shards": {"total": 1, "successful": 1, "failed": 0}}
