@@ -894,6 +894,7 @@ def test_feature_table_matches_the_version_matrix(engine, version):
         assert info.has("expand_nested_docs") == (v >= (2, 19))
         assert info.has("knn_nested_filter_wrapped") == (v >= (3, 5))
         assert info.has("unified_cosine_score") == (v >= (2, 19))
+        assert info.has("knn_method_parameters") == (v >= (2, 16))
     assert all(engine_ in ("elasticsearch", "opensearch") for engine_, _ in FEATURE_SINCE)
 
 
@@ -1829,3 +1830,20 @@ def test_cli_index_query_rescore_with_a_least_privilege_key_over_http(engine_ser
     want = json.loads(ref.output[ref.output.index("{"):])["hits"]
     assert [h["paper_id"] for h in result["hits"]] == [h["paper_id"] for h in want], ([(h["paper_id"], h["score"]) for h in result["hits"]], [(h["paper_id"], h["score"]) for h in want])
     assert [h["score"] for h in result["hits"]] == pytest.approx([h["score"] for h in want], abs=1e-5)
+
+
+def test_vectors_fallback_with_unknown_version_asks_es_to_rehydrate(engine_server):
+    """A least-privilege key on ES 9.2 (GET / refused, index created by 9.x: version known only as >= 9.0):
+    the _mget answer lacks the vectors, so the search with exclude_vectors: false is tried."""
+    key = "ApiKey bGVhc3Q6cHJpdmlsZWdl"
+    server, canned = engine_server("elasticsearch", "9.2.0")
+    canned.require_auth, canned.forbidden = key, frozenset({"info"})
+    papers = make_papers(3)
+    backend = _http_backend(server, "elasticsearch", api_key=key.split()[1])
+    backend.ensure(META)
+    backend.upsert(papers)
+    del canned.sources["p1"]["vectors_b64"]
+    fresh = _http_backend(server, "elasticsearch", api_key=key.split()[1])
+    got = fresh.get(["p1"])
+    assert not fresh.info().exact
+    assert np.array_equal(got["p1"].vectors, papers[1].vectors)

@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 from .base import BackendError
-from .engine_common import VECTOR_SOURCE_FIELDS, EngineBackend, EngineInfo, parse_version
+from .engine_common import FACET_PATHS, VECTOR_SOURCE_FIELDS, EngineBackend, EngineInfo, parse_version
 
 
 def indexed_vectors_search_body(ids: list[str]) -> dict:
@@ -37,6 +37,10 @@ def _client_module():
 
 _COMPAT = re.compile(r"compatible-with=\d+")
 _VND_TO_PLAIN = re.compile(r"application/vnd\.elasticsearch\+([\w-]+)\s*;\s*compatible-with=\d+")
+
+
+def _has_vectors(source: dict) -> bool:
+    return all("vector" in row for path in FACET_PATHS.values() for row in source.get(path) or ())
 
 
 def _is_media_type_rejection(status: int, body: Any) -> bool:
@@ -166,8 +170,19 @@ class ElasticsearchBackend(EngineBackend):
         """ES 9.2+ leaves `dense_vector` values out of `_source` (index.mapping.exclude_source_vectors), and
         `_mget` cannot ask for them back: a search by id with `_source.exclude_vectors: false` (8.19, 9.1+)
         rehydrates them. Older versions keep them in `_source`, where `_mget` reads them."""
-        if not self.info().has("source_exclude_vectors_param"):
-            return super()._indexed_vectors(ids)
+        info = self.info()
+        if not info.has("source_exclude_vectors_param"):
+            found = super()._indexed_vectors(ids)
+            if info.exact or all(_has_vectors(src) for src in found.values()):
+                return found
+            # version unknown (GET / refused): the server may be one that leaves vectors out; ask it to put them back
+            try:
+                return self._search_indexed_vectors(ids)
+            except BackendError:
+                return found  # 8.11-9.0 reject exclude_vectors: the _mget answer is all there is
+        return self._search_indexed_vectors(ids)
+
+    def _search_indexed_vectors(self, ids) -> dict[str, dict]:
         out: dict[str, dict] = {}
         ids = list(ids)
         for start in range(0, len(ids), self.mget_batch):
