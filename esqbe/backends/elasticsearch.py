@@ -18,12 +18,6 @@ from typing import Any, Iterator
 from .base import BackendError
 from .engine_common import FACET_PATHS, VECTOR_SOURCE_FIELDS, EngineBackend, EngineInfo, parse_version
 
-
-def indexed_vectors_search_body(ids: list[str]) -> dict:
-    """Search body that returns the nested sentence vectors of `ids`, rehydrated into `_source`."""
-    return {"size": len(ids), "track_total_hits": False, "query": {"ids": {"values": ids}},
-            "_source": {"includes": list(VECTOR_SOURCE_FIELDS), "exclude_vectors": False}}
-
 PIP_HINT = "pip install 'esqbe[elasticsearch]'"
 
 
@@ -37,6 +31,12 @@ def _client_module():
 
 _COMPAT = re.compile(r"compatible-with=\d+")
 _VND_TO_PLAIN = re.compile(r"application/vnd\.elasticsearch\+([\w-]+)\s*;\s*compatible-with=\d+")
+
+
+def indexed_vectors_search_body(ids: list[str]) -> dict:
+    """Search body that returns the nested sentence vectors of `ids`, rehydrated into `_source`."""
+    return {"size": len(ids), "track_total_hits": False, "query": {"ids": {"values": ids}},
+            "_source": {"includes": list(VECTOR_SOURCE_FIELDS), "exclude_vectors": False}}
 
 
 def _has_vectors(source: dict) -> bool:

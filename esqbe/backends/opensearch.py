@@ -62,11 +62,10 @@ class OpenSearchBackend(EngineBackend):
     def _vector_space(self) -> tuple[str, str]:
         """The k-NN library and space type of the vector fields, from the mapping (and, when it names no
         engine, the version the index was created with): decides how hit scores become cosines."""
-        settings = None
         vector = self._vector_mapping()
-        if not (vector.get("method") or {}).get("engine") and not vector.get("engine") or not (
-                (vector.get("method") or {}).get("space_type") or vector.get("space_type")):
-            settings = self._index_settings()
+        method = vector.get("method") or {}
+        named = (method.get("engine") or vector.get("engine")) and (method.get("space_type") or vector.get("space_type"))
+        settings = None if named else self._index_settings()  # defaults depend on the creation version
         created = self._created_version() if settings is not None else None
         engine, space = opensearch_vector_space(vector, created, settings)
         if space != "cosinesimil":
