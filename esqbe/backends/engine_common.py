@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
+import logging
 import re
 from abc import abstractmethod
+from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -42,12 +45,16 @@ from .base import (
     UpsertResult,
 )
 
+log = logging.getLogger("esqbe.backends")
+
 LAYOUT = "facet-nested/1"
 #: facet label -> nested path holding that facet's sentences
 FACET_PATHS: dict[str, str] = {facet: f"{facet}_sentences" for facet in FACET_LABELS}
 #: the indexed vector fields; left out of fetched `_source` (the rescorers read `vectors_b64`)
 VECTOR_FIELDS: tuple[str, ...] = tuple(f"{path}.vector" for path in FACET_PATHS.values())
 BM25_FIELDS: tuple[str, ...] = ("title", "abstract")
+#: what the fallback to indexed vectors reads: each sentence's position and vector
+VECTOR_SOURCE_FIELDS: tuple[str, ...] = tuple(f"{path}.{leaf}" for path in FACET_PATHS.values() for leaf in ("idx", "vector"))
 
 #: HTTP statuses worth another try: too many requests, server errors, gateway/availability errors
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -127,6 +134,7 @@ FEATURE_SINCE: dict[tuple[str, str], tuple[int, int]] = {
     ("opensearch", "rrf_processor"): (2, 19),
     ("opensearch", "unified_cosine_score"): (2, 19),  # (1 + cos) / 2 for every engine, not only lucene
     ("opensearch", "knn_nested_filter_wrapped"): (3, 5),  # nested-field filters must be wrapped in nested{}
+    ("opensearch", "knn_method_parameters"): (2, 16),  # `method_parameters.ef_search` in the knn query (k-NN #1783)
 }
 
 #: the features the request bodies of this module use (the contract tests check bodies against this)
@@ -134,6 +142,33 @@ FEATURES_USED = {
     "elasticsearch": frozenset({"nested_knn", "knn_parent_filter"}),
     "opensearch": frozenset({"nested_knn", "knn_parent_filter"}),
 }
+#: features the bodies use only on versions that have them (with a fallback elsewhere)
+FEATURES_WHERE_SUPPORTED = {
+    "elasticsearch": frozenset(),
+    "opensearch": frozenset({"knn_method_parameters"}),
+}
+
+
+def version_from_created_setting(engine: str, created: Any) -> tuple[int, int, int] | None:
+    """The engine version an index was created with, from its `index.version.created` setting: a lower
+    bound of the cluster's version when `GET /` is not allowed (a key without the `monitor` privilege).
+
+    OpenSearch ids are `major*1e6 + minor*1e4 + revision*100 + build` xor 0x08000000 (2.11.0 -> 136327827).
+    Elasticsearch ids follow the same pattern up to 8.10; from 8.11 they count independently of releases
+    (8.11+ indexes: 8_500_000 and up; 9.x: 9_000_000 and up), so only the major (and "8.11 or newer") is read."""
+    try:
+        vid = int(str(created))
+    except (TypeError, ValueError):
+        return None
+    if engine == "opensearch":
+        vid ^= 0x08000000
+        return (vid // 1_000_000, vid // 10_000 % 100, vid // 100 % 100)
+    major = vid // 1_000_000
+    if major >= 9:
+        return (major, 0, 0)
+    if major == 8 and vid % 1_000_000 >= 500_000:
+        return (8, 11, 0)
+    return (major, vid // 10_000 % 100, vid // 100 % 100)
 
 
 @dataclass(frozen=True)
@@ -141,6 +176,9 @@ class EngineInfo:
     engine: str  # "elasticsearch" | "opensearch"
     version: tuple[int, int, int]
     number: str
+    #: False when `GET /` was refused (403: no `monitor` privilege): `version` is then a lower bound (the
+    #: index's creation version, or the oldest supported one) and features are used only if it has them
+    exact: bool = True
 
     def has(self, feature: str) -> bool:
         since = FEATURE_SINCE.get((self.engine, feature))
@@ -154,19 +192,69 @@ class EngineInfo:
         return f"{self.engine} {self.number}"
 
 
-def cosine_from_score(score: float, engine: str, space_engine: str = "lucene", version: tuple[int, ...] = (99,)) -> float:
-    """Cosine similarity back from a kNN hit's score.
+UNKNOWN_VERSION_HINT = (
+    "the credentials may not read the cluster version (GET / needs the `monitor` cluster privilege); "
+    "esqbe goes on without the version check, assuming at least {floor} (the {source})"
+)
 
-    - Elasticsearch `dense_vector` with `similarity: cosine`: score = (1 + cos) / 2.
-    - OpenSearch `cosinesimil` on the lucene engine (what esqbe creates): score = (1 + cos) / 2 (Lucene's own);
-      nmslib/faiss gave 1 / (2 - cos) before 2.19 and (1 + cos) / 2 since.
+
+def cosine_from_score(score: float, engine: str, space_engine: str = "lucene", version: tuple[int, ...] = (99,)) -> float:
+    """Cosine similarity back from a kNN hit's score (vectors indexed with a cosine similarity).
+
+    - Elasticsearch `dense_vector`, `similarity: cosine`: score = (1 + cos) / 2.
+    - OpenSearch `cosinesimil`, by the engine behind the field (read from the mapping, `_vector_space`) and
+      the version answering the query:
+      - lucene (what esqbe creates): Lucene's own (1 + cos) / 2, on every version;
+      - nmslib: 1 / (1 + (1 - cos)) = 1 / (2 - cos) before 2.19 (SpaceType.COSINESIMIL.scoreTranslation was
+        `1 / (1 + rawScore)` with rawScore = 1 - cos), (1 + cos) / 2 from 2.19 ("Use one formula to calculate
+        cosine similarity", k-NN #2357);
+      - faiss: `cosinesimil` exists only from 2.19 (k-NN #2376, earlier faiss had l2 and innerproduct only),
+        and scores (1 + cos) / 2 there.
     """
     score = float(score)
-    if engine == "opensearch" and space_engine in ("nmslib", "faiss") and tuple(version)[:2] < (2, 19):
+    if engine == "opensearch" and space_engine == "nmslib" and tuple(version)[:2] < (2, 19):
         cos = 2.0 - 1.0 / score if score > 0 else -1.0
     else:
         cos = 2.0 * score - 1.0
     return min(1.0, max(-1.0, cos))
+
+
+def _setting(settings: dict, dotted: str) -> Any:
+    """A setting from a `settings.index` object however it is nested (`index.knn: true` beside
+    `index.knn.space_type` is rendered as a `knn.space_type` key next to `knn`)."""
+    node: Any = settings
+    parts = dotted.split(".")
+    for i in range(len(parts)):
+        if not isinstance(node, dict):
+            return None
+        rest = ".".join(parts[i:])
+        if rest in node and not isinstance(node[rest], dict):
+            return node[rest]
+        node = node.get(parts[i])
+    return node if not isinstance(node, dict) else None
+
+
+def opensearch_vector_space(vector: dict, created: tuple[int, int, int] | None, settings: dict | None = None) -> tuple[str, str]:
+    """(engine, space type) of an OpenSearch `knn_vector` mapping, as the k-NN plugin resolves them.
+
+    The engine is `method.engine`, else the top-level `engine` (3.x); with neither it is the plugin's default
+    when the index was created (EngineResolver): lucene for `compression_level: 4x`, faiss for `mode: on_disk`
+    or other compressions, else faiss from 2.18 (k-NN #2221) and nmslib before. The space type is
+    `method.space_type`, else the top-level `space_type`, else the legacy index setting `index.knn.space_type`,
+    else l2."""
+    method = vector.get("method") or {}
+    engine = method.get("engine") or vector.get("engine")
+    if not engine:
+        compression, mode = vector.get("compression_level"), vector.get("mode")
+        if compression == "4x":
+            engine = "lucene"
+        elif mode == "on_disk" or compression not in (None, "1x"):
+            engine = "faiss"
+        else:
+            engine = "faiss" if created is not None and created[:2] >= (2, 18) else "nmslib"
+    legacy_space = _setting(settings or {}, "knn.space_type")
+    space = method.get("space_type") or vector.get("space_type") or legacy_space or "l2"
+    return str(engine), str(space)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,6 +292,15 @@ def paper_to_doc(ip: IndexedPaper) -> dict:
     return doc
 
 
+def _merge_vectors(source: dict, stored: dict) -> None:
+    """Put the indexed vectors of `stored` (nested `idx` + `vector`) into `source`'s sentence rows."""
+    for path in FACET_PATHS.values():
+        by_idx = {int(r["idx"]): r["vector"] for r in stored.get(path) or () if "idx" in r and r.get("vector") is not None}
+        for row in source.get(path) or ():
+            if int(row.get("idx", -1)) in by_idx:
+                row["vector"] = by_idx[int(row["idx"])]
+
+
 def doc_to_paper(source: dict, dim: int) -> IndexedPaper:
     """An IndexedPaper back from a stored `_source` (nested vectors may be absent: ES 9.2+ or source filtering)."""
     rows = sorted((s for path in FACET_PATHS.values() for s in source.get(path) or ()), key=lambda s: int(s["idx"]))
@@ -228,8 +325,53 @@ def doc_to_paper(source: dict, dim: int) -> IndexedPaper:
 # Request bodies shared by both engines
 
 
-def bm25_body(text: str, size: int, restrict_to: Iterable[str] | None, exclude: Iterable[str]) -> dict:
-    query: dict[str, Any] = {"must": [{"multi_match": {"query": text, "fields": list(BM25_FIELDS), "type": "most_fields"}}]}
+#: Lucene's clause limit as both engines set it at its lowest: OpenSearch `indices.query.bool.max_clause_count`
+#: (default 1024); Elasticsearch 8+ derives it from heap and thread pool, 1024 at least
+BM25_MAX_CLAUSES = 1024
+#: the `esqbe_en` tokenizer (`[^\p{L}\p{N}]+` splits): runs of letters and digits (`\w` minus `_` is exactly that in Python)
+_WORD = re.compile(r"[^\W_]+")
+#: `esqbe_max_39`: the engines' `length` filter counts UTF-16 code units
+MAX_TOKEN_UTF16 = 39
+
+
+def utf16_len(token: str) -> int:
+    return len(token.encode("utf-16-le")) // 2
+
+
+def analyzed_tokens(text: str) -> list[str]:
+    """The query tokens the engines' `esqbe_en` analyzer makes, before stemming: one clause per token and field."""
+    return [t.lower() for t in _WORD.findall(text) if utf16_len(t) <= MAX_TOKEN_UTF16]
+
+
+def bm25_query(text: str, max_clauses: int = BM25_MAX_CLAUSES) -> dict:
+    """BM25 over title + abstract (`most_fields`: the sum of both fields' scores), within the clause limit.
+
+    A `multi_match` makes one term clause per analysed token and field, so a long query text (about 510+
+    tokens over two fields) fails the whole search with too_many_clauses. Beyond the limit, each distinct
+    token becomes one `multi_match` boosted by its count: BM25 is linear in the boost, so the scores are the
+    same as the full query's while every token fits. If even the distinct tokens do not fit, the most frequent
+    ones are kept (then the longest, a rough stand-in for rarity), within the limit."""
+    plain = {"multi_match": {"query": text, "fields": list(BM25_FIELDS), "type": "most_fields"}}
+    tokens = analyzed_tokens(text)
+    per_token = len(BM25_FIELDS)
+    if len(tokens) * per_token <= max_clauses:
+        return plain
+    counts = Counter(tokens)
+    first = {t: i for i, t in reversed(list(enumerate(tokens)))}
+    keep = sorted(counts, key=lambda t: (-counts[t], -utf16_len(t), first[t]))[: max(1, max_clauses // per_token)]
+    keep.sort(key=first.__getitem__)  # in text order: a readable body
+    should = []
+    for token in keep:
+        clause: dict[str, Any] = {"query": token, "fields": list(BM25_FIELDS), "type": "most_fields"}
+        if counts[token] > 1:
+            clause["boost"] = float(counts[token])
+        should.append({"multi_match": clause})
+    return {"bool": {"should": should}}
+
+
+def bm25_body(text: str, size: int, restrict_to: Iterable[str] | None, exclude: Iterable[str],
+              max_clauses: int = BM25_MAX_CLAUSES) -> dict:
+    query: dict[str, Any] = {"must": [bm25_query(text, max_clauses)]}
     if restrict_to is not None:
         query["filter"] = [{"terms": {"paper_id": sorted(restrict_to)}}]
     if exclude:
@@ -274,6 +416,10 @@ class EngineBackend(Backend):
     retry_wait_initial: float = 0.5
     retry_wait_max: float = 30.0
     mget_batch: int = 1000
+    #: leaf clauses the BM25 query may hold (raise it where the cluster's limit is higher)
+    bm25_max_clauses: int = BM25_MAX_CLAUSES
+    #: `preference` of every search in a first stage's `_msearch`; None: derived from the query (see `preference_for`)
+    preference: str | None = None
 
     def __init__(
         self,
@@ -290,6 +436,14 @@ class EngineBackend(Backend):
     ):
         if not index:
             raise BackendError(f"the {self.name} backend needs an index name")
+        if api_key and username:
+            # elasticsearch-py raises on both; opensearch-py would silently drop the API key (it lower-cases
+            # custom headers, then http_auth overwrites `authorization`): refuse both the same way, up front
+            raise BackendError(
+                f"{self.name}: both an API key and a username were given (--api-key / ESQBE_API_KEY / api_key: and "
+                "--username / ESQBE_USERNAME / username:); use one way to authenticate: the API key alone, "
+                "or --username with --password"
+            )
         self.url = url
         self.index = index
         self.client = client if client is not None else self._make_client(
@@ -303,6 +457,7 @@ class EngineBackend(Backend):
         )
         self._info: EngineInfo | None = None
         self._mapping: dict | None = None
+        self._settings: dict | None = None
         self._expected: IndexMeta | None = None
 
     # --- engine-specific hooks ---------------------------------------------------------------
@@ -355,20 +510,66 @@ class EngineBackend(Backend):
         return BackendError(f"{self.name} at {self.url}, index {self.index!r}: {what} failed: {exc}")
 
     def info(self) -> EngineInfo:
+        """Which engine and version answers. `GET /` goes through the client's normal request path (stored
+        credentials, request timeout) and is retried like every other request; a 403 (a least-privilege key
+        without the `monitor` cluster privilege) is not fatal: see `_version_unknown`."""
         if self._info is None:
             try:
                 info = self._retrying()(self._probe)
             except BackendError:
                 raise
             except Exception as exc:
-                raise self._error("connecting", exc) from exc
+                status = self._status(exc)
+                if status == 401:
+                    raise BackendError(
+                        f"{self.name} at {self.url}: authentication failed (401): check the API key or the "
+                        f"username/password ({_exc_reason(exc)})"
+                    ) from exc
+                if status != 403:
+                    raise self._error("connecting", exc) from exc
+                info = self._version_unknown(exc)
             low = MIN_VERSIONS[info.engine]
-            if info.version[:2] < low:
+            if info.exact and info.version[:2] < low:
                 raise BackendError(
                     f"{info} is too old: esqbe needs {self.engine} {low[0]}.{low[1]}+ (kNN over nested vectors with a parent filter)"
                 )
             self._info = info
         return self._info
+
+    def _version_unknown(self, exc: BaseException) -> EngineInfo:
+        """`GET /` answered 403: take the index's creation version (readable with index privileges) as a
+        lower bound of the cluster's version, else the oldest supported version, and say so once."""
+        self._on_version_unknown()
+        created = self._created_version()
+        floor = MIN_VERSIONS[self.engine]
+        version = max(created or (0, 0, 0), (*floor, 0))
+        source = (f"version index {self.index!r} was created with" if created and created[:2] >= floor
+                  else "oldest version esqbe supports")
+        log.warning(
+            "%s at %s: GET / answered 403 (%s); %s", self.name, self.url, _exc_reason(exc),
+            UNKNOWN_VERSION_HINT.format(floor=".".join(map(str, version[:2])), source=source),
+        )
+        return EngineInfo(self.engine, version, f"version unknown (GET / refused: 403; at least {version[0]}.{version[1]})", exact=False)
+
+    def _on_version_unknown(self) -> None:
+        """Engine hook: adapt the client when the server's version cannot be read."""
+
+    def _index_settings(self) -> dict | None:
+        """The index's `settings.index` (None when it does not exist or cannot be read); read once."""
+        if self._settings is None:
+            try:
+                body = self._body(self._call(self.client.indices.get_settings, index=self.index))
+            except Exception:  # missing index (404), no view_index_metadata (403), ...
+                return None
+            for entry in body.values() if isinstance(body, dict) else ():
+                self._settings = (entry.get("settings") or {}).get("index") or {}
+                break
+        return self._settings
+
+    def _created_version(self) -> tuple[int, int, int] | None:
+        """`index.version.created` of the index (None when it does not exist or cannot be read)."""
+        created = ((self._index_settings() or {}).get("version") or {}).get("created")
+        return version_from_created_setting(self.engine, created) if created is not None else None
 
     def _get_mapping(self) -> dict | None:
         """The index's mapping, or None when it does not exist."""
@@ -398,11 +599,16 @@ class EngineBackend(Backend):
             meta.check(self._expected)
         return meta
 
-    def _space_engine(self) -> str:
-        """The kNN library behind the vector fields (OpenSearch: lucene/faiss/nmslib); decides score conversion."""
+    def _vector_space(self) -> tuple[str, str]:
+        """(kNN library, similarity) behind the vector fields; decides the score conversion. Engine hook."""
+        return ("lucene", "cosine")
+
+    def _vector_mapping(self) -> dict:
         props = self._index_mapping().get("properties", {})
-        vector = props.get(FACET_PATHS["method"], {}).get("properties", {}).get("vector", {})
-        return (vector.get("method") or {}).get("engine", "lucene")
+        return props.get(FACET_PATHS["method"], {}).get("properties", {}).get("vector", {})
+
+    def _space_engine(self) -> str:
+        return self._vector_space()[0]
 
     # --- Backend -------------------------------------------------------------------------------
 
@@ -442,7 +648,10 @@ class EngineBackend(Backend):
                 if doc.get("found"):
                     out[doc["_id"]] = doc.get("_source") or {}
                 elif "error" in doc:
-                    raise BackendError(f"fetching paper {doc.get('_id')}: {doc['error']}")
+                    # a missing index is not a 404 here: 200 with one index_not_found_exception per id
+                    if _error_type(doc["error"]) == "index_not_found_exception":
+                        return {}
+                    raise BackendError(f"fetching paper {doc.get('_id')} from {self.index!r}: {_reason(doc['error'])}")
         return out
 
     def content_hashes(self, paper_ids: Iterable[str]) -> dict[str, str]:
@@ -458,7 +667,16 @@ class EngineBackend(Backend):
             return {}
         dim = self._index_meta().dim
         sources = self._mget_sources(ids, _source_excludes=list(VECTOR_FIELDS))
+        foreign = [pid for pid, src in sources.items() if src.get("vectors_b64") is None]
+        if foreign:  # written by another tool: read the indexed sentence vectors instead
+            for pid, stored in self._indexed_vectors(foreign).items():
+                _merge_vectors(sources[pid], stored)
         return {pid: doc_to_paper(src, dim) for pid, src in sources.items()}
+
+    def _indexed_vectors(self, ids: Sequence[str]) -> dict[str, dict]:
+        """The nested `idx` and `vector` values of documents without `vectors_b64` (engine hook: how to get
+        vectors back into `_source` differs by engine and version)."""
+        return self._mget_sources(list(ids), _source_includes=list(VECTOR_SOURCE_FIELDS))
 
     def _bulk(self, actions: list[dict]) -> dict[str, tuple[bool, dict]]:
         """Send bulk actions (each with `_id`); retry items failing with 429/5xx and whole chunks failing
@@ -573,7 +791,8 @@ class EngineBackend(Backend):
         restrict = sorted(request.restrict_to) if request.restrict_to is not None else None
         out: list[tuple[str, int | None, dict]] = []
         if request.text and request.text.strip() and request.bm25_k > 0:
-            out.append(("bm25", None, bm25_body(request.text, min(request.bm25_k, 10_000), restrict, request.exclude)))
+            out.append(("bm25", None, bm25_body(request.text, min(request.bm25_k, 10_000), restrict, request.exclude,
+                                                self.bm25_max_clauses)))
         if request.knn_k > 0 and q.shape[0] and q.shape[1]:
             # excluded ids are dropped on the client: a must_not inside a nested kNN filter is unreliable
             # before ES 8.13 / OpenSearch 3.5, so ask for as many more hits as there are exclusions
@@ -585,11 +804,27 @@ class EngineBackend(Backend):
                     out.append(("knn", i, self._knn_body(path, values, k, num_candidates, restrict)))
         return out
 
-    def _msearch_once(self, bodies: list[dict]) -> list[dict]:
+    def preference_for(self, request: FirstStageRequest) -> str:
+        """A stable shard-copy `preference` for one query: with replicas, primary and replica hold different
+        deleted-document counts after upserts, so BM25 statistics (and scores) depend on which copy answers.
+        The same query (text, facet, vectors, pool) always goes to the same copies; different queries still
+        spread over the replicas. Never starts with `_` (reserved for the engines' own preference values)."""
+        if self.preference:
+            return self.preference
+        h = hashlib.sha1()
+        h.update((request.text or "").encode("utf-8"))
+        h.update(f"\x00{request.facet}\x00".encode())
+        h.update(np.ascontiguousarray(np.asarray(request.vectors, dtype="<f4")).tobytes())
+        if request.restrict_to is not None:
+            h.update("\x00".join(sorted(request.restrict_to)).encode("utf-8"))
+        return f"esqbe-{h.hexdigest()[:16]}"
+
+    def _msearch_once(self, bodies: list[dict], preference: str | None = None) -> list[dict]:
         """One `_msearch`; a search inside it failing with 429/5xx raises so the whole request is retried."""
+        header = {"preference": preference} if preference else {}
         lines: list[dict] = []
         for body in bodies:
-            lines.extend(({}, body))
+            lines.extend((dict(header), body))
         resp = self.client.msearch(index=self.index, body=lines)
         responses = self._body(resp).get("responses", [])
         if len(responses) != len(bodies):
@@ -619,7 +854,7 @@ class EngineBackend(Backend):
         info = self.info()
         space = self._space_engine()
         try:
-            responses = self._retrying()(self._msearch_once, [body for _, _, body in searches])
+            responses = self._retrying()(self._msearch_once, [body for _, _, body in searches], self.preference_for(request))
         except BackendError:
             raise
         except Exception as exc:
@@ -711,6 +946,20 @@ class _ItemRetry(Exception):
     def __init__(self, status: int, error: Any):
         super().__init__(f"{status}: {_reason(error)}")
         self.status_code = status
+
+
+def _exc_reason(exc: BaseException) -> str:
+    """A client exception's engine error, shortly: `type: reason` when the body holds one."""
+    body = getattr(exc, "body", None)
+    if body is None:
+        body = getattr(exc, "info", None)  # opensearch-py
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return _reason(body["error"])
+    return str(exc)[:300]
+
+
+def _error_type(error: Any) -> str:
+    return str(error.get("type", "")) if isinstance(error, dict) else ""
 
 
 def _reason(error: Any) -> str:

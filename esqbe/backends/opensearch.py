@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from .base import BackendError
-from .engine_common import EngineBackend, EngineInfo, parse_version
+from .engine_common import EngineBackend, EngineInfo, opensearch_vector_space, parse_version
 
 PIP_HINT = "pip install 'esqbe[opensearch]'"
 
@@ -59,8 +59,33 @@ class OpenSearchBackend(EngineBackend):
             raise BackendError(f"{self.url} is Elasticsearch {version.get('number')}: use --backend elasticsearch")
         return EngineInfo("opensearch", parse_version(version.get("number", "0")), str(version.get("number", "?")))
 
+    def _vector_space(self) -> tuple[str, str]:
+        """The k-NN library and space type of the vector fields, from the mapping (and, when it names no
+        engine, the version the index was created with): decides how hit scores become cosines."""
+        vector = self._vector_mapping()
+        method = vector.get("method") or {}
+        named = (method.get("engine") or vector.get("engine")) and (method.get("space_type") or vector.get("space_type"))
+        settings = None if named else self._index_settings()  # defaults depend on the creation version
+        created = self._created_version() if settings is not None else None
+        engine, space = opensearch_vector_space(vector, created, settings)
+        if space != "cosinesimil":
+            raise BackendError(
+                f"index {self.index!r}: the sentence vectors use space_type {space!r} ({engine}); esqbe reads kNN "
+                "scores as cosine similarities and needs `cosinesimil` (mappings/opensearch.json): rebuild the index"
+            )
+        return engine, space
+
     def _knn_body(self, path, vector, k, num_candidates, restrict_to) -> dict:
+        """`num_candidates` (the same candidate factor as Elasticsearch's) becomes the HNSW search width:
+        `method_parameters.ef_search` from 2.16; before that the Lucene engine searches with ef = k, so k
+        itself is raised to `num_candidates` and `size` keeps the k best (what 2.16-3.4 do with ef_search:
+        Lucene k = max(k, ef_search), cut to `size`)."""
         knn: dict[str, Any] = {"vector": vector, "k": k}
+        if num_candidates > k:
+            if self.info().has("knn_method_parameters"):
+                knn["method_parameters"] = {"ef_search": num_candidates}
+            else:
+                knn["k"] = num_candidates
         if restrict_to is not None:
             knn["filter"] = {"terms": {"paper_id": restrict_to}}
         return {
