@@ -14,8 +14,9 @@ only needed for spaces, commas, parentheses or quotes, they never change the typ
 
 Meaning (the same on the embedded backend, Elasticsearch and OpenSearch):
 
-- A key's values are the leaves found under its path, lists flattened: `authors.name` of a paper
-  with three authors has three values. Booleans are the strings `true` / `false`, `null` is absent.
+- A key's values are the scalars at its path, lists flattened: `authors.name` of a paper with three
+  authors has three values (an object at the path has no value of its own; `exists` counts any value
+  inside it). Booleans are the strings `true` / `false`, `null` is absent.
 - A value compares with a stored number as a number (if it reads as one) and with a stored string
   as the string (case-sensitive): `year=2019` matches the number 2019 and the string "2019";
   `publication_date>=2019-06` compares strings (ISO dates sort as dates).
@@ -319,8 +320,9 @@ def _as_text(v) -> str:
     return str(v)
 
 
-def leaf_values(metadata: dict, path: str) -> list:
-    """Every scalar under `path` (dotted; lists flattened at any level); None left out."""
+def leaf_values(metadata: dict, path: str, deep: bool = False) -> list:
+    """The scalars at `path` (dotted; lists flattened at any level); None left out. With `deep`, also
+    every scalar inside objects found there (what `exists` counts, as the engines do for object fields)."""
     current: list = [metadata]
     for part in path.split("."):
         nxt = []
@@ -336,8 +338,9 @@ def leaf_values(metadata: dict, path: str) -> list:
             for y in x:
                 walk(y)
         elif isinstance(x, dict):
-            for y in x.values():
-                walk(y)
+            if deep:
+                for y in x.values():
+                    walk(y)
         elif x is not None:
             out.append(x)
 
@@ -359,11 +362,9 @@ _CMP: dict[str, Callable[[Any, Any], bool]] = {
 
 
 def condition_matches(metadata: dict, c: Condition) -> bool:
+    if c.op in ("exists", "not exists"):
+        return bool(leaf_values(metadata or {}, c.path, deep=True)) == (c.op == "exists")
     values = leaf_values(metadata or {}, c.path)
-    if c.op == "exists":
-        return bool(values)
-    if c.op == "not exists":
-        return not values
     nums, texts = _split(values)
     if c.op in ("=", "!=", "in", "not in"):
         wanted = [c.value] if c.op in ("=", "!=") else list(c.value)
