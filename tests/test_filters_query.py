@@ -85,7 +85,7 @@ def test_cli_filter_shows_metadata_and_json(meta_index):
     assert data["hits"] and all("doi" in h["metadata"] for h in data["hits"])
     assert data["query"]["filters"] == [{"key": "doi", "op": "exists"}]
     r = runner.invoke(main, ["query", "--path", ix, "--paper", QID, "--facet", "method", "--filter", "venue in ACL"])
-    assert r.exit_code == 2 and "Invalid value for '--filter'" in r.output and "expected '(' after 'in'" in r.output
+    assert r.exit_code == 2 and "Invalid value for --filter" in r.output and "expected '(' after 'in'" in r.output
     r = runner.invoke(main, ["query", "--path", ix, "--paper", QID, "--facet", "method", "--filter", "year>3000"])
     assert r.exit_code == 0 and "no hits (no paper satisfies the filters)" in r.output
     r = runner.invoke(main, ["query", "--path", ix, "--paper", QID, "--facet", "method", "--engine-filter", '{"term": {"lang": "en"}}'])
