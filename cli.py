@@ -267,6 +267,52 @@ def _short(s: str, n: int = 160) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
+@main.command("attach")
+@click.option("--id-field", default="_id", show_default=True, help="Field holding each document's paper id (`esqbe query --paper` accepts it; hits are named by _id).")
+@click.option("--text-fields", required=True, help="Comma-separated text fields: the title first, then the abstract (or body) fields, e.g. title,abstract.")
+@click.option("--facets", type=click.Choice(["keep", "predict", "none"]), help="Tag the sentences with esqbe's facet tagger (default: keep = tag, as the documents carry no labels); none: never tag.")
+@click.option("--reindex-to", metavar="NEW_INDEX", help="OpenSearch indexes created without index.knn: copy into NEW_INDEX (with it) and attach there; an alias named --index is moved to it.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@encoder_options
+@backend_options
+@handle_errors
+def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
+    """Add esqbe's fields to an Elasticsearch/OpenSearch index you already have, leaving your fields untouched.
+
+    \b
+    esqbe attach --backend elasticsearch --url http://localhost:9200 --index papers \\
+                 --id-field paper_id --text-fields title,abstract
+    esqbe query  --backend elasticsearch --url http://localhost:9200 --index papers --paper 42 --facet method \\
+                 --filter 'year>=2019' --engine-filter '{"term": {"lang": "en"}}'
+
+    \b
+    Adds `esqbe.*` (nested sentences with facet and vector, the vectors for rescoring, hashes) with a
+    mapping update, then fills it with bulk partial updates from each document's own text. Re-running
+    updates only documents whose text changed. Queries on the index then rank with the same first
+    stage and rescorers as any esqbe index; --filter names your own fields.
+    """
+    from esqbe.backends.attach import run_attach
+
+    fields = [f.strip() for f in text_fields.split(",") if f.strip()]
+    with _open(kw) as index:
+        report = run_attach(index, id_field, fields, facets=facets, reindex_to=reindex_to,
+                            progress=not quiet and not as_json and sys.stderr.isatty())
+    if as_json:
+        click.echo(json.dumps(report.summary(), indent=2))
+        return
+    for err in report.errors:
+        click.echo(f"warning: {err}", err=True)
+    if report.reindex:
+        r = report.reindex
+        click.echo(f"copied {r['from']} into {r['created']}" + (f" and moved the alias to it" if r["alias_moved"] else
+                   f"; to keep using the old name: delete {r['from']} and add alias {r['from']} -> {r['created']}"))
+    skipped = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())) or "none"
+    click.echo(f"{report.index}: {report.documents} documents, attached {report.indexed}, updated {report.replaced}, "
+               f"unchanged {report.unchanged}, skipped {sum(report.skipped.values())} ({skipped}), errors {len(report.errors)}"
+               + (f", tagged {report.tagged}" if report.tagged else "") + f" in {report.seconds:.1f}s")
+
+
 @main.command("delete")
 @click.argument("paper_ids", nargs=-1, required=True)
 @backend_options

@@ -37,13 +37,15 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
             raise BackendError(f"the {settings.backend} backend needs --url (or ESQBE_URL, or `url:` in the config file)")
         kwargs = dict(api_key=settings.api_key, username=settings.username, password=settings.password,
                       ca_certs=settings.ca_certs, verify_certs=settings.verify_certs)
+        from .backends.attach import maybe_attached  # an index the user owns, with esqbe attached to it
+
         if settings.backend == "elasticsearch":
             from .backends.elasticsearch import ElasticsearchBackend
 
-            return ElasticsearchBackend(settings.url, settings.index, **kwargs)
+            return maybe_attached(ElasticsearchBackend(settings.url, settings.index, **kwargs))
         from .backends.opensearch import OpenSearchBackend
 
-        return OpenSearchBackend(settings.url, settings.index, **kwargs)
+        return maybe_attached(OpenSearchBackend(settings.url, settings.index, **kwargs))
     raise BackendError(f"unknown backend {settings.backend!r}; choose embedded, elasticsearch or opensearch")
 
 
