@@ -90,3 +90,28 @@ def test_cli_filter_shows_metadata_and_json(meta_index):
     assert r.exit_code == 0 and "no hits (no paper satisfies the filters)" in r.output
     r = runner.invoke(main, ["query", "--path", ix, "--paper", QID, "--facet", "method", "--engine-filter", '{"term": {"lang": "en"}}'])
     assert r.exit_code == 1 and "needs the elasticsearch or opensearch backend" in r.output
+
+
+def test_s2orc_and_s2ag_metadata_come_back_with_hits(tmp_path, encoder):
+    """The real samples: S2ORC metadata rows and S2AG `s2orc` records, indexed together, filtered by their
+    metadata; each hit carries exactly the metadata the reader produced."""
+    from itertools import islice
+
+    from esqbe.readers import read_papers
+
+    from .conftest import shared_path
+
+    s2orc = shared_path("data", "s2orc", "metadata-sample.jsonl")
+    s2ag = shared_path("data", "s2orc", "s2ag-datasets-samples", "s2orc-sample.jsonl.gz")
+    papers = list(islice(read_papers(s2orc), 40)) + list(read_papers(s2ag))
+    by_id = {p.paper_id: p.metadata for p in papers}
+    index = esqbe.open_index(str(tmp_path / "ix"), encoder=encoder, config=None)
+    index.add_papers(papers, facets="none")
+    q = papers[0].paper_id
+    result = index.query(q, k=50, filters=["external_ids.doi exists"])
+    assert result.hits and all(h.metadata == by_id[h.paper_id] and h.metadata["external_ids"]["doi"] for h in result.hits)
+    assert {h.paper_id for h in result.hits} == {p for p, m in by_id.items() if m["external_ids"].get("doi")} - {q}
+    assert any(h.metadata["format"] == "s2ag-s2orc" for h in result.hits)
+    result = index.query(q, k=50, filters=["fields_of_study in (Medicine)", "year>=1990"])
+    assert result.hits and all("Medicine" in h.metadata["fields_of_study"] and h.metadata["year"] >= 1990 for h in result.hits)
+    index.close()
