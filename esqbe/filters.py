@@ -31,10 +31,13 @@ dicts (value a list for `in` / `not in`, absent for `exists`), or the strings ab
 """
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
 
 OPERATORS = ("=", "!=", "<", "<=", ">", ">=", "in", "not in", "exists", "not exists")
 RANGE_OPS = {"<": "lt", "<=": "lte", ">": "gt", ">=": "gte"}
@@ -388,6 +391,89 @@ def allowed_ids(rows: Iterable[tuple[str, dict]], conditions: Sequence[Condition
     return {pid for pid, meta in rows if matches(meta, conditions)}
 
 
+class MetadataColumns:
+    """Every paper's metadata as columns (per dotted path: paper rows and values, numbers and text
+    apart, as `flatten_for_engine` splits them), so a filter is a few numpy operations per query
+    instead of a Python loop over papers. Same meaning as `condition_matches` (tests check both)."""
+
+    def __init__(self, ids: Sequence[str], metadatas: Iterable[dict]):
+        self.ids = list(ids)
+        num: dict[str, tuple[list[int], list[float]]] = {}
+        kw: dict[str, tuple[list[int], list[str]]] = {}
+        for row, meta in enumerate(metadatas):
+            texts, numbers = flatten_for_engine(meta)
+            for path, values in texts.items():
+                rows, vals = kw.setdefault(path, ([], []))
+                rows.extend([row] * len(values))
+                vals.extend(values)
+            for path, values in numbers.items():
+                rows, vals = num.setdefault(path, ([], []))
+                rows.extend([row] * len(values))
+                vals.extend(values)
+        self.num = {p: (np.asarray(r, dtype=np.int64), np.asarray(v, dtype=np.float64)) for p, (r, v) in num.items()}
+        self.kw = {p: (np.asarray(r, dtype=np.int64), np.asarray(v, dtype=object)) for p, (r, v) in kw.items()}
+        self._kw_index: dict[str, dict[str, np.ndarray]] = {}
+        self._kw_sorted: dict[str, list[str]] = {}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _text_rows(self, path: str, value: str) -> np.ndarray:
+        index = self._kw_index.get(path)
+        if index is None:
+            rows, vals = self.kw[path]
+            groups: dict[str, list[int]] = {}
+            for r, v in zip(rows.tolist(), vals.tolist()):
+                groups.setdefault(v, []).append(r)
+            index = self._kw_index[path] = {v: np.asarray(r, dtype=np.int64) for v, r in groups.items()}
+        return index.get(value, np.zeros(0, dtype=np.int64))
+
+    def mask(self, c: Condition) -> np.ndarray:
+        """Boolean row mask of the papers satisfying one condition."""
+        out = np.zeros(len(self.ids), dtype=bool)
+        path = c.path
+        if c.op in ("exists", "not exists"):
+            prefix = path + "."
+            for cols in (self.num, self.kw):
+                for p, (rows, _) in cols.items():
+                    if p == path or p.startswith(prefix):
+                        out[rows] = True
+            return out if c.op == "exists" else ~out
+        if c.op in ("=", "!=", "in", "not in"):
+            wanted = [c.value] if c.op in ("=", "!=") else list(c.value)
+            if path in self.num:
+                rows, vals = self.num[path]
+                wn = [n for n in (_as_number(v) for v in wanted) if n is not None]
+                if wn:
+                    out[rows[np.isin(vals, wn)]] = True
+            if path in self.kw:
+                for t in {_as_text(v) for v in wanted}:
+                    out[self._text_rows(path, t)] = True
+            return out if c.op in ("=", "in") else ~out
+        cmp = _CMP[c.op]
+        n = _as_number(c.value)
+        if n is not None and path in self.num:
+            rows, vals = self.num[path]
+            out[rows[cmp(vals, n)]] = True
+        if path in self.kw:
+            self._text_rows(path, "")  # builds the value index
+            keys = self._kw_sorted.get(path)
+            if keys is None:
+                keys = self._kw_sorted[path] = sorted(self._kw_index[path])
+            t = _as_text(c.value)
+            lo, hi = {"<": (0, bisect.bisect_left(keys, t)), "<=": (0, bisect.bisect_right(keys, t)),
+                      ">": (bisect.bisect_right(keys, t), len(keys)), ">=": (bisect.bisect_left(keys, t), len(keys))}[c.op]
+            if hi > lo:
+                out[np.concatenate([self._kw_index[path][k] for k in keys[lo:hi]])] = True
+        return out
+
+    def allowed(self, conditions: Sequence[Condition]) -> frozenset[str]:
+        keep = np.ones(len(self.ids), dtype=bool)
+        for c in conditions:
+            keep &= self.mask(c)
+        return frozenset(self.ids[i] for i in np.flatnonzero(keep))
+
+
 # ---------------------------------------------------------------------------- engines
 
 
@@ -489,6 +575,6 @@ def only_terms(clauses: list[dict]) -> bool:
 
 __all__ = [
     "OPERATORS", "KEY_ALIASES", "Condition", "MetadataFilter", "FilterError", "parse_filter", "coerce_filters",
-    "leaf_values", "condition_matches", "matches", "allowed_ids", "flatten_for_engine", "esqbe_fields",
+    "leaf_values", "condition_matches", "matches", "allowed_ids", "MetadataColumns", "flatten_for_engine", "esqbe_fields",
     "condition_dsl", "to_query_dsl", "only_terms",
 ]

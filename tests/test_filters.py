@@ -15,6 +15,7 @@ from esqbe.filters import (
     OPERATORS,
     Condition,
     FilterError,
+    MetadataColumns,
     MetadataFilter,
     coerce_filters,
     condition_dsl,
@@ -256,6 +257,14 @@ def test_meaning_matches_the_reference_and_the_engine_translation(meta, c):
     expected = reference(meta, c)
     assert condition_matches(meta, c) == expected
     assert _engine_eval(condition_dsl(c), engine_doc(meta)) == expected
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(metas=st.lists(METAS, max_size=6), c=conditions())
+def test_columns_evaluate_like_the_reference(metas, c):
+    """The embedded backend's columnar evaluation (numpy over all papers) against the reference, paper by paper."""
+    cols = MetadataColumns([f"p{i}" for i in range(len(metas))], metas)
+    assert cols.allowed([c]) == {f"p{i}" for i, m in enumerate(metas) if reference(m, c)}
 
 
 @settings(max_examples=200, deadline=None)

@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..filters import MetadataFilter, allowed_ids
+from ..filters import MetadataColumns, MetadataFilter
 from ..fusion import fuse, top_k
 from ..papers import FACET_LABELS, Paper
 from .base import (
@@ -71,7 +71,7 @@ class EmbeddedBackend(Backend):
         )
         self._text_index = None
         self._kn = None  # in-memory sentence matrix, rebuilt when the generation changes
-        self._meta_rows = None  # (generation, [(paper id, metadata)]) for filters
+        self._meta_cols = None  # (generation, MetadataColumns) for filters
         self._sync_text()
 
     # --- metadata -------------------------------------------------------------------------------
@@ -395,13 +395,16 @@ class EmbeddedBackend(Backend):
         return {kn["ids"][p]: s / q.shape[0] for p, s in total.items()}
 
     # --- metadata filters (esqbe.filters): evaluated on SQLite's metadata, fed to BM25 and kNN as allowed ids
-    def _metadata_rows(self) -> list[tuple[str, dict]]:
-        """(paper id, metadata) of every paper, parsed once per generation."""
+    def _metadata_columns(self) -> MetadataColumns:
+        """Every paper's metadata as filter columns, built once per generation (at the first filtered query)."""
         gen = self._generation()
-        if self._meta_rows is None or self._meta_rows[0] != gen:
-            rows = [(pid, json.loads(m)) for pid, m in self._db.execute("SELECT paper_id, metadata FROM papers")]
-            self._meta_rows = (gen, rows)
-        return self._meta_rows[1]
+        if self._meta_cols is None or self._meta_cols[0] != gen:
+            ids, metas = [], []
+            for pid, m in self._db.execute("SELECT paper_id, metadata FROM papers"):
+                ids.append(pid)
+                metas.append(json.loads(m))
+            self._meta_cols = (gen, MetadataColumns(ids, metas))
+        return self._meta_cols[1]
 
     def filter_ids(self, flt: MetadataFilter | None) -> frozenset[str] | None:
         """Ids of the papers a filter allows (None: no filter). Evaluated before any ranking."""
@@ -409,7 +412,7 @@ class EmbeddedBackend(Backend):
             return None
         if flt.engine_query is not None:
             raise BackendError("an engine query filter (--engine-filter) needs the elasticsearch or opensearch backend")
-        return frozenset(allowed_ids(self._metadata_rows(), flt.conditions))
+        return self._metadata_columns().allowed(flt.conditions)
 
     def first_stage(self, request: FirstStageRequest) -> list[Candidate]:
         restrict = request.restrict_to
@@ -418,9 +421,9 @@ class EmbeddedBackend(Backend):
         if allowed is not None:
             if restrict is not None:
                 restrict = restrict & allowed
-            elif len(allowed) * 2 > len(self._metadata_rows()):
+            elif len(allowed) * 2 > len(self._metadata_columns()):
                 # a filter that keeps most papers: BM25 excludes the few it drops instead of listing the many it keeps
-                deny = frozenset(pid for pid, _ in self._metadata_rows()) - allowed
+                deny = frozenset(self._metadata_columns().ids) - allowed
                 restrict = allowed
             else:
                 restrict = allowed
@@ -438,7 +441,7 @@ class EmbeddedBackend(Backend):
     def close(self) -> None:
         self._text_index = None
         self._kn = None
-        self._meta_rows = None
+        self._meta_cols = None
         if self._db is not None:
             self._db.close()
             self._db = None
