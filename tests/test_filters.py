@@ -445,6 +445,8 @@ def test_filters_follow_updates(tmp_path):
     backend.ensure(IndexMeta("synthetic", DIM))
     papers = synthetic_papers(10)
     backend.upsert(papers)
+    keys = backend.stats()["metadata_keys"]  # what --filter can name, with how many papers have each
+    assert keys["format"] == 10 and keys["venue"] == sum(1 for p in papers if "venue" in p.paper.metadata)
     flt = MetadataFilter(coerce_filters(["venue=Moved"]))
     assert backend.filter_ids(flt) == set()
     changed = papers[4]

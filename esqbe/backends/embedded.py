@@ -266,6 +266,9 @@ class EmbeddedBackend(Backend):
             "dim": meta.dim if meta else None,
             "encoder_mode": meta.encoder_mode if meta else None,
             "knn": "exact" if sum(facets.values()) <= self.exact_threshold else "faiss-hnsw",
+            # top-level metadata keys and how many papers have each: what `--filter` can name
+            "metadata_keys": dict(self._db.execute(
+                "SELECT key, COUNT(*) FROM papers, json_each(papers.metadata) WHERE type != 'null' GROUP BY key ORDER BY key")),
             "bytes_on_disk": size,
         }
 
