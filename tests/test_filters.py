@@ -233,8 +233,12 @@ def engine_doc(meta):
 WORDS = st.sampled_from(["ACL", "EMNLP", "acl", "2019", "2020", "10", "9", "x y", "true", "", "2019-05-01", "Ann", "Bo"])
 SCALARS = st.one_of(WORDS, st.integers(-3, 2025), st.sampled_from([2019.0, 2019.5, 0.5, -1.0]), st.booleans(), st.none())
 KEYS = st.sampled_from(["year", "venue", "authors", "name", "id", "x"])
-META_VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                          st.dictionaries(KEYS, inner, max_size=3)), max_leaves=8)
+
+def _nest(inner):
+    return st.one_of(inner, st.lists(inner, max_size=3), st.dictionaries(KEYS, inner, max_size=3))
+
+
+META_VALUES = _nest(_nest(SCALARS))  # scalars, lists and objects, two levels deep (lists of objects, objects of lists...)
 METAS = st.dictionaries(KEYS, META_VALUES, max_size=4)
 LITERALS = st.one_of(WORDS.filter(bool), st.integers(-3, 2025), st.sampled_from([2019.0, 2019.5, 0.5]), st.booleans())
 PATHS = st.sampled_from(["year", "venue", "authors", "authors.name", "authors.id", "author", "author_id", "x.year", "missing"])
