@@ -173,19 +173,37 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
 @click.option("--candidate-facet", type=click.Choice(["all", "same"]), help="kNN over all candidate sentences, or only those with the query's facet.")
 @click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]), help="How BM25 and kNN are fused in the first stage.")
 @click.option("--bm25-weight", "final_bm25_weight", type=float, help="Fuse the rescorer's score with BM25 (0..1, per-query min-max).")
+@click.option("--filter", "filters", multiple=True, metavar="COND",
+              help="Only papers whose metadata satisfies COND, applied before ranking (repeatable, all must hold): "
+                   "'year>=2019', 'venue in (ACL, EMNLP)', 'author!=\"Jane Doe\"', 'external_ids.doi exists'. "
+                   "Operators = != < <= > >= in, not in, exists, not exists.")
+@click.option("--engine-filter", metavar="JSON", help="Elasticsearch/OpenSearch only: a query DSL clause the papers must also match, e.g. '{\"term\": {\"lang\": \"en\"}}'.")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
 @encoder_options
 @backend_options
 @handle_errors
 def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, params, candidate_facet, fusion,
-              final_bm25_weight, as_json, **kw):
+              final_bm25_weight, filters, engine_filter, as_json, **kw):
     """Papers most similar to one paper in one aspect, with the sentences that matched.
 
     \b
     esqbe query --paper 1791179 --facet method          # Definition 1: the paper's method sentences
     esqbe query --paper 1791179 --sentences 0,2         # Definition 2: any sentences you choose
     esqbe query --text "We propose ..." --facet result  # a paper not in the index
+    esqbe query --paper 1791179 --facet method --filter 'year>=2019' --filter 'venue in (ACL, EMNLP)'
     """
+    from esqbe.api import make_filter
+    from esqbe.filters import FilterError, parse_filter
+
+    for cond in filters:
+        try:
+            parse_filter(cond)
+        except FilterError as e:
+            raise click.BadParameter(str(e), param_hint="--filter")
+    try:
+        flt = make_filter(list(filters), engine_filter)
+    except FilterError as e:
+        raise click.BadParameter(str(e), param_hint="--engine-filter")
     if text_file is not None:
         if text is not None:
             raise click.UsageError("give --text or --file, not both")
@@ -201,7 +219,9 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, p
     if params:
         overrides["rescorer_params"] = _parse_params(params)
     with _open(kw, create=False) as index:
-        result = index.query(paper_id, facet=facet, sentences=chosen, text=text, title=title, **overrides)
+        result = index.query(paper_id, facet=facet, sentences=chosen, text=text, title=title,
+                             filters=list(flt.conditions) if flt else None,
+                             engine_filter=flt.engine_query if flt else None, **overrides)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
         return
@@ -210,16 +230,87 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, p
     click.echo(f"{who}, {what}, rescorer {result.rescorer}:")
     for i, s in result.query_sentences:
         click.echo(f"  [{i}] {s}")
+    if filters or engine_filter:
+        click.echo("  filtered: " + "; ".join([*filters, *([f"engine {engine_filter}"] if engine_filter else [])]))
     if not result.hits:
-        click.echo("no hits")
+        click.echo("no hits" + (" (no paper satisfies the filters)" if filters or engine_filter else ""))
     for hit in result.hits:
         click.echo(f"\n{hit.rank:>3}. {hit.score:.4f}  {hit.paper_id}  {hit.title}")
+        line = _metadata_line(hit.metadata)
+        if line:
+            click.echo(f"       {line}")
         for m in hit.matches[:2]:
             click.echo(f"       query [{m.query_index}] ~ [{m.candidate_index}] ({m.candidate_facet}, {m.weight:.3f}): {_short(m.candidate_sentence)}")
 
 
+def _metadata_line(meta: dict) -> str:
+    """year · venue · first authors · doi/arXiv, for the human-readable hit list (all of it is in --json)."""
+    parts = []
+    if meta.get("year") is not None:
+        parts.append(str(meta["year"]))
+    venue = meta.get("venue") or meta.get("journal")
+    if venue:
+        parts.append(_short(str(venue), 60))
+    authors = [a.get("name") if isinstance(a, dict) else str(a) for a in meta.get("authors") or []]
+    authors = [a for a in authors if a]
+    if authors:
+        parts.append(", ".join(authors[:3]) + (" et al." if len(authors) > 3 else ""))
+    ids = meta.get("external_ids") or {}
+    for key, label in (("doi", "doi:"), ("arxiv", "arXiv:"), ("acl", "ACL:")):
+        if ids.get(key):
+            parts.append(f"{label}{ids[key]}")
+            break
+    return " · ".join(parts)
+
+
 def _short(s: str, n: int = 160) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
+
+
+@main.command("attach")
+@click.option("--id-field", default="_id", show_default=True, help="Field holding each document's paper id (`esqbe query --paper` accepts it; hits are named by _id).")
+@click.option("--text-fields", required=True, help="Comma-separated text fields: the title first, then the abstract (or body) fields, e.g. title,abstract.")
+@click.option("--facets", type=click.Choice(["keep", "predict", "none"]), help="Tag the sentences with esqbe's facet tagger (default: keep = tag, as the documents carry no labels); none: never tag.")
+@click.option("--reindex-to", metavar="NEW_INDEX", help="OpenSearch indexes created without index.knn: copy into NEW_INDEX (with it) and attach there; an alias named --index is moved to it.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@encoder_options
+@backend_options
+@handle_errors
+def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
+    """Add esqbe's fields to an Elasticsearch/OpenSearch index you already have, leaving your fields untouched.
+
+    \b
+    esqbe attach --backend elasticsearch --url http://localhost:9200 --index papers \\
+                 --id-field paper_id --text-fields title,abstract
+    esqbe query  --backend elasticsearch --url http://localhost:9200 --index papers --paper 42 --facet method \\
+                 --filter 'year>=2019' --engine-filter '{"term": {"lang": "en"}}'
+
+    \b
+    Adds `esqbe.*` (nested sentences with facet and vector, the vectors for rescoring, hashes) with a
+    mapping update, then fills it with bulk partial updates from each document's own text. Re-running
+    updates only documents whose text changed. Queries on the index then rank with the same first
+    stage and rescorers as any esqbe index; --filter names your own fields.
+    """
+    from esqbe.backends.attach import run_attach
+
+    fields = [f.strip() for f in text_fields.split(",") if f.strip()]
+    with _open(kw) as index:
+        report = run_attach(index, id_field, fields, facets=facets, reindex_to=reindex_to,
+                            progress=not quiet and not as_json and sys.stderr.isatty())
+    if as_json:
+        click.echo(json.dumps(report.summary(), indent=2))
+        return
+    for err in report.errors:
+        click.echo(f"warning: {err}", err=True)
+    if report.reindex:
+        r = report.reindex
+        click.echo(f"copied {r['from']} into {r['created']}" + (f" and moved the alias to it" if r["alias_moved"] else
+                   f"; to keep using the old name: delete {r['from']} and add alias {r['from']} -> {r['created']}"))
+    skipped = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())) or "none"
+    click.echo(f"{report.index}: {report.documents} documents, attached {report.indexed}, updated {report.replaced}, "
+               f"unchanged {report.unchanged}, skipped {sum(report.skipped.values())} ({skipped}), errors {len(report.errors)}"
+               + (f", tagged {report.tagged}" if report.tagged else "") + f" in {report.seconds:.1f}s")
 
 
 @main.command("delete")

@@ -17,6 +17,7 @@ from typing import Iterable, Iterator, Sequence
 
 from .backends.base import Backend, BackendError, IndexedPaper, IndexMeta, ModelMismatchError, UpsertResult
 from .config import Settings, load_settings
+from .filters import FilterError, MetadataFilter, coerce_filters
 from .papers import Paper, split_sentences
 from .readers import InputError, ReadReport, read_papers
 from .search import QueryError, QueryResult, run_query, select_query_sentences
@@ -36,13 +37,15 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
             raise BackendError(f"the {settings.backend} backend needs --url (or ESQBE_URL, or `url:` in the config file)")
         kwargs = dict(api_key=settings.api_key, username=settings.username, password=settings.password,
                       ca_certs=settings.ca_certs, verify_certs=settings.verify_certs)
+        from .backends.attach import maybe_attached  # an index the user owns, with esqbe attached to it
+
         if settings.backend == "elasticsearch":
             from .backends.elasticsearch import ElasticsearchBackend
 
-            return ElasticsearchBackend(settings.url, settings.index, **kwargs)
+            return maybe_attached(ElasticsearchBackend(settings.url, settings.index, **kwargs))
         from .backends.opensearch import OpenSearchBackend
 
-        return OpenSearchBackend(settings.url, settings.index, **kwargs)
+        return maybe_attached(OpenSearchBackend(settings.url, settings.index, **kwargs))
     raise BackendError(f"unknown backend {settings.backend!r}; choose embedded, elasticsearch or opensearch")
 
 
@@ -217,14 +220,20 @@ class Index:
     # --- querying -------------------------------------------------------------------------------
     def query(self, paper_id: str | None = None, *, facet: str | None = None, sentences: Sequence[int] | None = None,
               text: str | Sequence[str] | None = None, title: str = "", restrict_to: Sequence[str] | None = None,
-              **overrides) -> QueryResult:
+              filters=None, engine_filter: dict | str | None = None, **overrides) -> QueryResult:
         """Papers most similar to a paper's facet (or chosen sentences).
 
         The query paper is `paper_id` (from the index; its stored vectors are reused) or `text`
         (an abstract string or a list of sentences, encoded now; facet labels predicted if a facet
         is asked for). `overrides` are Settings fields (k, rescorer, rescorer_params, ...).
+
+        `filters` restricts the candidates by their metadata before ranking: a grammar string
+        ("year>=2019"), a {"key", "op", "value"} dict, or a list of them, all of which must hold
+        (esqbe.filters). `engine_filter` (Elasticsearch/OpenSearch only) is a query DSL clause, or its
+        JSON text, that the candidates must also match, e.g. {"term": {"lang": "en"}}.
         """
         settings = self.settings.replace(**overrides)
+        flt = make_filter(filters, engine_filter)
         meta = self.backend.meta()
         if meta is None:
             raise QueryError("the index is empty: index some papers first (`esqbe index FILE`)")
@@ -252,7 +261,8 @@ class Index:
         from .rescore import RescoreContext
 
         context = RescoreContext(encoder=_LazyEncoder(self), backend=self.backend)
-        result = run_query(self.backend, query, indices, settings, facet=facet, restrict_to=restrict_to, context=context)
+        result = run_query(self.backend, query, indices, settings, facet=facet, restrict_to=restrict_to, context=context,
+                           filter=flt)
         if paper_id is None:
             result.query_paper_id = None
         return result
@@ -275,6 +285,24 @@ class _LazyEncoder:
 
     def __getattr__(self, name):
         return getattr(self._index.encoder, name)
+
+
+def make_filter(filters=None, engine_filter: dict | str | None = None) -> MetadataFilter | None:
+    """The API's `filters` / `engine_filter` arguments as one MetadataFilter (None when both are empty);
+    a FilterError (a ValueError) names what is wrong."""
+    import json
+
+    conditions = coerce_filters(filters)
+    if isinstance(engine_filter, str):
+        try:
+            engine_filter = json.loads(engine_filter)
+        except json.JSONDecodeError as e:
+            raise FilterError(f"engine filter is not JSON: {e.msg} at column {e.colno}") from None
+    if engine_filter is not None and (not isinstance(engine_filter, dict) or len(engine_filter) != 1):
+        raise FilterError(f"engine filter must be one query DSL clause, a JSON object with one key such as "
+                          f'{{"term": {{"lang": "en"}}}}, got {engine_filter!r}')
+    flt = MetadataFilter(conditions, engine_filter)
+    return flt if flt else None
 
 
 def open_index(path: str | None = None, *, config: str | None = None, settings: Settings | None = None,
@@ -313,4 +341,4 @@ def _bar(enabled: bool):
     return tqdm(desc="indexing", unit=" papers", file=sys.stderr, dynamic_ncols=True)
 
 
-__all__ = ["open_index", "open_backend", "Index", "IndexReport", "QueryError", "InputError", "ModelMismatchError", "BackendError"]
+__all__ = ["open_index", "open_backend", "make_filter", "FilterError", "Index", "IndexReport", "QueryError", "InputError", "ModelMismatchError", "BackendError"]

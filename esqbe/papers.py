@@ -59,6 +59,10 @@ def split_sentences(text: str) -> list[str]:
     return [s.strip() for s in blingfire.text_to_sentences(text).split("\n") if s.strip()]
 
 
+#: metadata keys esqbe writes for itself (not part of a paper's content hash)
+INTERNAL_METADATA_KEYS = frozenset({"facets_predicted"})
+
+
 @dataclass
 class Paper:
     """One paper: `facets[i]` is the facet label of `sentences[i]` (`unlabeled` when unknown)."""
@@ -93,8 +97,13 @@ class Paper:
         return [i for i, f in enumerate(self.facets) if f == facet]
 
     def content_hash(self) -> str:
-        """Hash of what the index stores for this paper: equal hash means an upsert changes nothing."""
-        payload = json.dumps([self.title, self.sentences, self.facets], ensure_ascii=False)
+        """Hash of what the index stores for this paper: equal hash means an upsert changes nothing.
+
+        Metadata counts (a corrected year or venue is written on the next run), except esqbe's own
+        bookkeeping keys (INTERNAL_METADATA_KEYS)."""
+        meta = {k: v for k, v in self.metadata.items() if k not in INTERNAL_METADATA_KEYS}
+        payload = json.dumps([self.title, self.sentences, self.facets] + ([meta] if meta else []), ensure_ascii=False,
+                             sort_keys=True, default=str)
         return hashlib.sha1(payload.encode("utf-8")).hexdigest()
 
     def to_dict(self) -> dict:

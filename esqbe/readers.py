@@ -181,12 +181,111 @@ def _labels(value, n_sentences: int, key: str, raw_labels: bool) -> list[str]:
     return labels
 
 
-def _metadata(fmt: str, year=None) -> dict:
-    """Only what is worth storing next to the paper; the rest of the record stays in the source."""
+def _metadata(fmt: str, year=None, **fields) -> dict:
+    """What is kept next to the paper, under esqbe's key names (see METADATA_KEYS); empty values
+    (None, "", [], {}) are left out so that `exists` filters mean something."""
     meta = {"format": fmt}
     if isinstance(year, int) and not isinstance(year, bool):
         meta["year"] = year
+    for key, value in fields.items():
+        value = _clean(value)
+        if value is not None:
+            meta[key] = value
     return meta
+
+
+#: the metadata keys readers fill, where the S2ORC / Semantic Scholar records give them (README, "Metadata")
+METADATA_KEYS = (
+    "format", "year", "publication_date", "venue", "journal", "authors", "fields_of_study", "external_ids",
+    "open_access_url", "open_access_status", "license", "s2_url", "publisher",
+)
+#: S2ORC / S2AG external id names -> esqbe's (`external_ids.doi`, ...)
+_EXTERNAL_IDS = {
+    "doi": "doi", "arxiv": "arxiv", "arxiv_id": "arxiv", "acl": "acl", "acl_id": "acl", "pubmed": "pubmed",
+    "pubmed_id": "pubmed", "pubmedcentral": "pmc", "pmc_id": "pmc", "mag": "mag", "mag_id": "mag", "dblp": "dblp",
+    "corpusid": "corpus_id",
+}
+
+
+def _clean(value):
+    """Drop empty strings/lists/dicts and None, recursively; strip strings."""
+    if isinstance(value, str):
+        value = " ".join(value.split())
+        return value or None
+    if isinstance(value, dict):
+        out = {k: c for k, c in ((k, _clean(v)) for k, v in value.items()) if c is not None}
+        return out or None
+    if isinstance(value, list):
+        out = [c for c in (_clean(v) for v in value) if c is not None]
+        return out or None
+    return value
+
+
+def _external_ids(ids: dict | None, corpus_id=None) -> dict:
+    out = {}
+    for key, value in (ids or {}).items() if isinstance(ids, dict) else ():
+        name = _EXTERNAL_IDS.get(str(key).lower())
+        if name and value not in (None, ""):
+            out[name] = str(value)
+    if corpus_id not in (None, ""):
+        out["corpus_id"] = str(corpus_id)
+    return out
+
+
+def _s2orc_author(a) -> dict | None:
+    if not isinstance(a, dict):
+        return {"name": str(a)} if isinstance(a, str) else None
+    parts = [a.get("first")] + list(a.get("middle") or []) + [a.get("last"), a.get("suffix")]
+    name = " ".join(str(p) for p in parts if p)
+    return {"name": name} if name.strip() else None
+
+
+def _authors(value) -> list | None:
+    """Authors as [{"name", "id"?}]: S2AG's {authorId, name}, strings, or objects given as such."""
+    if not isinstance(value, list):
+        return None
+    out = []
+    for a in value:
+        if isinstance(a, str):
+            out.append({"name": a})
+        elif isinstance(a, dict):
+            a = {str(k).lower(): v for k, v in a.items()}
+            entry = {"name": a.get("name")} if a.get("name") else _s2orc_author(a) or {}
+            ident = a.get("authorid", a.get("id"))
+            if ident not in (None, ""):
+                entry["id"] = str(ident)
+            if entry:
+                out.append(entry)
+    return out or None
+
+
+def _fields_of_study(record: dict) -> list | None:
+    """S2AG `s2fieldsofstudy` [{category, source}] or `fieldsofstudy` / S2ORC `mag_field_of_study` [str]."""
+    out: list[str] = []
+    for item in record.get("s2fieldsofstudy") or record.get("fieldsofstudy") or record.get("mag_field_of_study") or []:
+        name = item.get("category") if isinstance(item, dict) else item
+        if isinstance(name, str) and name.strip() and name not in out:
+            out.append(name.strip())
+    return out or None
+
+
+def _s2ag_common(record: dict) -> dict:
+    """Metadata fields shared by the Semantic Scholar Datasets records (keys already lower-cased)."""
+    journal = record.get("journal")
+    oa = record.get("openaccessinfo") or {}
+    oa = _lower_keys(oa) if isinstance(oa, dict) else {}
+    return dict(
+        publication_date=record.get("publicationdate") if isinstance(record.get("publicationdate"), str) else None,
+        venue=record.get("venue") if isinstance(record.get("venue"), str) else None,
+        journal=(journal.get("name") if isinstance(journal, dict) else journal) if isinstance(journal, (dict, str)) else None,
+        authors=_authors(record.get("authors")),
+        fields_of_study=_fields_of_study(record),
+        external_ids=_external_ids(record.get("externalids") or oa.get("externalids"), record.get("corpusid")),
+        open_access_url=oa.get("url") if isinstance(oa.get("url"), str) else None,
+        open_access_status=oa.get("status") if isinstance(oa.get("status"), str) else None,
+        license=oa.get("license") if isinstance(oa.get("license"), str) else None,
+        s2_url=record.get("url") if isinstance(record.get("url"), str) else None,
+    )
 
 
 def _lower_keys(d: dict) -> dict:
@@ -201,7 +300,17 @@ def _from_s2orc(record: dict, raw_labels: bool) -> Paper:
     paper_id = _paper_id(record, "paper_id")
     title = _title(record)
     sentences = _split_text_abstract(record.get("abstract"), "abstract")
-    return Paper(paper_id, title, sentences, metadata=_metadata("s2orc", record.get("year")))
+    ids = {k: record.get(k) for k in ("doi", "arxiv_id", "acl_id", "pubmed_id", "pmc_id", "mag_id")}
+    meta = _metadata(
+        "s2orc", record.get("year"),
+        venue=record.get("venue") if isinstance(record.get("venue"), str) else None,
+        journal=record.get("journal") if isinstance(record.get("journal"), str) else None,
+        authors=[a for a in map(_s2orc_author, record.get("authors") or []) if a] if isinstance(record.get("authors"), list) else None,
+        fields_of_study=_fields_of_study(record),
+        external_ids=_external_ids(ids, paper_id),
+        s2_url=record.get("s2_url") if isinstance(record.get("s2_url"), str) else None,
+    )
+    return Paper(paper_id, title, sentences, metadata=meta)
 
 
 def _from_s2ag_abstracts(record: dict, raw_labels: bool) -> Paper:
@@ -209,7 +318,7 @@ def _from_s2ag_abstracts(record: dict, raw_labels: bool) -> Paper:
     paper_id = _paper_id(record, "corpusid")
     title = _title(record)
     sentences = _split_text_abstract(record.get("abstract"), "abstract")
-    return Paper(paper_id, title, sentences, metadata=_metadata("s2ag-abstracts", record.get("year")))
+    return Paper(paper_id, title, sentences, metadata=_metadata("s2ag-abstracts", record.get("year"), **_s2ag_common(record)))
 
 
 def _spans(annotations: dict, name: str, text: str) -> list[tuple[int, int]]:
@@ -266,7 +375,28 @@ def _from_s2ag_s2orc(record: dict, raw_labels: bool) -> Paper:
         if part and part not in parts:
             parts.append(part)
     sentences = _split_text_abstract(" ".join(parts), "content.annotations.abstract")
-    return Paper(paper_id, title, sentences, metadata=_metadata("s2ag-s2orc", record.get("year")))
+    common = _s2ag_common(record)
+    source = _lower_keys(content.get("source") or {}) if isinstance(content.get("source"), dict) else {}
+    oa = _lower_keys(source.get("oainfo") or {}) if isinstance(source.get("oainfo"), dict) else {}
+    common["open_access_url"] = common["open_access_url"] or (oa.get("openaccessurl") if isinstance(oa.get("openaccessurl"), str) else None)
+    common["open_access_status"] = common["open_access_status"] or (oa.get("status") if isinstance(oa.get("status"), str) else None)
+    common["license"] = common["license"] or (oa.get("license") if isinstance(oa.get("license"), str) else None)
+    # Grobid's header spans: venue, publisher, author names (repeated like the title: keep each once)
+    span_text = lambda name: _distinct_span_texts(annotations, name, text)  # noqa: E731
+    common["venue"] = common["venue"] or next(iter(span_text("venue")), None)
+    common["publisher"] = next(iter(span_text("publisher")), None)
+    if not common["authors"]:
+        common["authors"] = [{"name": n} for n in span_text("author")] or None
+    return Paper(paper_id, title, sentences, metadata=_metadata("s2ag-s2orc", record.get("year"), **common))
+
+
+def _distinct_span_texts(annotations: dict, name: str, text: str) -> list[str]:
+    out: list[str] = []
+    for start, end in _spans(annotations, name, text):
+        part = " ".join(text[start:end].split())
+        if part and part not in out:
+            out.append(part)
+    return out
 
 
 def _from_csfcube(record: dict, raw_labels: bool) -> Paper:
@@ -275,8 +405,9 @@ def _from_csfcube(record: dict, raw_labels: bool) -> Paper:
     sentences = _sentence_list(record.get("abstract"), "abstract")
     facets = _labels(record.get("pred_labels"), len(sentences), "pred_labels", raw_labels)
     meta = record.get("metadata")
+    extra = {k: v for k, v in meta.items() if k not in ("format", "year")} if isinstance(meta, dict) else {}
     year = meta.get("year") if isinstance(meta, dict) else None
-    return Paper(paper_id, title, sentences, facets, metadata=_metadata("csfcube", year))
+    return Paper(paper_id, title, sentences, facets, metadata=_metadata("csfcube", year, **extra))
 
 
 def _from_csabstruct(record: dict, raw_labels: bool) -> Paper:
@@ -301,7 +432,28 @@ def _from_jsonl(record: dict, raw_labels: bool) -> Paper:
         labels = []
     else:
         raise _Invalid("abstract", f"expected a string or a list of sentences, got {_type_name(abstract)}")
-    return Paper(paper_id, title, sentences, labels, metadata=_metadata("jsonl", record.get("year")))
+    return Paper(paper_id, title, sentences, labels, metadata=_jsonl_metadata(record))
+
+
+_JSONL_FIELDS = ("id", "title", "abstract", "facets")
+
+
+def _jsonl_metadata(record: dict) -> dict:
+    """Every key besides id/title/abstract/facets, plus the keys of a `metadata` object, kept as given
+    (`authors` as a list of names becomes [{"name"}] so that `author=...` filters work everywhere)."""
+    extra = {k: v for k, v in record.items() if k not in _JSONL_FIELDS and k != "metadata"}
+    if isinstance(record.get("metadata"), dict):
+        extra.update(record["metadata"])
+    elif record.get("metadata") is not None:
+        raise _Invalid("metadata", f"expected an object, got {_type_name(record['metadata'])}")
+    extra.pop("format", None)
+    if "authors" in extra:
+        extra["authors"] = _authors(extra["authors"]) if isinstance(extra["authors"], list) else extra["authors"]
+    year = extra.pop("year", None)
+    meta = _metadata("jsonl", year, **extra)
+    if year is not None and "year" not in meta:
+        meta["year"] = year  # kept as given (a string year still filters as text)
+    return meta
 
 
 _PARSERS = {

@@ -13,6 +13,7 @@ import numpy as np
 
 from .backends.base import Backend, Candidate, FirstStageRequest, IndexedPaper
 from .config import Settings
+from .filters import MetadataFilter
 from .papers import QUERY_FACETS, Paper, normalize_label
 from .rescore import CandidateBatch, QueryBatch, RescoreContext, make_rescorer
 
@@ -43,6 +44,8 @@ class Hit:
     bm25: float
     knn: float
     matches: list[MatchedPair] = field(default_factory=list)
+    #: the paper's stored metadata (year, venue, authors, external ids, ...; see esqbe.readers)
+    metadata: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,6 +59,8 @@ class QueryResult:
     hits: list[Hit]
     rescorer: str
     timings: dict = field(default_factory=dict)
+    #: the metadata conditions the candidates were restricted to (esqbe.filters), as dicts
+    filters: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -63,6 +68,7 @@ class QueryResult:
                 "paper_id": self.query_paper_id,
                 "facet": self.facet,
                 "sentences": [{"index": i, "text": t} for i, t in self.query_sentences],
+                "filters": list(self.filters),
             },
             "rescorer": self.rescorer,
             "hits": [h.to_dict() for h in self.hits],
@@ -134,8 +140,9 @@ def run_query(
     exclude: Sequence[str] = (),
     restrict_to: Sequence[str] | None = None,
     context: RescoreContext | None = None,
+    filter: MetadataFilter | None = None,
 ) -> QueryResult:
-    """Rank papers by similarity to the chosen sentences of `query`."""
+    """Rank papers by similarity to the chosen sentences of `query` (among those `filter` allows)."""
     if settings.candidate_facet not in CANDIDATE_FACET_MODES:
         raise QueryError(f"candidate_facet must be one of {', '.join(CANDIDATE_FACET_MODES)}")
     timings = {}
@@ -157,13 +164,18 @@ def run_query(
         restrict_to=restrict,
         fusion=settings.fusion,
         bm25_weight=settings.fusion_bm25_weight,
+        filter=filter if filter else None,
     )
     candidates = backend.first_stage(request)
     if restrict is not None:
         # re-ranking a pool: members neither BM25 nor kNN reached still get ranked (below the rest)
         missing = sorted(restrict - {c.paper_id for c in candidates} - request.exclude)
         floor = min((c.score for c in candidates), default=0.0) - 1.0
+        if request.filter is not None and request.filter.engine_query is not None:
+            missing = []  # the engine alone can tell which pool members its query allows
         found = backend.get(missing) if missing else {}
+        if request.filter is not None:  # pool members the filter rules out stay out
+            found = {pid: ip for pid, ip in found.items() if request.filter.matches(ip.paper.metadata)}
         candidates += [Candidate(pid, floor, 0.0, 0.0, found[pid]) for pid in missing if pid in found]
     timings["first_stage"] = round(1000 * (time.perf_counter() - t0), 2)
 
@@ -203,6 +215,8 @@ def run_query(
             sims = q_vectors @ c.paper.vectors.T
             qi, ci = np.unravel_index(int(np.argmax(sims)), sims.shape)
             pairs.append(MatchedPair(indices[qi], q_sentences[qi], int(ci), c.paper.paper.sentences[ci], c.paper.paper.facets[ci], float(sims[qi, ci])))
-        hits.append(Hit(rank, c.paper_id, c.paper.paper.title if c.paper else "", float(scores[i]), c.score, c.bm25, c.knn, pairs))
+        hits.append(Hit(rank, c.paper_id, c.paper.paper.title if c.paper else "", float(scores[i]), c.score, c.bm25, c.knn, pairs,
+                        dict(c.paper.paper.metadata) if c.paper else {}))
     return QueryResult(query.paper_id, normalize_label(facet) if facet else None, list(zip(indices, q_sentences)), hits,
-                       settings.rescorer or "none", timings)
+                       settings.rescorer or "none", timings,
+                       [c.to_dict() for c in filter.conditions] if filter else [])

@@ -65,7 +65,7 @@ def test_s2ag_abstracts_sample():
     assert first.paper_id == "156832481"
     assert first.title == ""  # the abstracts dataset carries no title
     assert first.sentences[0].startswith("A large body of literature has concluded")
-    assert first.metadata == {"format": "s2ag-abstracts"}
+    assert first.metadata == {"format": "s2ag-abstracts", "external_ids": {"mag": "2418524938", "corpus_id": "156832481"}}
 
 
 @needs_shared

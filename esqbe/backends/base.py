@@ -12,6 +12,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..filters import MetadataFilter
 from ..papers import Paper
 
 
@@ -74,6 +75,8 @@ class FirstStageRequest:
 
     `facet` filters the *candidate* sentences the kNN may match (None: all sentences).
     `restrict_to` limits candidates to a set of paper ids (CSFCube's re-ranking pools).
+    `filter` restricts BM25 and kNN alike to papers whose metadata satisfies it, before ranking
+    (esqbe.filters: conditions on stored metadata, plus the user's own DSL on engine backends).
     """
 
     text: str
@@ -87,6 +90,7 @@ class FirstStageRequest:
     fusion: str = "rrf"
     bm25_weight: float = 0.5
     with_papers: bool = True
+    filter: "MetadataFilter | None" = None
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..filters import MetadataColumns, MetadataFilter
 from ..fusion import fuse, top_k
 from ..papers import FACET_LABELS, Paper
 from .base import (
@@ -70,6 +71,7 @@ class EmbeddedBackend(Backend):
         )
         self._text_index = None
         self._kn = None  # in-memory sentence matrix, rebuilt when the generation changes
+        self._meta_cols = None  # (generation, MetadataColumns) for filters
         self._sync_text()
 
     # --- metadata -------------------------------------------------------------------------------
@@ -264,6 +266,9 @@ class EmbeddedBackend(Backend):
             "dim": meta.dim if meta else None,
             "encoder_mode": meta.encoder_mode if meta else None,
             "knn": "exact" if sum(facets.values()) <= self.exact_threshold else "faiss-hnsw",
+            # top-level metadata keys and how many papers have each: what `--filter` can name
+            "metadata_keys": dict(self._db.execute(
+                "SELECT key, COUNT(*) FROM papers, json_each(papers.metadata) WHERE type != 'null' GROUP BY key ORDER BY key")),
             "bytes_on_disk": size,
         }
 
@@ -281,8 +286,8 @@ class EmbeddedBackend(Backend):
         clauses = [(tantivy.Occur.Must, query)]
         if restrict_to is not None:
             clauses.append((tantivy.Occur.Must, tantivy.Query.term_set_query(index.schema, "paper_id", sorted(restrict_to))))
-        for pid in exclude:
-            clauses.append((tantivy.Occur.MustNot, tantivy.Query.term_query(index.schema, "paper_id", pid)))
+        if exclude:
+            clauses.append((tantivy.Occur.MustNot, tantivy.Query.term_set_query(index.schema, "paper_id", sorted(exclude))))
         searcher = index.searcher()
         hits = searcher.search(tantivy.Query.boolean_query(clauses), limit=k, count=False).hits
         return {searcher.doc(addr)["paper_id"][0]: float(score) for score, addr in hits}
@@ -392,10 +397,46 @@ class EmbeddedBackend(Backend):
                 total[p] = total.get(p, 0.0) + s
         return {kn["ids"][p]: s / q.shape[0] for p, s in total.items()}
 
+    # --- metadata filters (esqbe.filters): evaluated on SQLite's metadata, fed to BM25 and kNN as allowed ids
+    def _metadata_columns(self) -> MetadataColumns:
+        """Every paper's metadata as filter columns, built once per generation (at the first filtered query)."""
+        gen = self._generation()
+        if self._meta_cols is None or self._meta_cols[0] != gen:
+            ids, metas = [], []
+            for pid, m in self._db.execute("SELECT paper_id, metadata FROM papers"):
+                ids.append(pid)
+                metas.append(json.loads(m))
+            self._meta_cols = (gen, MetadataColumns(ids, metas))
+        return self._meta_cols[1]
+
+    def filter_ids(self, flt: MetadataFilter | None) -> frozenset[str] | None:
+        """Ids of the papers a filter allows (None: no filter). Evaluated before any ranking."""
+        if flt is None or not flt:
+            return None
+        if flt.engine_query is not None:
+            raise BackendError("an engine query filter (--engine-filter) needs the elasticsearch or opensearch backend")
+        return self._metadata_columns().allowed(flt.conditions)
+
     def first_stage(self, request: FirstStageRequest) -> list[Candidate]:
-        bm25 = self.bm25(request.text, request.bm25_k, exclude=request.exclude, restrict_to=request.restrict_to)
+        restrict = request.restrict_to
+        allowed = self.filter_ids(request.filter)
+        deny: frozenset[str] = frozenset()
+        if allowed is not None:
+            if restrict is not None:
+                restrict = restrict & allowed
+            elif len(allowed) * 2 > len(self._metadata_columns()):
+                # a filter that keeps most papers: BM25 excludes the few it drops instead of listing the many it keeps
+                deny = frozenset(self._metadata_columns().ids) - allowed
+                restrict = allowed
+            else:
+                restrict = allowed
+            if not restrict:
+                return []
+        bm25 = self.bm25(request.text, request.bm25_k, exclude=request.exclude | deny,
+                         restrict_to=None if deny else restrict)
+        # kNN over the allowed papers is exact (numpy over their sentences): it cannot come back empty
         knn = self.knn(request.vectors, request.knn_k, facet=request.facet, exclude=request.exclude,
-                       restrict_to=request.restrict_to)
+                       restrict_to=restrict)
         fused = top_k(fuse(bm25, knn, request.fusion, request.bm25_weight), request.k)
         papers = self.get([pid for pid, _ in fused]) if request.with_papers else {}
         return [Candidate(pid, score, bm25.get(pid, 0.0), knn.get(pid, 0.0), papers.get(pid)) for pid, score in fused]
@@ -403,6 +444,7 @@ class EmbeddedBackend(Backend):
     def close(self) -> None:
         self._text_index = None
         self._kn = None
+        self._meta_cols = None
         if self._db is not None:
             self._db.close()
             self._db = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -34,6 +35,16 @@ import numpy as np
 
 from ..fusion import fuse, top_k
 from ..papers import FACET_LABELS, Paper, normalize_label
+from .engine_filters import (
+    MAX_RESOLVED_IDS,
+    add_filter_mapping,
+    add_to_bm25,
+    add_to_knn,
+    filter_clauses,
+    filter_fields,
+    ids_body,
+    knn_needs_ids,
+)
 from .base import (
     Backend,
     BackendError,
@@ -94,6 +105,7 @@ def index_body(engine: str, meta: IndexMeta) -> dict:
     dim_key = "dims" if engine == "elasticsearch" else "dimension"
     for path in FACET_PATHS.values():
         mapping["properties"][path]["properties"]["vector"][dim_key] = int(meta.dim)
+    add_filter_mapping(mapping)  # meta_kw / meta_num: filterable metadata (engine_filters)
     return body
 
 
@@ -283,6 +295,7 @@ def paper_to_doc(ip: IndexedPaper) -> dict:
         "n_sentences": len(paper.sentences),
         "vectors_b64": encode_vectors(ip.vectors),
         "metadata": dict(paper.metadata),
+        **filter_fields(paper.metadata),  # meta_kw / meta_num: what metadata filters search
     }
     for i, (text, label) in enumerate(zip(paper.sentences, paper.facets)):
         facet = normalize_label(label)
@@ -802,7 +815,45 @@ class EngineBackend(Backend):
                 values = [float(x) for x in vec]
                 for path in facet_paths(request.facet):
                     out.append(("knn", i, self._knn_body(path, values, k, num_candidates, restrict)))
-        return out
+        return self._with_filter(out, request)
+
+    # --- metadata filters (engine_filters): pre-filtered BM25 and kNN ----------------------------
+
+    def _filter_resolver(self):
+        """Where metadata keys live in this index's documents (None: esqbe's meta_kw / meta_num)."""
+        return None
+
+    def _with_filter(self, searches: list, request: FirstStageRequest) -> list:
+        clauses = filter_clauses(request.filter, self._filter_resolver())
+        if not clauses:
+            return searches
+        info = self.info()
+        post = knn_needs_ids(info.engine, info.version, clauses)  # only when the ids could not be resolved first
+        for kind, _qi, body in searches:
+            if kind == "bm25":
+                add_to_bm25(body, clauses)
+            else:
+                add_to_knn(info.engine, body, clauses, post=post)
+        return searches
+
+    def _resolve_filter(self, request: FirstStageRequest) -> FirstStageRequest:
+        """OpenSearch < 3.5 with a filter its nested kNN cannot run: the ids it allows become a pool."""
+        clauses = filter_clauses(request.filter, self._filter_resolver())
+        info = self.info()
+        if not knn_needs_ids(info.engine, info.version, clauses):
+            return request
+        try:
+            body = self._body(self._call(self.client.search, index=self.index, body=ids_body(clauses)))
+        except Exception as exc:
+            raise self._error("resolving the filter", exc) from exc
+        hits = body.get("hits", {})
+        total = hits.get("total", {})
+        total = total.get("value", 0) if isinstance(total, dict) else int(total or 0)
+        if total > MAX_RESOLVED_IDS:
+            return request  # too wide to list: the kNN gets it as a post-filter (docs/engines.md, Limits)
+        ids = frozenset(str(h["_id"]) for h in hits.get("hits", []))
+        restrict = ids if request.restrict_to is None else ids & request.restrict_to
+        return dataclasses.replace(request, restrict_to=restrict, filter=None)
 
     def preference_for(self, request: FirstStageRequest) -> str:
         """A stable shard-copy `preference` for one query: with replicas, primary and replica hold different
@@ -817,6 +868,8 @@ class EngineBackend(Backend):
         h.update(np.ascontiguousarray(np.asarray(request.vectors, dtype="<f4")).tobytes())
         if request.restrict_to is not None:
             h.update("\x00".join(sorted(request.restrict_to)).encode("utf-8"))
+        if request.filter is not None:
+            h.update(f"\x00{request.filter!r}".encode("utf-8"))
         return f"esqbe-{h.hexdigest()[:16]}"
 
     def _msearch_once(self, bodies: list[dict], preference: str | None = None) -> list[dict]:
@@ -846,6 +899,8 @@ class EngineBackend(Backend):
             raise ModelMismatchError(
                 f"query vectors are {q.shape[1]}-d but index {self.index!r} was built with {meta.model} ({meta.dim}-d)"
             )
+        if request.filter:
+            request = self._resolve_filter(request)
         if request.restrict_to is not None and not request.restrict_to:
             return []
         searches = self.search_bodies(request)
