@@ -9,10 +9,12 @@
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from .backends.base import Backend, BackendError, IndexedPaper, IndexMeta, ModelMismatchError, UpsertResult
@@ -83,33 +85,72 @@ class Index:
 
     # --- the encoder, checked against what the index was built with ------------------------------
     def _requested_meta(self, encoder) -> IndexMeta:
-        return IndexMeta(encoder.name, encoder.dim, self.settings.encoder_mode)
+        return IndexMeta(encoder.name, encoder.dim, self.settings.encoder_mode,
+                         getattr(encoder, "fingerprint", None), getattr(encoder, "location", None))
 
-    def check_model(self) -> None:
-        """Fail early if the settings name another model than the index was built with."""
+    def _stored_meta(self) -> IndexMeta | None:
+        """The index's meta; an index written before fingerprints gets the fingerprint of the installed
+        package its name names (e.g. the default model), so it can be compared with a model directory."""
         meta = self.backend.meta()
-        if meta is None or self.settings.model is None and self._encoder is None:
-            return
-        from .encoder import resolve_model
+        if meta is None or meta.fingerprint or "/" in meta.model or Path(meta.model).exists():
+            return meta
+        from .encoder import ModelNotFoundError, model_info
 
-        name = self._encoder.name if self._encoder is not None else resolve_model(self.settings.model)[1]
-        if name != meta.model or self.settings.encoder_mode != meta.encoder_mode:
-            meta.check(IndexMeta(name, self._encoder.dim if self._encoder else meta.dim, self.settings.encoder_mode))
+        try:
+            info = model_info(meta.model)
+        except (ModelNotFoundError, ImportError, ValueError):
+            return meta
+        if info.dim not in (None, meta.dim):
+            return meta
+        return replace(meta, fingerprint=info.fingerprint, model_source=meta.model)
+
+    def _model_to_load(self, meta: IndexMeta | None) -> str | None:
+        """The model this index is used with: the settings' model, else the one the index was built with."""
+        if self.settings.model or meta is None:
+            return self.settings.model
+        source = meta.model_source or meta.model
+        if os.path.isabs(source) and not os.path.isdir(source):
+            from .encoder import ModelNotFoundError
+
+            raise ModelNotFoundError(
+                f"this index was built with model {meta.model!r} from {source}, which no longer exists; "
+                f"pass --model with a copy of that model (fingerprint {meta.fingerprint or 'unknown'})")
+        return source
+
+    def check_model(self, *, query: bool = False) -> None:
+        """Fail early (before loading any weights) if this run's model, dimension or encoder mode is not
+        the one the index was built with. Models are compared by fingerprint, not by name. A query
+        encodes in the index's own mode, so `query=True` checks the model only."""
+        meta = self._stored_meta()
+        if meta is None:
+            return
+        mode = meta.encoder_mode if query else self.settings.encoder_mode
+        if self._encoder is not None:
+            meta.check(replace(self._requested_meta(self._encoder), encoder_mode=mode))
+            return
+        if self.settings.model is None:
+            return  # the index's own model (loaded only if needed: `encoder` fails clearly if it is gone)
+        from .encoder import model_info
+
+        info = model_info(self.settings.model)
+        meta.check(IndexMeta(info.name, info.dim or meta.dim, mode, info.fingerprint))
 
     @property
     def encoder(self):
         if self._encoder is None:
             from .encoder import Encoder
 
-            meta = self.backend.meta()
-            model = self.settings.model or (meta.model if meta else None)
-            self.check_model()
+            meta = self._stored_meta()
+            self.check_model(query=True)  # the encoder mode is checked where vectors are written (ensure)
+            model = self._model_to_load(meta)
             key = (model, self.settings.device, self.settings.batch_size)
             if key not in _ENCODERS:
                 _ENCODERS[key] = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size)
-            self._encoder = _ENCODERS[key]
+            encoder = _ENCODERS[key]
+            if meta is not None:  # the stored model's files may have changed since
+                meta.check(replace(self._requested_meta(encoder), encoder_mode=meta.encoder_mode))
+            self._encoder = encoder
         return self._encoder
-
     @property
     def tagger(self):
         """The shipped facet tagger for this encoder, or None if none can be used."""
@@ -161,7 +202,12 @@ class Index:
             raise ValueError(f"facets must be one of {', '.join(FACET_MODES)} (got {facets!r})")
         report = report or IndexReport()
         start = time.perf_counter()
-        self.backend.ensure(self._requested_meta(self.encoder))
+        self.check_model()  # before any weights are loaded
+        requested = self._requested_meta(self.encoder)
+        stored = self._stored_meta()
+        if stored is not None and not self.backend.meta().fingerprint and stored.same_model(requested):
+            requested = replace(requested, model=stored.model)  # an index from before fingerprints, same model
+        self.backend.ensure(requested)
         bar = _bar(progress)
         for batch in _batches(papers, max(1, int(self.settings.commit_every))):
             latest = {p.paper_id: p for p in batch}  # an id repeated within a batch: the last one wins
@@ -212,7 +258,12 @@ class Index:
         return self.backend.delete(paper_ids)
 
     def stats(self) -> dict:
-        return self.backend.stats()
+        stats = self.backend.stats()
+        meta = self.backend.meta()
+        if meta is not None:
+            stats["model_fingerprint"] = meta.fingerprint
+            stats["model_source"] = meta.model_source
+        return stats
 
     # --- querying -------------------------------------------------------------------------------
     def query(self, paper_id: str | None = None, *, facet: str | None = None, sentences: Sequence[int] | None = None,
@@ -228,7 +279,7 @@ class Index:
         meta = self.backend.meta()
         if meta is None:
             raise QueryError("the index is empty: index some papers first (`esqbe index FILE`)")
-        self.check_model()
+        self.check_model(query=True)
         if (paper_id is None) == (text is None):
             raise QueryError("give exactly one of a paper id or a query text")
         if paper_id is not None:

@@ -120,7 +120,7 @@ def check_value(name: str, value) -> str | None:
         from .rescore import available_rescorers
 
         if value not in available_rescorers():
-            return f"{value!r} is not one of {', '.join(available_rescorers())}"
+            return f"unknown rescorer {value!r}; choose one of {', '.join(available_rescorers())}"
     if name == "device" and not _DEVICE.match(str(value)):
         return f"{value!r} is not a torch device; use cpu, cuda, cuda:N, mps or auto"
     if name in RANGES:

