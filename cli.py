@@ -148,15 +148,24 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
         try:
             report = index.index_files(list(files), format=fmt, strict=strict, facets=facets,
                                        progress=not quiet and not as_json and sys.stderr.isatty())
+            stopped = None
         except InputError as e:
-            click.echo(f"error: {e} (--strict: stopped; papers before this line are indexed)", err=True)
-            sys.exit(1)
-        summary = report.summary()
+            if getattr(e, "report", None) is None:
+                raise
+            report, stopped = e.report, e
+    _print_index_report(report, as_json)
+    if stopped is not None:
+        click.echo(f"error: {stopped}\n({report.stop_message()})", err=True)
+        sys.exit(1)
+
+
+def _print_index_report(report, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        click.echo(json.dumps(report.summary(), indent=2))
         return
     for err in report.errors:
-        click.echo(f"warning: {err}", err=True)
+        if err != report.stopped:
+            click.echo(f"warning: {err}", err=True)
     skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items())) or "none"
     click.echo(
         f"read {report.read}, indexed {report.indexed}, replaced {report.replaced}, unchanged {report.unchanged}, "

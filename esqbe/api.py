@@ -60,6 +60,22 @@ class IndexReport:
     errors: list[str] = field(default_factory=list)
     tagged: int = 0
     seconds: float = 0.0
+    #: a --strict run: the error it stopped at, and the sources (or rest of one) it did not read
+    stopped: str | None = None
+    not_read: list[str] = field(default_factory=list)
+
+    @property
+    def stored(self) -> int:
+        """Papers of this run that are in the index now (added, replaced or already there unchanged)."""
+        return self.indexed + self.replaced + self.unchanged
+
+    def stop_message(self) -> str:
+        """What a stopped (--strict) run did and did not index, in words."""
+        if self.stopped is None:
+            return ""
+        rest = f"; not read: {', '.join(self.not_read)}" if self.not_read else ""
+        return (f"--strict: stopped at {self.stopped.split(': ')[0]}; the {self.stored} paper(s) read before it are in "
+                f"the index ({self.indexed} indexed, {self.replaced} replaced, {self.unchanged} unchanged){rest}")
 
     def summary(self) -> dict:
         return {
@@ -71,6 +87,8 @@ class IndexReport:
             "errors": list(self.errors),
             "tagged": self.tagged,
             "seconds": round(self.seconds, 2),
+            "stopped": self.stopped,
+            "not_read": list(self.not_read),
         }
 
 
@@ -209,7 +227,15 @@ class Index:
             requested = replace(requested, model=stored.model)  # an index from before fingerprints, same model
         self.backend.ensure(requested)
         bar = _bar(progress)
-        for batch in _batches(papers, max(1, int(self.settings.commit_every))):
+        stop: list[InputError] = []
+
+        def until_bad_line(items):  # a --strict reader raises at a bad line: index the batch read before it first
+            try:
+                yield from items
+            except InputError as e:
+                stop.append(e)
+
+        for batch in _batches(until_bad_line(papers), max(1, int(self.settings.commit_every))):
             latest = {p.paper_id: p for p in batch}  # an id repeated within a batch: the last one wins
             report.replaced += len(batch) - len(latest)
             stored = self.backend.content_hashes(latest)
@@ -236,18 +262,33 @@ class Index:
             bar.update(len(batch))
         bar.close()
         report.seconds += time.perf_counter() - start
+        if stop:
+            raise stop[0]
         return report
 
     def index_files(self, sources: Sequence[str], *, format: str | None = None, strict: bool = False,
                     facets: str | None = None, progress: bool = False) -> IndexReport:
-        """Read each source (path, .gz, or '-') and upsert its papers; bad lines are reported, not fatal
-        unless `strict` (then the InputError propagates after what was read before it is committed)."""
+        """Read each source (path, .gz, or '-') and upsert its papers; bad lines are reported, not fatal.
+
+        With `strict` the first bad line stops the run: every paper read before it is committed, and
+        the InputError propagates with `.report` (the IndexReport: what was indexed, `stopped`, `not_read`)."""
         report = IndexReport()
-        for source in sources:
+        sources = list(sources)
+        for i, source in enumerate(sources):
             reader_report = ReadReport()
             try:
                 self.add_papers(read_papers(source, format, strict=strict, report=reader_report), facets=facets,
                                 report=report, progress=progress)
+            except InputError as e:
+                report.errors.append(str(e))
+                if not strict:  # not a line-level problem the reader could report and pass over
+                    continue
+                report.stopped = str(e)
+                if e.line:
+                    report.not_read.append(f"{e.source} from line {e.line}")
+                report.not_read.extend(str(s) for s in sources[i + 1 :])
+                e.report = report
+                raise
             finally:
                 report.read += reader_report.read
                 report.skipped.update(reader_report.skipped)

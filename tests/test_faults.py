@@ -220,3 +220,36 @@ def test_model_mismatch_names_the_right_dimension(run, built, other_models):
     r = run("query", "--path", built, "--model", other_models["tiny"], "--paper", FIRST_ID, "--facet", "method")
     assert r.exit_code == 1
     assert "this run uses 'tiny128' (128-d" in r.output
+
+
+# ---------------------------------------------------------------- 2: --strict commits what it read and says so
+
+
+def test_strict_keeps_the_papers_before_the_bad_line_and_says_exactly_what(run, tmp_path, sample):
+    lines = SAMPLE.read_text().splitlines()[:7]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines[:5] + ['{"paper_id": "x", "sentences": ["a"]'] + lines[5:]) + "\n")
+    later = sample(2, "later.jsonl", start=20)
+    ix = tmp_path / "ix"
+    r = run("index", "--path", ix, "--strict", bad, later)  # commit_every is 128: all 5 are one uncommitted batch
+    assert r.exit_code == 1
+    assert f"error: {bad}:6: json:" in r.output
+    assert (f"(--strict: stopped at {bad}:6; the 5 paper(s) read before it are in the index (5 indexed, 0 replaced, "
+            f"0 unchanged); not read: {bad} from line 6, {later})") in r.output
+    assert "read 6, indexed 5" in r.output  # the summary is printed too
+    assert json.loads(run("stats", "--path", ix, "--json").output)["papers"] == 5
+    r = run("index", "--path", ix, "--strict", "--json", bad)
+    assert r.exit_code == 1
+    summary = json.loads(r.output[: r.output.rindex("}") + 1])
+    assert summary["unchanged"] == 5 and summary["stopped"].startswith(f"{bad}:6: json:")
+
+
+def test_without_strict_a_file_of_unknown_format_is_reported_and_the_run_goes_on(run, tmp_path, sample):
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text('{"doc": 1, "body": "x"}\n')
+    good = sample(2)
+    r = run("index", "--path", tmp_path / "ix", odd, good)
+    assert r.exit_code == 0, r.output
+    assert "--strict" not in r.output
+    assert f"warning: {odd}:1: format: cannot detect the input format" in r.output
+    assert "read 3, indexed 2" in r.output
