@@ -20,8 +20,13 @@ BATCH = click.IntRange(*RANGES["batch_size"])
 WEIGHT = click.FloatRange(*RANGES["final_bm25_weight"])
 
 
+#: exit statuses (README "Exit statuses"): 0 done; 1 the input, settings or request are wrong (or nothing
+#: could be indexed); 2 command-line usage (click); 3 the index or the machine failed (disk full, read-only, I/O)
+EXIT_ERROR, EXIT_USAGE, EXIT_STORAGE = 1, 2, 3
+
+
 def _errors():
-    """Known failures become one clear line on stderr and exit status 1 (no traceback)."""
+    """Known failures become one clear line on stderr and an exit status (no traceback)."""
     from esqbe.backends.base import BackendError
     from esqbe.config import ConfigError
     from esqbe.readers import InputError
@@ -29,22 +34,34 @@ def _errors():
 
     errors = [BackendError, ConfigError, InputError, QueryError, FileNotFoundError, ValueError]
     try:
-        from esqbe.encoder import ModelNotFoundError
+        from esqbe.encoder import DeviceError, ModelNotFoundError
 
-        errors.append(ModelNotFoundError)
+        errors += [ModelNotFoundError, DeviceError]
     except ImportError:
         pass
     return tuple(errors)
 
 
+def _exit_status(e: BaseException) -> int:
+    import sqlite3
+
+    from esqbe.api import StorageError
+
+    if isinstance(e, (StorageError, sqlite3.Error)) or (isinstance(e, OSError) and not isinstance(e, FileNotFoundError)):
+        return EXIT_STORAGE
+    return EXIT_ERROR
+
+
 def handle_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        import sqlite3
+
         try:
             return fn(*args, **kwargs)
-        except _errors() as e:
+        except (*_errors(), sqlite3.Error, OSError) as e:
             click.echo(f"error: {e}", err=True)
-            sys.exit(1)
+            sys.exit(_exit_status(e))
 
     return wrapper
 
@@ -142,6 +159,7 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
     Records without an abstract are skipped and counted; malformed lines are reported as
     file:line: field: reason and the run goes on (unless --strict).
     """
+    from esqbe.api import StorageError
     from esqbe.readers import InputError
 
     with _open(kw) as index:
@@ -149,14 +167,20 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
             report = index.index_files(list(files), format=fmt, strict=strict, facets=facets,
                                        progress=not quiet and not as_json and sys.stderr.isatty())
             stopped = None
-        except InputError as e:
+        except (InputError, StorageError) as e:
             if getattr(e, "report", None) is None:
                 raise
             report, stopped = e.report, e
-    _print_index_report(report, as_json)
+    _print_index_report(report, as_json)  # always: what went in, even when the run stopped
+    if isinstance(stopped, StorageError):
+        click.echo(f"error: {stopped}", err=True)
+        sys.exit(EXIT_STORAGE)
     if stopped is not None:
         click.echo(f"error: {stopped}\n({report.stop_message()})", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_ERROR)
+    if report.failed:
+        click.echo(f"error: {report.failure_message()}", err=True)
+        sys.exit(EXIT_ERROR)
 
 
 def _print_index_report(report, as_json: bool) -> None:

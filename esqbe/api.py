@@ -9,7 +9,9 @@
 """
 from __future__ import annotations
 
+import errno
 import os
+import sqlite3
 import sys
 import time
 from collections import Counter
@@ -20,7 +22,7 @@ from typing import Iterable, Iterator, Sequence
 from .backends.base import Backend, BackendError, IndexedPaper, IndexMeta, ModelMismatchError, UpsertResult
 from .config import Settings, load_settings
 from .papers import Paper, split_sentences
-from .readers import InputError, ReadReport, read_papers
+from .readers import InputError, ReadReport, check_source, read_papers
 from .search import QueryError, QueryResult, run_query, select_query_sentences
 
 FACET_MODES = ("keep", "predict", "none")
@@ -32,7 +34,15 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
     if settings.backend == "embedded":
         from .backends.embedded import EmbeddedBackend
 
-        return EmbeddedBackend(settings.path, create=create)
+        def make(create: bool):
+            try:
+                return EmbeddedBackend(settings.path, create=create)
+            except (sqlite3.Error, OSError) as e:
+                raise StorageError(f"cannot open the index at {settings.path}: {_reason(e)}") from e
+
+        if create and not os.path.exists(settings.path):
+            return _DeferredBackend(lambda: make(True))  # created by the first write, not by a run that fails first
+        return make(create)
     if settings.backend in ("elasticsearch", "opensearch"):
         if not settings.url:
             raise BackendError(f"the {settings.backend} backend needs --url (or ESQBE_URL, or `url:` in the config file)")
@@ -46,6 +56,49 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
 
         return OpenSearchBackend(settings.url, settings.index, **kwargs)
     raise BackendError(f"unknown backend {settings.backend!r}; choose embedded, elasticsearch or opensearch")
+
+
+class StorageError(BackendError):
+    """The index cannot be read or written (disk full, read-only, I/O error); `.report` says what a run
+    had committed before it (an IndexReport), when there was a run."""
+
+
+def _reason(e: BaseException) -> str:
+    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    if "disk is full" in text or getattr(e, "errno", None) == errno.ENOSPC:
+        return f"the disk is full ({text})"
+    if "readonly" in text or "read-only" in text or getattr(e, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"the index is read-only here ({text})"
+    return text
+
+
+_STORAGE_ERRORS = (sqlite3.Error, OSError)
+
+
+class _DeferredBackend:
+    """A backend that does not exist yet: reads see an empty index; the first write creates it."""
+
+    def __init__(self, factory):
+        self._factory = factory
+        self._real = None
+
+    def meta(self):
+        return self._real.meta() if self._real is not None else None
+
+    def content_hashes(self, paper_ids):
+        return self._real.content_hashes(paper_ids) if self._real is not None else {}
+
+    def get(self, paper_ids):
+        return self._real.get(paper_ids) if self._real is not None else {}
+
+    def close(self):
+        if self._real is not None:
+            self._real.close()
+
+    def __getattr__(self, name):
+        if self._real is None:
+            self._real = self._factory()
+        return getattr(self._real, name)
 
 
 @dataclass
@@ -69,6 +122,18 @@ class IndexReport:
         """Papers of this run that are in the index now (added, replaced or already there unchanged)."""
         return self.indexed + self.replaced + self.unchanged
 
+    @property
+    def failed(self) -> bool:
+        """Errors, and none of what this run read is in the index: the run did nothing useful."""
+        return bool(self.errors) and self.stored == 0
+
+    def failure_message(self) -> str:
+        if not self.failed:
+            return ""
+        if self.read == 0:
+            return "nothing indexed: no input could be read"
+        return f"nothing indexed: none of the {self.read} record(s) read could be indexed (see the errors above)"
+
     def stop_message(self) -> str:
         """What a stopped (--strict) run did and did not index, in words."""
         if self.stopped is None:
@@ -89,6 +154,7 @@ class IndexReport:
             "seconds": round(self.seconds, 2),
             "stopped": self.stopped,
             "not_read": list(self.not_read),
+            "failed": self.failure_message() or None,
         }
 
 
@@ -212,22 +278,44 @@ class Index:
                 and stored[p.paper_id].paper.metadata.get("facets_predicted")
                 and (stored[p.paper_id].paper.title, stored[p.paper_id].paper.sentences) == (p.title, p.sentences)}
 
+    def preflight(self) -> None:
+        """Check the model and the device exist before reading or loading anything (a run must not fail
+        after its first file because of a typo in --model or --device)."""
+        if self._encoder is not None:
+            return
+        from .encoder import _pick_device, model_info
+
+        self.check_model()
+        if self.settings.model:
+            model_info(self.settings.model)
+        _pick_device(self.settings.device)
+
+    def _where(self) -> str:
+        return self.settings.path if self.settings.backend == "embedded" else f"{self.settings.backend} index {self.settings.index!r}"
+
+    def _ensure_index(self) -> None:
+        """Create the index for this run's model, or check it is the one the index holds (loads the model)."""
+        requested = self._requested_meta(self.encoder)
+        stored = self._stored_meta()
+        if stored is not None and not self.backend.meta().fingerprint and stored.same_model(requested):
+            requested = replace(requested, model=stored.model)  # an index from before fingerprints, same model
+        self.backend.ensure(requested)
+
     def add_papers(self, papers: Iterable[Paper], *, facets: str | None = None, report: IndexReport | None = None,
                    progress: bool = False) -> IndexReport:
-        """Upsert papers by id: unchanged papers are skipped before encoding; each batch is committed."""
+        """Upsert papers by id: unchanged papers are skipped before encoding; each batch is committed.
+
+        The model is loaded (and the index created) only when a batch has papers to encode. A failing
+        store (disk full, read-only) raises StorageError with `.report`: what was committed before it."""
         facets = facets or self.settings.facets
         if facets not in FACET_MODES:
             raise ValueError(f"facets must be one of {', '.join(FACET_MODES)} (got {facets!r})")
         report = report or IndexReport()
         start = time.perf_counter()
         self.check_model()  # before any weights are loaded
-        requested = self._requested_meta(self.encoder)
-        stored = self._stored_meta()
-        if stored is not None and not self.backend.meta().fingerprint and stored.same_model(requested):
-            requested = replace(requested, model=stored.model)  # an index from before fingerprints, same model
-        self.backend.ensure(requested)
         bar = _bar(progress)
         stop: list[InputError] = []
+        ensured = False
 
         def until_bad_line(items):  # a --strict reader raises at a bad line: index the batch read before it first
             try:
@@ -235,46 +323,77 @@ class Index:
             except InputError as e:
                 stop.append(e)
 
-        for batch in _batches(until_bad_line(papers), max(1, int(self.settings.commit_every))):
-            latest = {p.paper_id: p for p in batch}  # an id repeated within a batch: the last one wins
-            report.replaced += len(batch) - len(latest)
-            stored = self.backend.content_hashes(latest)
-            tagged_before = self._already_tagged([p for p in latest.values() if p.paper_id in stored]) if facets == "predict" else set()
-            fresh = []
-            for p in latest.values():
-                if facets == "predict":
-                    if p.paper_id in tagged_before:
-                        report.unchanged += 1  # same text, labels already predicted: tagging again changes nothing
-                    else:
-                        fresh.append(p)
-                elif stored.get(p.paper_id) == p.content_hash():
-                    report.unchanged += 1
-                else:
-                    fresh.append(p)
-            if fresh:
-                indexed, tagged = self._encode(fresh, facets)
-                report.tagged += tagged
-                result = self.backend.upsert(indexed)
-                report.indexed += result.added
-                report.replaced += result.replaced
-                report.unchanged += result.unchanged
-                report.errors.extend(result.errors)
-            bar.update(len(batch))
-        bar.close()
-        report.seconds += time.perf_counter() - start
+        try:
+            for batch in _batches(until_bad_line(papers), max(1, int(self.settings.commit_every))):
+                latest = {p.paper_id: p for p in batch}  # an id repeated within a batch: the last one wins
+                report.replaced += len(batch) - len(latest)
+                try:
+                    fresh = self._fresh(latest, facets, report)
+                    if fresh:
+                        if not ensured:
+                            self._ensure_index()
+                            ensured = True
+                        indexed, tagged = self._encode(fresh, facets)
+                        result = self.backend.upsert(indexed)
+                        report.tagged += tagged
+                        report.indexed += result.added
+                        report.replaced += result.replaced
+                        report.unchanged += result.unchanged
+                        report.errors.extend(result.errors)
+                except _STORAGE_ERRORS as e:
+                    error = StorageError(f"cannot write the index at {self._where()}: {_reason(e)}; "
+                                         f"{report.stored} paper(s) of this run were committed before it")
+                    error.report = report
+                    raise error from e
+                bar.update(len(batch))
+        finally:
+            bar.close()
+            report.seconds += time.perf_counter() - start
         if stop:
             raise stop[0]
         return report
+
+    def _fresh(self, latest: dict[str, Paper], facets: str, report: IndexReport) -> list[Paper]:
+        """The papers of a batch that need encoding; the others are counted as unchanged."""
+        stored = self.backend.content_hashes(latest)
+        tagged_before = self._already_tagged([p for p in latest.values() if p.paper_id in stored]) if facets == "predict" else set()
+        fresh = []
+        for p in latest.values():
+            if facets == "predict":
+                if p.paper_id in tagged_before:
+                    report.unchanged += 1  # same text, labels already predicted: tagging again changes nothing
+                else:
+                    fresh.append(p)
+            elif stored.get(p.paper_id) == p.content_hash():
+                report.unchanged += 1
+            else:
+                fresh.append(p)
+        return fresh
 
     def index_files(self, sources: Sequence[str], *, format: str | None = None, strict: bool = False,
                     facets: str | None = None, progress: bool = False) -> IndexReport:
         """Read each source (path, .gz, or '-') and upsert its papers; bad lines are reported, not fatal.
 
-        With `strict` the first bad line stops the run: every paper read before it is committed, and
-        the InputError propagates with `.report` (the IndexReport: what was indexed, `stopped`, `not_read`)."""
+        Every source is checked before anything is loaded: a missing file (or a directory) is reported
+        like a bad line and the others are read. With `strict` the first problem stops the run: every
+        paper read before a bad line is committed, and the InputError propagates with `.report` (this
+        IndexReport: what was indexed, `stopped`, `not_read`); a StorageError carries `.report` too."""
         report = IndexReport()
         sources = list(sources)
+        problems = {i: e for i, s in enumerate(sources) if (e := check_source(s)) is not None}
+        if strict and problems:
+            first = problems[min(problems)]
+            report.errors.append(str(first))
+            report.stopped = str(first)
+            report.not_read = [str(s) for s in sources]
+            first.report = report
+            raise first
+        report.errors.extend(str(e) for e in problems.values())
+        if len(problems) < len(sources):
+            self.preflight()
         for i, source in enumerate(sources):
+            if i in problems:
+                continue
             reader_report = ReadReport()
             try:
                 self.add_papers(read_papers(source, format, strict=strict, report=reader_report), facets=facets,
@@ -289,6 +408,10 @@ class Index:
                 report.not_read.extend(str(s) for s in sources[i + 1 :])
                 e.report = report
                 raise
+            except StorageError as e:
+                report.not_read.extend(str(s) for s in sources[i + 1 :])
+                e.report = report
+                raise
             finally:
                 report.read += reader_report.read
                 report.skipped.update(reader_report.skipped)
@@ -296,11 +419,17 @@ class Index:
         return report
 
     def delete(self, paper_ids: Iterable[str]) -> int:
-        return self.backend.delete(paper_ids)
+        try:
+            return self.backend.delete(paper_ids)
+        except _STORAGE_ERRORS as e:
+            raise StorageError(f"cannot write the index at {self._where()}: {_reason(e)}") from e
 
     def stats(self) -> dict:
-        stats = self.backend.stats()
-        meta = self.backend.meta()
+        try:
+            stats = self.backend.stats()
+            meta = self.backend.meta()
+        except _STORAGE_ERRORS as e:
+            raise StorageError(f"cannot read the index at {self._where()}: {_reason(e)}") from e
         if meta is not None:
             stats["model_fingerprint"] = meta.fingerprint
             stats["model_source"] = meta.model_source
@@ -405,4 +534,5 @@ def _bar(enabled: bool):
     return tqdm(desc="indexing", unit=" papers", file=sys.stderr, dynamic_ncols=True)
 
 
-__all__ = ["open_index", "open_backend", "Index", "IndexReport", "QueryError", "InputError", "ModelMismatchError", "BackendError"]
+__all__ = ["open_index", "open_backend", "Index", "IndexReport", "QueryError", "InputError", "ModelMismatchError", "BackendError",
+           "StorageError"]

@@ -11,10 +11,12 @@ from __future__ import annotations
 import collections
 import gzip
 import json
+import os
 import sys
 import zlib
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 from esqbe.papers import Paper, normalize_label, split_sentences
@@ -29,12 +31,28 @@ _GZIP_MAGIC = b"\x1f\x8b"
 class InputError(ValueError):
     """One bad input line, located precisely enough to fix it by hand."""
 
-    def __init__(self, source: str, line: int, field: str, reason: str):
+    def __init__(self, source: str, line: int | None, field: str, reason: str):
         self.source = source
         self.line = line
         self.field = field
         self.reason = reason
-        super().__init__(f"{source}:{line}: {field}: {reason}")
+        where = f"{source}:{line}" if line else str(source)  # no line: the source as a whole (missing, a directory)
+        super().__init__(f"{where}: {field}: {reason}")
+
+
+def check_source(source) -> InputError | None:
+    """Why `source` cannot be read at all (missing, a directory, not readable), or None; checked for
+    every input before anything is loaded, so a bad name is found in a second, not after the first file."""
+    if not isinstance(source, (str, os.PathLike)) or str(source) == "-":
+        return None
+    path = Path(source)
+    if not path.exists():
+        return InputError(str(source), None, "file", "no such file")
+    if path.is_dir():
+        return InputError(str(source), None, "file", "is a directory, not a file of papers")
+    if not os.access(path, os.R_OK):
+        return InputError(str(source), None, "file", "permission denied")
+    return None
 
 
 @dataclass
@@ -42,7 +60,7 @@ class ReadReport:
     """What happened to every line, so a caller can show the user that nothing was lost.
 
     For line-level outcomes `read == yielded + sum(skipped.values()) + len(errors)`; a source that
-    cannot be read to its end (corrupt gzip) adds one error for the unread rest.
+    cannot be opened (missing, a directory) or read to its end (corrupt gzip) adds one error for it.
     """
 
     read: int = 0
@@ -372,7 +390,14 @@ def read_papers(
 
 def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport) -> Iterator[Paper]:
     with ExitStack() as stack:
-        name, lines = _open_source(source, stack)
+        try:
+            name, lines = _open_source(source, stack)
+        except OSError as e:  # missing, a directory, unreadable: the source as a whole is one error
+            error = check_source(source) or InputError(str(source), None, "file", e.strerror or str(e))
+            if strict:
+                raise error from None
+            report.errors.append(error)
+            return
         lineno = 0
         while True:
             try:

@@ -253,3 +253,142 @@ def test_without_strict_a_file_of_unknown_format_is_reported_and_the_run_goes_on
     assert "--strict" not in r.output
     assert f"warning: {odd}:1: format: cannot detect the input format" in r.output
     assert "read 3, indexed 2" in r.output
+
+
+# ---------------------------------------------------------------- 5: no tracebacks
+
+
+def test_a_directory_as_input_is_an_error_line_and_leaves_no_index(run, tmp_path):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    ix = tmp_path / "ix"
+    r = run("index", "--path", ix, folder)
+    assert r.exit_code == 1
+    assert f"warning: {folder}: file: is a directory, not a file of papers" in r.output
+    assert "error: nothing indexed: no input could be read" in r.output
+    assert not ix.exists()
+
+
+def test_bad_devices_are_clear_errors(run, tmp_path, sample, built):
+    import torch
+
+    for cmd in (("index", "--path", tmp_path / "ix", sample(2)), ("query", "--path", built, "--text", "We parse.")):
+        r = run(*cmd, "--device", "gpu")
+        assert r.exit_code == 1 and "device: 'gpu' is not a torch device; use cpu, cuda, cuda:N, mps or auto" in r.output
+    assert not (tmp_path / "ix").exists()
+    if torch.cuda.is_available():
+        pytest.skip("this torch sees a CUDA GPU: the no-CUDA message cannot be checked here")
+    for cmd in (("index", "--path", tmp_path / "ix", sample(2)), ("query", "--path", built, "--text", "We parse.")):
+        r = run(*cmd, "--device", "cuda")
+        assert r.exit_code == 1, r.output
+        assert "error: device 'cuda' asked for, but this torch" in r.output and "sees no CUDA GPU" in r.output
+    assert not (tmp_path / "ix").exists()
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A real size-limited filesystem (tmpfs), mounted for the test; needs root."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root")
+    mounted = []
+
+    def mount(size: str):
+        mnt = tmp_path / "mnt"
+        mnt.mkdir(exist_ok=True)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        mounted.append(mnt)
+        return mnt
+
+    def remount(options: str):
+        subprocess.run(["mount", "-o", f"remount,{options}", str(mounted[0])], check=True)
+
+    mount.remount = remount
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_disk_full_is_a_clear_error_and_the_committed_papers_survive(run, tmp_path, sample, tmpfs):
+    mnt = tmpfs("256k")
+    cfg = tmp_path / "esqbe.yaml"
+    cfg.write_text("commit_every: 2\n")
+    src = sample(24)
+    r = run("index", "--config", cfg, "--path", mnt / "ix", "--quiet", src)
+    assert r.exit_code == 3, r.output
+    assert f"error: cannot write the index at {mnt / 'ix'}: the disk is full" in r.output
+    committed = int(r.output.split(" paper(s) of this run were committed")[0].rsplit(" ", 1)[1])
+    assert 0 < committed < 24 and committed % 2 == 0
+    assert f"indexed {committed}," in r.output  # the summary is printed too
+    tmpfs.remount("size=64m")
+    stats = json.loads(run("stats", "--path", mnt / "ix", "--json").output)
+    assert stats["papers"] == committed
+    r = run("index", "--config", cfg, "--path", mnt / "ix", "--quiet", "--json", src)
+    assert r.exit_code == 0, r.output
+    assert (json.loads(r.output)["unchanged"], json.loads(r.output)["indexed"]) == (committed, 24 - committed)
+
+
+def test_read_only_index_gives_one_clean_line_for_every_command(run, tmp_path, sample, tmpfs):
+    mnt = tmpfs("64m")
+    ix = mnt / "ix"
+    assert run("index", "--path", ix, "--quiet", sample(4)).exit_code == 0
+    tmpfs.remount("ro")
+    for args in (("index", "--path", ix, sample(4, "more.jsonl", start=4)), ("delete", "--path", ix, FIRST_ID),
+                 ("query", "--path", ix, "--paper", FIRST_ID, "--facet", "method"), ("stats", "--path", ix)):
+        r = run(*args)
+        if r.exit_code == 0:
+            assert args[0] in ("query", "stats"), r.output  # reading a read-only index may work
+            continue
+        assert r.exit_code == 3, (args, r.output)
+        lines = [l for l in r.output.splitlines() if l.startswith("error:")]
+        assert len(lines) == 1 and f"index at {ix}" in lines[0] and "read-only" in lines[0], r.output
+
+
+# ---------------------------------------------------------------- 6: every input checked first; a missing file does not end the run
+
+
+def test_a_missing_file_is_reported_and_the_other_files_are_indexed(run, tmp_path, sample):
+    a, c = sample(2, "a.jsonl"), sample(3, "c.jsonl", start=2)
+    missing = tmp_path / "missing.jsonl"
+    ix = tmp_path / "ix"
+    r = run("index", "--path", ix, a, missing, c)
+    assert r.exit_code == 0, r.output
+    assert f"warning: {missing}: file: no such file" in r.output
+    assert "read 5, indexed 5, replaced 0, unchanged 0, skipped 0 (none), errors 1" in r.output
+    r = run("index", "--path", tmp_path / "ix2", "--strict", a, missing, c)
+    assert r.exit_code == 1
+    assert f"error: {missing}: file: no such file" in r.output
+    assert "read 0, indexed 0" in r.output and f"not read: {a}, {missing}, {c}" in r.output
+    assert not (tmp_path / "ix2").exists()  # stopped before loading the model or creating anything
+    r = run("index", "--path", tmp_path / "ix3", "--model", tmp_path / "no-model", a)
+    assert r.exit_code == 1 and "no-model" in r.output and not (tmp_path / "ix3").exists()
+
+
+# ---------------------------------------------------------------- 7: reading records but indexing none is a failure
+
+
+def test_nothing_indexed_because_of_errors_exits_non_zero(run, tmp_path, sample):
+    import gzip
+
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(bytes(range(256)) * 40 + b"\n" + bytes(range(128, 256)) * 8 + b"\n")
+    r = run("index", "--path", tmp_path / "ix", binary)
+    assert r.exit_code == 1
+    assert "not UTF-8" in r.output
+    assert "error: nothing indexed: none of the 42 record(s) read could be indexed" in r.output
+    corrupt = tmp_path / "papers.jsonl.gz"
+    data = gzip.compress(sample(5).read_bytes())
+    corrupt.write_bytes(data[:20] + bytes(b ^ 0x5A for b in data[20:60]) + data[60:])
+    r = run("index", "--path", tmp_path / "ix", "--json", corrupt)
+    assert r.exit_code == 1
+    summary = json.loads(r.output[: r.output.rindex("}") + 1])
+    assert summary["indexed"] == 0 and summary["failed"].startswith("nothing indexed")
+    assert f"{corrupt}:1: file: cannot read further" in summary["errors"][0]
+    # skipped records (no abstract) are not errors: a file of only those is a successful run
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"id": "e1", "title": "no abstract"}) + "\n")
+    r = run("index", "--path", tmp_path / "ix", empty)
+    assert r.exit_code == 0 and "skipped 1 (1 no abstract)" in r.output
