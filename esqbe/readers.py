@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import gzip
+import io
 import json
 import os
 import sys
@@ -338,7 +339,14 @@ _PARSERS = {
 def _open_source(source, stack: ExitStack) -> tuple[str, Iterator]:
     """(name for messages, iterator of raw lines as bytes or str) for a path, `-` or a stream."""
     if isinstance(source, str) and source == "-":
-        return "<stdin>", iter(getattr(sys.stdin, "buffer", sys.stdin))
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None:  # a text stream put in place of stdin: already decoded, cannot be gzip
+            return "<stdin>", iter(sys.stdin)
+        if not hasattr(stream, "peek"):
+            stream = io.BufferedReader(stream)
+        if stream.peek(2)[:2] == _GZIP_MAGIC:  # `cat x.jsonl.gz | esqbe index -`: sniffed as files are
+            stream = stack.enter_context(gzip.open(stream, "rb"))
+        return "<stdin>", iter(stream)
     if hasattr(source, "read"):
         return str(getattr(source, "name", "<stream>")), iter(source)
     name = str(source)

@@ -392,3 +392,15 @@ def test_nothing_indexed_because_of_errors_exits_non_zero(run, tmp_path, sample)
     empty.write_text(json.dumps({"id": "e1", "title": "no abstract"}) + "\n")
     r = run("index", "--path", tmp_path / "ix", empty)
     assert r.exit_code == 0 and "skipped 1 (1 no abstract)" in r.output
+
+
+# ---------------------------------------------------------------- 8: gzip on stdin
+
+
+def test_gzip_on_stdin_is_sniffed(run, tmp_path, sample):
+    import gzip
+
+    data = gzip.compress(sample(4).read_bytes())
+    r = run("index", "--path", tmp_path / "ix", "-", input=data)
+    assert r.exit_code == 0, r.output
+    assert "read 4, indexed 4" in r.output and "errors 0" in r.output
