@@ -264,19 +264,28 @@ class Index:
 
             for p, need, lab in zip(papers, needs_tags, labels):
                 if need:
+                    # the input as read: a re-run of the same input is recognised without encoding it again
+                    p.metadata["input_hash"] = p.content_hash()
                     p.facets = [normalize_label(x) for x in lab]
                     p.metadata["facets_predicted"] = True
                     tagged += 1
         return [IndexedPaper(p, v, self.encoder.token_counts(p)) for p, v in zip(papers, vectors)], tagged
 
-    def _already_tagged(self, papers: list[Paper]) -> set[str]:
-        """Ids whose stored copy has the same title and sentences and tagger-predicted labels."""
+    def _already_tagged(self, papers: list[Paper], *, same_input: bool = False) -> set[str]:
+        """Ids whose stored copy was tagged from this very input (`input_hash`); without `same_input`,
+        also those whose stored copy has the same title and sentences and tagger-predicted labels."""
         if not papers:
             return set()
         stored = self.backend.get([p.paper_id for p in papers])
-        return {p.paper_id for p in papers if p.paper_id in stored
-                and stored[p.paper_id].paper.metadata.get("facets_predicted")
-                and (stored[p.paper_id].paper.title, stored[p.paper_id].paper.sentences) == (p.title, p.sentences)}
+        out = set()
+        for p in papers:
+            s = stored.get(p.paper_id)
+            if s is None or not s.paper.metadata.get("facets_predicted"):
+                continue
+            if s.paper.metadata.get("input_hash") == p.content_hash() or (
+                    not same_input and (s.paper.title, s.paper.sentences) == (p.title, p.sentences)):
+                out.add(p.paper_id)
+        return out
 
     def preflight(self) -> None:
         """Check the model and the device exist before reading or loading anything (a run must not fail
@@ -356,15 +365,18 @@ class Index:
     def _fresh(self, latest: dict[str, Paper], facets: str, report: IndexReport) -> list[Paper]:
         """The papers of a batch that need encoding; the others are counted as unchanged."""
         stored = self.backend.content_hashes(latest)
-        tagged_before = self._already_tagged([p for p in latest.values() if p.paper_id in stored]) if facets == "predict" else set()
+        if facets == "predict":
+            tagged_before = self._already_tagged([p for p in latest.values() if p.paper_id in stored])
+        elif facets == "keep":  # unlabelled input whose stored copy was tagged from the same input
+            tagged_before = self._already_tagged([p for p in latest.values() if p.paper_id in stored and not p.is_labeled
+                                                  and stored[p.paper_id] != p.content_hash()], same_input=True)
+        else:
+            tagged_before = set()
         fresh = []
         for p in latest.values():
-            if facets == "predict":
-                if p.paper_id in tagged_before:
-                    report.unchanged += 1  # same text, labels already predicted: tagging again changes nothing
-                else:
-                    fresh.append(p)
-            elif stored.get(p.paper_id) == p.content_hash():
+            if p.paper_id in tagged_before:
+                report.unchanged += 1  # same input, labels already predicted: tagging again changes nothing
+            elif facets != "predict" and stored.get(p.paper_id) == p.content_hash():
                 report.unchanged += 1
             else:
                 fresh.append(p)

@@ -404,3 +404,31 @@ def test_gzip_on_stdin_is_sniffed(run, tmp_path, sample):
     r = run("index", "--path", tmp_path / "ix", "-", input=data)
     assert r.exit_code == 0, r.output
     assert "read 4, indexed 4" in r.output and "errors 0" in r.output
+
+
+# ---------------------------------------------------------------- 9: re-indexing tagged papers costs no encoding
+
+
+def test_reindexing_unlabelled_papers_that_were_tagged_encodes_nothing(tmp_path, encoder, write_jsonl):
+    papers = [
+        {"id": "t1", "title": "Graph cuts for sentiment", "abstract": "Sentiment analysis is hard. We propose a graph cut method over sentences. It improves accuracy by 4 points."},
+        {"id": "t2", "title": "Neural parsing", "abstract": "Parsing underlies many systems. We train a neural parser with a new loss. Results show state of the art accuracy."},
+        {"id": "t3", "title": "Retrieval", "abstract": "Search needs good ranking. We fuse BM25 with dense vectors. Recall rises on two benchmarks."},
+    ]
+    src = write_jsonl("plain.jsonl", papers)
+    index = esqbe.open_index(str(tmp_path / "ix"), encoder=encoder)
+    first = index.index_files([str(src)])  # facets=keep: no labels given, the tagger labels them
+    assert (first.indexed, first.tagged) == (3, 3)
+    encoded = []
+    real = encoder.sentence_vectors
+    encoder.sentence_vectors = lambda ps, *a, **kw: encoded.extend(p.paper_id for p in ps) or real(ps, *a, **kw)
+    try:
+        again = index.index_files([str(src)])
+        assert (again.indexed, again.replaced, again.unchanged, again.tagged) == (0, 0, 3, 0)
+        assert encoded == []
+        papers[1]["abstract"] += " Code is released."
+        changed = index.index_files([str(write_jsonl("changed.jsonl", papers))])
+        assert (changed.replaced, changed.unchanged, changed.tagged) == (1, 2, 1)
+        assert encoded == ["t2"]
+    finally:
+        del encoder.sentence_vectors
