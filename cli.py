@@ -146,7 +146,7 @@ def main():
 @click.option("--strict", is_flag=True, help="Stop at the first malformed line (exit status 1) instead of reporting it and going on.")
 @click.option("--facets", type=click.Choice(["keep", "predict", "none"]), help="keep (default): use given labels, tag papers without; predict: tag every paper; none: never tag.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress (a bar on a terminal, else a line every 10 s).")
 @encoder_options
 @backend_options
 @handle_errors
@@ -165,7 +165,7 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
     with _open(kw) as index:
         try:
             report = index.index_files(list(files), format=fmt, strict=strict, facets=facets,
-                                       progress=not quiet and not as_json and sys.stderr.isatty())
+                                       progress=not quiet and not as_json)
             stopped = None
         except (InputError, StorageError) as e:
             if getattr(e, "report", None) is None:
@@ -190,6 +190,8 @@ def _print_index_report(report, as_json: bool) -> None:
     for err in report.errors:
         if err != report.stopped:
             click.echo(f"warning: {err}", err=True)
+    for note in report.repeated:
+        click.echo(f"warning: {note}", err=True)
     skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items())) or "none"
     click.echo(
         f"read {report.read}, indexed {report.indexed}, replaced {report.replaced}, unchanged {report.unchanged}, "
@@ -266,10 +268,11 @@ def _short(s: str, n: int = 160) -> str:
 @backend_options
 @handle_errors
 def delete_cmd(paper_ids, **kw):
-    """Delete papers by id."""
+    """Delete papers by id (ids that are not in the index are named; the exit status stays 0)."""
     with _open(kw, create=False) as index:
-        n = index.delete(paper_ids)
-    click.echo(f"deleted {n} of {len(paper_ids)}")
+        deleted, missing = index.delete_papers(paper_ids)
+    click.echo(f"deleted {len(deleted)} of {len(deleted) + len(missing)}"
+               + (f"; not in the index: {', '.join(missing)}" if missing else ""))
 
 
 @main.command("stats")

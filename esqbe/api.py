@@ -21,7 +21,8 @@ from typing import Iterable, Iterator, Sequence
 
 from .backends.base import Backend, BackendError, IndexedPaper, IndexMeta, ModelMismatchError, UpsertResult
 from .config import Settings, load_settings
-from .papers import Paper, split_sentences
+from .papers import Paper, normalize_label, split_sentences
+from .progress import Progress
 from .readers import InputError, ReadReport, check_source, read_papers
 from .search import QueryError, QueryResult, run_query, select_query_sentences
 
@@ -116,6 +117,8 @@ class IndexReport:
     #: a --strict run: the error it stopped at, and the sources (or rest of one) it did not read
     stopped: str | None = None
     not_read: list[str] = field(default_factory=list)
+    #: `file:line: id: ...` for each record whose id repeats an earlier line of its file (the later one wins)
+    repeated: list[str] = field(default_factory=list)
 
     @property
     def stored(self) -> int:
@@ -155,6 +158,7 @@ class IndexReport:
             "stopped": self.stopped,
             "not_read": list(self.not_read),
             "failed": self.failure_message() or None,
+            "repeated": list(self.repeated),
         }
 
 
@@ -248,7 +252,7 @@ class Index:
         return self._tagger or None
 
     # --- writing --------------------------------------------------------------------------------
-    def _encode(self, papers: list[Paper], facets: str) -> tuple[list[IndexedPaper], int]:
+    def _encode(self, papers: list[Paper], facets: str, on_progress=None) -> tuple[list[IndexedPaper], int]:
         """Sentence vectors (and predicted facet labels where needed) for a batch, in one encoder pass."""
         needs_tags = [facets == "predict" or (facets == "keep" and not p.is_labeled) for p in papers]
         if any(needs_tags) and self.tagger is None:
@@ -256,7 +260,8 @@ class Index:
         on_batch = None
         if any(needs_tags) and self.settings.encoder_mode == "contextual":
             on_batch = self.tagger.listener()
-        vectors = self.encoder.sentence_vectors(papers, self.settings.encoder_mode, on_batch=on_batch)
+        vectors = self.encoder.sentence_vectors(papers, self.settings.encoder_mode, on_batch=on_batch,
+                                                on_progress=on_progress)
         tagged = 0
         if any(needs_tags):
             labels = self.tagger.collect(papers) if on_batch is not None else self.tagger.tag(papers)
@@ -322,7 +327,7 @@ class Index:
         report = report or IndexReport()
         start = time.perf_counter()
         self.check_model()  # before any weights are loaded
-        bar = _bar(progress)
+        bar = progress if isinstance(progress, Progress) else Progress() if progress else None
         stop: list[InputError] = []
         ensured = False
 
@@ -342,7 +347,7 @@ class Index:
                         if not ensured:
                             self._ensure_index()
                             ensured = True
-                        indexed, tagged = self._encode(fresh, facets)
+                        indexed, tagged = self._encode(fresh, facets, bar.update if bar is not None else None)
                         result = self.backend.upsert(indexed)
                         report.tagged += tagged
                         report.indexed += result.added
@@ -354,9 +359,11 @@ class Index:
                                          f"{report.stored} paper(s) of this run were committed before it")
                     error.report = report
                     raise error from e
-                bar.update(len(batch))
+                if bar is not None:
+                    bar.update(len(batch) - len(fresh))  # the encoded ones were counted per encoder batch
         finally:
-            bar.close()
+            if bar is not None and bar is not progress:
+                bar.close()
             report.seconds += time.perf_counter() - start
         if stop:
             raise stop[0]
@@ -403,13 +410,29 @@ class Index:
         report.errors.extend(str(e) for e in problems.values())
         if len(problems) < len(sources):
             self.preflight()
+        bar = progress if isinstance(progress, Progress) else None
+        if progress is True:
+            sizes = [os.path.getsize(s) if isinstance(s, (str, os.PathLike)) and str(s) != "-" else None
+                     for i, s in enumerate(sources) if i not in problems]
+            bar = Progress(total_bytes=None if None in sizes else sum(sizes))
+        try:
+            self._index_sources(sources, problems, format, strict, facets, bar, report)
+        finally:
+            if bar is not None:
+                bar.close()
+        return report
+
+    def _index_sources(self, sources, problems, format, strict, facets, bar, report) -> None:
+        done_bytes = 0
         for i, source in enumerate(sources):
             if i in problems:
                 continue
             reader_report = ReadReport()
+            if bar is not None:
+                bar.position = lambda: done_bytes + reader_report.position
             try:
                 self.add_papers(read_papers(source, format, strict=strict, report=reader_report), facets=facets,
-                                report=report, progress=progress)
+                                report=report, progress=bar)
             except InputError as e:
                 report.errors.append(str(e))
                 if not strict:  # not a line-level problem the reader could report and pass over
@@ -428,13 +451,24 @@ class Index:
                 report.read += reader_report.read
                 report.skipped.update(reader_report.skipped)
                 report.errors.extend(str(e) for e in reader_report.errors)
-        return report
+                report.repeated.extend(reader_report.repeated)
+                done_bytes += reader_report.position
 
     def delete(self, paper_ids: Iterable[str]) -> int:
         try:
             return self.backend.delete(paper_ids)
         except _STORAGE_ERRORS as e:
             raise StorageError(f"cannot write the index at {self._where()}: {_reason(e)}") from e
+
+    def delete_papers(self, paper_ids: Iterable[str]) -> tuple[list[str], list[str]]:
+        """Delete papers by id; returns (deleted ids, ids that were not in the index)."""
+        ids = list(dict.fromkeys(str(p) for p in paper_ids))
+        try:
+            present = self.backend.content_hashes(ids)
+        except _STORAGE_ERRORS as e:
+            raise StorageError(f"cannot read the index at {self._where()}: {_reason(e)}") from e
+        self.delete([p for p in ids if p in present])
+        return [p for p in ids if p in present], [p for p in ids if p not in present]
 
     def stats(self) -> dict:
         try:
@@ -479,6 +513,13 @@ class Index:
                 from .papers import normalize_label
 
                 paper.facets = [normalize_label(x) for x in paper.facets]
+            if facet is not None and normalize_label(facet) not in paper.facets:
+                labelled = sorted(set(paper.facets) - {"unlabeled"})
+                raise QueryError(
+                    f"the query text has no {facet} sentence: "
+                    + (f"the tagger labels its {len(sents)} sentence(s) {', '.join(labelled)}" if labelled
+                       else "no facet tagger is available to label it")
+                    + "; ask for another --facet, or leave --facet out to query with every sentence")
             vectors = self.encoder.sentence_vectors([paper], meta.encoder_mode)[0]
             query = IndexedPaper(paper, vectors)
         indices = select_query_sentences(query, facet, sentences)
@@ -528,22 +569,6 @@ def _batches(items: Iterable, n: int) -> Iterator[list]:
             batch = []
     if batch:
         yield batch
-
-
-class _NoBar:
-    def update(self, n):
-        pass
-
-    def close(self):
-        pass
-
-
-def _bar(enabled: bool):
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(desc="indexing", unit=" papers", file=sys.stderr, dynamic_ncols=True)
 
 
 __all__ = ["open_index", "open_backend", "Index", "IndexReport", "QueryError", "InputError", "ModelMismatchError", "BackendError",

@@ -211,10 +211,13 @@ class Encoder:
         bar.close()
         return out
 
-    def independent_sentence_vectors(self, papers: Sequence[Paper], *, progress: bool = False) -> list[np.ndarray]:
+    def independent_sentence_vectors(self, papers: Sequence[Paper], *, progress: bool = False,
+                                     on_progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
         """Each sentence encoded on its own, without its abstract."""
         flat = [s for p in papers for s in p.sentences]
         vecs = self.encode_texts(flat, progress=progress)
+        if on_progress is not None:
+            on_progress(len(papers))
         out, pos = [], 0
         for p in papers:
             out.append(vecs[pos : pos + len(p.sentences)])
@@ -242,6 +245,7 @@ class Encoder:
         *,
         progress: bool = False,
         on_batch: Callable[[EncodedBatch], None] | None = None,
+        on_progress: Callable[[int], None] | None = None,
     ) -> list[np.ndarray]:
         """Encode `title [SEP] sentences...` once per paper; a sentence's vector is the mean of its tokens.
 
@@ -267,6 +271,7 @@ class Encoder:
         order = np.argsort([-(len(t) + len(b)) for t, b, _ in row_texts], kind="stable")
         bar = _progress(len(papers), "encoding", progress)
         rows_left = Counter(pi for pi, _ in rows)
+        finished = 0
         torch = self._torch
         for start in range(0, len(order), self.batch_size):
             batch = [int(r) for r in order[start : start + self.batch_size]]
@@ -298,8 +303,12 @@ class Encoder:
                 rows_left[pi] -= 1
                 if rows_left[pi] == 0:
                     bar.update(1)
+                    finished += 1
             if on_batch is not None:
                 on_batch(EncodedBatch(out.hidden_states, enc["attention_mask"], spans, [rows[r] for r in batch]))
+            if on_progress is not None and finished:
+                on_progress(finished)  # papers whose every window is encoded, once per encoder batch
+                finished = 0
         bar.close()
         return vectors
 

@@ -68,14 +68,21 @@ class ReadReport:
     yielded: int = 0
     skipped: collections.Counter = field(default_factory=collections.Counter)
     errors: list[InputError] = field(default_factory=list)
+    #: `file:line: id: ...` for each record whose id repeats an earlier line of the same source
+    repeated: list[str] = field(default_factory=list)
+    #: bytes of the source consumed so far (for progress; 0 for stdin and streams)
+    position: int = 0
 
     def summary(self) -> dict:
-        return {
+        summary = {
             "read": self.read,
             "yielded": self.yielded,
             "skipped": dict(sorted(self.skipped.items())),
             "errors": [str(e) for e in self.errors],
         }
+        if self.repeated:
+            summary["repeated"] = list(self.repeated)
+        return summary
 
 
 class _Invalid(Exception):
@@ -337,7 +344,8 @@ _PARSERS = {
 
 
 def _open_source(source, stack: ExitStack) -> tuple[str, Iterator]:
-    """(name for messages, iterator of raw lines as bytes or str) for a path, `-` or a stream."""
+    """(name for messages, iterator of raw lines as bytes or str) for a path, `-` or a stream.
+    For a path, `_tell` is set to the bytes of the file consumed so far (compressed bytes for gzip)."""
     if isinstance(source, str) and source == "-":
         stream = getattr(sys.stdin, "buffer", None)
         if stream is None:  # a text stream put in place of stdin: already decoded, cannot be gzip
@@ -351,6 +359,7 @@ def _open_source(source, stack: ExitStack) -> tuple[str, Iterator]:
         return str(getattr(source, "name", "<stream>")), iter(source)
     name = str(source)
     f = stack.enter_context(open(source, "rb"))
+    stack.tell = f.tell  # progress: how far into the file we are
     if f.peek(2)[:2] == _GZIP_MAGIC:  # by content, so a `.gz` name is neither needed nor trusted
         f = stack.enter_context(gzip.open(f, "rb"))
     return name, iter(f)
@@ -368,10 +377,11 @@ def _decode(raw, lineno: int) -> str:
 
 
 def _parse_json(line: str) -> dict:
+    line = line.rstrip("\r\n")  # else an error at the end of the line is placed in column 1 of the next one
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
-        raise _Invalid("json", f"{e.msg} (column {e.colno})") from None
+        raise _Invalid("json", f"{e.msg} (column {e.pos + 1})") from None
     if not isinstance(record, dict):
         raise _Invalid("record", f"expected a JSON object, got {_type_name(record)}")
     return record
@@ -387,8 +397,8 @@ def read_papers(
 ) -> Iterator[Paper]:
     """Yield the papers of one source, filling `report` with what was read, skipped or wrong.
 
-    An unknown `format` raises ValueError at once; a source whose format cannot be detected raises
-    InputError (even without `strict`: every line would fail). `raw_labels=True` keeps `objective`
+    An unknown `format` raises ValueError at once; a line whose format cannot be detected (before any
+    line could be) is an InputError like any bad line, and detection goes on with the next line. `raw_labels=True` keeps `objective`
     apart from `background`, for training the facet tagger on the five CSAbstruct labels.
     """
     if format is not None and format not in FORMATS:
@@ -406,7 +416,10 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
                 raise error from None
             report.errors.append(error)
             return
+        tell = getattr(stack, "tell", None)
         lineno = 0
+        detected_at = None  # the line the format was detected from (None: given by the caller)
+        seen: dict[str, int] = {}  # paper id -> the line it was last read from
         while True:
             try:
                 raw = next(lines)
@@ -419,19 +432,32 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
                 report.errors.append(error)
                 break
             lineno += 1
+            if tell is not None:
+                report.position = tell()
             if not raw.strip():
                 continue
             report.read += 1
+            record = None
             try:
                 record = _parse_json(_decode(raw, lineno))
                 if fmt is None:
                     try:
                         fmt = detect_format(record)
-                    except ValueError as e:
-                        raise InputError(name, lineno, "format", str(e)) from None
+                        detected_at = lineno
+                    except ValueError as e:  # this line: a later one may still tell the format
+                        raise _Invalid("format", str(e)) from None
                 paper = _PARSERS[fmt](record, raw_labels)
             except _Invalid as e:
-                error = InputError(name, lineno, e.field, e.reason)
+                reason = e.reason
+                if detected_at is not None and isinstance(record, dict) and e.field != "format":
+                    try:
+                        looks_like = detect_format(record)
+                    except ValueError:
+                        looks_like = None
+                    if looks_like not in (None, fmt):
+                        reason += (f" (the format was detected as {fmt} from line {detected_at}; this record looks like "
+                                   f"{looks_like}: split the file by format, or pass --format)")
+                error = InputError(name, lineno, e.field, reason)
                 if strict:
                     raise error from None
                 report.errors.append(error)
@@ -439,5 +465,9 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
             except _Skip as e:
                 report.skipped[e.reason] += 1
                 continue
+            if paper.paper_id in seen:
+                report.repeated.append(f"{name}:{lineno}: id: {paper.paper_id!r} repeats line {seen[paper.paper_id]} "
+                                       "of this file; this later record replaces it")
+            seen[paper.paper_id] = lineno
             report.yielded += 1
             yield paper

@@ -432,3 +432,113 @@ def test_reindexing_unlabelled_papers_that_were_tagged_encodes_nothing(tmp_path,
         assert encoded == ["t2"]
     finally:
         del encoder.sentence_vectors
+
+
+# ---------------------------------------------------------------- 10: the smaller ones
+
+
+def test_repeated_id_in_a_file_names_both_lines(run, tmp_path):
+    lines = SAMPLE.read_text().splitlines()[:3]
+    src = tmp_path / "dup.jsonl"
+    src.write_text("\n".join([lines[0], lines[1], lines[2], lines[0]]) + "\n")
+    r = run("index", "--path", tmp_path / "ix", src)
+    assert r.exit_code == 0, r.output
+    assert f"warning: {src}:4: id: '{FIRST_ID}' repeats line 1 of this file; this later record replaces it" in r.output
+    assert "replaced 1" in r.output
+
+
+def test_json_errors_point_at_the_column_on_the_bad_line(tmp_path):
+    from esqbe.readers import ReadReport, read_papers
+
+    src = tmp_path / "cut.jsonl"
+    src.write_text('{"paper_id": "x", "sentences": ["a"]\n{"paper_id": "y", "sentences": ["a"] "labels": null}\r\n')
+    report = ReadReport()
+    list(read_papers(str(src), report=report))
+    assert [str(e) for e in report.errors] == [
+        f"{src}:1: json: Expecting ',' delimiter (column 37)",  # the end of the cut line, not column 1
+        f"{src}:2: json: Expecting ',' delimiter (column 38)",
+    ]
+
+
+def test_a_record_of_another_format_says_where_the_format_was_detected(tmp_path):
+    from esqbe.readers import ReadReport, read_papers
+
+    src = tmp_path / "mixed.jsonl"
+    src.write_text(json.dumps({"id": "p1", "title": "T", "abstract": "One. Two."}) + "\n"
+                   + SAMPLE.read_text().splitlines()[0] + "\n")
+    report = ReadReport()
+    list(read_papers(str(src), report=report))
+    [error] = report.errors
+    assert str(error) == (f"{src}:2: id: missing (the format was detected as jsonl from line 1; this record looks like "
+                          "csabstruct: split the file by format, or pass --format)")
+
+
+def test_query_and_stats_on_a_directory_that_is_not_an_index_leave_it_alone(run, tmp_path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "todo.txt").write_text("x")
+    for args in (("stats",), ("query", "--paper", "x", "--facet", "method"), ("delete", "x")):
+        r = run(*args, "--path", folder)
+        assert r.exit_code == 1, r.output
+        assert r.output == f"error: {folder} is not an esqbe index (no papers.sqlite in it); give the index's directory\n"
+    assert sorted(os.listdir(folder)) == ["todo.txt"]
+
+
+def test_text_query_with_a_facet_the_tagger_did_not_find_says_so(run, built):
+    r = run("query", "--path", built, "--text", "We propose a new graph parser. It is trained with a margin loss.",
+            "--facet", "result")
+    assert r.exit_code == 1
+    assert r.output.startswith("error: the query text has no result sentence: the tagger labels its 2 sentence(s) ")
+    assert "query has no sentence" not in r.output and "paper query" not in r.output
+
+
+def test_delete_names_the_ids_that_were_not_there(run, tmp_path, sample):
+    ix = tmp_path / "ix"
+    assert run("index", "--path", ix, "--quiet", sample(3)).exit_code == 0
+    r = run("delete", "--path", ix, "csabstruct-train-0001", "nope", "gone")
+    assert r.exit_code == 0
+    assert r.output == "deleted 1 of 3; not in the index: nope, gone\n"
+
+
+def test_progress_has_a_total_moves_per_encoder_batch_and_prints_lines_off_a_terminal(tmp_path, encoder, sample):
+    import io
+
+    from esqbe.progress import Progress
+
+    src = sample(12)
+    index = esqbe.open_index(str(tmp_path / "ix"), encoder=encoder)
+    small_batches = encoder.batch_size
+    encoder.batch_size = 4
+    try:
+        log = io.StringIO()
+        progress = Progress(total_bytes=src.stat().st_size, stream=log, interval=0, tty=False)
+        index.index_files([str(src)], progress=progress)
+        progress.close()
+    finally:
+        encoder.batch_size = small_batches
+    lines = log.getvalue().splitlines()
+    counts = [int(l.split(": ")[1].split(" papers")[0]) for l in lines]
+    assert len(lines) >= 3 + 1  # one line per encoder batch of 4 (commit_every is 128), and a last one
+    assert counts == sorted(counts) and counts[0] < 12 and counts[-1] == 12
+    assert f"of {src.stat().st_size / 1024:.1f} KB" in lines[-1] and "(100%)" in lines[-1] and "done in" in lines[-1]
+    # on a terminal: a bar over the input's bytes (the total is the files' size)
+    tty = io.StringIO()
+    bar = Progress(total_bytes=2048, stream=tty, tty=True)
+    bar.position = lambda: 1024
+    bar.update(3)
+    bar.close()
+    assert "1.00k/2.00k" in tty.getvalue() and "3 papers" in tty.getvalue() and "50%" in tty.getvalue()
+
+
+def test_cli_prints_progress_lines_when_stderr_is_not_a_terminal(tmp_path, sample):
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    src = sample(3)
+    done = subprocess.run([sys.executable, "-m", "cli", "index", "--path", str(tmp_path / "ix"), str(src)], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "ESQBE_PROGRESS_SECONDS": "0"},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "indexing: 3 papers" in done.stderr and "done in" in done.stderr
