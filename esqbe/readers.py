@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import os
+import re
 import sys
 import zlib
 from contextlib import ExitStack
@@ -27,6 +28,7 @@ FORMATS = ("s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "js
 NO_ABSTRACT = "no abstract"
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class InputError(ValueError):
@@ -384,6 +386,11 @@ def _parse_json(line: str) -> dict:
         raise _Invalid("json", f"{e.msg} (column {e.pos + 1})") from None
     if not isinstance(record, dict):
         raise _Invalid("record", f"expected a JSON object, got {_type_name(record)}")
+    if _SURROGATE_ESCAPE.search(line):  # valid JSON, but a lone surrogate is not text that can be stored
+        try:
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise _Invalid("json", f"not valid Unicode: lone surrogate \\u{ord(e.object[e.start]):04x}") from None
     return record
 
 
