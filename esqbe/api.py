@@ -39,7 +39,7 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
             try:
                 return EmbeddedBackend(settings.path, create=create)
             except (sqlite3.Error, OSError) as e:
-                raise StorageError(f"cannot open the index at {settings.path}: {_reason(e)}") from e
+                raise StorageError(f"cannot open the index at {settings.path}: {_reason(e, settings.path)}") from e
 
         if create and not os.path.exists(settings.path):
             return _DeferredBackend(lambda: make(True))  # created by the first write, not by a run that fails first
@@ -64,11 +64,13 @@ class StorageError(BackendError):
     had committed before it (an IndexReport), when there was a run."""
 
 
-def _reason(e: BaseException) -> str:
+def _reason(e: BaseException, path: str | None = None) -> str:
+    """A storage failure in words (sqlite says 'unable to open database file' for a read-only directory)."""
     text = getattr(e, "strerror", None) or str(e) or type(e).__name__
     if "disk is full" in text or getattr(e, "errno", None) == errno.ENOSPC:
         return f"the disk is full ({text})"
-    if "readonly" in text or "read-only" in text or getattr(e, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM):
+    if ("readonly" in text or "read-only" in text or getattr(e, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM)
+            or (path is not None and os.path.isdir(path) and not os.access(path, os.W_OK))):
         return f"the index is read-only here ({text})"
     return text
 
@@ -355,7 +357,7 @@ class Index:
                         report.unchanged += result.unchanged
                         report.errors.extend(result.errors)
                 except _STORAGE_ERRORS as e:
-                    error = StorageError(f"cannot write the index at {self._where()}: {_reason(e)}; "
+                    error = StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}; "
                                          f"{report.stored} paper(s) of this run were committed before it")
                     error.report = report
                     raise error from e
@@ -458,7 +460,7 @@ class Index:
         try:
             return self.backend.delete(paper_ids)
         except _STORAGE_ERRORS as e:
-            raise StorageError(f"cannot write the index at {self._where()}: {_reason(e)}") from e
+            raise StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}") from e
 
     def delete_papers(self, paper_ids: Iterable[str]) -> tuple[list[str], list[str]]:
         """Delete papers by id; returns (deleted ids, ids that were not in the index)."""
@@ -466,7 +468,7 @@ class Index:
         try:
             present = self.backend.content_hashes(ids)
         except _STORAGE_ERRORS as e:
-            raise StorageError(f"cannot read the index at {self._where()}: {_reason(e)}") from e
+            raise StorageError(f"cannot read the index at {self._where()}: {_reason(e, self.settings.path)}") from e
         self.delete([p for p in ids if p in present])
         return [p for p in ids if p in present], [p for p in ids if p not in present]
 
@@ -475,7 +477,7 @@ class Index:
             stats = self.backend.stats()
             meta = self.backend.meta()
         except _STORAGE_ERRORS as e:
-            raise StorageError(f"cannot read the index at {self._where()}: {_reason(e)}") from e
+            raise StorageError(f"cannot read the index at {self._where()}: {_reason(e, self.settings.path)}") from e
         if meta is not None:
             stats["model_fingerprint"] = meta.fingerprint
             stats["model_source"] = meta.model_source
