@@ -97,7 +97,7 @@ def test_every_line_is_yielded_skipped_or_reported_never_an_exception(tmp_path, 
     path = tmp_path / "in.jsonl"
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8", errors="surrogatepass")
     papers, report = _read(path, given_format)
-    non_blank = [i + 1 for i, line in enumerate(lines) if line.strip()]
+    non_blank = [i + 1 for i, line in enumerate(lines) if line.encode("utf-8", "surrogatepass").strip()]  # ASCII blanks
     assert report.read == len(non_blank)
     _accounted(report)
     assert len(papers) == report.yielded
