@@ -316,19 +316,19 @@ def test_disk_full_is_a_clear_error_and_the_committed_papers_survive(run, tmp_pa
     mnt = tmpfs("256k")
     cfg = tmp_path / "esqbe.yaml"
     cfg.write_text("commit_every: 2\n")
-    src = sample(24)
+    src = sample(12)
     r = run("index", "--config", cfg, "--path", mnt / "ix", "--quiet", src)
     assert r.exit_code == 3, r.output
     assert f"error: cannot write the index at {mnt / 'ix'}: the disk is full" in r.output
     committed = int(r.output.split(" paper(s) of this run were committed")[0].rsplit(" ", 1)[1])
-    assert 0 < committed < 24 and committed % 2 == 0
+    assert 0 < committed < 12 and committed % 2 == 0
     assert f"indexed {committed}," in r.output  # the summary is printed too
     tmpfs.remount("size=64m")
     stats = json.loads(run("stats", "--path", mnt / "ix", "--json").output)
     assert stats["papers"] == committed
     r = run("index", "--config", cfg, "--path", mnt / "ix", "--quiet", "--json", src)
     assert r.exit_code == 0, r.output
-    assert (json.loads(r.output)["unchanged"], json.loads(r.output)["indexed"]) == (committed, 24 - committed)
+    assert (json.loads(r.output)["unchanged"], json.loads(r.output)["indexed"]) == (committed, 12 - committed)
 
 
 def test_read_only_index_gives_one_clean_line_for_every_command(run, tmp_path, sample, tmpfs):
