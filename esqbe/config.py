@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,11 +50,18 @@ class Settings:
     candidate_facet: str = "same"  # same: a facet query matches candidate sentences of that facet | all: every sentence
     final_bm25_weight: float = 0.1  # rescorer score fused with BM25 (per-query min-max), 0 = rescorer alone
 
-    def replace(self, **changes) -> "Settings":
+    def replace(self, _source: str | None = None, **changes) -> "Settings":
+        """A copy with `changes` (None = not given) coerced and validated; `_source` (a config file,
+        an environment variable) is named in the error, so a bad value is found where it was written."""
         clean = {k: v for k, v in changes.items() if v is not None}
         unknown = set(clean) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        clean = {k: _coerce(k, v, _source) for k, v in clean.items()}
+        for name, value in clean.items():
+            reason = check_value(name, value)
+            if reason:
+                raise ConfigError(f"{_source + ': ' if _source else ''}{name}: {reason}")
         return dataclasses.replace(self, **clean)
 
     def to_dict(self, *, redact: bool = True) -> dict:
@@ -79,24 +87,76 @@ _ENV = {
 }
 
 
-def _coerce(name: str, value, source: str):
+#: allowed values of the settings that name a choice (`rescorer` is checked against the registry)
+CHOICES = {
+    "backend": ("embedded", "elasticsearch", "opensearch"),
+    "encoder_mode": ("contextual", "independent"),
+    "facets": ("keep", "predict", "none"),
+    "fusion": ("rrf", "linear", "bm25", "knn"),
+    "candidate_facet": ("same", "all"),
+}
+#: inclusive bounds of the numeric settings (a sane maximum guards against typos like k: 1000000)
+MAX_K = 10_000
+RANGES = {
+    "k": (1, MAX_K),
+    "rescore_depth": (1, MAX_K),
+    "knn_k": (1, MAX_K),
+    "bm25_k": (1, MAX_K),
+    "batch_size": (1, 4096),
+    "commit_every": (1, 1_000_000),
+    "fusion_bm25_weight": (0.0, 1.0),
+    "final_bm25_weight": (0.0, 1.0),
+}
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def check_value(name: str, value) -> str | None:
+    """Why `value` is not valid for setting `name`, or None if it is."""
+    if value is None:
+        return None
+    if name in CHOICES and value not in CHOICES[name]:
+        return f"{value!r} is not one of {', '.join(CHOICES[name])}"
+    if name == "rescorer":
+        from .rescore import available_rescorers
+
+        if value not in available_rescorers():
+            return f"unknown rescorer {value!r}; choose one of {', '.join(available_rescorers())}"
+    if name == "device" and not _DEVICE.match(str(value)):
+        return f"{value!r} is not a torch device; use cpu, cuda, cuda:N, mps or auto"
+    if name in RANGES:
+        lo, hi = RANGES[name]
+        if value != value or not lo <= value <= hi:  # value != value: NaN
+            return f"must be between {lo} and {hi} (got {value})"
+    if name in ("path", "index") and not str(value).strip():
+        return "must not be empty"
+    return None
+
+
+def _coerce(name: str, value, source: str | None):
     ftype = {f.name: f.type for f in dataclasses.fields(Settings)}[name]
     try:
         if "int" in ftype and "str" not in ftype:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(f"expected an integer, got {value!r}")
             return int(value)
         if "float" in ftype:
+            if isinstance(value, bool):
+                raise ValueError(f"expected a number, got {value!r}")
             return float(value)
         if "bool" in ftype:
             if isinstance(value, bool):
                 return value
-            return str(value).strip().lower() in ("1", "true", "yes", "on")
+            word = str(value).strip().lower()
+            if word not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError(f"expected true or false, got {value!r}")
+            return word in ("1", "true", "yes", "on")
         if "dict" in ftype:
             if not isinstance(value, dict):
                 raise TypeError("expected a mapping")
             return dict(value)
         return None if value is None else str(value)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{source}: {name}: {e}") from None
+        raise ConfigError(f"{source + ': ' if source else ''}{name}: {e}") from None
 
 
 def load_settings(config_path: str | os.PathLike | None = None, *, env: dict | None = None, **overrides) -> Settings:
@@ -122,7 +182,8 @@ def load_settings(config_path: str | os.PathLike | None = None, *, env: dict | N
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"{p}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        settings = settings.replace(**{k: _coerce(k, v, str(p)) for k, v in data.items() if v is not None})
-    from_env = {name: _coerce(name, env[var], var) for var, name in _ENV.items() if env.get(var)}
-    settings = settings.replace(**from_env)
+        settings = settings.replace(str(p), **{k: v for k, v in data.items() if v is not None})
+    for var, name in _ENV.items():
+        if env.get(var):
+            settings = settings.replace(var, **{name: env[var]})
     return settings.replace(**overrides)

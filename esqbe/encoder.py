@@ -7,7 +7,9 @@ Vectors are L2-normalised, so cosine = dot product and L2 distance ranks the sam
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import sys
 from collections import Counter
@@ -55,11 +57,91 @@ def resolve_model(model: str | None) -> tuple[str, str]:
     )
 
 
+#: the files of a model directory that determine its vectors: configuration, tokenizer, weights
+_FINGERPRINT_NAMES = {"config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                      "merges.txt", "special_tokens_map.json", "added_tokens.json"}
+_FINGERPRINT_SUFFIXES = (".safetensors", ".bin", ".model", ".index.json")
+_FINGERPRINTS: dict = {}  # (dir, file sizes and mtimes) -> fingerprint, so a process hashes a model once
+
+
+def fingerprint_dir(path: str | os.PathLike) -> str:
+    """`sha256:<hex>` over the names and contents of the files that determine a model's vectors
+    (config, tokenizer, weights): the same model under any name or path has the same fingerprint."""
+    path = Path(path).resolve()
+    files = sorted(f for f in path.iterdir() if f.is_file()
+                   and (f.name in _FINGERPRINT_NAMES or f.name.endswith(_FINGERPRINT_SUFFIXES)))
+    key = (str(path), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    if key not in _FINGERPRINTS:
+        h = hashlib.sha256()
+        for f in files:
+            with open(f, "rb") as fh:
+                digest = hashlib.file_digest(fh, "sha256").hexdigest()
+            h.update(f"{f.name}\0{digest}\n".encode())
+        _FINGERPRINTS[key] = "sha256:" + h.hexdigest()
+    return _FINGERPRINTS[key]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model's identity, known without loading it."""
+
+    source: str  # what transformers loads from (a directory, or a hub name)
+    name: str  # a human name: the package, the hub name, or the directory's name
+    location: str  # what an index stores to find the model again: an absolute directory, a package or hub name
+    fingerprint: str | None  # fingerprint_dir() of the files; None for a hub model not in the local cache
+    dim: int | None  # hidden size from config.json
+
+
+def model_info(model: str | None) -> ModelInfo:
+    """Where `model` loads from and what identifies it (see `resolve_model`), without loading weights."""
+    model = model or DEFAULT_MODEL
+    source, name = resolve_model(model)
+    directory = Path(source) if Path(source).is_dir() else None
+    if directory is None:  # a hub name: fingerprint the cached snapshot when there is one
+        try:
+            from huggingface_hub import snapshot_download
+
+            directory = Path(snapshot_download(source, local_files_only=True))
+        except Exception:  # not cached, no hub library, offline: identified by name only
+            directory = None
+    is_local_dir = Path(model).expanduser().is_dir()
+    location = str(Path(model).expanduser().resolve()) if is_local_dir else model
+    if is_local_dir and directory is not None and directory.resolve().name == "model" \
+            and (directory.resolve().parent / "__init__.py").exists():
+        name = directory.resolve().parent.name.replace("_", "-")  # a package's model/ directory: the package's name
+    fingerprint, dim = None, None
+    if directory is not None:
+        fingerprint = fingerprint_dir(directory)
+        try:
+            dim = int(json.loads((directory / "config.json").read_text()).get("hidden_size"))
+        except (OSError, ValueError, TypeError):
+            dim = None
+    return ModelInfo(source, name, location, fingerprint, dim)
+
+
+class DeviceError(RuntimeError):
+    """The requested torch device does not exist on this machine."""
+
+
 def _pick_device(device: str | None) -> str:
     import torch
 
     if device in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU; "
+                              "use --device cpu (or auto)")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise DeviceError(f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
+    elif device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise DeviceError("device 'mps' asked for, but this torch has no MPS (Apple GPU) support here; use --device cpu")
+    elif device not in ("cpu", "mps"):
+        try:
+            torch.device(device)
+        except (RuntimeError, ValueError) as e:
+            raise DeviceError(f"device {device!r} is not a torch device ({e}); use cpu, cuda, cuda:N, mps or auto") from None
     return device
 
 
@@ -85,8 +167,11 @@ class Encoder:
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-        source, self.name = resolve_model(model)
+        info = model_info(model)
+        source, self.name, self.location, self.fingerprint = info.source, info.name, info.location, info.fingerprint
         offline = not source.count("/") or Path(source).is_dir()
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
         self.device = _pick_device(device)
         self.batch_size = int(batch_size)
         try:
@@ -126,10 +211,13 @@ class Encoder:
         bar.close()
         return out
 
-    def independent_sentence_vectors(self, papers: Sequence[Paper], *, progress: bool = False) -> list[np.ndarray]:
+    def independent_sentence_vectors(self, papers: Sequence[Paper], *, progress: bool = False,
+                                     on_progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
         """Each sentence encoded on its own, without its abstract."""
         flat = [s for p in papers for s in p.sentences]
         vecs = self.encode_texts(flat, progress=progress)
+        if on_progress is not None:
+            on_progress(len(papers))
         out, pos = [], 0
         for p in papers:
             out.append(vecs[pos : pos + len(p.sentences)])
@@ -157,6 +245,7 @@ class Encoder:
         *,
         progress: bool = False,
         on_batch: Callable[[EncodedBatch], None] | None = None,
+        on_progress: Callable[[int], None] | None = None,
     ) -> list[np.ndarray]:
         """Encode `title [SEP] sentences...` once per paper; a sentence's vector is the mean of its tokens.
 
@@ -182,6 +271,7 @@ class Encoder:
         order = np.argsort([-(len(t) + len(b)) for t, b, _ in row_texts], kind="stable")
         bar = _progress(len(papers), "encoding", progress)
         rows_left = Counter(pi for pi, _ in rows)
+        finished = 0
         torch = self._torch
         for start in range(0, len(order), self.batch_size):
             batch = [int(r) for r in order[start : start + self.batch_size]]
@@ -213,8 +303,12 @@ class Encoder:
                 rows_left[pi] -= 1
                 if rows_left[pi] == 0:
                     bar.update(1)
+                    finished += 1
             if on_batch is not None:
                 on_batch(EncodedBatch(out.hidden_states, enc["attention_mask"], spans, [rows[r] for r in batch]))
+            if on_progress is not None and finished:
+                on_progress(finished)  # papers whose every window is encoded, once per encoder batch
+                finished = 0
         bar.close()
         return vectors
 

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import collections
 import gzip
+import io
 import json
+import os
+import re
 import sys
 import zlib
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 from esqbe.papers import Paper, normalize_label, split_sentences
@@ -24,17 +28,34 @@ FORMATS = ("s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "js
 NO_ABSTRACT = "no abstract"
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class InputError(ValueError):
     """One bad input line, located precisely enough to fix it by hand."""
 
-    def __init__(self, source: str, line: int, field: str, reason: str):
+    def __init__(self, source: str, line: int | None, field: str, reason: str):
         self.source = source
         self.line = line
         self.field = field
         self.reason = reason
-        super().__init__(f"{source}:{line}: {field}: {reason}")
+        where = f"{source}:{line}" if line else str(source)  # no line: the source as a whole (missing, a directory)
+        super().__init__(f"{where}: {field}: {reason}")
+
+
+def check_source(source) -> InputError | None:
+    """Why `source` cannot be read at all (missing, a directory, not readable), or None; checked for
+    every input before anything is loaded, so a bad name is found in a second, not after the first file."""
+    if not isinstance(source, (str, os.PathLike)) or str(source) == "-":
+        return None
+    path = Path(source)
+    if not path.exists():
+        return InputError(str(source), None, "file", "no such file")
+    if path.is_dir():
+        return InputError(str(source), None, "file", "is a directory, not a file of papers")
+    if not os.access(path, os.R_OK):
+        return InputError(str(source), None, "file", "permission denied")
+    return None
 
 
 @dataclass
@@ -42,21 +63,28 @@ class ReadReport:
     """What happened to every line, so a caller can show the user that nothing was lost.
 
     For line-level outcomes `read == yielded + sum(skipped.values()) + len(errors)`; a source that
-    cannot be read to its end (corrupt gzip) adds one error for the unread rest.
+    cannot be opened (missing, a directory) or read to its end (corrupt gzip) adds one error for it.
     """
 
     read: int = 0
     yielded: int = 0
     skipped: collections.Counter = field(default_factory=collections.Counter)
     errors: list[InputError] = field(default_factory=list)
+    #: `file:line: id: ...` for each record whose id repeats an earlier line of the same source
+    repeated: list[str] = field(default_factory=list)
+    #: bytes of the source consumed so far (for progress; 0 for stdin and streams)
+    position: int = 0
 
     def summary(self) -> dict:
-        return {
+        summary = {
             "read": self.read,
             "yielded": self.yielded,
             "skipped": dict(sorted(self.skipped.items())),
             "errors": [str(e) for e in self.errors],
         }
+        if self.repeated:
+            summary["repeated"] = list(self.repeated)
+        return summary
 
 
 class _Invalid(Exception):
@@ -470,13 +498,22 @@ _PARSERS = {
 
 
 def _open_source(source, stack: ExitStack) -> tuple[str, Iterator]:
-    """(name for messages, iterator of raw lines as bytes or str) for a path, `-` or a stream."""
+    """(name for messages, iterator of raw lines as bytes or str) for a path, `-` or a stream.
+    For a path, `_tell` is set to the bytes of the file consumed so far (compressed bytes for gzip)."""
     if isinstance(source, str) and source == "-":
-        return "<stdin>", iter(getattr(sys.stdin, "buffer", sys.stdin))
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None:  # a text stream put in place of stdin: already decoded, cannot be gzip
+            return "<stdin>", iter(sys.stdin)
+        if not hasattr(stream, "peek"):
+            stream = io.BufferedReader(stream)
+        if stream.peek(2)[:2] == _GZIP_MAGIC:  # `cat x.jsonl.gz | esqbe index -`: sniffed as files are
+            stream = stack.enter_context(gzip.open(stream, "rb"))
+        return "<stdin>", iter(stream)
     if hasattr(source, "read"):
         return str(getattr(source, "name", "<stream>")), iter(source)
     name = str(source)
     f = stack.enter_context(open(source, "rb"))
+    stack.tell = f.tell  # progress: how far into the file we are
     if f.peek(2)[:2] == _GZIP_MAGIC:  # by content, so a `.gz` name is neither needed nor trusted
         f = stack.enter_context(gzip.open(f, "rb"))
     return name, iter(f)
@@ -494,12 +531,18 @@ def _decode(raw, lineno: int) -> str:
 
 
 def _parse_json(line: str) -> dict:
+    line = line.rstrip("\r\n")  # else an error at the end of the line is placed in column 1 of the next one
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
-        raise _Invalid("json", f"{e.msg} (column {e.colno})") from None
+        raise _Invalid("json", f"{e.msg} (column {e.pos + 1})") from None
     if not isinstance(record, dict):
         raise _Invalid("record", f"expected a JSON object, got {_type_name(record)}")
+    if _SURROGATE_ESCAPE.search(line):  # valid JSON, but a lone surrogate is not text that can be stored
+        try:
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise _Invalid("json", f"not valid Unicode: lone surrogate \\u{ord(e.object[e.start]):04x}") from None
     return record
 
 
@@ -513,8 +556,8 @@ def read_papers(
 ) -> Iterator[Paper]:
     """Yield the papers of one source, filling `report` with what was read, skipped or wrong.
 
-    An unknown `format` raises ValueError at once; a source whose format cannot be detected raises
-    InputError (even without `strict`: every line would fail). `raw_labels=True` keeps `objective`
+    An unknown `format` raises ValueError at once; a line whose format cannot be detected (before any
+    line could be) is an InputError like any bad line, and detection goes on with the next line. `raw_labels=True` keeps `objective`
     apart from `background`, for training the facet tagger on the five CSAbstruct labels.
     """
     if format is not None and format not in FORMATS:
@@ -524,8 +567,18 @@ def read_papers(
 
 def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport) -> Iterator[Paper]:
     with ExitStack() as stack:
-        name, lines = _open_source(source, stack)
+        try:
+            name, lines = _open_source(source, stack)
+        except OSError as e:  # missing, a directory, unreadable: the source as a whole is one error
+            error = check_source(source) or InputError(str(source), None, "file", e.strerror or str(e))
+            if strict:
+                raise error from None
+            report.errors.append(error)
+            return
+        tell = getattr(stack, "tell", None)
         lineno = 0
+        detected_at = None  # the line the format was detected from (None: given by the caller)
+        seen: dict[str, int] = {}  # paper id -> the line it was last read from
         while True:
             try:
                 raw = next(lines)
@@ -538,19 +591,32 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
                 report.errors.append(error)
                 break
             lineno += 1
+            if tell is not None:
+                report.position = tell()
             if not raw.strip():
                 continue
             report.read += 1
+            record = None
             try:
                 record = _parse_json(_decode(raw, lineno))
                 if fmt is None:
                     try:
                         fmt = detect_format(record)
-                    except ValueError as e:
-                        raise InputError(name, lineno, "format", str(e)) from None
+                        detected_at = lineno
+                    except ValueError as e:  # this line: a later one may still tell the format
+                        raise _Invalid("format", str(e)) from None
                 paper = _PARSERS[fmt](record, raw_labels)
             except _Invalid as e:
-                error = InputError(name, lineno, e.field, e.reason)
+                reason = e.reason
+                if detected_at is not None and isinstance(record, dict) and e.field != "format":
+                    try:
+                        looks_like = detect_format(record)
+                    except ValueError:
+                        looks_like = None
+                    if looks_like not in (None, fmt):
+                        reason += (f" (the format was detected as {fmt} from line {detected_at}; this record looks like "
+                                   f"{looks_like}: split the file by format, or pass --format)")
+                error = InputError(name, lineno, e.field, reason)
                 if strict:
                     raise error from None
                 report.errors.append(error)
@@ -558,5 +624,9 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
             except _Skip as e:
                 report.skipped[e.reason] += 1
                 continue
+            if paper.paper_id in seen:
+                report.repeated.append(f"{name}:{lineno}: id: {paper.paper_id!r} repeats line {seen[paper.paper_id]} "
+                                       "of this file; this later record replaces it")
+            seen[paper.paper_id] = lineno
             report.yielded += 1
             yield paper

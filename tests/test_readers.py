@@ -84,9 +84,11 @@ def test_s2ag_s2orc_sample_takes_title_and_abstract_from_spans():
 @needs_shared
 def test_s2ag_papers_records_are_refused_as_they_have_no_abstract():
     with pytest.raises(InputError) as excinfo:
-        read_all(S2AG / "papers-sample.jsonl.gz")
+        read_all(S2AG / "papers-sample.jsonl.gz", strict=True)
     assert excinfo.value.field == "format" and excinfo.value.line == 1
     assert "'papers'" in excinfo.value.reason
+    papers, report = read_all(S2AG / "papers-sample.jsonl.gz")  # without strict: every line says why
+    assert papers == [] and len(report.errors) == 100 and {e.field for e in report.errors} == {"format"}
     # forced, every record is accounted for as having no abstract
     papers, report = read_all(S2AG / "papers-sample.jsonl.gz", format="s2ag-abstracts")
     assert papers == [] and report.skipped == {"no abstract": 100}
@@ -155,11 +157,15 @@ def test_detect_format_names_the_keys_it_saw():
         detect_format({"doc": 1, "body": "x"})
 
 
-def test_undetectable_source_raises_with_location(tmp_path):
-    path = write_lines(tmp_path / "odd.jsonl", ["", rec(doc=1, body="x")])
+def test_undetectable_line_is_reported_with_location_and_detection_goes_on(tmp_path):
+    path = write_lines(tmp_path / "odd.jsonl", ["", rec(doc=1, body="x"), GOOD])
     with pytest.raises(InputError) as excinfo:
-        read_all(path)
+        read_all(path, strict=True)
     assert str(excinfo.value).startswith(f"{path}:2: format: cannot detect the input format from keys ['body', 'doc']")
+    papers, report = read_all(path)
+    assert [p.paper_id for p in papers] == ["p1"]
+    assert [str(e) for e in report.errors] == [str(excinfo.value)]
+    assert_accounted(report)
 
 
 def test_detection_uses_first_parseable_record(tmp_path):

@@ -540,7 +540,7 @@ def run_attach(index, id_field: str, text_fields: Sequence[str], *, facets: str 
     backend = attached_backend(backend) if not isinstance(backend, AttachedMixin) else backend
     index.backend = backend
     encoder = index.encoder
-    meta = IndexMeta(encoder.name, encoder.dim, index.settings.encoder_mode)
+    meta = index._requested_meta(encoder)  # name, dim, mode and the model's fingerprint
     report = AttachReport()
     if reindex_to:
         report.reindex = backend.reindex_into(reindex_to, meta, id_field, text_fields)

@@ -26,26 +26,48 @@ class ModelMismatchError(BackendError):
 
 @dataclass(frozen=True)
 class IndexMeta:
-    """What an index was built with; checked before any write or query."""
+    """What an index was built with; checked before any write or query.
+
+    A model is identified by `fingerprint` (a hash of the files that determine its vectors, see
+    `esqbe.encoder.fingerprint_dir`) with `model` as its human name beside it, and `model_source`
+    (an absolute directory, a package or a hub name) so queries can load it without `--model`.
+    Indexes written before fingerprints have only the name: they are compared by name.
+    """
 
     model: str
     dim: int
     encoder_mode: str = "contextual"  # "contextual" | "independent"
+    fingerprint: str | None = None
+    model_source: str | None = None
+
+    def same_model(self, other: "IndexMeta") -> bool:
+        if self.fingerprint and other.fingerprint:
+            return self.fingerprint == other.fingerprint
+        return self.model == other.model
+
+    def describe(self) -> str:
+        fp = f", fingerprint {self.fingerprint[:19]}" if self.fingerprint else ""
+        return f"{self.model!r} ({self.dim}-d, {self.encoder_mode} vectors{fp})"
 
     def check(self, other: "IndexMeta") -> None:
-        if (self.model, self.dim, self.encoder_mode) != (other.model, other.dim, other.encoder_mode):
+        if not self.same_model(other) or (self.dim, self.encoder_mode) != (other.dim, other.encoder_mode):
             raise ModelMismatchError(
-                f"index was built with model {self.model!r} ({self.dim}-d, {self.encoder_mode} vectors) "
-                f"but this run uses {other.model!r} ({other.dim}-d, {other.encoder_mode} vectors); "
+                f"index was built with model {self.describe()} but this run uses {other.describe()}; "
                 "query with the index's model, or rebuild the index into a new path"
             )
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "dim": self.dim, "encoder_mode": self.encoder_mode}
+        d = {"model": self.model, "dim": self.dim, "encoder_mode": self.encoder_mode}
+        if self.fingerprint:
+            d["fingerprint"] = self.fingerprint
+        if self.model_source:
+            d["model_source"] = self.model_source
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "IndexMeta":
-        return cls(d["model"], int(d["dim"]), d.get("encoder_mode", "contextual"))
+        return cls(d["model"], int(d["dim"]), d.get("encoder_mode", "contextual"), d.get("fingerprint") or None,
+                   d.get("model_source") or None)
 
 
 @dataclass

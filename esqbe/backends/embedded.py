@@ -54,6 +54,8 @@ class EmbeddedBackend(Backend):
             self.path.mkdir(parents=True)
         elif not self.path.is_dir():
             raise BackendError(f"{self.path} exists and is not an index directory")
+        elif not create and not (self.path / "papers.sqlite").exists():  # never turn a stray directory into an index
+            raise BackendError(f"{self.path} is not an esqbe index (no papers.sqlite in it); give the index's directory")
         self._db = sqlite3.connect(self.path / "papers.sqlite", isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")

@@ -1,0 +1,84 @@
+"""Progress of long work (indexing) on stderr: a bar on a terminal, periodic lines otherwise.
+
+On a terminal it is a tqdm bar over the input's bytes when their total is known (files), with
+the papers done beside it; when stderr is a file or a pipe (a log, a CI job) it prints one line
+every `interval` seconds ($ESQBE_PROGRESS_SECONDS, default 10) and a last line when done, so a long run shows that it is alive.
+Updates arrive per encoder batch, not per committed batch.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable, TextIO
+
+
+class Progress:
+    """Papers done, and input bytes consumed out of `total_bytes` (None: unknown, e.g. stdin)."""
+
+    def __init__(self, *, total_bytes: int | None = None, stream: TextIO | None = None, interval: float | None = None,
+                 tty: bool | None = None, desc: str = "indexing"):
+        if interval is None:  # seconds between progress lines off a terminal ($ESQBE_PROGRESS_SECONDS, default 10)
+            interval = float(os.environ.get("ESQBE_PROGRESS_SECONDS") or 10)
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.total_bytes = total_bytes or None
+        self.interval = interval
+        self.desc = desc
+        self.papers = 0
+        self.position: Callable[[], int] | None = None  # bytes of input consumed so far
+        self._start = self._last = time.monotonic()
+        self._lines = 0
+        self._bar = None
+        if self.tty:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total_bytes, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                             file=self.stream, dynamic_ncols=True)
+
+    def _bytes(self) -> int | None:
+        return self.position() if self.position is not None else None
+
+    def update(self, papers: int = 0) -> None:
+        """`papers` more papers are done (encoded, or found unchanged)."""
+        self.papers += papers
+        done = self._bytes()
+        if self._bar is not None:
+            if done is not None and done >= self._bar.n:
+                self._bar.update(done - self._bar.n)
+            self._bar.set_postfix_str(f"{self.papers} papers", refresh=True)
+            return
+        now = time.monotonic()
+        if now - self._last >= self.interval:
+            self._last = now
+            self._print(now)
+
+    def _print(self, now: float, final: bool = False) -> None:
+        elapsed = max(now - self._start, 1e-9)
+        parts = [f"{self.desc}: {self.papers} papers"]
+        done = self._bytes()
+        if done is not None and self.total_bytes:
+            parts.append(f"{_size(done)} of {_size(self.total_bytes)} ({100 * min(done, self.total_bytes) / self.total_bytes:.0f}%)")
+        elif done is not None:
+            parts.append(f"{_size(done)} read")
+        parts.append(f"{self.papers / elapsed:.1f} papers/s")
+        parts.append(f"{'done in ' if final else ''}{elapsed:.0f}s")
+        self.stream.write(", ".join(parts) + "\n")
+        self.stream.flush()
+        self._lines += 1
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        elif self._lines:  # a run long enough to have reported progress also reports its end
+            self._print(time.monotonic(), final=True)
+            self._lines = 0
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"

@@ -1,0 +1,153 @@
+"""Property-based tests (hypothesis) over the readers: any JSON value in any field of any input format.
+
+Every non-blank line ends yielded as a paper, skipped with a reason, or reported as `file:line:
+field: reason`; reading never raises without --strict, and --strict raises exactly the first error.
+Bounded (max_examples, no deadline) so the suite stays fast.
+"""
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from esqbe.papers import FACET_LABELS
+from esqbe.readers import FORMATS, InputError, ReadReport, read_papers
+
+# text as JSON can carry it: including lone surrogates (`"\ud800"` is valid JSON, not valid Unicode)
+texts = st.text(max_size=30) | st.sampled_from(["\ud800", "A sentence. \udfff Another one.", "x\u0000y", "\u2028"])
+# any JSON value, small
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False) | texts,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+sentences = st.lists(st.text(min_size=0, max_size=40) | texts, max_size=5)
+labels = st.lists(st.sampled_from(["background", "method", "result", "objective", "other", "bogus", "", "METHODS"]), max_size=5)
+span = st.fixed_dictionaries({"start": st.integers(-2, 50), "end": st.integers(-2, 60)})
+
+# per format: each field either a plausible value or any JSON value
+FIELDS = {
+    "jsonl": {"id": st.text(max_size=8) | st.integers(), "title": st.text(max_size=20),
+              "abstract": st.text(max_size=80) | sentences, "facets": labels, "year": st.integers(1900, 2030)},
+    "s2orc": {"paper_id": st.text(max_size=8), "title": texts, "abstract": st.text(max_size=80) | texts,
+              "year": st.integers(1900, 2030)},
+    "s2ag-abstracts": {"corpusid": st.integers(0, 10**9), "abstract": st.text(max_size=80), "year": st.integers()},
+    "s2ag-s2orc": {"corpusid": st.integers(0, 10**9),
+                   "content": st.fixed_dictionaries({"text": st.text(max_size=60),
+                                                     "annotations": st.fixed_dictionaries({
+                                                         "title": st.lists(span, max_size=2).map(json.dumps),
+                                                         "abstract": st.lists(span, max_size=3).map(json.dumps)})})},
+    "csfcube": {"paper_id": st.text(max_size=8), "title": st.text(max_size=20), "abstract": sentences,
+                "pred_labels": labels, "metadata": st.fixed_dictionaries({"year": st.integers()})},
+    "csabstruct": {"paper_id": st.text(max_size=8), "sentences": sentences, "labels": labels},
+}
+
+
+@st.composite
+def records(draw, fmt: str):
+    record = {}
+    for key, plausible in FIELDS[fmt].items():
+        choice = draw(st.sampled_from(["plausible", "plausible", "any", "absent"]))
+        if choice == "plausible":
+            record[key] = draw(plausible)
+        elif choice == "any":
+            record[key] = draw(json_values)
+    if draw(st.booleans()):
+        record[draw(st.text(max_size=6))] = draw(json_values)  # an extra key
+    return record
+
+
+@st.composite
+def files(draw):
+    fmt = draw(st.sampled_from(FORMATS))
+    lines = []
+    for _ in range(draw(st.integers(1, 8))):
+        kind = draw(st.sampled_from(["record"] * 6 + ["json", "junk", "blank"]))
+        if kind == "record":
+            lines.append(json.dumps(draw(records(fmt))))
+        elif kind == "json":
+            lines.append(json.dumps(draw(json_values)))
+        elif kind == "junk":
+            lines.append(draw(st.text(max_size=30)).replace("\n", " ").replace("\r", " "))
+        else:
+            lines.append("")
+    given_format = draw(st.sampled_from([None, fmt]))
+    return fmt, given_format, lines
+
+
+def _accounted(report):
+    """Every line read is yielded, skipped or one line error; at most one error is about the source as
+    a whole (it cannot be read further), and it comes last."""
+    source_errors = [e for e in report.errors if e.field == "file"]
+    assert len(source_errors) <= 1 and (not source_errors or report.errors[-1] is source_errors[0])
+    assert report.read == report.yielded + sum(report.skipped.values()) + len(report.errors) - len(source_errors)
+
+
+def _read(path, fmt, strict=False):
+    report = ReadReport()
+    papers = list(read_papers(str(path), fmt, strict=strict, report=report))
+    return papers, report
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=files())
+def test_every_line_is_yielded_skipped_or_reported_never_an_exception(tmp_path, case):
+    _, given_format, lines = case
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8", errors="surrogatepass")
+    papers, report = _read(path, given_format)
+    non_blank = [i + 1 for i, line in enumerate(lines) if line.encode("utf-8", "surrogatepass").strip()]  # ASCII blanks
+    assert report.read == len(non_blank)
+    _accounted(report)
+    assert len(papers) == report.yielded
+    for error in report.errors:
+        assert error.line in non_blank
+        assert str(error).startswith(f"{path}:{error.line}: {error.field}: ") and error.reason
+    for paper in papers:
+        assert isinstance(paper.paper_id, str) and paper.paper_id
+        assert paper.sentences and all(isinstance(s, str) and s.strip() for s in paper.sentences)
+        assert len(paper.facets) == len(paper.sentences) and set(paper.facets) <= set(FACET_LABELS)
+        paper.content_hash()  # storable: valid Unicode throughout
+    json.dumps(report.summary())
+    # --strict yields the same papers up to the first error, then raises exactly that error
+    strict_papers = []
+    try:
+        for paper in read_papers(str(path), given_format, strict=True):
+            strict_papers.append(paper)
+    except InputError as e:
+        assert report.errors and str(e) == str(report.errors[0])
+        assert [p.paper_id for p in strict_papers] == [p.paper_id for p in papers][: len(strict_papers)]
+    else:
+        assert not report.errors and [p.paper_id for p in strict_papers] == [p.paper_id for p in papers]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=200))
+def test_arbitrary_bytes_are_reported_not_raised(tmp_path, raw):
+    path = tmp_path / "in.bin"
+    path.write_bytes(raw)
+    papers, report = _read(path, None)
+    _accounted(report)
+    assert all(str(e).startswith(f"{path}:") for e in report.errors)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=files())
+def test_every_line_ends_indexed_skipped_or_reported_through_the_index(tmp_path_factory, encoder, case):
+    """The same through `Index.index_files` with the real model: nothing read is unaccounted for."""
+    import esqbe
+
+    _, given_format, lines = case
+    root = tmp_path_factory.mktemp("prop")
+    path = root / "in.jsonl"
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    index = esqbe.open_index(str(root / "ix"), encoder=encoder, facets="none")
+    report = index.index_files([str(path)], format=given_format)
+    line_errors = [e for e in report.errors if ": file: " not in e]
+    assert report.read == report.stored + sum(report.skipped.values()) + len(line_errors)
+    assert report.failed == (bool(report.errors) and report.stored == 0)
+    assert all(e.startswith(f"{path}:") for e in report.errors)
+    if report.stored:
+        assert index.stats()["papers"] == report.indexed
+    index.close()
