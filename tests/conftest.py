@@ -62,3 +62,17 @@ def small_index(tmp_path_factory, encoder, sample_lines):
     assert report.indexed == 40
     yield index
     index.close()
+
+
+@pytest.fixture(scope="session")
+def index_dir_30(tmp_path_factory, encoder, sample_lines):
+    """A real embedded index directory of the first 30 sample abstracts (given labels), closed after
+    building. Tests that write copy it first (`shutil.copytree`)."""
+    import esqbe
+
+    path = tmp_path_factory.mktemp("index-30") / "index"
+    src = path.parent / "papers.jsonl"
+    src.write_text("\n".join(sample_lines[:30]) + "\n")
+    with esqbe.open_index(str(path), encoder=encoder, config=None) as index:
+        assert index.index_files([str(src)]).indexed == 30
+    return path
