@@ -31,7 +31,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Annotated, Any, Callable, Literal
 
 import numpy as np
 from fastapi import Depends, FastAPI, Query, Request
@@ -115,14 +115,15 @@ def check_exposure(options: ServeOptions) -> None:
 class FirstStageOptions(BaseModel):
     """The first stage (BM25 + sentence kNN, fused) before rescoring. Unset fields use the server's settings."""
 
+    # optional fields default to None (unset) but accept no explicit null: what the schema says is what is accepted
     model_config = ConfigDict(extra="forbid")
 
-    depth: int | None = Field(None, ge=1, le=MAX_K, description="first-stage candidates handed to the rescorer")
-    knn_k: int | None = Field(None, ge=1, le=MAX_K, description="papers per query sentence from the kNN")
-    bm25_k: int | None = Field(None, ge=1, le=MAX_K, description="papers from BM25")
-    fusion: Literal["rrf", "linear", "bm25", "knn"] | None = None
-    bm25_weight: float | None = Field(None, ge=0, le=1, description="BM25's weight in linear fusion")
-    candidate_facet: Literal["same", "all"] | None = Field(
+    depth: int = Field(None, ge=1, le=MAX_K, description="first-stage candidates handed to the rescorer")
+    knn_k: int = Field(None, ge=1, le=MAX_K, description="papers per query sentence from the kNN")
+    bm25_k: int = Field(None, ge=1, le=MAX_K, description="papers from BM25")
+    fusion: Literal["rrf", "linear", "bm25", "knn"] = Field(None, description="how BM25 and kNN are fused")
+    bm25_weight: float = Field(None, ge=0, le=1, description="BM25's weight in linear fusion")
+    candidate_facet: Literal["same", "all"] = Field(
         None, description="same: a facet query matches candidate sentences of that facet; all: every sentence")
 
 
@@ -130,28 +131,33 @@ class QueryRequest(BaseModel):
     """A query: a paper from the index (`paper_id`) or a text, and which of its sentences form the query
     (a `facet`, chosen `sentences`, or all of them)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"paper_id": "csabstruct-train-0000", "facet": "method", "k": 10},
-        {"paper_id": "csabstruct-train-0000", "sentences": [0, 2], "rescorer": "ot"},
-        {"text": "We propose a parser. It is evaluated on treebanks.", "title": "A parser", "facet": "method"},
-    ]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        # exactly one of paper_id / text; facet and sentences exclude each other
+        "oneOf": [{"required": ["paper_id"]}, {"required": ["text"]}],
+        "not": {"required": ["facet", "sentences"]},
+        "examples": [
+            {"paper_id": "csabstruct-train-0000", "facet": "method", "k": 10},
+            {"paper_id": "csabstruct-train-0000", "sentences": [0, 2], "rescorer": "ot"},
+            {"text": "We propose a parser. It is evaluated on treebanks.", "title": "A parser", "facet": "method"},
+        ]})
 
-    paper_id: str | None = Field(None, min_length=1, max_length=512, description="a paper in the index")
-    text: str | list[str] | None = Field(
+    paper_id: str = Field(None, min_length=1, max_length=512, description="a paper in the index")
+    text: str | list[str] = Field(
         None, description="a paper not in the index: its abstract, or its sentences as a list (encoded now; "
                           "facet labels predicted when a facet is asked for)")
     title: str = Field("", max_length=2000, description="title of the `text` paper (helps contextual vectors)")
-    facet: Literal["background", "method", "result"] | None = Field(
+    facet: Literal["background", "method", "result"] = Field(
         None, description="use the query paper's sentences labelled with this facet")
-    sentences: list[int] | None = Field(None, description="use these sentences of the query paper (0-based)")
+    sentences: list[Annotated[int, Field(ge=0)]] = Field(
+        None, min_length=1, description="use these sentences of the query paper (0-based)")
     k: int = Field(10, ge=1, le=MAX_K, description="number of hits")
-    rescorer: Literal["summax", "ts", "ot", "asym", "asym_token", "none"] | None = Field(
+    rescorer: Literal["summax", "ts", "ot", "asym", "asym_token", "none"] = Field(
         None, description="default: the server's settings (summax)")
-    rescorer_params: dict[str, float | bool | str] | None = Field(
+    rescorer_params: dict[str, float | bool | str] = Field(
         None, description='rescorer parameters, e.g. {"tau": 0.5} for ot or {"d": 4} for asym')
-    bm25_weight: float | None = Field(None, ge=0, le=1, description="fuse the rescorer's similarity with BM25 "
-                                                                    "into the rank score (0 = similarity alone)")
-    first_stage: FirstStageOptions | None = None
+    bm25_weight: float = Field(None, ge=0, le=1, description="fuse the rescorer's similarity with BM25 into the "
+                                                             "rank score (0 = similarity alone)")
+    first_stage: FirstStageOptions = Field(None, description="first-stage options")
     with_sentences: bool = Field(False, description="include every sentence (and facet) of each hit")
 
     @model_validator(mode="after")
@@ -253,8 +259,8 @@ class PapersRequest(BaseModel):
     ]})
 
     records: list[dict[str, Any]] = Field(min_length=1, description="one JSON object per paper")
-    format: Literal["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"] | None = None
-    facets: Literal["keep", "predict", "none"] | None = Field(
+    format: Literal["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"] = Field(None, description="input format (default: detected per record)")
+    facets: Literal["keep", "predict", "none"] = Field(
         None, description="keep: given labels, tag papers without (default); predict: tag all; none: never tag")
 
 
