@@ -357,18 +357,21 @@ class _Slot:
 
     def __init__(self, name: str, opener: Callable[[], Index]):
         self.name = name
-        self.pending = 0
+        self.pending = 0  # submitted and not finished
+        self._count = threading.Lock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"esqbe-{name}")
         self.index: Index = self._executor.submit(opener).result()
 
     def submit(self, fn: Callable, *args) -> Future:
-        self.pending += 1
+        with self._count:
+            self.pending += 1
         future = self._executor.submit(fn, self.index, *args)
         future.add_done_callback(lambda _: self._done())
         return future
 
     def _done(self):
-        self.pending -= 1
+        with self._count:
+            self.pending -= 1
 
     def close(self) -> None:
         try:
@@ -422,6 +425,8 @@ class Service:
             if self.closed:
                 raise BackendError("the service is shut down")
             self.writer = _Slot("writer", lambda: self._open(create=True))
+            if self.writer.submit(lambda index: index.backend.meta()).result() is None:
+                log.warning("the index (%s) is empty: POST /papers or `esqbe index` fills it", _where(self.settings))
             self.readers = [_Slot(f"reader-{i}", lambda: self._open(create=False)) for i in range(self.n_readers)]
             if self.options.warm:
                 threading.Thread(target=self._warm_all, name="esqbe-warm", daemon=True).start()
@@ -466,6 +471,10 @@ class Service:
                 except Exception as e:  # closing must not fail the shutdown
                     log.warning("closing %s: %s", slot.name, e)
             self.readers, self.writer = [], None
+
+
+def _where(settings: Settings) -> str:
+    return settings.path if settings.backend == "embedded" else f"{settings.backend} {settings.url} {settings.index}"
 
 
 def _warm(index: Index) -> None:
@@ -903,6 +912,7 @@ def serve(settings: Settings, options: ServeOptions, *, log_level: str = "info")
 
     check_exposure(options)
     app = create_app(settings=settings, options=options)
+    app.state.service.start()  # open the index and load the model now: a failure is one clear error, not a traceback
     uvicorn.run(app, host=options.host, port=options.port, log_level=log_level, proxy_headers=False,
                 server_header=False, timeout_graceful_shutdown=10)
 
