@@ -276,8 +276,11 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, p
         click.echo("  filtered: " + "; ".join([*filters, *([f"engine {engine_filter}"] if engine_filter else [])]))
     if not result.hits:
         click.echo("no hits" + (" (no paper satisfies the filters)" if filters or engine_filter else ""))
+    else:
+        click.echo("\nsim: the rescorer's similarity (comparable across queries); rank: the score this query sorted by")
     for hit in result.hits:
-        click.echo(f"\n{hit.rank:>3}. {hit.score:.4f}  {hit.paper_id}  {hit.title}")
+        sim = "   -  " if hit.similarity is None else f"{hit.similarity:.4f}"
+        click.echo(f"\n{hit.rank:>3}. sim {sim}  rank {hit.score:.4f}  {hit.paper_id}  {hit.title}")
         line = _metadata_line(hit.metadata)
         if line:
             click.echo(f"       {line}")
@@ -353,6 +356,43 @@ def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
     click.echo(f"{report.index}: {report.documents} documents, attached {report.indexed}, updated {report.replaced}, "
                f"unchanged {report.unchanged}, skipped {sum(report.skipped.values())} ({skipped}), errors {len(report.errors)}"
                + (f", tagged {report.tagged}" if report.tagged else "") + f" in {report.seconds:.1f}s")
+
+
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. Anything but loopback needs --token.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--token", help="Bearer token the write endpoints (POST /papers, DELETE /papers/ID) require (env ESQBE_TOKEN).")
+@click.option("--readers", type=click.IntRange(1, 64), help="Reader threads, each with its own index handle and model (default: 1 embedded, 4 engines).")
+@click.option("--cors-origin", "cors_origins", multiple=True, help="Allow browser pages from this origin to call the API (repeatable; default: CORS off).")
+@click.option("--max-body-bytes", type=click.IntRange(1024), help="Largest request body accepted (default: 16 MiB).")
+@click.option("--max-query-sentences", type=click.IntRange(1), help="Most sentences one query may have (default: 64).")
+@click.option("--max-batch-records", type=click.IntRange(1), help="Most records one POST /papers may carry (default: 1000).")
+@click.option("--no-warm", is_flag=True, help="Answer at once instead of loading the kNN structures first.")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
+@encoder_options
+@backend_options
+@handle_errors
+def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_query_sentences, max_batch_records, no_warm,
+              log_level, **kw):
+    """Serve the index over HTTP: a JSON API (docs at /docs) and a page at /.
+
+    \b
+    esqbe serve                                   # http://127.0.0.1:8000/ over ./esqbe-index
+    esqbe serve --path lib-index --port 9000
+    ESQBE_TOKEN=s3cret esqbe serve --host 0.0.0.0  # reachable from other machines: writes need the token
+    The model and the index are opened once and kept warm; queries never wait for a write.
+    """
+    from esqbe.config import load_settings
+    from esqbe.server import options_from_env, serve
+
+    options = options_from_env(host=host, port=port, token=token, readers=readers, cors_origins=list(cors_origins) or None,
+                               max_body_bytes=max_body_bytes, max_query_sentences=max_query_sentences,
+                               max_batch_records=max_batch_records, warm=False if no_warm else None)
+    config = kw.pop("config", None)
+    overrides = {"backend": kw.pop("backend", None), "path": kw.pop("path", None), "url": kw.pop("url", None),
+                 "index": kw.pop("index_name", None), **kw}
+    settings = load_settings(config, **overrides)
+    serve(settings, options, log_level=log_level)
 
 
 @main.command("delete")

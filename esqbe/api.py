@@ -25,7 +25,7 @@ from .filters import FilterError, MetadataFilter, coerce_filters
 from .papers import Paper, normalize_label, split_sentences
 from .progress import Progress
 from .readers import InputError, ReadReport, check_source, read_papers
-from .search import QueryError, QueryResult, run_query, select_query_sentences
+from .search import EmptyIndexError, PaperNotFoundError, QueryError, QueryResult, run_query, select_query_sentences
 
 FACET_MODES = ("keep", "predict", "none")
 _ENCODERS: dict = {}  # loaded models, shared by the indexes of one process (the CLI runner, a server)
@@ -503,19 +503,20 @@ class Index:
         flt = make_filter(filters, engine_filter)
         meta = self.backend.meta()
         if meta is None:
-            raise QueryError("the index is empty: index some papers first (`esqbe index FILE`)")
+            raise EmptyIndexError("the index is empty: index some papers first (`esqbe index FILE`)")
         self.check_model(query=True)
         if (paper_id is None) == (text is None):
             raise QueryError("give exactly one of a paper id or a query text")
         if paper_id is not None:
             found = self.backend.get([str(paper_id)])
             if str(paper_id) not in found:
-                raise QueryError(f"paper {paper_id} is not in the index")
+                raise PaperNotFoundError(f"paper {paper_id} is not in the index")
             query = found[str(paper_id)]
         else:
             sents = split_sentences(text) if isinstance(text, str) else [s for s in text if str(s).strip()]
             if not sents:
                 raise QueryError("the query text has no sentences")
+            t_encode = time.perf_counter()  # labels predicted and vectors encoded for this text
             paper = Paper("query", title, sents)
             if facet is not None and self.tagger is not None:
                 paper.facets = self.tagger.tag([paper])[0]
@@ -529,6 +530,7 @@ class Index:
                     + "; ask for another --facet, or leave --facet out to query with every sentence")
             vectors = self.encoder.sentence_vectors([paper], meta.encoder_mode)[0]
             query = IndexedPaper(paper, vectors)
+            encode_ms = round(1000 * (time.perf_counter() - t_encode), 2)
         indices = select_query_sentences(query, facet, sentences)
         from .rescore import RescoreContext
 
@@ -537,7 +539,18 @@ class Index:
                            filter=flt)
         if paper_id is None:
             result.query_paper_id = None
+            result.timings = {"encode": encode_ms, **result.timings}
         return result
+
+    def get(self, paper_ids: Sequence[str]) -> dict[str, Paper]:
+        """Stored papers by id (sentences, facet labels, metadata); missing ids are absent."""
+        return {pid: ip.paper for pid, ip in self.backend.get([str(p) for p in paper_ids]).items()}
+
+    def search(self, text: str, k: int = 10) -> list[tuple[Paper, float]]:
+        """Find papers by title/abstract words (BM25), best first: (paper, score)."""
+        found = self.backend.search_text(text, k)
+        papers = self.get([pid for pid, _ in found])
+        return [(papers[pid], score) for pid, score in found if pid in papers]
 
     def close(self) -> None:
         self.backend.close()

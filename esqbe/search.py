@@ -24,6 +24,14 @@ class QueryError(ValueError):
     """The query cannot be answered as asked (unknown paper, facet absent, bad sentence index)."""
 
 
+class PaperNotFoundError(QueryError):
+    """The query paper is not in the index."""
+
+
+class EmptyIndexError(QueryError):
+    """Nothing is indexed yet."""
+
+
 @dataclass
 class MatchedPair:
     query_index: int
@@ -36,6 +44,15 @@ class MatchedPair:
 
 @dataclass
 class Hit:
+    """One ranked paper.
+
+    `similarity` is the rescorer's own score for the query (e.g. summax: the mean over query sentences
+    of the best cosine), comparable across queries; None with rescorer `none` or when the candidate
+    has no sentence the rescorer may match. `score` is what the ranking sorts by: the similarity fused
+    with BM25 (each min-max scaled over this query's candidates, weight `final_bm25_weight`), so it is
+    only meaningful within one query; with `final_bm25_weight` 0 it equals the similarity.
+    """
+
     rank: int
     paper_id: str
     title: str
@@ -46,9 +63,12 @@ class Hit:
     matches: list[MatchedPair] = field(default_factory=list)
     #: the paper's stored metadata (year, venue, authors, external ids, ...; see esqbe.readers)
     metadata: dict = field(default_factory=dict)
+    similarity: float | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        first = ("rank", "paper_id", "title", "similarity", "score")
+        return {**{k: d[k] for k in first}, **{k: v for k, v in d.items() if k not in first}}
 
 
 @dataclass
@@ -61,13 +81,16 @@ class QueryResult:
     timings: dict = field(default_factory=dict)
     #: the metadata conditions the candidates were restricted to (esqbe.filters), as dicts
     filters: list = field(default_factory=list)
+    #: facet label of each query sentence (same order as `query_sentences`)
+    query_facets: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
             "query": {
                 "paper_id": self.query_paper_id,
                 "facet": self.facet,
-                "sentences": [{"index": i, "text": t} for i, t in self.query_sentences],
+                "sentences": [{"index": i, "text": t, **({"facet": f} if f else {})}
+                              for (i, t), f in zip(self.query_sentences, self.query_facets or [None] * len(self.query_sentences))],
                 "filters": list(self.filters),
             },
             "rescorer": self.rescorer,
@@ -124,10 +147,11 @@ def facet_view(paper: IndexedPaper, facet: str | None) -> tuple[IndexedPaper, li
 
 
 def _minmax(x: np.ndarray) -> np.ndarray:
+    """Scaled to 0..1 over this query's candidates; all equal (a lone candidate) is 1, not 0 (ranks the same)."""
     if x.size == 0:
         return x
     lo, hi = float(x.min()), float(x.max())
-    return np.zeros_like(x) if hi <= lo else (x - lo) / (hi - lo)
+    return np.ones_like(x) if hi <= lo else (x - lo) / (hi - lo)
 
 
 def run_query(
@@ -183,12 +207,14 @@ def run_query(
     rescorer = make_rescorer(settings.rescorer, context or RescoreContext(backend=backend), **(settings.rescorer_params or {}))
     first = np.array([c.score for c in candidates], dtype=np.float64)
     matches: list[list[tuple[int, int, float]]] = [[] for _ in candidates]
+    similarity = np.full(len(candidates), np.nan)  # the rescorer's own score, before any fusion
     if rescorer is not None and candidates:
         views = [facet_view(c.paper, request.facet) for c in candidates]
         batch = CandidateBatch.from_papers([v for v, _ in views])
         result = rescorer(QueryBatch(q_vectors, q_sentences), batch)
         scores = np.asarray(result.scores, dtype=np.float64)
         finite = np.isfinite(scores)
+        similarity = np.where(finite, scores, np.nan)
         if not finite.all():  # candidates with nothing to match (no sentences) go last
             scores = np.where(finite, scores, (scores[finite].min() if finite.any() else 0.0) - 1.0)
         if result.matches:  # back to the candidates' own sentence numbers
@@ -215,8 +241,10 @@ def run_query(
             sims = q_vectors @ c.paper.vectors.T
             qi, ci = np.unravel_index(int(np.argmax(sims)), sims.shape)
             pairs.append(MatchedPair(indices[qi], q_sentences[qi], int(ci), c.paper.paper.sentences[ci], c.paper.paper.facets[ci], float(sims[qi, ci])))
+        sim = float(similarity[i]) if np.isfinite(similarity[i]) else None
         hits.append(Hit(rank, c.paper_id, c.paper.paper.title if c.paper else "", float(scores[i]), c.score, c.bm25, c.knn, pairs,
-                        dict(c.paper.paper.metadata) if c.paper else {}))
+                        dict(c.paper.paper.metadata) if c.paper else {}, similarity=sim))
     return QueryResult(query.paper_id, normalize_label(facet) if facet else None, list(zip(indices, q_sentences)), hits,
                        settings.rescorer or "none", timings,
-                       [c.to_dict() for c in filter.conditions] if filter else [])
+                       [c.to_dict() for c in filter.conditions] if filter else [],
+                       query_facets=[query.paper.facets[i] for i in indices])

@@ -62,3 +62,55 @@ def small_index(tmp_path_factory, encoder, sample_lines):
     assert report.indexed == 40
     yield index
     index.close()
+
+
+@pytest.fixture(scope="session")
+def index_dir_30(tmp_path_factory, encoder, sample_lines):
+    """A real embedded index directory of the first 30 sample abstracts (given labels), closed after
+    building. Tests that write copy it first (`shutil.copytree`)."""
+    import esqbe
+
+    path = tmp_path_factory.mktemp("index-30") / "index"
+    src = path.parent / "papers.jsonl"
+    src.write_text("\n".join(sample_lines[:30]) + "\n")
+    with esqbe.open_index(str(path), encoder=encoder, config=None) as index:
+        assert index.index_files([str(src)]).indexed == 30
+    return path
+
+
+class LiveServer:
+    """A real uvicorn server on a free loopback port, in a thread of this process (`with LiveServer(app) as url:`)."""
+
+    def __init__(self, app):
+        import socket
+
+        import uvicorn
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    lifespan="on"))
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> str:
+        import threading
+        import time
+
+        import httpx
+
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 180
+        while True:  # until the index is open and warm
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return self.url
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.1)
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)

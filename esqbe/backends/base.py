@@ -179,6 +179,18 @@ class Backend(ABC):
     def stats(self) -> dict:
         """Counts for humans and scripts: papers, sentences, per-facet sentences, model, backend details."""
 
+    def search_text(self, text: str, k: int = 10) -> list[tuple[str, float]]:
+        """Papers whose title/abstract match the words best (BM25): (paper id, score), best first.
+
+        Every backend has this through its first stage (BM25 alone, no vectors); a backend may
+        override it with something cheaper."""
+        meta = self.meta()
+        if meta is None or not text.strip() or k <= 0:
+            return []
+        request = FirstStageRequest(text=text, vectors=np.zeros((0, meta.dim), dtype=np.float32), k=k, knn_k=0,
+                                    bm25_k=k, fusion="bm25", with_papers=False)
+        return [(c.paper_id, c.bm25) for c in self.first_stage(request) if c.bm25 > 0]
+
     def token_counts(self) -> tuple[dict[str, int], int] | None:
         """Corpus token frequencies kept up to date on upsert/delete: (token -> count, total tokens),
         or None when the backend keeps none (rescorers then estimate from the candidates)."""
