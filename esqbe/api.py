@@ -17,6 +17,7 @@ from typing import Iterable, Iterator, Sequence
 
 from .backends.base import Backend, BackendError, IndexedPaper, IndexMeta, ModelMismatchError, UpsertResult
 from .config import Settings, load_settings
+from .encoded import is_parquet
 from .papers import Paper, split_sentences
 from .readers import InputError, ReadReport, read_papers
 from .search import QueryError, QueryResult, run_query, select_query_sentences
@@ -72,6 +73,23 @@ class IndexReport:
         }
 
 
+@dataclass
+class EncodeReport:
+    """What an encoding run did (papers of other shards are read but not counted as encoded)."""
+
+    path: str = ""
+    read: int = 0
+    encoded: int = 0
+    tagged: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> dict:
+        return {"path": self.path, "read": self.read, "encoded": self.encoded, "tagged": self.tagged,
+                "skipped": dict(self.skipped), "errors": list(self.errors), "seconds": round(self.seconds, 2)}
+
+
 class Index:
     """An index (any backend) with the encoder and settings it is used with."""
 
@@ -87,7 +105,7 @@ class Index:
 
     def check_model(self) -> None:
         """Fail early if the settings name another model than the index was built with."""
-        meta = self.backend.meta()
+        meta = self.backend.meta() if self.backend is not None else None
         if meta is None or self.settings.model is None and self._encoder is None:
             return
         from .encoder import resolve_model
@@ -101,7 +119,7 @@ class Index:
         if self._encoder is None:
             from .encoder import Encoder
 
-            meta = self.backend.meta()
+            meta = self.backend.meta() if self.backend is not None else None
             model = self.settings.model or (meta.model if meta else None)
             self.check_model()
             key = (model, self.settings.device, self.settings.batch_size)
@@ -200,12 +218,96 @@ class Index:
         for source in sources:
             reader_report = ReadReport()
             try:
+                if format in (None, "parquet") and is_parquet(source) or format == "parquet":
+                    self.add_encoded(source, strict=strict, report=report, reader_report=reader_report, progress=progress)
+                    continue
                 self.add_papers(read_papers(source, format, strict=strict, report=reader_report), facets=facets,
                                 report=report, progress=progress)
             finally:
                 report.read += reader_report.read
                 report.skipped.update(reader_report.skipped)
                 report.errors.extend(str(e) for e in reader_report.errors)
+        return report
+
+    def add_encoded(self, source: str, *, strict: bool = False, report: IndexReport | None = None,
+                    reader_report: ReadReport | None = None, progress: bool = False) -> IndexReport:
+        """Load pre-encoded papers from a Parquet file (see esqbe.encoded) without running a model.
+
+        The file's `esqbe` metadata must match the index (and the model named in the settings, if any);
+        papers are committed every max(commit_every, 4096) rows; unchanged papers are skipped."""
+        from .encoded import read_encoded, read_meta
+
+        report = report if report is not None else IndexReport()
+        own_reader_report = reader_report is None
+        reader_report = reader_report if reader_report is not None else ReadReport()
+        start = time.perf_counter()
+        meta = read_meta(source)
+        if self.settings.model is not None:
+            from .encoder import resolve_model
+
+            IndexMeta(resolve_model(self.settings.model)[1], meta.dim, self.settings.encoder_mode).check(meta)
+        self.backend.ensure(meta)
+        bar = _bar(progress)
+        try:
+            for batch in read_encoded(source, batch_size=max(4096, int(self.settings.commit_every)), strict=strict,
+                                      report=reader_report):
+                stored = self.backend.content_hashes(p.paper_id for p in batch)
+                fresh = [p for p in batch if stored.get(p.paper_id) != p.paper.content_hash()]
+                report.unchanged += len(batch) - len(fresh)
+                if fresh:
+                    result = self.backend.upsert(fresh)
+                    report.indexed += result.added
+                    report.replaced += result.replaced
+                    report.unchanged += result.unchanged
+                    report.errors.extend(result.errors)
+                bar.update(len(batch))
+        finally:
+            bar.close()
+            report.seconds += time.perf_counter() - start
+            if own_reader_report:
+                report.read += reader_report.read
+                report.skipped.update(reader_report.skipped)
+                report.errors.extend(str(e) for e in reader_report.errors)
+        return report
+
+    def encode_files(self, sources: Sequence[str], out: str, *, shard: tuple[int, int] = (0, 1), format: str | None = None,
+                     strict: bool = False, facets: str | None = None, progress: bool = False) -> "EncodeReport":
+        """Encode papers (and tag them, per `facets`) into OUT/papers-<i>-of-<n>.parquet without touching an index;
+        with `shard=(i, n)` only the papers whose id hashes to shard i of n (so n machines split one corpus)."""
+        from pathlib import Path
+
+        from .encoded import EncodedWriter, shard_of
+
+        i, n = shard
+        if not (n >= 1 and 0 <= i < n):
+            raise ValueError(f"shard must be I/N with 0 <= I < N (got {i}/{n})")
+        facets = facets or self.settings.facets
+        if facets not in FACET_MODES:
+            raise ValueError(f"facets must be one of {', '.join(FACET_MODES)} (got {facets!r})")
+        Path(out).mkdir(parents=True, exist_ok=True)
+        target = Path(out) / f"papers-{i:05d}-of-{n:05d}.parquet"
+        report = EncodeReport(path=str(target))
+        start = time.perf_counter()
+        bar = _bar(progress)
+        with EncodedWriter(target, self._requested_meta(self.encoder)) as writer:
+            for source in sources:
+                reader_report = ReadReport()
+                try:
+                    papers = (p for p in read_papers(source, format, strict=strict, report=reader_report)
+                              if shard_of(p.paper_id, n) == i)
+                    for batch in _batches(papers, max(1, int(self.settings.commit_every))):
+                        latest = list({p.paper_id: p for p in batch}.values())
+                        indexed, tagged = self._encode(latest, facets)
+                        writer.write(indexed)
+                        report.tagged += tagged
+                        report.encoded += len(indexed)
+                        bar.update(len(batch))
+                finally:
+                    report.read += reader_report.read
+                    report.skipped.update(reader_report.skipped)
+                    report.errors.extend(str(e) for e in reader_report.errors)
+        bar.close()
+        report.seconds = time.perf_counter() - start
         return report
 
     def delete(self, paper_ids: Iterable[str]) -> int:
@@ -258,7 +360,8 @@ class Index:
         return result
 
     def close(self) -> None:
-        self.backend.close()
+        if self.backend is not None:
+            self.backend.close()
 
     def __enter__(self):
         return self
@@ -275,6 +378,12 @@ class _LazyEncoder:
 
     def __getattr__(self, name):
         return getattr(self._index.encoder, name)
+
+
+def encoder_only(*, config: str | None = None, settings: Settings | None = None, encoder=None, **overrides) -> Index:
+    """An Index with no backend, for `Index.encode_files` (encoding runs where no index is)."""
+    base = settings or load_settings(config)
+    return Index(None, base.replace(**overrides), encoder=encoder)
 
 
 def open_index(path: str | None = None, *, config: str | None = None, settings: Settings | None = None,
@@ -313,4 +422,4 @@ def _bar(enabled: bool):
     return tqdm(desc="indexing", unit=" papers", file=sys.stderr, dynamic_ncols=True)
 
 
-__all__ = ["open_index", "open_backend", "Index", "IndexReport", "QueryError", "InputError", "ModelMismatchError", "BackendError"]
+__all__ = ["open_index", "open_backend", "encoder_only", "Index", "IndexReport", "EncodeReport", "QueryError", "InputError", "ModelMismatchError", "BackendError"]
