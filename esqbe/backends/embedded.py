@@ -254,11 +254,15 @@ class EmbeddedBackend(Backend):
         return IndexMeta.from_dict(d) if d else None
 
     def ensure(self, meta: IndexMeta) -> None:
+        """Check `meta` against the index (creating it if new) and take the write lock: an indexing run
+        calls this first, so it waits for another writer up front, repairs a crashed one's leftovers,
+        and folds its writes into the ANN files when it closes."""
         existing = self.meta()
         if existing is not None:
             existing.check(meta)
-            return
         self._acquire_write()
+        if existing is not None:
+            return
         with self._tx():
             if self._setting("meta") is None:
                 self._set("meta", meta.to_dict())
@@ -302,8 +306,21 @@ class EmbeddedBackend(Backend):
             if self.writable:
                 text.mkdir(exist_ok=True)
                 self._text_index = tantivy.Index(self._text_schema(), path=str(text), reuse=True)
-            elif (text / "meta.json").exists():
+            elif (text / "meta.json").exists() and os.access(text, os.W_OK):
                 self._text_index = tantivy.Index.open(str(text))
+            elif (text / "meta.json").exists():
+                # tantivy's reader takes a lock file beside the index; where it cannot write (a read-only
+                # index), it reads the same files through a private directory of links
+                import atexit
+                import shutil
+                import tempfile
+
+                shadow = Path(tempfile.mkdtemp(prefix="esqbe-text-"))
+                atexit.register(shutil.rmtree, shadow, True)
+                for f in text.iterdir():
+                    if not f.name.endswith(".lock"):
+                        os.symlink(f, shadow / f.name)
+                self._text_index = tantivy.Index.open(str(shadow))
             else:  # nothing indexed yet: an empty in-memory index answers BM25 with nothing
                 self._text_index = tantivy.Index(self._text_schema())
         return self._text_index
@@ -722,9 +739,7 @@ class EmbeddedBackend(Backend):
                 papers, best = self._exact_best(st, allowed, codes if facet is not None else None, q, keep=k)
                 return self._top_papers(papers, best, k)
         if exact:
-            live = np.flatnonzero(~st.dead[: st.next_pno])
-            papers, best = self._exact_best(st, np.setdiff1d(live, banned), codes if facet is not None else None, q, keep=k)
-            return self._top_papers(papers, best, k)
+            return self._top_papers(*self._brute_force(st, codes, banned, q, k), k)
         cand = []
         kk = params["oversample"] * k + 16
         for code in codes:
@@ -770,6 +785,35 @@ class EmbeddedBackend(Backend):
             pool = np.setdiff1d(pool, banned)
         papers, best = self._exact_best(st, pool, codes if facet is not None else None, q)
         return self._top_papers(papers, best, k)
+
+    def _brute_force(self, st: _State, codes: list[int], banned: np.ndarray, q: np.ndarray, k: int, chunk: int = 500_000):
+        """Every live row of the facets, scanned in chunks (the reference ANN recall is measured against);
+        keeps each chunk's k best papers per query sentence. A paper split over two chunks is kept twice
+        with each part's best; the maximum is taken at the end."""
+        out_p, out_b = [], []
+        for lo in range(0, st.rows, chunk):
+            hi = min(st.rows, lo + chunk)
+            rows = lo + np.flatnonzero(np.isin(np.asarray(st.facet[lo:hi]), codes))
+            papers = np.asarray(st.pno[rows]).astype(np.int64)
+            ok = ~st.dead[papers] & ~np.isin(papers, banned)
+            rows, papers = rows[ok], papers[ok]
+            if not len(rows):
+                continue
+            sims = np.asarray(st.vec[rows], dtype=np.float32) @ q.T
+            first = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
+            best, pp = np.maximum.reduceat(sims, first, axis=0), papers[first]
+            if len(pp) > k:
+                top = np.unique(np.argpartition(-best, k - 1, axis=0)[:k].ravel())
+                best, pp = best[top], pp[top]
+            out_p.append(pp)
+            out_b.append(best)
+        if not out_p:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, len(q)), dtype=np.float32)
+        papers, best = np.concatenate(out_p), np.concatenate(out_b)
+        order = np.argsort(papers, kind="stable")
+        papers, best = papers[order], best[order]
+        first = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
+        return papers[first], np.maximum.reduceat(best, first, axis=0)
 
     def _top_papers(self, papers: np.ndarray, best: np.ndarray, k: int) -> dict[str, float]:
         if len(papers) == 0:
