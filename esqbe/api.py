@@ -230,11 +230,12 @@ class Index:
         return report
 
     def add_encoded(self, source: str, *, strict: bool = False, report: IndexReport | None = None,
-                    reader_report: ReadReport | None = None, progress: bool = False) -> IndexReport:
+                    reader_report: ReadReport | None = None, progress: bool = False,
+                    batch_size: int | None = None) -> IndexReport:
         """Load pre-encoded papers from a Parquet file (see esqbe.encoded) without running a model.
 
         The file's `esqbe` metadata must match the index (and the model named in the settings, if any);
-        papers are committed every max(commit_every, 4096) rows; unchanged papers are skipped."""
+        papers are committed every `batch_size` rows (default max(commit_every, 16384)); unchanged papers are skipped."""
         from .encoded import read_encoded, read_meta
 
         report = report if report is not None else IndexReport()
@@ -249,7 +250,7 @@ class Index:
         self.backend.ensure(meta)
         bar = _bar(progress)
         try:
-            for batch in read_encoded(source, batch_size=max(4096, int(self.settings.commit_every)), strict=strict,
+            for batch in read_encoded(source, batch_size=batch_size or max(16384, int(self.settings.commit_every)), strict=strict,
                                       report=reader_report):
                 stored = self.backend.content_hashes(p.paper_id for p in batch)
                 fresh = [p for p in batch if stored.get(p.paper_id) != p.paper.content_hash()]

@@ -325,7 +325,8 @@ def test_kill_during_a_parquet_load_and_during_the_ann_build(tmp_path):
     b.ensure(META)
     b.configure(exact_threshold=1000, merge_threshold=1000)  # the CLI run below builds ANN files when it closes
     b.close()
-    cmd = [sys.executable, "-m", "cli", "index", "--path", str(path), "--quiet", "--json", str(src)]
+    cmd = [sys.executable, "-c", "import esqbe, json, sys; ix = esqbe.open_index(sys.argv[1]); "
+           "r = ix.add_encoded(sys.argv[2], batch_size=4096); ix.close(); print(json.dumps(r.summary()))", str(path), str(src)]
     db = path / "papers.sqlite"
 
     def count():

@@ -757,8 +757,17 @@ class EmbeddedBackend(Backend):
                 if bits is not None:
                     sel = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))
                     sp.sel = sel
-                _, ids = index.search(q, kk, params=sp)
-                cand.append(ids[ids >= 0])
+                sims, ids = index.search(q, kk, params=sp)
+                for j in range(m):  # the 2k papers with the best approximate sentence score go to exact re-scoring
+                    ok = ids[j] >= 0
+                    hit_ids, hit_sims = ids[j][ok], sims[j][ok]
+                    order = np.lexsort((-hit_sims, hit_ids))
+                    hit_ids, hit_sims = hit_ids[order], hit_sims[order]
+                    first = np.r_[True, hit_ids[1:] != hit_ids[:-1]]
+                    hit_ids, hit_sims = hit_ids[first], hit_sims[first]
+                    if len(hit_ids) > 2 * k:
+                        hit_ids = hit_ids[np.argpartition(-hit_sims, 2 * k - 1)[: 2 * k]]
+                    cand.append(hit_ids)
             idx, mat = self._delta(st, code)
             if len(idx):
                 sims = mat @ q.T
