@@ -106,15 +106,17 @@ def write_corpus(out: Path, n: int, seed: int, prefix: str = "p", start: int = 0
 
 
 # --- measuring -------------------------------------------------------------------------------------
-def timed(cmd: list[str], env=None) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS (GB) and stdout of a fresh process."""
+def timed(cmd: list[str], env=None, cpu: list | None = None) -> tuple[float, float, str]:
+    """Wall seconds, peak RSS (GB) and stdout of a fresh process (its CPU seconds appended to `cpu`)."""
     t0 = time.perf_counter()
-    proc = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], capture_output=True, text=True, env=env, cwd=REPO)
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", *cmd], capture_output=True, text=True, env=env, cwd=REPO)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
-    rss_kb = int(proc.stderr.strip().splitlines()[-1])
-    return wall, rss_kb / 1024**2, proc.stdout
+    rss_kb, user, system = proc.stderr.strip().splitlines()[-1].split()
+    if cpu is not None:
+        cpu.append(float(user) + float(system))
+    return wall, int(rss_kb) / 1024**2, proc.stdout
 
 
 def cli(*args) -> list[str]:
@@ -200,11 +202,12 @@ def run_size(n: int, work: Path, args) -> dict:
     gen_s = time.perf_counter() - t0
     print(f"[{n}] corpus written in {gen_s:.0f}s", file=sys.stderr, flush=True)
     ix = base / "index"
-    load_s, load_rss, out = timed(cli("index", "--path", str(ix), "--quiet", "--json", *map(str, files)), env)
+    load_cpu = []
+    load_s, load_rss, out = timed(cli("index", "--path", str(ix), "--quiet", "--json", *map(str, files)), env, load_cpu)
     summary = json.loads(out)
     print(f"[{n}] loaded in {load_s:.0f}s: {summary}", file=sys.stderr, flush=True)
     disk = sum(p.stat().st_size for p in ix.rglob("*") if p.is_file())
-    cold = []
+    cold, cold_cpu = [], []
     rng = np.random.default_rng(1)
     from esqbe.backends.embedded import EmbeddedBackend
 
@@ -213,7 +216,7 @@ def run_size(n: int, work: Path, args) -> dict:
         found = b.get(picks)
         picks = [p for p in picks if "method" in found[p].paper.facets][:5]
     for pid in picks:
-        wall, rss, _ = timed(cli("query", "--path", str(ix), "--paper", pid, "--facet", "method", "--json"), env)
+        wall, rss, _ = timed(cli("query", "--path", str(ix), "--paper", pid, "--facet", "method", "--json"), env, cold_cpu)
         cold.append((wall, rss))
     print(f"[{n}] cold queries {[round(c[0], 2) for c in cold]}", file=sys.stderr, flush=True)
     env_q = {**env, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # as `esqbe query` runs
@@ -230,6 +233,9 @@ def run_size(n: int, work: Path, args) -> dict:
         "disk_bytes_per_paper": disk / n,
         "cold_query_s_median": statistics.median(c[0] for c in cold),
         "cold_query_s_max": max(c[0] for c in cold),
+        "cold_query_cpu_s_median": statistics.median(cold_cpu),
+        "load_cpu_s": load_cpu[0],
+        "load_avg_1min_at_end": os.getloadavg()[0],
         "cold_query_peak_rss_gb": max(c[1] for c in cold),
         "query_process_peak_rss_gb": rss,
         **q,
@@ -265,7 +271,7 @@ def fmt_row(r: dict) -> str:
         f"| {r['papers']:,} ({r['sentences']:,}) | {r['load_papers_per_s']:,.0f} papers/s ({r['load_s']:.0f} s) | "
         f"{r['disk_gb']:.2f} GB ({r['disk_bytes_per_paper'] / 1000:.1f} kB/paper) | "
         f"{r['load_peak_rss_gb']:.1f} GB build / {max(r['query_process_peak_rss_gb'], r['cold_query_peak_rss_gb']):.1f} GB query | "
-        f"{r['cold_query_s_median']:.2f} s (max {r['cold_query_s_max']:.2f}) | "
+        f"{r['cold_query_s_median']:.2f} s (max {r['cold_query_s_max']:.2f}; CPU {r['cold_query_cpu_s_median']:.2f} s) | "
         f"{r['warm_p50_ms']:.1f} / {r['warm_p99_ms']:.1f} ms | {r['recall_at_100']:.3f} (min {r['recall_min']:.2f}) | "
         f"{r['upsert_1000_visible_s']:.1f} s{'' if r['upsert_visible'] else ' (NOT visible)'}; deletes {r['delete_10_visible_s']:.1f} s{'' if r['deletes_gone'] else ' (NOT gone)'} |"
     )
