@@ -144,7 +144,18 @@ def read_encoded(path: str | Path, *, batch_size: int = 4096, strict: bool = Fal
     has_metadata = "metadata" in pq.read_schema(path).names
     columns = list(COLUMNS) + (["metadata"] if has_metadata else [])
     row0 = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns):
+    batches = pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        except (OSError, ValueError) as e:  # a truncated or corrupt file (pyarrow's errors derive from these)
+            error = InputError(name, row0 + 1, "file", f"cannot read further: {e}")
+            if strict:
+                raise error from None
+            report.errors.append(error)
+            break
         n = batch.num_rows
         ids = batch.column("paper_id").to_pylist()
         titles = batch.column("title").to_pylist()
