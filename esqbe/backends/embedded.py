@@ -634,7 +634,7 @@ class EmbeddedBackend(Backend):
         live = ~st.dead[st.pno] if st.rows else np.zeros(0, dtype=bool)
         counts = np.bincount(np.asarray(st.facet)[live], minlength=len(FACET_LABELS)) if st.rows else np.zeros(len(FACET_LABELS), int)
         by_facet = {f: int(counts[c]) for f, c in _FACET_CODES.items() if counts[c]}
-        size = sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+        size = _dir_size(self.path)
         params = self.knn_params()
         knn = {}
         for f, c in _FACET_CODES.items():
@@ -868,6 +868,18 @@ class EmbeddedBackend(Backend):
             self._db.close()
             self._db = None
             self._release_write()
+
+
+def _dir_size(path: Path) -> int:
+    """Bytes under `path`; files a writer removes meanwhile (merged text segments) are skipped."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_size
+            except FileNotFoundError:
+                pass
+    return total
 
 
 def _chunks(items, n: int):
