@@ -25,6 +25,18 @@ WEIGHT = click.FloatRange(*RANGES["final_bm25_weight"])
 EXIT_ERROR, EXIT_USAGE, EXIT_STORAGE = 1, 2, 3
 
 
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _single_threaded_math():
+    """A query's matrices are small: one BLAS/OpenMP thread answers faster than a pool that must wake up
+    (several times faster on a busy machine). Only for commands that do not encode or build indexes,
+    and only before numpy is loaded (the commands import the library lazily)."""
+    if "numpy" not in sys.modules:
+        for var in _THREAD_VARS:
+            os.environ.setdefault(var, "1")
+
+
 def _errors():
     """Known failures become one clear line on stderr and an exit status (no traceback)."""
     from esqbe.backends.base import BackendError
@@ -142,7 +154,7 @@ def main():
 
 @main.command("index")
 @click.argument("files", nargs=-1, required=True, type=str)
-@click.option("--format", "fmt", type=click.Choice(["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"]), help="Input format (default: detected per file).")
+@click.option("--format", "fmt", type=click.Choice(["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl", "parquet"]), help="Input format (default: detected per file; *.parquet is pre-encoded input).")
 @click.option("--strict", is_flag=True, help="Stop at the first malformed line or unreadable file (exit status 1), keeping the papers read before it, instead of reporting it and going on.")
 @click.option("--facets", type=click.Choice(["keep", "predict", "none"]), help="keep (default): use given labels, tag papers without; predict: tag every paper; none: never tag.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -159,6 +171,8 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
     Records without an abstract are skipped and counted; malformed lines and missing files are
     reported as file:line: field: reason and the run goes on (unless --strict). Exit status: 0 done,
     1 bad input/settings or nothing could be indexed, 2 usage, 3 the index could not be written.
+    FILE.parquet is pre-encoded input (`esqbe encode`): loaded without running a model, its
+    `esqbe` metadata (model, dim, encoder mode) checked against the index.
     """
     from esqbe.api import StorageError
     from esqbe.readers import InputError
@@ -200,6 +214,55 @@ def _print_index_report(report, as_json: bool) -> None:
         + (f", tagged {report.tagged}" if report.tagged else "")
         + f" in {report.seconds:.1f}s"
     )
+
+
+@main.command("encode")
+@click.argument("files", nargs=-1, required=True, type=str)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory for the Parquet output (OUT/papers-<i>-of-<n>.parquet).")
+@click.option("--shard", default="0/1", show_default=True, help="I/N: encode only the papers whose id hashes to shard I of N (run N of these anywhere).")
+@click.option("--format", "fmt", type=click.Choice(["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"]), help="Input format (default: detected per file).")
+@click.option("--strict", is_flag=True, help="Stop at the first malformed line (exit status 1).")
+@click.option("--facets", type=click.Choice(["keep", "predict", "none"]), help="keep (default): use given labels, tag papers without; predict: tag every paper; none: never tag.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--config", "config", type=click.Path(dir_okay=False), help="YAML settings file.")
+@encoder_options
+@handle_errors
+def encode_cmd(files, out_dir, shard, fmt, strict, facets, as_json, quiet, config, **kw):
+    """Encode papers from FILES into Parquet, to load later with `esqbe index OUT/*.parquet` (no model needed then).
+
+    \b
+    The heavy part of indexing, run where the GPUs are, split over machines with --shard:
+      esqbe encode papers.jsonl --out encoded/ --shard 0/4     # ... through 3/4
+      esqbe index encoded/*.parquet
+    One row per paper: paper_id, title, sentences list<string>, facets list<string> (esqbe labels),
+    vectors list<list<float32>> (one L2-normalised vector per sentence), metadata (JSON string);
+    the schema metadata key `esqbe` holds {"model", "dim", "encoder_mode"}.
+    """
+    import esqbe
+    from esqbe.readers import InputError
+
+    try:
+        i, n = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise click.BadParameter(f"expected I/N, e.g. 0/4 (got {shard!r})", param_hint="--shard")
+    if not (n >= 1 and 0 <= i < n):
+        raise click.BadParameter(f"I/N needs 0 <= I < N (got {shard!r})", param_hint="--shard")
+    index = esqbe.encoder_only(config=config, **{k: v for k, v in kw.items() if v is not None})
+    try:
+        report = index.encode_files(list(files), out_dir, shard=(i, n), format=fmt, strict=strict, facets=facets,
+                                    progress=not quiet and not as_json and sys.stderr.isatty())
+    except InputError as e:
+        click.echo(f"error: {e} (--strict: stopped; nothing was written)", err=True)
+        sys.exit(1)
+    summary = report.summary()
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    for err in report.errors:
+        click.echo(f"warning: {err}", err=True)
+    click.echo(f"read {report.read}, encoded {report.encoded} into {report.path}, skipped {sum(report.skipped.values())}, "
+               f"errors {len(report.errors)}" + (f", tagged {report.tagged}" if report.tagged else "") + f" in {report.seconds:.1f}s")
 
 
 @main.command("query")
@@ -250,6 +313,8 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, p
         if text is not None:
             raise click.UsageError("give --text or --file, not both")
         text = text_file.read()
+    if text is None:
+        _single_threaded_math()  # --paper: no encoder runs in this process
     chosen = None
     if sentences is not None:
         try:

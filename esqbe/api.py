@@ -21,6 +21,7 @@ from typing import Iterable, Iterator, Sequence
 
 from .backends.base import Backend, BackendError, IndexedPaper, IndexMeta, ModelMismatchError, UpsertResult
 from .config import Settings, load_settings
+from .encoded import is_parquet
 from .filters import FilterError, MetadataFilter, coerce_filters
 from .papers import Paper, normalize_label, split_sentences
 from .progress import Progress
@@ -167,6 +168,23 @@ class IndexReport:
         }
 
 
+@dataclass
+class EncodeReport:
+    """What an encoding run did (papers of other shards are read but not counted as encoded)."""
+
+    path: str = ""
+    read: int = 0
+    encoded: int = 0
+    tagged: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> dict:
+        return {"path": self.path, "read": self.read, "encoded": self.encoded, "tagged": self.tagged,
+                "skipped": dict(self.skipped), "errors": list(self.errors), "seconds": round(self.seconds, 2)}
+
+
 class Index:
     """An index (any backend) with the encoder and settings it is used with."""
 
@@ -184,7 +202,7 @@ class Index:
     def _stored_meta(self) -> IndexMeta | None:
         """The index's meta; an index written before fingerprints gets the fingerprint of the installed
         package its name names (e.g. the default model), so it can be compared with a model directory."""
-        meta = self.backend.meta()
+        meta = self.backend.meta() if self.backend is not None else None  # no backend: encoder_only()
         if meta is None or meta.fingerprint or "/" in meta.model or Path(meta.model).exists():
             return meta
         from .encoder import ModelNotFoundError, model_info
@@ -434,6 +452,9 @@ class Index:
             if bar is not None:
                 bar.position = lambda: done_bytes + reader_report.position
             try:
+                if format in (None, "parquet") and is_parquet(source) or format == "parquet":
+                    self.add_encoded(source, strict=strict, report=report, reader_report=reader_report, progress=bar)
+                    continue
                 self.add_papers(read_papers(source, format, strict=strict, report=reader_report), facets=facets,
                                 report=report, progress=bar)
             except InputError as e:
@@ -456,6 +477,101 @@ class Index:
                 report.errors.extend(str(e) for e in reader_report.errors)
                 report.repeated.extend(reader_report.repeated)
                 done_bytes += reader_report.position
+
+    def add_encoded(self, source: str, *, strict: bool = False, report: IndexReport | None = None,
+                    reader_report: ReadReport | None = None, progress: bool = False,
+                    batch_size: int | None = None) -> IndexReport:
+        """Load pre-encoded papers from a Parquet file (see esqbe.encoded) without running a model.
+
+        The file's `esqbe` metadata must match the index (and the model named in the settings, if any);
+        papers are committed every `batch_size` rows (default max(commit_every, 16384)); unchanged papers are skipped."""
+        from .encoded import read_encoded, read_meta
+
+        report = report if report is not None else IndexReport()
+        own_reader_report = reader_report is None
+        reader_report = reader_report if reader_report is not None else ReadReport()
+        start = time.perf_counter()
+        meta = read_meta(source)
+        if self.settings.model is not None:  # the model named in the settings must be the file's (by fingerprint)
+            from .encoder import model_info
+
+            info = model_info(self.settings.model)
+            IndexMeta(info.name, info.dim or meta.dim, self.settings.encoder_mode, info.fingerprint).check(meta)
+        stored = self._stored_meta()
+        if stored is not None:
+            stored.check(meta)
+        self.backend.ensure(meta)
+        bar = progress if isinstance(progress, Progress) else Progress() if progress else None
+        try:
+            for batch in read_encoded(source, batch_size=batch_size or max(16384, int(self.settings.commit_every)), strict=strict,
+                                      report=reader_report):
+                stored = self.backend.content_hashes(p.paper_id for p in batch)
+                fresh = [p for p in batch if stored.get(p.paper_id) != p.paper.content_hash()]
+                report.unchanged += len(batch) - len(fresh)
+                if fresh:
+                    result = self.backend.upsert(fresh)
+                    report.indexed += result.added
+                    report.replaced += result.replaced
+                    report.unchanged += result.unchanged
+                    report.errors.extend(result.errors)
+                if bar is not None:
+                    bar.update(len(batch))
+        except _STORAGE_ERRORS as e:
+            error = StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}; "
+                                 f"{report.stored} paper(s) of this run were committed before it")
+            error.report = report
+            raise error from e
+        finally:
+            if bar is not None and bar is not progress:
+                bar.close()
+            report.seconds += time.perf_counter() - start
+            if own_reader_report:
+                report.read += reader_report.read
+                report.skipped.update(reader_report.skipped)
+                report.errors.extend(str(e) for e in reader_report.errors)
+        return report
+
+    def encode_files(self, sources: Sequence[str], out: str, *, shard: tuple[int, int] = (0, 1), format: str | None = None,
+                     strict: bool = False, facets: str | None = None, progress: bool = False) -> "EncodeReport":
+        """Encode papers (and tag them, per `facets`) into OUT/papers-<i>-of-<n>.parquet without touching an index;
+        with `shard=(i, n)` only the papers whose id hashes to shard i of n (so n machines split one corpus)."""
+        from pathlib import Path
+
+        from .encoded import EncodedWriter, shard_of
+
+        i, n = shard
+        if not (n >= 1 and 0 <= i < n):
+            raise ValueError(f"shard must be I/N with 0 <= I < N (got {i}/{n})")
+        facets = facets or self.settings.facets
+        if facets not in FACET_MODES:
+            raise ValueError(f"facets must be one of {', '.join(FACET_MODES)} (got {facets!r})")
+        Path(out).mkdir(parents=True, exist_ok=True)
+        target = Path(out) / f"papers-{i:05d}-of-{n:05d}.parquet"
+        report = EncodeReport(path=str(target))
+        start = time.perf_counter()
+        bar = Progress() if progress else None
+        with EncodedWriter(target, self._requested_meta(self.encoder)) as writer:
+            for source in sources:
+                reader_report = ReadReport()
+                try:
+                    papers = (p for p in read_papers(source, format, strict=strict, report=reader_report)
+                              if shard_of(p.paper_id, n) == i)
+                    for batch in _batches(papers, max(1, int(self.settings.commit_every))):
+                        latest = list({p.paper_id: p for p in batch}.values())
+                        indexed, tagged = self._encode(latest, facets)
+                        writer.write(indexed)
+                        report.tagged += tagged
+                        report.encoded += len(indexed)
+                        if bar is not None:
+                            bar.update(len(batch))
+                finally:
+                    report.read += reader_report.read
+                    report.skipped.update(reader_report.skipped)
+                    report.errors.extend(str(e) for e in reader_report.errors)
+        if bar is not None:
+            bar.close()
+        report.seconds = time.perf_counter() - start
+        return report
 
     def delete(self, paper_ids: Iterable[str]) -> int:
         try:
@@ -553,7 +669,8 @@ class Index:
         return [(papers[pid], score) for pid, score in found if pid in papers]
 
     def close(self) -> None:
-        self.backend.close()
+        if self.backend is not None:
+            self.backend.close()
 
     def __enter__(self):
         return self
@@ -590,6 +707,12 @@ def make_filter(filters=None, engine_filter: dict | str | None = None) -> Metada
     return flt if flt else None
 
 
+def encoder_only(*, config: str | None = None, settings: Settings | None = None, encoder=None, **overrides) -> Index:
+    """An Index with no backend, for `Index.encode_files` (encoding runs where no index is)."""
+    base = settings or load_settings(config)
+    return Index(None, base.replace(**overrides), encoder=encoder)
+
+
 def open_index(path: str | None = None, *, config: str | None = None, settings: Settings | None = None,
                encoder=None, create: bool = True, **overrides) -> Index:
     """Open (or create) an index. `path` is the embedded index directory; other settings as keywords
@@ -610,5 +733,5 @@ def _batches(items: Iterable, n: int) -> Iterator[list]:
         yield batch
 
 
-__all__ = ["open_index", "open_backend", "make_filter", "FilterError", "Index", "IndexReport", "QueryError", "InputError",
-           "ModelMismatchError", "BackendError", "StorageError"]
+__all__ = ["open_index", "open_backend", "encoder_only", "make_filter", "FilterError", "Index", "IndexReport", "EncodeReport",
+           "QueryError", "InputError", "ModelMismatchError", "BackendError", "StorageError"]

@@ -1,20 +1,40 @@
-"""The embedded backend: one directory, no server.
+"""The embedded backend: one directory, no server, sized for a million papers on one machine.
 
-- `papers.sqlite`: the source of truth (papers, per-sentence facets, sentence vectors, corpus
-  token counts), written in one transaction per batch, so a killed run opens at its last commit.
-- `text/`: a tantivy inverted index (BM25 over title + abstract, plus one field per facet).
-  It is derived from SQLite: papers not yet in it are marked `text_indexed = 0` and synced on
-  the next write or open, so a crash between the two stores heals itself.
-- sentence kNN: exact (numpy over the facet's sentences) up to `exact_threshold` sentences,
-  faiss HNSW above it, with the facet as a faiss ID selector; the ANN index is cached on disk
-  per generation.
+Layout of an index directory (format 2; docs/performance.md says why each choice was made):
+
+- `papers.sqlite` (WAL): the source of truth for papers (title, sentences, facets, metadata, content
+  hash, token counts), each with a *paper number* `pno` (allocated in increasing order, a new one
+  per stored version) and the range of its sentence rows in the vector files. Retired versions
+  (deleted or replaced papers) go to the `dead` table, so they vanish from results at once.
+  `settings` holds the encoder metadata, the committed row count, the next paper number, the
+  generation (bumped by every commit) and the ANN manifest.
+- `vectors.f16` (rows x dim float16), `rows.pno` (int32) and `rows.facet` (int8): append-only,
+  memory-mapped sentence rows in paper-number order. A write appends rows at the committed row
+  count, fsyncs, then commits SQLite; rows past the committed count (a killed write) are ignored
+  by readers and cut off by the next writer.
+- `ann/<facet>-<n>.faiss`: per facet, a faiss IVF index (inner-product coarse quantizer trained on
+  the facet's vectors, 8-bit scalar-quantized lists, ids = paper numbers) over the facet's rows
+  below the row count it was built at; it is memory-mapped by readers. Rows above it (the *delta*:
+  fresh writes) are searched exactly. A writer merges the delta into the ANN when it closes and the
+  delta is past `merge_threshold` rows (retraining when the facet has doubled since training): the new
+  file is written aside and swapped in through the manifest, so a kill at any point leaves the
+  last committed manifest, and readers keep the file they have open. Facets smaller than
+  `exact_threshold` rows are searched exactly. ANN hits are re-scored exactly (float16 rows).
+- `text/`: a tantivy index (BM25 over title + abstract, plus one field per facet), derived from
+  SQLite: papers not yet in it are marked `text_indexed = 0` and synced by the next writer.
+
+Readers take no lock and write nothing: opening an index never repairs it (a writer does that when
+it takes the directory's write lock, `write.lock`), so queries run during a load and on a
+read-only directory. A second writer waits for the first, saying so on stderr.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import sqlite3
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -34,10 +54,58 @@ from .base import (
     UpsertResult,
 )
 
-FORMAT_VERSION = 1
-EXACT_THRESHOLD = 200_000
+FORMAT_VERSION = 2
+VECTOR_DTYPE = np.float16
+#: per-index kNN parameters (stored in the index's settings; constructor keywords override them)
+KNN_DEFAULTS = {
+    "exact_threshold": 20_000,  # a facet with at most this many rows is searched exactly
+    "merge_threshold": 20_000,  # a writer folds a facet's delta into its ANN once the delta is past this
+    "nprobe": 32,  # IVF lists visited per query sentence
+    "oversample": 4,  # ANN sentence hits asked per query sentence, as a multiple of k
+}
 _FACET_CODES = {f: i for i, f in enumerate(FACET_LABELS)}
 _QUERY_SYNTAX = re.compile(r"[^\w\s]+", re.UNICODE)
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS papers (
+    paper_id TEXT PRIMARY KEY, pno INTEGER NOT NULL UNIQUE, title TEXT NOT NULL, sentences TEXT NOT NULL,
+    facets TEXT NOT NULL, metadata TEXT NOT NULL, content_hash TEXT NOT NULL, token_counts TEXT,
+    row_start INTEGER NOT NULL, n_rows INTEGER NOT NULL, text_indexed INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS papers_pending ON papers(text_indexed) WHERE text_indexed = 0;
+CREATE TABLE IF NOT EXISTS dead (pno INTEGER PRIMARY KEY, row_start INTEGER NOT NULL, n_rows INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS text_deletes (paper_id TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS token_counts (token TEXT PRIMARY KEY, count INTEGER NOT NULL);
+"""
+
+
+class _State:
+    """What a reader sees at one generation: memory-mapped rows, retired papers, ANN files, deltas."""
+
+    def __init__(self, gen: int, rows: int, dim: int, path: Path, dead_pnos: np.ndarray, next_pno: int, manifest: dict):
+        self.gen, self.rows, self.dim = gen, rows, dim
+        self.next_pno = next_pno
+        self.manifest = manifest
+        if rows:
+            self.vec = np.memmap(path / "vectors.f16", dtype=VECTOR_DTYPE, mode="r", shape=(rows, dim))
+            self.pno = np.memmap(path / "rows.pno", dtype=np.int32, mode="r", shape=(rows,))
+            self.facet = np.memmap(path / "rows.facet", dtype=np.int8, mode="r", shape=(rows,))
+        else:
+            self.vec = np.zeros((0, dim), dtype=VECTOR_DTYPE)
+            self.pno = np.zeros(0, dtype=np.int32)
+            self.facet = np.zeros(0, dtype=np.int8)
+        self.dead = np.zeros(max(next_pno, 1), dtype=bool)
+        self.dead[dead_pnos[dead_pnos < len(self.dead)]] = True
+        self.n_dead = int(self.dead.sum())
+        self._ok_bits = None
+        self.delta: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
+
+    def ok_bits(self):
+        """Bitmap over paper numbers of live papers (for faiss's IDSelectorBitmap), or None if all are live."""
+        if self.n_dead == 0:
+            return None
+        if self._ok_bits is None:
+            self._ok_bits = np.packbits(~self.dead, bitorder="little")
+        return self._ok_bits
 
 
 class EmbeddedBackend(Backend):
@@ -45,35 +113,118 @@ class EmbeddedBackend(Backend):
 
     name = "embedded"
 
-    def __init__(self, path: str | os.PathLike, *, exact_threshold: int = EXACT_THRESHOLD, create: bool = True):
+    def __init__(self, path: str | os.PathLike, *, exact_threshold: int | None = None, create: bool = True,
+                 merge_threshold: int | None = None, nprobe: int | None = None):
         self.path = Path(path)
-        self.exact_threshold = exact_threshold
+        self._overrides = {k: v for k, v in (("exact_threshold", exact_threshold), ("merge_threshold", merge_threshold),
+                                             ("nprobe", nprobe)) if v is not None}
+        self._db: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+        self._files = None
+        self._text_index = None
+        self._text_writer = None
+        self._text_gen = None
+        self._state_cache: _State | None = None
+        self._ann_cache: dict[str, object] = {}
+        self._meta_cols = None  # (generation, MetadataColumns) for filters
+        db = self.path / "papers.sqlite"
         if not self.path.exists():
             if not create:
                 raise BackendError(f"no index at {self.path} (run `esqbe index` first)")
-            self.path.mkdir(parents=True)
+            try:
+                self.path.mkdir(parents=True)
+            except OSError as e:
+                raise BackendError(f"cannot create the index directory {self.path}: {e.strerror}") from None
         elif not self.path.is_dir():
             raise BackendError(f"{self.path} exists and is not an index directory")
-        elif not create and not (self.path / "papers.sqlite").exists():  # never turn a stray directory into an index
-            raise BackendError(f"{self.path} is not an esqbe index (no papers.sqlite in it); give the index's directory")
-        self._db = sqlite3.connect(self.path / "papers.sqlite", isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(
-            """
-            CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-            CREATE TABLE IF NOT EXISTS papers (
-                paper_id TEXT PRIMARY KEY, title TEXT NOT NULL, sentences TEXT NOT NULL, facets TEXT NOT NULL,
-                metadata TEXT NOT NULL, content_hash TEXT NOT NULL, vectors BLOB NOT NULL,
-                token_counts TEXT, text_indexed INTEGER NOT NULL DEFAULT 0);
-            CREATE INDEX IF NOT EXISTS papers_pending ON papers(text_indexed) WHERE text_indexed = 0;
-            CREATE TABLE IF NOT EXISTS text_deletes (paper_id TEXT PRIMARY KEY);
-            CREATE TABLE IF NOT EXISTS token_counts (token TEXT PRIMARY KEY, count INTEGER NOT NULL);
-            """
-        )
-        self._text_index = None
-        self._kn = None  # in-memory sentence matrix, rebuilt when the generation changes
-        self._meta_cols = None  # (generation, MetadataColumns) for filters
+        if not db.exists():
+            if not create:
+                raise BackendError(f"{self.path} is not an esqbe index (no papers.sqlite); run `esqbe index --path {self.path} FILE` to create one")
+            self._acquire_write()  # creates the schema
+        else:
+            self._open_reader()
+        version = self._setting("format_version", FORMAT_VERSION)
+        if version != FORMAT_VERSION:
+            raise BackendError(f"{self.path} is an esqbe index of format {version}; this esqbe reads format {FORMAT_VERSION}: "
+                               "re-index into a new path")
+
+    # --- connections and the write lock ---------------------------------------------------------
+    def _open_reader(self) -> None:
+        db = self.path / "papers.sqlite"
+        uri = f"file:{db}?mode=ro"
+        if not os.access(self.path, os.W_OK):
+            wal = self.path / "papers.sqlite-wal"
+            if not wal.exists() or wal.stat().st_size == 0:
+                uri += "&immutable=1"  # nobody can write here, and SQLite could not create its shared-memory file
+        try:
+            self._db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA busy_timeout = 10000")
+            self._db.execute("SELECT 1 FROM settings LIMIT 1").fetchall()
+        except sqlite3.DatabaseError as e:
+            raise BackendError(f"cannot read the index at {self.path}: {e}") from None
+
+    @property
+    def writable(self) -> bool:
+        return self._lock_fd is not None
+
+    def _acquire_write(self) -> None:
+        """Take the directory's write lock (waiting for another writer, with a message), then repair:
+        cut rows past the last commit, drop half-written ANN files, bring the text index up to SQLite."""
+        if self._lock_fd is not None:
+            return
+        lock = self.path / "write.lock"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise BackendError(f"cannot write to the index at {self.path}: {e.strerror} (a read-only index can be queried, not changed)") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            print(f"esqbe: another process (pid {holder}) is writing to {self.path}; waiting for it to finish...",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+        try:
+            if self._db is not None:
+                self._db.close()
+            self._db = sqlite3.connect(self.path / "papers.sqlite", isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA busy_timeout = 10000")
+            if self._db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            fresh = not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'settings'").fetchone()
+            self._db.executescript(_SCHEMA)
+            if fresh:
+                self._db.execute("INSERT OR IGNORE INTO settings VALUES ('format_version', ?)", (json.dumps(FORMAT_VERSION),))
+            self._recover()
+        except sqlite3.OperationalError as e:
+            self._release_write()
+            raise BackendError(f"cannot write to the index at {self.path}: {e}") from None
+
+    def _release_write(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def _recover(self) -> None:
+        """Writer-side repair after a crash: vector files back to the committed row count, stray ANN
+        files removed, text index synced."""
+        meta = self.meta()
+        rows = int(self._setting("rows", 0))
+        dim = meta.dim if meta else 0
+        for name, width in (("vectors.f16", dim * np.dtype(VECTOR_DTYPE).itemsize), ("rows.pno", 4), ("rows.facet", 1)):
+            f = self.path / name
+            if f.exists() and width and f.stat().st_size != rows * width:
+                os.truncate(f, rows * width)
+        keep = {v["file"] for v in self._setting("ann", {}).values()}
+        ann_dir = self.path / "ann"
+        if ann_dir.exists():
+            for f in ann_dir.iterdir():
+                if f.name not in keep:
+                    f.unlink(missing_ok=True)
         self._sync_text()
 
     # --- metadata -------------------------------------------------------------------------------
@@ -81,21 +232,44 @@ class EmbeddedBackend(Backend):
         row = self._db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
 
+    def _set(self, key: str, value) -> None:
+        self._db.execute("INSERT OR REPLACE INTO settings VALUES (?, ?)", (key, json.dumps(value)))
+
     def _generation(self) -> int:
         return int(self._setting("generation", 0))
+
+    def knn_params(self) -> dict:
+        return {**KNN_DEFAULTS, **self._setting("knn_params", {}), **self._overrides}
+
+    def configure(self, **params) -> None:
+        """Store kNN parameters in the index (exact_threshold, merge_threshold, nprobe, oversample)."""
+        unknown = set(params) - set(KNN_DEFAULTS)
+        if unknown:
+            raise BackendError(f"unknown kNN parameter(s) {', '.join(sorted(unknown))}; known: {', '.join(KNN_DEFAULTS)}")
+        self._acquire_write()
+        with self._tx():
+            self._set("knn_params", {**self._setting("knn_params", {}), **{k: int(v) for k, v in params.items()}})
+            self._bump_generation()
 
     def meta(self) -> IndexMeta | None:
         d = self._setting("meta")
         return IndexMeta.from_dict(d) if d else None
 
     def ensure(self, meta: IndexMeta) -> None:
+        """Check `meta` against the index (creating it if new) and take the write lock: an indexing run
+        calls this first, so it waits for another writer up front, repairs a crashed one's leftovers,
+        and folds its writes into the ANN files when it closes."""
         existing = self.meta()
         if existing is not None:
             existing.check(meta)
+        self._acquire_write()
+        if existing is not None:
             return
         with self._tx():
-            self._db.execute("INSERT OR REPLACE INTO settings VALUES ('meta', ?)", (json.dumps(meta.to_dict()),))
-            self._db.execute("INSERT OR REPLACE INTO settings VALUES ('format_version', ?)", (json.dumps(FORMAT_VERSION),))
+            if self._setting("meta") is None:
+                self._set("meta", meta.to_dict())
+                self._set("format_version", FORMAT_VERSION)
+        self.meta().check(meta)
 
     def _tx(self):
         db = self._db
@@ -115,21 +289,46 @@ class EmbeddedBackend(Backend):
         )
 
     # --- text index (tantivy) ---------------------------------------------------------------------
+    @staticmethod
+    def _text_schema():
+        import tantivy
+
+        sb = tantivy.SchemaBuilder()
+        sb.add_text_field("paper_id", stored=True, tokenizer_name="raw")
+        for f in ("title", "abstract", *(f"facet_{x}" for x in FACET_LABELS)):
+            sb.add_text_field(f, tokenizer_name="en_stem")
+        return sb.build()
+
     @property
     def text_index(self):
         if self._text_index is None:
             import tantivy
 
-            sb = tantivy.SchemaBuilder()
-            sb.add_text_field("paper_id", stored=True, tokenizer_name="raw")
-            for f in ("title", "abstract", *(f"facet_{x}" for x in FACET_LABELS)):
-                sb.add_text_field(f, tokenizer_name="en_stem")
-            (self.path / "text").mkdir(exist_ok=True)
-            self._text_index = tantivy.Index(sb.build(), path=str(self.path / "text"), reuse=True)
+            text = self.path / "text"
+            if self.writable:
+                text.mkdir(exist_ok=True)
+                self._text_index = tantivy.Index(self._text_schema(), path=str(text), reuse=True)
+            elif (text / "meta.json").exists() and os.access(text, os.W_OK):
+                self._text_index = tantivy.Index.open(str(text))
+            elif (text / "meta.json").exists():
+                # tantivy's reader takes a lock file beside the index; where it cannot write (a read-only
+                # index), it reads the same files through a private directory of links
+                import atexit
+                import shutil
+                import tempfile
+
+                shadow = Path(tempfile.mkdtemp(prefix="esqbe-text-"))
+                atexit.register(shutil.rmtree, shadow, True)
+                for f in text.iterdir():
+                    if not f.name.endswith(".lock"):
+                        os.symlink(f, shadow / f.name)
+                self._text_index = tantivy.Index.open(str(shadow))
+            else:  # nothing indexed yet: an empty in-memory index answers BM25 with nothing
+                self._text_index = tantivy.Index(self._text_schema())
         return self._text_index
 
     def _sync_text(self) -> None:
-        """Bring the tantivy index up to SQLite: delete removed papers, (re)add pending ones."""
+        """Writer only: bring the tantivy index up to SQLite (delete removed papers, (re)add pending ones)."""
         deletes = [r[0] for r in self._db.execute("SELECT paper_id FROM text_deletes")]
         pending = self._db.execute(
             "SELECT paper_id, title, sentences, facets FROM papers WHERE text_indexed = 0"
@@ -138,26 +337,25 @@ class EmbeddedBackend(Backend):
             return
         import tantivy
 
-        writer = self.text_index.writer(heap_size=50_000_000, num_threads=1)
-        try:
-            for pid in deletes:
-                writer.delete_documents_by_term("paper_id", pid)
-            for pid, title, sentences, facets in pending:
-                writer.delete_documents_by_term("paper_id", pid)
-                sentences, facets = json.loads(sentences), json.loads(facets)
-                fields = {"paper_id": pid, "title": title, "abstract": " ".join(sentences)}
-                for label in FACET_LABELS:
-                    text = " ".join(s for s, f in zip(sentences, facets) if f == label)
-                    if text:
-                        fields[f"facet_{label}"] = text
-                writer.add_document(tantivy.Document(**fields))
-            writer.commit()
-            writer.wait_merging_threads()
-        finally:
-            del writer
+        if self._text_writer is None:
+            self._text_writer = self.text_index.writer(heap_size=200_000_000, num_threads=1)
+        writer = self._text_writer
+        for pid in deletes:
+            writer.delete_documents_by_term("paper_id", pid)
+        for pid, title, sentences, facets in pending:
+            writer.delete_documents_by_term("paper_id", pid)
+            sentences, facets = json.loads(sentences), json.loads(facets)
+            fields = {"paper_id": pid, "title": title, "abstract": " ".join(sentences)}
+            for label in FACET_LABELS:
+                text = " ".join(s for s, f in zip(sentences, facets) if f == label)
+                if text:
+                    fields[f"facet_{label}"] = text
+            writer.add_document(tantivy.Document(**fields))
+        writer.commit()
         with self._tx():
             self._db.executemany("DELETE FROM text_deletes WHERE paper_id = ?", [(p,) for p in deletes])
             self._db.executemany("UPDATE papers SET text_indexed = 1 WHERE paper_id = ?", [(p[0],) for p in pending])
+            self._bump_generation()  # readers reload the text index on a new generation
         self.text_index.reload()
 
     # --- writes ---------------------------------------------------------------------------------
@@ -169,38 +367,80 @@ class EmbeddedBackend(Backend):
             out.update(dict(self._db.execute(q, chunk).fetchall()))
         return out
 
+    def _append_rows(self, start: int, vectors: np.ndarray, pnos: np.ndarray, facets: np.ndarray) -> None:
+        """Write rows at `start` (the committed row count) and make them durable before SQLite commits."""
+        if self._files is None:
+            self._files = {name: os.open(self.path / name, os.O_RDWR | os.O_CREAT, 0o644)
+                           for name in ("vectors.f16", "rows.pno", "rows.facet")}
+        for name, arr in (("vectors.f16", vectors.astype(VECTOR_DTYPE)), ("rows.pno", pnos.astype(np.int32)),
+                          ("rows.facet", facets.astype(np.int8))):
+            fd = self._files[name]
+            width = arr.itemsize * (arr.shape[1] if arr.ndim == 2 else 1)
+            os.ftruncate(fd, start * width)
+            data = memoryview(np.ascontiguousarray(arr).tobytes())
+            offset = start * width
+            while data:
+                n = os.pwrite(fd, data, offset)
+                data, offset = data[n:], offset + n
+            os.fsync(fd)
+
     def upsert(self, papers: Sequence[IndexedPaper]) -> UpsertResult:
         meta = self.meta()
         if meta is None:
             raise BackendError("index has no encoder metadata; call ensure(meta) before writing")
+        self._acquire_write()
         result = UpsertResult()
         delta: Counter = Counter()
+        vecs, pnos, facets = [], [], []
+        latest = {ip.paper_id: ip for ip in papers}  # the same id twice in one batch: the last one wins
+        result.replaced += len(papers) - len(latest)
+        papers = list(latest.values())
         with self._tx():
+            rows = start = int(self._setting("rows", 0))
+            next_pno = int(self._setting("next_pno", 0))
+            inserts, retired = [], []
             for ip in papers:
                 p = ip.paper
                 if ip.vectors.shape[1] != meta.dim:
                     raise BackendError(f"paper {p.paper_id}: vectors are {ip.vectors.shape[1]}-d, index is {meta.dim}-d")
                 h = p.content_hash()
-                row = self._db.execute("SELECT content_hash, token_counts FROM papers WHERE paper_id = ?", (p.paper_id,)).fetchone()
+                row = self._db.execute(
+                    "SELECT content_hash, token_counts, pno, row_start, n_rows FROM papers WHERE paper_id = ?",
+                    (p.paper_id,)).fetchone()
                 if row and row[0] == h:
                     result.unchanged += 1
                     continue
                 if row:
                     result.replaced += 1
                     delta.subtract(json.loads(row[1] or "{}"))
+                    retired.append((row[2], row[3], row[4]))
                 else:
                     result.added += 1
                 delta.update(ip.token_counts or {})
-                self._db.execute(
-                    "INSERT OR REPLACE INTO papers VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
-                    (
-                        p.paper_id, p.title, json.dumps(p.sentences, ensure_ascii=False), json.dumps(p.facets),
-                        json.dumps(p.metadata, ensure_ascii=False), h, ip.vectors.astype(np.float32).tobytes(),
-                        json.dumps(ip.token_counts) if ip.token_counts is not None else None,
-                    ),
-                )
+                n = len(p.sentences)
+                inserts.append((
+                    p.paper_id, next_pno, p.title, json.dumps(p.sentences, ensure_ascii=False), json.dumps(p.facets),
+                    json.dumps(p.metadata, ensure_ascii=False), h,
+                    json.dumps(ip.token_counts) if ip.token_counts is not None else None, rows, n,
+                ))
+                vecs.append(ip.vectors)
+                pnos.append(np.full(n, next_pno, dtype=np.int32))
+                facets.append(np.fromiter((_FACET_CODES.get(f, _FACET_CODES["unlabeled"]) for f in p.facets), dtype=np.int8, count=n))
+                next_pno += 1
+                rows += n
+            if retired:
+                self._db.executemany("INSERT OR REPLACE INTO dead VALUES (?, ?, ?)", retired)
+            if inserts:
+                self._db.executemany("INSERT OR REPLACE INTO papers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)", inserts)
             self._apply_token_delta(delta)
-            if result.added or result.replaced:
+            if rows > start:
+                try:
+                    self._append_rows(start, np.concatenate(vecs), np.concatenate(pnos), np.concatenate(facets))
+                except OSError as e:
+                    raise BackendError(f"cannot write vectors to {self.path}: {e.strerror}") from None
+            if inserts or retired:
+                self._set("rows", rows)
+                self._set("next_pno", next_pno)
                 self._bump_generation()
         self._sync_text()
         return result
@@ -215,15 +455,17 @@ class EmbeddedBackend(Backend):
 
     def delete(self, paper_ids: Iterable[str]) -> int:
         ids = list(dict.fromkeys(str(p) for p in paper_ids))
+        self._acquire_write()
         found = 0
         delta: Counter = Counter()
         with self._tx():
             for pid in ids:
-                row = self._db.execute("SELECT token_counts FROM papers WHERE paper_id = ?", (pid,)).fetchone()
+                row = self._db.execute("SELECT token_counts, pno, row_start, n_rows FROM papers WHERE paper_id = ?", (pid,)).fetchone()
                 if not row:
                     continue
                 found += 1
                 delta.subtract(json.loads(row[0] or "{}"))
+                self._db.execute("INSERT OR REPLACE INTO dead VALUES (?, ?, ?)", row[1:])
                 self._db.execute("DELETE FROM papers WHERE paper_id = ?", (pid,))
                 self._db.execute("INSERT OR IGNORE INTO text_deletes VALUES (?)", (pid,))
             self._apply_token_delta(delta)
@@ -232,19 +474,155 @@ class EmbeddedBackend(Backend):
         self._sync_text()
         return found
 
+    # --- ANN maintenance (writer) ---------------------------------------------------------------
+    def optimize(self, *, force: bool = False, progress=None) -> dict:
+        """Fold each facet's delta into its ANN index when it is past `merge_threshold` rows (or `force`),
+        retraining the IVF when the facet has doubled since it was trained. Returns what was built."""
+        self._acquire_write()
+        params = self.knn_params()
+        st = self._state()
+        manifest = dict(self._setting("ann", {}))
+        built = {}
+        for label, code in _FACET_CODES.items():
+            entry = manifest.get(label)
+            covered = entry["rows"] if entry else 0
+            tail = st.facet[covered:]
+            n_delta = int(np.count_nonzero(tail == code))
+            n_total = n_delta + (entry["size"] if entry else 0)
+            if entry is None and n_total <= params["exact_threshold"] and not force:
+                continue
+            if n_delta == 0 or (n_delta <= params["merge_threshold"] and not force and entry is not None):
+                continue
+            retrain = entry is None or n_total >= 2 * entry["trained_on"]
+            if progress:
+                progress(f"building the {label} ANN index ({n_total} sentence rows{', training' if retrain else ''})")
+            name, size, trained_on = self._build_ann(st, label, code, None if retrain else entry)
+            manifest[label] = {"file": name, "rows": st.rows, "size": size, "trained_on": trained_on}
+            with self._tx():
+                self._set("ann", manifest)
+                self._bump_generation()
+            if entry is not None:
+                (self.path / "ann" / entry["file"]).unlink(missing_ok=True)
+            built[label] = manifest[label]
+        return built
+
+    def _build_ann(self, st: _State, label: str, code: int, entry: dict | None) -> tuple[str, int, int]:
+        import faiss
+
+        dim = st.dim
+        if entry is None:
+            rows = np.flatnonzero(st.facet[: st.rows] == code)
+            rows = rows[~st.dead[st.pno[rows]]]
+            nlist = int(np.clip(min(2 * np.sqrt(len(rows)), len(rows) / 39), 1, 2048))
+            rng = np.random.default_rng(0)
+            sample = np.sort(rng.choice(len(rows), size=min(len(rows), 40 * nlist), replace=False))
+            train = np.asarray(st.vec[rows[sample]], dtype=np.float32)
+            index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, nlist, faiss.ScalarQuantizer.QT_8bit,
+                                                  faiss.METRIC_INNER_PRODUCT)
+            index.cp.niter = 10
+            index.train(train)
+            trained_on = len(rows)
+        else:
+            index = faiss.read_index(str(self.path / "ann" / entry["file"]))
+            rows = entry["rows"] + np.flatnonzero(st.facet[entry["rows"] : st.rows] == code)
+            rows = rows[~st.dead[st.pno[rows]]]
+            trained_on = entry["trained_on"]
+        for chunk in _chunks(rows, 200_000):
+            index.add_with_ids(np.asarray(st.vec[chunk], dtype=np.float32), np.asarray(st.pno[chunk], dtype=np.int64))
+        (self.path / "ann").mkdir(exist_ok=True)
+        name = f"{label}-{st.gen}-{os.getpid()}.faiss"
+        tmp = self.path / "ann" / (name + ".tmp")
+        faiss.write_index(index, str(tmp))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / "ann" / name)
+        return name, int(index.ntotal), trained_on
+
     # --- reads ----------------------------------------------------------------------------------
+    def _state(self, need_rows: int = 0) -> _State:
+        """The reader's view, refreshed when the generation moved (one small SQLite read per call)."""
+        gen = self._generation()
+        st = self._state_cache
+        if st is not None and st.gen == gen and st.rows >= need_rows:
+            return st
+        self._db.execute("BEGIN")
+        try:
+            gen = self._generation()
+            meta = self.meta()
+            rows = int(self._setting("rows", 0))
+            next_pno = int(self._setting("next_pno", 0))
+            manifest = self._setting("ann", {})
+            dead = np.fromiter((r[0] for r in self._db.execute("SELECT pno FROM dead")), dtype=np.int64)
+        finally:
+            self._db.execute("COMMIT")
+        new = _State(gen, rows, meta.dim if meta else 1, self.path, dead, next_pno, manifest)
+        if st is not None:
+            for code, cached in st.delta.items():  # extend cached deltas instead of rebuilding them
+                if st.manifest.get(FACET_LABELS[code]) == manifest.get(FACET_LABELS[code]):
+                    new.delta[code] = cached
+        self._state_cache = new
+        if self._text_index is not None and self._text_gen != gen:
+            self._text_index.reload()
+        self._text_gen = gen
+        return new
+
+    def _delta(self, st: _State, code: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of a facet above its ANN (all its rows if it has none), as float32; cached per reader and
+        extended with the rows later commits append."""
+        entry = st.manifest.get(FACET_LABELS[code])
+        covered = entry["rows"] if entry else 0
+        idx, mat, scanned = st.delta.get(code, (np.zeros(0, dtype=np.int64), np.zeros((0, st.dim), dtype=np.float32), covered))
+        if scanned < st.rows:
+            new = scanned + np.flatnonzero(np.asarray(st.facet[scanned : st.rows]) == code)
+            if len(new):
+                idx = np.concatenate([idx, new])
+                mat = np.concatenate([mat, np.asarray(st.vec[new], dtype=np.float32)])
+            st.delta[code] = (idx, mat, st.rows)
+        return idx, mat
+
+    def _ann(self, st: _State, code: int):
+        entry = st.manifest.get(FACET_LABELS[code])
+        if entry is None:
+            return None
+        index = self._ann_cache.get(entry["file"])
+        if index is None:
+            import faiss
+
+            index = faiss.read_index(str(self.path / "ann" / entry["file"]), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
+            self._ann_cache = {k: v for k, v in self._ann_cache.items() if k in {e["file"] for e in st.manifest.values()}}
+            self._ann_cache[entry["file"]] = index
+        return index
+
     def get(self, paper_ids: Sequence[str]) -> dict[str, IndexedPaper]:
-        meta = self.meta()
         out = {}
         for chunk in _chunks(list(dict.fromkeys(map(str, paper_ids))), 500):
             q = (
-                "SELECT paper_id, title, sentences, facets, metadata, vectors FROM papers "
+                "SELECT paper_id, title, sentences, facets, metadata, row_start, n_rows FROM papers "
                 f"WHERE paper_id IN ({','.join('?' * len(chunk))})"
             )
-            for pid, title, sentences, facets, metadata, blob in self._db.execute(q, chunk):
-                vectors = np.frombuffer(blob, dtype=np.float32).reshape(-1, meta.dim)
+            found = self._db.execute(q, chunk).fetchall()
+            if not found:
+                continue
+            st = self._state(max(r[5] + r[6] for r in found))
+            for pid, title, sentences, facets, metadata, start, n in found:
+                vectors = np.asarray(st.vec[start : start + n], dtype=np.float32)
                 paper = Paper(pid, title, json.loads(sentences), json.loads(facets), json.loads(metadata))
                 out[pid] = IndexedPaper(paper, vectors)
+        return out
+
+    def pnos(self, paper_ids: Iterable[str]) -> np.ndarray:
+        """Paper numbers of the given ids (those that exist), sorted: the form `knn(allowed=...)` takes."""
+        out = []
+        for chunk in _chunks(list(dict.fromkeys(map(str, paper_ids))), 900):
+            q = f"SELECT pno FROM papers WHERE paper_id IN ({','.join('?' * len(chunk))})"
+            out.extend(r[0] for r in self._db.execute(q, chunk))
+        return np.unique(np.asarray(out, dtype=np.int64))
+
+    def _ids_of(self, pnos: np.ndarray) -> dict[int, str]:
+        out = {}
+        for chunk in _chunks([int(p) for p in pnos], 900):
+            q = f"SELECT pno, paper_id FROM papers WHERE pno IN ({','.join('?' * len(chunk))})"
+            out.update(dict(self._db.execute(q, chunk).fetchall()))
         return out
 
     def token_counts(self) -> tuple[dict[str, int], int] | None:
@@ -253,25 +631,36 @@ class EmbeddedBackend(Backend):
 
     def stats(self) -> dict:
         meta = self.meta()
+        st = self._state()
         papers = self._db.execute("SELECT COUNT(*) FROM papers").fetchone()[0]
-        facets: Counter = Counter()
-        for (f,) in self._db.execute("SELECT facets FROM papers"):
-            facets.update(json.loads(f))
-        size = sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+        live = ~st.dead[st.pno] if st.rows else np.zeros(0, dtype=bool)
+        counts = np.bincount(np.asarray(st.facet)[live], minlength=len(FACET_LABELS)) if st.rows else np.zeros(len(FACET_LABELS), int)
+        by_facet = {f: int(counts[c]) for f, c in _FACET_CODES.items() if counts[c]}
+        size = _dir_size(self.path)
+        params = self.knn_params()
+        knn = {}
+        for f, c in _FACET_CODES.items():
+            entry = st.manifest.get(f)
+            if entry:
+                knn[f] = f"ivf-sq8 ({entry['size']} rows) + exact delta ({int(np.count_nonzero(st.facet[entry['rows']:] == c))} rows)"
+            elif counts[c]:
+                knn[f] = "exact"
         return {
             "backend": self.name,
             "path": str(self.path),
             "papers": papers,
-            "sentences": int(sum(facets.values())),
-            "sentences_by_facet": dict(sorted(facets.items())),
+            "sentences": int(sum(by_facet.values())),
+            "sentences_by_facet": dict(sorted(by_facet.items())),
             "model": meta.model if meta else None,
             "dim": meta.dim if meta else None,
             "encoder_mode": meta.encoder_mode if meta else None,
-            "knn": "exact" if sum(facets.values()) <= self.exact_threshold else "faiss-hnsw",
+            "knn": knn,
+            "knn_params": params,
             # top-level metadata keys and how many papers have each: what `--filter` can name
             "metadata_keys": dict(self._db.execute(
                 "SELECT key, COUNT(*) FROM papers, json_each(papers.metadata) WHERE type != 'null' GROUP BY key ORDER BY key")),
             "bytes_on_disk": size,
+            "bytes_per_paper": round(size / papers) if papers else None,
         }
 
     # --- first stage ----------------------------------------------------------------------------
@@ -283,6 +672,7 @@ class EmbeddedBackend(Backend):
         words = _QUERY_SYNTAX.sub(" ", text).lower().split()
         if not words or k <= 0:
             return {}
+        self._state()  # reloads the text index if a writer committed since
         index = self.text_index
         query = index.parse_query(" ".join(words), list(fields))
         clauses = [(tantivy.Occur.Must, query)]
@@ -294,110 +684,163 @@ class EmbeddedBackend(Backend):
         hits = searcher.search(tantivy.Query.boolean_query(clauses), limit=k, count=False).hits
         return {searcher.doc(addr)["paper_id"][0]: float(score) for score, addr in hits}
 
-    def _sentence_matrix(self):
-        """All sentence vectors in one matrix, with each row's paper and facet; rebuilt per generation."""
-        gen = self._generation()
-        if self._kn is not None and self._kn["generation"] == gen:
-            return self._kn
-        meta = self.meta()
-        ids, vecs, paper_of, facet_of = [], [], [], []
-        for pid, facets, blob in self._db.execute("SELECT paper_id, facets, vectors FROM papers ORDER BY paper_id"):
-            labels = json.loads(facets)
-            vecs.append(np.frombuffer(blob, dtype=np.float32).reshape(-1, meta.dim))
-            paper_of.extend([len(ids)] * len(labels))
-            facet_of.extend(_FACET_CODES.get(f, _FACET_CODES["unlabeled"]) for f in labels)
-            ids.append(pid)
-        matrix = np.vstack(vecs) if vecs else np.zeros((0, meta.dim if meta else 1), dtype=np.float32)
-        self._kn = {
-            "generation": gen,
-            "ids": ids,
-            "index_of": {p: i for i, p in enumerate(ids)},
-            "matrix": np.ascontiguousarray(matrix),
-            "paper_of": np.asarray(paper_of, dtype=np.int64),
-            "facet_of": np.asarray(facet_of, dtype=np.int8),
-            "ann": None,
-        }
-        return self._kn
-
-    def _ann(self, kn):
-        """faiss HNSW over every sentence (inner product = cosine on unit vectors), cached on disk per generation."""
-        import faiss
-
-        if kn["ann"] is not None:
-            return kn["ann"]
-        cache = self.path / f"ann-{kn['generation']}.faiss"
-        if cache.exists():
-            index = faiss.read_index(str(cache))
-        else:
-            index = faiss.IndexHNSWFlat(kn["matrix"].shape[1], 32, faiss.METRIC_INNER_PRODUCT)
-            index.hnsw.efConstruction = 80
-            index.add(kn["matrix"])
-            tmp = cache.with_suffix(".tmp")
-            faiss.write_index(index, str(tmp))
-            os.replace(tmp, cache)
-            for old in self.path.glob("ann-*.faiss"):
-                if old != cache:
-                    old.unlink(missing_ok=True)
-        kn["ann"] = index
-        return index
+    def _exact_best(self, st: _State, pnos: np.ndarray, codes: list[int] | None, q: np.ndarray, keep: int | None = None):
+        """Exact best cosine per (paper, query sentence) over the papers' rows of the given facets.
+        Returns (papers having such rows, best (P', m)); with `keep`, in chunks, keeping per query
+        sentence only each chunk's `keep` best papers (enough for a top-`keep`)."""
+        pnos = np.unique(pnos)
+        if keep is not None and len(pnos) > 20_000:
+            parts = [self._exact_best(st, pnos[i : i + 20_000], codes, q) for i in range(0, len(pnos), 20_000)]
+            out_p, out_b = [], []
+            for papers, best in parts:
+                if len(papers) > keep:
+                    top = np.unique(np.argpartition(-best, keep - 1, axis=0)[:keep].ravel())
+                    papers, best = papers[top], best[top]
+                out_p.append(papers)
+                out_b.append(best)
+            return np.concatenate(out_p), np.concatenate(out_b)
+        starts = np.searchsorted(st.pno, pnos, side="left")
+        ends = np.searchsorted(st.pno, pnos, side="right")
+        lengths = ends - starts
+        if lengths.sum() == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, len(q)), dtype=np.float32)
+        rows = np.repeat(starts - np.cumsum(np.r_[0, lengths[:-1]]), lengths) + np.arange(lengths.sum())
+        if codes is not None:
+            rows = rows[np.isin(np.asarray(st.facet[rows]), codes)]
+        if len(rows) == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, len(q)), dtype=np.float32)
+        sims = np.asarray(st.vec[rows], dtype=np.float32) @ q.T
+        papers = np.asarray(st.pno[rows])
+        first = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
+        return papers[first].astype(np.int64), np.maximum.reduceat(sims, first, axis=0)
 
     def knn(self, vectors: np.ndarray, k: int, *, facet: str | None = None, exclude: frozenset[str] = frozenset(),
-            restrict_to: frozenset[str] | None = None) -> dict[str, float]:
-        """Per query sentence, the k most similar candidate sentences (of `facet`, if given), grouped by paper.
+            restrict_to: frozenset[str] | None = None, allowed: np.ndarray | None = None,
+            exact: bool = False) -> dict[str, float]:
+        """Per query sentence, the k most similar papers by their best sentence (of `facet`, if given).
 
-        Returns paper id -> mean over query sentences of the best cosine found (0 where a query
-        sentence did not reach the paper), the engines' nested-kNN score model.
+        Returns paper id -> mean over query sentences of the best cosine (0 where a query sentence did
+        not reach the paper among its k), the engines' nested-kNN score model. `restrict_to` (ids) and
+        `allowed` (sorted paper numbers, see `pnos()`) limit the candidates; a small allowed set is
+        searched exactly. `exact=True` searches every row exactly (the reference for recall).
         """
-        kn = self._sentence_matrix()
-        if len(kn["ids"]) == 0 or k <= 0 or len(vectors) == 0:
+        st = self._state()
+        if st.rows == 0 or k <= 0 or len(vectors) == 0:
             return {}
-        q = np.asarray(vectors, dtype=np.float32)
-        rows = np.ones(len(kn["paper_of"]), dtype=bool)
-        if facet is not None:
-            rows &= kn["facet_of"] == _FACET_CODES[facet]
+        params = self.knn_params()
+        q = np.ascontiguousarray(np.asarray(vectors, dtype=np.float32))
+        m = len(q)
+        codes = [_FACET_CODES[facet]] if facet is not None else list(range(len(FACET_LABELS)))
+        banned = self.pnos(exclude) if exclude else np.zeros(0, dtype=np.int64)
         if restrict_to is not None:
-            allowed = np.zeros(len(kn["ids"]), dtype=bool)
-            allowed[[kn["index_of"][p] for p in restrict_to if p in kn["index_of"]]] = True
-            rows &= allowed[kn["paper_of"]]
-        if exclude:
-            banned = np.zeros(len(kn["ids"]), dtype=bool)
-            banned[[kn["index_of"][p] for p in exclude if p in kn["index_of"]]] = True
-            rows &= ~banned[kn["paper_of"]]
-        selected = np.flatnonzero(rows)
-        if selected.size == 0:
-            return {}
-        if selected.size <= self.exact_threshold or restrict_to is not None:
-            sims = kn["matrix"][selected] @ q.T  # (S', m)
-            papers = kn["paper_of"][selected]
-            # best sentence per (paper, query sentence): sentences of a paper are contiguous rows
-            starts = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
-            best = np.maximum.reduceat(sims, starts, axis=0)  # (P', m)
-            paper_idx = papers[starts]
-            total = np.zeros(len(paper_idx))
-            hit = np.zeros(len(paper_idx), dtype=bool)
-            kk = min(k, len(paper_idx))
-            for j in range(q.shape[0]):
-                top = np.argpartition(-best[:, j], kk - 1)[:kk]
-                total[top] += best[top, j]
-                hit[top] = True
-            return {kn["ids"][p]: float(s) / q.shape[0] for p, s in zip(paper_idx[hit], total[hit])}
-        import faiss
+            ids = self.pnos(restrict_to)
+            allowed = ids if allowed is None else np.intersect1d(ids, allowed)
+        if allowed is not None:
+            allowed = np.asarray(allowed, dtype=np.int64)
+            allowed = allowed[(allowed < len(st.dead))]
+            allowed = np.setdiff1d(allowed[~st.dead[allowed]], banned)
+            n_allowed_rows = int((np.searchsorted(st.pno, allowed, "right") - np.searchsorted(st.pno, allowed, "left")).sum())
+            if n_allowed_rows <= max(params["exact_threshold"], 1) or exact:
+                papers, best = self._exact_best(st, allowed, codes if facet is not None else None, q, keep=k)
+                return self._top_papers(papers, best, k)
+        if exact:
+            return self._top_papers(*self._brute_force(st, codes, banned, q, k), k)
+        cand = []
+        kk = params["oversample"] * k + 16
+        for code in codes:
+            index = self._ann(st, code)
+            if index is not None:
+                import faiss
 
-        index = self._ann(kn)
-        params = faiss.SearchParametersHNSW(sel=faiss.IDSelectorBatch(selected.astype(np.int64)), efSearch=max(4 * k, 64))
-        sims, ids = index.search(q, 4 * k, params=params)
-        total: dict[int, float] = {}
-        for j in range(q.shape[0]):
-            best: dict[int, float] = {}
-            for s, i in zip(sims[j], ids[j]):
-                if i < 0:
-                    continue
-                p = int(kn["paper_of"][i])
-                if p not in best or s > best[p]:
-                    best[p] = float(s)
-            for p, s in sorted(best.items(), key=lambda kv: -kv[1])[:k]:
-                total[p] = total.get(p, 0.0) + s
-        return {kn["ids"][p]: s / q.shape[0] for p, s in total.items()}
+                if allowed is not None:
+                    mask = np.zeros(len(st.dead), dtype=bool)
+                    mask[allowed] = True
+                    bits = np.packbits(mask, bitorder="little")
+                else:
+                    bits = st.ok_bits()
+                sp = faiss.SearchParametersIVF(nprobe=int(params["nprobe"]))
+                if bits is not None:
+                    sel = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))
+                    sp.sel = sel
+                sims, ids = index.search(q, kk, params=sp)
+                for j in range(m):  # the 2k papers with the best approximate sentence score go to exact re-scoring
+                    ok = ids[j] >= 0
+                    hit_ids, hit_sims = ids[j][ok], sims[j][ok]
+                    order = np.lexsort((-hit_sims, hit_ids))
+                    hit_ids, hit_sims = hit_ids[order], hit_sims[order]
+                    first = np.r_[True, hit_ids[1:] != hit_ids[:-1]]
+                    hit_ids, hit_sims = hit_ids[first], hit_sims[first]
+                    if len(hit_ids) > 2 * k:
+                        hit_ids = hit_ids[np.argpartition(-hit_sims, 2 * k - 1)[: 2 * k]]
+                    cand.append(hit_ids)
+            idx, mat = self._delta(st, code)
+            if len(idx):
+                sims = mat @ q.T
+                papers = np.asarray(st.pno[idx])
+                ok = ~st.dead[papers]
+                if allowed is not None:
+                    ok &= np.isin(papers, allowed)
+                if len(banned):
+                    ok &= ~np.isin(papers, banned)
+                if not ok.all():
+                    sims, papers = sims[ok], papers[ok]
+                if len(papers):
+                    first = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
+                    best = np.maximum.reduceat(sims, first, axis=0)
+                    pp = papers[first]
+                    kd = min(k, len(pp))
+                    top = np.argpartition(-best, kd - 1, axis=0)[:kd]  # (kd, m)
+                    cand.append(pp[top.ravel()])
+        if not cand:
+            return {}
+        pool = np.unique(np.concatenate(cand).astype(np.int64))
+        pool = pool[~st.dead[pool]]
+        if len(banned):
+            pool = np.setdiff1d(pool, banned)
+        papers, best = self._exact_best(st, pool, codes if facet is not None else None, q)
+        return self._top_papers(papers, best, k)
+
+    def _brute_force(self, st: _State, codes: list[int], banned: np.ndarray, q: np.ndarray, k: int, chunk: int = 500_000):
+        """Every live row of the facets, scanned in chunks (the reference ANN recall is measured against);
+        keeps each chunk's k best papers per query sentence. A paper split over two chunks is kept twice
+        with each part's best; the maximum is taken at the end."""
+        out_p, out_b = [], []
+        for lo in range(0, st.rows, chunk):
+            hi = min(st.rows, lo + chunk)
+            rows = lo + np.flatnonzero(np.isin(np.asarray(st.facet[lo:hi]), codes))
+            papers = np.asarray(st.pno[rows]).astype(np.int64)
+            ok = ~st.dead[papers] & ~np.isin(papers, banned)
+            rows, papers = rows[ok], papers[ok]
+            if not len(rows):
+                continue
+            sims = np.asarray(st.vec[rows], dtype=np.float32) @ q.T
+            first = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
+            best, pp = np.maximum.reduceat(sims, first, axis=0), papers[first]
+            if len(pp) > k:
+                top = np.unique(np.argpartition(-best, k - 1, axis=0)[:k].ravel())
+                best, pp = best[top], pp[top]
+            out_p.append(pp)
+            out_b.append(best)
+        if not out_p:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, len(q)), dtype=np.float32)
+        papers, best = np.concatenate(out_p), np.concatenate(out_b)
+        order = np.argsort(papers, kind="stable")
+        papers, best = papers[order], best[order]
+        first = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
+        return papers[first], np.maximum.reduceat(best, first, axis=0)
+
+    def _top_papers(self, papers: np.ndarray, best: np.ndarray, k: int) -> dict[str, float]:
+        if len(papers) == 0:
+            return {}
+        m = best.shape[1]
+        kk = min(k, len(papers))
+        top = np.argpartition(-best, kk - 1, axis=0)[:kk]  # (kk, m)
+        total = np.zeros(len(papers))
+        for j in range(m):
+            total[top[:, j]] += best[top[:, j], j]
+        hit = np.unique(top.ravel())
+        ids = self._ids_of(papers[hit])
+        return {ids[int(p)]: float(total[i]) / m for p, i in zip(papers[hit], hit) if int(p) in ids}
 
     # --- metadata filters (esqbe.filters): evaluated on SQLite's metadata, fed to BM25 and kNN as allowed ids
     def _metadata_columns(self) -> MetadataColumns:
@@ -436,7 +879,7 @@ class EmbeddedBackend(Backend):
                 return []
         bm25 = self.bm25(request.text, request.bm25_k, exclude=request.exclude | deny,
                          restrict_to=None if deny else restrict)
-        # kNN over the allowed papers is exact (numpy over their sentences): it cannot come back empty
+        # kNN only ever sees the allowed papers: exact over a small allowed set, the ANN with an id bitmap otherwise
         knn = self.knn(request.vectors, request.knn_k, facet=request.facet, exclude=request.exclude,
                        restrict_to=restrict)
         fused = top_k(fuse(bm25, knn, request.fusion, request.bm25_weight), request.k)
@@ -444,14 +887,43 @@ class EmbeddedBackend(Backend):
         return [Candidate(pid, score, bm25.get(pid, 0.0), knn.get(pid, 0.0), papers.get(pid)) for pid, score in fused]
 
     def close(self) -> None:
-        self._text_index = None
-        self._kn = None
-        self._meta_cols = None
-        if self._db is not None:
+        if self._db is None:
+            return
+        try:
+            if self.writable:
+                try:
+                    self.optimize()
+                finally:
+                    if self._text_writer is not None:
+                        self._text_writer.wait_merging_threads()
+                        self._text_writer = None
+                    self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            if self._files:
+                for fd in self._files.values():
+                    os.close(fd)
+                self._files = None
+            self._text_index = None
+            self._state_cache = None
+            self._ann_cache = {}
+            self._meta_cols = None
             self._db.close()
             self._db = None
+            self._release_write()
 
 
-def _chunks(items: list, n: int):
+def _dir_size(path: Path) -> int:
+    """Bytes under `path`; files a writer removes meanwhile (merged text segments) are skipped."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def _chunks(items, n: int):
     for i in range(0, len(items), n):
         yield items[i : i + n]
