@@ -177,7 +177,8 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
     from esqbe.api import StorageError
     from esqbe.readers import InputError
 
-    with _open(kw) as index:
+    index = _open(kw)
+    try:
         try:
             report = index.index_files(list(files), format=fmt, strict=strict, facets=facets,
                                        progress=not quiet and not as_json)
@@ -186,6 +187,17 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
             if getattr(e, "report", None) is None:
                 raise
             report, stopped = e.report, e
+        try:
+            index.close()  # closing writes too (the ANN fold-in, the checkpoint)
+        except StorageError as e:
+            if stopped is None:  # else the error already in hand says what went wrong
+                stopped = e
+    except BaseException:
+        try:
+            index.close()
+        except Exception:
+            pass  # the error on its way out says what went wrong
+        raise
     _print_index_report(report, as_json)  # always: what went in, even when the run stopped
     if isinstance(stopped, StorageError):
         click.echo(f"error: {stopped}", err=True)

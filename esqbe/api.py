@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from .backends.base import Backend, BackendError, IndexedPaper, IndexMeta, ModelMismatchError, UpsertResult
+from .backends.base import Backend, BackendError, IndexedPaper, IndexMeta, ModelMismatchError, StorageError, UpsertResult
 from .config import Settings, load_settings
 from .encoded import is_parquet
 from .filters import FilterError, MetadataFilter, coerce_filters
@@ -61,11 +61,6 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
 
         return maybe_attached(OpenSearchBackend(settings.url, settings.index, **kwargs))
     raise BackendError(f"unknown backend {settings.backend!r}; choose embedded, elasticsearch or opensearch")
-
-
-class StorageError(BackendError):
-    """The index cannot be read or written (disk full, read-only, I/O error); `.report` says what a run
-    had committed before it (an IndexReport), when there was a run."""
 
 
 def _reason(e: BaseException, path: str | None = None) -> str:
@@ -669,14 +664,24 @@ class Index:
         return [(papers[pid], score) for pid, score in found if pid in papers]
 
     def close(self) -> None:
+        """Close the index; the embedded writer folds fresh rows into its ANN and checkpoints here."""
         if self.backend is not None:
-            self.backend.close()
+            try:
+                self.backend.close()
+            except _STORAGE_ERRORS as e:
+                raise StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}") from e
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.close()
+        except Exception:
+            if exc_type is None:
+                raise
+            # an error is already on its way out and says what went wrong (a full disk, say); closing
+            # fails for the same reason, and must not hide it
 
 
 class _LazyEncoder:

@@ -47,6 +47,7 @@ from ..papers import FACET_LABELS, Paper
 from .base import (
     Backend,
     BackendError,
+    StorageError,
     Candidate,
     FirstStageRequest,
     IndexedPaper,
@@ -134,7 +135,7 @@ class EmbeddedBackend(Backend):
             try:
                 self.path.mkdir(parents=True)
             except OSError as e:
-                raise BackendError(f"cannot create the index directory {self.path}: {e.strerror}") from None
+                raise StorageError(f"cannot create the index directory {self.path}: {e.strerror}") from None
         elif not self.path.is_dir():
             raise BackendError(f"{self.path} exists and is not an index directory")
         if not db.exists():
@@ -161,7 +162,7 @@ class EmbeddedBackend(Backend):
             self._db.execute("PRAGMA busy_timeout = 10000")
             self._db.execute("SELECT 1 FROM settings LIMIT 1").fetchall()
         except sqlite3.DatabaseError as e:
-            raise BackendError(f"cannot read the index at {self.path}: {e}") from None
+            raise StorageError(f"cannot read the index at {self.path}: {e}") from None
 
     @property
     def writable(self) -> bool:
@@ -176,7 +177,7 @@ class EmbeddedBackend(Backend):
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise BackendError(f"cannot write to the index at {self.path}: {e.strerror} (a read-only index can be queried, not changed)") from None
+            raise StorageError(f"cannot write to the index at {self.path}: {e.strerror} (a read-only index can be queried, not changed)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -202,7 +203,7 @@ class EmbeddedBackend(Backend):
             self._recover()
         except sqlite3.OperationalError as e:
             self._release_write()
-            raise BackendError(f"cannot write to the index at {self.path}: {e}") from None
+            raise StorageError(f"cannot write to the index at {self.path}: {e}") from None
 
     def _release_write(self) -> None:
         if self._lock_fd is not None:
@@ -437,7 +438,7 @@ class EmbeddedBackend(Backend):
                 try:
                     self._append_rows(start, np.concatenate(vecs), np.concatenate(pnos), np.concatenate(facets))
                 except OSError as e:
-                    raise BackendError(f"cannot write vectors to {self.path}: {e.strerror}") from None
+                    raise StorageError(f"cannot write vectors to {self.path}: {e.strerror}") from None
             if inserts or retired:
                 self._set("rows", rows)
                 self._set("next_pno", next_pno)
