@@ -476,7 +476,12 @@ class Service:
 
         def locked(index, *a):
             with self.write_lock:
-                return fn(index, *a)
+                try:
+                    return fn(index, *a)
+                finally:
+                    end = getattr(index.backend, "end_write", None)  # the embedded write lock is not held while idle
+                    if end is not None:
+                        end()
 
         return await asyncio.wrap_future(self.writer.submit(locked, *args))
 
@@ -502,6 +507,9 @@ def _create_if_absent(index: Index):
 
     if isinstance(index.backend, _DeferredBackend):
         index.backend.stats()  # the first real call creates the index directory
+        end = getattr(index.backend, "end_write", None)  # and gives the write lock back until a write comes
+        if end is not None:
+            end()
     return index.backend.meta()
 
 

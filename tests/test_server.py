@@ -311,6 +311,32 @@ def test_token_rule(index_path, encoder, monkeypatch):
         assert c.delete("/papers/tok-1", headers=ok).status_code == 200
 
 
+def test_another_writer_is_not_blocked_by_a_running_server(index_path, encoder, tmp_path):
+    """The server holds the embedded write lock only while it writes: `esqbe index` beside it completes,
+    and the server's readers then see what it wrote."""
+    path = tmp_path / "ix"
+    shutil.copytree(index_path, path)
+    src = tmp_path / "more.jsonl"
+    src.write_text(json.dumps({"id": "beside-1", "abstract": "Written beside the server. It must not wait forever."}) + "\n")
+    with _client(path, encoder) as c:
+        _ready(c)
+        assert c.post("/papers", json={"records": [{"id": "srv-1", "abstract": "A write by the server. It took the lock."}]},
+                      ).json()["indexed"] == 1
+        done = []
+
+        def index_beside():
+            with esqbe.open_index(str(path), encoder=encoder, config=None) as other:
+                done.append(other.index_files([str(src)]).indexed)
+
+        t = threading.Thread(target=index_beside, daemon=True)
+        t.start()
+        t.join(timeout=120)
+        assert done == [1], "the second writer was blocked by the server's idle writer"
+        assert c.get("/papers/beside-1").status_code == 200
+        assert c.post("/papers", json={"records": [{"id": "srv-2", "abstract": "The server writes again. It takes the lock back."}]},
+                      ).json()["indexed"] == 1
+
+
 def test_cors_is_off_unless_configured(index_path, encoder, client):
     origin = {"Origin": "https://library.example"}
     assert "access-control-allow-origin" not in client.get("/health", headers=origin).headers

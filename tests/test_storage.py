@@ -206,7 +206,7 @@ def test_read_only_index_answers_queries_and_refuses_writes_clearly():
         assert out["runs"]["stats"][0] == 0 and out["runs"]["query"][0] == 0, out["runs"]
         for cmd in ("delete", "index"):
             code, err = out["runs"][cmd]
-            assert code == 1 and "read-only" in err and "Traceback" not in err, err
+            assert code == 3 and "read-only" in err and "Traceback" not in err, err
         assert sorted(str(p) for p in (base / "ix").rglob("*")) == before  # nothing was written
     finally:
         _make_writable(base)

@@ -210,6 +210,32 @@ class EmbeddedBackend(Backend):
             os.close(self._lock_fd)  # closing the descriptor releases the flock
             self._lock_fd = None
 
+    def end_write(self) -> None:
+        """End this handle's write session and give the write lock back, staying open for reading: what
+        `close` does for a writer (fold a due delta into the IVF, flush the text index, checkpoint), minus
+        the closing. A long-lived process that writes now and then (`esqbe serve`) calls it after each
+        write, so another writer (`esqbe index`, a second server) is not blocked while it idles; the next
+        write takes the lock again (and repairs, as every writer does)."""
+        if not self.writable:
+            return
+        try:
+            self.optimize()
+        finally:
+            if self._text_writer is not None:
+                self._text_writer.wait_merging_threads()
+                self._text_writer = None
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                if self._files:
+                    for fd in self._files.values():
+                        os.close(fd)
+                    self._files = None
+                self._db.close()
+                self._db = None
+                self._release_write()
+                self._open_reader()
+
     def _recover(self) -> None:
         """Writer-side repair after a crash: vector files back to the committed row count, stray ANN
         files removed, text index synced."""
