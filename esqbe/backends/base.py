@@ -153,6 +153,10 @@ class Backend(ABC):
     def stats(self) -> dict:
         """Counts for humans and scripts: papers, sentences, per-facet sentences, model, backend details."""
 
+    def paper_ids(self) -> list[str]:
+        """Every paper id in the index (for whole-index jobs such as `esqbe train-words --index-path`)."""
+        raise BackendError(f"the {self.name} backend cannot list its papers")
+
     def token_counts(self) -> tuple[dict[str, int], int] | None:
         """Corpus token frequencies kept up to date on upsert/delete: (token -> count, total tokens),
         or None when the backend keeps none (rescorers then estimate from the candidates)."""
