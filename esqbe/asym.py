@@ -40,10 +40,13 @@ yours yourself yourselves
 
 # --- text preparation ---------------------------------------------------------------------------------
 
-#: "(Author, 2010)", "(Author et al., 2010; Other and Else, 2011a)", "(e.g., Author, 2010)"
-_AUTHOR_YEAR = r"[A-Z][^()\[\];]*?,?\s*(?:19|20)\d{2}[a-z]?"
+#: "(Author, 2010)", "(Author et al., 2010; Other and Else, 2011a)", "(e.g., Author, 2010)", "(Liu 1986a, 1986b)".
+#: Each item is an atomic group: without it a long list that never closes (a sentence cut inside the
+#: parentheses) backtracks exponentially (minutes for one CL-SciSumm citance).
+_YEAR = r"(?:19|20)\d{2}[a-z]?"
+_AUTHOR_YEAR = rf"(?>[A-Z][^()\[\];]*?,?\s*{_YEAR}(?:\s*,\s*(?:and\s+)?{_YEAR})*)"
 _CITATION_MARKERS = re.compile(
-    rf"\(\s*(?:(?:e\.g\.|i\.e\.|see|cf\.)[,\s]+)?{_AUTHOR_YEAR}(?:\s*;\s*{_AUTHOR_YEAR})*\s*\)"
+    rf"\(\s*(?:(?:e\.g\.|i\.e\.|see|cf\.)[,\s]+)?{_AUTHOR_YEAR}(?:\s*;\s*{_AUTHOR_YEAR})*+\s*\)"
     r"|\(\s*(?:19|20)\d{2}[a-z]?(?:\s*[,;]\s*(?:19|20)\d{2}[a-z]?)*\s*\)"  # "Author et al. (2010)"
     r"|\[\s*\d+(?:\s*[-\u2013,;]\s*\d+)*\s*\]"  # "[12]", "[3, 5-7]"
 )

@@ -339,3 +339,17 @@ def test_eval_clscisumm_end_to_end(mini_data, mini_index, words_dir, tmp_path):
     assert scores["tp"] >= 3
     assert (out / "official" / "train-k2" / "res" / "Task1" / "A.csv").is_file()
     assert "--param words=" in json.loads((out / "results.json").read_text())[data["name"]]["command"]
+
+
+def test_citation_marker_removal_is_linear_on_unclosed_lists():
+    """A sentence cut inside a long "(e.g., A 1995; B 1994; ..." once took minutes (regex backtracking)."""
+    import time
+
+    from esqbe.asym import strip_citation_markers
+
+    text = "advances have been made (e.g., " + "; ".join(f"Author{i} et al. {1980 + i}" for i in range(30)) + ";"
+    start = time.perf_counter()
+    assert strip_citation_markers(text) == text
+    assert time.perf_counter() - start < 0.5
+    assert strip_citation_markers("as in (Jie, Liu, and Liang 1991a, 1991b; Lua 1990, 1994, and 1995) x") == "as in x"
+    assert strip_citation_markers("reported by Tillmann and Ney (2000), in which", narrative=True) == "reported by, in which"
