@@ -13,6 +13,8 @@ or a YAML file) are the paper's design choices:
     max_tokens  100    truncate each text after this many tokens (0: no truncation)
     markers     true   remove citation markers ("(Author, 2010)", "Author et al. (2010)", "[3]")
     stopwords   true   drop the paper's stop words from both sides
+    min_count   0      words seen fewer times in the word-vector corpus get no vector (as if trained with that
+                       min count; the published setting is 35)
     exact       auto   identical tokens match with cosine 1 (a word without a vector still matches
                        itself); auto = true with word vectors, false with the encoder's (contextual) tokens
     bm25_weight 0      > 0: fuse per-citance min-max asym (or symm) scores with BM25's, this weight on BM25
@@ -69,6 +71,7 @@ class CiteOptions:
     max_tokens: int = 100
     markers: bool = True
     stopwords: bool = True
+    min_count: int = 0
     exact: bool | None = None
     bm25_weight: float = 0.0
 
@@ -92,7 +95,7 @@ class CiteOptions:
                 out[key] = _number(key, value, strict=False)
                 if out[key] > 1:
                     raise ValueError(f"cite: bm25_weight must be between 0 and 1 (got {value!r})")
-            elif key == "max_tokens":
+            elif key in ("max_tokens", "min_count"):
                 out[key] = _number(key, value, strict=False, whole=True)
             elif key == "exact":
                 out[key] = None if value in (None, "auto") else _bool(key, value)
@@ -182,6 +185,11 @@ class CitedTextMatcher:
             for text in texts:
                 toks = self._cut(self.words.tokens(text, markers=self.options.markers))
                 vecs, known = self.words.vectors(toks)
+                if self.options.min_count > 1:
+                    counts = self.words.counts()[0]
+                    rare = np.array([counts.get(t, 0) < self.options.min_count for t in toks], dtype=bool)
+                    known = known & ~rare
+                    vecs[rare] = 0.0
                 if not self.options.exact_matching:  # published: words without a vector are <unk>, a stop word
                     toks, vecs = [t for t, k in zip(toks, known) if k], vecs[known]
                 out.append((toks, vecs))

@@ -542,8 +542,50 @@ class ClScisummResult:
                 "seconds": self.seconds, "command": command_for(self.options, self.model, self.k)}
 
 
+#: where `esqbe eval clscisumm` keeps the word vectors it trains when no `words` option is given
+AUTO_WORDS = str(Path(".esqbe-eval") / "clscisumm-words")
+#: word2vec settings of those vectors (`esqbe train-words --min-count 5`, otherwise its defaults)
+AUTO_WORDS_MIN_COUNT = 5
+
+
+def word_corpus(data_dir: str | Path) -> list[str]:
+    """The unlabelled text of a CL-SciSumm directory, for word vectors: the packed ScisummNet papers, then
+    every reference paper's and every citing paper's XML (Reference_XML/, Citance_XML/). Annotation
+    files are not read."""
+    root = Path(data_dir)
+    packed = sorted(root.rglob("*Reference_XML.tar.gz"))
+    refs = sorted(p for p in root.rglob("Reference_XML") if p.is_dir())
+    cits = sorted(p for p in root.rglob("Citance_XML") if p.is_dir())
+    return [str(p) for p in packed + refs + cits]
+
+
+def ensure_words(data_dir: str | Path, path: str = AUTO_WORDS, log=None) -> str:
+    """`path` if it holds word vectors, else train them there on `word_corpus(data_dir)` (once)."""
+    from .words import META_FILE, train_words
+
+    if (Path(path) / META_FILE).is_file():
+        return path
+    sources = word_corpus(data_dir)
+    if not sources:
+        raise ClScisummDataError(f"{data_dir}: no paper text to train word vectors on (Reference_XML/, Citance_XML/); "
+                                 "give --param words=DIR (from `esqbe train-words`) or --param words=encoder")
+    if log:
+        log(f"training word vectors into {path} on {len(sources)} sources (once; later runs reuse them)")
+    train_words(sources, path, min_count=AUTO_WORDS_MIN_COUNT, log=log)
+    return path
+
+
+def _shown_params(params: dict) -> dict:
+    """The options a command line must spell out: the auto-trained word vectors are the default,
+    the encoder's token vectors must be asked for (words=encoder)."""
+    shown = {k: v for k, v in params.items() if not (k == "words" and v == AUTO_WORDS)}
+    if "words" not in params and params.get("method") != "bm25":
+        shown["words"] = "encoder"
+    return shown
+
+
 def config_name(options) -> str:
-    params = options.to_params()
+    params = _shown_params(options.to_params())
     if not params:
         return "default"
     parts = [f"{k}-{Path(str(v)).name if k == 'words' else v}" for k, v in sorted(params.items())]
@@ -556,7 +598,8 @@ def command_for(params: dict, model: str | None = None, k: int = DEFAULT_K, data
         parts.append(f"--model {model}")
     if k != DEFAULT_K:
         parts.append(f"-k {k}")
-    parts += [f"--param {key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in sorted(params.items())]
+    parts += [f"--param {key}={value if isinstance(value, str) else json.dumps(value)}"
+              for key, value in sorted(_shown_params(params).items())]
     return " ".join(parts)
 
 

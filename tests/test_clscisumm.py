@@ -353,3 +353,22 @@ def test_citation_marker_removal_is_linear_on_unclosed_lists():
     assert time.perf_counter() - start < 0.5
     assert strip_citation_markers("as in (Jie, Liu, and Liang 1991a, 1991b; Lua 1990, 1994, and 1995) x") == "as in x"
     assert strip_citation_markers("reported by Tillmann and Ney (2000), in which", narrative=True) == "reported by, in which"
+
+
+def test_eval_trains_its_default_word_vectors_from_the_unlabelled_xml(tmp_path, monkeypatch):
+    """Without a words option, eval trains word2vec once on DATA's paper XML (never the annotation files)."""
+    from esqbe.clscisumm import ensure_words, word_corpus
+    from esqbe.words import WordVectors
+
+    paper = tmp_path / "data" / "Training" / "A"
+    for sub, name in (("Reference_XML", "A.xml"), ("Citance_XML", "X1.xml")):
+        (paper / sub).mkdir(parents=True)
+        (paper / sub / name).write_text("<PAPER>" + "".join(f'<S sid="{i}">{s}</S>' for i, s in enumerate(PAPER_A * 3)) + "</PAPER>")
+    (paper / "annotation").mkdir()
+    (paper / "annotation" / "A.ann.txt").write_text("Citance Number: 1 | Reference Offset: ['4'] | secretlabelword\n")
+    sources = word_corpus(tmp_path / "data")
+    assert [Path(s).name for s in sources] == ["Reference_XML", "Citance_XML"]
+    out = ensure_words(tmp_path / "data", str(tmp_path / "w"), log=lambda m: None)
+    wv = WordVectors.load(out)
+    assert "search" in wv and "secretlabelword" not in wv.counts()[0]
+    assert ensure_words(tmp_path / "data", out) == out  # reused, not retrained
