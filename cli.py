@@ -465,11 +465,11 @@ def eval_clscisumm_cmd(data_dir, out, index_path, splits, k, params, config, as_
     Indexes the reference papers of every split under DATA/derived, ranks each citance's paper, and
     prints micro precision, recall and F1 at K for every split with gold (train). When DATA ships
     conformance/ runs, they are scored first and must match the official script's figures exactly.
-    Word vectors: by default word2vec trained once on DATA's unlabelled paper text (the packed
-    ScisummNet papers, the reference and citing papers' XML) into .esqbe-eval/clscisumm-words;
-    --param words=DIR uses other `esqbe train-words` vectors, --param words=encoder the encoder's tokens.
+    Token vectors: the encoder's (default); --param words=DIR uses `esqbe train-words` vectors;
+    --param words=auto trains word2vec once on DATA's unlabelled paper text (the packed ScisummNet
+    papers, the reference and citing papers' XML) into .esqbe-eval/clscisumm-words and uses it.
     Each configuration is one command, e.g.:
-      esqbe eval clscisumm --data ../shared/data/clscisumm --param d=1
+      esqbe eval clscisumm --data ../shared/data/clscisumm --param words=auto --param d=1
       esqbe eval clscisumm --data ../shared/data/clscisumm --param method=bm25
     """
     from esqbe.cite import CiteOptions
@@ -487,7 +487,7 @@ def eval_clscisumm_cmd(data_dir, out, index_path, splits, k, params, config, as_
         if not isinstance(options, dict):
             raise click.BadParameter(f"{config}: expected a mapping of matcher options", param_hint="--config")
     options.update(_parse_params(params))
-    if "words" not in options and options.get("method") != "bm25":
+    if options.get("words") == "auto":
         from esqbe.clscisumm import ensure_words
 
         options["words"] = ensure_words(data_dir, log=lambda msg: click.echo(msg, err=True))

@@ -542,7 +542,7 @@ class ClScisummResult:
                 "seconds": self.seconds, "command": command_for(self.options, self.model, self.k)}
 
 
-#: where `esqbe eval clscisumm` keeps the word vectors it trains when no `words` option is given
+#: where `esqbe eval clscisumm --param words=auto` keeps the word vectors it trains (once)
 AUTO_WORDS = str(Path(".esqbe-eval") / "clscisumm-words")
 #: word2vec settings of those vectors (`esqbe train-words --min-count 5`, otherwise its defaults)
 AUTO_WORDS_MIN_COUNT = 5
@@ -576,12 +576,8 @@ def ensure_words(data_dir: str | Path, path: str = AUTO_WORDS, log=None) -> str:
 
 
 def _shown_params(params: dict) -> dict:
-    """The options a command line must spell out: the auto-trained word vectors are the default,
-    the encoder's token vectors must be asked for (words=encoder)."""
-    shown = {k: v for k, v in params.items() if not (k == "words" and v == AUTO_WORDS)}
-    if "words" not in params and params.get("method") != "bm25":
-        shown["words"] = "encoder"
-    return shown
+    """The options a command line must spell out (the vectors trained by `words=auto` are named so)."""
+    return {k: ("auto" if k == "words" and v == AUTO_WORDS else v) for k, v in params.items()}
 
 
 def config_name(options) -> str:
