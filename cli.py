@@ -472,6 +472,46 @@ def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_quer
     serve(settings, options, log_level=log_level)
 
 
+@main.command("cite")
+@click.option("--paper", "paper_id", required=True, help="The cited paper (must be in the index).")
+@click.option("--text", help="The citing sentence.")
+@click.option("--file", "text_file", type=click.File("r"), help="Read the citing sentence from this file (- for stdin).")
+@click.option("--k", "-k", type=click.IntRange(1, 1000), default=2, show_default=True, help="Number of sentences to return (1..1000).")
+@click.option("--param", "params", multiple=True, help="Matcher option KEY=VALUE (repeatable): method=asym|symm|bm25, d=4, alpha=1e-4, words=DIR, max_tokens=100, markers, stopwords, exact, weights, bm25_weight.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@model_options
+@backend_options
+@handle_errors
+def cite_cmd(paper_id, text, text_file, k, params, as_json, **kw):
+    """The sentences of an indexed paper that a citing sentence refers to (cited text identification).
+
+    \b
+    Ranks every sentence of --paper by asymmetric partial matching: how well its words cover the
+    citing sentence's words, rare words weighing more. Prints each sentence with its score and the
+    citing words it matched (word ~ matched word, cosine, weight).
+      esqbe cite --paper C00-2123 --text "dynamic-programming search (Tillmann and Ney, 2000)" -k 2
+      esqbe cite --paper C00-2123 --text "..." --param words=words/acl   # in-domain word2vec
+    """
+    if text_file is not None:
+        if text is not None:
+            raise click.UsageError("give --text or --file, not both")
+        text = text_file.read()
+    if text is None or not text.strip():
+        raise click.UsageError("give the citing sentence with --text or --file")
+    with _open(kw, create=False) as index:
+        result = index.cite(paper_id, " ".join(text.split()), k=k, **_parse_params(params))
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+        return
+    click.echo(f"paper {result.paper_id}, method {result.method}: sentences cited by\n  {_short(result.text, 300)}")
+    for hit in result.hits:
+        click.echo(f"\n{hit.rank:>3}. {hit.score:.4f}  sentence {hit.sentence_id}: {_short(hit.text, 300)}")
+        if hit.matches:
+            click.echo("       matched: " + ", ".join(
+                f"{m.query_word}" + (f"~{m.matched_word}" if m.matched_word != m.query_word else "") + f" ({m.cosine:.2f}, w {m.weight:.2f})"
+                for m in hit.matches))
+
+
 @main.command("delete")
 @click.argument("paper_ids", nargs=-1, required=True)
 @backend_options
@@ -557,6 +597,54 @@ def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, model,
     click.echo(json.dumps(metrics, indent=2))
 
 
+@main.command("train-words")
+@click.argument("sources", nargs=-1, type=str)
+@click.option("--out", "out_path", required=True, type=click.Path(file_okay=False), help="Directory to write (vectors.kv, counts.tsv, words.json).")
+@click.option("--index-path", "index_path", type=click.Path(file_okay=False), help="Also train on the papers of this embedded index.")
+@click.option("--dim", type=int, default=300, show_default=True, help="Vector size.")
+@click.option("--min-count", type=int, default=35, show_default=True, help="Words seen fewer times get no vector (they still get counts).")
+@click.option("--window", type=int, default=5, show_default=True)
+@click.option("--epochs", type=int, default=5, show_default=True)
+@click.option("--cased/--uncased", default=True, show_default=True, help="Keep the case of words (the matcher then matches case-sensitively).")
+@click.option("--keep-markers", is_flag=True, help="Keep citation markers such as (Author, 2010) in the text.")
+@click.option("--workers", type=int, default=2, show_default=True, help="Training threads.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@handle_errors
+def train_words_cmd(sources, out_path, index_path, dim, min_count, window, epochs, cased, keep_markers, workers, seed, as_json):
+    """Train in-domain word vectors (word2vec skip-gram, gensim) for asymmetric matching.
+
+    \b
+    SOURCES are files (.xml papers read as their <S> sentences, .txt one text a line, .jsonl with
+    text/sentences/abstract/title, .gz of those), directories (their such files, recursively) or
+    .tar.gz archives. The result is used with `--param words=DIR` by `esqbe cite`,
+    `esqbe eval clscisumm` and the asym_token rescorer; word counts give p(w) for the weights.
+      esqbe train-words ../shared/data/clscisumm/Training-Set-2019/Task1/From-ScisummNet-2019.Reference_XML.tar.gz \\
+          --out words/acl
+    """
+    from esqbe.words import WordsError, train_words
+
+    papers = None
+    if index_path:
+        import esqbe
+
+        with esqbe.open_index(index_path, create=False) as index:
+            papers = [p.paper for p in index.iter_papers()]
+    if not sources and papers is None:
+        raise click.UsageError("give corpus SOURCES and/or --index-path")
+    try:
+        report = train_words(list(sources), out_path, papers=papers, dim=dim, min_count=min_count, window=window,
+                             epochs=epochs, cased=cased, markers=not keep_markers, workers=workers, seed=seed)
+    except WordsError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    click.echo(f"wrote {report.out}: {report.vocabulary} word vectors ({dim}-d) from {report.texts} texts, "
+               f"{report.tokens} tokens ({report.distinct} distinct) in {report.seconds:.1f}s")
+
+
 @main.group("eval")
 def eval_group():
     """Measure ranking quality on a test collection."""
@@ -607,6 +695,71 @@ def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candid
         click.echo(format_table(conformance[1]))
         click.echo(conformance[0] + "\n")
     click.echo(format_table(result))
+
+
+@eval_group.command("clscisumm")
+@click.option("--data", "data_dir", required=True, type=click.Path(exists=True, file_okay=False), help="CL-SciSumm directory (derived/<split>-citances.jsonl, derived/<split>-reference-sentences.jsonl, gold CSVs).")
+@click.option("--out", type=click.Path(file_okay=False), help="Write OUT/<split>.jsonl runs, OUT/official/<split>-k<K>/ (the official CSV layout) and merge OUT/results.json.")
+@click.option("--index-path", type=click.Path(file_okay=False), help="Index of the reference papers to build or reuse (default: .esqbe-eval/clscisumm-<model>-<mode>).")
+@click.option("--split", "splits", multiple=True, help="Only these splits (default: every split under DATA/derived).")
+@click.option("--k", "-k", type=int, default=2, show_default=True, help="Sentences per citance that are scored (runs list at least 10).")
+@click.option("--param", "params", multiple=True, help="Matcher option KEY=VALUE (repeatable): method, d, alpha, weights, words, max_tokens, markers, stopwords, exact, bm25_weight.")
+@click.option("--config", "config", type=click.Path(exists=True, dir_okay=False), help="YAML mapping of matcher options (flags override it).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@encoder_options
+@handle_errors
+def eval_clscisumm_cmd(data_dir, out, index_path, splits, k, params, config, as_json, **kw):
+    """CL-SciSumm Task 1a: rank each citing sentence's reference sentences through `esqbe cite`'s path
+    and score them with the official metric (task1_eval.py, reproduced, quirks included).
+
+    \b
+    Indexes the reference papers of every split under DATA/derived, ranks each citance's paper, and
+    prints micro precision, recall and F1 at K for every split with gold (train). When DATA ships
+    conformance/ runs, they are scored first and must match the official script's figures exactly.
+    Token vectors: the encoder's (default); --param words=DIR uses `esqbe train-words` vectors;
+    --param words=auto trains word2vec once on DATA's unlabelled paper text (the packed ScisummNet
+    papers, the reference and citing papers' XML) into .esqbe-eval/clscisumm-words and uses it.
+    Each configuration is one command, e.g.:
+      esqbe eval clscisumm --data ../shared/data/clscisumm --param words=auto --param d=1
+      esqbe eval clscisumm --data ../shared/data/clscisumm --param method=bm25
+    """
+    from esqbe.cite import CiteOptions
+    from esqbe.clscisumm import check_conformance, evaluate_clscisumm, format_result
+    from esqbe.config import load_settings
+
+    options = {}
+    if config:
+        import yaml
+
+        try:
+            options = yaml.safe_load(open(config).read()) or {}
+        except yaml.YAMLError as e:
+            raise click.BadParameter(f"{config}: not valid YAML: {e}", param_hint="--config")
+        if not isinstance(options, dict):
+            raise click.BadParameter(f"{config}: expected a mapping of matcher options", param_hint="--config")
+    options.update(_parse_params(params))
+    if options.get("words") == "auto":
+        from esqbe.clscisumm import ensure_words
+
+        options["words"] = ensure_words(data_dir, log=lambda msg: click.echo(msg, err=True))
+    options = CiteOptions.from_params(options)
+    if k < 1:
+        raise click.BadParameter("must be at least 1", param_hint="-k")
+    settings = load_settings(None, **{key: v for key, v in kw.items() if v is not None})
+    conformance = check_conformance(data_dir)
+    result = evaluate_clscisumm(data_dir, settings, options, k=k, index_path=index_path, out=out,
+                                splits=list(splits) or None, progress=sys.stderr.isatty())
+    if as_json:
+        data = result.to_dict()
+        if conformance:
+            data["conformance"] = {"verdict": conformance[0], "runs": conformance[1]}
+        click.echo(json.dumps(data, indent=2))
+        return
+    if conformance:
+        for row in conformance[1]:
+            click.echo(f"  {row['run']:<24} K={row['k']:<3} P {row['precision']:.12g}  R {row['recall']:.12g}  F1 {row['f1']:.12g}")
+        click.echo(conformance[0] + "\n")
+    click.echo(format_result(result))
 
 
 if __name__ == "__main__":

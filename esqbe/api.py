@@ -568,6 +568,13 @@ class Index:
         report.seconds = time.perf_counter() - start
         return report
 
+    def iter_papers(self, batch: int = 256) -> Iterator[IndexedPaper]:
+        """Every stored paper (with its vectors), in id order, fetched `batch` at a time."""
+        ids = self.backend.paper_ids()
+        for start in range(0, len(ids), batch):
+            found = self.backend.get(ids[start : start + batch])
+            yield from (found[i] for i in ids[start : start + batch] if i in found)
+
     def delete(self, paper_ids: Iterable[str]) -> int:
         try:
             return self.backend.delete(paper_ids)
@@ -662,6 +669,55 @@ class Index:
         found = self.backend.search_text(text, k)
         papers = self.get([pid for pid, _ in found])
         return [(papers[pid], score) for pid, score in found if pid in papers]
+
+    # --- cited text identification ------------------------------------------------------------
+    def matcher(self, options=None, **params):
+        """The cited-text matcher for these options (`esqbe.cite.CiteOptions` or its fields), kept for reuse."""
+        from .cite import CitedTextMatcher, CiteOptions
+
+        options = options if options is not None else CiteOptions.from_params(params)
+        cache = self.__dict__.setdefault("_matchers", {})
+        if options not in cache:
+            counts = self.backend.token_counts if options.words is None else None
+            cache[options] = CitedTextMatcher(options, encoder=_LazyEncoder(self) if options.words is None else None,
+                                              counts=counts)
+        return cache[options]
+
+    def cite(self, paper_id: str, text: str, *, k: int = 2, explain: bool = True, options=None, **params):
+        """The sentences of indexed paper `paper_id` that the citing sentence `text` most likely refers to:
+        a `CiteResult` with the top `k`, best first, each with its score and the query words it matched.
+        `params` are `CiteOptions` fields (method, d, alpha, words, max_tokens, markers, stopwords, ...)."""
+        return self.cite_many(paper_id, [text], k=k, explain=explain, options=options, **params)[0]
+
+    def cite_many(self, paper_id: str, texts: Sequence[str], *, k: int = 2, explain: bool = False, options=None,
+                  **params) -> list:
+        """`cite` for several citing sentences of the same paper, scored in one batch."""
+        from .cite import CitedSentence, CiteResult
+
+        if int(k) < 1:
+            raise QueryError(f"k must be at least 1 (got {k})")
+        if self.backend.meta() is None:
+            raise QueryError("the index is empty: index some papers first (`esqbe index FILE`)")
+        texts = [str(t) for t in texts]
+        if not texts or any(not t.strip() for t in texts):
+            raise QueryError("the citing sentence is empty")
+        found = self.backend.get([str(paper_id)])
+        if str(paper_id) not in found:
+            raise QueryError(f"paper {paper_id} is not in the index")
+        paper = found[str(paper_id)].paper
+        if not paper.sentences:
+            raise QueryError(f"paper {paper_id} has no sentences")
+        sids = paper.metadata.get("sentence_ids") if isinstance(paper.metadata, dict) else None
+        if not isinstance(sids, list) or len(sids) != len(paper.sentences):
+            sids = [str(i) for i in range(len(paper.sentences))]
+        matcher = self.matcher(options, **params)
+        results = []
+        for text, ranked in zip(texts, matcher.rank(texts, paper.sentences, int(k))):
+            hits = [CitedSentence(r + 1, j, str(sids[j]), paper.sentences[j], score,
+                                  matcher.explain(text, paper.sentences[j]) if explain else [])
+                    for r, (j, score) in enumerate(ranked)]
+            results.append(CiteResult(str(paper_id), text, matcher.options.method, hits))
+        return results
 
     def close(self) -> None:
         """Close the index; the embedded writer folds fresh rows into its ANN and checkpoints here."""

@@ -465,86 +465,58 @@ def rescore_asym(context: RescoreContext, *, d=4.0, **unknown) -> Rescorer:
     return score
 
 
-#: "(Author, 2010)", "(Author et al., 2010; Other and Else, 2011a)", "(e.g., Author, 2010)"
-_AUTHOR_YEAR = r"[A-Z][^()\[\];]*?,?\s*(?:19|20)\d{2}[a-z]?"
-_CITATION_MARKERS = re.compile(
-    rf"\(\s*(?:(?:e\.g\.|i\.e\.|see|cf\.)[,\s]+)?{_AUTHOR_YEAR}(?:\s*;\s*{_AUTHOR_YEAR})*\s*\)"
-    r"|\(\s*(?:19|20)\d{2}[a-z]?(?:\s*[,;]\s*(?:19|20)\d{2}[a-z]?)*\s*\)"  # "Author et al. (2010)"
-    r"|\[\s*\d+(?:\s*[-\u2013,;]\s*\d+)*\s*\]"  # "[12]", "[3, 5-7]"
-)
-
-
-def strip_citation_markers(text: str) -> str:
-    """Drop citation markers ("(Author, 2010)", "(2010)", "[12]"): names and years are not content
-    and would match other papers' citations of the same work."""
-    text = _CITATION_MARKERS.sub(" ", text)
-    text = re.sub(r"\s+([,.;:)])", r"\1", text)
-    return " ".join(text.split())
-
-
-def token_frequency_weights(tokens: Sequence[str], counts: dict[str, int], total: int, alpha: float) -> np.ndarray:
-    """W(w) = alpha / (alpha + p(w)), p(w) = count / total: frequent tokens count less (SIF weights).
-    A token the counts never saw gets p = 0, weight 1."""
-    p = np.fromiter((counts.get(t, 0) for t in tokens), dtype=np.float64, count=len(tokens)) / max(int(total), 1)
-    return alpha / (alpha + p)
-
-
-def _unit_rows(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
-def segment_max_cosines(query_tokens: np.ndarray, cand_tokens: np.ndarray, starts: np.ndarray, *, max_cells: int = 1 << 24) -> np.ndarray:
-    """(Mq, S): for every query token, its best cosine within each of S candidate segments.
-
-    query_tokens (Mq, d) unit-norm; cand_tokens (Nc, d) any norm, the S non-empty segments back
-    to back, segment s starting at starts[s]. One matmul per chunk of segments, sized so a chunk's
-    cosines stay under `max_cells` floats, scaled by the candidate tokens' inverse norms (cheaper
-    than normalising the big matrix); `np.maximum.reduceat` takes the per-segment maxima.
-    """
-    n_q, n_c, n_seg = len(query_tokens), len(cand_tokens), len(starts)
-    out = np.empty((n_q, n_seg), dtype=np.float32)
-    bounds = np.append(starts, n_c)
-    per_chunk = max(max_cells // max(n_q, 1), 1)
-    s = 0
-    while s < n_seg:
-        # segments s..e-1, at least one, their tokens under per_chunk unless one alone is bigger
-        e = max(int(np.searchsorted(bounds, bounds[s] + per_chunk, side="right")) - 1, s + 1)
-        e = min(e, n_seg)
-        lo, hi = bounds[s], bounds[e]
-        chunk = np.asarray(cand_tokens[lo:hi], dtype=np.float32)
-        inv_norms = 1.0 / np.maximum(np.sqrt(np.einsum("ij,ij->i", chunk, chunk)), 1e-12)
-        cos = (np.asarray(query_tokens, dtype=np.float32) @ chunk.T) * inv_norms[None, :]
-        out[:, s:e] = np.maximum.reduceat(cos, starts[s:e] - lo, axis=1)
-        s = e
-    return out
+# the token-level matcher is shared with `esqbe cite` / `esqbe eval clscisumm` (esqbe.asym); these names stay importable here
+from .asym import TokenSet, asym_scores, segment_max_cosines, strip_citation_markers, token_frequency_weights  # noqa: E402,F401
+from .asym import unit_rows as _unit_rows  # noqa: E402,F401
 
 
 @register("asym_token")
-def rescore_asym_token(context: RescoreContext, *, d=4.0, alpha=1e-4, max_tokens=100, **unknown) -> Rescorer:
+def rescore_asym_token(context: RescoreContext, *, d=4.0, alpha=1e-4, max_tokens=100, words=None, **unknown) -> Rescorer:
     """Asymmetric partial matching over token vectors, as in cited-text identification.
 
     For query sentence S_q and candidate sentence S_c:
-        sim = sum over query tokens w of W(w) * max over candidate tokens w' of max(cos(w, w'), 0)^d,
+        sim = sum over query tokens w of W(w) * max over candidate tokens w' of max(cos(w, w')^d, 0),
     divided by the sum of W over S_q so sentences of any length compare (sim in [0, 1]);
     W(w) = alpha / (alpha + p(w)). Paper score = mean over query sentences of their best
     candidate sentence's sim (as in summax); candidates without sentences score -inf.
+    The matching itself is `esqbe.asym.asym_scores`, the function `esqbe cite` uses.
 
-    Token vectors come from `context.encoder.token_vectors` at query time (each sentence
+    Token vectors: with `words=DIR` (from `esqbe train-words`), in-domain word vectors, p(w) from
+    that corpus's counts, and identical words match exactly (a word without a vector still
+    matches itself). Otherwise from `context.encoder.token_vectors` at query time (each sentence
     encoded alone after stripping citation markers, cut at `max_tokens`, unit-normalised, each
-    distinct text once per call); they are not stored in the index. p(w) comes from
+    distinct text once per call); they are not stored in the index. p(w) then comes from
     `context.backend.token_counts()`; when there is no backend or it keeps no counts, p(w) is
     estimated from the tokens of this call's query and candidate sentences (each distinct
     sentence once), which is a small sample: rare-token weights are then less reliable.
     """
-    _reject_unknown("asym_token", unknown, ["d", "alpha", "max_tokens"])
+    _reject_unknown("asym_token", unknown, ["d", "alpha", "max_tokens", "words"])
     power = _positive_float("asym_token", "d", d)
     alpha = _positive_float("asym_token", "alpha", alpha)
     max_tokens = _positive_int("asym_token", "max_tokens", max_tokens)
+    vectors = None
+    if words not in (None, "", "encoder"):
+        from .words import WordVectors
+
+        vectors = WordVectors.load(str(words))
     encoder = getattr(context, "encoder", None)
-    if encoder is None:
-        raise ValueError("asym_token needs an encoder for token vectors: pass RescoreContext(encoder=...)")
+    if encoder is None and vectors is None:
+        raise ValueError("asym_token needs an encoder for token vectors (RescoreContext(encoder=...)) or words=DIR")
     backend = getattr(context, "backend", None)
+
+    def encode(texts: list[str]) -> list[tuple[list[str], np.ndarray]]:
+        if vectors is not None:
+            out = []
+            for t in texts:
+                toks = vectors.tokens(t, markers=False)[:max_tokens]
+                out.append((toks, vectors.vectors(toks)[0]))
+            return out
+        nonempty = [k for k, t in enumerate(texts) if t]  # a sentence that was only a citation has no tokens
+        encoded: list = [([], None)] * len(texts)
+        for k, out in zip(nonempty, encoder.token_vectors([texts[k] for k in nonempty], max_tokens=max_tokens)):
+            encoded[k] = out
+        dim = next((vecs.shape[-1] for _, vecs in encoded if vecs is not None), 1)
+        return [(toks, vecs if vecs is not None else np.zeros((0, dim), np.float32)) for toks, vecs in encoded]
 
     def score(query: QueryBatch, cands: CandidateBatch) -> RescoreResult:
         m, n = len(query.sentences), len(cands)
@@ -557,39 +529,22 @@ def rescore_asym_token(context: RescoreContext, *, d=4.0, alpha=1e-4, max_tokens
         slot_ids = np.zeros((n, width), dtype=np.int64)
         for i, sents in enumerate(cands.sentences):
             slot_ids[i, : len(sents)] = [texts.setdefault(strip_citation_markers(t), len(texts)) for t in sents]
-        unique = list(texts)
-        nonempty = [k for k, t in enumerate(unique) if t]  # a sentence that was only a citation has no tokens
-        encoded: list[tuple[list[str], np.ndarray | None]] = [([], None)] * len(unique)
-        for k, out in zip(nonempty, encoder.token_vectors([unique[k] for k in nonempty], max_tokens=max_tokens)):
-            encoded[k] = out
-        dim = next((vecs.shape[-1] for _, vecs in encoded if vecs is not None), 1)
-        encoded = [(toks, vecs if vecs is not None else np.zeros((0, dim), np.float32)) for toks, vecs in encoded]
-        lengths = np.array([len(toks) for toks, _ in encoded], dtype=np.int64)
+        encoded = encode(list(texts))
+        dim = next((vecs.shape[-1] for _, vecs in encoded if vecs.ndim == 2), 1)
 
-        counts_total = backend.token_counts() if backend is not None else None
+        if vectors is not None:
+            counts_total = vectors.counts()
+        else:
+            counts_total = backend.token_counts() if backend is not None else None
         if counts_total is None:
             counts = Counter(t for toks, _ in encoded for t in toks)
             counts_total = (counts, sum(counts.values()))
 
-        # query tokens, and the matrix that averages their scaled maxima into per-sentence sims
-        q_tokens = [encoded[k][0] for k in q_ids]
-        q_vecs = _unit_rows(np.concatenate([encoded[k][1] for k in q_ids]))
-        q_weights = token_frequency_weights([t for toks in q_tokens for t in toks], *counts_total, alpha)
-        q_sent = np.repeat(np.arange(m), [len(toks) for toks in q_tokens])
-        totals = np.bincount(q_sent, weights=q_weights, minlength=m)
-        pool = np.zeros((m, len(q_weights)))
-        pool[q_sent, np.arange(len(q_weights))] = q_weights / np.maximum(totals[q_sent], 1e-300)
-
-        # every distinct candidate text with tokens, back to back
-        used = np.zeros(len(unique), dtype=bool)
-        used[slot_ids[cands.mask]] = True
-        segs = np.flatnonzero(used & (lengths > 0))
-        sent_sims = np.zeros((m, len(unique)))  # (query sentence, distinct text)
-        if len(segs) and len(q_weights):
-            c_vecs = np.concatenate([encoded[k][1] for k in segs]).astype(np.float32, copy=False)
-            starts = np.concatenate([[0], np.cumsum(lengths[segs])[:-1]])
-            best = segment_max_cosines(q_vecs, c_vecs, starts).astype(np.float64)
-            sent_sims[:, segs] = pool @ (np.maximum(best, 0.0) ** power)
+        vocab: dict[str, int] = {}
+        q_set = TokenSet.build([encoded[k] for k in q_ids], vocab, dim)
+        all_set = TokenSet.build(encoded, vocab, dim)  # every distinct text as a candidate segment
+        q_weights = token_frequency_weights(q_set.tokens, *counts_total, alpha)
+        sent_sims = asym_scores(q_set, q_weights, all_set, power, exact=vectors is not None)  # (m, distinct texts)
 
         sims = np.where(cands.mask[:, None, :], sent_sims[:, slot_ids].transpose(1, 0, 2), -np.inf)  # (n, m, L)
         has = cands.mask.any(axis=1)

@@ -196,6 +196,10 @@ class Backend(ABC):
                                     bm25_k=k, fusion="bm25", with_papers=False)
         return [(c.paper_id, c.bm25) for c in self.first_stage(request) if c.bm25 > 0]
 
+    def paper_ids(self) -> list[str]:
+        """Every paper id in the index (for whole-index jobs such as `esqbe train-words --index-path`)."""
+        raise BackendError(f"the {self.name} backend cannot list its papers")
+
     def token_counts(self) -> tuple[dict[str, int], int] | None:
         """Corpus token frequencies kept up to date on upsert/delete: (token -> count, total tokens),
         or None when the backend keeps none (rescorers then estimate from the candidates)."""

@@ -652,6 +652,9 @@ class EmbeddedBackend(Backend):
             out.update(dict(self._db.execute(q, chunk).fetchall()))
         return out
 
+    def paper_ids(self) -> list[str]:
+        return [pid for (pid,) in self._db.execute("SELECT paper_id FROM papers ORDER BY paper_id")]
+
     def token_counts(self) -> tuple[dict[str, int], int] | None:
         counts = dict(self._db.execute("SELECT token, count FROM token_counts"))
         return counts, int(sum(counts.values()))
