@@ -104,9 +104,10 @@ class Index:
             meta = self.backend.meta()
             model = self.settings.model or (meta.model if meta else None)
             self.check_model()
-            key = (model, self.settings.device, self.settings.batch_size)
+            key = (model, self.settings.device, self.settings.batch_size, self.settings.encoder_backend)
             if key not in _ENCODERS:
-                _ENCODERS[key] = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size)
+                _ENCODERS[key] = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size,
+                                              backend=self.settings.encoder_backend)
             self._encoder = _ENCODERS[key]
         return self._encoder
 

