@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
@@ -164,34 +165,62 @@ class Index:
         start = time.perf_counter()
         self.backend.ensure(self._requested_meta(self.encoder))
         bar = _bar(progress)
-        for batch in _batches(papers, max(1, int(self.settings.commit_every))):
-            latest = {p.paper_id: p for p in batch}  # an id repeated within a batch: the last one wins
-            report.replaced += len(batch) - len(latest)
-            stored = self.backend.content_hashes(latest)
-            tagged_before = self._already_tagged([p for p in latest.values() if p.paper_id in stored]) if facets == "predict" else set()
-            fresh = []
-            for p in latest.values():
-                if facets == "predict":
-                    if p.paper_id in tagged_before:
-                        report.unchanged += 1  # same text, labels already predicted: tagging again changes nothing
+        # a small pipeline: batch N is encoded in a worker thread while this thread writes batch N-1 and
+        # reads, splits and looks up batch N+1, so the model is never idle (all backend calls stay here)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="esqbe-encode")
+        pending = None  # (future of (indexed, tagged) or None, papers in the batch, ids being encoded)
+        try:
+            for batch in _batches(papers, max(1, int(self.settings.commit_every))):
+                latest = {p.paper_id: p for p in batch}  # an id repeated within a batch: the last one wins
+                report.replaced += len(batch) - len(latest)
+                in_flight = pending[2] if pending is not None else set()  # not stored yet: encode them again
+                stored = self.backend.content_hashes(latest)
+                tagged_before = self._already_tagged([p for p in latest.values() if p.paper_id in stored]) if facets == "predict" else set()
+                fresh = []
+                for p in latest.values():
+                    if p.paper_id in in_flight:
+                        fresh.append(p)  # the batch before has another copy: upsert decides (replaced/unchanged)
+                    elif facets == "predict":
+                        if p.paper_id in tagged_before:
+                            report.unchanged += 1  # same text, labels already predicted: tagging again changes nothing
+                        else:
+                            fresh.append(p)
+                    elif stored.get(p.paper_id) == p.content_hash():
+                        report.unchanged += 1
                     else:
                         fresh.append(p)
-                elif stored.get(p.paper_id) == p.content_hash():
-                    report.unchanged += 1
-                else:
-                    fresh.append(p)
-            if fresh:
-                indexed, tagged = self._encode(fresh, facets)
-                report.tagged += tagged
-                result = self.backend.upsert(indexed)
-                report.indexed += result.added
-                report.replaced += result.replaced
-                report.unchanged += result.unchanged
-                report.errors.extend(result.errors)
-            bar.update(len(batch))
-        bar.close()
-        report.seconds += time.perf_counter() - start
+                job = (pool.submit(self._encode, fresh, facets) if fresh else None, len(batch), {p.paper_id for p in fresh})
+                done, pending = pending, None
+                if done is not None:
+                    self._write(done, report, bar)
+                pending = job
+            done, pending = pending, None
+            if done is not None:
+                self._write(done, report, bar)
+        except BaseException:
+            # reading stopped (a --strict bad line, Ctrl-C): commit the batch encoded before it, as a serial loop
+            # would have; after a failed encode or write, nothing more is written
+            if pending is not None and pending[0] is not None and pending[0].exception() is None:  # waits for it
+                self._write(pending, report, bar)
+            raise
+        finally:
+            pool.shutdown(wait=True)
+            bar.close()
+            report.seconds += time.perf_counter() - start
         return report
+
+    def _write(self, job, report: IndexReport, bar) -> None:
+        """Wait for an encoded batch and upsert it (one commit)."""
+        future, n_batch, _ = job
+        if future is not None:
+            indexed, tagged = future.result()
+            report.tagged += tagged
+            result = self.backend.upsert(indexed)
+            report.indexed += result.added
+            report.replaced += result.replaced
+            report.unchanged += result.unchanged
+            report.errors.extend(result.errors)
+        bar.update(n_batch)
 
     def index_files(self, sources: Sequence[str], *, format: str | None = None, strict: bool = False,
                     facets: str | None = None, progress: bool = False) -> IndexReport:
