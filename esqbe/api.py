@@ -76,6 +76,9 @@ class IndexReport:
 class Index:
     """An index (any backend) with the encoder and settings it is used with."""
 
+    #: encode in a worker thread while reading and writing go on (False: the serial loop, for comparison)
+    pipelined = True
+
     def __init__(self, backend: Backend, settings: Settings, encoder=None):
         self.backend = backend
         self.settings = settings
@@ -167,7 +170,7 @@ class Index:
         bar = _bar(progress)
         # a small pipeline: batch N is encoded in a worker thread while this thread writes batch N-1 and
         # reads, splits and looks up batch N+1, so the model is never idle (all backend calls stay here)
-        pool = ThreadPoolExecutor(1, thread_name_prefix="esqbe-encode")
+        pool = ThreadPoolExecutor(1, thread_name_prefix="esqbe-encode") if self.pipelined else _Inline()
         pending = None  # (future of (indexed, tagged) or None, papers in the batch, ids being encoded)
         try:
             for batch in _batches(papers, max(1, int(self.settings.commit_every))):
@@ -325,6 +328,23 @@ def _batches(items: Iterable, n: int) -> Iterator[list]:
             batch = []
     if batch:
         yield batch
+
+
+class _Inline:
+    """The serial loop (Index.pipelined = False; benchmarks compare against it): encode when submitted."""
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+
+        future = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:
+            future.set_exception(e)
+        return future
+
+    def shutdown(self, wait=True):
+        pass
 
 
 class _NoBar:

@@ -128,7 +128,7 @@ class Encoder:
         for start in range(0, len(texts), self.batch_size):
             idx = order[start : start + self.batch_size]
             enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=self.max_length, return_tensors="pt").to(self.device)
-            hidden, _ = self._runner(enc, False)
+            hidden = self._runner(enc, False)[0].float()  # fp32 pooling (the GPU path runs fp16/bf16)
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
             out[idx] = _normalize(pooled.float().cpu().numpy())
