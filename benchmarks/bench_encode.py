@@ -145,6 +145,12 @@ def main() -> None:
                                                                 for label, b, _ in rows_spec), file=sys.stderr, flush=True)
         rows = {label: {"backend": b, "raw": statistics.median(raw[b]), "e2e": statistics.median(e2e[label])}
                 for label, b, _ in rows_spec}
+        # ratios: the median of each round's ratio (the load of a shared machine drifts between rounds)
+        today = "torch serial" if "torch serial" in rows else None
+        for label, b, _ in rows_spec:
+            rows[label]["raw_x"] = statistics.median(x / y for x, y in zip(raw[b], raw["torch"])) if today else None
+            rows[label]["e2e_x"] = statistics.median(x / y for x, y in zip(e2e[label], e2e[today])) if today else None
+            rows[label]["e2e_over_raw"] = statistics.median(x / y for x, y in zip(e2e[label], raw[b]))
         if args.quality:
             qdir = Path(args.quality_dir)
             qdir.mkdir(parents=True, exist_ok=True)
@@ -160,9 +166,6 @@ def main() -> None:
     reference = dict(zip(("ndcg20", "tagger_f1"), (float(x) for x in args.reference.split(","))))
     quality_base = {k: (base or {}).get(k, reference[k]) for k in reference}
     for b, row in rows.items():
-        row["raw_x"] = row["raw"] / base["raw"] if base else None
-        row["e2e_x"] = row["e2e"] / base["e2e"] if base else None  # against today's path
-        row["e2e_over_raw"] = row["e2e"] / row["raw"]
         for k in ("ndcg20", "tagger_f1"):
             if k in row:
                 row[k + "_delta"] = row[k] - quality_base[k]
@@ -173,7 +176,8 @@ def main() -> None:
     def f(v, spec):
         return "n/a" if v is None else format(v, spec)
 
-    print(f"texts: {described}; {args.threads} threads; batch {args.batch_size}; median of {args.rounds} interleaved rounds")
+    print(f"texts: {described}; {args.threads} threads; batch {args.batch_size}; rates: median of {args.rounds} interleaved "
+          "rounds; ratios: median of the rounds' ratios")
     if args.quality:
         print(f"quality deltas against fp32 NDCG%20 {quality_base['ndcg20']:.2f}, tagger F1 {quality_base['tagger_f1']:.2f}"
               + ("" if "ndcg20" in (base or {}) else " (--reference: recorded, not measured in this run)"))
