@@ -370,7 +370,15 @@ class OnnxRunner:
         folder = _cache_dir() / _weights_digest(model)
         path = folder / ("model-fused-int8-matmul-per-channel.onnx" if int8 else "model-fused.onnx")
         if not path.exists():
-            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError:  # a read-only home: build it under the temp directory instead
+                import tempfile
+
+                folder = Path(tempfile.gettempdir()) / f"esqbe-onnx-{os.getuid()}" / folder.name
+                path = folder / path.name
+                folder.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
             exported = folder / "model.onnx"
             if not exported.exists():
                 _export_onnx(source, model, exported)
