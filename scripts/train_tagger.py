@@ -28,7 +28,7 @@ def main() -> None:
     from esqbe.encoder import Encoder
 
     metrics = train_tagger(args.data / "train.jsonl", args.data / "dev.jsonl", args.out,
-                           encoder=Encoder.load(args.model), seed=args.seed, epochs=args.epochs)
+                           encoder=Encoder.load(args.model, backend="torch"), seed=args.seed, epochs=args.epochs)
     print(json.dumps(metrics, indent=1))
 
 

@@ -1,0 +1,94 @@
+"""Encoder backends (how the transformer runs): each gives the vectors and hidden states indexing and the
+tagger need, close to the exact fp32 path; the indexing pipeline keeps upsert semantics."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import esqbe
+from esqbe.encoder import ENCODER_BACKENDS, Encoder, EncoderBackendError, resolve_backend
+from esqbe.readers import read_papers
+
+from .conftest import SAMPLE
+
+
+@pytest.fixture(scope="module")
+def papers():
+    return list(read_papers(str(SAMPLE)))[:12]
+
+
+@pytest.fixture(scope="module")
+def fp32(papers):
+    enc = Encoder.load(backend="torch", device="cpu", batch_size=8)
+    states = []
+    vecs = enc.contextual_sentence_vectors(papers, on_batch=lambda b: states.append(b))
+    return enc, np.concatenate(vecs), states
+
+
+@pytest.mark.parametrize("backend,mean_cos,min_cos", [("onnx", 0.9999, 0.9995), ("onnx-int8", 0.98, 0.95),
+                                                      ("torch-int8", 0.96, 0.90)])
+def test_backend_vectors_and_hidden_states_match_fp32(papers, fp32, backend, mean_cos, min_cos):
+    ref_encoder, ref, ref_states = fp32
+    enc = Encoder.load(backend=backend, device="cpu", batch_size=8)
+    assert enc.backend == backend and enc.name == ref_encoder.name and enc.dim == ref_encoder.dim
+    states = []
+    vecs = np.concatenate(enc.contextual_sentence_vectors(papers, on_batch=lambda b: states.append(b)))
+    assert vecs.shape == ref.shape
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
+    cos = (vecs * ref).sum(1)
+    assert cos.mean() >= mean_cos and cos.min() >= min_cos, (cos.mean(), cos.min())
+    # the tagger reads the embeddings + every layer's hidden states, in the same rows and spans
+    assert len(states) == len(ref_states)
+    for got, want in zip(states, ref_states):
+        assert len(got.hidden_states) == enc.num_layers + 1
+        assert [h.shape for h in got.hidden_states] == [h.shape for h in want.hidden_states]
+        assert got.spans == want.spans and got.rows == want.rows
+        assert float((got.hidden_states[0] - want.hidden_states[0]).abs().max()) < 0.05  # embeddings: not quantised much
+
+
+def test_backend_choice_is_checked():
+    assert resolve_backend(None, "cpu") in ENCODER_BACKENDS
+    assert resolve_backend("auto", "cuda") == "torch"  # fp16/bf16 autocast on a GPU
+    with pytest.raises(EncoderBackendError, match="unknown encoder backend 'onnx-fp8'"):
+        resolve_backend("onnx-fp8", "cpu")
+    with pytest.raises(EncoderBackendError, match="runs on CPU"):
+        resolve_backend("onnx-int8", "cuda")
+
+
+def test_tagger_labels_survive_the_fast_backend(papers, fp32):
+    from esqbe.tagger import FacetTagger
+
+    fast = FacetTagger.load(encoder=Encoder.load(backend="onnx-int8", device="cpu", batch_size=8)).tag(papers)
+    exact = FacetTagger.load(encoder=fp32[0]).tag(papers)
+    flat_fast = [x for p in fast for x in p]
+    flat_exact = [x for p in exact for x in p]
+    agree = np.mean([a == b for a, b in zip(flat_fast, flat_exact)])
+    assert len(flat_fast) == len(flat_exact) and agree >= 0.85, agree
+
+
+def test_pipelined_indexing_keeps_upsert_semantics_across_batches(tmp_path, encoder, sample_lines, write_jsonl):
+    """Batch N+1 is looked up while batch N is still being encoded: a paper repeated in the next batch is
+    still stored once, with its last text, and every line is accounted for."""
+    recs = [json.loads(line) for line in sample_lines[:5]]
+    changed = dict(recs[1], sentences=recs[1]["sentences"][:-1] + ["An extra final sentence about results."])
+    # commit_every=2: [r0 r1] [r1' r2] [r0 r3] [r4]; r1' is looked up while [r0 r1] is still being encoded
+    src = write_jsonl("repeats.jsonl", [recs[0], recs[1], changed, recs[2], recs[0], recs[3], recs[4]])
+    with esqbe.open_index(str(tmp_path / "ix"), encoder=encoder, commit_every=2) as index:
+        report = index.index_files([str(src)])
+        assert (report.read, report.indexed, report.replaced, report.unchanged) == (7, 5, 1, 1)
+        stored = index.backend.get([changed["paper_id"]])[changed["paper_id"]].paper
+        assert stored.sentences[-1] == "An extra final sentence about results."
+        assert index.stats()["papers"] == 5
+        again = index.index_files([str(src)])
+        assert again.indexed == 0
+
+
+def test_cli_rejects_an_unknown_backend(tmp_path):
+    from click.testing import CliRunner
+
+    import cli
+
+    result = CliRunner().invoke(cli.main, ["index", str(SAMPLE), "--path", str(tmp_path / "ix"), "--encoder-backend", "fast"])
+    assert result.exit_code == 2 and "fast" in result.output
