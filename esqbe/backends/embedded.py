@@ -219,22 +219,29 @@ class EmbeddedBackend(Backend):
         if not self.writable:
             return
         try:
+            self._finish_write()
+        finally:
+            self._close_files()
+            self._db.close()
+            self._db = None
+            self._release_write()
+            self._open_reader()
+
+    def _finish_write(self) -> None:
+        """A writer's last steps: fold a due delta into its IVF, finish the text index, checkpoint."""
+        try:
             self.optimize()
         finally:
             if self._text_writer is not None:
                 self._text_writer.wait_merging_threads()
                 self._text_writer = None
-            try:
-                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            finally:
-                if self._files:
-                    for fd in self._files.values():
-                        os.close(fd)
-                    self._files = None
-                self._db.close()
-                self._db = None
-                self._release_write()
-                self._open_reader()
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def _close_files(self) -> None:
+        if self._files:
+            for fd in self._files.values():
+                os.close(fd)
+            self._files = None
 
     def _recover(self) -> None:
         """Writer-side repair after a crash: vector files back to the committed row count, stray ANN
@@ -921,18 +928,9 @@ class EmbeddedBackend(Backend):
             return
         try:
             if self.writable:
-                try:
-                    self.optimize()
-                finally:
-                    if self._text_writer is not None:
-                        self._text_writer.wait_merging_threads()
-                        self._text_writer = None
-                    self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self._finish_write()
         finally:
-            if self._files:
-                for fd in self._files.values():
-                    os.close(fd)
-                self._files = None
+            self._close_files()
             self._text_index = None
             self._state_cache = None
             self._ann_cache = {}
