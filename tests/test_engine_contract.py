@@ -1829,7 +1829,8 @@ def test_cli_index_query_rescore_with_a_least_privilege_key_over_http(engine_ser
                "-k", "5", "--json", "--fusion", "knn", "--bm25-weight", "0")
     want = json.loads(ref.output[ref.output.index("{"):])["hits"]
     assert [h["paper_id"] for h in result["hits"]] == [h["paper_id"] for h in want], ([(h["paper_id"], h["score"]) for h in result["hits"]], [(h["paper_id"], h["score"]) for h in want])
-    assert [h["score"] for h in result["hits"]] == pytest.approx([h["score"] for h in want], abs=1e-5)
+    # same ranking; scores agree to float16 precision (the embedded backend keeps float16 rows, the engine a float32 copy)
+    assert [h["score"] for h in result["hits"]] == pytest.approx([h["score"] for h in want], abs=1e-3)
 
 
 def test_vectors_fallback_with_unknown_version_asks_es_to_rehydrate(engine_server):

@@ -366,7 +366,8 @@ def brute_knn(papers, allowed, q, facet=None):
         ip = papers[pid]
         rows = [i for i, f in enumerate(ip.paper.facets) if facet is None or f == facet]
         if rows:
-            out[pid] = float((q @ ip.vectors[rows].T).max(axis=1).mean())
+            stored = ip.vectors[rows].astype(np.float16).astype(np.float32)  # the embedded backend keeps float16 rows
+            out[pid] = float((q @ stored.T).max(axis=1).mean())
     return out
 
 
