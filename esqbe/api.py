@@ -19,7 +19,7 @@ from .backends.base import Backend, BackendError, IndexedPaper, IndexMeta, Model
 from .config import Settings, load_settings
 from .papers import Paper, split_sentences
 from .readers import InputError, ReadReport, read_papers
-from .search import QueryError, QueryResult, run_query, select_query_sentences
+from .search import QueryError, QueryResult, run_query, select_query_sentences, settings_for_facet
 
 FACET_MODES = ("keep", "predict", "none")
 _ENCODERS: dict = {}  # loaded models, shared by the indexes of one process (the CLI runner, a server)
@@ -222,9 +222,10 @@ class Index:
 
         The query paper is `paper_id` (from the index; its stored vectors are reused) or `text`
         (an abstract string or a list of sentences, encoded now; facet labels predicted if a facet
-        is asked for). `overrides` are Settings fields (k, rescorer, rescorer_params, ...).
+        is asked for). `overrides` are Settings fields (k, rescorer, rescorer_params, ...); they win over
+        the settings' `facet_settings` entry for the facet, which wins over the general settings.
         """
-        settings = self.settings.replace(**overrides)
+        settings = settings_for_facet(self.settings, facet).replace(**overrides)
         meta = self.backend.meta()
         if meta is None:
             raise QueryError("the index is empty: index some papers first (`esqbe index FILE`)")

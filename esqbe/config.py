@@ -48,6 +48,10 @@ class Settings:
     fusion_bm25_weight: float = 0.5  # for linear first-stage fusion
     candidate_facet: str = "same"  # same: a facet query matches candidate sentences of that facet | all: every sentence
     final_bm25_weight: float = 0.1  # rescorer score fused with BM25 (per-query min-max), 0 = rescorer alone
+    abstract_weight: float = 0.0  # whole-abstract similarity fused into the final score (per-query min-max), 0 = off
+    #: per query facet, settings that replace the ones above for queries of that facet, e.g.
+    #: {"background": {"abstract_weight": 0.3}, "method": {"rescorer": "asym"}} (see esqbe.search.FACET_SETTING_KEYS)
+    facet_settings: dict = field(default_factory=dict)
 
     def replace(self, **changes) -> "Settings":
         clean = {k: v for k, v in changes.items() if v is not None}

@@ -17,6 +17,9 @@ from .papers import QUERY_FACETS, Paper, normalize_label
 from .rescore import CandidateBatch, QueryBatch, RescoreContext, make_rescorer
 
 CANDIDATE_FACET_MODES = ("all", "same")
+#: the settings a `facet_settings` entry may change: how one query is ranked, nothing about the index
+FACET_SETTING_KEYS = ("k", "rescorer", "rescorer_params", "rescore_depth", "knn_k", "bm25_k", "fusion",
+                      "fusion_bm25_weight", "candidate_facet", "final_bm25_weight", "abstract_weight")
 
 
 class QueryError(ValueError):
@@ -117,6 +120,47 @@ def facet_view(paper: IndexedPaper, facet: str | None) -> tuple[IndexedPaper, li
     return IndexedPaper(view, paper.vectors[np.asarray(keep, dtype=np.int64)]), keep
 
 
+def settings_for_facet(settings: Settings, facet: str | None) -> Settings:
+    """`settings` with its `facet_settings` entry for `facet` applied (unchanged without a facet or entry)."""
+    table = settings.facet_settings or {}
+    if not isinstance(table, dict):
+        raise QueryError(f"facet_settings must map a facet to settings (got {type(table).__name__})")
+    unknown_facets = sorted(set(table) - set(QUERY_FACETS))
+    if unknown_facets:
+        raise QueryError(f"facet_settings: unknown facet(s) {', '.join(unknown_facets)}; facets: {', '.join(QUERY_FACETS)}")
+    if facet is None:
+        return settings
+    entry = table.get(normalize_label(facet)) or {}
+    if not isinstance(entry, dict):
+        raise QueryError(f"facet_settings.{facet}: expected a mapping of settings (got {entry!r})")
+    bad = sorted(set(entry) - set(FACET_SETTING_KEYS))
+    if bad:
+        raise QueryError(f"facet_settings.{facet}: {', '.join(bad)} cannot be set per facet; "
+                         f"per-facet settings: {', '.join(FACET_SETTING_KEYS)}")
+    return settings.replace(**entry) if entry else settings
+
+
+def abstract_similarity(query_vectors: np.ndarray, papers: Sequence[IndexedPaper | None]) -> np.ndarray:
+    """Cosine between the mean of the query's sentence vectors and the mean of each candidate's
+    (all its sentences): whole-abstract similarity from the stored vectors, no second model.
+    A candidate without sentences gets -1 (the lowest cosine)."""
+    q = np.asarray(query_vectors, dtype=np.float32).mean(axis=0)
+    q = q / max(float(np.linalg.norm(q)), 1e-12)
+    out = np.full(len(papers), -1.0)
+    for i, p in enumerate(papers):
+        if p is not None and len(p.vectors):
+            c = p.vectors.mean(axis=0)
+            out[i] = float(c @ q) / max(float(np.linalg.norm(c)), 1e-12)
+    return out
+
+
+def _final_weights(settings: Settings) -> tuple[float, float]:
+    w, a = float(settings.final_bm25_weight or 0.0), float(settings.abstract_weight or 0.0)
+    if not (0.0 <= w <= 1.0 and 0.0 <= a <= 1.0 and w + a <= 1.0):
+        raise QueryError(f"final_bm25_weight ({w:g}) and abstract_weight ({a:g}) must each be in 0..1 and sum to at most 1")
+    return w, a
+
+
 def _minmax(x: np.ndarray) -> np.ndarray:
     if x.size == 0:
         return x
@@ -184,10 +228,13 @@ def run_query(
                        for n, ms in enumerate(result.matches)]
     else:
         scores = first.copy()
-    if settings.final_bm25_weight and candidates:
-        w = float(settings.final_bm25_weight)
+    w, a = _final_weights(settings)
+    if (w or a) and candidates:
         bm25 = np.array([c.bm25 for c in candidates], dtype=np.float64)
-        scores = (1 - w) * _minmax(scores) + w * _minmax(bm25)
+        fused = (1 - w - a) * _minmax(scores) + w * _minmax(bm25)
+        if a:
+            fused += a * _minmax(abstract_similarity(q_vectors, [c.paper for c in candidates]))
+        scores = fused
     timings["rescore"] = round(1000 * (time.perf_counter() - t1), 2)
 
     order = sorted(range(len(candidates)), key=lambda i: (-scores[i], candidates[i].paper_id))

@@ -127,3 +127,38 @@ def test_query_on_an_empty_index(tmp_path):
     index = esqbe.open_index(str(tmp_path / "empty"))
     with pytest.raises(QueryError, match="index is empty"):
         index.query("x", facet="method")
+
+
+def test_abstract_weight_fuses_whole_abstract_similarity(small_index):
+    """abstract_weight=1: the ranking is by the cosine of mean query-facet vector and mean candidate vector."""
+    result = small_index.query(QID, facet="method", k=5, rescorer="summax", final_bm25_weight=0, abstract_weight=1.0)
+    q = small_index.backend.get([QID])[QID]
+    qv = q.vectors[[i for i, _ in result.query_sentences]].mean(axis=0)
+    qv /= np.linalg.norm(qv)
+    ids = [h.paper_id for h in result.hits]
+    cands = small_index.backend.get(ids)
+    sims = [float(cands[p].vectors.mean(axis=0) @ qv / np.linalg.norm(cands[p].vectors.mean(axis=0))) for p in ids]
+    assert sims == sorted(sims, reverse=True)
+    # the full ranking: nothing outside the hits is closer than the last hit
+    everything = small_index.query(QID, facet="method", k=39, final_bm25_weight=0, abstract_weight=1.0)
+    assert [h.paper_id for h in everything.hits[:5]] == ids
+    with pytest.raises(QueryError, match="sum to at most 1"):
+        small_index.query(QID, facet="method", final_bm25_weight=0.5, abstract_weight=0.6)
+
+
+def test_facet_settings_apply_to_their_facet_only(small_index):
+    from esqbe.api import Index
+
+    tuned = Index(small_index.backend, small_index.settings.replace(
+        facet_settings={"method": {"rescorer": "ts", "final_bm25_weight": 0.0, "candidate_facet": "all"}}), small_index.encoder)
+    plain_ts = small_index.query(QID, facet="method", k=5, rescorer="ts", final_bm25_weight=0.0, candidate_facet="all")
+    method = tuned.query(QID, facet="method", k=5)
+    assert method.rescorer == "ts"
+    assert [(h.paper_id, h.score) for h in method.hits] == [(h.paper_id, h.score) for h in plain_ts.hits]
+    assert tuned.query(QID, facet="result", k=5).rescorer == small_index.settings.rescorer
+    # a per-call setting wins over the facet's entry
+    assert tuned.query(QID, facet="method", k=5, rescorer="summax").rescorer == "summax"
+    for bad, msg in (({"methods": {"k": 3}}, "unknown facet"), ({"method": {"model": "x"}}, "cannot be set per facet")):
+        broken = Index(small_index.backend, small_index.settings.replace(facet_settings=bad), small_index.encoder)
+        with pytest.raises(QueryError, match=msg):
+            broken.query(QID, facet="method", k=3)
