@@ -170,7 +170,8 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
 @click.option("--k", "-k", type=int, help="Number of hits (default: 10).")
 @click.option("--rescorer", help="ts, summax, ot, asym, asym_token, or none (default from config: summax).")
 @click.option("--param", "params", multiple=True, help="Rescorer parameter KEY=VALUE, e.g. --param tau=0.5 (repeatable).")
-@click.option("--candidate-facet", type=click.Choice(["all", "same"]), help="kNN over all candidate sentences, or only those with the query's facet.")
+@click.option("--candidate-facet", type=click.Choice(["all", "same", "soft"]), help="Match all candidate sentences, only those with the query's facet, or all with a penalty for other facets (soft).")
+@click.option("--facet-penalty", type=float, help="With --candidate-facet soft: cosine penalty x (1 - the sentence's facet probability) (default 0.1).")
 @click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]), help="How BM25 and kNN are fused in the first stage.")
 @click.option("--bm25-weight", "final_bm25_weight", type=float, help="Fuse the rescorer's score with BM25 (0..1, per-query min-max).")
 @click.option("--abstract-weight", type=float, help="Fuse in whole-abstract similarity (mean sentence vectors; 0..1, per-query min-max; default 0).")
@@ -178,8 +179,8 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
 @encoder_options
 @backend_options
 @handle_errors
-def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, params, candidate_facet, fusion,
-              final_bm25_weight, abstract_weight, as_json, **kw):
+def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, params, candidate_facet, facet_penalty,
+              fusion, final_bm25_weight, abstract_weight, as_json, **kw):
     """Papers most similar to one paper in one aspect, with the sentences that matched.
 
     \b
@@ -198,7 +199,7 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, p
         except ValueError:
             raise click.BadParameter("expected comma-separated sentence indices, e.g. 0,2", param_hint="--sentences")
     overrides = {"k": k, "rescorer": rescorer, "candidate_facet": candidate_facet, "fusion": fusion,
-                 "final_bm25_weight": final_bm25_weight, "abstract_weight": abstract_weight}
+                 "final_bm25_weight": final_bm25_weight, "abstract_weight": abstract_weight, "facet_penalty": facet_penalty}
     if params:
         overrides["rescorer_params"] = _parse_params(params)
     with _open(kw, create=False) as index:
@@ -319,7 +320,8 @@ def eval_group():
 @click.option("--labels", "facets", type=click.Choice(["keep", "predict"]), default="keep", show_default=True, help="keep: the collection's sentence labels; predict: every paper's labels replaced by esqbe's tagger.")
 @click.option("--rescorer", help="ts, summax, ot, asym, asym_token, or none.")
 @click.option("--param", "params", multiple=True, help="Rescorer parameter KEY=VALUE (repeatable).")
-@click.option("--candidate-facet", type=click.Choice(["all", "same"]))
+@click.option("--candidate-facet", type=click.Choice(["all", "same", "soft"]), help="Candidate sentences matched: all, same facet, or soft (all, other facets penalised).")
+@click.option("--facet-penalty", type=float, help="With --candidate-facet soft: the penalty (default 0.1).")
 @click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]))
 @click.option("--bm25-weight", "final_bm25_weight", type=float, help="Fuse rescorer and BM25 scores (0..1).")
 @click.option("--abstract-weight", type=float, help="Fuse in whole-abstract similarity (0..1; default 0).")
@@ -327,8 +329,8 @@ def eval_group():
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="YAML settings file.")
 @encoder_options
 @handle_errors
-def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candidate_facet, fusion, final_bm25_weight,
-                     abstract_weight, as_json, config, **kw):
+def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candidate_facet, facet_penalty, fusion,
+                     final_bm25_weight, abstract_weight, as_json, config, **kw):
     """Re-rank every CSFCube query's pool through esqbe's query path and print the collection's metrics.
 
     \b
@@ -341,7 +343,8 @@ def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candid
     from esqbe.evaluate import check_conformance, evaluate_csfcube, format_table
 
     overrides = {"rescorer": rescorer, "candidate_facet": candidate_facet, "fusion": fusion,
-                 "final_bm25_weight": final_bm25_weight, "abstract_weight": abstract_weight, **kw}
+                 "final_bm25_weight": final_bm25_weight, "abstract_weight": abstract_weight,
+                 "facet_penalty": facet_penalty, **kw}
     if params:
         overrides["rescorer_params"] = _parse_params(params)
     settings = load_settings(config, **overrides)

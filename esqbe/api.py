@@ -135,12 +135,16 @@ class Index:
         tagged = 0
         if any(needs_tags):
             labels = self.tagger.collect(papers) if on_batch is not None else self.tagger.tag(papers)
+            # soft labels (class probabilities) kept beside the hard ones, for facet matching that tolerates tagger errors
+            probs = self.tagger.collect_probabilities(papers) if on_batch is not None else [None] * len(papers)
             from .papers import normalize_label
 
-            for p, need, lab in zip(papers, needs_tags, labels):
+            for p, need, lab, prob in zip(papers, needs_tags, labels, probs):
                 if need:
                     p.facets = [normalize_label(x) for x in lab]
                     p.metadata["facets_predicted"] = True
+                    if prob is not None:
+                        p.metadata["facet_probs"] = prob
                     tagged += 1
         return [IndexedPaper(p, v, self.encoder.token_counts(p)) for p, v in zip(papers, vectors)], tagged
 

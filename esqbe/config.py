@@ -47,6 +47,8 @@ class Settings:
     fusion: str = "rrf"  # rrf | linear | bm25 | knn (first stage)
     fusion_bm25_weight: float = 0.5  # for linear first-stage fusion
     candidate_facet: str = "same"  # same: a facet query matches candidate sentences of that facet | all: every sentence
+    # | soft: every sentence, a sentence of another facet losing facet_penalty x (1 - its probability of the facet)
+    facet_penalty: float = 0.1  # cosine penalty of candidate_facet=soft
     final_bm25_weight: float = 0.1  # rescorer score fused with BM25 (per-query min-max), 0 = rescorer alone
     abstract_weight: float = 0.0  # whole-abstract similarity fused into the final score (per-query min-max), 0 = off
     #: per query facet, settings that replace the ones above for queries of that facet, e.g.

@@ -21,7 +21,7 @@ from .search import QueryError
 
 #: the settings that change a ranking: a run's name and results are keyed by them
 RANKING_KEYS = ("encoder_mode", "candidate_facet", "fusion", "fusion_bm25_weight", "rescorer", "rescorer_params",
-                "final_bm25_weight", "rescore_depth", "knn_k", "bm25_k", "abstract_weight", "facet_settings")
+                "final_bm25_weight", "rescore_depth", "knn_k", "bm25_k", "abstract_weight", "facet_settings", "facet_penalty")
 
 
 @dataclass
@@ -46,7 +46,8 @@ def config_name(settings: Settings, facets: str) -> str:
         return model + "default"
     parts = [model + d["encoder_mode"], d["rescorer"]]
     parts += [f"{k}{v}" for k, v in sorted(d["rescorer_params"].items())]
-    parts += [f"cand-{d['candidate_facet']}", f"bm25w{d['final_bm25_weight']:g}"]
+    parts += [f"cand-{d['candidate_facet']}" + (f"{d['facet_penalty']:g}" if d["candidate_facet"] == "soft" else ""),
+              f"bm25w{d['final_bm25_weight']:g}"]
     if d["fusion"] != "rrf":
         parts.append(f"fusion-{d['fusion']}")
     if d["abstract_weight"]:
@@ -82,6 +83,8 @@ def command_for(config: dict, data_dir: str = "../shared/data/csfcube-dev") -> s
         parts.append(f"--param {k}={json.dumps(v)}")
     if config["candidate_facet"] != defaults.candidate_facet:
         parts.append(f"--candidate-facet {config['candidate_facet']}")
+    if config.get("facet_penalty", defaults.facet_penalty) != defaults.facet_penalty:
+        parts.append(f"--facet-penalty {config['facet_penalty']}")
     if config["fusion"] != defaults.fusion:
         parts.append(f"--fusion {config['fusion']}")
     if config["final_bm25_weight"] != defaults.final_bm25_weight:

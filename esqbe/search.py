@@ -16,10 +16,12 @@ from .config import Settings
 from .papers import QUERY_FACETS, Paper, normalize_label
 from .rescore import CandidateBatch, QueryBatch, RescoreContext, make_rescorer
 
-CANDIDATE_FACET_MODES = ("all", "same")
+CANDIDATE_FACET_MODES = ("all", "same", "soft")
+#: the class order of the tagger's soft labels (`Paper.metadata["facet_probs"]`)
+SOFT_FACET_ORDER = ("background", "method", "result", "other")
 #: the settings a `facet_settings` entry may change: how one query is ranked, nothing about the index
 FACET_SETTING_KEYS = ("k", "rescorer", "rescorer_params", "rescore_depth", "knn_k", "bm25_k", "fusion",
-                      "fusion_bm25_weight", "candidate_facet", "final_bm25_weight", "abstract_weight")
+                      "fusion_bm25_weight", "candidate_facet", "facet_penalty", "final_bm25_weight", "abstract_weight")
 
 
 class QueryError(ValueError):
@@ -161,6 +163,19 @@ def _final_weights(settings: Settings) -> tuple[float, float]:
     return w, a
 
 
+def facet_probability(paper: Paper, facet: str) -> np.ndarray:
+    """Per sentence, the probability that it has `facet`: the tagger's soft label where the paper has
+    one (`metadata["facet_probs"]`, esqbe classes background, method, result, other), else 1 for
+    sentences labelled `facet` and 0 for the rest."""
+    probs = (paper.metadata or {}).get("facet_probs")
+    if facet in SOFT_FACET_ORDER and probs is not None and len(probs) == len(paper.sentences):
+        try:
+            return np.asarray(probs, dtype=np.float64)[:, SOFT_FACET_ORDER.index(facet)]
+        except (TypeError, ValueError, IndexError):
+            pass  # malformed soft labels: fall back to the hard ones
+    return np.array([1.0 if f == facet else 0.0 for f in paper.facets])
+
+
 def _minmax(x: np.ndarray) -> np.ndarray:
     if x.size == 0:
         return x
@@ -217,7 +232,13 @@ def run_query(
     matches: list[list[tuple[int, int, float]]] = [[] for _ in candidates]
     if rescorer is not None and candidates:
         views = [facet_view(c.paper, request.facet) for c in candidates]
-        batch = CandidateBatch.from_papers([v for v, _ in views])
+        bias = None
+        if facet and settings.candidate_facet == "soft":
+            penalty = float(settings.facet_penalty)
+            if not penalty >= 0:
+                raise QueryError(f"facet_penalty must be a number >= 0 (got {settings.facet_penalty!r})")
+            bias = [-penalty * (1.0 - facet_probability(v.paper, normalize_label(facet))) for v, _ in views]
+        batch = CandidateBatch.from_papers([v for v, _ in views], bias=bias)
         result = rescorer(QueryBatch(q_vectors, q_sentences), batch)
         scores = np.asarray(result.scores, dtype=np.float64)
         finite = np.isfinite(scores)

@@ -162,3 +162,31 @@ def test_facet_settings_apply_to_their_facet_only(small_index):
         broken = Index(small_index.backend, small_index.settings.replace(facet_settings=bad), small_index.encoder)
         with pytest.raises(QueryError, match=msg):
             broken.query(QID, facet="method", k=3)
+
+
+def test_soft_candidate_facets_penalise_other_facets(small_index):
+    """candidate_facet=soft: summax over all candidate sentences, a sentence of another facet losing
+    facet_penalty (hard labels: probability 0 or 1); penalty 0 is `all`, a huge penalty is `same`."""
+    q = small_index.backend.get([QID])[QID]
+    common = dict(facet="method", k=39, rescorer="summax", final_bm25_weight=0)
+    soft = small_index.query(QID, candidate_facet="soft", facet_penalty=0.2, **common)
+    idx = [i for i, _ in soft.query_sentences]
+    for h in soft.hits[:5]:
+        c = small_index.backend.get([h.paper_id])[h.paper_id]
+        pen = np.array([0.0 if f == "method" else 0.2 for f in c.paper.facets])
+        expected = ((q.vectors[idx] @ c.vectors.T) - pen[None, :]).max(axis=1).mean()
+        assert h.score == pytest.approx(expected, abs=1e-5)
+    zero = small_index.query(QID, candidate_facet="soft", facet_penalty=0.0, **common)
+    assert [h.paper_id for h in zero.hits] == [h.paper_id for h in small_index.query(QID, candidate_facet="all", **common).hits]
+    with pytest.raises(QueryError, match="facet_penalty"):
+        small_index.query(QID, candidate_facet="soft", facet_penalty=-1, **common)
+
+
+def test_soft_labels_come_from_the_taggers_probabilities():
+    from esqbe.papers import Paper
+    from esqbe.search import facet_probability
+
+    p = Paper("p", "", ["a.", "b."], ["method", "result"], {"facet_probs": [[0.1, 0.6, 0.2, 0.1], [0.0, 0.3, 0.7, 0.0]]})
+    assert facet_probability(p, "method").tolist() == [0.6, 0.3]
+    p.metadata["facet_probs"] = [[0.1]]  # malformed: the hard labels decide
+    assert facet_probability(p, "method").tolist() == [1.0, 0.0]
