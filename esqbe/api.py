@@ -80,6 +80,7 @@ class Index:
         self.settings = settings
         self._encoder = encoder
         self._tagger = None
+        self._tagger_shares_encoder = False
 
     # --- the encoder, checked against what the index was built with ------------------------------
     def _requested_meta(self, encoder) -> IndexMeta:
@@ -106,18 +107,34 @@ class Index:
             self.check_model()
             key = (model, self.settings.device, self.settings.batch_size)
             if key not in _ENCODERS:
-                _ENCODERS[key] = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size)
+                from .encoder import ModelNotFoundError
+
+                try:
+                    _ENCODERS[key] = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size)
+                except ModelNotFoundError as e:
+                    if self.settings.model is None and meta is not None:  # the index names its model; where is it?
+                        raise ModelNotFoundError(f"{e}. The index was built with model {meta.model!r}: give its directory "
+                                                 f"with --model DIR (or ESQBE_MODEL, or `model:` in the config file)") from None
+                    raise
             self._encoder = _ENCODERS[key]
         return self._encoder
 
     @property
     def tagger(self):
-        """The shipped facet tagger for this encoder, or None if none can be used."""
+        """The shipped facet tagger, or None if none can be used.
+
+        It reuses this index's encoder pass when its weights belong to that encoder; with another
+        encoder (e.g. `--model` all-mpnet-base-v2) it runs the encoder it was trained on itself."""
         if self._tagger is None:
             try:
-                from .tagger import FacetTagger
+                from .tagger import FacetTagger, TaggerMismatchError
 
-                self._tagger = FacetTagger.load(encoder=self.encoder)
+                try:
+                    self._tagger = FacetTagger.load(encoder=self.encoder)
+                    self._tagger_shares_encoder = True
+                except TaggerMismatchError:
+                    self._tagger = FacetTagger.load()  # a second encoder pass, its own
+                    self._tagger_shares_encoder = False
             except (ImportError, FileNotFoundError):
                 self._tagger = False  # no tagger weights in this build: sentences stay `unlabeled`
         return self._tagger or None
@@ -129,14 +146,17 @@ class Index:
         if any(needs_tags) and self.tagger is None:
             needs_tags = [False] * len(papers)
         on_batch = None
-        if any(needs_tags) and self.settings.encoder_mode == "contextual":
+        if any(needs_tags) and self.settings.encoder_mode == "contextual" and self._tagger_shares_encoder:
             on_batch = self.tagger.listener()
         vectors = self.encoder.sentence_vectors(papers, self.settings.encoder_mode, on_batch=on_batch)
         tagged = 0
         if any(needs_tags):
-            labels = self.tagger.collect(papers) if on_batch is not None else self.tagger.tag(papers)
-            # soft labels (class probabilities) kept beside the hard ones, for facet matching that tolerates tagger errors
-            probs = self.tagger.collect_probabilities(papers) if on_batch is not None else [None] * len(papers)
+            # labels and soft labels (class probabilities, kept beside the hard ones for facet matching
+            # that tolerates tagger errors), from this encoder pass or the tagger's own
+            if on_batch is not None:
+                labels, probs = self.tagger.collect(papers), self.tagger.collect_probabilities(papers)
+            else:
+                labels, probs = self.tagger.tag_with_probabilities(papers)
             from .papers import normalize_label
 
             for p, need, lab, prob in zip(papers, needs_tags, labels, probs):

@@ -393,6 +393,13 @@ class FacetTagger:
         """Standalone tagging: runs the encoder itself (use a listener when the index encodes anyway)."""
         return self._tag_encoded(list(papers), raw, progress)
 
+    def tag_with_probabilities(self, papers: Sequence[Paper], *, progress: bool = False):
+        """Standalone tagging: (esqbe-facet labels, soft labels) per paper (see `TagListener.facet_probabilities`)."""
+        papers = list(papers)
+        listener = TagListener(self)
+        self.encoder.contextual_sentence_vectors(papers, on_batch=listener, progress=progress)
+        return listener.collect(papers), listener.facet_probabilities(papers)
+
     def _tag_encoded(self, papers: list[Paper], raw: bool, progress: bool) -> list[list[str]]:
         listener = TagListener(self)  # not self._last: a standalone call must not disturb an indexer's listener
         self.encoder.contextual_sentence_vectors(papers, on_batch=listener, progress=progress)
