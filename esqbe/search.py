@@ -17,11 +17,12 @@ from .papers import QUERY_FACETS, Paper, normalize_label
 from .rescore import CandidateBatch, QueryBatch, RescoreContext, make_rescorer
 
 CANDIDATE_FACET_MODES = ("all", "same", "soft")
+BM25_TEXTS = ("abstract", "facet")
 #: the class order of the tagger's soft labels (`Paper.metadata["facet_probs"]`)
 SOFT_FACET_ORDER = ("background", "method", "result", "other")
 #: the settings a `facet_settings` entry may change: how one query is ranked, nothing about the index
 FACET_SETTING_KEYS = ("k", "rescorer", "rescorer_params", "rescore_depth", "knn_k", "bm25_k", "fusion",
-                      "fusion_bm25_weight", "candidate_facet", "facet_penalty", "final_bm25_weight", "abstract_weight")
+                      "fusion_bm25_weight", "candidate_facet", "facet_penalty", "final_bm25_weight", "abstract_weight", "bm25_text")
 
 
 class QueryError(ValueError):
@@ -197,6 +198,8 @@ def run_query(
     """Rank papers by similarity to the chosen sentences of `query`."""
     if settings.candidate_facet not in CANDIDATE_FACET_MODES:
         raise QueryError(f"candidate_facet must be one of {', '.join(CANDIDATE_FACET_MODES)}")
+    if settings.bm25_text not in BM25_TEXTS:
+        raise QueryError(f"bm25_text must be one of {', '.join(BM25_TEXTS)} (got {settings.bm25_text!r})")
     timings = {}
     t0 = time.perf_counter()
     q_sentences = [query.paper.sentences[i] for i in indices]
@@ -216,6 +219,7 @@ def run_query(
         restrict_to=restrict,
         fusion=settings.fusion,
         bm25_weight=settings.fusion_bm25_weight,
+        bm25_facet=normalize_label(facet) if (facet and settings.bm25_text == "facet") else None,
     )
     candidates = backend.first_stage(request)
     if restrict is not None:

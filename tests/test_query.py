@@ -190,3 +190,20 @@ def test_soft_labels_come_from_the_taggers_probabilities():
     assert facet_probability(p, "method").tolist() == [0.6, 0.3]
     p.metadata["facet_probs"] = [[0.1]]  # malformed: the hard labels decide
     assert facet_probability(p, "method").tolist() == [1.0, 0.0]
+
+
+def test_bm25_text_facet_scores_the_candidates_facet_sentences(small_index):
+    """bm25_text=facet: BM25 over each candidate's sentences of the query's facet; a candidate whose
+    only match is outside that facet gets no BM25 score."""
+    res = small_index.query(QID, facet="method", k=39, rescorer="none", fusion="bm25", bm25_text="facet", final_bm25_weight=0)
+    whole = small_index.query(QID, facet="method", k=39, rescorer="none", fusion="bm25", final_bm25_weight=0)
+    assert [h.bm25 for h in res.hits] != [h.bm25 for h in whole.hits]
+    q = small_index.backend.get([QID])[QID].paper
+    words = {w.lower().strip(".,;:()") for i in q.facet_indices("method") for w in q.sentences[i].split()}
+    for h in res.hits:
+        if h.bm25 > 0:
+            c = small_index.backend.get([h.paper_id])[h.paper_id].paper
+            text = " ".join(c.sentences[i] for i in c.facet_indices("method")).lower()
+            assert text and any(w and w in text for w in words)
+    with pytest.raises(QueryError, match="bm25_text"):
+        small_index.query(QID, facet="method", bm25_text="title")

@@ -87,6 +87,8 @@ class FirstStageRequest:
     fusion: str = "rrf"
     bm25_weight: float = 0.5
     with_papers: bool = True
+    #: BM25 over the candidates' sentences of this facet instead of title + abstract (None: title + abstract)
+    bm25_facet: str | None = None
 
 
 @dataclass

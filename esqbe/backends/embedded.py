@@ -393,7 +393,8 @@ class EmbeddedBackend(Backend):
         return {kn["ids"][p]: s / q.shape[0] for p, s in total.items()}
 
     def first_stage(self, request: FirstStageRequest) -> list[Candidate]:
-        bm25 = self.bm25(request.text, request.bm25_k, exclude=request.exclude, restrict_to=request.restrict_to)
+        fields = (f"facet_{request.bm25_facet}",) if request.bm25_facet else ("title", "abstract")
+        bm25 = self.bm25(request.text, request.bm25_k, exclude=request.exclude, restrict_to=request.restrict_to, fields=fields)
         knn = self.knn(request.vectors, request.knn_k, facet=request.facet, exclude=request.exclude,
                        restrict_to=request.restrict_to)
         fused = top_k(fuse(bm25, knn, request.fusion, request.bm25_weight), request.k)
