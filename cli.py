@@ -176,12 +176,13 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
 @click.option("--bm25-weight", "final_bm25_weight", type=float, help="Fuse the rescorer's score with BM25 (0..1, per-query min-max).")
 @click.option("--abstract-weight", type=float, help="Fuse in whole-abstract similarity (mean sentence vectors; 0..1, per-query min-max; default 0).")
 @click.option("--bm25-text", type=click.Choice(["abstract", "facet"]), help="BM25 over title+abstract (default) or over the candidate's sentences of the query's facet (embedded backend).")
+@click.option("--query-facet-threshold", type=float, help="Query papers with soft (predicted) labels: use every sentence whose facet probability reaches this (default 0.3; 0: their hard labels).")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
 @encoder_options
 @backend_options
 @handle_errors
 def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, params, candidate_facet, facet_penalty,
-              fusion, final_bm25_weight, abstract_weight, bm25_text, as_json, **kw):
+              fusion, final_bm25_weight, abstract_weight, bm25_text, query_facet_threshold, as_json, **kw):
     """Papers most similar to one paper in one aspect, with the sentences that matched.
 
     \b
@@ -201,7 +202,7 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, p
             raise click.BadParameter("expected comma-separated sentence indices, e.g. 0,2", param_hint="--sentences")
     overrides = {"k": k, "rescorer": rescorer, "candidate_facet": candidate_facet, "fusion": fusion,
                  "final_bm25_weight": final_bm25_weight, "abstract_weight": abstract_weight, "facet_penalty": facet_penalty,
-                 "bm25_text": bm25_text}
+                 "bm25_text": bm25_text, "query_facet_threshold": query_facet_threshold}
     if params:
         overrides["rescorer_params"] = _parse_params(params)
     with _open(kw, create=False) as index:
@@ -328,12 +329,13 @@ def eval_group():
 @click.option("--bm25-weight", "final_bm25_weight", type=float, help="Fuse rescorer and BM25 scores (0..1).")
 @click.option("--abstract-weight", type=float, help="Fuse in whole-abstract similarity (0..1; default 0).")
 @click.option("--bm25-text", type=click.Choice(["abstract", "facet"]), help="BM25 over title+abstract (default) or the candidate's sentences of the query's facet.")
+@click.option("--query-facet-threshold", type=float, help="Query papers with predicted labels: sentences whose facet probability reaches this form the query (default 0.3; 0: hard labels).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="YAML settings file.")
 @encoder_options
 @handle_errors
 def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candidate_facet, facet_penalty, fusion,
-                     final_bm25_weight, abstract_weight, bm25_text, as_json, config, **kw):
+                     final_bm25_weight, abstract_weight, bm25_text, query_facet_threshold, as_json, config, **kw):
     """Re-rank every CSFCube query's pool through esqbe's query path and print the collection's metrics.
 
     \b
@@ -347,7 +349,8 @@ def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candid
 
     overrides = {"rescorer": rescorer, "candidate_facet": candidate_facet, "fusion": fusion,
                  "final_bm25_weight": final_bm25_weight, "abstract_weight": abstract_weight,
-                 "facet_penalty": facet_penalty, "bm25_text": bm25_text, **kw}
+                 "facet_penalty": facet_penalty, "bm25_text": bm25_text,
+                 "query_facet_threshold": query_facet_threshold, **kw}
     if params:
         overrides["rescorer_params"] = _parse_params(params)
     settings = load_settings(config, **overrides)

@@ -273,7 +273,7 @@ class Index:
                 paper.facets = [normalize_label(x) for x in paper.facets]
             vectors = self.encoder.sentence_vectors([paper], meta.encoder_mode)[0]
             query = IndexedPaper(paper, vectors)
-        indices = select_query_sentences(query, facet, sentences)
+        indices = select_query_sentences(query, facet, sentences, settings.query_facet_threshold)
         from .rescore import RescoreContext
 
         context = RescoreContext(encoder=_LazyEncoder(self), backend=self.backend)

@@ -22,7 +22,7 @@ from .search import QueryError
 #: the settings that change a ranking: a run's name and results are keyed by them
 RANKING_KEYS = ("encoder_mode", "candidate_facet", "fusion", "fusion_bm25_weight", "rescorer", "rescorer_params",
                 "final_bm25_weight", "rescore_depth", "knn_k", "bm25_k", "abstract_weight", "facet_settings", "facet_penalty",
-                "bm25_text")
+                "bm25_text", "query_facet_threshold")
 
 
 @dataclass
@@ -48,9 +48,11 @@ def config_name(settings: Settings, facets: str) -> str:
     parts = [model + d["encoder_mode"], d["rescorer"]]
     parts += [f"{k}{v}" for k, v in sorted(d["rescorer_params"].items())]
     parts += [f"cand-{d['candidate_facet']}" + (f"{d['facet_penalty']:g}" if d["candidate_facet"] == "soft" else ""),
-              f"bm25w{d['final_bm25_weight']:g}" + ("-facet-text" if d["bm25_text"] == "facet" else "")]
+              f"bm25w{d['final_bm25_weight']:g}" + (f"-{d['bm25_text']}-text" if d["bm25_text"] != Settings().bm25_text else "")]
     if d["fusion"] != "rrf":
         parts.append(f"fusion-{d['fusion']}")
+    if d["query_facet_threshold"] != Settings().query_facet_threshold:
+        parts.append(f"qthr{d['query_facet_threshold']:g}")
     if d["abstract_weight"]:
         parts.append(f"absw{d['abstract_weight']:g}")
     for facet, entry in sorted(d["facet_settings"].items()):
@@ -92,6 +94,8 @@ def command_for(config: dict, data_dir: str = "../shared/data/csfcube-dev") -> s
         parts.append(f"--bm25-weight {config['final_bm25_weight']}")
     if config.get("bm25_text", defaults.bm25_text) != defaults.bm25_text:
         parts.append(f"--bm25-text {config['bm25_text']}")
+    if config.get("query_facet_threshold", defaults.query_facet_threshold) != defaults.query_facet_threshold:
+        parts.append(f"--query-facet-threshold {config['query_facet_threshold']}")
     if config.get("abstract_weight", 0.0) != defaults.abstract_weight:
         parts.append(f"--abstract-weight {config['abstract_weight']}")
     if config.get("facet_settings", {}) != defaults.facet_settings and not config.get("config_file"):

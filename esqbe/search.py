@@ -22,7 +22,8 @@ BM25_TEXTS = ("abstract", "facet")
 SOFT_FACET_ORDER = ("background", "method", "result", "other")
 #: the settings a `facet_settings` entry may change: how one query is ranked, nothing about the index
 FACET_SETTING_KEYS = ("k", "rescorer", "rescorer_params", "rescore_depth", "knn_k", "bm25_k", "fusion",
-                      "fusion_bm25_weight", "candidate_facet", "facet_penalty", "final_bm25_weight", "abstract_weight", "bm25_text")
+                      "fusion_bm25_weight", "candidate_facet", "facet_penalty", "final_bm25_weight", "abstract_weight", "bm25_text",
+                      "query_facet_threshold")
 
 
 class QueryError(ValueError):
@@ -76,9 +77,19 @@ class QueryResult:
         }
 
 
-def select_query_sentences(paper: IndexedPaper, facet: str | None, sentences: Sequence[int] | None) -> list[int]:
-    """Which of the paper's sentences form the query (facet labels, chosen indices, or all)."""
+def select_query_sentences(paper: IndexedPaper, facet: str | None, sentences: Sequence[int] | None,
+                           threshold: float | None = None) -> list[int]:
+    """Which of the paper's sentences form the query (facet labels, chosen indices, or all).
+
+    `threshold` (> 0): a paper with soft labels (tagger probabilities) contributes every sentence whose
+    probability of the facet reaches it (at least its most probable one), not just those whose
+    predicted label is the facet; papers with given labels are unaffected. 0 or None: hard labels."""
     p = paper.paper
+    if threshold and facet is not None and sentences is None and normalize_label(facet) in QUERY_FACETS \
+            and (p.metadata or {}).get("facet_probs") is not None:
+        probs = facet_probability(p, normalize_label(facet))
+        if len(probs) == len(p.sentences) and len(probs):
+            return [i for i in range(len(probs)) if probs[i] >= float(threshold)] or [int(np.argmax(probs))]
     if facet is not None and sentences is not None:
         raise QueryError("give either a facet or sentence indices, not both")
     if sentences is not None:
@@ -219,7 +230,7 @@ def run_query(
         restrict_to=restrict,
         fusion=settings.fusion,
         bm25_weight=settings.fusion_bm25_weight,
-        bm25_facet=normalize_label(facet) if (facet and settings.bm25_text == "facet") else None,
+        bm25_facet=normalize_label(facet) if (facet and settings.bm25_text == "facet" and backend.facet_text) else None,
     )
     candidates = backend.first_stage(request)
     if restrict is not None:

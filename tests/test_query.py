@@ -58,10 +58,10 @@ def test_a_paper_finds_its_own_sentences_first(small_index):
     assert result.hits[0].score > 0.95
 
 
-def test_default_facet_query_matches_candidate_sentences_of_that_facet(small_index):
-    """Default (candidate_facet=same): the matched candidate sentence carries the query's facet, and a
+def test_same_facet_query_matches_candidate_sentences_of_that_facet(small_index):
+    """candidate_facet=same: the matched candidate sentence carries the query's facet, and a
     candidate without any such sentence ranks below every candidate that has one (before BM25 fusion)."""
-    result = small_index.query(QID, facet="result", k=39, final_bm25_weight=0)
+    result = small_index.query(QID, facet="result", k=39, final_bm25_weight=0, candidate_facet="same", bm25_text="abstract")
     has = [("result" in small_index.backend.get([h.paper_id])[h.paper_id].paper.facets) for h in result.hits]
     assert any(has) and not all(has)
     assert has == sorted(has, reverse=True)
@@ -196,7 +196,7 @@ def test_bm25_text_facet_scores_the_candidates_facet_sentences(small_index):
     """bm25_text=facet: BM25 over each candidate's sentences of the query's facet; a candidate whose
     only match is outside that facet gets no BM25 score."""
     res = small_index.query(QID, facet="method", k=39, rescorer="none", fusion="bm25", bm25_text="facet", final_bm25_weight=0)
-    whole = small_index.query(QID, facet="method", k=39, rescorer="none", fusion="bm25", final_bm25_weight=0)
+    whole = small_index.query(QID, facet="method", k=39, rescorer="none", fusion="bm25", final_bm25_weight=0, bm25_text="abstract")
     assert [h.bm25 for h in res.hits] != [h.bm25 for h in whole.hits]
     q = small_index.backend.get([QID])[QID].paper
     words = {w.lower().strip(".,;:()") for i in q.facet_indices("method") for w in q.sentences[i].split()}

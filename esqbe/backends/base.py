@@ -122,6 +122,9 @@ class Backend(ABC):
     """Storage + first-stage retrieval for one index."""
 
     name: str = "backend"
+    #: whether BM25 can score a paper's sentences of one facet (`FirstStageRequest.bm25_facet`);
+    #: without it, `bm25_text: facet` scores title + abstract
+    facet_text: bool = False
 
     @abstractmethod
     def meta(self) -> IndexMeta | None:

@@ -43,6 +43,7 @@ class EmbeddedBackend(Backend):
     """A local index directory (see module docstring)."""
 
     name = "embedded"
+    facet_text = True
 
     def __init__(self, path: str | os.PathLike, *, exact_threshold: int = EXACT_THRESHOLD, create: bool = True):
         self.path = Path(path)

@@ -603,9 +603,6 @@ class EngineBackend(Backend):
         return responses
 
     def first_stage(self, request: FirstStageRequest) -> list[Candidate]:
-        if request.bm25_facet:
-            raise BackendError("bm25_text: facet (BM25 over a facet's sentences) needs per-facet text fields, which only "
-                               "the embedded backend has so far; use bm25_text: abstract with this engine")
         meta = self._index_meta()
         q = np.asarray(request.vectors, dtype=np.float32)
         if q.ndim == 1:
