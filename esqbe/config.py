@@ -51,7 +51,7 @@ class Settings:
     facet_penalty: float = 0.2  # cosine penalty of candidate_facet=soft
     query_facet_threshold: float = 0.3  # query papers with soft labels: sentences with facet probability >= this form the query; 0 = their hard labels
     final_bm25_weight: float = 0.1  # rescorer score fused with BM25 (per-query min-max), 0 = rescorer alone
-    bm25_text: str = "facet"  # what BM25 scores of a candidate: abstract (title + abstract) | facet (its sentences of the query's facet; embedded backend)
+    bm25_text: str = "abstract"  # what BM25 scores of a candidate: abstract (title + abstract) | facet (its sentences of the query's facet; embedded backend)
     abstract_weight: float = 0.0  # whole-abstract similarity fused into the final score (per-query min-max), 0 = off
     #: per query facet, settings that replace the ones above for queries of that facet, e.g.
     #: {"background": {"abstract_weight": 0.3}, "method": {"rescorer": "asym"}} (see esqbe.search.FACET_SETTING_KEYS)
