@@ -292,7 +292,8 @@ def encode_cmd(files, out_dir, shard, fmt, strict, facets, as_json, quiet, confi
 @click.option("--k", "-k", type=K, help=f"Number of hits, 1..{RANGES['k'][1]} (default: 10).")
 @click.option("--rescorer", help="ts, summax, ot, asym, asym_token, or none (default from config: summax).")
 @click.option("--param", "params", multiple=True, help="Rescorer parameter KEY=VALUE, e.g. --param tau=0.5 (repeatable).")
-@click.option("--candidate-facet", type=click.Choice(["all", "same"]), help="kNN over all candidate sentences, or only those with the query's facet.")
+@click.option("--candidate-facet", type=click.Choice(["all", "same", "soft"]), help="Match all candidate sentences, only those with the query's facet, or all with a penalty for other facets (soft).")
+@click.option("--facet-penalty", type=float, help="With --candidate-facet soft: cosine penalty x (1 - the sentence's facet probability) (default 0.2).")
 @click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]), help="How BM25 and kNN are fused in the first stage.")
 @click.option("--bm25-weight", "final_bm25_weight", type=WEIGHT, help="Fuse the rescorer's score with BM25 (0..1, per-query min-max; 0 = rescorer alone).")
 @click.option("--filter", "filters", multiple=True, metavar="COND",
@@ -300,12 +301,16 @@ def encode_cmd(files, out_dir, shard, fmt, strict, facets, as_json, quiet, confi
                    "'year>=2019', 'venue in (ACL, EMNLP)', 'author!=\"Jane Doe\"', 'external_ids.doi exists'. "
                    "Operators = != < <= > >= in, not in, exists, not exists.")
 @click.option("--engine-filter", metavar="JSON", help="Elasticsearch/OpenSearch only: a query DSL clause the papers must also match, e.g. '{\"term\": {\"lang\": \"en\"}}'.")
+@click.option("--abstract-weight", type=WEIGHT, help="Fuse in whole-abstract similarity (mean sentence vectors; 0..1, per-query min-max; default 0).")
+@click.option("--bm25-text", type=click.Choice(["abstract", "facet"]), help="BM25 over title+abstract (default) or over the candidate's sentences of the query's facet (embedded backend).")
+@click.option("--query-facet-threshold", type=float, help="Query papers with soft (predicted) labels: use every sentence whose facet probability reaches this (default 0: their hard labels; 0.3 recommended with predicted labels).")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
 @encoder_options
 @backend_options
 @handle_errors
-def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, params, candidate_facet, fusion,
-              final_bm25_weight, filters, engine_filter, as_json, **kw):
+def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, params, candidate_facet, facet_penalty,
+              fusion, final_bm25_weight, abstract_weight, bm25_text, query_facet_threshold, filters, engine_filter,
+              as_json, **kw):
     """Papers most similar to one paper in one aspect, with the sentences that matched.
 
     \b
@@ -339,7 +344,8 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, p
         except ValueError:
             raise click.BadParameter("expected comma-separated sentence indices, e.g. 0,2", param_hint="--sentences")
     overrides = {"k": k, "rescorer": rescorer, "candidate_facet": candidate_facet, "fusion": fusion,
-                 "final_bm25_weight": final_bm25_weight}
+                 "final_bm25_weight": final_bm25_weight, "abstract_weight": abstract_weight, "facet_penalty": facet_penalty,
+                 "bm25_text": bm25_text, "query_facet_threshold": query_facet_threshold}
     if params:
         overrides["rescorer_params"] = _parse_params(params)
     with _open(kw, create=False) as index:
@@ -663,15 +669,19 @@ def eval_group():
 @click.option("--labels", "facets", type=click.Choice(["keep", "predict"]), default="keep", show_default=True, help="keep: the collection's sentence labels; predict: every paper's labels replaced by esqbe's tagger.")
 @click.option("--rescorer", help="ts, summax, ot, asym, asym_token, or none.")
 @click.option("--param", "params", multiple=True, help="Rescorer parameter KEY=VALUE (repeatable).")
-@click.option("--candidate-facet", type=click.Choice(["all", "same"]))
+@click.option("--candidate-facet", type=click.Choice(["all", "same", "soft"]), help="Candidate sentences matched: all, same facet, or soft (all, other facets penalised).")
+@click.option("--facet-penalty", type=float, help="With --candidate-facet soft: the penalty (default 0.2).")
 @click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]))
 @click.option("--bm25-weight", "final_bm25_weight", type=WEIGHT, help="Fuse rescorer and BM25 scores (0..1).")
+@click.option("--abstract-weight", type=WEIGHT, help="Fuse in whole-abstract similarity (0..1; default 0).")
+@click.option("--bm25-text", type=click.Choice(["abstract", "facet"]), help="BM25 over title+abstract (default) or the candidate's sentences of the query's facet.")
+@click.option("--query-facet-threshold", type=float, help="Query papers with predicted labels: sentences whose facet probability reaches this form the query (default 0: hard labels; 0.3 recommended with predicted labels).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="YAML settings file.")
 @encoder_options
 @handle_errors
-def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candidate_facet, fusion, final_bm25_weight,
-                     as_json, config, **kw):
+def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candidate_facet, facet_penalty, fusion,
+                     final_bm25_weight, abstract_weight, bm25_text, query_facet_threshold, as_json, config, **kw):
     """Re-rank every CSFCube query's pool through esqbe's query path and print the collection's metrics.
 
     \b
@@ -684,13 +694,15 @@ def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candid
     from esqbe.evaluate import check_conformance, evaluate_csfcube, format_table
 
     overrides = {"rescorer": rescorer, "candidate_facet": candidate_facet, "fusion": fusion,
-                 "final_bm25_weight": final_bm25_weight, **kw}
+                 "final_bm25_weight": final_bm25_weight, "abstract_weight": abstract_weight,
+                 "facet_penalty": facet_penalty, "bm25_text": bm25_text,
+                 "query_facet_threshold": query_facet_threshold, **kw}
     if params:
         overrides["rescorer_params"] = _parse_params(params)
     settings = load_settings(config, **overrides)
     conformance = check_conformance(data_dir)
     result = evaluate_csfcube(data_dir, settings, facets=facets, index_path=index_path, out=out,
-                              progress=sys.stderr.isatty())
+                              progress=sys.stderr.isatty(), config_file=config)
     if as_json:
         data = {"name": result.name, "config": result.config, "splits": result.splits}
         if conformance:

@@ -26,7 +26,8 @@ from .filters import FilterError, MetadataFilter, coerce_filters
 from .papers import Paper, normalize_label, split_sentences
 from .progress import Progress
 from .readers import InputError, ReadReport, check_source, read_papers
-from .search import EmptyIndexError, PaperNotFoundError, QueryError, QueryResult, run_query, select_query_sentences
+from .search import (EmptyIndexError, PaperNotFoundError, QueryError, QueryResult, run_query, select_query_sentences,
+                     settings_for_facet)
 
 FACET_MODES = ("keep", "predict", "none")
 _ENCODERS: dict = {}  # loaded models, shared by the indexes of one process (the CLI runner, a server)
@@ -193,6 +194,7 @@ class Index:
         self.settings = settings
         self._encoder = encoder
         self._tagger = None
+        self._tagger_shares_encoder = False
 
     # --- the encoder, checked against what the index was built with ------------------------------
     def _requested_meta(self, encoder) -> IndexMeta:
@@ -256,8 +258,16 @@ class Index:
             model = self._model_to_load(meta)
             key = (model, self.settings.device, self.settings.batch_size, self.settings.encoder_backend)
             if key not in _ENCODERS:
-                _ENCODERS[key] = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size,
-                                              backend=self.settings.encoder_backend)
+                from .encoder import ModelNotFoundError
+
+                try:
+                    _ENCODERS[key] = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size,
+                                                  backend=self.settings.encoder_backend)
+                except ModelNotFoundError as e:
+                    if self.settings.model is None and meta is not None:  # the index names its model; where is it?
+                        raise ModelNotFoundError(f"{e}. The index was built with model {meta.model!r}: give its directory "
+                                                 f"with --model DIR (or ESQBE_MODEL, or `model:` in the config file)") from None
+                    raise
             encoder = _ENCODERS[key]
             if meta is not None:  # the stored model's files may have changed since
                 meta.check(replace(self._requested_meta(encoder), encoder_mode=meta.encoder_mode))
@@ -266,12 +276,20 @@ class Index:
 
     @property
     def tagger(self):
-        """The shipped facet tagger for this encoder, or None if none can be used."""
+        """The shipped facet tagger, or None if none can be used.
+
+        It reuses this index's encoder pass when its weights belong to that encoder; with another
+        encoder (e.g. `--model` all-mpnet-base-v2) it runs the encoder it was trained on itself."""
         if self._tagger is None:
             try:
-                from .tagger import FacetTagger
+                from .tagger import FacetTagger, TaggerMismatchError
 
-                self._tagger = FacetTagger.load(encoder=self.encoder)
+                try:
+                    self._tagger = FacetTagger.load(encoder=self.encoder)
+                    self._tagger_shares_encoder = True
+                except TaggerMismatchError:
+                    self._tagger = FacetTagger.load()  # a second encoder pass, its own
+                    self._tagger_shares_encoder = False
             except (ImportError, FileNotFoundError):
                 self._tagger = False  # no tagger weights in this build: sentences stay `unlabeled`
         return self._tagger or None
@@ -283,19 +301,26 @@ class Index:
         if any(needs_tags) and self.tagger is None:
             needs_tags = [False] * len(papers)
         on_batch = None
-        if any(needs_tags) and self.settings.encoder_mode == "contextual":
+        if any(needs_tags) and self.settings.encoder_mode == "contextual" and self._tagger_shares_encoder:
             on_batch = self.tagger.listener()
         vectors = self.encoder.sentence_vectors(papers, self.settings.encoder_mode, on_batch=on_batch,
                                                 on_progress=on_progress)
         tagged = 0
         if any(needs_tags):
-            labels = self.tagger.collect(papers) if on_batch is not None else self.tagger.tag(papers)
-            for p, need, lab in zip(papers, needs_tags, labels):
+            # labels and soft labels (class probabilities, kept beside the hard ones for facet matching
+            # that tolerates tagger errors), from this encoder pass or the tagger's own
+            if on_batch is not None:
+                labels, probs = self.tagger.collect(papers), self.tagger.collect_probabilities(papers)
+            else:
+                labels, probs = self.tagger.tag_with_probabilities(papers)
+            for p, need, lab, prob in zip(papers, needs_tags, labels, probs):
                 if need:
                     # the input as read: a re-run of the same input is recognised without encoding it again
                     p.metadata["input_hash"] = p.content_hash()
                     p.facets = [normalize_label(x) for x in lab]
                     p.metadata["facets_predicted"] = True
+                    if prob is not None:
+                        p.metadata["facet_probs"] = prob
                     tagged += 1
         return [IndexedPaper(p, v, self.encoder.token_counts(p)) for p, v in zip(papers, vectors)], tagged
 
@@ -617,14 +642,15 @@ class Index:
 
         The query paper is `paper_id` (from the index; its stored vectors are reused) or `text`
         (an abstract string or a list of sentences, encoded now; facet labels predicted if a facet
-        is asked for). `overrides` are Settings fields (k, rescorer, rescorer_params, ...).
+        is asked for). `overrides` are Settings fields (k, rescorer, rescorer_params, ...); they win over
+        the settings' `facet_settings` entry for the facet, which wins over the general settings.
 
         `filters` restricts the candidates by their metadata before ranking: a grammar string
         ("year>=2019"), a {"key", "op", "value"} dict, or a list of them, all of which must hold
         (esqbe.filters). `engine_filter` (Elasticsearch/OpenSearch only) is a query DSL clause, or its
         JSON text, that the candidates must also match, e.g. {"term": {"lang": "en"}}.
         """
-        settings = self.settings.replace(**overrides)
+        settings = settings_for_facet(self.settings, facet).replace(**overrides)
         flt = make_filter(filters, engine_filter)
         meta = self.backend.meta()
         if meta is None:
@@ -656,7 +682,7 @@ class Index:
             vectors = self.encoder.sentence_vectors([paper], meta.encoder_mode)[0]
             query = IndexedPaper(paper, vectors)
             encode_ms = round(1000 * (time.perf_counter() - t_encode), 2)
-        indices = select_query_sentences(query, facet, sentences)
+        indices = select_query_sentences(query, facet, sentences, settings.query_facet_threshold)
         from .rescore import RescoreContext
 
         context = RescoreContext(encoder=_LazyEncoder(self), backend=self.backend)

@@ -49,7 +49,15 @@ class Settings:
     fusion: str = "rrf"  # rrf | linear | bm25 | knn (first stage)
     fusion_bm25_weight: float = 0.5  # for linear first-stage fusion
     candidate_facet: str = "same"  # same: a facet query matches candidate sentences of that facet | all: every sentence
+    # | soft: every sentence, a sentence of another facet losing facet_penalty x (1 - its probability of the facet)
+    facet_penalty: float = 0.2  # cosine penalty of candidate_facet=soft (soft + 0.2 + query_facet_threshold 0.3: recommended with predicted labels)
+    query_facet_threshold: float = 0.0  # query papers with soft labels: sentences with facet probability >= this form the query; 0 = their hard labels (0.3 recommended with predicted labels)
     final_bm25_weight: float = 0.1  # rescorer score fused with BM25 (per-query min-max), 0 = rescorer alone
+    bm25_text: str = "abstract"  # what BM25 scores of a candidate: abstract (title + abstract) | facet (its sentences of the query's facet; embedded backend)
+    abstract_weight: float = 0.0  # whole-abstract similarity fused into the final score (per-query min-max), 0 = off
+    #: per query facet, settings that replace the ones above for queries of that facet, e.g.
+    #: {"background": {"abstract_weight": 0.3}, "method": {"rescorer": "asym"}} (see esqbe.search.FACET_SETTING_KEYS)
+    facet_settings: dict = field(default_factory=dict)
 
     def replace(self, _source: str | None = None, **changes) -> "Settings":
         """A copy with `changes` (None = not given) coerced and validated; `_source` (a config file,
@@ -96,7 +104,8 @@ CHOICES = {
     "encoder_backend": ("torch", "auto", "torch-int8", "onnx", "onnx-int8"),
     "facets": ("keep", "predict", "none"),
     "fusion": ("rrf", "linear", "bm25", "knn"),
-    "candidate_facet": ("same", "all"),
+    "candidate_facet": ("same", "all", "soft"),
+    "bm25_text": ("abstract", "facet"),
 }
 #: inclusive bounds of the numeric settings (a sane maximum guards against typos like k: 1000000)
 MAX_K = 10_000
@@ -109,6 +118,9 @@ RANGES = {
     "commit_every": (1, 1_000_000),
     "fusion_bm25_weight": (0.0, 1.0),
     "final_bm25_weight": (0.0, 1.0),
+    "abstract_weight": (0.0, 1.0),
+    "query_facet_threshold": (0.0, 1.0),
+    "facet_penalty": (0.0, 2.0),  # in cosine (whose range is 2)
 }
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 

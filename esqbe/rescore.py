@@ -37,9 +37,12 @@ class CandidateBatch:
     mask: np.ndarray  # (n, L) bool
     sentences: list[list[str]]
     facets: list[list[str]]
+    #: (n, L) added to every cosine with that candidate sentence (soft facet matching: a sentence of
+    #: another facet counts less); None = no bias. `ot` subtracts it from its distances instead.
+    bias: np.ndarray | None = None
 
     @classmethod
-    def from_papers(cls, papers: Sequence[IndexedPaper]) -> "CandidateBatch":
+    def from_papers(cls, papers: Sequence[IndexedPaper], bias: Sequence[np.ndarray] | None = None) -> "CandidateBatch":
         n = len(papers)
         dim = papers[0].vectors.shape[1] if n else 0
         width = max((len(p.paper.sentences) for p in papers), default=0)
@@ -49,12 +52,18 @@ class CandidateBatch:
             k = len(p.paper.sentences)
             vectors[i, :k] = p.vectors
             mask[i, :k] = True
+        padded_bias = None
+        if bias is not None:
+            padded_bias = np.zeros(mask.shape, dtype=np.float32)
+            for i, b in enumerate(bias):
+                padded_bias[i, : len(b)] = b
         return cls(
             ids=[p.paper_id for p in papers],
             vectors=vectors,
             mask=mask,
             sentences=[list(p.paper.sentences) for p in papers],
             facets=[list(p.paper.facets) for p in papers],
+            bias=padded_bias,
         )
 
     def __len__(self) -> int:
@@ -121,6 +130,8 @@ def _cosines(query_vectors: np.ndarray, cand_vectors: np.ndarray) -> np.ndarray:
 def cosine_matrix(query: QueryBatch, cands: CandidateBatch) -> np.ndarray:
     """(n, m, L) cosine similarities; masked candidate slots are -inf."""
     sims = _cosines(query.vectors, cands.vectors)
+    if cands.bias is not None:
+        sims = sims + cands.bias[:, None, :]
     return np.where(cands.mask[:, None, :], sims, -np.inf)
 
 
@@ -412,6 +423,8 @@ def rescore_ot(context: RescoreContext, *, tau=0.5, lam=20.0, exact=False, max_i
         if n == 0:
             return RescoreResult(scores=np.zeros(0), matches=[], plans=np.zeros((0, m, 0)))
         dist = pairwise_l2(query.vectors, cands.vectors)
+        if cands.bias is not None:
+            dist = dist - cands.bias[:, None, :].astype(np.float64)
         full = cands.mask.any(axis=1)  # candidates with at least one sentence
         plans = np.zeros_like(dist)
         if full.any():
@@ -546,7 +559,10 @@ def rescore_asym_token(context: RescoreContext, *, d=4.0, alpha=1e-4, max_tokens
         q_weights = token_frequency_weights(q_set.tokens, *counts_total, alpha)
         sent_sims = asym_scores(q_set, q_weights, all_set, power, exact=vectors is not None)  # (m, distinct texts)
 
-        sims = np.where(cands.mask[:, None, :], sent_sims[:, slot_ids].transpose(1, 0, 2), -np.inf)  # (n, m, L)
+        sims = sent_sims[:, slot_ids].transpose(1, 0, 2)
+        if cands.bias is not None:
+            sims = sims + cands.bias[:, None, :]
+        sims = np.where(cands.mask[:, None, :], sims, -np.inf)  # (n, m, L)
         has = cands.mask.any(axis=1)
         best_per_q = sims.max(axis=2) if width else np.full((n, m), -np.inf)
         scores = np.where(has, np.where(has[:, None], best_per_q, 0.0).mean(axis=1), -np.inf)

@@ -17,7 +17,14 @@ from .filters import MetadataFilter
 from .papers import QUERY_FACETS, Paper, normalize_label
 from .rescore import CandidateBatch, QueryBatch, RescoreContext, make_rescorer
 
-CANDIDATE_FACET_MODES = ("all", "same")
+CANDIDATE_FACET_MODES = ("all", "same", "soft")
+BM25_TEXTS = ("abstract", "facet")
+#: the class order of the tagger's soft labels (`Paper.metadata["facet_probs"]`)
+SOFT_FACET_ORDER = ("background", "method", "result", "other")
+#: the settings a `facet_settings` entry may change: how one query is ranked, nothing about the index
+FACET_SETTING_KEYS = ("k", "rescorer", "rescorer_params", "rescore_depth", "knn_k", "bm25_k", "fusion",
+                      "fusion_bm25_weight", "candidate_facet", "facet_penalty", "final_bm25_weight", "abstract_weight", "bm25_text",
+                      "query_facet_threshold")
 
 
 class QueryError(ValueError):
@@ -99,9 +106,19 @@ class QueryResult:
         }
 
 
-def select_query_sentences(paper: IndexedPaper, facet: str | None, sentences: Sequence[int] | None) -> list[int]:
-    """Which of the paper's sentences form the query (facet labels, chosen indices, or all)."""
+def select_query_sentences(paper: IndexedPaper, facet: str | None, sentences: Sequence[int] | None,
+                           threshold: float | None = None) -> list[int]:
+    """Which of the paper's sentences form the query (facet labels, chosen indices, or all).
+
+    `threshold` (> 0): a paper with soft labels (tagger probabilities) contributes every sentence whose
+    probability of the facet reaches it (at least its most probable one), not just those whose
+    predicted label is the facet; papers with given labels are unaffected. 0 or None: hard labels."""
     p = paper.paper
+    if threshold and facet is not None and sentences is None and normalize_label(facet) in QUERY_FACETS \
+            and (p.metadata or {}).get("facet_probs") is not None:
+        probs = facet_probability(p, normalize_label(facet))
+        if len(probs) == len(p.sentences) and len(probs):
+            return [i for i in range(len(probs)) if probs[i] >= float(threshold)] or [int(np.argmax(probs))]
     if facet is not None and sentences is not None:
         raise QueryError("give either a facet or sentence indices, not both")
     if sentences is not None:
@@ -146,6 +163,60 @@ def facet_view(paper: IndexedPaper, facet: str | None) -> tuple[IndexedPaper, li
     return IndexedPaper(view, paper.vectors[np.asarray(keep, dtype=np.int64)]), keep
 
 
+def settings_for_facet(settings: Settings, facet: str | None) -> Settings:
+    """`settings` with its `facet_settings` entry for `facet` applied (unchanged without a facet or entry)."""
+    table = settings.facet_settings or {}
+    if not isinstance(table, dict):
+        raise QueryError(f"facet_settings must map a facet to settings (got {type(table).__name__})")
+    unknown_facets = sorted(set(table) - set(QUERY_FACETS))
+    if unknown_facets:
+        raise QueryError(f"facet_settings: unknown facet(s) {', '.join(unknown_facets)}; facets: {', '.join(QUERY_FACETS)}")
+    if facet is None:
+        return settings
+    entry = table.get(normalize_label(facet)) or {}
+    if not isinstance(entry, dict):
+        raise QueryError(f"facet_settings.{facet}: expected a mapping of settings (got {entry!r})")
+    bad = sorted(set(entry) - set(FACET_SETTING_KEYS))
+    if bad:
+        raise QueryError(f"facet_settings.{facet}: {', '.join(bad)} cannot be set per facet; "
+                         f"per-facet settings: {', '.join(FACET_SETTING_KEYS)}")
+    return settings.replace(**entry) if entry else settings
+
+
+def abstract_similarity(query_vectors: np.ndarray, papers: Sequence[IndexedPaper | None]) -> np.ndarray:
+    """Cosine between the mean of the query's sentence vectors and the mean of each candidate's
+    (all its sentences): whole-abstract similarity from the stored vectors, no second model.
+    A candidate without sentences gets -1 (the lowest cosine)."""
+    q = np.asarray(query_vectors, dtype=np.float32).mean(axis=0)
+    q = q / max(float(np.linalg.norm(q)), 1e-12)
+    out = np.full(len(papers), -1.0)
+    for i, p in enumerate(papers):
+        if p is not None and len(p.vectors):
+            c = p.vectors.mean(axis=0)
+            out[i] = float(c @ q) / max(float(np.linalg.norm(c)), 1e-12)
+    return out
+
+
+def _final_weights(settings: Settings) -> tuple[float, float]:
+    w, a = float(settings.final_bm25_weight or 0.0), float(settings.abstract_weight or 0.0)
+    if not (0.0 <= w <= 1.0 and 0.0 <= a <= 1.0 and w + a <= 1.0):
+        raise QueryError(f"final_bm25_weight ({w:g}) and abstract_weight ({a:g}) must each be in 0..1 and sum to at most 1")
+    return w, a
+
+
+def facet_probability(paper: Paper, facet: str) -> np.ndarray:
+    """Per sentence, the probability that it has `facet`: the tagger's soft label where the paper has
+    one (`metadata["facet_probs"]`, esqbe classes background, method, result, other), else 1 for
+    sentences labelled `facet` and 0 for the rest."""
+    probs = (paper.metadata or {}).get("facet_probs")
+    if facet in SOFT_FACET_ORDER and probs is not None and len(probs) == len(paper.sentences):
+        try:
+            return np.asarray(probs, dtype=np.float64)[:, SOFT_FACET_ORDER.index(facet)]
+        except (TypeError, ValueError, IndexError):
+            pass  # malformed soft labels: fall back to the hard ones
+    return np.array([1.0 if f == facet else 0.0 for f in paper.facets])
+
+
 def _minmax(x: np.ndarray) -> np.ndarray:
     """Scaled to 0..1 over this query's candidates; all equal (a lone candidate) is 1, not 0 (ranks the same)."""
     if x.size == 0:
@@ -169,6 +240,8 @@ def run_query(
     """Rank papers by similarity to the chosen sentences of `query` (among those `filter` allows)."""
     if settings.candidate_facet not in CANDIDATE_FACET_MODES:
         raise QueryError(f"candidate_facet must be one of {', '.join(CANDIDATE_FACET_MODES)}")
+    if settings.bm25_text not in BM25_TEXTS:
+        raise QueryError(f"bm25_text must be one of {', '.join(BM25_TEXTS)} (got {settings.bm25_text!r})")
     timings = {}
     t0 = time.perf_counter()
     q_sentences = [query.paper.sentences[i] for i in indices]
@@ -189,6 +262,7 @@ def run_query(
         fusion=settings.fusion,
         bm25_weight=settings.fusion_bm25_weight,
         filter=filter if filter else None,
+        bm25_facet=normalize_label(facet) if (facet and settings.bm25_text == "facet" and backend.facet_text) else None,
     )
     candidates = backend.first_stage(request)
     if restrict is not None:
@@ -210,7 +284,13 @@ def run_query(
     similarity = np.full(len(candidates), np.nan)  # the rescorer's own score, before any fusion
     if rescorer is not None and candidates:
         views = [facet_view(c.paper, request.facet) for c in candidates]
-        batch = CandidateBatch.from_papers([v for v, _ in views])
+        bias = None
+        if facet and settings.candidate_facet == "soft":
+            penalty = float(settings.facet_penalty)
+            if not penalty >= 0:
+                raise QueryError(f"facet_penalty must be a number >= 0 (got {settings.facet_penalty!r})")
+            bias = [-penalty * (1.0 - facet_probability(v.paper, normalize_label(facet))) for v, _ in views]
+        batch = CandidateBatch.from_papers([v for v, _ in views], bias=bias)
         result = rescorer(QueryBatch(q_vectors, q_sentences), batch)
         scores = np.asarray(result.scores, dtype=np.float64)
         finite = np.isfinite(scores)
@@ -222,10 +302,13 @@ def run_query(
                        for n, ms in enumerate(result.matches)]
     else:
         scores = first.copy()
-    if settings.final_bm25_weight and candidates:
-        w = float(settings.final_bm25_weight)
+    w, a = _final_weights(settings)
+    if (w or a) and candidates:
         bm25 = np.array([c.bm25 for c in candidates], dtype=np.float64)
-        scores = (1 - w) * _minmax(scores) + w * _minmax(bm25)
+        fused = (1 - w - a) * _minmax(scores) + w * _minmax(bm25)
+        if a:
+            fused += a * _minmax(abstract_similarity(q_vectors, [c.paper for c in candidates]))
+        scores = fused
     timings["rescore"] = round(1000 * (time.perf_counter() - t1), 2)
 
     order = sorted(range(len(candidates)), key=lambda i: (-scores[i], candidates[i].paper_id))

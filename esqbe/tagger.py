@@ -267,6 +267,18 @@ class TagListener:
         """Labels per sentence of `papers` (the same sequence, in the same order, that was encoded)."""
         return [_labels_from_probs(p, raw) if p is not None else [] for p in self._probabilities(papers)]
 
+    def facet_probabilities(self, papers: Sequence[Paper]) -> list[list[list[float]]]:
+        """Per paper, per sentence: the probabilities of the esqbe classes (background, method, result,
+        other; objective counts as background), rounded to 3 decimals: soft labels for matching."""
+        out = []
+        for p in self._probabilities(papers):
+            if p is None:
+                out.append([])
+                continue
+            merged = np.stack([(p[:, 0] + p[:, 1]).numpy(), p[:, 2].numpy(), p[:, 3].numpy(), p[:, 4].numpy()], axis=-1)
+            out.append(np.round(merged.astype(np.float64), 3).tolist())
+        return out
+
     def _probabilities(self, papers: Sequence[Paper]) -> list:
         """(n_sentences, 5) probabilities per paper; None for a paper without sentences."""
         torch = _torch()
@@ -371,9 +383,22 @@ class FacetTagger:
             raise RuntimeError("collect() needs a listener: pass tagger.listener() as on_batch when encoding")
         return self._last.collect(papers, raw)
 
+    def collect_probabilities(self, papers: Sequence[Paper]) -> list[list[list[float]]]:
+        """Soft labels (`TagListener.facet_probabilities`) for the papers encoded since the last `listener()`."""
+        if self._last is None:
+            raise RuntimeError("collect_probabilities() needs a listener: pass tagger.listener() as on_batch when encoding")
+        return self._last.facet_probabilities(papers)
+
     def tag(self, papers: Sequence[Paper], raw: bool = False, *, progress: bool = False) -> list[list[str]]:
         """Standalone tagging: runs the encoder itself (use a listener when the index encodes anyway)."""
         return self._tag_encoded(list(papers), raw, progress)
+
+    def tag_with_probabilities(self, papers: Sequence[Paper], *, progress: bool = False):
+        """Standalone tagging: (esqbe-facet labels, soft labels) per paper (see `TagListener.facet_probabilities`)."""
+        papers = list(papers)
+        listener = TagListener(self)
+        self.encoder.contextual_sentence_vectors(papers, on_batch=listener, progress=progress)
+        return listener.collect(papers), listener.facet_probabilities(papers)
 
     def _tag_encoded(self, papers: list[Paper], raw: bool, progress: bool) -> list[list[str]]:
         listener = TagListener(self)  # not self._last: a standalone call must not disturb an indexer's listener

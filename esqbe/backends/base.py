@@ -118,6 +118,8 @@ class FirstStageRequest:
     bm25_weight: float = 0.5
     with_papers: bool = True
     filter: "MetadataFilter | None" = None
+    #: BM25 over the candidates' sentences of this facet instead of title + abstract (None: title + abstract)
+    bm25_facet: str | None = None
 
 
 @dataclass
@@ -151,6 +153,9 @@ class Backend(ABC):
     """Storage + first-stage retrieval for one index."""
 
     name: str = "backend"
+    #: whether BM25 can score a paper's sentences of one facet (`FirstStageRequest.bm25_facet`);
+    #: without it, `bm25_text: facet` scores title + abstract
+    facet_text: bool = False
 
     @abstractmethod
     def meta(self) -> IndexMeta | None:

@@ -113,6 +113,7 @@ class EmbeddedBackend(Backend):
     """A local index directory (see module docstring)."""
 
     name = "embedded"
+    facet_text = True
 
     def __init__(self, path: str | os.PathLike, *, exact_threshold: int | None = None, create: bool = True,
                  merge_threshold: int | None = None, nprobe: int | None = None):
@@ -914,8 +915,10 @@ class EmbeddedBackend(Backend):
                 restrict = allowed
             if not restrict:
                 return []
+        # BM25 over the candidates' sentences of the query's facet (bm25_text: facet), else title + abstract
+        fields = (f"facet_{request.bm25_facet}",) if request.bm25_facet else ("title", "abstract")
         bm25 = self.bm25(request.text, request.bm25_k, exclude=request.exclude | deny,
-                         restrict_to=None if deny else restrict)
+                         restrict_to=None if deny else restrict, fields=fields)
         # kNN only ever sees the allowed papers: exact over a small allowed set, the ANN with an id bitmap otherwise
         knn = self.knn(request.vectors, request.knn_k, facet=request.facet, exclude=request.exclude,
                        restrict_to=restrict)
