@@ -37,14 +37,9 @@ METHODS = ("asym", "symm", "bm25")
 
 
 def _bool(name: str, value) -> bool:
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"cite: {name} must be true or false (got {value!r})")
+    from .rescore import _bool as parse_bool  # the rescorers' parameter parsing, one definition
+
+    return parse_bool("cite", name, value)
 
 
 def _number(name: str, value, *, minimum: float = 0.0, strict: bool = True, whole: bool = False):

@@ -201,6 +201,7 @@ def _positive_int(rescorer: str, name: str, value) -> int:
 
 
 def _bool(rescorer: str, name: str, value) -> bool:
+    """A boolean parameter given as a bool or as text (true/false, yes/no, on/off, 1/0)."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     text = str(value).strip().lower()
