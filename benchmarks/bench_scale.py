@@ -11,9 +11,11 @@ topic per paper (N/500 topics, cosine to the topic ~0.6), stored as float16-exac
 - load: `esqbe index PARQUET...` as a fresh process (wall time incl. the ANN build at the end, peak RSS)
 - disk: bytes of the index directory, and per paper
 - cold query: `esqbe query --paper ID --facet F --json` as a fresh process (median / max wall of 5)
-- warm query: `Index.query(paper, facet)` in one process, default rescorer (summax), 100 rescored:
-  p50 / p99 over the queries; peak RSS of that process
-- recall@100: first-stage kNN (papers) at the default setting against exact brute force, same run
+- warm query: `Index.query(paper, facet)` in one process (no thread settings in its environment), after
+  two warm-up queries per facet, default rescorer (summax), 100 rescored: p50 / p99 over the queries;
+  peak RSS of that process
+- recall@100: first-stage kNN (papers) at the default setting against exact brute force, same run, in a
+  process of its own (the exact pass maps the whole vector file; its peak RSS is reported apart)
 - upsert: `esqbe index` of 1,000 new papers into the full index, then a query that returns one of
   them: wall time from the start of the write to that result; then `esqbe delete` of 10 papers and
   a query that must not return them
@@ -123,50 +125,42 @@ def cli(*args) -> list[str]:
     return [sys.executable, "-m", "cli", *args]
 
 
-def query_worker(path: str, n_queries: int, n_recall: int, seed: int, upsert_file: str | None) -> dict:
-    """Runs in its own process (so its peak RSS is the query side's): warm latency, recall, upsert-to-visible."""
-    import esqbe
-
-    index = esqbe.open_index(path)
-    backend = index.backend
-    n = backend.stats()["papers"]
+def _queries(backend, n: int, count: int, seed: int) -> list[tuple[str, str]]:
+    """`count` seeded (paper, facet) queries: papers drawn from the corpus, a facet each paper has."""
     rng = np.random.default_rng(seed)
-    ids = [f"p{i:07d}" for i in rng.choice(n, size=n_queries + n_recall, replace=False)]
+    ids = [f"p{i:07d}" for i in rng.choice(n, size=count, replace=False)]
     facets = ("background", "method", "result")
-    queries = []
+    out = []
     for pid in ids:
         paper = backend.get([pid])[pid].paper
         present = [f for f in facets if f in paper.facets]
         if present:
-            queries.append((pid, present[int(rng.integers(len(present)))]))
-    for pid, facet in queries[:5]:  # warm-up: first touches of the ANN lists, text index and SQLite pages
-        index.query(pid, facet=facet)
+            out.append((pid, present[int(rng.integers(len(present)))]))
+    return out
+
+
+def query_worker(path: str, n_queries: int, seed: int, upsert_file: str | None) -> dict:
+    """Runs in its own process (so its peak RSS is the query side's): warm latency, upsert-to-visible."""
+    import esqbe
+
+    index = esqbe.open_index(path)
+    backend = index.backend
+    queries = _queries(backend, backend.stats()["papers"], n_queries + 40, seed)
+    # warm-up: two queries of each facet (the second search of a facet reads its ANN lists into memory)
+    seen: dict = {}
+    for pid, facet in queries[:40]:
+        if seen.get(facet, 0) < 2:
+            index.query(pid, facet=facet)
+            seen[facet] = seen.get(facet, 0) + 1
     lat = []
-    for pid, facet in queries[:n_queries]:
+    for pid, facet in queries[40 : 40 + n_queries]:
         t0 = time.perf_counter()
         index.query(pid, facet=facet)
         lat.append(1000 * (time.perf_counter() - t0))
-    recalls, exact_ms, ann_ms = [], [], []
-    for pid, facet in queries[n_queries : n_queries + n_recall]:
-        qp = backend.get([pid])[pid]
-        q = qp.vectors[[i for i, f in enumerate(qp.paper.facets) if f == facet]]
-        excl = frozenset({pid})
-        t0 = time.perf_counter()
-        a = backend.knn(q, 100, facet=facet, exclude=excl)
-        ann_ms.append(1000 * (time.perf_counter() - t0))
-        t0 = time.perf_counter()
-        e = backend.knn(q, 100, facet=facet, exclude=excl, exact=True)
-        exact_ms.append(1000 * (time.perf_counter() - t0))
-        recalls.append(len(set(a) & set(e)) / max(1, len(e)))
     out = {
         "warm_p50_ms": float(np.percentile(lat, 50)),
         "warm_p99_ms": float(np.percentile(lat, 99)),
         "warm_queries": len(lat),
-        "recall_at_100": float(np.mean(recalls)),
-        "recall_min": float(np.min(recalls)),
-        "recall_queries": len(recalls),
-        "knn_ann_ms_median": float(np.median(ann_ms)),
-        "knn_exact_ms_median": float(np.median(exact_ms)),
     }
     if upsert_file:
         new = json.loads(Path(upsert_file + ".probe.json").read_text())
@@ -187,6 +181,33 @@ def query_worker(path: str, n_queries: int, n_recall: int, seed: int, upsert_fil
         out["delete_10_visible_s"] = time.perf_counter() - t0
         out["deletes_gone"] = not (set(victims) & {h.paper_id for h in again.hits})
     return out
+
+
+def recall_worker(path: str, n_recall: int, seed: int) -> dict:
+    """Its own process (an exact search over every row maps the whole vector file, which is not what a
+    query process holds): first-stage kNN at the default setting against exact brute force."""
+    import esqbe
+
+    backend = esqbe.open_index(path).backend
+    recalls, exact_ms, ann_ms = [], [], []
+    for pid, facet in _queries(backend, backend.stats()["papers"], n_recall, seed + 1):
+        qp = backend.get([pid])[pid]
+        q = qp.vectors[[i for i, f in enumerate(qp.paper.facets) if f == facet]]
+        excl = frozenset({pid})
+        t0 = time.perf_counter()
+        a = backend.knn(q, 100, facet=facet, exclude=excl)
+        ann_ms.append(1000 * (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        e = backend.knn(q, 100, facet=facet, exclude=excl, exact=True)
+        exact_ms.append(1000 * (time.perf_counter() - t0))
+        recalls.append(len(set(a) & set(e)) / max(1, len(e)))
+    return {
+        "recall_at_100": float(np.mean(recalls)),
+        "recall_min": float(np.min(recalls)),
+        "recall_queries": len(recalls),
+        "knn_ann_ms_median": float(np.median(ann_ms)),
+        "knn_exact_ms_median": float(np.median(exact_ms)),
+    }
 
 
 def run_size(n: int, work: Path, args) -> dict:
@@ -219,10 +240,11 @@ def run_size(n: int, work: Path, args) -> dict:
         wall, rss, _ = timed(cli("query", "--path", str(ix), "--paper", pid, "--facet", "method", "--json"), env, cold_cpu)
         cold.append((wall, rss))
     print(f"[{n}] cold queries {[round(c[0], 2) for c in cold]}", file=sys.stderr, flush=True)
-    env_q = {**env, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # as `esqbe query` runs
-    wall, rss, out = timed([sys.executable, __file__, "_query", str(ix), str(args.queries), str(args.recall_queries),
-                            str(upsert)], env_q)
+    # the warm process runs as a library user's would (no thread settings in the environment)
+    wall, rss, out = timed([sys.executable, __file__, "_query", str(ix), str(args.queries), str(upsert)], env)
     q = json.loads(out)
+    _, recall_rss, out = timed([sys.executable, __file__, "_recall", str(ix), str(args.recall_queries)], env)
+    q.update(json.loads(out), recall_process_peak_rss_gb=recall_rss)
     row = {
         "papers": n,
         "sentences": summary.get("indexed") and None,
@@ -279,8 +301,12 @@ def fmt_row(r: dict) -> str:
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "_query":
-        path, nq, nr, upsert = sys.argv[2:6]
-        print(json.dumps(query_worker(path, int(nq), int(nr), 7, upsert)))
+        path, nq, upsert = sys.argv[2:5]
+        print(json.dumps(query_worker(path, int(nq), 7, upsert)))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "_recall":
+        path, nr = sys.argv[2:4]
+        print(json.dumps(recall_worker(path, int(nr), 7)))
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="10000,100000,1000000")

@@ -116,6 +116,46 @@ def test_bm25_restrict_and_exclude(backend):
     assert backend.bm25("+-()[]{}:^~*!", 5) == {}  # query syntax never reaches the parser
 
 
+def test_bm25_scores_as_the_query_parser_less_the_commonest_terms(backend):
+    """bm25() builds the query itself (one term query per analysed word and field, no parser): with every
+    term kept (bm25_max_df 1.0) it must score exactly as tantivy's query parser does; by default the terms
+    in more than a fifth of the papers are dropped, but never below the BM25_MIN_TERMS rarest."""
+    from esqbe.backends.embedded import BM25_MIN_TERMS, _query_terms
+
+    rare = "kappa lambda sigma omega delta theta gamma zeta iota rho".split()
+    assert _query_terms(" ".join(rare)) == rare  # words the stemmer leaves alone: one term each
+    rng = np.random.default_rng(0)
+    papers = []
+    for i in range(40):  # "study" and "part" in every paper, "alpha" in half, each rare word in two
+        sents = ["A study in part one.", f"Alpha {rare[i % 10]} results." if i % 2 else f"Plain {rare[i % 10]} results."]
+        v = rng.normal(size=(2, DIM)).astype(np.float32)
+        papers.append(IndexedPaper(Paper(f"q{i:03d}", f"Paper {i}", sents, ["background", "result"]),
+                                   v / np.linalg.norm(v, axis=1, keepdims=True)))
+    backend.upsert(papers)
+    index = backend.text_index
+    searcher = index.searcher()
+
+    def parser(words):
+        hits = searcher.search(index.parse_query(" ".join(words), ["title", "abstract"]), limit=50).hits
+        return {searcher.doc(a)["paper_id"][0]: s for s, a in hits}
+
+    def same(a, b):
+        return a.keys() == b.keys() and all(abs(a[p] - b[p]) < 1e-5 for p in a)
+
+    text = "Study, part (alpha) studies: " + " ".join(rare)
+    words = ["study", "part", "alpha", "studies", *rare]
+    backend.configure(bm25_max_df=1.0)
+    assert same(backend.bm25(text, 50), parser(words))
+    backend.configure(bm25_max_df=0.2)
+    assert BM25_MIN_TERMS < len(rare)
+    assert same(backend.bm25(text, 50), parser(rare))  # study/studies (one term), part, alpha dropped
+    # too few selective terms: the rarest common ones are kept up to BM25_MIN_TERMS (alpha, then study)
+    few = rare[: BM25_MIN_TERMS - 2]
+    assert same(backend.bm25("study part alpha " + " ".join(few), 50), parser([*few, "alpha", "study"]))
+    # a short query keeps everything
+    assert same(backend.bm25("study part alpha", 50), parser(["study", "part", "alpha"]))
+
+
 def _exact_knn(papers, q, facet, k):
     """Reference: per query sentence, best cosine per paper over sentences of `facet`, top k papers."""
     totals = {}

@@ -63,7 +63,10 @@ KNN_DEFAULTS = {
     "merge_threshold": 20_000,  # a writer folds a facet's delta into its ANN once the delta is past this
     "nprobe": 32,  # IVF lists visited per query sentence
     "oversample": 4,  # ANN sentence hits asked per query sentence, as a multiple of k
+    "bm25_max_df": 0.2,  # BM25 query terms in more than this fraction of the documents are dropped; see bm25()
 }
+#: a BM25 query keeps at least its this many most selective terms, however common they are
+BM25_MIN_TERMS = 8
 _FACET_CODES = {f: i for i, f in enumerate(FACET_LABELS)}
 _QUERY_SYNTAX = re.compile(r"[^\w\s]+", re.UNICODE)
 _SCHEMA = """
@@ -100,6 +103,13 @@ class _State:
         self._ok_bits = None
         self.delta: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
 
+    def row_ranges(self, pnos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Row ranges [start, end) of the given paper numbers (rows are in paper-number order). The
+        numbers are cast to the rows' int32 first: searchsorted with int64 keys would convert the
+        whole memory-mapped column (7.5M rows at 1M papers) on every call."""
+        keys = np.asarray(pnos, dtype=self.pno.dtype)
+        return np.searchsorted(self.pno, keys, side="left"), np.searchsorted(self.pno, keys, side="right")
+
     def ok_bits(self):
         """Bitmap over paper numbers of live papers (for faiss's IDSelectorBitmap), or None if all are live."""
         if self.n_dead == 0:
@@ -127,7 +137,7 @@ class EmbeddedBackend(Backend):
         self._text_writer = None
         self._text_gen = None
         self._state_cache: _State | None = None
-        self._ann_cache: dict[str, object] = {}
+        self._ann_cache: dict[str, tuple[object, bool]] = {}  # ANN file -> (faiss index, read into memory)
         self._meta_cols = None  # (generation, MetadataColumns) for filters
         db = self.path / "papers.sqlite"
         if not self.path.exists():
@@ -283,7 +293,8 @@ class EmbeddedBackend(Backend):
             raise BackendError(f"unknown kNN parameter(s) {', '.join(sorted(unknown))}; known: {', '.join(KNN_DEFAULTS)}")
         self._acquire_write()
         with self._tx():
-            self._set("knn_params", {**self._setting("knn_params", {}), **{k: int(v) for k, v in params.items()}})
+            self._set("knn_params", {**self._setting("knn_params", {}),
+                                     **{k: type(KNN_DEFAULTS[k])(v) for k, v in params.items()}})
             self._bump_generation()
 
     def meta(self) -> IndexMeta | None:
@@ -616,16 +627,23 @@ class EmbeddedBackend(Backend):
         return idx, mat
 
     def _ann(self, st: _State, code: int):
+        """The facet's ANN index. The first search of a process memory-maps the file (a one-off query
+        starts at once); the second reads it into memory (~0.6 s for the largest facet at 1M papers),
+        because a search over memory-mapped lists pays for mapping every page it touches the first
+        time, which keeps a process's first few thousand queries ~2x slower (docs/performance.md)."""
         entry = st.manifest.get(FACET_LABELS[code])
         if entry is None:
             return None
-        index = self._ann_cache.get(entry["file"])
-        if index is None:
-            import faiss
+        name = entry["file"]
+        cached = self._ann_cache.get(name)
+        if cached is not None and cached[1]:
+            return cached[0]
+        import faiss
 
-            index = faiss.read_index(str(self.path / "ann" / entry["file"]), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
-            self._ann_cache = {k: v for k, v in self._ann_cache.items() if k in {e["file"] for e in st.manifest.values()}}
-            self._ann_cache[entry["file"]] = index
+        flags = faiss.IO_FLAG_READ_ONLY if cached is not None else faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY
+        index = faiss.read_index(str(self.path / "ann" / name), flags)
+        self._ann_cache = {k: v for k, v in self._ann_cache.items() if k in {e["file"] for e in st.manifest.values()}}
+        self._ann_cache[name] = (index, cached is not None)  # (index, in memory)
         return index
 
     def get(self, paper_ids: Sequence[str]) -> dict[str, IndexedPaper]:
@@ -704,23 +722,58 @@ class EmbeddedBackend(Backend):
     # --- first stage ----------------------------------------------------------------------------
     def bm25(self, text: str, k: int, *, exclude: frozenset[str] = frozenset(), restrict_to: frozenset[str] | None = None,
              fields: Sequence[str] = ("title", "abstract")) -> dict[str, float]:
-        """BM25 of the query text against the given fields; returns paper id -> score."""
-        import tantivy
+        """BM25 of the query text against the given fields; returns paper id -> score.
 
-        words = _QUERY_SYNTAX.sub(" ", text).lower().split()
-        if not words or k <= 0:
+        The query is the query parser's: each distinct word of the text, analysed (en_stem), as a term
+        query in each field, all SHOULD; except that terms found in more than `bm25_max_df` (a fraction,
+        default 0.2) of the documents are dropped, keeping at least the BM25_MIN_TERMS most selective:
+        classic corpus-statistics stop words (Lucene's more-like-this max_doc_freq, Elasticsearch's old
+        cutoff_frequency). They add little to BM25 (idf < 1.6) and cost the most: at 1M papers the
+        ~55-word query of a facet takes ~38 ms with them and ~8 ms without (docs/performance.md), and
+        the CSFCube dev figure is unchanged (61.96 vs 61.92). 1.0 keeps every term."""
+        terms = _query_terms(text)
+        if not terms or k <= 0:
             return {}
         self._state()  # reloads the text index if a writer committed since
+        return self._bm25(terms, k, exclude, restrict_to, fields)
+
+    def _bm25(self, terms: list[str], k: int, exclude: frozenset[str], restrict_to: frozenset[str] | None,
+              fields: Sequence[str]) -> dict[str, float]:
+        """bm25() on analysed terms, without refreshing the reader's view (first_stage runs it in a thread)."""
+        import tantivy
+
         index = self.text_index
-        query = index.parse_query(" ".join(words), list(fields))
-        clauses = [(tantivy.Occur.Must, query)]
-        if restrict_to is not None:
-            clauses.append((tantivy.Occur.Must, tantivy.Query.term_set_query(index.schema, "paper_id", sorted(restrict_to))))
-        if exclude:
-            clauses.append((tantivy.Occur.MustNot, tantivy.Query.term_set_query(index.schema, "paper_id", sorted(exclude))))
+        schema = index.schema
         searcher = index.searcher()
-        hits = searcher.search(tantivy.Query.boolean_query(clauses), limit=k, count=False).hits
-        return {searcher.doc(addr)["paper_id"][0]: float(score) for score, addr in hits}
+        max_df = float(self.knn_params()["bm25_max_df"])
+        distinct = list(dict.fromkeys(terms))
+        if max_df < 1.0 and len(distinct) > BM25_MIN_TERMS:
+            df = {t: max(searcher.doc_freq(f, t) for f in fields) for t in distinct}
+            present = sorted((t for t in distinct if df[t]), key=lambda t: df[t])  # a term in no document scores nothing
+            limit = max_df * searcher.num_docs
+            keep = set(present[:BM25_MIN_TERMS]) | {t for t in present if df[t] <= limit}
+            terms = [t for t in terms if t in keep]
+        query = tantivy.Query.boolean_query(
+            [(tantivy.Occur.Should, tantivy.Query.term_query(schema, f, t, index_option="freq")) for t in terms for f in fields])
+        limit = k
+        if restrict_to is None and len(exclude) <= 64:
+            # a bare disjunction of term queries is what tantivy prunes with block-max WAND (~1.5x faster at
+            # 1M papers); wrapped with a MUST_NOT it is scored exhaustively, so the few excluded papers (the
+            # query paper) are dropped from a slightly longer list instead
+            limit = k + len(exclude)
+        else:
+            clauses = [(tantivy.Occur.Must, query)]
+            if restrict_to is not None:
+                clauses.append((tantivy.Occur.Must, tantivy.Query.term_set_query(schema, "paper_id", sorted(restrict_to))))
+            if exclude:
+                clauses.append((tantivy.Occur.MustNot, tantivy.Query.term_set_query(schema, "paper_id", sorted(exclude))))
+            query = tantivy.Query.boolean_query(clauses)
+        out = {}
+        for score, addr in searcher.search(query, limit=limit, count=False).hits:
+            pid = searcher.doc(addr)["paper_id"][0]
+            if pid not in exclude and len(out) < k:
+                out[pid] = float(score)
+        return out
 
     def _exact_best(self, st: _State, pnos: np.ndarray, codes: list[int] | None, q: np.ndarray, keep: int | None = None):
         """Exact best cosine per (paper, query sentence) over the papers' rows of the given facets.
@@ -737,8 +790,7 @@ class EmbeddedBackend(Backend):
                 out_p.append(papers)
                 out_b.append(best)
             return np.concatenate(out_p), np.concatenate(out_b)
-        starts = np.searchsorted(st.pno, pnos, side="left")
-        ends = np.searchsorted(st.pno, pnos, side="right")
+        starts, ends = st.row_ranges(pnos)
         lengths = ends - starts
         if lengths.sum() == 0:
             return np.zeros(0, dtype=np.int64), np.zeros((0, len(q)), dtype=np.float32)
@@ -777,7 +829,8 @@ class EmbeddedBackend(Backend):
             allowed = np.asarray(allowed, dtype=np.int64)
             allowed = allowed[(allowed < len(st.dead))]
             allowed = np.setdiff1d(allowed[~st.dead[allowed]], banned)
-            n_allowed_rows = int((np.searchsorted(st.pno, allowed, "right") - np.searchsorted(st.pno, allowed, "left")).sum())
+            starts, ends = st.row_ranges(allowed)
+            n_allowed_rows = int((ends - starts).sum())
             if n_allowed_rows <= max(params["exact_threshold"], 1) or exact:
                 papers, best = self._exact_best(st, allowed, codes if facet is not None else None, q, keep=k)
                 return self._top_papers(papers, best, k)
@@ -800,7 +853,7 @@ class EmbeddedBackend(Backend):
                 if bits is not None:
                     sel = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))
                     sp.sel = sel
-                sims, ids = index.search(q, kk, params=sp)
+                sims, ids = _search_one_thread(index, q, kk, sp)
                 for j in range(m):  # the 2k papers with the best approximate sentence score go to exact re-scoring
                     ok = ids[j] >= 0
                     hit_ids, hit_sims = ids[j][ok], sims[j][ok]
@@ -917,11 +970,18 @@ class EmbeddedBackend(Backend):
                 return []
         # BM25 over the candidates' sentences of the query's facet (bm25_text: facet), else title + abstract
         fields = (f"facet_{request.bm25_facet}",) if request.bm25_facet else ("title", "abstract")
-        bm25 = self.bm25(request.text, request.bm25_k, exclude=request.exclude | deny,
-                         restrict_to=None if deny else restrict, fields=fields)
-        # kNN only ever sees the allowed papers: exact over a small allowed set, the ANN with an id bitmap otherwise
-        knn = self.knn(request.vectors, request.knn_k, facet=request.facet, exclude=request.exclude,
-                       restrict_to=restrict)
+        # BM25 runs in a worker thread while kNN runs here: tantivy and faiss release the GIL, so on two
+        # cores the first stage takes about as long as the slower of the two, not their sum
+        self._state()  # one refreshed view for both (reloads the text index once, here, not in two threads)
+        terms = _query_terms(request.text)
+        bm25_job = _first_stage_pool().submit(self._bm25, terms, request.bm25_k, request.exclude | deny,
+                                              None if deny else restrict, fields) if terms and request.bm25_k > 0 else None
+        try:
+            # kNN only ever sees the allowed papers: exact over a small allowed set, the ANN with an id bitmap otherwise
+            knn = self.knn(request.vectors, request.knn_k, facet=request.facet, exclude=request.exclude,
+                           restrict_to=restrict)
+        finally:
+            bm25 = bm25_job.result() if bm25_job is not None else {}
         fused = top_k(fuse(bm25, knn, request.fusion, request.bm25_weight), request.k)
         papers = self.get([pid for pid, _ in fused]) if request.with_papers else {}
         return [Candidate(pid, score, bm25.get(pid, 0.0), knn.get(pid, 0.0), papers.get(pid)) for pid, score in fused]
@@ -941,6 +1001,59 @@ class EmbeddedBackend(Backend):
             self._db.close()
             self._db = None
             self._release_write()
+
+
+_ANALYZER = None
+_POOL = None
+
+
+def _first_stage_pool():
+    """One worker thread shared by every embedded index of the process (BM25 beside the kNN)."""
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(1, thread_name_prefix="esqbe-bm25")
+    return _POOL
+
+
+def _forget_pool() -> None:  # a forked child has no worker thread: it makes its own pool
+    global _POOL
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _search_one_thread(index, q: np.ndarray, k: int, params):
+    """faiss search on one OpenMP thread: a query's few vectors split poorly over threads, and BM25 runs on
+    the other core meanwhile (first_stage); faiss's spare thread spinning between searches slows both."""
+    import faiss
+
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        return index.search(q, k, params=params)
+    finally:
+        faiss.omp_set_num_threads(threads)
+
+
+def _query_terms(text: str) -> list[str]:
+    """The query parser's terms for `text`: its distinct words (lower-cased, query syntax dropped), analysed
+    as the text fields are (so two words with one stem give that term twice, as the parser does)."""
+    words = list(dict.fromkeys(_QUERY_SYNTAX.sub(" ", text or "").lower().split()))
+    return _analyzer().analyze(" ".join(words)) if words else []
+
+
+def _analyzer():
+    """tantivy's `en_stem` analyzer (the text fields' tokenizer), to turn query text into the indexed terms."""
+    global _ANALYZER
+    if _ANALYZER is None:
+        import tantivy
+
+        _ANALYZER = (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple()).filter(tantivy.Filter.remove_long(40))
+                     .filter(tantivy.Filter.lowercase()).filter(tantivy.Filter.stemmer("english")).build())
+    return _ANALYZER
 
 
 def _dir_size(path: Path) -> int:
