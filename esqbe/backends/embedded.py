@@ -137,7 +137,8 @@ class EmbeddedBackend(Backend):
         self._text_writer = None
         self._text_gen = None
         self._state_cache: _State | None = None
-        self._ann_cache: dict[str, tuple[object, bool]] = {}  # ANN file -> (faiss index, read into memory)
+        self._ann_cache: dict[str, tuple[object, bool]] = {}
+        self._vec_fd: int | None = None  # vectors.f16, read with pread by queries (_read_rows)  # ANN file -> (faiss index, read into memory)
         self._meta_cols = None  # (generation, MetadataColumns) for filters
         db = self.path / "papers.sqlite"
         if not self.path.exists():
@@ -253,6 +254,9 @@ class EmbeddedBackend(Backend):
             for fd in self._files.values():
                 os.close(fd)
             self._files = None
+        if self._vec_fd is not None:
+            os.close(self._vec_fd)
+            self._vec_fd = None
 
     def _recover(self) -> None:
         """Writer-side repair after a crash: vector files back to the committed row count, stray ANN
@@ -657,10 +661,32 @@ class EmbeddedBackend(Backend):
             if not found:
                 continue
             st = self._state(max(r[5] + r[6] for r in found))
+            rows = self._read_rows(st, np.array([r[5] for r in found]), np.array([r[6] for r in found])).astype(np.float32)
+            at = 0
             for pid, title, sentences, facets, metadata, start, n in found:
-                vectors = np.asarray(st.vec[start : start + n], dtype=np.float32)
                 paper = Paper(pid, title, json.loads(sentences), json.loads(facets), json.loads(metadata))
-                out[pid] = IndexedPaper(paper, vectors)
+                out[pid] = IndexedPaper(paper, rows[at : at + n])
+                at += n
+        return out
+
+    def _read_rows(self, st: _State, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """The rows [start, start + n) of each range, concatenated (float16), read with pread. A query reads a
+        few thousand scattered rows; through the memory map each read would map a whole page-cache folio
+        (up to 2 MB) into the process, and after some hundred queries the whole vector file (5.4 GB at 1M
+        papers) would count in the query process's RSS. Read this way it stays in the page cache only."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        out = np.empty((int(lengths.sum()), st.dim), dtype=VECTOR_DTYPE)
+        if not len(out):
+            return out
+        if self._vec_fd is None:
+            self._vec_fd = os.open(self.path / "vectors.f16", os.O_RDONLY)
+        width = st.dim * out.itemsize
+        at = 0
+        for start, n in zip(np.asarray(starts, dtype=np.int64).tolist(), lengths.tolist()):
+            if n:
+                if os.preadv(self._vec_fd, [out[at : at + n]], start * width) != n * width:
+                    raise StorageError(f"{self.path / 'vectors.f16'} is shorter than the index's committed rows")
+                at += n
         return out
 
     def pnos(self, paper_ids: Iterable[str]) -> np.ndarray:
@@ -795,11 +821,13 @@ class EmbeddedBackend(Backend):
         if lengths.sum() == 0:
             return np.zeros(0, dtype=np.int64), np.zeros((0, len(q)), dtype=np.float32)
         rows = np.repeat(starts - np.cumsum(np.r_[0, lengths[:-1]]), lengths) + np.arange(lengths.sum())
+        vectors = self._read_rows(st, starts, lengths)  # every row of the papers, one read per paper
         if codes is not None:
-            rows = rows[np.isin(np.asarray(st.facet[rows]), codes)]
+            keep = np.isin(np.asarray(st.facet[rows]), codes)
+            rows, vectors = rows[keep], vectors[keep]
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros((0, len(q)), dtype=np.float32)
-        sims = np.asarray(st.vec[rows], dtype=np.float32) @ q.T
+        sims = vectors.astype(np.float32) @ q.T
         papers = np.asarray(st.pno[rows])
         first = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
         return papers[first].astype(np.int64), np.maximum.reduceat(sims, first, axis=0)
