@@ -15,6 +15,7 @@ import sqlite3
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -184,10 +185,9 @@ class EncodeReport:
 class Index:
     """An index (any backend) with the encoder and settings it is used with."""
 
-    #: i13's pipelined loop (encode in a worker thread while reading and writing go on) was not adopted when
-    #: merging into the integrated tree's add_papers (StorageError wrapping, per-batch Progress, --strict); the loop
-    #: is serial, and this stays False (benchmarks/bench_encode.py sets it; it has no effect until pipelining returns)
-    pipelined = False
+    #: encode each batch in a worker thread while this thread writes the batch before it and reads the one
+    #: after (False: one batch at a time, in this thread; benchmarks/bench_encode.py measures both)
+    pipelined = True
 
     def __init__(self, backend: Backend, settings: Settings, encoder=None):
         self.backend = backend
@@ -385,31 +385,57 @@ class Index:
             except InputError as e:
                 stop.append(e)
 
+        def storage_error(e: BaseException) -> StorageError:
+            error = StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}; "
+                                 f"{report.stored} paper(s) of this run were committed before it")
+            error.report = report
+            return error
+
+        def store(pending) -> None:
+            """Write one encoded batch (waiting for its encoding) and count it."""
+            encoding, n_batch, n_fresh = pending
+            try:
+                if encoding is not None:
+                    indexed, tagged = encoding.result()  # an encoder error surfaces here
+                    result = self.backend.upsert(indexed)
+                    report.tagged += tagged
+                    report.indexed += result.added
+                    report.replaced += result.replaced
+                    report.unchanged += result.unchanged
+                    report.errors.extend(result.errors)
+            except _STORAGE_ERRORS as e:
+                raise storage_error(e) from e
+            if bar is not None:
+                bar.update(n_batch - n_fresh)  # the encoded ones were counted per encoder batch
+
+        # batch N is encoded in the worker while this thread writes batch N-1 and reads batch N+1: reading,
+        # splitting, SQLite, tantivy and fsync overlap with the model instead of leaving it idle
+        worker = ThreadPoolExecutor(1, thread_name_prefix="esqbe-encode") if self.pipelined else None
+        pending = None
         try:
             for batch in _batches(until_bad_line(papers), max(1, int(self.settings.commit_every))):
                 latest = {p.paper_id: p for p in batch}  # an id repeated within a batch: the last one wins
                 report.replaced += len(batch) - len(latest)
                 try:
                     fresh = self._fresh(latest, facets, report)
-                    if fresh:
-                        if not ensured:
-                            self._ensure_index()
-                            ensured = True
-                        indexed, tagged = self._encode(fresh, facets, bar.update if bar is not None else None)
-                        result = self.backend.upsert(indexed)
-                        report.tagged += tagged
-                        report.indexed += result.added
-                        report.replaced += result.replaced
-                        report.unchanged += result.unchanged
-                        report.errors.extend(result.errors)
+                    if fresh and not ensured:
+                        self._ensure_index()
+                        ensured = True
                 except _STORAGE_ERRORS as e:
-                    error = StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}; "
-                                         f"{report.stored} paper(s) of this run were committed before it")
-                    error.report = report
-                    raise error from e
-                if bar is not None:
-                    bar.update(len(batch) - len(fresh))  # the encoded ones were counted per encoder batch
+                    raise storage_error(e) from e
+                encoding = None
+                if fresh:
+                    args = (fresh, facets, bar.update if bar is not None else None)
+                    encoding = worker.submit(self._encode, *args) if worker is not None else _Done(self._encode(*args))
+                if pending is not None:
+                    store(pending)
+                pending = (encoding, len(batch), len(fresh))
+            if pending is not None:
+                store(pending)
+                pending = None
         finally:
+            if worker is not None:
+                worker.shutdown(wait=True, cancel_futures=True)  # an error in this thread: the batch being encoded is dropped
             if bar is not None and bar is not progress:
                 bar.close()
             report.seconds += time.perf_counter() - start
@@ -814,6 +840,16 @@ def open_index(path: str | None = None, *, config: str | None = None, settings: 
     base = settings or load_settings(config)
     settings = base.replace(path=path, **overrides)
     return Index(open_backend(settings, create=create), settings, encoder=encoder)
+
+
+class _Done:
+    """A result computed in place, with the interface of a Future (the serial indexing loop)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
 
 
 def _batches(items: Iterable, n: int) -> Iterator[list]:

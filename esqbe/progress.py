@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Callable, TextIO
 
@@ -30,6 +31,7 @@ class Progress:
         self._start = self._last = time.monotonic()
         self._lines = 0
         self._bar = None
+        self._lock = threading.Lock()  # the encoder's thread and the indexing loop both report
         if self.tty:
             from tqdm import tqdm
 
@@ -41,6 +43,10 @@ class Progress:
 
     def update(self, papers: int = 0) -> None:
         """`papers` more papers are done (encoded, or found unchanged)."""
+        with self._lock:
+            self._update(papers)
+
+    def _update(self, papers: int) -> None:
         self.papers += papers
         done = self._bytes()
         if self._bar is not None:

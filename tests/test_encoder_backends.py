@@ -68,14 +68,16 @@ def test_tagger_labels_survive_the_fast_backend(papers, fp32):
     assert len(flat_fast) == len(flat_exact) and agree >= 0.85, agree
 
 
-def test_pipelined_indexing_keeps_upsert_semantics_across_batches(tmp_path, encoder, sample_lines, write_jsonl):
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_pipelined_indexing_keeps_upsert_semantics_across_batches(tmp_path, encoder, sample_lines, write_jsonl, pipelined):
     """Batch N+1 is looked up while batch N is still being encoded: a paper repeated in the next batch is
-    still stored once, with its last text, and every line is accounted for."""
+    still stored once, with its last text, and every line is accounted for (the serial loop alike)."""
     recs = [json.loads(line) for line in sample_lines[:5]]
     changed = dict(recs[1], sentences=recs[1]["sentences"][:-1] + ["An extra final sentence about results."])
     # commit_every=2: [r0 r1] [r1' r2] [r0 r3] [r4]; r1' is looked up while [r0 r1] is still being encoded
     src = write_jsonl("repeats.jsonl", [recs[0], recs[1], changed, recs[2], recs[0], recs[3], recs[4]])
     with esqbe.open_index(str(tmp_path / "ix"), encoder=encoder, commit_every=2) as index:
+        index.pipelined = pipelined
         report = index.index_files([str(src)])
         assert (report.read, report.indexed, report.replaced, report.unchanged) == (7, 5, 1, 1)
         stored = index.backend.get([changed["paper_id"]])[changed["paper_id"]].paper

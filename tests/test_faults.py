@@ -231,7 +231,7 @@ def test_strict_keeps_the_papers_before_the_bad_line_and_says_exactly_what(run, 
     bad.write_text("\n".join(lines[:5] + ['{"paper_id": "x", "sentences": ["a"]'] + lines[5:]) + "\n")
     later = sample(2, "later.jsonl", start=20)
     ix = tmp_path / "ix"
-    r = run("index", "--path", ix, "--strict", bad, later)  # commit_every is 128: all 5 are one uncommitted batch
+    r = run("index", "--path", ix, "--strict", bad, later)  # commit_every is 256: all 5 are one uncommitted batch
     assert r.exit_code == 1
     assert f"error: {bad}:6: json:" in r.output
     assert (f"(--strict: stopped at {bad}:6; the 5 paper(s) read before it are in the index (5 indexed, 0 replaced, "
@@ -519,7 +519,7 @@ def test_progress_has_a_total_moves_per_encoder_batch_and_prints_lines_off_a_ter
         encoder.batch_size = small_batches
     lines = log.getvalue().splitlines()
     counts = [int(l.split(": ")[1].split(" papers")[0]) for l in lines]
-    assert len(lines) >= 3 + 1  # one line per encoder batch of 4 (commit_every is 128), and a last one
+    assert len(lines) >= 3 + 1  # one line per encoder batch of 4 (commit_every is 256), and a last one
     assert counts == sorted(counts) and counts[0] < 12 and counts[-1] == 12
     assert f"of {src.stat().st_size / 1024:.1f} KB" in lines[-1] and "(100%)" in lines[-1] and "done in" in lines[-1]
     # on a terminal: a bar over the input's bytes (the total is the files' size)
