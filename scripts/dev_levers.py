@@ -38,13 +38,21 @@ from esqbe.search import facet_probability  # noqa: E402
 
 def snapshot(index: str, into: Path) -> EmbeddedBackend:
     into.mkdir(parents=True)
+    for name in ("vectors.f16", "rows.pno", "rows.facet"):  # the sentence rows (append-only: a copy is consistent
+        if (Path(index) / name).exists():                    # with any SQLite state that commits at most these rows)
+            shutil.copyfile(Path(index) / name, into / name)
+    if (Path(index) / "ann").is_dir():
+        shutil.copytree(Path(index) / "ann", into / "ann")
     src, dst = sqlite3.connect(Path(index) / "papers.sqlite"), sqlite3.connect(into / "papers.sqlite")
     src.backup(dst)
     dst.execute("UPDATE papers SET text_indexed = 0")  # rebuild the text index in the copy
     dst.execute("DELETE FROM text_deletes")
     dst.commit()
     dst.close()
-    return EmbeddedBackend(into, create=False)
+    backend = EmbeddedBackend(into, create=False)
+    backend._acquire_write()  # a writer repairs on taking the lock: here, rebuilds the copy's text index
+    backend.end_write()
+    return backend
 
 
 def mm(x):
@@ -143,6 +151,8 @@ def main() -> None:
     ap.add_argument("--index", required=True, help="an index built by `esqbe eval csfcube` (vectors, labels)")
     ap.add_argument("--bm25-index", help="take BM25 from this index instead (e.g. the complete given-label index)")
     ap.add_argument("--loqo", action="store_true", help="leave-one-query-out estimates of choosing among levers")
+    ap.add_argument("--second-index", help="an eval index of the same papers built with another encoder (e.g. "
+                                           "--model all-mpnet-base-v2): adds rows fusing the two encoders' summax scores")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="esqbe-levers-"))
     try:
@@ -162,6 +172,12 @@ def main() -> None:
         feats["soft0.2-qsoft"] = {q: dev.summax(q, penalty=0.2, query_probs=True) for q in Q}
         feats["bm25-qsoft"] = {q: dev.bm25(q, ("title", "abstract"), query_probs=True) for q in Q}
 
+        if args.second_index:  # the other encoder's rescorer scores, as features beside this index's
+            other = Dev(args.data, args.second_index, args.bm25_index or args.index, tmp / "second")
+            feats["same2"] = {q: other.summax(q) for q in Q}
+            feats["soft0.2_2"] = {q: other.summax(q, penalty=0.2) for q in Q}
+            feats["bm25_facet2"] = {q: other.bm25(q, ("facet",)) for q in Q}
+
         def combo(parts):
             return {q: sum(w * mm(feats[f][q]) for f, w in parts) for q in Q}
 
@@ -178,6 +194,15 @@ def main() -> None:
             *[(f"old default + {a:g} abstract similarity", [("same", 0.9 - a), ("bm25", 0.1), ("abstract", a)]) for a in (0.1, 0.2, 0.3)],
             ("PRF (top 10, beta 0.5) + 0.1 BM25", [("prf10", 0.9), ("bm25", 0.1)]),
         ]
+        if args.second_index:
+            rows += [
+                ("second encoder: summax same-facet + 0.1 BM25", [("same2", 0.9), ("bm25", 0.1)]),
+                ("second encoder: soft 0.2 + 0.3 BM25 facet text (quality preset)", [("soft0.2_2", 0.7), ("bm25_facet", 0.3)]),
+                *[(f"both encoders' summax same-facet ({1 - w2:g}/{w2:g}) + 0.1 BM25",
+                   [("same", 0.9 * (1 - w2)), ("same2", 0.9 * w2), ("bm25", 0.1)]) for w2 in (0.3, 0.5, 0.7)],
+                *[(f"both encoders, soft 0.2 ({1 - w2:g}/{w2:g}) + 0.3 BM25 facet text",
+                   [("soft0.2", 0.7 * (1 - w2)), ("soft0.2_2", 0.7 * w2), ("bm25_facet", 0.3)]) for w2 in (0.3, 0.5, 0.7)],
+            ]
         print("| lever | bg NDCG%20 | method NDCG%20 | result NDCG%20 | all MAP | all NDCG%20 |")
         print("|---|---|---|---|---|---|")
         for name, parts in rows:
