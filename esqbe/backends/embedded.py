@@ -36,6 +36,7 @@ import re
 import sqlite3
 import sys
 from collections import Counter
+from concurrent.futures import wait as futures_wait
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -137,8 +138,8 @@ class EmbeddedBackend(Backend):
         self._text_writer = None
         self._text_gen = None
         self._state_cache: _State | None = None
-        self._ann_cache: dict[str, tuple[object, bool]] = {}
-        self._vec_fd: int | None = None  # vectors.f16, read with pread by queries (_read_rows)  # ANN file -> (faiss index, read into memory)
+        self._ann_cache: dict[str, tuple[object, bool]] = {}  # ANN file -> (faiss index, read into memory)
+        self._vec_fd: int | None = None  # vectors.f16, read with pread by queries (_read_rows)
         self._meta_cols = None  # (generation, MetadataColumns) for filters
         db = self.path / "papers.sqlite"
         if not self.path.exists():
@@ -291,7 +292,8 @@ class EmbeddedBackend(Backend):
         return {**KNN_DEFAULTS, **self._setting("knn_params", {}), **self._overrides}
 
     def configure(self, **params) -> None:
-        """Store kNN parameters in the index (exact_threshold, merge_threshold, nprobe, oversample)."""
+        """Store first-stage parameters in the index (kNN: exact_threshold, merge_threshold, nprobe, oversample;
+        BM25: bm25_max_df). They keep the historical name `knn_params` (in the settings and in stats())."""
         unknown = set(params) - set(KNN_DEFAULTS)
         if unknown:
             raise BackendError(f"unknown kNN parameter(s) {', '.join(sorted(unknown))}; known: {', '.join(KNN_DEFAULTS)}")
@@ -755,8 +757,8 @@ class EmbeddedBackend(Backend):
         default 0.2) of the documents are dropped, keeping at least the BM25_MIN_TERMS most selective:
         classic corpus-statistics stop words (Lucene's more-like-this max_doc_freq, Elasticsearch's old
         cutoff_frequency). They add little to BM25 (idf < 1.6) and cost the most: at 1M papers the
-        ~55-word query of a facet takes ~38 ms with them and ~8 ms without (docs/performance.md), and
-        the CSFCube dev figure is unchanged (61.96 vs 61.92). 1.0 keeps every term."""
+        ~55-word query of a facet takes ~38 ms with them and ~9 ms without (docs/performance.md); the
+        CSFCube dev default moved from 61.92 to 61.86 aggregated NDCG%20. 1.0 keeps every term."""
         terms = _query_terms(text)
         if not terms or k <= 0:
             return {}
@@ -776,8 +778,8 @@ class EmbeddedBackend(Backend):
         if max_df < 1.0 and len(distinct) > BM25_MIN_TERMS:
             df = {t: max(searcher.doc_freq(f, t) for f in fields) for t in distinct}
             present = sorted((t for t in distinct if df[t]), key=lambda t: df[t])  # a term in no document scores nothing
-            limit = max_df * searcher.num_docs
-            keep = set(present[:BM25_MIN_TERMS]) | {t for t in present if df[t] <= limit}
+            max_docs = max_df * searcher.num_docs
+            keep = set(present[:BM25_MIN_TERMS]) | {t for t in present if df[t] <= max_docs}
             terms = [t for t in terms if t in keep]
         query = tantivy.Query.boolean_query(
             [(tantivy.Occur.Should, tantivy.Query.term_query(schema, f, t, index_option="freq")) for t in terms for f in fields])
@@ -1008,8 +1010,10 @@ class EmbeddedBackend(Backend):
             # kNN only ever sees the allowed papers: exact over a small allowed set, the ANN with an id bitmap otherwise
             knn = self.knn(request.vectors, request.knn_k, facet=request.facet, exclude=request.exclude,
                            restrict_to=restrict)
-        finally:
-            bm25 = bm25_job.result() if bm25_job is not None else {}
+        finally:  # never leave the BM25 running past this query (a kNN error is raised, not hidden by BM25's)
+            if bm25_job is not None:
+                futures_wait([bm25_job])
+        bm25 = bm25_job.result() if bm25_job is not None else {}
         fused = top_k(fuse(bm25, knn, request.fusion, request.bm25_weight), request.k)
         papers = self.get([pid for pid, _ in fused]) if request.with_papers else {}
         return [Candidate(pid, score, bm25.get(pid, 0.0), knn.get(pid, 0.0), papers.get(pid)) for pid, score in fused]
