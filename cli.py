@@ -111,6 +111,12 @@ def model_options(fn):
     return fn
 
 
+def tagger_option(fn):
+    return click.option("--tagger", type=click.Path(exists=True, dir_okay=False),
+                        help="Facet tagger weights for papers without labels (env ESQBE_TAGGER; default: the ones shipped "
+                             "with esqbe; make your own with `esqbe train-tagger --out FILE`).")(fn)
+
+
 def encoder_options(fn):
     fn = click.option("--encoder-mode", type=click.Choice(["contextual", "independent"]), help="contextual (default): each sentence pooled from the whole abstract's encoding; independent: each sentence alone.")(fn)
     return model_options(fn)
@@ -125,7 +131,7 @@ def _open(kw, *, create=True):
         "api_key": kw.pop("api_key", None), "username": kw.pop("username", None), "password": kw.pop("password", None),
         "ca_certs": kw.pop("ca_certs", None), "model": kw.pop("model", None), "encoder_mode": kw.pop("encoder_mode", None),
         "device": kw.pop("device", None), "batch_size": kw.pop("batch_size", None),
-        "encoder_backend": kw.pop("encoder_backend", None),
+        "encoder_backend": kw.pop("encoder_backend", None), "tagger": kw.pop("tagger", None),
     }
     return esqbe.open_index(kw.pop("path", None), config=config, create=create, **overrides)
 
@@ -164,6 +170,7 @@ def main():
 @click.option("--facets", type=click.Choice(["keep", "predict", "none"]), help="keep (default): use given labels, tag papers without; predict: tag every paper; none: never tag.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress (a bar on a terminal, else a line every 10 s).")
+@tagger_option
 @encoder_options
 @backend_options
 @handle_errors
@@ -292,7 +299,7 @@ def encode_cmd(files, out_dir, shard, fmt, strict, facets, as_json, quiet, confi
 @click.option("--k", "-k", type=K, help=f"Number of hits, 1..{RANGES['k'][1]} (default: 10).")
 @click.option("--rescorer", help="ts, summax, ot, asym, asym_token, or none (default from config: summax).")
 @click.option("--param", "params", multiple=True, help="Rescorer parameter KEY=VALUE, e.g. --param tau=0.5 (repeatable).")
-@click.option("--candidate-facet", type=click.Choice(["all", "same", "soft"]), help="Match all candidate sentences, only those with the query's facet, or all with a penalty for other facets (soft).")
+@click.option("--candidate-facet", type=click.Choice(["auto", "same", "all", "soft"]), help="Which candidate sentences a facet query matches: only those with the query's facet (same), all (all), all with a penalty for other facets (soft), or auto (default): soft for papers whose labels the tagger predicted, same for given labels.")
 @click.option("--facet-penalty", type=float, help="With --candidate-facet soft: cosine penalty x (1 - the sentence's facet probability) (default 0.2).")
 @click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]), help="How BM25 and kNN are fused in the first stage.")
 @click.option("--bm25-weight", "final_bm25_weight", type=WEIGHT, help="Fuse the rescorer's score with BM25 (0..1, per-query min-max; 0 = rescorer alone).")
@@ -407,6 +414,7 @@ def _short(s: str, n: int = 160) -> str:
 @click.option("--reindex-to", metavar="NEW_INDEX", help="OpenSearch indexes created without index.knn: copy into NEW_INDEX (with it) and attach there; an alias named --index is moved to it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@tagger_option
 @encoder_options
 @backend_options
 @handle_errors

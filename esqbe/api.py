@@ -276,21 +276,24 @@ class Index:
 
     @property
     def tagger(self):
-        """The shipped facet tagger, or None if none can be used.
+        """The facet tagger (the `tagger` setting's weights, else the shipped ones), or None if none can be used.
 
         It reuses this index's encoder pass when its weights belong to that encoder; with another
         encoder (e.g. `--model` all-mpnet-base-v2) it runs the encoder it was trained on itself."""
         if self._tagger is None:
-            try:
-                from .tagger import FacetTagger, TaggerMismatchError
+            from .tagger import FacetTagger, TaggerMismatchError
 
+            path = self.settings.tagger  # checked where it was set (config.check_value)
+            try:
                 try:
-                    self._tagger = FacetTagger.load(encoder=self.encoder)
+                    self._tagger = FacetTagger.load(path, encoder=self.encoder)
                     self._tagger_shares_encoder = True
                 except TaggerMismatchError:
-                    self._tagger = FacetTagger.load()  # a second encoder pass, its own
+                    self._tagger = FacetTagger.load(path)  # a second encoder pass, its own
                     self._tagger_shares_encoder = False
             except (ImportError, FileNotFoundError):
+                if path:
+                    raise  # weights the user named are gone: say so rather than leave papers unlabelled
                 self._tagger = False  # no tagger weights in this build: sentences stay `unlabeled`
         return self._tagger or None
 

@@ -38,6 +38,7 @@ class Settings:
     encoder_backend: str = "torch"  # torch (default, exact fp32) | auto | torch-int8 | onnx | onnx-int8 (how the encoder runs; docs/performance.md)
     batch_size: int = 32
     facets: str = "keep"  # keep | predict | none: what indexing does about facet labels
+    tagger: str | None = None  # facet tagger weights (`esqbe train-tagger --out`); None = the ones shipped with esqbe
     commit_every: int = 256  # papers per committed batch while indexing (a killed run loses at most one batch);
     #   also how many papers the encoder length-sorts at once: 128 encoded ~7% slower than 256 (docs/performance.md)
     # querying
@@ -49,10 +50,11 @@ class Settings:
     bm25_k: int = 100
     fusion: str = "rrf"  # rrf | linear | bm25 | knn (first stage)
     fusion_bm25_weight: float = 0.5  # for linear first-stage fusion
-    candidate_facet: str = "same"  # same: a facet query matches candidate sentences of that facet | all: every sentence
+    candidate_facet: str = "auto"  # auto: `soft` for candidates whose labels the tagger predicted, `same` for given labels
+    # | same: a facet query matches candidate sentences of that facet | all: every sentence
     # | soft: every sentence, a sentence of another facet losing facet_penalty x (1 - its probability of the facet)
-    facet_penalty: float = 0.2  # cosine penalty of candidate_facet=soft (soft + 0.2 + query_facet_threshold 0.3: recommended with predicted labels)
-    query_facet_threshold: float = 0.0  # query papers with soft labels: sentences with facet probability >= this form the query; 0 = their hard labels (0.3 recommended with predicted labels)
+    facet_penalty: float = 0.2  # cosine penalty of candidate_facet soft (and auto, for predicted labels)
+    query_facet_threshold: float = 0.3  # query papers with predicted (soft) labels: sentences with facet probability >= this form the query; 0 = their hard labels. Given labels are unaffected
     final_bm25_weight: float = 0.1  # rescorer score fused with BM25 (per-query min-max), 0 = rescorer alone
     bm25_text: str = "abstract"  # what BM25 scores of a candidate: abstract (title + abstract) | facet (its sentences of the query's facet; embedded backend)
     abstract_weight: float = 0.0  # whole-abstract similarity fused into the final score (per-query min-max), 0 = off
@@ -95,6 +97,7 @@ _ENV = {
     "ESQBE_MODEL": "model",
     "ESQBE_DEVICE": "device",
     "ESQBE_ENCODER_BACKEND": "encoder_backend",
+    "ESQBE_TAGGER": "tagger",
 }
 
 
@@ -105,7 +108,7 @@ CHOICES = {
     "encoder_backend": ("torch", "auto", "torch-int8", "onnx", "onnx-int8"),
     "facets": ("keep", "predict", "none"),
     "fusion": ("rrf", "linear", "bm25", "knn"),
-    "candidate_facet": ("same", "all", "soft"),
+    "candidate_facet": ("auto", "same", "all", "soft"),
     "bm25_text": ("abstract", "facet"),
 }
 #: inclusive bounds of the numeric settings (a sane maximum guards against typos like k: 1000000)
@@ -145,6 +148,8 @@ def check_value(name: str, value) -> str | None:
             return f"must be between {lo} and {hi} (got {value})"
     if name in ("path", "index") and not str(value).strip():
         return "must not be empty"
+    if name == "tagger" and not Path(str(value)).is_file():
+        return f"no tagger weights file at {value} (make one with `esqbe train-tagger --out {value}`)"
     return None
 
 

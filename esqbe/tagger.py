@@ -470,8 +470,9 @@ def _forward_cached(net, batch_rows: Sequence[list[dict]], n_sents: Sequence[int
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         vecs = net.sentence_vectors(x, valid, [r["spans"] for r in rows])
     per_paper, k = [], 0
+    width = vecs[0].shape[-1]  # dim, or 2 x dim with mean+attn pooling
     for paper_rows, n in zip(batch_rows, n_sents):
-        v = torch.zeros(n, dim, device=device)
+        v = torch.zeros(n, width, device=device)
         for r in paper_rows:
             v = v.index_copy(0, torch.tensor(r["sents"], device=device), vecs[k].float())
             k += 1

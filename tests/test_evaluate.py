@@ -54,9 +54,9 @@ def test_eval_writes_runs_and_results(tmp_path, mini_release):
     # a second configuration reuses the index and adds its own run and results entry
     r = CliRunner().invoke(main, args + ["--rescorer", "ts"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    assert "contextual-ts-cand-same-bm25w0.1 — split dev" in r.stdout
-    assert (out / "contextual-ts-cand-same-bm25w0.1.run").exists()
-    assert set(json.loads((out / "results.json").read_text())) == {"default", "contextual-ts-cand-same-bm25w0.1"}
+    assert "contextual-ts-cand-auto-bm25w0.1 — split dev" in r.stdout
+    assert (out / "contextual-ts-cand-auto-bm25w0.1.run").exists()
+    assert set(json.loads((out / "results.json").read_text())) == {"default", "contextual-ts-cand-auto-bm25w0.1"}
 
 
 def test_eval_checks_the_collections_sample_run(tmp_path):

@@ -184,6 +184,58 @@ def test_soft_candidate_facets_penalise_other_facets(small_index):
         small_index.query(QID, candidate_facet="soft", facet_penalty=-1, **common)
 
 
+def test_auto_candidate_facets_are_soft_for_predicted_labels_and_same_for_given(tmp_path, encoder, sample_lines):
+    """candidate_facet=auto (the default): a candidate whose labels the tagger predicted is matched with
+    all its sentences, another facet's sentence losing facet_penalty x (1 - p(facet)); one with given
+    labels only with its sentences of the query's facet. A query paper with predicted labels contributes
+    the sentences whose facet probability reaches query_facet_threshold."""
+    import json
+
+    import esqbe
+    from esqbe.search import facet_probability
+
+    rows = [json.loads(line) for line in sample_lines[:24]]
+    given = rows[:12]
+    plain = [{"id": r["paper_id"], "title": r.get("title", ""), "abstract": " ".join(r["sentences"])} for r in rows[12:]]
+    for name, part in (("given.jsonl", given), ("plain.jsonl", plain)):
+        (tmp_path / name).write_text("\n".join(json.dumps(r) for r in part) + "\n")
+    index = esqbe.open_index(str(tmp_path / "ix"), encoder=encoder, config=None)
+    report = index.index_files([str(tmp_path / "given.jsonl"), str(tmp_path / "plain.jsonl")])
+    assert (report.indexed, report.tagged, report.errors) == (24, len(plain), [])
+    assert index.settings.candidate_facet == "auto" and index.settings.query_facet_threshold == 0.3
+
+    def expected(query, idx, pid, soft):
+        c = index.backend.get([pid])[pid]
+        if soft:
+            sims = query.vectors[idx] @ c.vectors.T - 0.2 * (1 - facet_probability(c.paper, "method"))[None, :]
+        else:
+            keep = c.paper.facet_indices("method")
+            if not keep:
+                return None
+            sims = query.vectors[idx] @ c.vectors[keep].T
+        return float(sims.max(axis=1).mean())
+
+    common = dict(facet="method", k=23, rescorer="summax", final_bm25_weight=0)
+    for qid in (given[0]["paper_id"], plain[0]["id"]):
+        q = index.backend.get([qid])[qid]
+        res = index.query(qid, **common)
+        idx = [i for i, _ in res.query_sentences]
+        if qid == plain[0]["id"]:  # predicted labels: every sentence with p(method) >= 0.3
+            p = facet_probability(q.paper, "method")
+            assert idx == ([i for i in range(len(p)) if p[i] >= 0.3] or [int(np.argmax(p))])
+        else:
+            assert idx == q.paper.facet_indices("method")
+        kinds = set()
+        for h in res.hits:
+            soft = "facet_probs" in h.metadata
+            want = expected(q, idx, h.paper_id, soft)
+            if want is not None:
+                kinds.add(soft)
+                assert h.score == pytest.approx(want, abs=1e-5), (qid, h.paper_id, soft)
+        assert kinds == {True, False}  # both kinds of candidate were ranked
+    index.close()
+
+
 def test_soft_labels_come_from_the_taggers_probabilities():
     from esqbe.papers import Paper
     from esqbe.search import facet_probability

@@ -5,6 +5,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -225,3 +226,23 @@ def test_train_tagger_end_to_end_on_a_tiny_slice(encoder, tmp_path, test_papers)
     assert tiny.meta["training"]["limit"] == 8 and tiny.encoder_name == encoder.name
     labels = tiny.tag(test_papers[:2])
     assert [len(x) for x in labels] == [len(p.sentences) for p in test_papers[:2]]
+
+    # the weights it wrote are what indexing uses with `tagger` set (`esqbe index --tagger FILE`)
+    import esqbe
+    from esqbe.config import ConfigError
+
+    src = tmp_path / "plain.jsonl"
+    src.write_text("".join(json.dumps({"id": p.paper_id, "title": p.title, "abstract": " ".join(p.sentences)}) + "\n"
+                           for p in test_papers[:2]))
+    with esqbe.open_index(str(tmp_path / "ix"), encoder=encoder, config=None, tagger=str(out)) as index:
+        assert index.index_files([str(src)]).tagged == 2
+        stored = index.backend.get([p.paper_id for p in test_papers[:2]])
+    want_labels, want_probs = tiny.tag_with_probabilities(test_papers[:2])
+    shipped_probs = FacetTagger.load(encoder=encoder).tag_with_probabilities(test_papers[:2])[1]
+    for p, lab, pr, other in zip(test_papers[:2], want_labels, want_probs, shipped_probs):
+        got = stored[p.paper_id].paper
+        assert got.facets == lab
+        assert np.allclose(got.metadata["facet_probs"], pr, atol=2e-3)
+        assert not np.allclose(got.metadata["facet_probs"], other, atol=2e-3)  # not the shipped tagger's
+    with pytest.raises(ConfigError, match="no tagger weights file"):
+        esqbe.open_index(str(tmp_path / "ix2"), encoder=encoder, config=None, tagger=str(tmp_path / "missing.pt"))
