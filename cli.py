@@ -310,13 +310,14 @@ def encode_cmd(files, out_dir, shard, fmt, strict, facets, as_json, quiet, confi
 @click.option("--engine-filter", metavar="JSON", help="Elasticsearch/OpenSearch only: a query DSL clause the papers must also match, e.g. '{\"term\": {\"lang\": \"en\"}}'.")
 @click.option("--abstract-weight", type=WEIGHT, help="Fuse in whole-abstract similarity (mean sentence vectors; 0..1, per-query min-max; default 0).")
 @click.option("--bm25-text", type=click.Choice(["abstract", "facet"]), help="BM25 over title+abstract (default) or over the candidate's sentences of the query's facet (embedded backend).")
-@click.option("--query-facet-threshold", type=float, help="Query papers with soft (predicted) labels: use every sentence whose facet probability reaches this (default 0: their hard labels; 0.3 recommended with predicted labels).")
+@click.option("--query-facet-threshold", type=float, help="Query papers with predicted (soft) labels: use every sentence whose facet probability reaches this (default 0.3; 0: their hard labels). Given labels are unaffected.")
+@click.option("--vector-centering", type=click.Choice(["none", "mean", "top1", "top2", "top3", "top4"]), help="Rescore on centred sentence vectors: none (default), mean (subtract the index's mean vector), topK (also remove its K principal directions; configs/quality.yaml uses top1).")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
 @encoder_options
 @backend_options
 @handle_errors
 def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, params, candidate_facet, facet_penalty,
-              fusion, final_bm25_weight, abstract_weight, bm25_text, query_facet_threshold, filters, engine_filter,
+              fusion, final_bm25_weight, abstract_weight, bm25_text, query_facet_threshold, vector_centering, filters, engine_filter,
               as_json, **kw):
     """Papers most similar to one paper in one aspect, with the sentences that matched.
 
@@ -352,7 +353,7 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, p
             raise click.BadParameter("expected comma-separated sentence indices, e.g. 0,2", param_hint="--sentences")
     overrides = {"k": k, "rescorer": rescorer, "candidate_facet": candidate_facet, "fusion": fusion,
                  "final_bm25_weight": final_bm25_weight, "abstract_weight": abstract_weight, "facet_penalty": facet_penalty,
-                 "bm25_text": bm25_text, "query_facet_threshold": query_facet_threshold}
+                 "bm25_text": bm25_text, "query_facet_threshold": query_facet_threshold, "vector_centering": vector_centering}
     if params:
         overrides["rescorer_params"] = _parse_params(params)
     with _open(kw, create=False) as index:
@@ -677,19 +678,21 @@ def eval_group():
 @click.option("--labels", "facets", type=click.Choice(["keep", "predict"]), default="keep", show_default=True, help="keep: the collection's sentence labels; predict: every paper's labels replaced by esqbe's tagger.")
 @click.option("--rescorer", help="ts, summax, ot, asym, asym_token, or none.")
 @click.option("--param", "params", multiple=True, help="Rescorer parameter KEY=VALUE (repeatable).")
-@click.option("--candidate-facet", type=click.Choice(["all", "same", "soft"]), help="Candidate sentences matched: all, same facet, or soft (all, other facets penalised).")
+@click.option("--candidate-facet", type=click.Choice(["auto", "same", "all", "soft"]), help="Candidate sentences matched: auto (default: soft for predicted labels, same for given), same facet, all, or soft (all, other facets penalised).")
 @click.option("--facet-penalty", type=float, help="With --candidate-facet soft: the penalty (default 0.2).")
 @click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]))
 @click.option("--bm25-weight", "final_bm25_weight", type=WEIGHT, help="Fuse rescorer and BM25 scores (0..1).")
 @click.option("--abstract-weight", type=WEIGHT, help="Fuse in whole-abstract similarity (0..1; default 0).")
 @click.option("--bm25-text", type=click.Choice(["abstract", "facet"]), help="BM25 over title+abstract (default) or the candidate's sentences of the query's facet.")
-@click.option("--query-facet-threshold", type=float, help="Query papers with predicted labels: sentences whose facet probability reaches this form the query (default 0: hard labels; 0.3 recommended with predicted labels).")
+@click.option("--query-facet-threshold", type=float, help="Query papers with predicted labels: sentences whose facet probability reaches this form the query (default 0.3; 0: hard labels).")
+@click.option("--vector-centering", type=click.Choice(["none", "mean", "top1", "top2", "top3", "top4"]), help="Rescore on centred vectors: none (default), mean, or topK (mean and K principal directions removed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="YAML settings file.")
+@tagger_option
 @encoder_options
 @handle_errors
 def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candidate_facet, facet_penalty, fusion,
-                     final_bm25_weight, abstract_weight, bm25_text, query_facet_threshold, as_json, config, **kw):
+                     final_bm25_weight, abstract_weight, bm25_text, query_facet_threshold, vector_centering, as_json, config, **kw):
     """Re-rank every CSFCube query's pool through esqbe's query path and print the collection's metrics.
 
     \b
@@ -704,7 +707,7 @@ def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candid
     overrides = {"rescorer": rescorer, "candidate_facet": candidate_facet, "fusion": fusion,
                  "final_bm25_weight": final_bm25_weight, "abstract_weight": abstract_weight,
                  "facet_penalty": facet_penalty, "bm25_text": bm25_text,
-                 "query_facet_threshold": query_facet_threshold, **kw}
+                 "query_facet_threshold": query_facet_threshold, "vector_centering": vector_centering, **kw}
     if params:
         overrides["rescorer_params"] = _parse_params(params)
     settings = load_settings(config, **overrides)

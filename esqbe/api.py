@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+from . import centering
 from .backends.base import Backend, BackendError, IndexedPaper, IndexMeta, ModelMismatchError, StorageError, UpsertResult
 from .config import Settings, load_settings
 from .encoded import is_parquet
@@ -401,6 +402,7 @@ class Index:
                 if encoding is not None:
                     indexed, tagged = encoding.result()  # an encoder error surfaces here
                     result = self.backend.upsert(indexed)
+                    centering.written(self.backend, result.added + result.replaced)
                     report.tagged += tagged
                     report.indexed += result.added
                     report.replaced += result.replaced
@@ -566,6 +568,7 @@ class Index:
                 report.unchanged += len(batch) - len(fresh)
                 if fresh:
                     result = self.backend.upsert(fresh)
+                    centering.written(self.backend, result.added + result.replaced)
                     report.indexed += result.added
                     report.replaced += result.replaced
                     report.unchanged += result.unchanged
@@ -638,9 +641,11 @@ class Index:
 
     def delete(self, paper_ids: Iterable[str]) -> int:
         try:
-            return self.backend.delete(paper_ids)
+            deleted = self.backend.delete(paper_ids)
         except _STORAGE_ERRORS as e:
             raise StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}") from e
+        centering.written(self.backend, deleted)
+        return deleted
 
     def delete_papers(self, paper_ids: Iterable[str]) -> tuple[list[str], list[str]]:
         """Delete papers by id; returns (deleted ids, ids that were not in the index)."""

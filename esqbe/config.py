@@ -58,6 +58,7 @@ class Settings:
     final_bm25_weight: float = 0.1  # rescorer score fused with BM25 (per-query min-max), 0 = rescorer alone
     bm25_text: str = "abstract"  # what BM25 scores of a candidate: abstract (title + abstract) | facet (its sentences of the query's facet; embedded backend)
     abstract_weight: float = 0.0  # whole-abstract similarity fused into the final score (per-query min-max), 0 = off
+    vector_centering: str = "none"  # rescoring on centred vectors: none | mean (subtract the corpus mean) | top1..top4 (also remove its top principal directions); esqbe.centering
     #: per query facet, settings that replace the ones above for queries of that facet, e.g.
     #: {"background": {"abstract_weight": 0.3}, "method": {"rescorer": "asym"}} (see esqbe.search.FACET_SETTING_KEYS)
     facet_settings: dict = field(default_factory=dict)
@@ -110,6 +111,7 @@ CHOICES = {
     "fusion": ("rrf", "linear", "bm25", "knn"),
     "candidate_facet": ("auto", "same", "all", "soft"),
     "bm25_text": ("abstract", "facet"),
+    "vector_centering": ("none", "mean", "top1", "top2", "top3", "top4"),
 }
 #: inclusive bounds of the numeric settings (a sane maximum guards against typos like k: 1000000)
 MAX_K = 10_000

@@ -22,7 +22,7 @@ from .search import QueryError
 #: the settings that change a ranking: a run's name and results are keyed by them
 RANKING_KEYS = ("encoder_mode", "candidate_facet", "fusion", "fusion_bm25_weight", "rescorer", "rescorer_params",
                 "final_bm25_weight", "rescore_depth", "knn_k", "bm25_k", "abstract_weight", "facet_settings", "facet_penalty",
-                "bm25_text", "query_facet_threshold")
+                "bm25_text", "query_facet_threshold", "vector_centering")
 
 
 @dataclass
@@ -56,10 +56,14 @@ def config_name(settings: Settings, facets: str) -> str:
         parts.append(f"qthr{d['query_facet_threshold']:g}")
     if d["abstract_weight"]:
         parts.append(f"absw{d['abstract_weight']:g}")
+    if d["vector_centering"] != "none":
+        parts.append(f"centred-{d['vector_centering']}")
     for facet, entry in sorted(d["facet_settings"].items()):
         parts.append(f"{facet[:3]}[" + ",".join(f"{k}={v}" for k, v in sorted(entry.items())) + "]")
     if facets != "keep":
         parts.append(f"labels-{facets}")
+    if d.get("tagger"):
+        parts.append(f"tagger-{_tagger_name(settings)}")
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(str(p) for p in parts))
 
 
@@ -101,6 +105,8 @@ def command_for(config: dict, data_dir: str = "../shared/data/csfcube-dev") -> s
         parts.append(f"--query-facet-threshold {config['query_facet_threshold']}")
     if config.get("abstract_weight", 0.0) != defaults.abstract_weight:
         parts.append(f"--abstract-weight {config['abstract_weight']}")
+    if config.get("vector_centering", "none") != defaults.vector_centering:
+        parts.append(f"--vector-centering {config['vector_centering']}")
     if config.get("facet_settings", {}) != defaults.facet_settings and not config.get("config_file"):
         parts.append("--config FILE-WITH-facet_settings")
     return " ".join(parts)

@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from .backends.base import Backend, Candidate, FirstStageRequest, IndexedPaper
+from .centering import corpus_directions
 from .config import Settings
 from .filters import MetadataFilter
 from .papers import QUERY_FACETS, Paper, normalize_label
@@ -24,7 +25,7 @@ SOFT_FACET_ORDER = ("background", "method", "result", "other")
 #: the settings a `facet_settings` entry may change: how one query is ranked, nothing about the index
 FACET_SETTING_KEYS = ("k", "rescorer", "rescorer_params", "rescore_depth", "knn_k", "bm25_k", "fusion",
                       "fusion_bm25_weight", "candidate_facet", "facet_penalty", "final_bm25_weight", "abstract_weight", "bm25_text",
-                      "query_facet_threshold")
+                      "query_facet_threshold", "vector_centering")
 
 
 class QueryError(ValueError):
@@ -341,8 +342,16 @@ def _run_query(backend: Backend, query: IndexedPaper, indices: list[int], settin
     similarity = np.full(len(candidates), np.nan)  # the rescorer's own score, before any fusion
     if rescorer is not None and candidates:
         views, bias = _candidate_views(candidates, facet, settings)
+        q_rescore = q_vectors
+        if settings.vector_centering != "none":  # the rescorer compares centred vectors (esqbe.centering)
+            try:
+                directions = corpus_directions(backend, settings.vector_centering)
+            except ValueError as e:
+                raise QueryError(str(e)) from None
+            q_rescore = directions.apply(q_vectors)
+            views = [(IndexedPaper(v.paper, directions.apply(v.vectors)), keep) for v, keep in views]
         batch = CandidateBatch.from_papers([v for v, _ in views], bias=bias)
-        result = rescorer(QueryBatch(q_vectors, q_sentences), batch)
+        result = rescorer(QueryBatch(q_rescore, q_sentences), batch)
         scores = np.asarray(result.scores, dtype=np.float64)
         finite = np.isfinite(scores)
         similarity = np.where(finite, scores, np.nan)

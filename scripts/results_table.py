@@ -18,6 +18,8 @@ def main(*out_dirs: str, split: str = "dev") -> None:
         cand = c["candidate_facet"] + (f" {c['facet_penalty']:g}" if c["candidate_facet"] == "soft" else "")
         if c.get("labels") == "predict" and c.get("query_facet_threshold"):
             cand += f", query p>={c['query_facet_threshold']:g}"
+        if c.get("vector_centering", "none") != "none":
+            cand += f", centred {c['vector_centering']}"
         bm25 = f"{c['final_bm25_weight']:g}" + (f" ({c.get('bm25_text', 'abstract')})" if c["final_bm25_weight"] else "")
         if c.get("abstract_weight"):
             bm25 += f" + abstract {c['abstract_weight']:g}"

@@ -17,6 +17,7 @@ What is checked:
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
 import json
 import re
@@ -333,6 +334,13 @@ class CannedEngine:
             hits = [{"_index": INDEX, "_id": pid, "_score": 1.0, "_source": filter_source(self.sources[pid], spec.get("includes"), set(), omit)}
                     for pid in ids if pid in self.sources]
             return 200, {"hits": {"max_score": 1.0, "hits": hits}}
+        functions = ((body.get("query") or {}).get("function_score") or {}).get("functions") or [{}]
+        random_score = functions[0].get("random_score")
+        if random_score is not None:  # a seeded random order: the same for the same seed, another for another
+            seed = random_score["seed"]
+            order = sorted(self.sources, key=lambda pid: hashlib.sha256(f"{seed}:{pid}".encode()).hexdigest())
+            hits = [{"_index": INDEX, "_id": pid, "_score": 1.0} for pid in order[: body["size"]]]
+            return 200, {"hits": {"total": {"value": len(self.sources), "relation": "eq"}, "hits": hits}}
         aggs = {facet: {"doc_count": 0} for facet in FACET_LABELS}
         for src in self.sources.values():
             for facet, path in FACET_PATHS.items():
@@ -924,6 +932,26 @@ def test_stats_body_is_valid_and_counts_per_facet(engine):
     assert stats["sentences_by_facet"]["method"] == sum(p.paper.facets.count("method") for p in papers)
     assert (stats["model"], stats["dim"]) == (META.model, META.dim)
     assert "client" in stats["fusion"]
+
+
+@pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
+def test_sample_papers_body_is_valid_and_centering_works_on_an_engine(engine):
+    """vector_centering reads a seeded random sample of papers (random_score) and their vectors through
+    the backend interface: the body passes the spec, and the directions match the papers' own."""
+    from esqbe import centering
+
+    papers = make_papers()
+    backend, canned = ready_backend(engine, VERSIONS[engine][-1], papers)
+    ids, total = backend.sample_papers(3, seed=7)
+    (sent,) = canned.sent("_search")
+    assert_valid(engine, "search", sent["lines"][0])
+    assert total == len(papers) and len(ids) == 3 and set(ids) <= {p.paper_id for p in papers}
+    assert backend.sample_papers(3, seed=7)[0] == ids
+    directions = centering.corpus_directions(backend, "top1", sample=len(papers))
+    want = centering.estimate(np.concatenate([p.vectors for p in sorted(papers, key=lambda p: p.paper_id)]), 1)
+    assert np.allclose(directions.mean, want.mean, atol=1e-3)  # the documents' vectors are stored in float16
+    assert abs(abs(float(directions.top[0] @ want.top[0])) - 1) < 1e-2
+    assert directions.corpus == len(papers)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -205,6 +205,14 @@ class Backend(ABC):
         """Every paper id in the index (for whole-index jobs such as `esqbe train-words --index-path`)."""
         raise BackendError(f"the {self.name} backend cannot list its papers")
 
+    def sample_papers(self, n: int, seed: int = 0) -> tuple[list[str], int]:
+        """Up to `n` paper ids drawn at random (the same ones for the same seed and papers), and how many
+        papers the index holds: corpus statistics estimated from a sample (esqbe.centering)."""
+        import random
+
+        ids = sorted(self.paper_ids())
+        return (sorted(random.Random(seed).sample(ids, n)) if len(ids) > n else ids), len(ids)
+
     def token_counts(self) -> tuple[dict[str, int], int] | None:
         """Corpus token frequencies kept up to date on upsert/delete: (token -> count, total tokens),
         or None when the backend keeps none (rescorers then estimate from the candidates)."""

@@ -400,6 +400,19 @@ def stats_body() -> dict:
     }
 
 
+def sample_body(n: int, seed: int) -> dict:
+    """`n` documents in a seeded random order (random_score over `_seq_no`: the same order for the same
+    seed while the index is unchanged), ids only, and the total count."""
+    return {
+        "size": n,
+        "_source": False,
+        "track_total_hits": True,
+        "query": {"function_score": {"query": {"match_all": {}},
+                                     "functions": [{"random_score": {"seed": seed, "field": "_seq_no"}}],
+                                     "boost_mode": "replace"}},
+    }
+
+
 def facet_paths(facet: str | None) -> list[str]:
     """Nested paths a kNN searches: the facet's own, or all of them (no facet filter)."""
     if facet is None:
@@ -959,6 +972,16 @@ class EngineBackend(Backend):
         return bm25, knn
 
     # --- stats ---------------------------------------------------------------------------------
+
+    def sample_papers(self, n: int, seed: int = 0) -> tuple[list[str], int]:
+        try:
+            body = self._body(self._call(self.client.search, index=self.index, body=sample_body(n, seed)))
+        except Exception as exc:
+            raise self._error("sampling papers", exc) from exc
+        hits = body.get("hits", {})
+        total = hits.get("total", {})
+        ids = sorted(str(h["_id"]) for h in hits.get("hits", []))
+        return ids, int(total.get("value", len(ids)) if isinstance(total, dict) else total)
 
     def stats(self) -> dict:
         info = self.info()
