@@ -163,6 +163,22 @@ def test_query_rescore_ranking_matches_embedded(indexed):
     assert compared >= 5
 
 
+def test_centred_rescoring_matches_embedded(indexed):
+    """vector_centering samples the engine's papers with random_score and reads their vectors back: with
+    every paper in the sample (a small index) the statistics, and so the rankings, equal the embedded ones."""
+    embedded, engine, _ = indexed
+    ids = _ids()
+    assert sorted(engine.backend.sample_papers(len(ids) + 5)[0]) == sorted(ids)
+    for pid in ids[:4]:
+        for facet in ("method", "result"):
+            if not engine.backend.get([pid])[pid].paper.facet_indices(facet):
+                continue
+            want = embedded.query(paper_id=pid, facet=facet, k=10, vector_centering="top1").hits
+            got = engine.query(paper_id=pid, facet=facet, k=10, vector_centering="top1").hits
+            assert [h.paper_id for h in got] == [h.paper_id for h in want], (pid, facet)
+            assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-3)
+
+
 def test_engine_knn_scores_are_the_cosines(indexed):
     """Candidate.knn from engine scores equals the definition computed from the stored vectors."""
     from esqbe.backends.base import FirstStageRequest
