@@ -28,7 +28,8 @@ from .filters import FilterError, MetadataFilter, coerce_filters
 from .papers import Paper, normalize_label, split_sentences
 from .progress import Progress
 from .readers import InputError, ReadReport, check_source, read_papers
-from .search import (EmptyIndexError, PaperNotFoundError, QueryError, QueryResult, run_query, select_query_sentences,
+from .search import (EmptyIndexError, PaperNotFoundError, QueryError, QueryResult, facet_probability, run_query,
+                     select_query_sentences,
                      settings_for_facet)
 
 FACET_MODES = ("keep", "predict", "none")
@@ -704,9 +705,14 @@ class Index:
             t_encode = time.perf_counter()  # labels predicted and vectors encoded for this text
             paper = Paper("query", title, sents)
             if facet is not None and self.tagger is not None:
-                paper.facets = self.tagger.tag([paper])[0]
-                paper.facets = [normalize_label(x) for x in paper.facets]
-            if facet is not None and normalize_label(facet) not in paper.facets:
+                labels, probs = self.tagger.tag_with_probabilities([paper])
+                paper.facets = [normalize_label(x) for x in labels[0]]
+                # as for an indexed paper the tagger labelled: its probabilities choose the query's sentences
+                # (query_facet_threshold), so a facet the hard labels miss can still be asked for
+                paper.metadata = {**(paper.metadata or {}), "facet_probs": probs[0]}
+            likely = facet is not None and bool(settings.query_facet_threshold) and "facet_probs" in (paper.metadata or {}) \
+                and bool((facet_probability(paper, normalize_label(facet)) >= float(settings.query_facet_threshold)).any())
+            if facet is not None and normalize_label(facet) not in paper.facets and not likely:
                 labelled = sorted(set(paper.facets) - {"unlabeled"})
                 raise QueryError(
                     f"the query text has no {facet} sentence: "

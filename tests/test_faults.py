@@ -486,7 +486,9 @@ def test_query_and_stats_on_a_directory_that_is_not_an_index_leave_it_alone(run,
 
 
 def test_text_query_with_a_facet_the_tagger_did_not_find_says_so(run, built):
-    r = run("query", "--path", built, "--text", "We propose a new graph parser. It is trained with a margin loss.",
+    # no sentence the tagger labels result, nor one with p(result) >= query_facet_threshold (0.3)
+    r = run("query", "--path", built, "--text",
+            "Parsing is a core task of natural language processing. Many downstream systems depend on accurate parsers.",
             "--facet", "result")
     assert r.exit_code == 1
     assert r.output.startswith("error: the query text has no result sentence: the tagger labels its 2 sentence(s) ")

@@ -236,6 +236,33 @@ def test_auto_candidate_facets_are_soft_for_predicted_labels_and_same_for_given(
     index.close()
 
 
+def test_text_query_sentences_follow_the_taggers_probabilities(small_index):
+    """A query text is labelled by the tagger like an unlabelled paper: its sentences with p(facet) >=
+    query_facet_threshold form a facet query (0: its hard labels)."""
+    from esqbe.papers import Paper
+    from esqbe.search import facet_probability
+
+    q = small_index.backend.get([QID])[QID].paper
+    labels, probs = small_index.tagger.tag_with_probabilities([Paper("query", "", list(q.sentences))])
+    text = Paper("query", "", list(q.sentences), labels[0], {"facet_probs": probs[0]})
+    checked = 0
+    for facet in ("background", "method", "result"):
+        p = facet_probability(text, facet)
+        soft = [i for i in range(len(p)) if p[i] >= 0.3]
+        hard = [i for i, f in enumerate(labels[0]) if f == facet]
+        if soft:
+            res = small_index.query(text=list(q.sentences), facet=facet, k=3)
+            assert [i for i, _ in res.query_sentences] == soft
+            checked += 1
+        if hard:
+            res = small_index.query(text=list(q.sentences), facet=facet, k=3, query_facet_threshold=0)
+            assert [i for i, _ in res.query_sentences] == hard
+        elif not soft:
+            with pytest.raises(QueryError, match=f"has no {facet} sentence"):
+                small_index.query(text=list(q.sentences), facet=facet, k=3)
+    assert checked >= 2
+
+
 def test_soft_labels_come_from_the_taggers_probabilities():
     from esqbe.papers import Paper
     from esqbe.search import facet_probability
