@@ -246,3 +246,32 @@ def test_train_tagger_end_to_end_on_a_tiny_slice(encoder, tmp_path, test_papers)
         assert not np.allclose(got.metadata["facet_probs"], other, atol=2e-3)  # not the shipped tagger's
     with pytest.raises(ConfigError, match="no tagger weights file"):
         esqbe.open_index(str(tmp_path / "ix2"), encoder=encoder, config=None, tagger=str(tmp_path / "missing.pt"))
+
+
+@needs_data
+def test_compact_weights_tag_like_the_originals(encoder, tmp_path, test_papers):
+    """compact_weights (how the shipped file is stored): the tuned layers as int8 differences from the
+    encoder's own, about half the size, the same labels; weights for other base layers are refused."""
+    import torch
+
+    from esqbe.tagger import compact_weights
+
+    full = tmp_path / "full.pt"
+    train_tagger(CSABSTRUCT / "train.jsonl", CSABSTRUCT / "dev.jsonl", full, encoder=encoder, epochs=1, limit=8,
+                 progress=False, seed=2)
+    small = tmp_path / "compact.pt"
+    report = compact_weights(full, small, encoder=encoder)
+    assert report["bytes"] < 0.65 * full.stat().st_size and report["max_abs_error"] < 1e-3
+    papers = [Paper(p.paper_id, p.title, p.sentences) for p in test_papers[:6]]
+    want_labels, want_probs = FacetTagger.load(full, encoder=encoder).tag_with_probabilities(papers)
+    got_labels, got_probs = FacetTagger.load(small, encoder=encoder).tag_with_probabilities(papers)
+    assert got_labels == want_labels
+    for a, b in zip(got_probs, want_probs):
+        assert np.allclose(a, b, atol=2e-3)
+    blob = torch.load(small, map_location="cpu", weights_only=True)
+    blob["meta"]["delta_of"]["sha256"] = "0" * 64  # as if the installed model had other weights
+    torch.save(blob, tmp_path / "other-base.pt")
+    with pytest.raises(TaggerMismatchError, match="other weights"):
+        FacetTagger.load(tmp_path / "other-base.pt", encoder=encoder)
+    with pytest.raises(ValueError, match="compact already"):
+        compact_weights(small, tmp_path / "again.pt", encoder=encoder)
