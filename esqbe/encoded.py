@@ -22,12 +22,41 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .backends.base import IndexedPaper, IndexMeta
-from .papers import FACET_LABELS, Paper
+from .papers import Paper, paper_problem
 from .readers import InputError, ReadReport
 
 META_KEY = b"esqbe"
 COLUMNS = ("paper_id", "title", "sentences", "facets", "vectors")
 NORM_TOLERANCE = 1e-2
+
+
+#: what each column must hold (its Arrow type is checked once per file), in the words of an error
+_COLUMN_TYPES = {
+    "paper_id": "string",
+    "title": "string",
+    "sentences": "list<string> (the abstract's sentences)",
+    "facets": "list<string> (one label per sentence)",
+    "vectors": "list<list<float32>> (one vector per sentence)",
+    "metadata": "string (a JSON object)",
+}
+
+
+def _type_ok(column: str, t) -> bool:
+    import pyarrow.types as pt
+
+    def text(t):
+        return pt.is_string(t) or pt.is_large_string(t)
+
+    def list_of(t, item):
+        return (pt.is_list(t) or pt.is_large_list(t) or pt.is_fixed_size_list(t)) and item(t.value_type)
+
+    if column == "paper_id":
+        return text(t) or pt.is_integer(t)
+    if column in ("title", "metadata"):
+        return text(t) or pt.is_null(t)
+    if column in ("sentences", "facets"):
+        return list_of(t, text)
+    return list_of(t, lambda v: list_of(v, pt.is_floating))  # vectors
 
 
 def is_parquet(source) -> bool:
@@ -122,6 +151,9 @@ def read_meta(path: str | Path) -> IndexMeta:
     missing = [c for c in COLUMNS if c not in schema.names]
     if missing:
         raise InputError(name, 0, "schema", f"missing column(s) {', '.join(missing)} (see `esqbe encode --help` for the schema)")
+    for column in [c for c in (*COLUMNS, "metadata") if c in schema.names]:
+        if not _type_ok(column, schema.field(column).type):
+            raise InputError(name, 0, column, f"expected {_COLUMN_TYPES[column]}, got {schema.field(column).type}")
     raw = (schema.metadata or {}).get(META_KEY)
     if raw is None:
         raise InputError(name, 0, "schema", "no `esqbe` schema metadata: which model made these vectors is unknown")
@@ -137,17 +169,22 @@ def read_encoded(path: str | Path, *, batch_size: int = 4096, strict: bool = Fal
     skipped, or raise InputError with `strict`. Row numbers are 1-based."""
     import pyarrow.parquet as pq
 
+    import pyarrow as pa
+
     report = report if report is not None else ReadReport()
     meta = read_meta(path)
     name = str(path)
-    labels = set(FACET_LABELS)
     has_metadata = "metadata" in pq.read_schema(path).names
     columns = list(COLUMNS) + (["metadata"] if has_metadata else [])
+    vector_type = pa.list_(pa.list_(pa.float32()))
     row0 = 0
     batches = pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
     while True:
         try:
             batch = next(batches)
+            vcol = batch.column("vectors")
+            if vcol.type != vector_type:  # float64, large or fixed-size lists (Spark, Ray): the same vectors
+                vcol = vcol.cast(vector_type)
         except StopIteration:
             break
         except (OSError, ValueError) as e:  # a truncated or corrupt file (pyarrow's errors derive from these)
@@ -162,12 +199,12 @@ def read_encoded(path: str | Path, *, batch_size: int = 4096, strict: bool = Fal
         sentences = batch.column("sentences").to_pylist()
         facets = batch.column("facets").to_pylist()
         metas = batch.column("metadata").to_pylist() if has_metadata else [None] * n
-        vcol = batch.column("vectors")
+        # offsets index the child arrays as they are (a batch may be a slice of them); null values read as NaN
         outer_off = np.asarray(vcol.offsets)
-        inner = vcol.flatten()
+        inner = vcol.values
         inner_off = np.asarray(inner.offsets)
-        values = inner.flatten().to_numpy(zero_copy_only=False)
-        inner_len = np.diff(inner_off)
+        values = inner.values.to_numpy(zero_copy_only=False)
+        inner_len = np.diff(inner_off)[outer_off[0] : outer_off[-1]]
         sent_of = np.diff(outer_off)
         bad_dim = np.zeros(n, dtype=bool)
         if len(inner_len):
@@ -180,7 +217,7 @@ def read_encoded(path: str | Path, *, batch_size: int = 4096, strict: bool = Fal
             report.read += 1
             line = row0 + i + 1
             error = None
-            if not ids[i]:
+            if ids[i] is None or not str(ids[i]).strip():
                 error = InputError(name, line, "paper_id", "missing or empty")
             elif not sentences[i]:
                 report.skipped["no abstract"] += 1
@@ -191,21 +228,27 @@ def read_encoded(path: str | Path, *, batch_size: int = 4096, strict: bool = Fal
                 error = InputError(name, line, "vectors", f"{sent_of[i]} vectors for {len(sentences[i])} sentences")
             elif bad_dim[i]:
                 error = InputError(name, line, "vectors", f"not every vector is {meta.dim}-d (the file's `esqbe` metadata says {meta.dim})")
-            elif set(facets[i]) - labels:
-                error = InputError(name, line, "facets", f"unknown label(s) {sorted(set(facets[i]) - labels)}; esqbe labels are {', '.join(FACET_LABELS)}")
+            paper = None
             if error is None:
-                start, end = int(inner_off[outer_off[i]]), int(inner_off[outer_off[i + 1]])
-                vectors = values[start:end].reshape(-1, meta.dim)
-                norms = np.linalg.norm(vectors, axis=1)
-                if not np.all(np.abs(norms - 1.0) <= NORM_TOLERANCE):
-                    error = InputError(name, line, "vectors", f"not L2-normalised (norms {norms.min():.3f}..{norms.max():.3f})")
-            if error is None and metas[i]:
                 try:
-                    metadata = json.loads(metas[i])
+                    metadata = json.loads(metas[i]) if metas[i] else {}
                     if not isinstance(metadata, dict):
                         raise ValueError("not a JSON object")
-                except ValueError as e:
+                except (ValueError, RecursionError) as e:
                     error = InputError(name, line, "metadata", f"not a JSON object: {e}")
+            if error is None:
+                paper = Paper(ids[i], titles[i] or "", list(sentences[i]), list(facets[i]), metadata)
+                problem = paper_problem(paper)  # null sentences or labels, unknown labels, NaN metadata, sizes
+                if problem:
+                    error = InputError(name, line, *problem)
+            if error is None:
+                start = int(inner_off[outer_off[i]])
+                vectors = values[start : start + sent_of[i] * meta.dim].reshape(-1, meta.dim)
+                norms = np.linalg.norm(vectors, axis=1)
+                if not np.isfinite(vectors).all():
+                    error = InputError(name, line, "vectors", "null, NaN or infinite values")
+                elif not np.all(np.abs(norms - 1.0) <= NORM_TOLERANCE):
+                    error = InputError(name, line, "vectors", f"not L2-normalised (norms {norms.min():.3f}..{norms.max():.3f})")
             if error is not None:
                 if strict:
                     if out:
@@ -213,8 +256,6 @@ def read_encoded(path: str | Path, *, batch_size: int = 4096, strict: bool = Fal
                     raise error
                 report.errors.append(error)
                 continue
-            paper = Paper(ids[i], titles[i] or "", list(sentences[i]), list(facets[i]),
-                          json.loads(metas[i]) if metas[i] else {})
             out.append(IndexedPaper(paper, vectors))
             report.yielded += 1
         row0 += n

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 
 #: facets a user can query by (CSFCube's three; `objective` is folded into `background`)
@@ -57,6 +58,101 @@ def split_sentences(text: str) -> list[str]:
     if not text:
         return []
     return [s.strip() for s in blingfire.text_to_sentences(text).split("\n") if s.strip()]
+
+
+#: what one paper read from input may carry, at most: generous for real papers (an abstract has tens of
+#: sentences, a full S2ORC abstract span a few thousand characters), small enough that one hostile record
+#: cannot take the indexer's memory, SQLite's rows or the text index with it. A record past one is refused
+#: as `file:line: field: reason`, like any malformed record.
+LIMITS = {
+    "id_chars": 512,  # a paper id
+    "title_chars": 4_000,
+    "sentences": 1_000,  # sentences of one abstract
+    "abstract_chars": 100_000,  # the abstract's text, before it is split into sentences
+    "metadata_bytes": 1_000_000,  # the metadata as JSON
+    "metadata_depth": 16,  # nesting of objects and lists in the metadata
+}
+
+
+def _metadata_problem(value, path: str, depth: int) -> tuple[str, str] | None:
+    if depth > LIMITS["metadata_depth"]:
+        return path or "metadata", f"nested deeper than {LIMITS['metadata_depth']} levels"
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "metadata", f"{value!r} is not a finite number (NaN, Infinity and numbers past 1.8e308 are refused)"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _metadata_problem(v, f"{path}.{k}" if path else str(k), depth + 1)
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = _metadata_problem(v, f"{path}[{i}]", depth + 1)
+            if found:
+                return found
+    return None
+
+
+def metadata_problem(metadata) -> tuple[str, str] | None:
+    """(field, reason) for metadata that cannot be stored as it is (not an object, a non-finite number,
+    past LIMITS), or None. The field is the dotted key path (`year`, `external_ids.doi`)."""
+    if not isinstance(metadata, dict):
+        return "metadata", f"expected an object, got {type(metadata).__name__}"
+    found = _metadata_problem(metadata, "", 0)
+    if found:
+        return found
+    try:
+        size = len(json.dumps(metadata, ensure_ascii=False, allow_nan=False, default=str).encode("utf-8"))
+    except (TypeError, ValueError) as e:
+        return "metadata", f"not storable as JSON: {e}"
+    if size > LIMITS["metadata_bytes"]:
+        return "metadata", f"{size} bytes as JSON; at most {LIMITS['metadata_bytes']}"
+    return None
+
+
+def _storable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def paper_problem(paper: "Paper") -> tuple[str, str] | None:
+    """(field, reason) for a paper no index may store (wrong types, unknown labels, past LIMITS), or None.
+
+    Every reader checks its records with this, and every backend checks what it is asked to write: what
+    reaches storage is always what the text index and the metadata columns can take."""
+    pid = paper.paper_id
+    if not isinstance(pid, str) or not pid.strip():
+        return "paper_id", "missing or empty"
+    if len(pid) > LIMITS["id_chars"]:
+        return "paper_id", f"{len(pid)} characters; at most {LIMITS['id_chars']}"
+    if not isinstance(paper.title, str):
+        return "title", f"expected a string, got {type(paper.title).__name__}"
+    if len(paper.title) > LIMITS["title_chars"]:
+        return "title", f"{len(paper.title)} characters; at most {LIMITS['title_chars']}"
+    sentences, facets = paper.sentences, paper.facets
+    if not isinstance(sentences, (list, tuple)):
+        return "sentences", f"expected a list of strings, got {type(sentences).__name__}"
+    if len(sentences) > LIMITS["sentences"]:
+        return "sentences", f"{len(sentences)} sentences; at most {LIMITS['sentences']}"
+    for i, s in enumerate(sentences):
+        if not isinstance(s, str):
+            return "sentences", f"sentence {i} is {'null' if s is None else type(s).__name__}, expected a string"
+        if not s.strip():
+            return "sentences", f"sentence {i} is empty"
+    for name, text in (("paper_id", pid), ("title", paper.title), *(("sentences", s) for s in sentences)):
+        if not _storable(text):
+            return name, "not valid Unicode (a lone surrogate)"
+    chars = sum(map(len, sentences))
+    if chars > LIMITS["abstract_chars"]:
+        return "sentences", f"{chars} characters of abstract; at most {LIMITS['abstract_chars']}"
+    if not isinstance(facets, (list, tuple)) or len(facets) != len(sentences):
+        return "facets", f"{len(facets) if isinstance(facets, (list, tuple)) else 'no'} labels for {len(sentences)} sentences"
+    for i, f in enumerate(facets):
+        if f not in FACET_LABELS:
+            return "facets", (f"label {i} is {'null' if f is None else repr(f)}; esqbe labels are {', '.join(FACET_LABELS)}")
+    return metadata_problem(paper.metadata)
 
 
 #: metadata keys esqbe writes for itself (not part of a paper's content hash); facet_probs: the

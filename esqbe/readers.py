@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from esqbe.papers import Paper, normalize_label, split_sentences
+from esqbe.papers import LIMITS, Paper, normalize_label, paper_problem, split_sentences
 
 FORMATS = ("s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl")
 
@@ -168,6 +168,8 @@ def _split_text_abstract(value, key: str) -> list[str]:
         raise _Skip(NO_ABSTRACT)
     if not isinstance(value, str):
         raise _Invalid(key, f"expected a string, got {_type_name(value)}")
+    if len(value) > LIMITS["abstract_chars"]:  # before it is split: the splitter's time and memory grow with it
+        raise _Invalid(key, f"{len(value)} characters; at most {LIMITS['abstract_chars']}")
     sentences = split_sentences(value)
     if not sentences:
         raise _Skip(NO_ABSTRACT)
@@ -536,6 +538,8 @@ def _parse_json(line: str) -> dict:
         record = json.loads(line)
     except json.JSONDecodeError as e:
         raise _Invalid("json", f"{e.msg} (column {e.pos + 1})") from None
+    except RecursionError:  # Python's parser recurses per level of nesting
+        raise _Invalid("json", "nested too deeply") from None
     if not isinstance(record, dict):
         raise _Invalid("record", f"expected a JSON object, got {_type_name(record)}")
     if _SURROGATE_ESCAPE.search(line):  # valid JSON, but a lone surrogate is not text that can be stored
@@ -606,6 +610,9 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
                     except ValueError as e:  # this line: a later one may still tell the format
                         raise _Invalid("format", str(e)) from None
                 paper = _PARSERS[fmt](record, raw_labels)
+                problem = paper_problem(paper)  # non-finite numbers in the metadata, sizes past LIMITS
+                if problem:
+                    raise _Invalid(*problem)
             except _Invalid as e:
                 reason = e.reason
                 if detected_at is not None and isinstance(record, dict) and e.field != "format":

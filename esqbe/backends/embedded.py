@@ -21,7 +21,8 @@ Layout of an index directory (format 2; docs/performance.md says why each choice
   last committed manifest, and readers keep the file they have open. Facets smaller than
   `exact_threshold` rows are searched exactly. ANN hits are re-scored exactly (float16 rows).
 - `text/`: a tantivy index (BM25 over title + abstract, plus one field per facet), derived from
-  SQLite: papers not yet in it are marked `text_indexed = 0` and synced by the next writer.
+  SQLite: papers not yet in it are marked `text_indexed = 0` and synced by the next writer (`2`: a stored
+  row it cannot take, reported once and left out of BM25, so that it never blocks a later write).
 
 Readers take no lock and write nothing: opening an index never repairs it (a writer does that when
 it takes the directory's write lock, `write.lock`), so queries run during a load and on a
@@ -44,7 +45,7 @@ import numpy as np
 
 from ..filters import MetadataColumns, MetadataFilter
 from ..fusion import fuse, top_k
-from ..papers import FACET_LABELS, Paper
+from ..papers import FACET_LABELS, Paper, paper_problem
 from .base import (
     Backend,
     BackendError,
@@ -371,7 +372,7 @@ class EmbeddedBackend(Backend):
 
                 shadow = Path(tempfile.mkdtemp(prefix="esqbe-text-"))
                 atexit.register(shutil.rmtree, shadow, True)
-                for f in text.iterdir():
+                for f in text.resolve().iterdir():  # absolute links: the index may be named relative to the cwd
                     if not f.name.endswith(".lock"):
                         os.symlink(f, shadow / f.name)
                 self._text_index = tantivy.Index.open(str(shadow))
@@ -394,21 +395,27 @@ class EmbeddedBackend(Backend):
         writer = self._text_writer
         for pid in deletes:
             writer.delete_documents_by_term("paper_id", pid)
+        unindexable = []
         for pid, title, sentences, facets in pending:
             writer.delete_documents_by_term("paper_id", pid)
-            sentences, facets = json.loads(sentences), json.loads(facets)
-            fields = {"paper_id": pid, "title": title, "abstract": " ".join(sentences)}
-            for label in FACET_LABELS:
-                text = " ".join(s for s, f in zip(sentences, facets) if f == label)
-                if text:
-                    fields[f"facet_{label}"] = text
-            writer.add_document(tantivy.Document(**fields))
+            try:
+                document = _text_document(pid, title, json.loads(sentences), json.loads(facets))
+            except (TypeError, ValueError) as e:
+                unindexable.append((pid, e))
+                continue
+            writer.add_document(document)
         writer.commit()
         with self._tx():
             self._db.executemany("DELETE FROM text_deletes WHERE paper_id = ?", [(p,) for p in deletes])
             self._db.executemany("UPDATE papers SET text_indexed = 1 WHERE paper_id = ?", [(p[0],) for p in pending])
+            # a stored row the text index cannot take (written by an esqbe that did not check its input): it
+            # stays out of BM25, marked so that no later write replays it, and is reported once, here
+            self._db.executemany("UPDATE papers SET text_indexed = 2 WHERE paper_id = ?", [(p,) for p, _ in unindexable])
             self._bump_generation()  # readers reload the text index on a new generation
         self.text_index.reload()
+        for pid, e in unindexable:
+            print(f"esqbe: warning: paper {pid} in {self.path} cannot be indexed for BM25 ({e}); it is left out of "
+                  "BM25: index a corrected copy or delete it", file=sys.stderr, flush=True)
 
     # --- writes ---------------------------------------------------------------------------------
     def content_hashes(self, paper_ids: Iterable[str]) -> dict[str, str]:
@@ -446,7 +453,13 @@ class EmbeddedBackend(Backend):
         vecs, pnos, facets = [], [], []
         latest = {ip.paper_id: ip for ip in papers}  # the same id twice in one batch: the last one wins
         result.replaced += len(papers) - len(latest)
-        papers = list(latest.values())
+        papers = []
+        for ip in latest.values():  # what reaches SQLite is what the text index and the filters can take
+            problem = paper_problem(ip.paper)
+            if problem:
+                result.errors.append(f"{ip.paper_id}: {problem[0]}: {problem[1]} (not stored)")
+            else:
+                papers.append(ip)
         with self._tx():
             rows = start = int(self._setting("rows", 0))
             next_pno = int(self._setting("next_pno", 0))
@@ -472,7 +485,7 @@ class EmbeddedBackend(Backend):
                 n = len(p.sentences)
                 inserts.append((
                     p.paper_id, next_pno, p.title, json.dumps(p.sentences, ensure_ascii=False), json.dumps(p.facets),
-                    json.dumps(p.metadata, ensure_ascii=False), h,
+                    json.dumps(p.metadata, ensure_ascii=False, allow_nan=False), h,
                     json.dumps(ip.token_counts) if ip.token_counts is not None else None, rows, n,
                 ))
                 vecs.append(ip.vectors)
@@ -666,7 +679,7 @@ class EmbeddedBackend(Backend):
             rows = self._read_rows(st, np.array([r[5] for r in found]), np.array([r[6] for r in found])).astype(np.float32)
             at = 0
             for pid, title, sentences, facets, metadata, start, n in found:
-                paper = Paper(pid, title, json.loads(sentences), json.loads(facets), json.loads(metadata))
+                paper = Paper(pid, title, json.loads(sentences), json.loads(facets), _load_metadata(metadata))
                 out[pid] = IndexedPaper(paper, rows[at : at + n])
                 at += n
         return out
@@ -742,7 +755,8 @@ class EmbeddedBackend(Backend):
             "knn_params": params,
             # top-level metadata keys and how many papers have each: what `--filter` can name
             "metadata_keys": dict(self._db.execute(
-                "SELECT key, COUNT(*) FROM papers, json_each(papers.metadata) WHERE type != 'null' GROUP BY key ORDER BY key")),
+                "SELECT key, COUNT(*) FROM (SELECT metadata FROM papers WHERE json_valid(metadata)) AS p, json_each(p.metadata) "
+                "WHERE type != 'null' GROUP BY key ORDER BY key")),  # json_valid: NaN stored by an older esqbe
             "bytes_on_disk": size,
             "bytes_per_paper": round(size / papers) if papers else None,
         }
@@ -971,7 +985,7 @@ class EmbeddedBackend(Backend):
             ids, metas = [], []
             for pid, m in self._db.execute("SELECT paper_id, metadata FROM papers"):
                 ids.append(pid)
-                metas.append(json.loads(m))
+                metas.append(_load_metadata(m))
             self._meta_cols = (gen, MetadataColumns(ids, metas))
         return self._meta_cols[1]
 
@@ -1068,6 +1082,25 @@ def _search_one_thread(index, q: np.ndarray, k: int, params):
         return index.search(q, k, params=params)
     finally:
         faiss.omp_set_num_threads(threads)
+
+
+def _text_document(pid: str, title, sentences, facets):
+    """The tantivy document of a stored paper (TypeError/ValueError for a row that is not one)."""
+    import tantivy
+
+    if not isinstance(title, str) or not isinstance(sentences, list) or not isinstance(facets, list):
+        raise TypeError("title, sentences or facets of the wrong type")
+    fields = {"paper_id": pid, "title": title, "abstract": " ".join(sentences)}
+    for label in FACET_LABELS:
+        text = " ".join(s for s, f in zip(sentences, facets) if f == label)
+        if text:
+            fields[f"facet_{label}"] = text
+    return tantivy.Document(**fields)
+
+
+def _load_metadata(text: str) -> dict:
+    """Stored metadata; a NaN or Infinity an older esqbe stored reads as null, so that it serialises as JSON."""
+    return json.loads(text, parse_constant=lambda _: None)
 
 
 def _query_terms(text: str) -> list[str]:

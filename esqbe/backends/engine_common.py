@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from ..fusion import fuse, top_k
-from ..papers import FACET_LABELS, Paper, normalize_label
+from ..papers import FACET_LABELS, Paper, normalize_label, paper_problem
 from .engine_filters import (
     MAX_RESOLVED_IDS,
     add_filter_mapping,
@@ -770,6 +770,11 @@ class EngineBackend(Backend):
                     f"paper {ip.paper_id} has {ip.vectors.shape[1]}-d vectors but index {self.index!r} holds {meta.dim}-d ({meta.model})"
                 )
             by_id[ip.paper_id] = ip  # the last copy of a repeated id wins, as a re-run would
+        for pid, ip in list(by_id.items()):  # NaN metadata, null sentences, sizes past LIMITS: not sent
+            problem = paper_problem(ip.paper)
+            if problem:
+                result.errors.append(f"{pid}: {problem[0]}: {problem[1]} (not stored)")
+                del by_id[pid]
         stored = self.content_hashes(list(by_id))
         actions = []
         for pid, ip in by_id.items():
