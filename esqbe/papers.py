@@ -117,7 +117,7 @@ def _storable(text: str) -> bool:
         return False
 
 
-def paper_problem(paper: "Paper") -> tuple[str, str] | None:
+def paper_problem(paper: "Paper", labels: tuple[str, ...] = FACET_LABELS) -> tuple[str, str] | None:
     """(field, reason) for a paper no index may store (wrong types, unknown labels, past LIMITS), or None.
 
     Every reader checks its records with this, and every backend checks what it is asked to write: what
@@ -150,8 +150,8 @@ def paper_problem(paper: "Paper") -> tuple[str, str] | None:
     if not isinstance(facets, (list, tuple)) or len(facets) != len(sentences):
         return "facets", f"{len(facets) if isinstance(facets, (list, tuple)) else 'no'} labels for {len(sentences)} sentences"
     for i, f in enumerate(facets):
-        if f not in FACET_LABELS:
-            return "facets", (f"label {i} is {'null' if f is None else repr(f)}; esqbe labels are {', '.join(FACET_LABELS)}")
+        if f not in labels:
+            return "facets", (f"label {i} is {'null' if f is None else repr(f)}; esqbe labels are {', '.join(labels)}")
     return metadata_problem(paper.metadata)
 
 

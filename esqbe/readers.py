@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from esqbe.papers import LIMITS, Paper, normalize_label, paper_problem, split_sentences
+from esqbe.papers import FACET_LABELS, LIMITS, RAW_LABELS, Paper, normalize_label, paper_problem, split_sentences
 
 FORMATS = ("s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl")
 
 NO_ABSTRACT = "no abstract"
+_RAW_LABELS = (*FACET_LABELS, *RAW_LABELS)  # raw_labels=True keeps `objective` apart
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -610,7 +611,7 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
                     except ValueError as e:  # this line: a later one may still tell the format
                         raise _Invalid("format", str(e)) from None
                 paper = _PARSERS[fmt](record, raw_labels)
-                problem = paper_problem(paper)  # non-finite numbers in the metadata, sizes past LIMITS
+                problem = paper_problem(paper, _RAW_LABELS if raw_labels else FACET_LABELS)  # NaN metadata, LIMITS
                 if problem:
                     raise _Invalid(*problem)
             except _Invalid as e:
