@@ -38,7 +38,7 @@ def _browser():
 def server(index_dir_30, encoder, tmp_path_factory):
     path = tmp_path_factory.mktemp("page") / "index"
     shutil.copytree(index_dir_30, path)
-    with LiveServer(create_app(str(path), config=None, encoder=encoder, options=ServeOptions())) as url:
+    with LiveServer(create_app(str(path), config=None, encoder=encoder, options=ServeOptions(host="127.0.0.1"))) as url:
         yield url
 
 

@@ -17,7 +17,7 @@ from esqbe.server import ServeOptions, create_app  # noqa: E402
 
 from .conftest import LiveServer  # noqa: E402
 
-TOKEN = "fuzz-token"
+TOKEN = "fuzz-token-0123456789"
 OPERATIONS = ["POST /query", "GET /papers/{paper_id}", "GET /search", "POST /papers", "DELETE /papers/{paper_id}",
               "GET /stats", "GET /health"]
 EXAMPLES = 25
