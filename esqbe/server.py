@@ -818,8 +818,9 @@ class _Perimeter:
         write = method not in ("GET", "HEAD", "OPTIONS") and not (method == "POST" and path == "/query")
         origin = headers.get("origin")
         if write and origin is not None and not self._origin_ok(origin, host):
-            return _error_response(403, f"writes from pages of {origin} are not allowed (not this server's origin "
-                                        "nor a --cors-origin)")
+            shown = _split_host(origin.partition("://")[2])[0] or "null"  # the name alone: URLs are kept from clients
+            return _error_response(403, f"writes from another site's page (Origin {shown}) are not allowed: not this "
+                                        "server's origin nor a --cors-origin")
         token = self.options.token
         private = self.options.private and method != "OPTIONS" and path not in _OPEN_PATHS and not path.startswith("/static/")
         if token and (write or private) and not _token_ok(headers.get("authorization"), token):
@@ -972,16 +973,15 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
         and the request carries the token; never on the embedded backend (400, the request's fault)."""
         if clause is None:
             return
+        if not (options.allow_raw_engine_filter and _token_ok(request.headers.get("authorization"), options.token or "")):
+            try:
+                check_safe_clause(clause)
+            except FilterError as e:
+                raise ApiError(400, f"{e}" + (" (raw query DSL needs the bearer token)" if options.allow_raw_engine_filter
+                                              else "")) from None
         if settings.backend == "embedded":
             raise ApiError(400, "engine_filter needs the elasticsearch or opensearch backend; this index is "
                                 "embedded: use filters")
-        if options.allow_raw_engine_filter and _token_ok(request.headers.get("authorization"), options.token or ""):
-            return
-        try:
-            check_safe_clause(clause)
-        except FilterError as e:
-            raise ApiError(400, f"{e}" + (" (raw query DSL needs the bearer token)" if options.allow_raw_engine_filter
-                                          else "")) from None
 
     async def reads(fn, *args):
         try:
