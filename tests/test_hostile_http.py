@@ -15,7 +15,6 @@ import pytest
 from click.testing import CliRunner
 
 import esqbe
-from esqbe.backends.engine_filters import SAFE_MAX_CLAUSES, SAFE_MAX_DEPTH, check_safe_clause
 from esqbe.config import ConfigError
 from esqbe.filters import FilterError
 from esqbe.server import ServeOptions, create_app, options_from_env
@@ -137,6 +136,8 @@ ATTACKS = {
 
 
 def test_untrusted_engine_filters_are_limited_to_safe_clauses():
+    from esqbe.backends.engine_filters import SAFE_MAX_CLAUSES, SAFE_MAX_DEPTH, check_safe_clause
+
     safe = [{"term": {"meta_kw.lang": "en"}}, {"terms": {"meta_kw.venue": ["ACL", "EMNLP"]}},
             {"range": {"meta_num.year": {"gte": 2019, "lt": 2024}}}, {"exists": {"field": "meta_kw.doi"}},
             {"match": {"title": {"query": "parser", "operator": "and"}}}, {"prefix": {"meta_kw.venue": "AC"}},
