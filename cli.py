@@ -456,9 +456,9 @@ def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
 
 
 @main.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. Anything but loopback needs --token.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. Anything but loopback needs a token (ESQBE_TOKEN or --token-file).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--token", help="Bearer token the write endpoints (POST /papers, DELETE /papers/ID) require (env ESQBE_TOKEN).")
+@click.option("--token", help="Bearer token the write endpoints (POST /papers, DELETE /papers/ID) require, at least 16 characters; visible in ps: prefer env ESQBE_TOKEN or --token-file.")
 @click.option("--readers", type=click.IntRange(1, 64), help="Reader threads, each with its own index handle and model (default: 1 embedded, 4 engines).")
 @click.option("--cors-origin", "cors_origins", multiple=True, help="Allow browser pages from this origin to call the API (repeatable; default: CORS off).")
 @click.option("--max-body-bytes", type=click.IntRange(1024), help="Largest request body accepted (default: 16 MiB).")
@@ -466,17 +466,23 @@ def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
 @click.option("--max-batch-records", type=click.IntRange(1), help="Most records one POST /papers may carry (default: 1000).")
 @click.option("--no-warm", is_flag=True, help="Answer at once instead of loading the kNN structures first.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
+@click.option("--token-file", type=click.Path(dir_okay=False), help="Read the bearer token from this file (its first line).")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, help="A Host name clients use, e.g. behind a reverse proxy (repeatable; default: loopback names on loopback, any name otherwise).")
+@click.option("--private", is_flag=True, help="Reads (queries, papers, search, stats) need the token too, not only writes.")
+@click.option("--allow-raw-engine-filter", is_flag=True, help="Requests with the token may send any engine_filter query DSL (default: term, terms, range, exists, match, prefix, bool only).")
+@click.option("--write-lock-timeout", type=click.FloatRange(0, 3600, min_open=True), help="Seconds a write waits for another writer's lock before answering 503 (default: 30).")
+@click.option("--show-paths", is_flag=True, help="Show the index path and engine URL in /stats and error messages (default: hidden from clients).")
 @encoder_options
 @backend_options
 @handle_errors
 def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_query_sentences, max_batch_records, no_warm,
-              log_level, **kw):
+              log_level, token_file, allowed_hosts, private, allow_raw_engine_filter, write_lock_timeout, show_paths, **kw):
     """Serve the index over HTTP: a JSON API (docs at /docs) and a page at /.
 
     \b
     esqbe serve                                   # http://127.0.0.1:8000/ over ./esqbe-index
     esqbe serve --path lib-index --port 9000
-    ESQBE_TOKEN=s3cret esqbe serve --host 0.0.0.0  # reachable from other machines: writes need the token
+    ESQBE_TOKEN=$(openssl rand -hex 16) esqbe serve --host 0.0.0.0 --allowed-host papers.example.org
     The model and the index are opened once and kept warm; queries never wait for a write.
     """
     from esqbe.config import load_settings
@@ -484,7 +490,10 @@ def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_quer
 
     options = options_from_env(host=host, port=port, token=token, readers=readers, cors_origins=list(cors_origins) or None,
                                max_body_bytes=max_body_bytes, max_query_sentences=max_query_sentences,
-                               max_batch_records=max_batch_records, warm=False if no_warm else None)
+                               max_batch_records=max_batch_records, warm=False if no_warm else None, token_file=token_file,
+                               allowed_hosts=list(allowed_hosts) or None, private=private or None,
+                               allow_raw_engine_filter=allow_raw_engine_filter or None,
+                               write_lock_timeout=write_lock_timeout, show_paths=show_paths or None)
     config = kw.pop("config", None)
     overrides = {"backend": kw.pop("backend", None), "path": kw.pop("path", None), "url": kw.pop("url", None),
                  "index": kw.pop("index_name", None), **kw}

@@ -11,11 +11,20 @@ must stay on the thread that opened it), so the server keeps
 - one or more *readers* (queries, papers, search, stats), each with its own thread, index handle
   and encoder, which never wait for the writer: a write becomes visible to them when it commits.
 
-Embed it with the app factory:
+Embed it with the app factory, saying who can reach it (the app cannot see where its host listens):
 
-    from esqbe.server import create_app
-    app = create_app(path="esqbe-index")            # or settings=esqbe.config.load_settings(...)
+    from esqbe.server import ServeOptions, create_app
+    app = create_app(path="esqbe-index", options=ServeOptions(host="127.0.0.1"))   # only this machine reaches it
+    app = create_app(path="esqbe-index", options=ServeOptions(host="0.0.0.0", token=TOKEN))  # others do
     parent_app.mount("/esqbe", app)                  # inside an existing FastAPI / Starlette app
+
+`create_app` refuses options that name neither a host nor a token: a parent app listening on all
+interfaces would otherwise serve the write endpoints without a token.
+
+The perimeter (`_Perimeter`, before any body byte is read): the Host header (loopback names only on a
+loopback connection, `allowed_hosts` otherwise), the Origin of writes (own origin or a CORS origin), the
+bearer token (writes; reads too when `private`), and JSON / JSON Lines bodies only for writes.
+Clients get error messages without filesystem paths or engine URLs; the log has them, by request id.
 """
 from __future__ import annotations
 
@@ -26,6 +35,9 @@ import ipaddress
 import json
 import logging
 import os
+import re
+import secrets
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,7 +46,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
 
 import numpy as np
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
@@ -42,8 +54,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .api import Index
-from .backends.base import BackendError, FirstStageRequest, ModelMismatchError
+from .backends.engine_filters import check_safe_clause
+from .backends.base import BackendError, FirstStageRequest, ModelMismatchError, WriteLockBusy
 from .config import ConfigError, Settings, load_settings
+from .filters import FilterError
 from .papers import QUERY_FACETS, split_sentences
 from .readers import ReadReport, read_papers
 from .search import QueryError
@@ -88,6 +102,16 @@ class ServeOptions(BaseModel):
     cors_origins: list[str] = Field(default_factory=list)
     #: load the model and the kNN structures before answering (health says "warming" until then)
     warm: bool = True
+    #: Host header names answered (besides loopback names on loopback connections); empty: any when exposed
+    allowed_hosts: list[str] = Field(default_factory=list)
+    #: reads need the token too (a private library), not only writes
+    private: bool = False
+    #: a request carrying the token may send any engine_filter (raw query DSL); otherwise only SAFE_CLAUSES
+    allow_raw_engine_filter: bool = False
+    #: seconds a write waits for another writer's lock on the embedded index before answering 503
+    write_lock_timeout: float = Field(30.0, gt=0, le=3600)
+    #: show the index path and engine URL in /stats and error messages (only for an operator's own use)
+    show_paths: bool = False
 
 
 def is_loopback(host: str) -> bool:
@@ -99,13 +123,26 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+MIN_TOKEN_LENGTH = 16
+#: request bodies a write accepts: JSON and JSON Lines (never text/plain or forms, which any page may send cross-site)
+JSON_LINES_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines", "application/x-jsonlines")
+WRITE_TYPES = ("application/json", *JSON_LINES_TYPES)
+
+
 def check_exposure(options: ServeOptions) -> None:
-    """Refuse to expose the write endpoints beyond this machine without a token."""
+    """Refuse to expose the write endpoints beyond this machine without a token, weak tokens, and options
+    that need a token without one."""
     if not is_loopback(options.host) and not options.token:
         raise ConfigError(
             f"refusing to listen on {options.host}: the write endpoints (POST /papers, DELETE /papers/{{id}}) "
-            "need a bearer token when the host is not loopback; pass --token or set ESQBE_TOKEN"
+            "need a bearer token when the host is not loopback; set ESQBE_TOKEN or pass --token-file"
         )
+    if options.token is not None and len(options.token) < MIN_TOKEN_LENGTH:
+        raise ConfigError(f"the token has {len(options.token)} characters; use at least {MIN_TOKEN_LENGTH} "
+                          "(e.g. `openssl rand -hex 16`)")
+    for flag, wanted in (("--private", options.private), ("--allow-raw-engine-filter", options.allow_raw_engine_filter)):
+        if wanted and not options.token:
+            raise ConfigError(f"{flag} needs a token (ESQBE_TOKEN or --token-file)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -342,10 +379,35 @@ class ApiError(Exception):
 
 
 def _error_response(status: int, message: str, details: list | None = None, headers: dict | None = None) -> JSONResponse:
-    body: dict[str, Any] = {"status": status, "message": message}
+    body: dict[str, Any] = {"status": status, "message": _public(status, message)}
     if details is not None:
         body["details"] = details
     return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+#: an absolute path (its first component a directory of this machine's root decides: /papers/x is a route, not a path)
+_ABS_PATH = re.compile(r"(?<![\w/:.<])/(?:[\w.@~+%-]+/)*[\w.@~+%-]+")
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+", re.IGNORECASE)
+
+
+def _redact(message: str) -> str:
+    """The message without filesystem paths and URLs (engine addresses, maybe with credentials)."""
+    def path(m: re.Match) -> str:
+        first = m.group().lstrip("/").split("/", 1)[0]
+        return "<path>" if first and os.path.isdir("/" + first) else m.group()
+
+    return _ABS_PATH.sub(path, _URL.sub("<url>", message))
+
+
+def _public(status: int, message: str) -> str:
+    """What a client is told: the message minus internals; when something was taken out, the full message
+    goes to the log under a request id that the client gets instead."""
+    clean = _redact(message)
+    if clean == message:
+        return message
+    rid = secrets.token_hex(4)
+    log.warning("request %s answered %s: %s", rid, status, message)
+    return f"{clean} (request {rid}: the server log has the details)"
 
 
 def _status_of(exc: BaseException) -> int:
@@ -479,13 +541,21 @@ class Service:
         def locked(index, *a):
             with self.write_lock:
                 try:
+                    begin = getattr(index.backend, "begin_write", None)  # another writer's lock: wait a bounded time
+                    if begin is not None:
+                        begin(self.options.write_lock_timeout)
                     return fn(index, *a)
                 finally:
                     end = getattr(index.backend, "end_write", None)  # the embedded write lock is not held while idle
                     if end is not None:
                         end()
 
-        return await asyncio.wrap_future(self.writer.submit(locked, *args))
+        try:
+            return await asyncio.wrap_future(self.writer.submit(locked, *args))
+        except WriteLockBusy as e:
+            raise ApiError(503, f"another writer (pid {e.holder}) has held the index's write lock for over "
+                                f"{self.options.write_lock_timeout:g}s; retry later",
+                           headers={"Retry-After": str(max(1, round(self.options.write_lock_timeout)))}) from None
 
     def close(self) -> None:
         with self._lock:
@@ -687,6 +757,110 @@ def _health(index: Index) -> str:
 # The app
 
 
+_OPEN_PATHS = frozenset({"/", "/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+
+
+def _token_ok(authorization: str | None, token: str) -> bool:
+    scheme, _, given = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+def _split_host(value: str) -> tuple[str, int | None]:
+    """A Host header (or an Origin's netloc) as (lower-case name, port or None); [::1]:8000 -> ("::1", 8000)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        name, _, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif value.count(":") == 1:
+        name, _, port = value.partition(":")
+    else:
+        name, port = value, ""
+    return name.rstrip("."), int(port) if port.isdigit() else None
+
+
+class _Perimeter:
+    """Pure ASGI middleware, outside the body limit, so nothing here reads a body byte:
+
+    - Host: a connection to a loopback address must name a loopback host (localhost, 127.0.0.1, [::1]) or
+      one of `allowed_hosts`: a page whose DNS name was rebound to 127.0.0.1 is refused (400); with
+      `allowed_hosts` every connection must name one of them (or a loopback host over loopback).
+    - writes (every method but GET/HEAD/OPTIONS, except POST /query): an `Origin` header must be the
+      server's own (its host and port as the Host header says) or a CORS origin (403), the bearer token
+      when the server has one (401), and a body only as JSON or JSON Lines (415: not text/plain or forms,
+      which a page on another site may send without asking first).
+    - reads when `private`: the token too (the page, /health and the API docs stay open).
+    """
+
+    def __init__(self, app, options: ServeOptions):
+        self.app, self.options = app, options
+        self.allowed_hosts = {_split_host(h)[0] for h in options.allowed_hosts}
+        self.cors = {o.strip().rstrip("/").lower() for o in options.cors_origins}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers: dict[str, str] = {}
+        for key, value in scope.get("headers") or []:
+            headers.setdefault(key.decode("latin-1").lower(), value.decode("latin-1"))
+        refused = self._refusal(scope, headers)
+        if refused is not None:
+            return await refused(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+    def _refusal(self, scope, headers: dict[str, str]) -> JSONResponse | None:
+        from starlette._utils import get_route_path
+
+        host = headers.get("host", "")
+        if not self._host_ok(scope, _split_host(host)[0]):
+            return _error_response(400, f"this server does not answer to the host name {host!r} (allowed: loopback "
+                                        "names, and the server's --allowed-host names)")
+        method, path = scope["method"], get_route_path(scope)
+        write = method not in ("GET", "HEAD", "OPTIONS") and not (method == "POST" and path == "/query")
+        origin = headers.get("origin")
+        if write and origin is not None and not self._origin_ok(origin, host):
+            shown = _split_host(origin.partition("://")[2])[0] or "null"  # the name alone: URLs are kept from clients
+            return _error_response(403, f"writes from another site's page (Origin {shown}) are not allowed: not this "
+                                        "server's origin nor a --cors-origin")
+        token = self.options.token
+        private = self.options.private and method != "OPTIONS" and path not in _OPEN_PATHS and not path.startswith("/static/")
+        if token and (write or private) and not _token_ok(headers.get("authorization"), token):
+            return _error_response(401, "this endpoint needs Authorization: Bearer <token>" if "authorization" not in headers
+                                   else "wrong bearer token", headers={"WWW-Authenticate": 'Bearer realm="esqbe"'})
+        if write and method in ("POST", "PUT", "PATCH"):
+            ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+            if ctype not in WRITE_TYPES:
+                return _error_response(415, _type_message(ctype))
+        return None
+
+    def _host_ok(self, scope, name: str) -> bool:
+        if name in self.allowed_hosts or "*" in self.allowed_hosts:
+            return True
+        server = scope.get("server")
+        on_loopback = is_loopback(server[0]) if server and server[0] else is_loopback(self.options.host)
+        if on_loopback and is_loopback(name):
+            return True
+        checked = bool(self.allowed_hosts) or (on_loopback and is_loopback(self.options.host))
+        return not checked
+
+    def _origin_ok(self, origin: str, host: str) -> bool:
+        from urllib.parse import urlsplit
+
+        origin = origin.strip().rstrip("/").lower()
+        if origin in self.cors or "*" in self.cors:
+            return True
+        try:
+            parts = urlsplit(origin)
+            given = (parts.hostname or "", parts.port or {"http": 80, "https": 443}.get(parts.scheme))
+        except ValueError:
+            return False
+        name, port = _split_host(host)
+        return bool(name) and given == (name, port or {"http": 80, "https": 443}.get(parts.scheme))
+
+
+def _type_message(ctype: str) -> str:
+    return f"send application/json or application/x-ndjson (JSON Lines), not {ctype or 'a body without Content-Type'}"
+
+
 class _BodyLimit:
     """Pure ASGI middleware: refuse request bodies over `limit` bytes (413) before the app reads them."""
 
@@ -736,8 +910,15 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
     `options` set host (for the token rule), token, limits, CORS and readers. `encoder` shares one
     already loaded encoder across all threads (tests; otherwise each thread loads its own).
     The index is opened when the app starts (or on its first request when mounted without lifespan).
+
+    `options` must say who can reach the app: `ServeOptions(host="127.0.0.1")` (only this machine: writes
+    need no token) or a token. The app cannot see where the server that runs it listens, so it does not guess.
     """
-    options = options or ServeOptions()
+    if options is None or not (options.token or "host" in options.model_fields_set):
+        raise ConfigError(
+            "create_app needs to know who can reach the app: options=ServeOptions(host=\"127.0.0.1\") when only "
+            "this machine can (writes need no token), or ServeOptions(host=..., token=...) when others can "
+            "(mounted in another app, the host is where that app listens)")
     check_exposure(options)
     settings = (settings or load_settings(config)).replace(path=path, **overrides)
     service = Service(settings, options, encoder=encoder)
@@ -787,15 +968,20 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return _error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")
 
-    def require_token(request: Request) -> None:
-        token = options.token
-        if not token:
+    def check_engine_filter(request: Request, clause) -> None:
+        """An engine_filter over HTTP: the safe clause types only, unless the operator allows raw query DSL
+        and the request carries the token; never on the embedded backend (400, the request's fault)."""
+        if clause is None:
             return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-            raise ApiError(401, "this endpoint needs Authorization: Bearer <token>" if not header
-                           else "wrong bearer token", headers={"WWW-Authenticate": 'Bearer realm="esqbe"'})
+        if not (options.allow_raw_engine_filter and _token_ok(request.headers.get("authorization"), options.token or "")):
+            try:
+                check_safe_clause(clause)
+            except FilterError as e:
+                raise ApiError(400, f"{e}" + (" (raw query DSL needs the bearer token)" if options.allow_raw_engine_filter
+                                              else "")) from None
+        if settings.backend == "embedded":
+            raise ApiError(400, "engine_filter needs the elasticsearch or opensearch backend; this index is "
+                                "embedded: use filters")
 
     async def reads(fn, *args):
         try:
@@ -830,22 +1016,28 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
             return JSONResponse({"status": "unavailable", "backend": backend, "detail": "the readers are busy"},
                                 status_code=503)
         except Exception as e:
-            return JSONResponse({"status": "unavailable", "backend": backend, "detail": str(e)}, status_code=503)
+            return JSONResponse({"status": "unavailable", "backend": backend, "detail": _public(503, str(e))},
+                                status_code=503)
         if service.warm_error:
-            detail = f"{detail}; warming up failed: {service.warm_error}"
+            detail = f"{detail}; warming up failed: {_public(200, service.warm_error)}"
         return {"status": "ok", "backend": backend, "detail": detail}
 
     @app.get("/stats", responses=_errors(503), tags=["service"])
     async def stats() -> dict[str, Any]:
         """Papers, sentences per facet, model and size of the index, and the server's own state."""
         out = await reads(_stats)
+        if not options.show_paths:  # the index's name, not where it lives
+            if "path" in out:
+                out["path"] = Path(str(out["path"])).name
+            out.pop("url", None)
         out["server"] = {"readers": len(service.readers), "writes_queued": service.writer.pending if service.writer else 0,
                          "uptime_s": round(time.time() - service.started_at, 1), "ready": service.ready.is_set()}
         return out
 
     @app.post("/query", response_model=QueryResponse, responses=_errors(400, 404, 409, 413, 422, 503), tags=["search"])
-    async def query(req: QueryRequest):
+    async def query(req: QueryRequest, request: Request):
         """Papers most similar to a paper's facet, to chosen sentences, or to a text, with the sentences that matched."""
+        check_engine_filter(request, req.engine_filter)
         limit = options.max_query_sentences
         text = req.text
         if text is not None:
@@ -872,7 +1064,7 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
         """Find a paper to query by: an exact paper id first, then BM25 over title and abstract words."""
         return await reads(_search, q, k)
 
-    @app.post("/papers", response_model=PapersResponse, dependencies=[Depends(require_token)],
+    @app.post("/papers", response_model=PapersResponse,
               responses=_errors(400, 401, 409, 413, 415, 422, 503), tags=["papers"],
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": PapersRequest.model_json_schema()},
@@ -887,9 +1079,9 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
 
         Body: `{"records": [...], "format"?, "facets"?}` as JSON, or JSON Lines
         (`Content-Type: application/x-ndjson`, format and facets as query parameters)."""
-        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         body = await request.body()
-        if ctype in ("application/x-ndjson", "application/jsonl", "application/json-lines", "text/plain"):
+        if ctype in JSON_LINES_TYPES:
             lines = [line for line in body.split(b"\n") if line.strip()]
             if not lines:
                 raise ApiError(422, "the body has no records")
@@ -906,14 +1098,14 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
                     _clean_validation(errors)) from None
             lines = [json.dumps(r, ensure_ascii=False) for r in req.records]
             fmt, mode = req.format or format, req.facets or facets
-        else:
-            raise ApiError(415, f"send application/json or application/x-ndjson, not {ctype}")
+        else:  # the perimeter refuses other types before the body is read
+            raise ApiError(415, _type_message(ctype))
         if len(lines) > options.max_batch_records:
             raise ApiError(413, f"{len(lines)} records; at most {options.max_batch_records} per request")
         papers, outcomes = _read_records(lines, fmt)
         return await writes(_write_papers, papers, outcomes, mode)
 
-    @app.delete("/papers/{paper_id:path}", response_model=DeleteResponse, dependencies=[Depends(require_token)],
+    @app.delete("/papers/{paper_id:path}", response_model=DeleteResponse,
                 responses=_errors(401, 404, 503), tags=["papers"])
     async def delete_paper(paper_id: str):
         """Delete a paper by id."""
@@ -921,12 +1113,14 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
             raise ApiError(404, f"paper {paper_id} is not in the index")
         return {"deleted": paper_id}
 
+    # outermost last: CORS (its headers on every answer, refusals too), the perimeter, then the body limit
+    app.add_middleware(_BodyLimit, limit=options.max_body_bytes)
+    app.add_middleware(_Perimeter, options=options)
     if options.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(options.cors_origins), allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(_BodyLimit, limit=options.max_body_bytes)
     return app
 
 
@@ -953,17 +1147,51 @@ def serve(settings: Settings, options: ServeOptions, *, log_level: str = "info")
 
     check_exposure(options)
     app = create_app(settings=settings, options=options)
+    for line in exposure_notes(options):
+        print(f"esqbe: {line}", file=sys.stderr, flush=True)
     app.state.service.start()  # open the index and load the model now: a failure is one clear error, not a traceback
     uvicorn.run(app, host=options.host, port=options.port, log_level=log_level, proxy_headers=False,
                 server_header=False, timeout_graceful_shutdown=10)
 
 
-def options_from_env(**given) -> ServeOptions:
-    """ServeOptions from flags, with ESQBE_TOKEN as the token's fallback."""
+def exposure_notes(options: ServeOptions) -> list[str]:
+    """What the startup banner says about who can do what (warnings for what an operator may not mean)."""
+    where = f"{options.host}:{options.port}"
+    if is_loopback(options.host):
+        notes = [f"listening on {where}: only this machine can connect; loopback host names only"
+                 + (f" and {', '.join(options.allowed_hosts)}" if options.allowed_hosts else "")]
+    else:
+        notes = [f"listening on {where}: reachable from other machines; writes need the token"]
+        if not options.allowed_hosts:
+            notes.append("warning: any Host name is answered; --allowed-host NAME (repeatable) answers only the "
+                         "names clients use (a DNS-rebinding page cannot then reach it)")
+    notes.append("reads need the token too (--private)" if options.private else
+                 "reads (queries, papers, search, stats) are open to anyone who can connect; --private needs the token for them")
+    if options.allow_raw_engine_filter:
+        notes.append("raw engine_filter query DSL is allowed for requests with the token")
+    return notes
+
+
+def options_from_env(*, token_file: str | None = None, **given) -> ServeOptions:
+    """ServeOptions from flags, the token from --token, --token-file or ESQBE_TOKEN (in that order).
+    A token on the command line is visible to other users of the machine (ps): a warning says so."""
     clean = {k: v for k, v in given.items() if v is not None}
-    if not clean.get("token") and os.environ.get("ESQBE_TOKEN"):
+    if clean.get("token") and token_file:
+        raise ConfigError("give the token once: --token or --token-file")
+    if clean.get("token"):
+        print("esqbe: warning: --token is visible to other users of this machine (ps); prefer ESQBE_TOKEN or "
+              "--token-file", file=sys.stderr, flush=True)
+    elif token_file:
+        try:
+            clean["token"] = Path(token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"cannot read the token file {token_file}: {getattr(e, 'strerror', None) or e}") from None
+        if not clean["token"]:
+            raise ConfigError(f"the token file {token_file} is empty")
+    elif os.environ.get("ESQBE_TOKEN"):
         clean["token"] = os.environ["ESQBE_TOKEN"]
     return ServeOptions(**clean)
 
 
-__all__ = ["create_app", "serve", "ServeOptions", "Service", "check_exposure", "is_loopback", "options_from_env"]
+__all__ = ["create_app", "serve", "ServeOptions", "Service", "check_exposure", "exposure_notes", "is_loopback",
+           "options_from_env"]

@@ -38,7 +38,7 @@ def _browser():
 def server(index_dir_30, encoder, tmp_path_factory):
     path = tmp_path_factory.mktemp("page") / "index"
     shutil.copytree(index_dir_30, path)
-    with LiveServer(create_app(str(path), config=None, encoder=encoder, options=ServeOptions())) as url:
+    with LiveServer(create_app(str(path), config=None, encoder=encoder, options=ServeOptions(host="127.0.0.1"))) as url:
         yield url
 
 
@@ -139,3 +139,27 @@ def test_unknown_paper_in_the_address_says_so(server, browser):
     browser.get(server + "/#paper=no-such-paper&facet=method")
     WebDriverWait(browser, 30).until(EC.text_to_be_present_in_element((By.ID, "error"), "not in the index"))
     assert browser.find_element(By.ID, "error").is_displayed()
+
+
+def test_a_private_library_asks_for_the_token_once_and_keeps_it_for_the_tab(index_dir_30, encoder, tmp_path_factory, browser):
+    """`esqbe serve --private`: the page's first call gets 401, the page asks for the token, keeps it in
+    sessionStorage and sends it with every call after."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    token = "page-test-token-0123456789"
+    path = tmp_path_factory.mktemp("page-private") / "index"
+    shutil.copytree(index_dir_30, path)
+    app = create_app(str(path), config=None, encoder=encoder,
+                     options=ServeOptions(host="127.0.0.1", token=token, private=True, warm=False))
+    with LiveServer(app) as url:
+        wait = WebDriverWait(browser, 60)
+        browser.get(url + f"/#paper={QID}&facet=method")
+        prompt = wait.until(EC.alert_is_present())
+        prompt.send_keys(token)
+        prompt.accept()
+        wait.until(EC.text_to_be_present_in_element((By.ID, "paper-id"), QID))
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#hits .hit"))  # the query ran with the kept token
+        assert browser.execute_script("return sessionStorage.getItem('esqbe-token')") == token
+        assert not EC.alert_is_present()(browser)

@@ -22,11 +22,11 @@ LINES = SAMPLE.read_text().splitlines()
 RECORDS = [json.loads(line) for line in LINES]
 FIRST = RECORDS[0]
 QID = FIRST["paper_id"]
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-for-tests"
 
 
 def _client(path, encoder, **options) -> TestClient:
-    app = create_app(str(path), config=None, options=ServeOptions(**options), encoder=encoder)
+    app = create_app(str(path), config=None, options=ServeOptions(**{"host": "127.0.0.1", **options}), encoder=encoder)
     return TestClient(app, raise_server_exceptions=False)
 
 
@@ -405,7 +405,7 @@ def test_app_mounts_inside_another_app(index_path, encoder):
     def home():
         return {"app": "library"}
 
-    parent.mount("/esqbe", create_app(str(index_path), config=None, encoder=encoder, options=ServeOptions(warm=False)))
+    parent.mount("/esqbe", create_app(str(index_path), config=None, encoder=encoder, options=ServeOptions(host="127.0.0.1", warm=False)))
     with TestClient(parent) as c:  # a mounted app gets no lifespan: it opens the index on first use
         assert c.get("/").json() == {"app": "library"}
         r = c.post("/esqbe/query", json={"paper_id": QID, "facet": "method", "k": 2})

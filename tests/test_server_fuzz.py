@@ -17,7 +17,7 @@ from esqbe.server import ServeOptions, create_app  # noqa: E402
 
 from .conftest import LiveServer  # noqa: E402
 
-TOKEN = "fuzz-token"
+TOKEN = "fuzz-token-0123456789"
 OPERATIONS = ["POST /query", "GET /papers/{paper_id}", "GET /search", "POST /papers", "DELETE /papers/{paper_id}",
               "GET /stats", "GET /health"]
 EXAMPLES = 25
@@ -26,11 +26,13 @@ BUDGET_S = 120  # per operation; far above what it takes here (a few seconds)
 
 @pytest.fixture(scope="module")
 def server_url(index_dir_30, encoder, tmp_path_factory):
-    """A real server over HTTP (schemathesis' in-process ASGI calls run the app's lifespan on every request)."""
+    """A real server over HTTP (schemathesis' in-process ASGI calls run the app's lifespan on every request),
+    private and on loopback: every request goes through the perimeter (Host, token, Origin, content types)."""
     path = tmp_path_factory.mktemp("fuzz") / "index"
     shutil.copytree(index_dir_30, path)
     app = create_app(str(path), config=None, encoder=encoder,
-                     options=ServeOptions(token=TOKEN, max_body_bytes=256 * 1024, max_batch_records=20))
+                     options=ServeOptions(host="127.0.0.1", token=TOKEN, private=True, max_body_bytes=256 * 1024,
+                                          max_batch_records=20, write_lock_timeout=5))
     with LiveServer(app) as url:
         yield url
 

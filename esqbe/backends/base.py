@@ -25,6 +25,15 @@ class StorageError(BackendError):
     had committed before it (an IndexReport), when there was a run."""
 
 
+class WriteLockBusy(BackendError):
+    """Another handle kept the index's write lock past the time a writer was willing to wait; `holder`
+    is what the lock file says of it (a pid), or "?"."""
+
+    def __init__(self, message: str, holder: str = "?"):
+        super().__init__(message)
+        self.holder = holder
+
+
 class ModelMismatchError(BackendError):
     """The index was built with another encoder than the one asked to query or extend it."""
 

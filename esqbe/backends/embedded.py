@@ -36,6 +36,7 @@ import os
 import re
 import sqlite3
 import sys
+import time
 from collections import Counter
 from concurrent.futures import wait as futures_wait
 from pathlib import Path
@@ -55,6 +56,7 @@ from .base import (
     IndexedPaper,
     IndexMeta,
     UpsertResult,
+    WriteLockBusy,
 )
 
 FORMAT_VERSION = 2
@@ -82,6 +84,19 @@ CREATE TABLE IF NOT EXISTS dead (pno INTEGER PRIMARY KEY, row_start INTEGER NOT 
 CREATE TABLE IF NOT EXISTS text_deletes (paper_id TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS token_counts (token TEXT PRIMARY KEY, count INTEGER NOT NULL);
 """
+
+
+def _flock_within(fd: int, timeout: float) -> bool:
+    """Take an exclusive flock on `fd`, trying until `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
 
 class _State:
@@ -182,7 +197,13 @@ class EmbeddedBackend(Backend):
     def writable(self) -> bool:
         return self._lock_fd is not None
 
-    def _acquire_write(self) -> None:
+    def begin_write(self, timeout: float | None = None) -> None:
+        """Take the write lock now, waiting at most `timeout` seconds for another writer (None: as long as
+        it takes), else WriteLockBusy naming the holder's pid: what a server that must answer does
+        before a write (`end_write` gives the lock back)."""
+        self._acquire_write(timeout)
+
+    def _acquire_write(self, timeout: float | None = None) -> None:
         """Take the directory's write lock (waiting for another writer, with a message), then repair:
         cut rows past the last commit, drop half-written ANN files, bring the text index up to SQLite."""
         if self._lock_fd is not None:
@@ -196,9 +217,14 @@ class EmbeddedBackend(Backend):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            print(f"esqbe: another process (pid {holder}) is writing to {self.path}; waiting for it to finish...",
-                  file=sys.stderr, flush=True)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if timeout is None:
+                print(f"esqbe: another process (pid {holder}) is writing to {self.path}; waiting for it to finish...",
+                      file=sys.stderr, flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            elif not _flock_within(fd, timeout):
+                os.close(fd)
+                raise WriteLockBusy(f"another writer (pid {holder}) has held the write lock of {self.path} for over "
+                                    f"{timeout:g}s", holder=holder)
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._lock_fd = fd

@@ -11,13 +11,36 @@ document, and the filter clauses in BM25 and kNN request bodies (pre-filtering, 
   are few). OpenSearch before 3.5 runs only term/terms as a parent-field filter inside a nested kNN
   (k-NN #2222, fixed by #2990 in 3.5): there the filter is first resolved to the ids it allows
   (`ids_body`, at most `MAX_RESOLVED_IDS`), then sent as a `terms` on `paper_id` like a re-ranking pool.
+
+A user's own clause (`engine_filter`) goes to the engine as given from the CLI and the Python API; from
+other people (`esqbe serve`) it must first pass `check_safe_clause`: the clause types in `SAFE_CLAUSES`
+over plain field names, bounded in depth and size.
 """
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
-from ..filters import ENGINE_KEYWORD_ROOT, ENGINE_NUMBER_ROOT, MetadataFilter, flatten_for_engine, only_terms, to_query_dsl
+from ..filters import ENGINE_KEYWORD_ROOT, ENGINE_NUMBER_ROOT, FilterError, MetadataFilter, flatten_for_engine, only_terms, to_query_dsl
+
+#: clause types an untrusted engine_filter may use, each with the options its per-field object may carry
+SAFE_CLAUSES: dict[str, frozenset[str]] = {
+    "term": frozenset({"value", "boost", "case_insensitive"}),
+    "terms": frozenset(),  # {"field": [values]} (a terms *lookup* into another index is refused)
+    "range": frozenset({"gt", "gte", "lt", "lte", "format", "boost"}),
+    "exists": frozenset(),  # {"field": "name"}
+    "match": frozenset({"query", "operator", "minimum_should_match", "boost"}),
+    "prefix": frozenset({"value", "boost", "case_insensitive"}),
+    "bool": frozenset({"must", "should", "filter", "must_not", "minimum_should_match", "boost"}),
+}
+SAFE_MAX_DEPTH = 8
+SAFE_MAX_CLAUSES = 64
+SAFE_MAX_VALUES = 1024  # values in all terms lists together
+SAFE_MAX_STRING = 1000
+#: a document field a user may name: letters, digits, _ - . (dotted paths), not starting with _ (the engine's own
+#: _index, _id, _routing, _source ... are not the user's fields) and no wildcard patterns
+_FIELD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 
 #: OpenSearch before 3.5: a filter matching more papers than this is applied after the kNN instead
 MAX_RESOLVED_IDS = 10_000
@@ -110,3 +133,82 @@ def _os_knn_specs(node):
     elif isinstance(node, list):
         for x in node:
             yield from _os_knn_specs(x)
+
+
+def check_safe_clause(clause) -> None:
+    """Refuse an engine_filter from someone untrusted unless it is made only of `SAFE_CLAUSES` (term, terms,
+    range, exists, match, prefix, bool) over plain field names, at most `SAFE_MAX_DEPTH` deep and
+    `SAFE_MAX_CLAUSES` clauses: no scripts, wrapper queries, terms lookups into other indices, query_string,
+    joins or anything else the engine can do. A FilterError names the clause refused and where it is."""
+    budget = {"clauses": 0, "values": 0}
+    _check_clause(clause, "engine_filter", 1, budget)
+
+
+def _check_clause(clause, where: str, depth: int, budget: dict) -> None:
+    if depth > SAFE_MAX_DEPTH:
+        raise FilterError(f"{where}: nested deeper than {SAFE_MAX_DEPTH} clauses")
+    budget["clauses"] += 1
+    if budget["clauses"] > SAFE_MAX_CLAUSES:
+        raise FilterError(f"engine_filter: more than {SAFE_MAX_CLAUSES} clauses")
+    if not isinstance(clause, dict) or len(clause) != 1:
+        raise FilterError(f"{where}: expected one clause, a JSON object with one key such as {{\"term\": {{...}}}}")
+    (kind, body), = clause.items()
+    where = f"{where}.{kind}"
+    if kind not in SAFE_CLAUSES:
+        raise FilterError(f"{where}: the clause type {kind!r} is not allowed here; allowed: "
+                          + ", ".join(SAFE_CLAUSES))
+    if not isinstance(body, dict):
+        raise FilterError(f"{where}: expected an object")
+    if kind == "bool":
+        for key, value in body.items():
+            if key not in SAFE_CLAUSES["bool"]:
+                raise FilterError(f"{where}: {key!r} is not allowed in bool")
+            if key in ("minimum_should_match", "boost"):
+                _check_scalar(value, f"{where}.{key}", budget)
+                continue
+            for i, sub in enumerate(value if isinstance(value, list) else [value]):
+                _check_clause(sub, f"{where}.{key}[{i}]", depth + 1, budget)
+        return
+    if kind == "exists":
+        if set(body) != {"field"}:
+            raise FilterError(f"{where}: expected {{\"field\": NAME}}")
+        _check_field(body["field"], where)
+        return
+    fields = [k for k in body if k != "boost"]
+    if len(fields) != 1:
+        raise FilterError(f"{where}: expected one field, {{FIELD: ...}}")
+    field = fields[0]
+    _check_field(field, where)
+    value = body[field]
+    if kind == "terms":
+        if not isinstance(value, list):
+            raise FilterError(f"{where}.{field}: expected a list of values (a terms lookup into another index is not allowed)")
+        budget["values"] += len(value)
+        if budget["values"] > SAFE_MAX_VALUES:
+            raise FilterError(f"{where}.{field}: more than {SAFE_MAX_VALUES} values")
+        for v in value:
+            _check_scalar(v, f"{where}.{field}", budget)
+        return
+    if isinstance(value, dict):
+        for key, v in value.items():
+            if key not in SAFE_CLAUSES[kind]:
+                raise FilterError(f"{where}.{field}: {key!r} is not allowed in {kind}")
+            _check_scalar(v, f"{where}.{field}.{key}", budget)
+    elif kind == "range":
+        raise FilterError(f"{where}.{field}: expected an object such as {{\"gte\": 2019}}")
+    else:
+        _check_scalar(value, f"{where}.{field}", budget)
+
+
+def _check_field(field, where: str) -> None:
+    if not isinstance(field, str) or not _FIELD.match(field):
+        raise FilterError(f"{where}: {field!r} is not a field name a filter may use (letters, digits, _ - ., "
+                          "not starting with _ and no wildcards)")
+
+
+def _check_scalar(value, where: str, budget: dict) -> None:
+    if isinstance(value, str):
+        if len(value) > SAFE_MAX_STRING:
+            raise FilterError(f"{where}: a value over {SAFE_MAX_STRING} characters")
+    elif not isinstance(value, (int, float, bool)) or value is None:
+        raise FilterError(f"{where}: expected a string, number or boolean")

@@ -19,8 +19,23 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
-async function api(path, options = {}) {
-  const resp = await fetch(path, { headers: { "Content-Type": "application/json" }, ...options });
+// A private library (`esqbe serve --private`) answers 401 until the page sends the token: it is asked
+// for once and kept for this tab only (sessionStorage), then sent with every call.
+const TOKEN_KEY = "esqbe-token";
+
+async function api(path, options = {}, asked = false) {
+  const headers = { "Content-Type": "application/json" };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const resp = await fetch(path, { headers, ...options });
+  if (resp.status === 401) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    const given = asked ? null : window.prompt("This library is private. Its access token:");
+    if (given && given.trim()) {
+      sessionStorage.setItem(TOKEN_KEY, given.trim());
+      return api(path, options, true);
+    }
+  }
   let body = null;
   try { body = await resp.json(); } catch (e) { /* not JSON */ }
   if (!resp.ok) {
