@@ -466,11 +466,16 @@ def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
 @click.option("--max-batch-records", type=click.IntRange(1), help="Most records one POST /papers may carry (default: 1000).")
 @click.option("--no-warm", is_flag=True, help="Answer at once instead of loading the kNN structures first.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
+@click.option("--words", "words", multiple=True, metavar="NAME=DIR",
+              help="Word vectors (`esqbe train-words --out DIR`) that queries may use as asym_token's words=NAME (repeatable); "
+                   "a client never names a directory.")
+@click.option("--request-timeout", type=click.FloatRange(0, 3600, min_open=True),
+              help="Seconds a query may take, waiting for a reader included, before it is abandoned with 504 (default: 30).")
 @encoder_options
 @backend_options
 @handle_errors
 def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_query_sentences, max_batch_records, no_warm,
-              log_level, **kw):
+              log_level, words, request_timeout, **kw):
     """Serve the index over HTTP: a JSON API (docs at /docs) and a page at /.
 
     \b
@@ -484,12 +489,31 @@ def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_quer
 
     options = options_from_env(host=host, port=port, token=token, readers=readers, cors_origins=list(cors_origins) or None,
                                max_body_bytes=max_body_bytes, max_query_sentences=max_query_sentences,
-                               max_batch_records=max_batch_records, warm=False if no_warm else None)
+                               max_batch_records=max_batch_records, warm=False if no_warm else None,
+                               words=_parse_words(words) or None, request_timeout=request_timeout)
     config = kw.pop("config", None)
     overrides = {"backend": kw.pop("backend", None), "path": kw.pop("path", None), "url": kw.pop("url", None),
                  "index": kw.pop("index_name", None), **kw}
     settings = load_settings(config, **overrides)
     serve(settings, options, log_level=log_level)
+
+
+def _parse_words(pairs) -> dict[str, str]:
+    """--words NAME=DIR pairs: each DIR an `esqbe train-words` directory (checked now, not at the first query)."""
+    from pathlib import Path
+
+    from esqbe.words import VECTORS_FILE
+
+    out = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise click.BadParameter(f"expected NAME=DIR, got {pair!r}", param_hint="--words")
+        if not (Path(path) / VECTORS_FILE).is_file():
+            raise click.BadParameter(f"{path} holds no word vectors (make them with `esqbe train-words --out {path}`)",
+                                     param_hint="--words")
+        out[name.strip()] = path
+    return out
 
 
 @main.command("cite")
