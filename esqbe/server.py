@@ -164,7 +164,7 @@ def _rescorer_params_model() -> type[BaseModel]:
     for key, (p, owners) in declared.items():
         help_text = f"{', '.join(owners)}: {p.help}"
         if p.type in (int, float):
-            fields[key] = (p.type, Field(None, ge=p.low, le=p.high, description=help_text))
+            fields[key] = (p.type, Field(None, ge=p.low, le=p.high, strict=True, description=help_text))
         elif p.type is str and p.choices:
             fields[key] = (Literal[p.choices], Field(None, description=help_text))
         else:

@@ -20,7 +20,6 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 import esqbe
-from esqbe.search import QueryTooLargeError
 from esqbe.server import ServeOptions, create_app
 
 from .conftest import SAMPLE, LiveServer
@@ -188,6 +187,8 @@ def test_a_config_file_gets_the_same_bounds(index_path, encoder, tmp_path):
 
 
 def test_a_megabyte_query_text_is_refused_before_tokenizing(client, direct):
+    from esqbe.search import QueryTooLargeError
+
     one_sentence = "word " * 240_000  # 1.2 MB without a sentence end
     _error(client.post("/query", json={"text": one_sentence}), 413, "at most 100000")
     many = ["Word " * 3_000 + "."] * 64
