@@ -529,15 +529,20 @@ class Service:
         try:
             done, _ = await asyncio.wait([waiting, *([watch] if watch else [])], timeout=max(deadline.remaining(), 0.0),
                                          return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the server cancelled the handler (its client went away, a shutdown)
             deadline.cancel("the request was cancelled")
             work.cancel()
+            self.abandoned += 1
             raise
         finally:
             if watch is not None:
                 watch.cancel()
         if waiting in done:
-            return waiting.result()
+            try:
+                return waiting.result()
+            except Cancelled as e:  # the work itself saw its deadline pass (at one of its checks)
+                self.timed_out += e.timed_out
+                raise
         gone = watch is not None and watch in done
         deadline.cancel("the client went away" if gone else "past its deadline")
         work.cancel()  # still queued: it never starts; running: it stops at its next check
