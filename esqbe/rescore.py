@@ -11,10 +11,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import deadline
 from .backends.base import IndexedPaper
 
 
@@ -93,11 +94,36 @@ Rescorer = Callable[[QueryBatch, CandidateBatch], RescoreResult]
 _REGISTRY: dict[str, Callable[..., Rescorer]] = {}
 
 
-def register(name: str):
-    """Register a rescorer factory `factory(context, **params) -> Rescorer` under `name`."""
+@dataclass(frozen=True)
+class Param:
+    """One declared rescorer parameter: what the CLI (`--param`), a config (`rescorer_params`,
+    `facet_settings`) and HTTP (`rescorer_params`) accept for it, checked by one function
+    (`check_params`) so that the bounds are the same everywhere.
+
+    `low`/`high`: inclusive bounds of a number; `choices`: the allowed values of a str;
+    `http`: whether a client of `esqbe serve` may set it (`words` names a directory: it may not,
+    it picks one of the server's named word vectors instead)."""
+
+    name: str
+    type: type  # float | int | bool | str
+    default: Any
+    help: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] | None = None
+    http: bool = True
+
+
+_PARAMS: dict[str, tuple[Param, ...]] = {}
+
+
+def register(name: str, params: Sequence[Param] = ()):
+    """Register a rescorer factory `factory(context, **params) -> Rescorer` under `name`, with the
+    parameters it takes (each factory gets only declared, checked and coerced values)."""
 
     def deco(factory):
         _REGISTRY[name] = factory
+        _PARAMS[name] = tuple(params)
         return factory
 
     return deco
@@ -107,15 +133,70 @@ def available_rescorers() -> list[str]:
     return ["none", *sorted(_REGISTRY)]
 
 
-def make_rescorer(name: str, context: RescoreContext | None = None, **params) -> Rescorer | None:
-    """The rescorer called `name` with its parameters; `none` keeps the first-stage order."""
+def rescorer_params(name: str) -> tuple[Param, ...]:
+    """The parameters rescorer `name` declares (none for `none`)."""
     if name in (None, "none"):
-        return None
+        return ()
     try:
-        factory = _REGISTRY[name]
+        return _PARAMS[name]
     except KeyError:
         raise ValueError(f"unknown rescorer {name!r}; choose one of {', '.join(available_rescorers())}") from None
-    return factory(context or RescoreContext(), **params)
+
+
+def check_param(rescorer: str, param: Param, value):
+    """`value` (a bool, a number or text from a command line or a config file) as `param.type`, within its bounds."""
+    where = f"{rescorer}: {param.name}"
+    if param.type is bool:
+        if isinstance(value, (bool, np.bool_)):
+            return bool(value)
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{where} must be true or false (got {value!r})")
+    if param.type is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{where} must be text (got {value!r})")
+        if param.choices is not None and value not in param.choices:
+            raise ValueError(f"{where} must be one of {', '.join(param.choices)} (got {value!r})")
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{where} must be a number (got {value!r})")
+    try:
+        out = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{where} must be a number (got {value!r})") from None
+    if not np.isfinite(out) or (param.low is not None and param.low > 0 >= out):
+        raise ValueError(f"{where} must be a positive number (got {value!r})")
+    if param.type is int:
+        if out != int(out):
+            raise ValueError(f"{where} must be a whole number (got {value!r})")
+        out = int(out)
+    if (param.low is not None and out < param.low) or (param.high is not None and out > param.high):
+        raise ValueError(f"{where} must be between {param.low:g} and {param.high:g} (got {value!r})")
+    return out
+
+
+def check_params(name: str, params: dict | None, *, http: bool = False) -> dict:
+    """`params` for rescorer `name`, checked against its declaration and coerced to their types: an
+    unknown parameter (or, with `http`, one a client may not set) is an error naming the accepted ones."""
+    declared = {p.name: p for p in rescorer_params(name) if p.http or not http}
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        if not declared:
+            raise ValueError(f"{name} takes no parameters (got {', '.join(unknown)})")
+        raise ValueError(f"{name} got unknown parameter(s) {', '.join(unknown)}; it takes {', '.join(declared)}")
+    return {key: check_param(name, declared[key], value) for key, value in params.items()}
+
+
+def make_rescorer(name: str, context: RescoreContext | None = None, **params) -> Rescorer | None:
+    """The rescorer called `name` with its parameters (checked by `check_params`); `none` keeps the first-stage order."""
+    if name in (None, "none"):
+        return None
+    clean = check_params(name, params)
+    return _REGISTRY[name](context or RescoreContext(), **clean)
 
 
 def _cosines(query_vectors: np.ndarray, cand_vectors: np.ndarray) -> np.ndarray:
@@ -147,10 +228,8 @@ def _top_matches(sims: np.ndarray, limit: int = 3) -> list[list[Match]]:
 
 
 @register("ts")
-def rescore_ts(context: RescoreContext, **params) -> Rescorer:
+def rescore_ts(context: RescoreContext) -> Rescorer:
     """Single best match (tsAspire): the best cosine over all (query sentence, candidate sentence) pairs."""
-    if params:
-        raise ValueError(f"ts takes no parameters (got {', '.join(params)})")
 
     def score(query: QueryBatch, cands: CandidateBatch) -> RescoreResult:
         sims = cosine_matrix(query, cands)
@@ -161,10 +240,8 @@ def rescore_ts(context: RescoreContext, **params) -> Rescorer:
 
 
 @register("summax")
-def rescore_summax(context: RescoreContext, **params) -> Rescorer:
+def rescore_summax(context: RescoreContext) -> Rescorer:
     """Mean over query sentences of the best cosine to any candidate sentence (every query sentence must find a match)."""
-    if params:
-        raise ValueError(f"summax takes no parameters (got {', '.join(params)})")
 
     def score(query: QueryBatch, cands: CandidateBatch) -> RescoreResult:
         sims = cosine_matrix(query, cands)
@@ -174,42 +251,9 @@ def rescore_summax(context: RescoreContext, **params) -> Rescorer:
     return score
 
 
-# --- parameters ---------------------------------------------------------------------------------
-# Factory parameters may arrive as strings (from a command line or a config file): coerce and check.
-
-
-def _reject_unknown(name: str, unknown: dict, accepted: Sequence[str]) -> None:
-    if unknown:
-        raise ValueError(f"{name} got unknown parameter(s) {', '.join(sorted(unknown))}; it takes {', '.join(accepted)}")
-
-
-def _positive_float(rescorer: str, name: str, value) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{rescorer}: {name} must be a number (got {value!r})") from None
-    if not np.isfinite(out) or out <= 0:
-        raise ValueError(f"{rescorer}: {name} must be a positive number (got {value!r})")
-    return out
-
-
-def _positive_int(rescorer: str, name: str, value) -> int:
-    out = _positive_float(rescorer, name, value)
-    if out != int(out):
-        raise ValueError(f"{rescorer}: {name} must be a whole number (got {value!r})")
-    return int(out)
-
-
 def _bool(rescorer: str, name: str, value) -> bool:
     """A boolean parameter given as a bool or as text (true/false, yes/no, on/off, 1/0)."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{rescorer}: {name} must be true or false (got {value!r})")
+    return check_param(rescorer, Param(name, bool, None, ""), value)
 
 
 def _finite_matches(matches: list[list[Match]]) -> list[list[Match]]:
@@ -307,6 +351,7 @@ def sinkhorn_batched(a, b, M, reg, *, numItermax: int = 1000, stopThr: float = 1
     active = np.arange(n)
     done_iters = 0
     while active.size and done_iters < numItermax:
+        deadline.check()  # a request past its deadline stops between blocks
         # the few slow problems left run longer blocks: less per-block overhead, slightly coarser stops
         steps = min(int(check_every) * (1 if len(active) > 32 else 5), int(numItermax) - done_iters)
         A, B, LA, LB, LK, F, G = a[active], b[active], log_a[active], log_b[active], log_k[active], f[active], g[active]
@@ -371,6 +416,7 @@ def emd_loop(a, b, M) -> np.ndarray:
 
     plans = np.zeros(np.shape(M), dtype=np.float64)
     for k in range(len(plans)):
+        deadline.check()
         rows, cols = np.flatnonzero(a[k] > 0), np.flatnonzero(b[k] > 0)
         plans[k][np.ix_(rows, cols)] = ot.emd(
             np.ascontiguousarray(a[k][rows], dtype=np.float64),
@@ -398,8 +444,20 @@ def plan_matches(plans: np.ndarray, mask: np.ndarray, *, min_mass: float = 1e-4)
     return [list(zip(rows[i][: keep[i]], cols[i][: keep[i]], mass[i][: keep[i]])) for i in range(n)]
 
 
-@register("ot")
-def rescore_ot(context: RescoreContext, *, tau=0.5, lam=20.0, exact=False, max_iter=1000, tol=1e-4, **unknown) -> Rescorer:
+# Bounds: a worst-case request (1000 candidates of 40 sentences, 64 query sentences) must take seconds, not
+# hours: Sinkhorn costs max_iter x n x m x L, and lam far beyond the distances' scale only makes every block
+# fall back to exact log-domain steps (several times slower) for no better plans.
+OT_PARAMS = (
+    Param("tau", float, 0.5, "temperature of the nearest-neighbour marginals (large: uniform)", low=1e-3, high=1e6),
+    Param("lam", float, 20.0, "entropic regularisation 1/reg of Sinkhorn", low=1e-2, high=200.0),
+    Param("exact", bool, False, "POT's exact ot.emd per candidate instead of Sinkhorn (slow; the reference)"),
+    Param("max_iter", int, 1000, "Sinkhorn iterations at most", low=1, high=2000),
+    Param("tol", float, 1e-4, "Sinkhorn's stopping rule: row marginals within tol in L1", low=1e-8, high=1.0),
+)
+
+
+@register("ot", OT_PARAMS)
+def rescore_ot(context: RescoreContext, *, tau=0.5, lam=20.0, exact=False, max_iter=1000, tol=1e-4) -> Rescorer:
     """Multi-match (otAspire): score = -<D, P>, P the optimal transport plan between query and candidate
     sentences under L2 distances D, with otAspire's nearest-neighbour marginals (`ot_marginals`, tau).
 
@@ -411,12 +469,7 @@ def rescore_ot(context: RescoreContext, *, tau=0.5, lam=20.0, exact=False, max_i
     exact transport plan even when a slow problem stops at max_iter.
     The plans come back in `RescoreResult.plans`; `matches` lists each plan's heaviest pairs.
     """
-    _reject_unknown("ot", unknown, ["tau", "lam", "exact", "max_iter", "tol"])
-    tau = _positive_float("ot", "tau", tau)
-    reg = 1.0 / _positive_float("ot", "lam", lam)
-    exact = _bool("ot", "exact", exact)
-    max_iter = _positive_int("ot", "max_iter", max_iter)
-    tol = _positive_float("ot", "tol", tol)
+    reg = 1.0 / lam
 
     def score(query: QueryBatch, cands: CandidateBatch) -> RescoreResult:
         _check_query("ot", query)
@@ -454,8 +507,12 @@ def _query_weights(query: QueryBatch) -> np.ndarray:
     return w / w.sum()
 
 
-@register("asym")
-def rescore_asym(context: RescoreContext, *, d=4.0, **unknown) -> Rescorer:
+_D = Param("d", float, 4.0, "exponent of the cosines (1: plain coverage; larger rewards near-exact matches)",
+           low=1e-2, high=100.0)
+
+
+@register("asym", (_D,))
+def rescore_asym(context: RescoreContext, *, d=4.0) -> Rescorer:
     """Asymmetric partial matching over the stored sentence vectors: score = sum over query sentences
     of weight x max over candidate sentences of max(cos, 0)^d.
 
@@ -464,8 +521,7 @@ def rescore_asym(context: RescoreContext, *, d=4.0, **unknown) -> Rescorer:
     Weights: `QueryBatch.weights` (normalised to sum 1), uniform 1/m when absent.
     Candidates without sentences score -inf.
     """
-    _reject_unknown("asym", unknown, ["d"])
-    power = _positive_float("asym", "d", d)
+    power = d
 
     def score(query: QueryBatch, cands: CandidateBatch) -> RescoreResult:
         _check_query("asym", query)
@@ -484,8 +540,19 @@ from .asym import TokenSet, asym_scores, segment_max_cosines, strip_citation_mar
 from .asym import unit_rows as _unit_rows  # noqa: E402,F401
 
 
-@register("asym_token")
-def rescore_asym_token(context: RescoreContext, *, d=4.0, alpha=1e-4, max_tokens=100, words=None, **unknown) -> Rescorer:
+ASYM_TOKEN_PARAMS = (
+    _D,
+    Param("alpha", float, 1e-4, "token weights alpha / (alpha + p(w)): smaller favours rare tokens more", low=1e-12, high=1e3),
+    Param("max_tokens", int, 100, "tokens per sentence at most", low=1, high=510),
+    # a directory: a pickle is loaded from it, so only the local user (CLI, config, Python API) names one;
+    # a client of `esqbe serve` picks one of the server's named word vectors (`esqbe serve --words NAME=DIR`)
+    Param("words", str, None, "word-vector directory from `esqbe train-words` (default: the encoder's token vectors)",
+          http=False),
+)
+
+
+@register("asym_token", ASYM_TOKEN_PARAMS)
+def rescore_asym_token(context: RescoreContext, *, d=4.0, alpha=1e-4, max_tokens=100, words=None) -> Rescorer:
     """Asymmetric partial matching over token vectors, as in cited-text identification.
 
     For query sentence S_q and candidate sentence S_c:
@@ -504,10 +571,7 @@ def rescore_asym_token(context: RescoreContext, *, d=4.0, alpha=1e-4, max_tokens
     estimated from the tokens of this call's query and candidate sentences (each distinct
     sentence once), which is a small sample: rare-token weights are then less reliable.
     """
-    _reject_unknown("asym_token", unknown, ["d", "alpha", "max_tokens", "words"])
-    power = _positive_float("asym_token", "d", d)
-    alpha = _positive_float("asym_token", "alpha", alpha)
-    max_tokens = _positive_int("asym_token", "max_tokens", max_tokens)
+    power = d
     vectors = None
     if words not in (None, "", "encoder"):
         from .words import WordVectors

@@ -11,11 +11,12 @@ from typing import Sequence
 
 import numpy as np
 
+from . import deadline
 from .backends.base import Backend, Candidate, FirstStageRequest, IndexedPaper
 from .centering import corpus_directions
 from .config import Settings
 from .filters import MetadataFilter
-from .papers import QUERY_FACETS, Paper, normalize_label
+from .papers import QUERY_FACETS, Paper, normalize_label, split_sentences
 from .rescore import CandidateBatch, QueryBatch, RescoreContext, make_rescorer
 
 CANDIDATE_FACET_MODES = ("auto", "all", "same", "soft")
@@ -38,6 +39,27 @@ class PaperNotFoundError(QueryError):
 
 class EmptyIndexError(QueryError):
     """Nothing is indexed yet."""
+
+
+class QueryTooLargeError(QueryError):
+    """The query text is past a cap of `esqbe.limits`."""
+
+
+def query_sentences(text: str | Sequence[str]) -> list[str]:
+    """A query text (one string, or its sentences) as sentences, refused past the caps of `esqbe.limits`
+    before any splitting or tokenizing: a megabyte of text must not hold a reader for seconds."""
+    from .limits import MAX_QUERY_CHARS, MAX_QUERY_SENTENCE_CHARS
+
+    parts = [text] if isinstance(text, str) else [str(s) for s in text]
+    total = sum(len(s) for s in parts)
+    if total > MAX_QUERY_CHARS:
+        raise QueryTooLargeError(f"the query text has {total} characters; at most {MAX_QUERY_CHARS} per query")
+    sents = split_sentences(text) if isinstance(text, str) else [s for s in parts if s.strip()]
+    longest = max((len(s) for s in sents), default=0)
+    if longest > MAX_QUERY_SENTENCE_CHARS:
+        raise QueryTooLargeError(f"a query sentence has {longest} characters; at most {MAX_QUERY_SENTENCE_CHARS} "
+                                 "per sentence (is the text missing its sentence ends?)")
+    return sents
 
 
 @dataclass
@@ -334,6 +356,7 @@ def _run_query(backend: Backend, query: IndexedPaper, indices: list[int], settin
             found = {pid: ip for pid, ip in found.items() if request.filter.matches(ip.paper.metadata)}
         candidates += [Candidate(pid, floor, 0.0, 0.0, found[pid]) for pid in missing if pid in found]
     timings["first_stage"] = round(1000 * (time.perf_counter() - t0), 2)
+    deadline.check()  # a request past its deadline does not go on to rescoring
 
     t1 = time.perf_counter()
     rescorer = make_rescorer(settings.rescorer, context or RescoreContext(backend=backend), **(settings.rescorer_params or {}))

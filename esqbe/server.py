@@ -50,22 +50,27 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .api import Index
 from .backends.engine_filters import check_safe_clause
 from .backends.base import BackendError, FirstStageRequest, ModelMismatchError, WriteLockBusy
 from .config import ConfigError, Settings, load_settings
+from .deadline import Cancelled, Deadline
 from .filters import FilterError
-from .papers import QUERY_FACETS, split_sentences
+from .limits import MAX_REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S
+from .papers import QUERY_FACETS
 from .readers import ReadReport, read_papers
-from .search import QueryError
+from .rescore import available_rescorers, rescorer_params
+from .search import QueryError, QueryTooLargeError, query_sentences
 
 log = logging.getLogger("esqbe.server")
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_K = 1000
+#: a name for word vectors the operator configured (`esqbe serve --words NAME=DIR`): no path separators
+WORDS_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 RESCORERS = ("summax", "ts", "ot", "asym", "asym_token", "none")
 #: what a hit's `similarity` is, per rescorer (comparable across queries of one rescorer)
 SIMILARITY = {
@@ -112,6 +117,11 @@ class ServeOptions(BaseModel):
     write_lock_timeout: float = Field(30.0, gt=0, le=3600)
     #: show the index path and engine URL in /stats and error messages (only for an operator's own use)
     show_paths: bool = False
+    #: word vectors a query may use by name (`rescorer_params: {"words": NAME}` for asym_token): NAME -> the
+    #: directory from `esqbe train-words`. Only these: a client never names a directory (a pickle is loaded from it)
+    words: dict[Annotated[str, Field(pattern=WORDS_NAME)], str] = Field(default_factory=dict)
+    #: seconds a query may take, its wait for a reader included, before it is abandoned with 504
+    request_timeout: float = Field(REQUEST_TIMEOUT_S, gt=0, le=MAX_REQUEST_TIMEOUT_S)
 
 
 def is_loopback(host: str) -> bool:
@@ -177,6 +187,34 @@ class FilterCondition(BaseModel):
         None, description="the value (a list for in / not in; absent for exists / not exists)")
 
 
+def _rescorer_params_model() -> type[BaseModel]:
+    """The parameters a client may set, from the rescorers' declarations (esqbe.rescore.Param): each with its
+    type and bounds, so the schema shows them and anything else is refused (422). Which ones the chosen
+    rescorer takes is checked when it is made (400 naming them). `words` is a name of the server's
+    (`ServeOptions.words`), never a directory."""
+    declared: dict[str, tuple] = {}
+    for name in available_rescorers():
+        for p in rescorer_params(name):
+            if p.http:
+                declared.setdefault(p.name, (p, []))[1].append(name)
+    fields: dict[str, Any] = {}
+    for key, (p, owners) in declared.items():
+        help_text = f"{', '.join(owners)}: {p.help}"
+        if p.type in (int, float):
+            fields[key] = (p.type, Field(None, ge=p.low, le=p.high, strict=True, description=help_text))
+        elif p.type is str and p.choices:
+            fields[key] = (Literal[p.choices], Field(None, description=help_text))
+        else:
+            fields[key] = (p.type, Field(None, description=help_text))
+    fields["words"] = (str, Field(None, pattern=WORDS_NAME, description=(
+        "asym_token: word vectors by the name the server was started with (`esqbe serve --words NAME=DIR`); "
+        "default: the encoder's token vectors")))
+    return create_model("RescorerParams", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+RescorerParams = _rescorer_params_model()
+
+
 class QueryRequest(BaseModel):
     """A query: a paper from the index (`paper_id`) or a text, and which of its sentences form the query
     (a `facet`, chosen `sentences`, or all of them)."""
@@ -203,7 +241,7 @@ class QueryRequest(BaseModel):
     k: int = Field(10, ge=1, le=MAX_K, description="number of hits")
     rescorer: Literal["summax", "ts", "ot", "asym", "asym_token", "none"] = Field(
         None, description="default: the server's settings (summax)")
-    rescorer_params: dict[str, float | bool | str] = Field(
+    rescorer_params: RescorerParams = Field(
         None, description='rescorer parameters, e.g. {"tau": 0.5} for ot or {"d": 4} for asym')
     bm25_weight: float = Field(None, ge=0, le=1, description="fuse the rescorer's similarity with BM25 into the "
                                                              "rank score (0 = similarity alone)")
@@ -223,11 +261,20 @@ class QueryRequest(BaseModel):
             raise ValueError("give either facet or sentences, not both")
         return self
 
-    def overrides(self) -> dict:
-        """Settings fields this request changes (the Python API's `Index.query(**overrides)`)."""
+    def overrides(self, words: dict[str, str] | None = None) -> dict:
+        """Settings fields this request changes (the Python API's `Index.query(**overrides)`); a `words`
+        name becomes its directory in `words` (the server's), an unknown name is an error."""
         out: dict[str, Any] = {"k": self.k, "rescorer": self.rescorer, "final_bm25_weight": self.bm25_weight}
         if self.rescorer_params is not None:
-            out["rescorer_params"] = dict(self.rescorer_params)
+            params = self.rescorer_params.model_dump(exclude_unset=True)
+            if "words" in params:
+                name, words = params["words"], words or {}
+                if name not in words:
+                    raise QueryError(f"no word vectors named {name!r} on this server; " + (
+                        f"it offers {', '.join(sorted(words))}" if words else
+                        "it offers none (the operator names them with esqbe serve --words NAME=DIR)"))
+                params["words"] = words[name]
+            out["rescorer_params"] = params
         elif self.rescorer is not None:
             out["rescorer_params"] = {}  # another rescorer than the configured one: not the configured one's params
         fs = self.first_stage
@@ -364,7 +411,8 @@ def _errors(*codes: int) -> dict:
     text = {400: "the request cannot be answered as asked", 401: "missing or wrong bearer token",
             404: "no such paper", 409: "conflicts with the index (empty index, another model)",
             413: "too large (body bytes, sentences, records)", 415: "unsupported content type",
-            422: "invalid request", 503: "not ready, backend unavailable, or writer busy"}
+            422: "invalid request", 503: "not ready, backend unavailable, or writer busy",
+            504: "the request took longer than the server's request timeout and was abandoned"}
     return {c: {"model": ErrorResponse, "description": text[c]} for c in codes}
 
 
@@ -477,6 +525,8 @@ class Service:
         self.warm_error: str | None = None
         self.started_at = time.time()
         self.closed = False
+        self.timed_out = 0  # queries given up at their deadline
+        self.abandoned = 0  # queries given up because their client went away
 
     @property
     def n_readers(self) -> int:
@@ -527,10 +577,44 @@ class Service:
                 log.warning("warming up failed: %s", self.warm_error)
         self.ready.set()
 
-    async def read(self, fn: Callable, *args):
+    async def read(self, fn: Callable, *args, deadline: Deadline | None = None, request: Request | None = None):
+        """`fn(index, *args)` on the least busy reader. With a `deadline`, the work runs under it (esqbe.deadline:
+        checked between its stages and in its loops; not started at all past it) and is given up at it with
+        `Cancelled`; with `request`, also as soon as that client goes away. Either way the reader is freed."""
         self.start()
         slot = min(self.readers, key=lambda s: s.pending)
-        return await asyncio.wrap_future(slot.submit(fn, *args))
+        if deadline is None:
+            return await asyncio.wrap_future(slot.submit(fn, *args))
+        work = slot.submit(_under, deadline, fn, *args)
+        waiting = asyncio.wrap_future(work)
+        watch = asyncio.ensure_future(_client_gone(request)) if request is not None else None
+        try:
+            done, _ = await asyncio.wait([waiting, *([watch] if watch else [])], timeout=max(deadline.remaining(), 0.0),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the server cancelled the handler (its client went away, a shutdown)
+            deadline.cancel("the request was cancelled")
+            work.cancel()
+            self.abandoned += 1
+            raise
+        finally:
+            if watch is not None:
+                watch.cancel()
+        if waiting in done:
+            try:
+                return waiting.result()
+            except Cancelled as e:  # the work itself saw its deadline pass (at one of its checks)
+                self.timed_out += e.timed_out
+                raise
+        gone = watch is not None and watch in done
+        deadline.cancel("the client went away" if gone else "past its deadline")
+        work.cancel()  # still queued: it never starts; running: it stops at its next check
+        waiting.add_done_callback(lambda f: f.cancelled() or f.exception())  # its Cancelled is expected
+        if gone:
+            self.abandoned += 1
+            raise Cancelled("the client went away", timed_out=False)
+        self.timed_out += 1
+        raise Cancelled(f"the query took longer than this server's {deadline.seconds:g} s request timeout "
+                        "and was abandoned", timed_out=True)
 
     async def write(self, fn: Callable, *args):
         self.start()
@@ -617,6 +701,17 @@ def _paper_out(paper) -> dict:
             "facets_predicted": predicted, "metadata": _jsonable(metadata)}
 
 
+def _under(index: Index, deadline: Deadline, fn: Callable, *args):
+    with deadline:
+        return fn(index, *args)
+
+
+async def _client_gone(request: Request, every: float = 0.1) -> None:
+    """Returns once the client of `request` has disconnected."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(every)
+
+
 def _jsonable(value):
     try:
         return json.loads(json.dumps(value, allow_nan=False, default=str))
@@ -624,9 +719,8 @@ def _jsonable(value):
         return {}
 
 
-def _run_query(index: Index, req: QueryRequest, text) -> dict:
+def _run_query(index: Index, req: QueryRequest, text, overrides: dict) -> dict:
     t0 = time.perf_counter()
-    overrides = req.overrides()
     filters = [f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in req.filters or []]
     result = index.query(req.paper_id, facet=req.facet, sentences=req.sentences, text=text, title=req.title,
                          filters=filters or None, engine_filter=req.engine_filter, **overrides)
@@ -659,12 +753,18 @@ def _run_query(index: Index, req: QueryRequest, text) -> dict:
                   "sentences": [{"index": i, "text": t, "facet": f}
                                 for (i, t), f in zip(result.query_sentences, facets)]},
         "rescorer": rescorer,
-        "rescorer_params": _jsonable(settings.rescorer_params or {}) if rescorer != "none" else {},
+        "rescorer_params": _jsonable(_named_words(settings.rescorer_params or {}, req)) if rescorer != "none" else {},
         "similarity": SIMILARITY.get(rescorer, "the rescorer's score"),
         "match_weight": MATCH_WEIGHT.get(rescorer, "weight"),
         "hits": hits,
         "timings_ms": timings,
     }
+
+
+def _named_words(params: dict, req: QueryRequest) -> dict:
+    """The parameters as the client gave them: a `words` name, not the server's directory behind it."""
+    given = req.rescorer_params.model_dump(exclude_unset=True) if req.rescorer_params is not None else {}
+    return {**params, "words": given["words"]} if "words" in given and "words" in params else params
 
 
 def _finite(x):
@@ -1034,21 +1134,37 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
                          "uptime_s": round(time.time() - service.started_at, 1), "ready": service.ready.is_set()}
         return out
 
-    @app.post("/query", response_model=QueryResponse, responses=_errors(400, 404, 409, 413, 422, 503), tags=["search"])
+    @app.post("/query", response_model=QueryResponse, responses=_errors(400, 404, 409, 413, 422, 503, 504),
+              tags=["search"])
     async def query(req: QueryRequest, request: Request):
         """Papers most similar to a paper's facet, to chosen sentences, or to a text, with the sentences that matched."""
         check_engine_filter(request, req.engine_filter)
+        deadline = Deadline(options.request_timeout)  # from now: a wait for a reader counts
         limit = options.max_query_sentences
         text = req.text
+        try:
+            if text is not None:
+                text = query_sentences(text)  # past esqbe.limits' character caps: refused before any tokenizing
+            overrides = req.overrides(options.words)
+        except QueryTooLargeError as e:
+            raise ApiError(413, str(e)) from None
+        except QueryError as e:
+            raise ApiError(400, str(e)) from None
         if text is not None:
-            text = split_sentences(text) if isinstance(text, str) else [s for s in text if s.strip()]
             if not text:
                 raise ApiError(400, "the query text has no sentences")
             if len(text) > limit:
                 raise ApiError(413, f"the query text has {len(text)} sentences; at most {limit} per query")
         if req.sentences is not None and len(set(req.sentences)) > limit:
             raise ApiError(413, f"{len(set(req.sentences))} sentences chosen; at most {limit} per query")
-        return await reads(_run_query, req, text)
+        try:
+            return await service.read(_run_query, req, text, overrides, deadline=deadline, request=request)
+        except Cancelled as e:
+            if e.timed_out:
+                raise ApiError(504, str(e)) from None
+            raise ApiError(503, str(e)) from None
+        except (QueryError, ValueError, BackendError) as e:
+            raise ApiError(_status_of(e), str(e)) from None
 
     @app.get("/papers/{paper_id:path}", response_model=Paper, responses=_errors(404, 503), tags=["papers"])
     async def get_paper(paper_id: str):

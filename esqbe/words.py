@@ -38,8 +38,10 @@ VECTORS_FILE = "vectors.kv"
 COUNTS_FILE = "counts.tsv"
 META_FILE = "words.json"
 TEXT_SUFFIXES = (".xml", ".txt", ".jsonl")
-_S_ELEMENT = re.compile(r"<S\b[^>]*>(.*?)</S>", re.S)
-_TAG = re.compile(r"<[^>]+>")
+#: an <S> element's text; neither pattern scans past the next "<S" / "<" from where it starts, so an unclosed
+#: element (or a run of "<") costs linear time, not the rest of the text from every start
+_S_ELEMENT = re.compile(r"<S\b[^<>]*+>((?:[^<]++|<(?!/?S\b))*+)</S>")
+_TAG = re.compile(r"<[^<>]++>")
 
 
 class WordsError(ValueError):

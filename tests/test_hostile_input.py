@@ -183,7 +183,7 @@ def test_an_index_holding_nan_still_answers_stats_papers_and_refuses_new_nan_ove
     r = _cli("stats", "--path", path, "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["papers"] == 3
-    app = create_app(str(path), config=None, options=ServeOptions(), encoder=encoder)
+    app = create_app(str(path), config=None, options=ServeOptions(host="127.0.0.1"), encoder=encoder)
     with TestClient(app, raise_server_exceptions=False) as client:
         assert client.get("/stats").status_code == 200
         got = client.get(f"/papers/{pid}").json()

@@ -204,9 +204,11 @@ def test_query_errors(client, index_path, encoder, tmp_path):
     _error(client.post("/query", json={"paper_id": no_result["paper_id"], "facet": "result"}), 400, "no sentence labelled")
     _error(client.post("/query", json={"paper_id": QID, "sentences": [0, 99]}), 400, "sentences 0..")
     _error(client.post("/query", json={"paper_id": QID, "facet": "method", "rescorer": "ot",
-                                       "rescorer_params": {"tau": -1}}), 400, "tau")
+                                       "rescorer_params": {"tau": -1}}), 422, "tau")  # the schema's bounds
     _error(client.post("/query", json={"paper_id": QID, "facet": "method", "rescorer": "summax",
-                                       "rescorer_params": {"x": 1}}), 400, "no parameters")
+                                       "rescorer_params": {"x": 1}}), 422, "x")  # no rescorer declares it
+    _error(client.post("/query", json={"paper_id": QID, "facet": "method", "rescorer": "summax",
+                                       "rescorer_params": {"tau": 1}}), 400, "summax takes no parameters")
     _error(client.post("/query", content=b'{"paper_id": ', headers={"content-type": "application/json"}), 400, "not valid JSON")
     _error(client.post("/query", json={"paper_id": "no-such-paper", "facet": "method"}), 404, "not in the index")
     _error(client.post("/query", json={"paper_id": QID, "k": 1001}), 422, "k")

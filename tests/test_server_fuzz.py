@@ -18,6 +18,7 @@ from esqbe.server import ServeOptions, create_app  # noqa: E402
 from .conftest import LiveServer  # noqa: E402
 
 TOKEN = "fuzz-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 OPERATIONS = ["POST /query", "GET /papers/{paper_id}", "GET /search", "POST /papers", "DELETE /papers/{paper_id}",
               "GET /stats", "GET /health"]
 EXAMPLES = 25
@@ -71,3 +72,29 @@ def test_every_answer_is_documented(label, mode, api_schema, server_url):
 
     fuzz()
     assert seen, "no example ran"
+
+
+def _edges():
+    """Each declared, HTTP-settable number of each rescorer: its bounds (accepted) and just past them (refused)."""
+    from esqbe.rescore import available_rescorers, rescorer_params
+
+    for name in available_rescorers():
+        for p in rescorer_params(name):
+            if p.http and p.type in (int, float):
+                step = 1 if p.type is int else p.low / 2
+                yield name, p.name, [p.low, p.high], [p.low - step, p.high * 2, "many", None, True]
+
+
+@pytest.mark.parametrize("rescorer,param,inside,outside", list(_edges()))
+def test_rescorer_parameter_bounds_over_http(rescorer, param, inside, outside, server_url):
+    """The negative cases of the rescorers' declared bounds (the schema's minimum/maximum), and the bounds
+    themselves answered in time (a worst-case parameter is bounded to seconds: no 5xx, no deadline)."""
+    import httpx
+
+    body = {"paper_id": "csabstruct-train-0000", "rescorer": rescorer, "k": 3}
+    for value in outside:
+        r = httpx.post(server_url + "/query", json={**body, "rescorer_params": {param: value}}, timeout=60, headers=AUTH)
+        assert r.status_code == 422 and param in r.json()["error"]["message"], (value, r.text)
+    for value in inside:
+        r = httpx.post(server_url + "/query", json={**body, "rescorer_params": {param: value}}, timeout=60, headers=AUTH)
+        assert r.status_code == 200, (value, r.text)

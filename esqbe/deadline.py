@@ -1,0 +1,68 @@
+"""Deadlines and cancellation for one piece of work (a query), checked cooperatively.
+
+The work runs `with Deadline(seconds):` (or `with token:` for a token made elsewhere, such as
+`esqbe serve`'s, which also cancels it when the client goes away); the query path calls `check()`
+between its stages and inside its long loops (Sinkhorn's blocks, the encoder's batches), which
+raises `Cancelled` once the deadline has passed or the token was cancelled. Outside such a block
+`check()` costs a context-variable read and does nothing.
+"""
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+
+_CURRENT: contextvars.ContextVar["Deadline | None"] = contextvars.ContextVar("esqbe_deadline", default=None)
+
+
+class Cancelled(Exception):
+    """The work passed its deadline or was cancelled (its client went away); `reason` says which."""
+
+    def __init__(self, reason: str, *, timed_out: bool):
+        super().__init__(reason)
+        self.timed_out = timed_out
+
+
+class Deadline:
+    """A cancellation token with an optional deadline `seconds` from now (None: none, only `cancel()`)."""
+
+    def __init__(self, seconds: float | None = None):
+        self.seconds = seconds
+        self.expires = None if seconds is None else time.monotonic() + float(seconds)
+        self._cancelled: str | None = None
+        self._lock = threading.Lock()
+        self._tokens: list = []
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        with self._lock:
+            if self._cancelled is None:
+                self._cancelled = reason
+
+    @property
+    def cancelled(self) -> str | None:
+        return self._cancelled
+
+    def remaining(self) -> float | None:
+        return None if self.expires is None else self.expires - time.monotonic()
+
+    def check(self) -> None:
+        if self._cancelled is not None:
+            raise Cancelled(self._cancelled, timed_out=False)
+        if self.expires is not None and time.monotonic() >= self.expires:
+            raise Cancelled(f"the request took longer than its {self.seconds:g} s deadline and was abandoned",
+                            timed_out=True)
+
+    def __enter__(self) -> "Deadline":
+        self.check()  # work that waited past its deadline (in a queue) does not start
+        self._tokens.append(_CURRENT.set(self))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _CURRENT.reset(self._tokens.pop())
+
+
+def check() -> None:
+    """Raise `Cancelled` if the work this thread runs is past its deadline or cancelled."""
+    current = _CURRENT.get()
+    if current is not None:
+        current.check()
