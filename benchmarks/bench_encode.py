@@ -44,7 +44,7 @@ SAMPLE = ROOT / "samples" / "csabstruct-sample.jsonl"
 
 def load_texts(n: int, workdir: Path):
     """(papers, a JSONL file holding exactly those papers, its format, a description)."""
-    from esqbe.readers import read_papers
+    from esqbe.ingest.readers import read_papers
 
     if (CSFCUBE / "abstracts-csfcube-preds.jsonl").exists():
         src, fmt, name = CSFCUBE / "abstracts-csfcube-preds.jsonl", "csfcube", "CSFCube dev abstracts"
@@ -85,16 +85,16 @@ def quality(backend: str, qdir: Path) -> dict:
     """CSFCube dev aggregated NDCG%20 (default configuration) and tagger macro-F1 (deduplicated test)."""
     out = {}
     if CSFCUBE.exists():
-        from esqbe.config import Settings
-        from esqbe.evaluate import evaluate_csfcube
+        from esqbe.evaluation.evaluate import evaluate_csfcube
+        from esqbe.settings.config import Settings
 
         settings = Settings(encoder_backend=backend)
         result = evaluate_csfcube(str(CSFCUBE), settings, index_path=str(qdir / f"csfcube-{backend}"), log=lambda m: None)
         split = next(iter(result.splits.values()))
         out["ndcg20"] = split["all"]["NDCG%20"]
     if (CSABSTRUCT / "test.jsonl").exists():
-        from esqbe.encoder import Encoder
-        from esqbe.tagger import evaluate_tagger
+        from esqbe.encode.encoder import Encoder
+        from esqbe.tagger.runtime import evaluate_tagger
 
         r = evaluate_tagger(str(CSABSTRUCT / "test.jsonl"), encoder=Encoder.load(backend=backend),
                             exclude_duplicates_of=[str(CSABSTRUCT / "train.jsonl"), str(CSABSTRUCT / "dev.jsonl")])
@@ -121,7 +121,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from esqbe.encoder import Encoder
+    from esqbe.encode.encoder import Encoder
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     workdir = Path(tempfile.mkdtemp(prefix="esqbe-bench-encode-"))

@@ -1,5 +1,5 @@
-"""Time to evaluate metadata filters over a corpus: the embedded backend's columns (esqbe.filters.MetadataColumns,
-numpy per metadata path) against the per-paper Python evaluation (esqbe.filters.allowed_ids), same run, same data.
+"""Time to evaluate metadata filters over a corpus: the embedded backend's columns (esqbe.core.filters.MetadataColumns,
+numpy per metadata path) against the per-paper Python evaluation (esqbe.core.filters.allowed_ids), same run, same data.
 
     .venv/bin/python benchmarks/bench_filters.py [--papers 100000] [--repeat 5]
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from esqbe.filters import MetadataColumns, allowed_ids, coerce_filters  # noqa: E402
+from esqbe.core.filters import MetadataColumns, allowed_ids, coerce_filters  # noqa: E402
 
 FILTERS = [["year>=2019"], ["venue in (ACL, EMNLP)", "year>=2019"], ["author=A5"], ["author!=A5"],
            ["venue>=EMNLP"], ["external_ids.doi exists"]]

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import ot  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from esqbe.rescore import (  # noqa: E402
+from esqbe.rescore.rescorers import (  # noqa: E402
     CandidateBatch,
     QueryBatch,
     RescoreContext,

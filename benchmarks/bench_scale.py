@@ -46,7 +46,7 @@ SHARD = 100_000  # papers per Parquet file
 # --- corpus ----------------------------------------------------------------------------------------
 def sentence_pool():
     """Real sentences with their facet labels, and real titles."""
-    from esqbe.readers import read_papers
+    from esqbe.ingest.readers import read_papers
 
     sents, labels, titles = [], [], []
     sources = [SHARED / "data" / "csabstruct" / f"{s}.jsonl" for s in ("train", "dev", "test")]
@@ -64,8 +64,8 @@ def write_corpus(out: Path, n: int, seed: int, prefix: str = "p", start: int = 0
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from esqbe.backends.base import IndexMeta
-    from esqbe.encoded import arrow_schema
+    from esqbe.domain import IndexMeta
+    from esqbe.ingest.encoded import arrow_schema
 
     out.mkdir(parents=True, exist_ok=True)
     sents, labels, titles = sentence_pool()
@@ -230,7 +230,7 @@ def run_size(n: int, work: Path, args) -> dict:
     disk = sum(p.stat().st_size for p in ix.rglob("*") if p.is_file())
     cold, cold_cpu = [], []
     rng = np.random.default_rng(1)
-    from esqbe.backends.embedded import EmbeddedBackend
+    from esqbe.backends.embedded.backend import EmbeddedBackend
 
     with EmbeddedBackend(ix, create=False) as b:
         picks = [f"p{i:07d}" for i in rng.choice(n, size=40, replace=False)]
@@ -263,7 +263,7 @@ def run_size(n: int, work: Path, args) -> dict:
         **q,
         "corpus_generation_s": gen_s,
     }
-    from esqbe.backends.embedded import EmbeddedBackend
+    from esqbe.backends.embedded.backend import EmbeddedBackend
 
     b = EmbeddedBackend(ix, create=False)
     stats = b.stats()

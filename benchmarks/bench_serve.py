@@ -3,7 +3,7 @@ concurrent clients, alone and while a writer POSTs papers; then checks that ever
 
 Bounded and local: a fixed number of requests per level, the server on 127.0.0.1 only, a subprocess this
 script starts and stops. Independent of the storage: the synthetic index is written through the public
-`Backend.upsert` (any backend `esqbe.api.open_backend` opens) and everything else goes over HTTP.
+`Backend.upsert` (any backend `esqbe.index.api.open_backend` opens) and everything else goes over HTTP.
 
     nice -n 10 python benchmarks/bench_serve.py --build-only --papers 100000 --index /tmp/bench-serve/index
     python benchmarks/bench_serve.py --papers 100000 --index /tmp/bench-serve/index --out /tmp/bench-serve/result.json
@@ -37,7 +37,7 @@ FACETS = ("background", "method", "result")
 
 def load_pool() -> list[dict]:
     """Real abstracts: title, sentences, facet labels (CSFCube's predicted labels, normalised)."""
-    from esqbe.papers import normalize_label
+    from esqbe.domain import normalize_label
 
     path = SHARED / "data" / "csfcube-dev" / "abstracts-csfcube-preds.jsonl"
     if not path.exists():
@@ -56,10 +56,9 @@ def load_pool() -> list[dict]:
 
 def build_index(args) -> None:
     """Write `--papers` synthetic papers straight through the backend's upsert, in big batches."""
-    from esqbe.api import open_backend
-    from esqbe.backends.base import IndexedPaper, IndexMeta
-    from esqbe.config import load_settings
-    from esqbe.papers import Paper
+    from esqbe.domain import IndexedPaper, IndexMeta, Paper
+    from esqbe.index.api import open_backend
+    from esqbe.settings.config import load_settings
 
     settings = load_settings(None, path=args.index, backend=args.backend, url=args.url, index=args.engine_index)
     backend = open_backend(settings, create=True)

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # the API imports torch-free modules only, but keep `import esqbe` instant for the CLI's --help
     if name in ("open_index", "open_backend", "encoder_only", "Index", "IndexReport", "EncodeReport"):
-        from . import api
+        from .index import api
 
         return getattr(api, name)
     raise AttributeError(name)

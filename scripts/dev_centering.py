@@ -5,7 +5,7 @@
 
 Re-ranks each dev query's pool with `scripts/dev_levers.py`'s numpy summax after transforming every
 sentence vector: `mean` removes the index's mean sentence vector, `facet` each label's mean, `top:K` the
-mean and the top K principal directions (`esqbe.centering.estimate`, over every sentence of the index: the
+mean and the top K principal directions (`esqbe.query.centering.estimate`, over every sentence of the index: the
 `vector_centering` setting samples up to 5,000 papers, all of CSFCube), `pool:K` the same estimated from the
 query's own candidate pool. Fused with 0.1 BM25 (title+abstract) or 0.1 / 0.2 BM25 over the candidate's
 facet text. Prints one row per lever, then leave-one-query-out estimates of choosing among them and each
@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dev_levers import Dev, mm  # noqa: E402
 
-from esqbe.centering import estimate  # noqa: E402
-from esqbe.csfcube import split_qid  # noqa: E402
+from esqbe.evaluation.csfcube import split_qid  # noqa: E402
+from esqbe.query.centering import estimate  # noqa: E402
 
 FUSIONS = (("+0.1 BM25", "abstract", 0.1), ("+0.1 BM25 facet", "facet", 0.1), ("+0.2 BM25 facet", "facet", 0.2))
 

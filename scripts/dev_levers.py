@@ -6,7 +6,7 @@
 
 Each dev query's pool is re-ranked with numpy from the stored sentence vectors, labels and soft labels,
 and BM25 from the index's tantivy fields (title+abstract, or the candidate's text of the query's facet),
-then scored with esqbe.metrics. Its rows reproduce `esqbe eval csfcube` (the same formulas: e.g. the old default, summax
+then scored with esqbe.evaluation.metrics. Its rows reproduce `esqbe eval csfcube` (the same formulas: e.g. the old default, summax
 over same-facet candidate sentences + 0.1 BM25 per-query min-max, gives 61.92 as `esqbe eval` does); levers that are not product
 settings (BM25 on the facet's text, pseudo-relevance feedback) are measured here only, and the table in
 docs/results.md says which. `--loqo` adds leave-one-query-out estimates of what choosing among the
@@ -30,10 +30,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from esqbe.backends.embedded import EmbeddedBackend  # noqa: E402
-from esqbe.csfcube import load_csfcube, split_qid  # noqa: E402
-from esqbe.metrics import aggregate, evaluate_run  # noqa: E402
-from esqbe.search import facet_probability  # noqa: E402
+from esqbe.backends.embedded.backend import EmbeddedBackend  # noqa: E402
+from esqbe.evaluation.csfcube import load_csfcube, split_qid  # noqa: E402
+from esqbe.evaluation.metrics import aggregate, evaluate_run  # noqa: E402
+from esqbe.query.search import facet_probability  # noqa: E402
 
 
 def snapshot(index: str, into: Path) -> EmbeddedBackend:

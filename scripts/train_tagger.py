@@ -1,4 +1,4 @@
-"""Train the facet tagger shipped as esqbe/data/tagger-minilm-l6.pt (seeded; epochs picked on dev).
+"""Train the facet tagger shipped as esqbe/tagger/data/tagger-minilm-l6.pt (seeded; epochs picked on dev).
 
     HF_HUB_OFFLINE=1 python scripts/train_tagger.py --data /path/to/csabstruct
 
@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from esqbe.tagger import DEFAULT_WEIGHTS, EPOCHS, train_tagger  # noqa: E402
+from esqbe.tagger.runtime import DEFAULT_WEIGHTS, EPOCHS, train_tagger  # noqa: E402
 
 
 def main() -> None:
@@ -25,7 +25,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=EPOCHS)
     args = ap.parse_args()
 
-    from esqbe.encoder import Encoder
+    from esqbe.encode.encoder import Encoder
 
     metrics = train_tagger(args.data / "train.jsonl", args.data / "dev.jsonl", args.out,
                            encoder=Encoder.load(args.model, backend="torch"), seed=args.seed, epochs=args.epochs)

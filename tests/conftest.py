@@ -25,7 +25,7 @@ def shared_path(*parts) -> Path:
 
 @pytest.fixture(scope="session")
 def encoder():
-    from esqbe.encoder import Encoder
+    from esqbe.encode.encoder import Encoder
 
     return Encoder.load(batch_size=16)
 

@@ -13,26 +13,31 @@ from __future__ import annotations
 import copy
 import json
 
-import numpy as np
 import pytest
 
-from .test_engine_contract import INDEX, CannedEngine, _is_bm25, _os_knn_specs, assert_valid, make_backend, mapping_fields
-from .test_filters import _engine_eval
-
-import esqbe  # noqa: E402
-from esqbe.api import Index, make_filter  # noqa: E402
-from esqbe.backends.attach import (  # noqa: E402
+from esqbe.backends.engines.attach import (  # noqa: E402
     ATTACHED_LAYOUT,
     NAMESPACE,
     AttachedMixin,
-    attached_backend,
     maybe_attached,
     run_attach,
     user_field_resolver,
 )
-from esqbe.backends.base import BackendError, FirstStageRequest  # noqa: E402
-from esqbe.config import Settings  # noqa: E402
-from esqbe.filters import FilterError, coerce_filters  # noqa: E402
+from esqbe.core.filters import FilterError  # noqa: E402
+from esqbe.errors import BackendError  # noqa: E402
+from esqbe.index.api import Index  # noqa: E402
+from esqbe.settings.config import Settings  # noqa: E402
+
+from .test_engine_contract import (
+    INDEX,
+    CannedEngine,
+    _is_bm25,
+    _os_knn_specs,
+    assert_valid,
+    make_backend,
+    mapping_fields,
+)
+from .test_filters import _engine_eval
 
 ABSTRACTS = [
     ("Graph neural networks for molecules", "Molecules are graphs. We propose a message passing network. It improves accuracy by 5 points."),

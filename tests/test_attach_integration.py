@@ -6,7 +6,6 @@ index names and deletes them.
 """
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import uuid

@@ -1,9 +1,9 @@
-"""Vector centering before rescoring (esqbe.centering): the estimate, the query path, the cache."""
+"""Vector centering before rescoring (esqbe.query.centering): the estimate, the query path, the cache."""
 import numpy as np
 import pytest
 
-from esqbe import centering
-from esqbe.config import ConfigError
+from esqbe.query import centering
+from esqbe.settings.config import ConfigError
 
 QID = "csabstruct-train-0000"
 

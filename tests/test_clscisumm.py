@@ -11,10 +11,18 @@ import pytest
 from click.testing import CliRunner
 
 from cli import main
-from esqbe.asym import TokenSet, asym_scores, bm25_scores, symm_scores
-from esqbe.cite import CiteOptions
-from esqbe.clscisumm import (CSV_HEADER, load_split, parse_scores_txt, py2_str, read_run, run_csv_rows, score_files,
-                             score_run)
+from esqbe.evaluation.clscisumm import (
+    CSV_HEADER,
+    load_split,
+    parse_scores_txt,
+    py2_str,
+    read_run,
+    run_csv_rows,
+    score_files,
+    score_run,
+)
+from esqbe.query.cite import CiteOptions
+from esqbe.rescore.asym import TokenSet, asym_scores, bm25_scores, symm_scores
 
 from .conftest import shared_path
 
@@ -76,12 +84,12 @@ def test_scorer_quirks_on_a_tiny_gold():
         _gold_row("4", "C3", "NA", text="NA"),
         _gold_row("5", "C4", "'7'", text=""),  # no <S> element: the script drops the row
     ]}
-    from esqbe.clscisumm import ReferencePaper, Split
+    from esqbe.evaluation.clscisumm import ReferencePaper, Split
 
     paper = ReferencePaper("P1", [str(i) for i in range(10)], [f"s{i}" for i in range(10)])
     split = Split("t", [], {"P1": paper})
     template = gold["P1_ann.csv"]
-    from esqbe.clscisumm import run_rows
+    from esqbe.evaluation.clscisumm import run_rows
 
     run = {("P1", "1"): ["1", "2"], ("P1", "2"): ["3", "9"], ("P1", "3"): ["6", "5"], ("P1", "5"): ["7"]}
     s = score_files(gold, {"P1": run_rows(paper, template, run, 2)})
@@ -259,7 +267,7 @@ def words_dir(mini_data, tmp_path_factory):
 
 
 def test_train_words_writes_vectors_and_counts(words_dir):
-    from esqbe.words import WordVectors
+    from esqbe.rescore.words import WordVectors
 
     wv = WordVectors.load(words_dir)
     counts, total = wv.counts()
@@ -280,7 +288,7 @@ def test_train_words_reports_bad_sources(tmp_path):
 @pytest.fixture(scope="module")
 def mini_index(mini_data, encoder, tmp_path_factory):
     import esqbe
-    from esqbe.clscisumm import load_split, papers_of
+    from esqbe.evaluation.clscisumm import load_split, papers_of
 
     path = tmp_path_factory.mktemp("cite") / "index"
     with esqbe.open_index(str(path), encoder=encoder, config=None) as index:
@@ -301,7 +309,7 @@ def test_cite_api_ranks_the_cited_sentence_first(mini_index, words_dir, encoder)
         top = index.cite("A", text, k=1, words=str(words_dir)).hits[0]
         assert {"beam", "pruning", "thresholds"} <= {m.query_word for m in top.matches}
         assert all(m.query_word == m.matched_word and m.cosine == pytest.approx(1.0, abs=1e-4) for m in top.matches[:3])
-        from esqbe.search import QueryError
+        from esqbe.query.search import QueryError
 
         with pytest.raises(QueryError, match="paper Z is not in the index"):
             index.cite("Z", text)
@@ -345,7 +353,7 @@ def test_citation_marker_removal_is_linear_on_unclosed_lists():
     """A sentence cut inside a long "(e.g., A 1995; B 1994; ..." once took minutes (regex backtracking)."""
     import time
 
-    from esqbe.asym import strip_citation_markers
+    from esqbe.rescore.asym import strip_citation_markers
 
     text = "advances have been made (e.g., " + "; ".join(f"Author{i} et al. {1980 + i}" for i in range(30)) + ";"
     start = time.perf_counter()
@@ -357,8 +365,8 @@ def test_citation_marker_removal_is_linear_on_unclosed_lists():
 
 def test_eval_trains_its_default_word_vectors_from_the_unlabelled_xml(tmp_path, monkeypatch):
     """Without a words option, eval trains word2vec once on DATA's paper XML (never the annotation files)."""
-    from esqbe.clscisumm import ensure_words, word_corpus
-    from esqbe.words import WordVectors
+    from esqbe.evaluation.clscisumm import ensure_words, word_corpus
+    from esqbe.rescore.words import WordVectors
 
     paper = tmp_path / "data" / "Training" / "A"
     for sub, name in (("Reference_XML", "A.xml"), ("Citance_XML", "X1.xml")):

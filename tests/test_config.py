@@ -1,7 +1,7 @@
 """Settings precedence: defaults < YAML < environment < explicit overrides."""
 import pytest
 
-from esqbe.config import ConfigError, Settings, load_settings
+from esqbe.settings.config import ConfigError, Settings, load_settings
 
 
 def test_precedence(tmp_path):

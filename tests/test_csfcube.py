@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from esqbe.csfcube import (
+from esqbe.evaluation.csfcube import (
     FACETS,
     CSFCubeDataError,
     CSFCubeMissingFile,

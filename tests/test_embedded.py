@@ -6,9 +6,9 @@ import sqlite3
 import numpy as np
 import pytest
 
-from esqbe.backends.base import BackendError, FirstStageRequest, IndexedPaper, IndexMeta, ModelMismatchError
-from esqbe.backends.embedded import EmbeddedBackend
-from esqbe.papers import Paper
+from esqbe.backends.embedded.backend import EmbeddedBackend
+from esqbe.domain import FirstStageRequest, IndexedPaper, IndexMeta, Paper
+from esqbe.errors import BackendError, ModelMismatchError
 
 DIM = 16
 WORDS = "graph parser neural cuts sentiment translation vision speech retrieval ranking kernel bayesian".split()
@@ -83,7 +83,6 @@ def test_text_index_heals_after_a_crash_between_stores(tmp_path, backend):
     backend.close()
     # simulate a kill after the SQLite commit but before tantivy's: mark papers as not yet in the text index,
     # and remove them from tantivy
-    import tantivy
 
     b = EmbeddedBackend(tmp_path / "ix")
     w = b.text_index.writer(heap_size=15_000_000, num_threads=1)
@@ -120,7 +119,7 @@ def test_bm25_scores_as_the_query_parser_less_the_commonest_terms(backend):
     """bm25() builds the query itself (one term query per analysed word and field, no parser): with every
     term kept (bm25_max_df 1.0) it must score exactly as tantivy's query parser does; by default the terms
     in more than a fifth of the papers are dropped, but never below the BM25_MIN_TERMS rarest."""
-    from esqbe.backends.embedded import BM25_MIN_TERMS, _query_terms
+    from esqbe.backends.embedded.backend import BM25_MIN_TERMS, _query_terms
 
     rare = "kappa lambda sigma omega delta theta gamma zeta iota rho".split()
     assert _query_terms(" ".join(rare)) == rare  # words the stemmer leaves alone: one term each

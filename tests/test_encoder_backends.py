@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 
 import esqbe
-from esqbe.encoder import ENCODER_BACKENDS, Encoder, EncoderBackendError, resolve_backend
-from esqbe.readers import read_papers
+from esqbe.encode.encoder import (
+    ENCODER_BACKENDS,
+    Encoder,
+    EncoderBackendError,
+    resolve_backend,
+)
+from esqbe.ingest.readers import read_papers
 
 from .conftest import SAMPLE
 
@@ -79,7 +84,7 @@ def test_backend_choice_is_checked():
 
 
 def test_tagger_labels_survive_the_fast_backend(papers, fp32):
-    from esqbe.tagger import FacetTagger
+    from esqbe.tagger.runtime import FacetTagger
 
     fast = FacetTagger.load(encoder=Encoder.load(backend="onnx-int8", device="cpu", batch_size=8)).tag(papers)
     exact = FacetTagger.load(encoder=fp32[0]).tag(papers)

@@ -35,20 +35,12 @@ es_client = pytest.importorskip("elasticsearch")
 os_client = pytest.importorskip("opensearchpy")
 
 from elastic_transport import ApiResponseMeta, BaseNode, HttpHeaders  # noqa: E402
-from elastic_transport._node import NodeApiResponse  # noqa: E402
 from elastic_transport import ConnectionError as ESConnectionError  # noqa: E402
+from elastic_transport._node import NodeApiResponse  # noqa: E402
 from jsonschema import Draft202012Validator  # noqa: E402
 from opensearchpy.connection import Connection  # noqa: E402
 
-from esqbe.backends.base import (  # noqa: E402
-    BackendError,
-    FirstStageRequest,
-    IndexedPaper,
-    IndexMeta,
-    ModelMismatchError,
-)
-from esqbe.backends.elasticsearch import ElasticsearchBackend, compat_transport_class  # noqa: E402
-from esqbe.backends.engine_common import (  # noqa: E402
+from esqbe.backends.engines.common import (  # noqa: E402
     FACET_PATHS,
     FEATURE_SINCE,
     FEATURES_USED,
@@ -56,16 +48,21 @@ from esqbe.backends.engine_common import (  # noqa: E402
     VECTOR_FIELDS,
     EngineInfo,
     cosine_from_score,
-    opensearch_vector_space,
     doc_to_paper,
     index_body,
     load_index_template,
+    opensearch_vector_space,
     paper_to_doc,
     parse_version,
 )
-from esqbe.backends.opensearch import OpenSearchBackend  # noqa: E402
-from esqbe.fusion import fuse, top_k  # noqa: E402
-from esqbe.papers import FACET_LABELS, Paper  # noqa: E402
+from esqbe.backends.engines.elasticsearch import (  # noqa: E402
+    ElasticsearchBackend,
+    compat_transport_class,
+)
+from esqbe.backends.engines.opensearch import OpenSearchBackend  # noqa: E402
+from esqbe.core.fusion import fuse, top_k  # noqa: E402
+from esqbe.domain import FACET_LABELS, FirstStageRequest, IndexedPaper, IndexMeta, Paper  # noqa: E402
+from esqbe.errors import BackendError, ModelMismatchError
 
 SPECS = Path(__file__).parent / "specs"
 SCHEMA_FILES = {
@@ -938,7 +935,7 @@ def test_stats_body_is_valid_and_counts_per_facet(engine):
 def test_sample_papers_body_is_valid_and_centering_works_on_an_engine(engine):
     """vector_centering reads a seeded random sample of papers (random_score) and their vectors through
     the backend interface: the body passes the spec, and the directions match the papers' own."""
-    from esqbe import centering
+    from esqbe.query import centering
 
     papers = make_papers()
     backend, canned = ready_backend(engine, VERSIONS[engine][-1], papers)
@@ -1730,7 +1727,7 @@ def test_engine_length_filter_counts_utf16_units_and_differs_from_tantivy_on_non
         analysis = load_index_template(engine)["settings"]["index"]["analysis"]
         assert analysis["filter"]["esqbe_max_39"] == {"type": "length", "max": 39}
         assert analysis["analyzer"]["esqbe_en"]["filter"][0] == "esqbe_max_39"
-    from esqbe.backends.engine_common import analyzed_tokens
+    from esqbe.backends.engines.common import analyzed_tokens
 
     cyrillic, a39, a40, astral = "ж" * 25, "a" * 39, "b" * 40, "x" * 30 + "\U0001d400" * 5  # 𝐀: 2 UTF-16 units
     engine_kept = set(analyzed_tokens(f"{cyrillic} {a39} {a40} {astral}"))

@@ -15,9 +15,15 @@ import json
 import numpy as np
 import pytest
 
-from esqbe.backends.base import FirstStageRequest
-from esqbe.backends.engine_filters import MAX_RESOLVED_IDS
-from esqbe.filters import MetadataFilter, coerce_filters, matches, only_terms, to_query_dsl
+from esqbe.backends.engines.filters import MAX_RESOLVED_IDS
+from esqbe.core.filters import (
+    MetadataFilter,
+    coerce_filters,
+    matches,
+    only_terms,
+    to_query_dsl,
+)
+from esqbe.domain import FirstStageRequest
 
 from .test_engine_contract import (
     DIM,
@@ -179,7 +185,7 @@ def test_filter_and_pool_intersect(engine, version):
 
 
 def test_wide_filter_on_old_opensearch_falls_back_to_a_post_filter(monkeypatch):
-    import esqbe.backends.engine_common as ec
+    import esqbe.backends.engines.common as ec
 
     monkeypatch.setattr(ec, "MAX_RESOLVED_IDS", 3)
     papers = papers_with_metadata()

@@ -181,7 +181,7 @@ def test_centred_rescoring_matches_embedded(indexed):
 
 def test_engine_knn_scores_are_the_cosines(indexed):
     """Candidate.knn from engine scores equals the definition computed from the stored vectors."""
-    from esqbe.backends.base import FirstStageRequest
+    from esqbe.domain import FirstStageRequest
 
     _, engine, _ = indexed
     backend = engine.backend
@@ -215,7 +215,7 @@ def test_vectors_reach_the_rescorers_bit_exact(indexed):
 
 
 def test_restrict_to_and_exclude(indexed):
-    from esqbe.backends.base import FirstStageRequest
+    from esqbe.domain import FirstStageRequest
 
     _, engine, _ = indexed
     ids = _ids()
@@ -241,7 +241,7 @@ def test_rerun_is_idempotent(indexed):
 
 def test_600_token_query_text_stays_within_the_clause_limit(indexed):
     """OpenSearch keeps max_clause_count at 1024: a 600-token query used to fail the whole first stage."""
-    from esqbe.backends.base import FirstStageRequest
+    from esqbe.domain import FirstStageRequest
 
     _, engine, _ = indexed
     ids = _ids()
@@ -278,7 +278,7 @@ def test_document_without_vectors_b64_falls_back_to_the_indexed_vectors(indexed)
     source.pop("vectors_b64")
     source["paper_id"] = foreign = f"foreign-{uuid.uuid4().hex[:6]}"
     if "vector" not in json.dumps(source):  # ES 9.2+ left the vectors out of _source: put them back
-        from esqbe.backends.engine_common import FACET_PATHS
+        from esqbe.backends.engines.common import FACET_PATHS
 
         for path in FACET_PATHS.values():
             for row in source.get(path) or ():
@@ -294,7 +294,7 @@ def test_document_without_vectors_b64_falls_back_to_the_indexed_vectors(indexed)
 
 def test_identical_queries_give_identical_scores(indexed):
     """Every search of one query carries the same `preference`: the same copy answers (three-node clusters)."""
-    from esqbe.backends.base import FirstStageRequest
+    from esqbe.domain import FirstStageRequest
 
     _, engine, _ = indexed
     ids = _ids()

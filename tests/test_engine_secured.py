@@ -137,8 +137,8 @@ def _cli(*args):
 
 
 def _drop(secured, index, **auth):
-    from esqbe.backends.elasticsearch import ElasticsearchBackend
-    from esqbe.backends.opensearch import OpenSearchBackend
+    from esqbe.backends.engines.elasticsearch import ElasticsearchBackend
+    from esqbe.backends.engines.opensearch import OpenSearchBackend
 
     cls = ElasticsearchBackend if secured["kind"] == "elasticsearch" else OpenSearchBackend
     backend = cls(secured["url"], index, ca_certs=secured["ca_certs"], username=secured["username"], password=secured["password"])

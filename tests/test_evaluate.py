@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli import main
-from esqbe.metrics import read_trec_run
+from esqbe.evaluation.metrics import read_trec_run
 
 from .conftest import SAMPLE
 
@@ -63,7 +63,7 @@ def test_eval_checks_the_collections_sample_run(tmp_path):
     """`esqbe eval csfcube` reproduces the collection script's figures for its sample run, or refuses."""
     import shutil
 
-    from esqbe.evaluate import check_conformance
+    from esqbe.evaluation.evaluate import check_conformance
 
     from .conftest import shared_path
 

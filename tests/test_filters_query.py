@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 import esqbe
 from cli import main
-from esqbe.filters import FilterError, coerce_filters, matches
+from esqbe.core.filters import FilterError, coerce_filters, matches
 
 from .conftest import SAMPLE
 
@@ -97,7 +97,7 @@ def test_s2orc_and_s2ag_metadata_come_back_with_hits(tmp_path, encoder):
     metadata; each hit carries exactly the metadata the reader produced."""
     from itertools import islice
 
-    from esqbe.readers import read_papers
+    from esqbe.ingest.readers import read_papers
 
     from .conftest import shared_path
 

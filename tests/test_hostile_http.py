@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 import esqbe
-from esqbe.config import ConfigError
-from esqbe.filters import FilterError
-from esqbe.server import ServeOptions, create_app, options_from_env
+from esqbe.core.filters import FilterError
+from esqbe.server.app import ServeOptions, create_app, options_from_env
+from esqbe.settings.config import ConfigError
 
 from .conftest import SAMPLE, LiveServer
 
@@ -136,7 +136,11 @@ ATTACKS = {
 
 
 def test_untrusted_engine_filters_are_limited_to_safe_clauses():
-    from esqbe.backends.engine_filters import SAFE_MAX_CLAUSES, SAFE_MAX_DEPTH, check_safe_clause
+    from esqbe.backends.engines.filters import (
+        SAFE_MAX_CLAUSES,
+        SAFE_MAX_DEPTH,
+        check_safe_clause,
+    )
 
     safe = [{"term": {"meta_kw.lang": "en"}}, {"terms": {"meta_kw.venue": ["ACL", "EMNLP"]}},
             {"range": {"meta_num.year": {"gte": 2019, "lt": 2024}}}, {"exists": {"field": "meta_kw.doi"}},

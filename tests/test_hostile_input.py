@@ -11,9 +11,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from esqbe.backends.embedded import EmbeddedBackend
-from esqbe.papers import LIMITS
-from esqbe.readers import ReadReport, read_papers
+from esqbe.backends.embedded.backend import EmbeddedBackend
+from esqbe.domain import LIMITS
+from esqbe.ingest.readers import ReadReport, read_papers
 
 from .conftest import REPO
 from .test_storage import ENV, META, _make_read_only, _make_writable, _papers, _parquet
@@ -169,7 +169,7 @@ def test_an_index_holding_nan_still_answers_stats_papers_and_refuses_new_nan_ove
     from fastapi.testclient import TestClient
 
     import esqbe
-    from esqbe.server import ServeOptions, create_app
+    from esqbe.server.app import ServeOptions, create_app
 
     path = tmp_path / "ix"
     src = tmp_path / "papers.jsonl"

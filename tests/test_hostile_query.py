@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 import esqbe
-from esqbe.server import ServeOptions, create_app
+from esqbe.server.app import ServeOptions, create_app
 
 from .conftest import SAMPLE, LiveServer
 
@@ -67,7 +67,7 @@ def index_path(index_dir_30, tmp_path_factory):
 @pytest.fixture(scope="module")
 def words_dir(tmp_path_factory):
     """Real word vectors (`esqbe train-words`) over the sample abstracts: small and quick."""
-    from esqbe.words import train_words
+    from esqbe.rescore.words import train_words
 
     out = tmp_path_factory.mktemp("words") / "sample"
     train_words([str(SAMPLE)], out, dim=16, min_count=1, epochs=1, workers=1, log=lambda msg: None)
@@ -155,7 +155,7 @@ def test_unbounded_ot_parameters_are_refused_over_http(client, params):
 
 def test_the_schema_shows_the_bounds(client):
     props = client.get("/openapi.json").json()["components"]["schemas"]["RescorerParams"]["properties"]
-    from esqbe.rescore import rescorer_params
+    from esqbe.rescore.rescorers import rescorer_params
 
     for p in rescorer_params("ot"):
         if p.low is not None:
@@ -187,7 +187,7 @@ def test_a_config_file_gets_the_same_bounds(index_path, encoder, tmp_path):
 
 
 def test_a_megabyte_query_text_is_refused_before_tokenizing(client, direct):
-    from esqbe.search import QueryTooLargeError
+    from esqbe.query.search import QueryTooLargeError
 
     one_sentence = "word " * 240_000  # 1.2 MB without a sentence end
     _error(client.post("/query", json={"text": one_sentence}), 413, "at most 100000")
@@ -202,8 +202,8 @@ def test_a_megabyte_query_text_is_refused_before_tokenizing(client, direct):
 
 
 def test_the_encoder_never_hands_the_tokenizer_a_megabyte(encoder, monkeypatch):
-    from esqbe.limits import ENCODE_CHARS_PER_TOKEN
-    from esqbe.papers import Paper
+    from esqbe.core.limits import ENCODE_CHARS_PER_TOKEN
+    from esqbe.domain import Paper
 
     seen = []
     real = encoder.tokenizer
@@ -218,7 +218,7 @@ def test_the_encoder_never_hands_the_tokenizer_a_megabyte(encoder, monkeypatch):
         def __getattr__(self, name):
             return getattr(real, name)
 
-    from esqbe.encoder import MAX_TITLE_TOKENS
+    from esqbe.encode.encoder import MAX_TITLE_TOKENS
 
     long, title = "We parse sentences. " + "word " * 200_000, "A title " * 100_000
     short = long[: encoder.max_length * ENCODE_CHARS_PER_TOKEN]
@@ -282,7 +282,7 @@ def test_a_slow_query_is_cut_at_its_deadline_and_the_next_client_is_answered(ind
 
 
 def test_a_query_that_waited_past_its_deadline_is_not_started(index_path, encoder, slow_seconds):
-    from esqbe.deadline import Cancelled, Deadline
+    from esqbe.core.deadline import Cancelled, Deadline
 
     with esqbe.open_index(str(index_path), encoder=encoder, config=None, create=False) as index:
         gone = Deadline(0.001)
@@ -321,7 +321,8 @@ def test_request_timeout_is_an_option_with_bounds():
 
 _PATTERNS = r'''
 import sys
-from esqbe import asym, clscisumm, words
+from esqbe.evaluation import clscisumm
+from esqbe.rescore import asym, words
 n = int(sys.argv[1])
 units = ["A-", "A ", "A and ", "A et al. ", "(A, 2010", "(A", "(", "(2010, ", "[1, ", "[1-", "<S ", "<S>", "<", "1.",
          "a-", "(e.g., A, 2010; ", " ", " ,", "A (2010, ", "<S a", "</S"]

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import esqbe
-from esqbe.backends.base import ModelMismatchError
-from esqbe.readers import InputError
+from esqbe.errors import ModelMismatchError
+from esqbe.ingest.readers import InputError
 
 from .conftest import REPO, shared_path
 
@@ -83,7 +83,7 @@ def test_strict_stops_at_first_bad_line_keeping_earlier_batches(tmp_path, encode
 
 
 def test_model_mismatch_is_a_clear_error(tmp_path, encoder, sample_lines, write_jsonl):
-    from esqbe.encoder import resolve_model
+    from esqbe.encode.encoder import resolve_model
 
     src = write_jsonl("a.jsonl", _records(sample_lines, 2))
     path = str(tmp_path / "ix")
@@ -157,7 +157,7 @@ def test_killed_index_run_opens_at_last_commit_and_rerun_completes(tmp_path, sam
 
 
 def test_contextual_vectors_depend_on_the_abstract(encoder):
-    from esqbe.papers import Paper
+    from esqbe.domain import Paper
 
     s = "We train the model with stochastic gradient descent."
     a = Paper("a", "Image classification", ["Convolutional networks classify images.", s])
@@ -170,7 +170,7 @@ def test_contextual_vectors_depend_on_the_abstract(encoder):
 
 
 def test_long_abstracts_are_encoded_in_windows(encoder):
-    from esqbe.papers import Paper
+    from esqbe.domain import Paper
 
     sentences = [f"Sentence number {i} describes experiment {i} with many distinct words like alpha beta gamma delta epsilon." for i in range(60)]
     paper = Paper("long", "A long abstract", sentences)

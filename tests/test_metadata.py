@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from esqbe.filters import parse_filter, matches
-from esqbe.readers import read_papers
+from esqbe.core.filters import matches, parse_filter
+from esqbe.ingest.readers import read_papers
 
 SHARED = Path("/work/shared/data")
 S2ORC = SHARED / "s2orc" / "metadata-sample.jsonl"
@@ -115,7 +115,7 @@ def test_plain_jsonl_keeps_extra_keys_and_metadata_object(tmp_path):
 
 
 def test_content_hash_follows_metadata_but_not_bookkeeping():
-    from esqbe.papers import Paper
+    from esqbe.domain import Paper
 
     a = Paper("x", "T", ["s."], metadata={"year": 2019})
     b = Paper("x", "T", ["s."], metadata={"year": 2020})

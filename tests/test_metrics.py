@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from esqbe.metrics import (
+from esqbe.evaluation.metrics import (
     MEASURES,
     METRICS,
     aggregate,
@@ -28,7 +28,7 @@ def m(name, grades):
 
 @needs_dev
 def test_specter_sample_run_reproduces_reference_dev_figures():
-    from esqbe.csfcube import load_csfcube, load_pid2pool_runs
+    from esqbe.evaluation.csfcube import load_csfcube, load_pid2pool_runs
 
     expected = json.loads((DEV / "conformance/expected-dev-metrics.json").read_text())
     assert expected["split"] == "fold1_dev"
@@ -46,7 +46,7 @@ def test_specter_sample_run_reproduces_reference_dev_figures():
 
 @needs_dev
 def test_script_scores_only_the_candidates_a_run_ranks():
-    from esqbe.csfcube import load_csfcube, load_pid2pool_runs
+    from esqbe.evaluation.csfcube import load_csfcube, load_pid2pool_runs
 
     cube = load_csfcube(DEV)
     run = load_pid2pool_runs(DEV / "conformance", "specter")

@@ -9,7 +9,7 @@ import shutil
 import httpx
 import pytest
 
-from esqbe.server import ServeOptions, create_app
+from esqbe.server.app import ServeOptions, create_app
 
 from .conftest import REPO, SAMPLE, LiveServer
 

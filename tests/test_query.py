@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import esqbe
-from esqbe.search import QueryError
+from esqbe.query.search import QueryError
 
 from .conftest import SAMPLE
 
@@ -147,7 +147,7 @@ def test_abstract_weight_fuses_whole_abstract_similarity(small_index):
 
 
 def test_facet_settings_apply_to_their_facet_only(small_index):
-    from esqbe.api import Index
+    from esqbe.index.api import Index
 
     tuned = Index(small_index.backend, small_index.settings.replace(
         facet_settings={"method": {"rescorer": "ts", "final_bm25_weight": 0.0, "candidate_facet": "all"}}), small_index.encoder)
@@ -178,7 +178,7 @@ def test_soft_candidate_facets_penalise_other_facets(small_index):
         assert h.score == pytest.approx(expected, abs=1e-5)
     zero = small_index.query(QID, candidate_facet="soft", facet_penalty=0.0, **common)
     assert [h.paper_id for h in zero.hits] == [h.paper_id for h in small_index.query(QID, candidate_facet="all", **common).hits]
-    from esqbe.config import ConfigError
+    from esqbe.settings.config import ConfigError
 
     with pytest.raises((QueryError, ConfigError), match="facet_penalty"):  # settings are checked where given
         small_index.query(QID, candidate_facet="soft", facet_penalty=-1, **common)
@@ -192,7 +192,7 @@ def test_auto_candidate_facets_are_soft_for_predicted_labels_and_same_for_given(
     import json
 
     import esqbe
-    from esqbe.search import facet_probability
+    from esqbe.query.search import facet_probability
 
     rows = [json.loads(line) for line in sample_lines[:24]]
     given = rows[:12]
@@ -239,8 +239,8 @@ def test_auto_candidate_facets_are_soft_for_predicted_labels_and_same_for_given(
 def test_text_query_sentences_follow_the_taggers_probabilities(small_index):
     """A query text is labelled by the tagger like an unlabelled paper: its sentences with p(facet) >=
     query_facet_threshold form a facet query (0: its hard labels)."""
-    from esqbe.papers import Paper
-    from esqbe.search import facet_probability
+    from esqbe.domain import Paper
+    from esqbe.query.search import facet_probability
 
     q = small_index.backend.get([QID])[QID].paper
     labels, probs = small_index.tagger.tag_with_probabilities([Paper("query", "", list(q.sentences))])
@@ -264,8 +264,8 @@ def test_text_query_sentences_follow_the_taggers_probabilities(small_index):
 
 
 def test_soft_labels_come_from_the_taggers_probabilities():
-    from esqbe.papers import Paper
-    from esqbe.search import facet_probability
+    from esqbe.domain import Paper
+    from esqbe.query.search import facet_probability
 
     p = Paper("p", "", ["a.", "b."], ["method", "result"], {"facet_probs": [[0.1, 0.6, 0.2, 0.1], [0.0, 0.3, 0.7, 0.0]]})
     assert facet_probability(p, "method").tolist() == [0.6, 0.3]
@@ -286,7 +286,7 @@ def test_bm25_text_facet_scores_the_candidates_facet_sentences(small_index):
             c = small_index.backend.get([h.paper_id])[h.paper_id].paper
             text = " ".join(c.sentences[i] for i in c.facet_indices("method")).lower()
             assert text and any(w and w in text for w in words)
-    from esqbe.config import ConfigError
+    from esqbe.settings.config import ConfigError
 
     with pytest.raises((QueryError, ConfigError), match="bm25_text"):  # settings are checked where given
         small_index.query(QID, facet="method", bm25_text="title")

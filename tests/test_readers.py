@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from esqbe.readers import FORMATS, InputError, ReadReport, detect_format, read_papers
+from esqbe.ingest.readers import (
+    FORMATS,
+    InputError,
+    ReadReport,
+    detect_format,
+    read_papers,
+)
 
 SHARED = Path("/work/shared/data")
 S2ORC = SHARED / "s2orc" / "metadata-sample.jsonl"

@@ -11,8 +11,8 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from esqbe.papers import FACET_LABELS
-from esqbe.readers import FORMATS, InputError, ReadReport, read_papers
+from esqbe.domain import FACET_LABELS
+from esqbe.ingest.readers import FORMATS, InputError, ReadReport, read_papers
 
 # text as JSON can carry it: including lone surrogates (`"\ud800"` is valid JSON, not valid Unicode)
 texts = st.text(max_size=30) | st.sampled_from(["\ud800", "A sentence. \udfff Another one.", "x\u0000y", "\u2028"])

@@ -5,7 +5,7 @@ import zlib
 import numpy as np
 import pytest
 
-from esqbe.rescore import (
+from esqbe.rescore.rescorers import (
     CandidateBatch,
     QueryBatch,
     RescoreContext,
@@ -495,7 +495,7 @@ def test_citation_markers():
 @pytest.fixture(scope="module")
 def encoder():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from esqbe.encoder import Encoder, ModelNotFoundError
+    from esqbe.encode.encoder import Encoder, ModelNotFoundError
 
     try:
         return Encoder.load()
@@ -504,7 +504,7 @@ def encoder():
 
 
 def test_asym_token_with_the_default_model_prefers_the_paraphrase(encoder):
-    from esqbe.papers import Paper
+    from esqbe.domain import Paper
 
     cited = "Word embeddings trained on large corpora capture semantic similarity between words (Mikolov et al., 2013)."
     cands = text_batch(

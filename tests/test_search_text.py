@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from .test_engine_contract import VERSIONS, _is_bm25, make_papers, ready_backend, vectors_in
+from .test_engine_contract import (
+    VERSIONS,
+    _is_bm25,
+    make_papers,
+    ready_backend,
+    vectors_in,
+)
 
 
 @pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 import esqbe
-from esqbe.config import ConfigError
-from esqbe.server import ServeOptions, create_app, is_loopback
+from esqbe.server.app import ServeOptions, create_app, is_loopback
+from esqbe.settings.config import ConfigError
 
 from .conftest import SAMPLE
 
@@ -98,7 +98,7 @@ def test_get_paper(client):
     assert p["paper_id"] == QID
     assert [s["text"] for s in p["sentences"]] == FIRST["sentences"]
     labels = [s["facet"] for s in p["sentences"]]
-    assert labels == [esqbe.papers.normalize_label(x) for x in FIRST["labels"]]
+    assert labels == [esqbe.domain.normalize_label(x) for x in FIRST["labels"]]
     assert [s["index"] for s in p["sentences"]] == list(range(len(FIRST["sentences"])))
     _error(client.get("/papers/no-such-paper"), 404, "not in the index")
 
@@ -388,8 +388,9 @@ def test_readers_do_not_wait_for_the_writer_and_a_full_write_queue_is_503(index_
 
 
 def test_model_mismatch_refuses_to_serve(tmp_path, encoder):
-    from esqbe.backends.base import IndexMeta, ModelMismatchError
-    from esqbe.backends.embedded import EmbeddedBackend
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+    from esqbe.domain import IndexMeta
+    from esqbe.errors import ModelMismatchError
 
     with EmbeddedBackend(tmp_path / "other") as backend:
         backend.ensure(IndexMeta("some-other-model", 384))
@@ -453,8 +454,8 @@ def test_esqbe_serve_runs_answers_and_stops_cleanly(index_path, tmp_path):
 
     import httpx
 
-    from esqbe.backends.base import IndexMeta
-    from esqbe.backends.embedded import EmbeddedBackend
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+    from esqbe.domain import IndexMeta
 
     from .conftest import REPO
 

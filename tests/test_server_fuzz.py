@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from schemathesis.generation.modes import GenerationMode  # noqa: E402
 from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402
 
-from esqbe.server import ServeOptions, create_app  # noqa: E402
+from esqbe.server.app import ServeOptions, create_app  # noqa: E402
 
 from .conftest import LiveServer  # noqa: E402
 
@@ -76,7 +76,7 @@ def test_every_answer_is_documented(label, mode, api_schema, server_url):
 
 def _edges():
     """Each declared, HTTP-settable number of each rescorer: its bounds (accepted) and just past them (refused)."""
-    from esqbe.rescore import available_rescorers, rescorer_params
+    from esqbe.rescore.rescorers import available_rescorers, rescorer_params
 
     for name in available_rescorers():
         for p in rescorer_params(name):

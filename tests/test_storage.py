@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 import esqbe
-from esqbe.backends.base import BackendError, IndexedPaper, IndexMeta, ModelMismatchError
-from esqbe.backends.embedded import EmbeddedBackend
-from esqbe.encoded import EncodedWriter, read_encoded
-from esqbe.papers import Paper
-from esqbe.readers import InputError, ReadReport
+from esqbe.backends.embedded.backend import EmbeddedBackend
+from esqbe.domain import IndexedPaper, IndexMeta, Paper
+from esqbe.errors import ModelMismatchError
+from esqbe.ingest.encoded import EncodedWriter, read_encoded
+from esqbe.ingest.readers import InputError, ReadReport
 
 from .conftest import REPO
 
@@ -184,7 +184,7 @@ def test_read_only_index_answers_queries_and_refuses_writes_clearly():
         before = sorted(str(p) for p in (base / "ix").rglob("*"))
         script = textwrap.dedent(f"""
             import json, subprocess, sys, numpy as np
-            from esqbe.backends.embedded import EmbeddedBackend
+            from esqbe.backends.embedded.backend import EmbeddedBackend
             b = EmbeddedBackend({str(base / 'ix')!r}, create=False)
             q = np.load({str(base / 'q.npy')!r})
             out = {{"knn": sorted(b.knn(q, 5, facet="method")), "bm25": sorted(b.bm25("graph study", 5)),
@@ -218,7 +218,7 @@ _WRITER = """
 import sys, time, numpy as np
 sys.path.insert(0, {repo!r})
 from tests.test_storage import _papers, META
-from esqbe.backends.embedded import EmbeddedBackend
+from esqbe.backends.embedded.backend import EmbeddedBackend
 b = EmbeddedBackend({path!r}, exact_threshold=0, merge_threshold=300)
 b.ensure(META)
 for i in range({batches}):
@@ -279,7 +279,7 @@ def test_second_writer_waits_with_a_message(tmp_path, capfd):
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
         from tests.test_storage import _papers
-        from esqbe.backends.embedded import EmbeddedBackend
+        from esqbe.backends.embedded.backend import EmbeddedBackend
         b = EmbeddedBackend({str(path)!r})
         b.upsert(_papers(5, start=5))
         print("holding", flush=True)

@@ -10,8 +10,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from esqbe.papers import RAW_LABELS, Paper, normalize_label
-from esqbe.tagger import (
+from esqbe.domain import RAW_LABELS, Paper, normalize_label
+from esqbe.tagger.runtime import (
     DEFAULT_WEIGHTS,
     FACET_CLASSES,
     FacetTagger,
@@ -28,7 +28,7 @@ needs_data = pytest.mark.skipif(not CSABSTRUCT.exists(), reason="CSAbstruct not 
 
 @pytest.fixture(scope="module")
 def encoder():
-    from esqbe.encoder import Encoder
+    from esqbe.encode.encoder import Encoder
 
     return Encoder.load()
 
@@ -39,7 +39,7 @@ def tagger(encoder):
 
 
 def _gold(split, n):
-    from esqbe.readers import read_papers
+    from esqbe.ingest.readers import read_papers
 
     return list(read_papers(CSABSTRUCT / f"{split}.jsonl", raw_labels=True))[:n]
 
@@ -144,7 +144,8 @@ def test_encoder_mismatch_is_refused(tagger, encoder):
 
     # hidden states from another model reaching the listener are refused too
     import torch
-    from esqbe.encoder import EncodedBatch
+
+    from esqbe.encode.encoder import EncodedBatch
 
     batch = EncodedBatch(tuple(torch.zeros(1, 4, 768) for _ in range(13)), torch.ones(1, 4), [[(1, 3)]], [(0, [0])])
     with pytest.raises(TaggerMismatchError):
@@ -193,7 +194,7 @@ def test_tag_file_one_line_per_record_in_input_order(tagger, test_papers, tmp_pa
     raw_row = json.loads(raw_out.getvalue())
     assert raw_row["facets"] == tagger.tag([Paper("a", "First", test_papers[0].sentences)], raw=True)[0]
 
-    from esqbe.readers import InputError
+    from esqbe.ingest.readers import InputError
 
     with pytest.raises(InputError, match=":4: json"):
         tag_file(src, tmp_path / "strict.jsonl", tagger=tagger, strict=True)
@@ -229,7 +230,7 @@ def test_train_tagger_end_to_end_on_a_tiny_slice(encoder, tmp_path, test_papers)
 
     # the weights it wrote are what indexing uses with `tagger` set (`esqbe index --tagger FILE`)
     import esqbe
-    from esqbe.config import ConfigError
+    from esqbe.settings.config import ConfigError
 
     src = tmp_path / "plain.jsonl"
     src.write_text("".join(json.dumps({"id": p.paper_id, "title": p.title, "abstract": " ".join(p.sentences)}) + "\n"
@@ -254,7 +255,7 @@ def test_compact_weights_tag_like_the_originals(encoder, tmp_path, test_papers):
     encoder's own, about half the size, the same labels; weights for other base layers are refused."""
     import torch
 
-    from esqbe.tagger import compact_weights
+    from esqbe.tagger.runtime import compact_weights
 
     full = tmp_path / "full.pt"
     train_tagger(CSABSTRUCT / "train.jsonl", CSABSTRUCT / "dev.jsonl", full, encoder=encoder, epochs=1, limit=8,

@@ -1,11 +1,4 @@
 """Backends behind one interface (`esqbe.backends.base.Backend`)."""
-from .base import (  # noqa: F401
-    Backend,
-    BackendError,
-    Candidate,
-    FirstStageRequest,
-    IndexedPaper,
-    IndexMeta,
-    ModelMismatchError,
-    UpsertResult,
-)
+from ..domain import Candidate, FirstStageRequest, IndexedPaper, IndexMeta, UpsertResult
+from ..errors import BackendError, ModelMismatchError
+from .base import Backend

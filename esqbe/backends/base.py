@@ -7,22 +7,12 @@ engine-specific crosses this line.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..filters import MetadataFilter
-from ..papers import Paper
-
-
-class BackendError(RuntimeError):
-    """A backend cannot do what was asked (unreachable engine, missing index, bad state)."""
-
-
-class StorageError(BackendError):
-    """The index cannot be read or written (disk full, read-only, I/O error); `.report` says what a run
-    had committed before it (an IndexReport), when there was a run."""
+from ..domain import Candidate, FirstStageRequest, IndexedPaper, IndexMeta, UpsertResult
+from ..errors import BackendError
 
 
 class WriteLockBusy(BackendError):
@@ -32,130 +22,6 @@ class WriteLockBusy(BackendError):
     def __init__(self, message: str, holder: str = "?"):
         super().__init__(message)
         self.holder = holder
-
-
-class ModelMismatchError(BackendError):
-    """The index was built with another encoder than the one asked to query or extend it."""
-
-
-@dataclass(frozen=True)
-class IndexMeta:
-    """What an index was built with; checked before any write or query.
-
-    A model is identified by `fingerprint` (a hash of the files that determine its vectors, see
-    `esqbe.encoder.fingerprint_dir`) with `model` as its human name beside it, and `model_source`
-    (an absolute directory, a package or a hub name) so queries can load it without `--model`.
-    Indexes written before fingerprints have only the name: they are compared by name.
-    """
-
-    model: str
-    dim: int
-    encoder_mode: str = "contextual"  # "contextual" | "independent"
-    fingerprint: str | None = None
-    model_source: str | None = None
-
-    def same_model(self, other: "IndexMeta") -> bool:
-        if self.fingerprint and other.fingerprint:
-            return self.fingerprint == other.fingerprint
-        return self.model == other.model
-
-    def describe(self) -> str:
-        fp = f", fingerprint {self.fingerprint[:19]}" if self.fingerprint else ""
-        return f"{self.model!r} ({self.dim}-d, {self.encoder_mode} vectors{fp})"
-
-    def check(self, other: "IndexMeta") -> None:
-        if not self.same_model(other) or (self.dim, self.encoder_mode) != (other.dim, other.encoder_mode):
-            raise ModelMismatchError(
-                f"index was built with model {self.describe()} but this run uses {other.describe()}; "
-                "query with the index's model, or rebuild the index into a new path"
-            )
-
-    def to_dict(self) -> dict:
-        d = {"model": self.model, "dim": self.dim, "encoder_mode": self.encoder_mode}
-        if self.fingerprint:
-            d["fingerprint"] = self.fingerprint
-        if self.model_source:
-            d["model_source"] = self.model_source
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "IndexMeta":
-        return cls(d["model"], int(d["dim"]), d.get("encoder_mode", "contextual"), d.get("fingerprint") or None,
-                   d.get("model_source") or None)
-
-
-@dataclass
-class IndexedPaper:
-    """A paper with one L2-normalised vector per sentence: `vectors.shape == (len(sentences), dim)`."""
-
-    paper: Paper
-    vectors: np.ndarray
-    #: wordpiece token -> count in this paper's sentences (the encoder's tokenizer); feeds corpus token frequencies
-    token_counts: dict[str, int] | None = None
-
-    def __post_init__(self):
-        self.vectors = np.asarray(self.vectors, dtype=np.float32)
-        if self.vectors.ndim != 2 or self.vectors.shape[0] != len(self.paper.sentences):
-            raise ValueError(
-                f"paper {self.paper.paper_id}: {len(self.paper.sentences)} sentences but vectors of shape {self.vectors.shape}"
-            )
-
-    @property
-    def paper_id(self) -> str:
-        return self.paper.paper_id
-
-
-@dataclass
-class FirstStageRequest:
-    """One query's first stage: BM25 over title+abstract and kNN per query sentence, fused.
-
-    `facet` filters the *candidate* sentences the kNN may match (None: all sentences).
-    `restrict_to` limits candidates to a set of paper ids (CSFCube's re-ranking pools).
-    `filter` restricts BM25 and kNN alike to papers whose metadata satisfies it, before ranking
-    (esqbe.filters: conditions on stored metadata, plus the user's own DSL on engine backends).
-    """
-
-    text: str
-    vectors: np.ndarray
-    facet: str | None = None
-    k: int = 100
-    knn_k: int = 100
-    bm25_k: int = 100
-    exclude: frozenset[str] = frozenset()
-    restrict_to: frozenset[str] | None = None
-    fusion: str = "rrf"
-    bm25_weight: float = 0.5
-    with_papers: bool = True
-    filter: "MetadataFilter | None" = None
-    #: BM25 over the candidates' sentences of this facet instead of title + abstract (None: title + abstract)
-    bm25_facet: str | None = None
-
-
-@dataclass
-class Candidate:
-    """A first-stage hit. `knn` is the mean over query sentences of the best cosine found (0 if none);
-    `paper` carries sentences, facets and vectors for the Python rescorers (when asked for)."""
-
-    paper_id: str
-    score: float
-    bm25: float = 0.0
-    knn: float = 0.0
-    paper: IndexedPaper | None = None
-
-
-@dataclass
-class UpsertResult:
-    added: int = 0
-    replaced: int = 0
-    unchanged: int = 0
-    errors: list[str] = field(default_factory=list)
-
-    def __iadd__(self, other: "UpsertResult") -> "UpsertResult":
-        self.added += other.added
-        self.replaced += other.replaced
-        self.unchanged += other.unchanged
-        self.errors.extend(other.errors)
-        return self
 
 
 class Backend(ABC):
@@ -216,7 +82,7 @@ class Backend(ABC):
 
     def sample_papers(self, n: int, seed: int = 0) -> tuple[list[str], int]:
         """Up to `n` paper ids drawn at random (the same ones for the same seed and papers), and how many
-        papers the index holds: corpus statistics estimated from a sample (esqbe.centering)."""
+        papers the index holds: corpus statistics estimated from a sample (esqbe.query.centering)."""
         import random
 
         ids = sorted(self.paper_ids())

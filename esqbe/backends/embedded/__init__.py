@@ -1,0 +1,1 @@
+"""The embedded backend: one directory on disk (SQLite + vector file + tantivy + faiss)."""

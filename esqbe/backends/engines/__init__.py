@@ -1,0 +1,1 @@
+"""Elasticsearch and OpenSearch backends, and attaching esqbe to an index a user owns."""

@@ -1,0 +1,1 @@
+"""The command line (`esqbe ...`), thin click commands over the Index facade."""

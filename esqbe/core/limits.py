@@ -1,0 +1,18 @@
+"""What one request may make esqbe do: the caps on a query's text and the default request deadline, in one
+place. The CLI, the Python API and `esqbe serve` all go through the library's checks of these (a query text
+past a cap is refused before any tokenizing: `esqbe.query.search.query_sentences`); the rescorers' own parameter
+bounds live in their declarations (`esqbe.rescore.rescorers.Param`).
+"""
+from __future__ import annotations
+
+#: characters of a query text, all sentences together (a long abstract is ~3,000; a whole paper's body ~60,000)
+MAX_QUERY_CHARS = 100_000
+#: characters of one query sentence (one past this is not a sentence: a text without sentence ends)
+MAX_QUERY_SENTENCE_CHARS = 5_000
+#: the encoder hands the tokenizer at most this many characters per token the model takes from a sentence
+#: (or a title): far more than any wordpiece needs, so only text the model would truncate anyway is cut
+ENCODE_CHARS_PER_TOKEN = 16
+
+#: `esqbe serve`: seconds a query may take, waiting for a reader included, before it is abandoned (504)
+REQUEST_TIMEOUT_S = 30.0
+MAX_REQUEST_TIMEOUT_S = 3600.0

@@ -1,0 +1,332 @@
+"""Papers as esqbe sees them: an id, a title, and sentences each carrying a facet label.
+
+Every input format is turned into `Paper` by `esqbe.ingest.readers`; everything downstream (encoder,
+backends, query pipeline) only ever sees this shape.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .core.filters import MetadataFilter
+from .errors import ModelMismatchError
+
+#: facets a user can query by (CSFCube's three; `objective` is folded into `background`)
+QUERY_FACETS = ("background", "method", "result")
+#: every label a stored sentence can carry
+FACET_LABELS = ("background", "method", "result", "other", "unlabeled")
+#: the five raw labels of CSAbstruct / the CSFCube tagger
+RAW_LABELS = ("background", "objective", "method", "result", "other")
+
+_LABEL_ALIASES = {
+    "background": "background",
+    "objective": "background",
+    "method": "method",
+    "methods": "method",
+    "result": "result",
+    "results": "result",
+    "other": "other",
+    "unlabeled": "unlabeled",
+    "unlabelled": "unlabeled",
+    "none": "unlabeled",
+}
+
+
+def normalize_label(label: str | None, raw: bool = False) -> str:
+    """Map a label as it arrives (`background_label`, `Objective`, `methods`) to an esqbe facet.
+
+    With `raw=True` `objective` stays apart from `background` (the five CSAbstruct labels).
+    Raises ValueError for a label we do not know, so bad input is reported, not guessed.
+    """
+    if label is None:
+        return "unlabeled"
+    key = str(label).strip().lower()
+    if key.endswith("_label"):
+        key = key[: -len("_label")]
+    if raw and key == "objective":
+        return "objective"
+    try:
+        return _LABEL_ALIASES[key]
+    except KeyError:
+        raise ValueError(f"unknown facet label {label!r} (expected one of {', '.join(RAW_LABELS)})") from None
+
+
+#: what one paper read from input may carry, at most: generous for real papers (an abstract has tens of
+#: sentences, a full S2ORC abstract span a few thousand characters), small enough that one hostile record
+#: cannot take the indexer's memory, SQLite's rows or the text index with it. A record past one is refused
+#: as `file:line: field: reason`, like any malformed record.
+LIMITS = {
+    "id_chars": 512,  # a paper id
+    "title_chars": 4_000,
+    "sentences": 1_000,  # sentences of one abstract
+    "abstract_chars": 100_000,  # the abstract's text, before it is split into sentences
+    "metadata_bytes": 1_000_000,  # the metadata as JSON
+    "metadata_depth": 16,  # nesting of objects and lists in the metadata
+}
+
+
+def _metadata_problem(value, path: str, depth: int) -> tuple[str, str] | None:
+    if depth > LIMITS["metadata_depth"]:
+        return path or "metadata", f"nested deeper than {LIMITS['metadata_depth']} levels"
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "metadata", f"{value!r} is not a finite number (NaN, Infinity and numbers past 1.8e308 are refused)"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _metadata_problem(v, f"{path}.{k}" if path else str(k), depth + 1)
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = _metadata_problem(v, f"{path}[{i}]", depth + 1)
+            if found:
+                return found
+    return None
+
+
+def metadata_problem(metadata) -> tuple[str, str] | None:
+    """(field, reason) for metadata that cannot be stored as it is (not an object, a non-finite number,
+    past LIMITS), or None. The field is the dotted key path (`year`, `external_ids.doi`)."""
+    if not isinstance(metadata, dict):
+        return "metadata", f"expected an object, got {type(metadata).__name__}"
+    found = _metadata_problem(metadata, "", 0)
+    if found:
+        return found
+    try:
+        size = len(json.dumps(metadata, ensure_ascii=False, allow_nan=False, default=str).encode("utf-8"))
+    except (TypeError, ValueError) as e:
+        return "metadata", f"not storable as JSON: {e}"
+    if size > LIMITS["metadata_bytes"]:
+        return "metadata", f"{size} bytes as JSON; at most {LIMITS['metadata_bytes']}"
+    return None
+
+
+def _storable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def paper_problem(paper: "Paper", labels: tuple[str, ...] = FACET_LABELS) -> tuple[str, str] | None:
+    """(field, reason) for a paper no index may store (wrong types, unknown labels, past LIMITS), or None.
+
+    Every reader checks its records with this, and every backend checks what it is asked to write: what
+    reaches storage is always what the text index and the metadata columns can take."""
+    pid = paper.paper_id
+    if not isinstance(pid, str) or not pid.strip():
+        return "paper_id", "missing or empty"
+    if len(pid) > LIMITS["id_chars"]:
+        return "paper_id", f"{len(pid)} characters; at most {LIMITS['id_chars']}"
+    if not isinstance(paper.title, str):
+        return "title", f"expected a string, got {type(paper.title).__name__}"
+    if len(paper.title) > LIMITS["title_chars"]:
+        return "title", f"{len(paper.title)} characters; at most {LIMITS['title_chars']}"
+    sentences, facets = paper.sentences, paper.facets
+    if not isinstance(sentences, (list, tuple)):
+        return "sentences", f"expected a list of strings, got {type(sentences).__name__}"
+    if len(sentences) > LIMITS["sentences"]:
+        return "sentences", f"{len(sentences)} sentences; at most {LIMITS['sentences']}"
+    for i, s in enumerate(sentences):
+        if not isinstance(s, str):
+            return "sentences", f"sentence {i} is {'null' if s is None else type(s).__name__}, expected a string"
+        if not s.strip():
+            return "sentences", f"sentence {i} is empty"
+    for name, text in (("paper_id", pid), ("title", paper.title), *(("sentences", s) for s in sentences)):
+        if not _storable(text):
+            return name, "not valid Unicode (a lone surrogate)"
+    chars = sum(map(len, sentences))
+    if chars > LIMITS["abstract_chars"]:
+        return "sentences", f"{chars} characters of abstract; at most {LIMITS['abstract_chars']}"
+    if not isinstance(facets, (list, tuple)) or len(facets) != len(sentences):
+        return "facets", f"{len(facets) if isinstance(facets, (list, tuple)) else 'no'} labels for {len(sentences)} sentences"
+    for i, f in enumerate(facets):
+        if f not in labels:
+            return "facets", (f"label {i} is {'null' if f is None else repr(f)}; esqbe labels are {', '.join(labels)}")
+    return metadata_problem(paper.metadata)
+
+
+#: metadata keys esqbe writes for itself (not part of a paper's content hash); facet_probs: the
+#: tagger's soft labels, written beside its predicted labels (which do count)
+INTERNAL_METADATA_KEYS = frozenset({"facets_predicted", "facet_probs"})
+
+
+@dataclass
+class Paper:
+    """One paper: `facets[i]` is the facet label of `sentences[i]` (`unlabeled` when unknown)."""
+
+    paper_id: str
+    title: str
+    sentences: list[str]
+    facets: list[str] = field(default_factory=list)
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.paper_id = str(self.paper_id)
+        self.title = self.title or ""
+        if not self.facets:
+            self.facets = ["unlabeled"] * len(self.sentences)
+        if len(self.facets) != len(self.sentences):
+            raise ValueError(
+                f"paper {self.paper_id}: {len(self.sentences)} sentences but {len(self.facets)} facet labels"
+            )
+
+    @property
+    def abstract(self) -> str:
+        return " ".join(self.sentences)
+
+    @property
+    def is_labeled(self) -> bool:
+        return any(f != "unlabeled" for f in self.facets)
+
+    def facet_indices(self, facet: str) -> list[int]:
+        """Indices of the sentences labelled `facet` (`objective` counts as `background`)."""
+        facet = normalize_label(facet)
+        return [i for i, f in enumerate(self.facets) if f == facet]
+
+    def content_hash(self) -> str:
+        """Hash of what the index stores for this paper: equal hash means an upsert changes nothing.
+
+        Metadata counts (a corrected year or venue is written on the next run), except esqbe's own
+        bookkeeping keys (INTERNAL_METADATA_KEYS)."""
+        meta = {k: v for k, v in self.metadata.items() if k not in INTERNAL_METADATA_KEYS}
+        payload = json.dumps([self.title, self.sentences, self.facets] + ([meta] if meta else []), ensure_ascii=False,
+                             sort_keys=True, default=str)
+        return hashlib.sha1(payload.encode("utf-8")).hexdigest()
+
+    def to_dict(self) -> dict:
+        return {
+            "paper_id": self.paper_id,
+            "title": self.title,
+            "sentences": list(self.sentences),
+            "facets": list(self.facets),
+            "metadata": dict(self.metadata),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Paper":
+        return cls(d["paper_id"], d.get("title", ""), list(d["sentences"]), list(d.get("facets") or []), dict(d.get("metadata") or {}))
+
+
+@dataclass(frozen=True)
+class IndexMeta:
+    """What an index was built with; checked before any write or query.
+
+    A model is identified by `fingerprint` (a hash of the files that determine its vectors, see
+    `esqbe.encode.encoder.fingerprint_dir`) with `model` as its human name beside it, and `model_source`
+    (an absolute directory, a package or a hub name) so queries can load it without `--model`.
+    Indexes written before fingerprints have only the name: they are compared by name.
+    """
+
+    model: str
+    dim: int
+    encoder_mode: str = "contextual"  # "contextual" | "independent"
+    fingerprint: str | None = None
+    model_source: str | None = None
+
+    def same_model(self, other: "IndexMeta") -> bool:
+        if self.fingerprint and other.fingerprint:
+            return self.fingerprint == other.fingerprint
+        return self.model == other.model
+
+    def describe(self) -> str:
+        fp = f", fingerprint {self.fingerprint[:19]}" if self.fingerprint else ""
+        return f"{self.model!r} ({self.dim}-d, {self.encoder_mode} vectors{fp})"
+
+    def check(self, other: "IndexMeta") -> None:
+        if not self.same_model(other) or (self.dim, self.encoder_mode) != (other.dim, other.encoder_mode):
+            raise ModelMismatchError(
+                f"index was built with model {self.describe()} but this run uses {other.describe()}; "
+                "query with the index's model, or rebuild the index into a new path"
+            )
+
+    def to_dict(self) -> dict:
+        d = {"model": self.model, "dim": self.dim, "encoder_mode": self.encoder_mode}
+        if self.fingerprint:
+            d["fingerprint"] = self.fingerprint
+        if self.model_source:
+            d["model_source"] = self.model_source
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "IndexMeta":
+        return cls(d["model"], int(d["dim"]), d.get("encoder_mode", "contextual"), d.get("fingerprint") or None,
+                   d.get("model_source") or None)
+
+
+@dataclass
+class IndexedPaper:
+    """A paper with one L2-normalised vector per sentence: `vectors.shape == (len(sentences), dim)`."""
+
+    paper: Paper
+    vectors: np.ndarray
+    #: wordpiece token -> count in this paper's sentences (the encoder's tokenizer); feeds corpus token frequencies
+    token_counts: dict[str, int] | None = None
+
+    def __post_init__(self):
+        self.vectors = np.asarray(self.vectors, dtype=np.float32)
+        if self.vectors.ndim != 2 or self.vectors.shape[0] != len(self.paper.sentences):
+            raise ValueError(
+                f"paper {self.paper.paper_id}: {len(self.paper.sentences)} sentences but vectors of shape {self.vectors.shape}"
+            )
+
+    @property
+    def paper_id(self) -> str:
+        return self.paper.paper_id
+
+
+@dataclass
+class FirstStageRequest:
+    """One query's first stage: BM25 over title+abstract and kNN per query sentence, fused.
+
+    `facet` filters the *candidate* sentences the kNN may match (None: all sentences).
+    `restrict_to` limits candidates to a set of paper ids (CSFCube's re-ranking pools).
+    `filter` restricts BM25 and kNN alike to papers whose metadata satisfies it, before ranking
+    (esqbe.core.filters: conditions on stored metadata, plus the user's own DSL on engine backends).
+    """
+
+    text: str
+    vectors: np.ndarray
+    facet: str | None = None
+    k: int = 100
+    knn_k: int = 100
+    bm25_k: int = 100
+    exclude: frozenset[str] = frozenset()
+    restrict_to: frozenset[str] | None = None
+    fusion: str = "rrf"
+    bm25_weight: float = 0.5
+    with_papers: bool = True
+    filter: "MetadataFilter | None" = None
+    #: BM25 over the candidates' sentences of this facet instead of title + abstract (None: title + abstract)
+    bm25_facet: str | None = None
+
+
+@dataclass
+class Candidate:
+    """A first-stage hit. `knn` is the mean over query sentences of the best cosine found (0 if none);
+    `paper` carries sentences, facets and vectors for the Python rescorers (when asked for)."""
+
+    paper_id: str
+    score: float
+    bm25: float = 0.0
+    knn: float = 0.0
+    paper: IndexedPaper | None = None
+
+
+@dataclass
+class UpsertResult:
+    added: int = 0
+    replaced: int = 0
+    unchanged: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def __iadd__(self, other: "UpsertResult") -> "UpsertResult":
+        self.added += other.added
+        self.replaced += other.replaced
+        self.unchanged += other.unchanged
+        self.errors.extend(other.errors)
+        return self

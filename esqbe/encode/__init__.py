@@ -1,0 +1,1 @@
+"""The sentence encoder: model loading, runtimes (torch, ONNX), encoding."""

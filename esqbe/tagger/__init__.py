@@ -1,0 +1,1 @@
+"""The facet tagger: network, weights, runtime, training, evaluation, file tagging."""
