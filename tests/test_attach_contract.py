@@ -15,17 +15,17 @@ import json
 
 import pytest
 
-from esqbe.backends.engines.attach import (  # noqa: E402
+from esqbe.backends.engines.attach import (
     ATTACHED_LAYOUT,
     NAMESPACE,
     AttachedMixin,
     maybe_attached,
-    run_attach,
     user_field_resolver,
 )
 from esqbe.core.filters import FilterError  # noqa: E402
 from esqbe.errors import BackendError  # noqa: E402
 from esqbe.index.api import Index  # noqa: E402
+from esqbe.index.attach import run_attach
 from esqbe.settings.config import Settings  # noqa: E402
 
 from .test_engine_contract import (

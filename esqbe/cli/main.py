@@ -434,7 +434,7 @@ def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
     updates only documents whose text changed. Queries on the index then rank with the same first
     stage and rescorers as any esqbe index; --filter names your own fields.
     """
-    from esqbe.backends.engines.attach import run_attach
+    from esqbe.index.attach import run_attach
 
     fields = [f.strip() for f in text_fields.split(",") if f.strip()]
     with _open(kw) as index:

@@ -26,11 +26,9 @@ The user's documents stay where they are and as they are; esqbe adds its fields 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -45,7 +43,9 @@ from .common import (
     load_index_template,
     paper_to_doc,
 )
+from .elasticsearch import ElasticsearchBackend
 from .filters import add_to_knn
+from .opensearch import OpenSearchBackend
 
 NAMESPACE = "esqbe"
 ATTACHED_LAYOUT = "attached/1"
@@ -168,6 +168,14 @@ class AttachedMixin:
     """Backend over a user's index holding esqbe's fields under `esqbe` (mixed into the engine backends)."""
 
     attached = True
+    #: document id -> hash of the text it was made from, stored as `esqbe.source_hash` by `upsert` (set_source_hashes)
+    _source_hashes: Mapping[str, str] = {}
+
+    def set_source_hashes(self, hashes: Mapping[str, str] | None) -> None:
+        """The source hash to store with each document the next upserts write (`esqbe.source_hash`, what a
+        re-run compares to skip unchanged text), by document id; None: store none. The mapping is read
+        when each batch is written, so the caller may fill it while its papers stream (run_attach does)."""
+        self._source_hashes = hashes if hashes is not None else {}
 
     def _attached_meta(self, mapping: dict | None) -> dict | None:
         return ((mapping or {}).get("_meta") or {}).get(NAMESPACE)
@@ -368,7 +376,7 @@ class AttachedMixin:
                 raise ModelMismatchError(f"paper {ip.paper_id} has {ip.vectors.shape[1]}-d vectors but index {self.index!r} holds {meta.dim}-d")
             by_id[ip.paper_id] = ip
         stored = self.content_hashes(list(by_id))
-        hashes = getattr(self, "_source_hashes", {})
+        hashes = self._source_hashes
         actions = []
         for pid, ip in by_id.items():
             if stored.get(pid) == ip.paper.content_hash():
@@ -470,25 +478,28 @@ def _text_value(value) -> str:
     return " ".join(str(value).split())
 
 
-def attached_class(engine: str):
-    if engine == "elasticsearch":
-        from .elasticsearch import ElasticsearchBackend
+class AttachedElasticsearchBackend(AttachedMixin, ElasticsearchBackend):
+    """An Elasticsearch index the user owns, with esqbe's fields attached."""
 
-        base = ElasticsearchBackend
-    else:
-        from .opensearch import OpenSearchBackend
 
-        base = OpenSearchBackend
-    return type(f"Attached{base.__name__}", (AttachedMixin, base), {})
+class AttachedOpenSearchBackend(AttachedMixin, OpenSearchBackend):
+    """An OpenSearch index the user owns, with esqbe's fields attached."""
+
+
+#: engine -> its attached-index backend class
+ATTACHED: dict[str, type[EngineBackend]] = {
+    "elasticsearch": AttachedElasticsearchBackend,
+    "opensearch": AttachedOpenSearchBackend,
+}
+
+
+def attached_class(engine: str) -> type[EngineBackend]:
+    return ATTACHED["elasticsearch" if engine == "elasticsearch" else "opensearch"]
 
 
 def attached_backend(backend: EngineBackend) -> EngineBackend:
     """The same connection as an attached-index backend (sharing the client)."""
-    cls = attached_class(backend.engine)
-    new = cls.__new__(cls)
-    new.__dict__.update(backend.__dict__)
-    new._mapping = None
-    return new
+    return attached_class(backend.engine).from_connection(backend)
 
 
 def maybe_attached(backend):
@@ -509,70 +520,3 @@ def maybe_attached(backend):
     return backend
 
 
-# ---------------------------------------------------------------------------------------------
-# the whole run
-
-
-@dataclass
-class AttachReport:
-    documents: int = 0
-    indexed: int = 0
-    replaced: int = 0
-    unchanged: int = 0
-    skipped: dict = field(default_factory=dict)
-    errors: list = field(default_factory=list)
-    tagged: int = 0
-    mapping_update: dict | None = None
-    reindex: dict | None = None
-    index: str = ""
-    seconds: float = 0.0
-
-    def summary(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "mapping_update"}
-
-
-def run_attach(index, id_field: str, text_fields: Sequence[str], *, facets: str | None = None,
-               reindex_to: str | None = None, progress: bool = False) -> AttachReport:
-    """Attach esqbe to the user's index behind `index` (an esqbe.index.api.Index on an engine backend)."""
-    import time
-
-    from ...index.api import IndexReport
-
-    start = time.perf_counter()
-    if not text_fields:
-        raise BackendError("--text-fields needs at least one field (title first, then the abstract/body fields)")
-    backend = index.backend
-    if not isinstance(backend, EngineBackend):
-        raise BackendError("esqbe attach works on an elasticsearch or opensearch index (--backend, --url, --index)")
-    backend = attached_backend(backend) if not isinstance(backend, AttachedMixin) else backend
-    index.backend = backend
-    encoder = index.encoder
-    meta = index._requested_meta(encoder)  # name, dim, mode and the model's fingerprint
-    report = AttachReport()
-    if reindex_to:
-        report.reindex = backend.reindex_into(reindex_to, meta, id_field, text_fields)
-    else:
-        report.mapping_update = backend.attach(meta, id_field, text_fields)
-    report.index = backend.index
-    skipped: dict[str, int] = {}
-    backend._source_hashes = {}
-
-    def papers():
-        for doc_id, paper, h in backend.scan(id_field, text_fields):
-            report.documents += 1
-            if paper is None:
-                if h == "unchanged":
-                    report.unchanged += 1
-                else:
-                    skipped[h] = skipped.get(h, 0) + 1
-                continue
-            backend._source_hashes[doc_id] = h
-            yield paper
-
-    inner = IndexReport()
-    index.add_papers(papers(), facets=facets, report=inner, progress=progress)
-    report.indexed, report.replaced = inner.indexed, inner.replaced
-    report.unchanged += inner.unchanged
-    report.errors, report.tagged, report.skipped = list(inner.errors), inner.tagged, skipped
-    report.seconds = time.perf_counter() - start
-    return report

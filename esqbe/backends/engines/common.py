@@ -461,7 +461,12 @@ class EngineBackend(Backend):
         verify_certs: bool = True,
         request_timeout: float = 30,
         client: Any = None,
+        retry_attempts: int | None = None,
+        retry_wait_initial: float | None = None,
+        retry_wait_max: float | None = None,
     ):
+        """`client`: an engine client already made (the connection options are then unused); the `retry_*`
+        arguments override the class defaults for this instance."""
         if not index:
             raise BackendError(f"the {self.name} backend needs an index name")
         if api_key and username:
@@ -487,6 +492,28 @@ class EngineBackend(Backend):
         self._mapping: dict | None = None
         self._settings: dict | None = None
         self._expected: IndexMeta | None = None
+        if retry_attempts is not None:
+            self.retry_attempts = retry_attempts
+        if retry_wait_initial is not None:
+            self.retry_wait_initial = retry_wait_initial
+        if retry_wait_max is not None:
+            self.retry_wait_max = retry_wait_max
+
+    #: per-instance tunables (class attributes a caller may set on one backend) that `from_connection` carries over
+    TUNABLES = ("num_candidates_factor", "max_chunk_bytes", "chunk_size", "mget_batch", "bm25_max_clauses", "preference")
+
+    @classmethod
+    def from_connection(cls, other: EngineBackend):
+        """A backend of this class on `other`'s connection: the same client, url, index and retry settings,
+        its tunables and what it already learnt of the engine (version, index settings, the model it expects);
+        the mapping is read again."""
+        new = cls(other.url, other.index, client=other.client, retry_attempts=other.retry_attempts,
+                  retry_wait_initial=other.retry_wait_initial, retry_wait_max=other.retry_wait_max)
+        for name in cls.TUNABLES:
+            if name in vars(other):
+                setattr(new, name, getattr(other, name))
+        new._info, new._settings, new._expected = other._info, other._settings, other._expected
+        return new
 
     # --- engine-specific hooks ---------------------------------------------------------------
 
