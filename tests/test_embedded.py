@@ -119,7 +119,7 @@ def test_bm25_scores_as_the_query_parser_less_the_commonest_terms(backend):
     """bm25() builds the query itself (one term query per analysed word and field, no parser): with every
     term kept (bm25_max_df 1.0) it must score exactly as tantivy's query parser does; by default the terms
     in more than a fifth of the papers are dropped, but never below the BM25_MIN_TERMS rarest."""
-    from esqbe.backends.embedded.backend import BM25_MIN_TERMS, _query_terms
+    from esqbe.backends.embedded.textindex import BM25_MIN_TERMS, _query_terms
 
     rare = "kappa lambda sigma omega delta theta gamma zeta iota rho".split()
     assert _query_terms(" ".join(rare)) == rare  # words the stemmer leaves alone: one term each

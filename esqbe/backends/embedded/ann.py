@@ -1,0 +1,182 @@
+"""The approximate side of kNN on the embedded index: per-facet faiss IVF files (built and merged by a writer,
+swapped in through the manifest), a reader's view of the rows (`_state`) with each facet's exact delta, and the
+worker thread BM25 runs on beside the kNN."""
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+
+from ...domain import FACET_LABELS
+from .layout import _FACET_CODES, _chunks, _State
+
+_POOL = None
+
+
+class AnnMixin:
+    """ANN files and the reader's view (mixed into EmbeddedBackend). Uses the backend's `_acquire_write`, `_tx`,
+    `_bump_generation` (WriteLockMixin), `knn_params`, `meta`, `_setting`, `_set` and `_generation`."""
+
+    path: Path
+    _db: sqlite3.Connection | None
+    _state_cache: _State | None
+    _ann_cache: dict[str, tuple[object, bool]]
+    _text_index: object | None
+    _text_gen: int | None
+
+    def optimize(self, *, force: bool = False, progress=None) -> dict:
+        """Fold each facet's delta into its ANN index when it is past `merge_threshold` rows (or `force`),
+        retraining the IVF when the facet has doubled since it was trained. Returns what was built."""
+        self._acquire_write()
+        params = self.knn_params()
+        st = self._state()
+        manifest = dict(self._setting("ann", {}))
+        built = {}
+        for label, code in _FACET_CODES.items():
+            entry = manifest.get(label)
+            covered = entry["rows"] if entry else 0
+            tail = st.facet[covered:]
+            n_delta = int(np.count_nonzero(tail == code))
+            n_total = n_delta + (entry["size"] if entry else 0)
+            if entry is None and n_total <= params["exact_threshold"] and not force:
+                continue
+            if n_delta == 0 or (n_delta <= params["merge_threshold"] and not force and entry is not None):
+                continue
+            retrain = entry is None or n_total >= 2 * entry["trained_on"]
+            if progress:
+                progress(f"building the {label} ANN index ({n_total} sentence rows{', training' if retrain else ''})")
+            name, size, trained_on = self._build_ann(st, label, code, None if retrain else entry)
+            manifest[label] = {"file": name, "rows": st.rows, "size": size, "trained_on": trained_on}
+            with self._tx():
+                self._set("ann", manifest)
+                self._bump_generation()
+            if entry is not None:
+                (self.path / "ann" / entry["file"]).unlink(missing_ok=True)
+            built[label] = manifest[label]
+        return built
+
+    def _build_ann(self, st: _State, label: str, code: int, entry: dict | None) -> tuple[str, int, int]:
+        import faiss
+
+        dim = st.dim
+        if entry is None:
+            rows = np.flatnonzero(st.facet[: st.rows] == code)
+            rows = rows[~st.dead[st.pno[rows]]]
+            nlist = int(np.clip(min(2 * np.sqrt(len(rows)), len(rows) / 39), 1, 2048))
+            rng = np.random.default_rng(0)
+            sample = np.sort(rng.choice(len(rows), size=min(len(rows), 40 * nlist), replace=False))
+            train = np.asarray(st.vec[rows[sample]], dtype=np.float32)
+            index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, nlist, faiss.ScalarQuantizer.QT_8bit,
+                                                  faiss.METRIC_INNER_PRODUCT)
+            index.cp.niter = 10
+            index.train(train)
+            trained_on = len(rows)
+        else:
+            index = faiss.read_index(str(self.path / "ann" / entry["file"]))
+            rows = entry["rows"] + np.flatnonzero(st.facet[entry["rows"] : st.rows] == code)
+            rows = rows[~st.dead[st.pno[rows]]]
+            trained_on = entry["trained_on"]
+        for chunk in _chunks(rows, 200_000):
+            index.add_with_ids(np.asarray(st.vec[chunk], dtype=np.float32), np.asarray(st.pno[chunk], dtype=np.int64))
+        (self.path / "ann").mkdir(exist_ok=True)
+        name = f"{label}-{st.gen}-{os.getpid()}.faiss"
+        tmp = self.path / "ann" / (name + ".tmp")
+        faiss.write_index(index, str(tmp))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / "ann" / name)
+        return name, int(index.ntotal), trained_on
+
+    def _state(self, need_rows: int = 0) -> _State:
+        """The reader's view, refreshed when the generation moved (one small SQLite read per call)."""
+        gen = self._generation()
+        st = self._state_cache
+        if st is not None and st.gen == gen and st.rows >= need_rows:
+            return st
+        self._db.execute("BEGIN")
+        try:
+            gen = self._generation()
+            meta = self.meta()
+            rows = int(self._setting("rows", 0))
+            next_pno = int(self._setting("next_pno", 0))
+            manifest = self._setting("ann", {})
+            dead = np.fromiter((r[0] for r in self._db.execute("SELECT pno FROM dead")), dtype=np.int64)
+        finally:
+            self._db.execute("COMMIT")
+        new = _State(gen, rows, meta.dim if meta else 1, self.path, dead, next_pno, manifest)
+        if st is not None:
+            for code, cached in st.delta.items():  # extend cached deltas instead of rebuilding them
+                if st.manifest.get(FACET_LABELS[code]) == manifest.get(FACET_LABELS[code]):
+                    new.delta[code] = cached
+        self._state_cache = new
+        if self._text_index is not None and self._text_gen != gen:
+            self._text_index.reload()
+        self._text_gen = gen
+        return new
+
+    def _delta(self, st: _State, code: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of a facet above its ANN (all its rows if it has none), as float32; cached per reader and
+        extended with the rows later commits append."""
+        entry = st.manifest.get(FACET_LABELS[code])
+        covered = entry["rows"] if entry else 0
+        idx, mat, scanned = st.delta.get(code, (np.zeros(0, dtype=np.int64), np.zeros((0, st.dim), dtype=np.float32), covered))
+        if scanned < st.rows:
+            new = scanned + np.flatnonzero(np.asarray(st.facet[scanned : st.rows]) == code)
+            if len(new):
+                idx = np.concatenate([idx, new])
+                mat = np.concatenate([mat, np.asarray(st.vec[new], dtype=np.float32)])
+            st.delta[code] = (idx, mat, st.rows)
+        return idx, mat
+
+    def _ann(self, st: _State, code: int):
+        """The facet's ANN index. The first search of a process memory-maps the file (a one-off query
+        starts at once); the second reads it into memory (~0.6 s for the largest facet at 1M papers),
+        because a search over memory-mapped lists pays for mapping every page it touches the first
+        time, which keeps a process's first few thousand queries ~2x slower (docs/performance.md)."""
+        entry = st.manifest.get(FACET_LABELS[code])
+        if entry is None:
+            return None
+        name = entry["file"]
+        cached = self._ann_cache.get(name)
+        if cached is not None and cached[1]:
+            return cached[0]
+        import faiss
+
+        flags = faiss.IO_FLAG_READ_ONLY if cached is not None else faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY
+        index = faiss.read_index(str(self.path / "ann" / name), flags)
+        self._ann_cache = {k: v for k, v in self._ann_cache.items() if k in {e["file"] for e in st.manifest.values()}}
+        self._ann_cache[name] = (index, cached is not None)  # (index, in memory)
+        return index
+
+
+def _first_stage_pool():
+    """One worker thread shared by every embedded index of the process (BM25 beside the kNN)."""
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(1, thread_name_prefix="esqbe-bm25")
+    return _POOL
+
+
+def _forget_pool() -> None:  # a forked child has no worker thread: it makes its own pool
+    global _POOL
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _search_one_thread(index, q: np.ndarray, k: int, params):
+    """faiss search on one OpenMP thread: a query's few vectors split poorly over threads, and BM25 runs on
+    the other core meanwhile (first_stage); faiss's spare thread spinning between searches slows both."""
+    import faiss
+
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        return index.search(q, k, params=params)
+    finally:
+        faiss.omp_set_num_threads(threads)

@@ -1,0 +1,96 @@
+"""The on-disk layout of an embedded index (format 2): the format constants, the SQLite schema, and a reader's
+view of the sentence rows at one generation (`_State`). The layout itself is described in the package's
+backend module (esqbe.backends.embedded.backend)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ...domain import FACET_LABELS
+
+FORMAT_VERSION = 2
+VECTOR_DTYPE = np.float16
+
+#: per-index kNN parameters (stored in the index's settings; constructor keywords override them)
+KNN_DEFAULTS = {
+    "exact_threshold": 20_000,  # a facet with at most this many rows is searched exactly
+    "merge_threshold": 20_000,  # a writer folds a facet's delta into its ANN once the delta is past this
+    "nprobe": 32,  # IVF lists visited per query sentence
+    "oversample": 4,  # ANN sentence hits asked per query sentence, as a multiple of k
+    "bm25_max_df": 0.2,  # BM25 query terms in more than this fraction of the documents are dropped; see bm25()
+}
+_FACET_CODES = {f: i for i, f in enumerate(FACET_LABELS)}
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS papers (
+    paper_id TEXT PRIMARY KEY, pno INTEGER NOT NULL UNIQUE, title TEXT NOT NULL, sentences TEXT NOT NULL,
+    facets TEXT NOT NULL, metadata TEXT NOT NULL, content_hash TEXT NOT NULL, token_counts TEXT,
+    row_start INTEGER NOT NULL, n_rows INTEGER NOT NULL, text_indexed INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS papers_pending ON papers(text_indexed) WHERE text_indexed = 0;
+CREATE TABLE IF NOT EXISTS dead (pno INTEGER PRIMARY KEY, row_start INTEGER NOT NULL, n_rows INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS text_deletes (paper_id TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS token_counts (token TEXT PRIMARY KEY, count INTEGER NOT NULL);
+"""
+
+
+class _State:
+    """What a reader sees at one generation: memory-mapped rows, retired papers, ANN files, deltas."""
+
+    def __init__(self, gen: int, rows: int, dim: int, path: Path, dead_pnos: np.ndarray, next_pno: int, manifest: dict):
+        self.gen, self.rows, self.dim = gen, rows, dim
+        self.next_pno = next_pno
+        self.manifest = manifest
+        if rows:
+            self.vec = np.memmap(path / "vectors.f16", dtype=VECTOR_DTYPE, mode="r", shape=(rows, dim))
+            self.pno = np.memmap(path / "rows.pno", dtype=np.int32, mode="r", shape=(rows,))
+            self.facet = np.memmap(path / "rows.facet", dtype=np.int8, mode="r", shape=(rows,))
+        else:
+            self.vec = np.zeros((0, dim), dtype=VECTOR_DTYPE)
+            self.pno = np.zeros(0, dtype=np.int32)
+            self.facet = np.zeros(0, dtype=np.int8)
+        self.dead = np.zeros(max(next_pno, 1), dtype=bool)
+        self.dead[dead_pnos[dead_pnos < len(self.dead)]] = True
+        self.n_dead = int(self.dead.sum())
+        self._ok_bits = None
+        self.delta: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
+
+    def row_ranges(self, pnos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Row ranges [start, end) of the given paper numbers (rows are in paper-number order). The
+        numbers are cast to the rows' int32 first: searchsorted with int64 keys would convert the
+        whole memory-mapped column (7.5M rows at 1M papers) on every call."""
+        keys = np.asarray(pnos, dtype=self.pno.dtype)
+        return np.searchsorted(self.pno, keys, side="left"), np.searchsorted(self.pno, keys, side="right")
+
+    def ok_bits(self):
+        """Bitmap over paper numbers of live papers (for faiss's IDSelectorBitmap), or None if all are live."""
+        if self.n_dead == 0:
+            return None
+        if self._ok_bits is None:
+            self._ok_bits = np.packbits(~self.dead, bitorder="little")
+        return self._ok_bits
+
+
+def _load_metadata(text: str) -> dict:
+    """Stored metadata; a NaN or Infinity an older esqbe stored reads as null, so that it serialises as JSON."""
+    return json.loads(text, parse_constant=lambda _: None)
+
+
+def _dir_size(path: Path) -> int:
+    """Bytes under `path`; files a writer removes meanwhile (merged text segments) are skipped."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def _chunks(items, n: int):
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
+
