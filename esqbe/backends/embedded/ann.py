@@ -1,10 +1,16 @@
 """The approximate side of kNN on the embedded index: per-facet faiss IVF files (built and merged by a writer,
 swapped in through the manifest), a reader's view of the rows (`_state`) with each facet's exact delta, and the
-worker thread BM25 runs on beside the kNN."""
+threads faiss searches run on.
+
+faiss searches on one OpenMP thread: a query's few vectors split poorly over threads, and BM25 runs on the
+other core meanwhile (first_stage); faiss's spare threads spinning between searches slow both. OpenMP's thread
+count is a per-thread setting, so the searches run in threads of esqbe's own (`_ann_pool`) whose count is set
+once, when each starts (`_one_omp_thread`): the threads of the application that calls esqbe keep theirs."""
 from __future__ import annotations
 
 import os
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +19,7 @@ from ...domain import FACET_LABELS
 from .layout import _FACET_CODES, _chunks, _State
 
 _POOL = None
+_ANN_POOL = None
 
 
 class AnnMixin:
@@ -155,28 +162,37 @@ def _first_stage_pool():
     """One worker thread shared by every embedded index of the process (BM25 beside the kNN)."""
     global _POOL
     if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
         _POOL = ThreadPoolExecutor(1, thread_name_prefix="esqbe-bm25")
     return _POOL
 
 
-def _forget_pool() -> None:  # a forked child has no worker thread: it makes its own pool
-    global _POOL
+def _one_omp_thread() -> None:
+    """Initializer of each ANN search thread: faiss on one OpenMP thread, set once for this thread only."""
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+
+
+def _ann_pool() -> ThreadPoolExecutor:
+    """The threads faiss searches run on, shared by every embedded index of the process: as many as there are
+    cores, so that concurrent queries search at once as they did on their own threads."""
+    global _ANN_POOL
+    if _ANN_POOL is None:
+        _ANN_POOL = ThreadPoolExecutor(max(2, os.cpu_count() or 1), thread_name_prefix="esqbe-ann",
+                                       initializer=_one_omp_thread)
+    return _ANN_POOL
+
+
+def _forget_pool() -> None:  # a forked child has no worker threads: it makes its own pools
+    global _POOL, _ANN_POOL
     _POOL = None
+    _ANN_POOL = None
 
 
 os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _search_one_thread(index, q: np.ndarray, k: int, params):
-    """faiss search on one OpenMP thread: a query's few vectors split poorly over threads, and BM25 runs on
-    the other core meanwhile (first_stage); faiss's spare thread spinning between searches slows both."""
-    import faiss
-
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    try:
-        return index.search(q, k, params=params)
-    finally:
-        faiss.omp_set_num_threads(threads)
+    """faiss search on one OpenMP thread (see the module docstring): handed to an ANN thread, which holds that
+    setting from its start; the caller waits (faiss releases the GIL, so BM25 runs meanwhile)."""
+    return _ann_pool().submit(index.search, q, k, params=params).result()
