@@ -40,26 +40,27 @@ from elastic_transport._node import NodeApiResponse  # noqa: E402
 from jsonschema import Draft202012Validator  # noqa: E402
 from opensearchpy.connection import Connection  # noqa: E402
 
-from esqbe.backends.engines.common import (  # noqa: E402
-    FACET_PATHS,
-    FEATURE_SINCE,
-    FEATURES_USED,
-    FEATURES_WHERE_SUPPORTED,
-    VECTOR_FIELDS,
-    EngineInfo,
-    cosine_from_score,
-    doc_to_paper,
-    index_body,
-    load_index_template,
-    opensearch_vector_space,
-    paper_to_doc,
-    parse_version,
-)
+from esqbe.backends.engines.documents import doc_to_paper, paper_to_doc
 from esqbe.backends.engines.elasticsearch import (  # noqa: E402
     ElasticsearchBackend,
     compat_transport_class,
 )
+from esqbe.backends.engines.mapping import (
+    FACET_PATHS,
+    VECTOR_FIELDS,
+    index_body,
+    load_index_template,
+)
 from esqbe.backends.engines.opensearch import OpenSearchBackend  # noqa: E402
+from esqbe.backends.engines.versions import (
+    FEATURE_SINCE,
+    FEATURES_USED,
+    FEATURES_WHERE_SUPPORTED,
+    EngineInfo,
+    cosine_from_score,
+    opensearch_vector_space,
+    parse_version,
+)
 from esqbe.core.fusion import fuse, top_k  # noqa: E402
 from esqbe.domain import FACET_LABELS, FirstStageRequest, IndexedPaper, IndexMeta, Paper  # noqa: E402
 from esqbe.errors import BackendError, ModelMismatchError
@@ -1727,7 +1728,7 @@ def test_engine_length_filter_counts_utf16_units_and_differs_from_tantivy_on_non
         analysis = load_index_template(engine)["settings"]["index"]["analysis"]
         assert analysis["filter"]["esqbe_max_39"] == {"type": "length", "max": 39}
         assert analysis["analyzer"]["esqbe_en"]["filter"][0] == "esqbe_max_39"
-    from esqbe.backends.engines.common import analyzed_tokens
+    from esqbe.backends.engines.bodies import analyzed_tokens
 
     cyrillic, a39, a40, astral = "ж" * 25, "a" * 39, "b" * 40, "x" * 30 + "\U0001d400" * 5  # 𝐀: 2 UTF-16 units
     engine_kept = set(analyzed_tokens(f"{cyrillic} {a39} {a40} {astral}"))

@@ -278,7 +278,7 @@ def test_document_without_vectors_b64_falls_back_to_the_indexed_vectors(indexed)
     source.pop("vectors_b64")
     source["paper_id"] = foreign = f"foreign-{uuid.uuid4().hex[:6]}"
     if "vector" not in json.dumps(source):  # ES 9.2+ left the vectors out of _source: put them back
-        from esqbe.backends.engines.common import FACET_PATHS
+        from esqbe.backends.engines.mapping import FACET_PATHS
 
         for path in FACET_PATHS.values():
             for row in source.get(path) or ():

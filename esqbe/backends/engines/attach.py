@@ -36,15 +36,11 @@ from ...core.filters import FilterError
 from ...domain import FirstStageRequest, IndexedPaper, IndexMeta, Paper, UpsertResult
 from ...errors import BackendError, ModelMismatchError
 from ...ingest.sentences import split_sentences
-from .common import (
-    FACET_PATHS,
-    EngineBackend,
-    doc_to_paper,
-    load_index_template,
-    paper_to_doc,
-)
+from .common import EngineBackend
+from .documents import doc_to_paper, paper_to_doc
 from .elasticsearch import ElasticsearchBackend
 from .filters import add_to_knn
+from .mapping import FACET_PATHS, load_index_template
 from .opensearch import OpenSearchBackend
 
 NAMESPACE = "esqbe"
@@ -390,7 +386,7 @@ class AttachedMixin:
                 else:
                     result.added += 1
             else:
-                from .common import _describe
+                from .client import _describe
 
                 result.errors.append(f"{pid}: {_describe(info)}")
         if actions:

@@ -16,13 +16,9 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 from ...errors import BackendError
-from .common import (
-    FACET_PATHS,
-    VECTOR_SOURCE_FIELDS,
-    EngineBackend,
-    EngineInfo,
-    parse_version,
-)
+from .common import EngineBackend
+from .mapping import FACET_PATHS, VECTOR_SOURCE_FIELDS
+from .versions import EngineInfo, parse_version
 
 PIP_HINT = "pip install 'esqbe[elasticsearch]'"
 

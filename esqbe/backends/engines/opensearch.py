@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ...errors import BackendError
-from .common import EngineBackend, EngineInfo, opensearch_vector_space, parse_version
+from .common import EngineBackend
+from .versions import EngineInfo, opensearch_vector_space, parse_version
 
 PIP_HINT = "pip install 'esqbe[opensearch]'"
 
