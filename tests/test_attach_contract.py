@@ -1,6 +1,6 @@
 """Contract tests of `esqbe attach` (esqbe's fields added to an index the user owns), with no engine running.
 
-The real attach code and the official clients produce every request; the canned engine (test_engine_contract's,
+The real attach code and the official clients produce every request; the canned engine (tests/fakes/engines.py,
 extended here with partial updates, scrolls and mapping updates that behave like an engine's) records them.
 Every body is validated against the engines' strict schemas: the mapping update (as the `mappings` of an
 index definition: the same TypeMapping object), the scroll search, each bulk `update` action and its
@@ -28,7 +28,7 @@ from esqbe.index.api import Index  # noqa: E402
 from esqbe.index.attach import run_attach
 from esqbe.settings.config import Settings  # noqa: E402
 
-from .test_engine_contract import (
+from .fakes.engines import (
     INDEX,
     CannedEngine,
     _is_bm25,

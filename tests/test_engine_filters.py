@@ -25,7 +25,7 @@ from esqbe.core.filters import (
 )
 from esqbe.domain import FirstStageRequest
 
-from .test_engine_contract import (
+from .fakes.engines import (
     DIM,
     ENGINE_VERSIONS,
     INDEX,

@@ -154,7 +154,7 @@ def index_query_rescore(kind: str, url: str, auth: list[str], sample: Path, ids:
                         index: str | None = None, query_args: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """esqbe index (twice: the second run reads the stored content hashes back) -> query with summax rescoring
     -> stats, through the CLI; returns (query result, stats). Also run by the contract suite against a local
-    engine-like HTTP server (tests/test_engine_contract.py), so this path is exercised here too."""
+    engine-like HTTP server (tests/test_engine_http.py), so this path is exercised here too."""
     index = index or f"esqbe-it-{uuid.uuid4().hex[:10]}"  # inside the API key's esqbe* scope
     where = ["--backend", kind, "--url", url, "--index", index, *(["--ca-certs", ca_certs] if ca_certs else []), *auth]
     done = _cli("index", *where, "--json", str(sample))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .test_engine_contract import (
+from .fakes.engines import (
     VERSIONS,
     _is_bm25,
     make_papers,

@@ -1,0 +1,1 @@
+"""Fakes the tests share (no engine, no network beyond loopback): see each module."""

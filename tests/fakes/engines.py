@@ -1,0 +1,624 @@
+"""Engine fakes for the contract tests (tests/test_engine_contract.py, tests/test_attach_contract.py). No engine
+runs: the real backend code and the official clients (`elasticsearch`, `opensearch-py`) produce every request,
+and only the lowest layer is replaced. `RecordingNode` (an elastic-transport node) and `RecordingConnection`
+(an opensearch-py connection) record the bytes a client would put on the wire and answer with the canned
+responses of `CannedEngine`; `EngineHTTPServer` serves the same canned engine on a loopback socket. The schema
+helpers check every body sent against the engines' own API specifications (strict JSON Schemas in
+tests/specs/). These are fakes that check request bodies, NOT integration tests (those need a running engine:
+tests/test_engine_integration.py, tests/test_attach_integration.py)."""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections import defaultdict
+from functools import lru_cache
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jsonschema")
+es_client = pytest.importorskip("elasticsearch")
+os_client = pytest.importorskip("opensearchpy")
+
+from elastic_transport import ApiResponseMeta, BaseNode, HttpHeaders  # noqa: E402
+from elastic_transport import ConnectionError as ESConnectionError  # noqa: E402
+from elastic_transport._node import NodeApiResponse  # noqa: E402
+from jsonschema import Draft202012Validator  # noqa: E402
+from opensearchpy.connection import Connection  # noqa: E402
+
+from esqbe.backends.engines.elasticsearch import (  # noqa: E402
+    ElasticsearchBackend,
+    compat_transport_class,
+)
+from esqbe.backends.engines.mapping import FACET_PATHS, VECTOR_FIELDS  # noqa: E402
+from esqbe.backends.engines.opensearch import OpenSearchBackend  # noqa: E402
+from esqbe.backends.engines.versions import parse_version  # noqa: E402
+from esqbe.domain import FACET_LABELS, FirstStageRequest, IndexedPaper, IndexMeta, Paper  # noqa: E402
+
+SPECS = Path(__file__).resolve().parents[1] / "specs"
+SCHEMA_FILES = {
+    "elasticsearch": SPECS / "elasticsearch-9.5-requests.strict.schema.json",
+    "opensearch": SPECS / "opensearch-3.5-requests.strict.schema.json",
+}
+VERSIONS = {"elasticsearch": ["8.11.4", "8.19.5", "9.2.0"], "opensearch": ["2.12.0", "2.19.3", "3.5.0"]}
+ENGINE_VERSIONS = [(e, v) for e, vs in VERSIONS.items() for v in vs]
+INDEX = "papers"
+DIM = 8
+META = IndexMeta("test-encoder", DIM, "contextual")
+
+
+@lru_cache(maxsize=None)
+def _schema_doc(engine: str) -> dict:
+    return json.loads(SCHEMA_FILES[engine].read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=None)
+def validator(engine: str, key: str) -> Draft202012Validator:
+    doc = _schema_doc(engine)
+    return Draft202012Validator({"$schema": doc["$schema"], "$defs": doc["$defs"], **doc[key]})
+
+
+def _leaves(errors):
+    return [leaf for e in errors for leaf in (_leaves(e.context) if e.context else [e])]
+
+
+def schema_errors(engine: str, key: str, body) -> list[str]:
+    errors = sorted(_leaves(validator(engine, key).iter_errors(body)), key=lambda e: (-len(e.absolute_path), e.validator == "type"))
+    return [f"{e.json_path}: {e.message[:200]}" for e in errors[:3]]
+
+
+def assert_valid(engine: str, key: str, body) -> None:
+    errors = schema_errors(engine, key, body)
+    assert not errors, f"{engine} {key} body rejected by the spec: {errors}\n{json.dumps(body)[:600]}"
+
+
+class CannedEngine:
+    """Answers the real client's requests with canned engine responses and records them.
+
+    It stores the index definition and the documents sent in bulk so that `_mapping` / `_mget` answer
+    like an engine would; `_msearch` answers come from `self.knn_hits` / `self.bm25_hits` set by a test.
+    `self.failures[endpoint]` queues failures (an HTTP status, or "connection") for the next calls.
+    """
+
+    def __init__(self, engine: str, version: str):
+        self.engine = engine
+        self.version = version
+        self.requests: list[dict] = []
+        self.mapping: dict | None = None
+        self.settings: dict | None = None
+        self.sources: dict[str, dict] = {}
+        self.failures: dict[str, list] = defaultdict(list)
+        self.bulk_item_status: dict[str, list[int]] = defaultdict(list)  # paper id -> statuses to answer first
+        self.knn_hits = lambda body: []  # body -> [(id, score)]
+        self.bm25_hits = lambda body: []
+        self.omit_source_vectors = engine == "elasticsearch" and parse_version(version) >= (9, 2, 0)
+
+    # -- security, as on a cluster with security on: `require_auth` = the one Authorization value accepted;
+    # `forbidden` = endpoints the credentials lack the privilege for (403), e.g. "info" for a key without `monitor`
+    require_auth: str | None = None
+    forbidden: frozenset = frozenset()
+
+    def _security(self, record):
+        if self.require_auth is None:
+            return None
+        if record["headers"].get("authorization") != self.require_auth:
+            return 401, {"error": {"root_cause": [{"type": "security_exception", "reason": "missing authentication credentials for REST request [/]"}],
+                                   "type": "security_exception", "reason": "missing authentication credentials for REST request [/]"}, "status": 401}
+        if record["endpoint"] in self.forbidden:
+            reason = "action [cluster:monitor/main] is unauthorized for API key id [canned] of user [esqbe], this action is granted by the cluster privileges [monitor,manage,all]"
+            return 403, {"error": {"root_cause": [{"type": "security_exception", "reason": reason}], "type": "security_exception", "reason": reason}, "status": 403}
+        return None
+
+    # -- recording helpers
+    def sent(self, endpoint: str) -> list[dict]:
+        return [r for r in self.requests if r["endpoint"] == endpoint]
+
+    # -- dispatch
+    def handle(self, method: str, target: str, headers: dict, body: bytes | None):
+        parts = urlsplit(target)
+        path = parts.path.rstrip("/") or "/"
+        segs = [s for s in path.split("/") if s]
+        endpoint = "info" if not segs else (segs[-1] if segs[-1].startswith("_") else "index")
+        if len(segs) >= 2 and segs[0] == "_cat":
+            endpoint = "_cat/" + segs[1]
+        if len(segs) == 3 and segs[1] == "_doc":
+            endpoint = "_doc"
+        text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body
+        lines = [json.loads(x) for x in text.splitlines() if x.strip()] if text else []
+        record = {
+            "method": method,
+            "path": path,
+            "params": {k: v[0] for k, v in parse_qs(parts.query).items()},
+            "headers": {k.lower(): v for k, v in (headers or {}).items()},
+            "endpoint": endpoint,
+            "raw": text,
+            "lines": lines,
+        }
+        self.requests.append(record)
+        denied = self._security(record)
+        if denied is not None:
+            return denied
+        if self.engine == "elasticsearch":
+            # a server of major M rejects compatible-with=N for N > M (what elasticsearch-py 9 sends to 8.x)
+            major = parse_version(self.version)[0]
+            for key in ("accept", "content-type"):
+                asked = re.search(r"compatible-with=(\d+)", record["headers"].get(key, ""))
+                if asked and int(asked.group(1)) > major:
+                    return 400, {"error": {"root_cause": [{"type": "media_type_header_exception", "reason": "Invalid media-type value on headers [Accept, Content-Type]"}],
+                                           "type": "media_type_header_exception", "reason": "Invalid media-type value on headers [Accept, Content-Type]",
+                                           "caused_by": {"type": "status_exception", "reason": f"{key} version must be either version {major} or {major - 1}, but found {asked.group(1)}."}},
+                                 "status": 400}
+        if self.failures[endpoint]:
+            failure = self.failures[endpoint].pop(0)
+            if failure == "connection":
+                return "connection", None
+            return failure, {"error": {"type": "canned_failure", "reason": f"canned {failure}"}, "status": failure}
+        return getattr(self, "_" + endpoint.replace("/", "_").lstrip("_"))(method, segs, record)
+
+    def _info(self, method, segs, record):
+        version = {"number": self.version, "lucene_version": "9.x"}
+        if self.engine == "opensearch":
+            version["distribution"] = "opensearch"
+        else:
+            version["build_flavor"] = "default"
+        return 200, {"name": "canned", "cluster_name": "canned", "version": version, "tagline": "canned"}
+
+    def _index(self, method, segs, record):
+        if method == "DELETE":
+            self.mapping, self.settings, self.sources = None, None, {}
+            return 200, {"acknowledged": True}
+        if method == "PUT":
+            body = record["lines"][0]
+            self.mapping, self.settings = body["mappings"], body.get("settings")
+            return 200, {"acknowledged": True, "shards_acknowledged": True, "index": segs[0]}
+        return 405, {"error": "unexpected"}
+
+    def _mapping(self, method, segs, record):
+        if self.mapping is None:
+            return 404, {"error": {"type": "index_not_found_exception", "reason": f"no such index [{segs[0]}]"}, "status": 404}
+        return 200, {segs[0]: {"mappings": self.mapping}}
+
+    def created_version_id(self) -> str:
+        """`index.version.created` as the engine writes it (see version_from_created_setting)."""
+        major, minor, rev = parse_version(self.version)
+        if self.engine == "opensearch":
+            return str((major * 1_000_000 + minor * 10_000 + rev * 100 + 99) ^ 0x08000000)
+        if major >= 9:
+            return str(major * 1_000_000 + 12_000 + minor)
+        return str(8_500_000 + minor * 1000 if (major, minor) >= (8, 11) else major * 1_000_000 + minor * 10_000 + rev * 100 + 99)
+
+    def _settings(self, method, segs, record):
+        if self.mapping is None:
+            return 404, {"error": {"type": "index_not_found_exception", "reason": f"no such index [{segs[0]}]"}, "status": 404}
+        settings = json.loads(json.dumps((self.settings or {}).get("index", self.settings or {})))
+        settings.update({"number_of_shards": "1", "provided_name": segs[0], "uuid": "canned",
+                         "version": {"created": self.created_version_id()}})
+        return 200, {segs[0]: {"settings": {"index": settings}}}
+
+    def _doc(self, method, segs, record):
+        pid = segs[2]
+        if method in ("PUT", "POST"):
+            existed = pid in self.sources
+            self.sources[pid] = record["lines"][0]
+            return (200 if existed else 201), {"_index": INDEX, "_id": pid, "result": "updated" if existed else "created"}
+        if method == "DELETE":
+            found = self.sources.pop(pid, None) is not None
+            return (200 if found else 404), {"_index": INDEX, "_id": pid, "result": "deleted" if found else "not_found"}
+        src = self.sources.get(pid)
+        if src is None:
+            return 404, {"_index": INDEX, "_id": pid, "found": False}
+        return 200, {"_index": INDEX, "_id": pid, "found": True, "_source": filter_source(src, None, set(), self.omit_source_vectors)}
+
+    def _refresh(self, method, segs, record):
+        return 200, {"_shards": {"total": 1, "successful": 1, "failed": 0}}
+
+    def _license(self, method, segs, record):
+        return 200, {"license": {"type": "basic", "status": "active"}}
+
+    def _cat_plugins(self, method, segs, record):
+        return 200, [{"name": "node", "component": "opensearch-knn", "version": self.version}]
+
+    def _mget(self, method, segs, record):
+        if self.mapping is None:
+            # What the engines answer (not a 404): 200, and per requested id a failure item holding the
+            # IndexNotFoundException. Sources: elastic/elasticsearch
+            # rest-api-spec/src/yamlRestTest/resources/rest-api-spec/test/mget/12_non_existent_index.yml (mget on a
+            # missing index succeeds; docs.0.found is false; _index/_id echoed) and
+            # server/src/main/java/org/elasticsearch/action/get/MultiGetResponse.java (Failure.toXContent:
+            # _index, _id, then ElasticsearchException.generateFailureXContent -> "error"), raised per item by
+            # TransportMultiGetAction when the index does not resolve; the same files in opensearch-project/OpenSearch
+            # (rest-api-spec/src/main/resources/rest-api-spec/test/mget/12_non_existent_index.yml).
+            name = segs[0]
+            error = {"type": "index_not_found_exception", "reason": f"no such index [{name}]", "resource.type": "index_expression",
+                     "resource.id": name, "index_uuid": "_na_", "index": name}
+            return 200, {"docs": [{"_index": name, "_id": pid, "error": {"root_cause": [dict(error)], **error}}
+                                  for pid in record["lines"][0]["ids"]]}
+        includes = record["params"].get("_source_includes")
+        excludes = set((record["params"].get("_source_excludes") or "").split(",")) - {""}
+        docs = []
+        for pid in record["lines"][0]["ids"]:
+            src = self.sources.get(pid)
+            if src is None:
+                docs.append({"_index": INDEX, "_id": pid, "found": False})
+                continue
+            src = filter_source(src, includes.split(",") if includes else None, excludes, self.omit_source_vectors)
+            docs.append({"_index": INDEX, "_id": pid, "_version": 1, "found": True, "_source": src})
+        return 200, {"docs": docs}
+
+    def _bulk(self, method, segs, record):
+        items, lines, i = [], record["lines"], 0
+        while i < len(lines):
+            (op, meta), = lines[i].items()
+            pid = meta["_id"]
+            doc = lines[i + 1] if op in ("index", "create", "update") else None
+            i += 2 if doc is not None else 1
+            queued = self.bulk_item_status[pid]
+            status = queued.pop(0) if queued else None
+            if status is not None and status >= 300:
+                items.append({op: {"_index": INDEX, "_id": pid, "status": status,
+                                   "error": {"type": "canned_rejection", "reason": f"canned {status}"}}})
+                continue
+            if op == "delete":
+                found = self.sources.pop(pid, None) is not None
+                items.append({op: {"_index": INDEX, "_id": pid, "status": 200 if found else 404,
+                                   "result": "deleted" if found else "not_found"}})
+            else:
+                existed = pid in self.sources
+                self.sources[pid] = doc
+                items.append({op: {"_index": INDEX, "_id": pid, "status": 200 if existed else 201,
+                                   "result": "updated" if existed else "created", "_version": 1}})
+        return 200, {"took": 1, "errors": any("error" in next(iter(x.values())) for x in items), "items": items}
+
+    max_clause_count = 1024  # OpenSearch indices.query.bool.max_clause_count default; ES 8+: at least this
+
+    def _msearch(self, method, segs, record):
+        answers = []
+        for body in record["lines"][1::2]:
+            if lucene_clauses(body) > self.max_clause_count:
+                reason = f"maxClauseCount is set to {self.max_clause_count}"
+                answers.append({"error": {"root_cause": [{"type": "too_many_clauses", "reason": reason}],
+                                          "type": "search_phase_execution_exception", "reason": "all shards failed",
+                                          "caused_by": {"type": "too_many_clauses", "reason": reason}}, "status": 500})
+                continue
+            hits = self.bm25_hits(body) if _is_bm25(body) else self.knn_hits(body)
+            answers.append({"took": 1, "timed_out": False, "status": 200,
+                              "hits": {"max_score": None, "hits": [{"_index": INDEX, "_id": pid, "_score": s} for pid, s in hits]}})
+        return 200, {"took": 1, "responses": answers}
+
+    def _search(self, method, segs, record):
+        body = record["lines"][0] if record["lines"] else {}
+        ids = (body.get("query") or {}).get("ids", {}).get("values")
+        if ids is not None:  # documents by id, with source filtering (ES: exclude_vectors: false rehydrates vectors)
+            spec = body.get("_source") if isinstance(body.get("_source"), dict) else {}
+            omit = self.omit_source_vectors and spec.get("exclude_vectors") is not False
+            hits = [{"_index": INDEX, "_id": pid, "_score": 1.0, "_source": filter_source(self.sources[pid], spec.get("includes"), set(), omit)}
+                    for pid in ids if pid in self.sources]
+            return 200, {"hits": {"max_score": 1.0, "hits": hits}}
+        functions = ((body.get("query") or {}).get("function_score") or {}).get("functions") or [{}]
+        random_score = functions[0].get("random_score")
+        if random_score is not None:  # a seeded random order: the same for the same seed, another for another
+            seed = random_score["seed"]
+            order = sorted(self.sources, key=lambda pid: hashlib.sha256(f"{seed}:{pid}".encode()).hexdigest())
+            hits = [{"_index": INDEX, "_id": pid, "_score": 1.0} for pid in order[: body["size"]]]
+            return 200, {"hits": {"total": {"value": len(self.sources), "relation": "eq"}, "hits": hits}}
+        aggs = {facet: {"doc_count": 0} for facet in FACET_LABELS}
+        for src in self.sources.values():
+            for facet, path in FACET_PATHS.items():
+                aggs[facet]["doc_count"] += len(src.get(path) or ())
+        return 200, {"hits": {"total": {"value": len(self.sources), "relation": "eq"}, "hits": []}, "aggregations": aggs}
+
+
+def lucene_clauses(node) -> int:
+    """Leaf clauses a search body becomes in Lucene, counted as the engines' analyzer would split the text
+    (one term clause per token and field of a match/multi_match; repeats counted, as the builder sees them)."""
+    if isinstance(node, list):
+        return sum(lucene_clauses(x) for x in node)
+    if not isinstance(node, dict):
+        return 0
+    total = 0
+    for key, value in node.items():
+        if key == "multi_match":
+            total += len(re.findall(r"[^\W_]+", value["query"])) * len(value["fields"])
+        elif key == "match":
+            (spec,) = value.values()
+            total += len(re.findall(r"[^\W_]+", spec["query"] if isinstance(spec, dict) else spec))
+        else:
+            total += lucene_clauses(value)
+    return total
+
+
+def filter_source(src: dict, includes, excludes: set, omit_vectors: bool) -> dict:
+    """`_source` filtering as the engines do it (top-level and `path.leaf` includes/excludes); `omit_vectors`:
+    ES 9.2+ leaving dense_vector values out."""
+    src = json.loads(json.dumps(src))
+    if includes:
+        wanted = {}
+        for field in includes:
+            path, _, leaf = field.partition(".")
+            if path not in src:
+                continue
+            if not leaf:
+                wanted[path] = src[path]
+            else:
+                rows = wanted.setdefault(path, [{} for _ in src[path]])
+                for row, full in zip(rows, src[path]):
+                    if leaf in full:
+                        row[leaf] = full[leaf]
+        src = wanted
+    for field in set(excludes) | (set(VECTOR_FIELDS) if omit_vectors else set()):
+        path, _, leaf = field.partition(".")
+        for row in src.get(path) or ():
+            row.pop(leaf, None)
+    return src
+
+
+def _is_bm25(body: dict) -> bool:
+    return "multi_match" in json.dumps(body.get("query", {}))
+
+
+class RecordingNode(BaseNode):
+    """elastic-transport node: hands the request bytes to a CannedEngine instead of a socket."""
+
+    canned: CannedEngine
+
+    def perform_request(self, method, target, body=None, headers=None, request_timeout=None):
+        sent = dict(self.headers)
+        sent.update(headers or {})
+        status, payload = self.canned.handle(method, target, sent, body)
+        if status == "connection":
+            raise ESConnectionError("canned: connection refused")
+        meta = ApiResponseMeta(
+            status=status,
+            http_version="1.1",
+            headers=HttpHeaders({"content-type": "application/json", "x-elastic-product": "Elasticsearch"}),
+            duration=0.0,
+            node=self.config,
+        )
+        return NodeApiResponse(meta, json.dumps(payload).encode("utf-8"))
+
+    def close(self):
+        pass
+
+
+class RecordingConnection(Connection):
+    """opensearch-py connection: hands the request bytes to a CannedEngine instead of a socket."""
+
+    canned: CannedEngine
+
+    def perform_request(self, method, url, params=None, body=None, timeout=None, ignore=(), headers=None):
+        target = url
+        if params:
+            from urllib.parse import urlencode
+
+            target = f"{url}?{urlencode(params)}"
+        sent = dict(self.headers)
+        sent.update(headers or {})
+        status, payload = self.canned.handle(method, target, sent, body)
+        if status == "connection":
+            raise os_client.ConnectionError("N/A", "canned: connection refused", None)
+        raw = json.dumps(payload)
+        if not (200 <= status < 300) and status not in ignore:
+            self._raise_error(status, raw, "application/json")
+        return status, {"content-type": "application/json"}, raw
+
+    def close(self):
+        pass
+
+
+class EngineHTTPServer:
+    """A real HTTP server on 127.0.0.1 that answers like the engine (a CannedEngine behind it): the clients'
+    own transports (urllib3 nodes / connections) put the request on a socket, so what is checked is what
+    goes over the wire. `delays[endpoint]` queues seconds to wait before answering (request timeouts)."""
+
+    def __init__(self, canned: CannedEngine):
+        import http.server
+        import threading
+        import time
+
+        self.canned = canned
+        self.delays: dict[str, list[float]] = defaultdict(list)
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            wbufsize = 1 << 16  # one write per response (flushed by the handler): no Nagle/delayed-ACK stalls
+            disable_nagle_algorithm = True
+
+            def _answer(self):
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else None
+                n = len(canned.requests)
+                status, payload = canned.handle(self.command, self.path, dict(self.headers.items()), body)
+                endpoint = canned.requests[n]["endpoint"] if len(canned.requests) > n else ""
+                if server.delays[endpoint]:
+                    time.sleep(server.delays[endpoint].pop(0))
+                raw = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(raw)))
+                if canned.engine == "elasticsearch":
+                    self.send_header("x-elastic-product", "Elasticsearch")
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(raw)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def make_backend(engine: str, version: str, **client_options):
+    """The real backend on a real client whose lowest layer is the canned engine."""
+    canned = CannedEngine(engine, version)
+    if engine == "elasticsearch":
+        node = type("Node", (RecordingNode,), {"canned": canned})
+        client = es_client.Elasticsearch(
+            "http://canned:9200", node_class=node, transport_class=compat_transport_class(), max_retries=0, **client_options
+        )
+        backend = ElasticsearchBackend("http://canned:9200", INDEX, client=client)
+    else:
+        conn = type("Conn", (RecordingConnection,), {"canned": canned})
+        client = os_client.OpenSearch(hosts=["http://canned:9200"], connection_class=conn, max_retries=0, **client_options)
+        backend = OpenSearchBackend("http://canned:9200", INDEX, client=client)
+    backend.retry_wait_initial = 0.0  # no sleeping in tests
+    backend.retry_wait_max = 0.0
+    return backend, canned
+
+
+def make_papers(n: int = 6, dim: int = DIM, seed: int = 0) -> list[IndexedPaper]:
+    rng = np.random.default_rng(seed)
+    facets = ["background", "method", "result", "other", "unlabeled"]
+    out = []
+    for i in range(n):
+        k = 3 + i % 3
+        labels = [facets[(i + j) % 4] for j in range(k)]
+        vecs = rng.normal(size=(k, dim)).astype(np.float32)
+        vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+        paper = Paper(f"p{i}", f"Title {i} about graphs", [f"Sentence {j} of paper {i} on topic {j % 2}." for j in range(k)], labels)
+        out.append(IndexedPaper(paper, vecs))
+    return out
+
+
+def request_variants(dim: int = DIM):
+    rng = np.random.default_rng(1)
+    q = rng.normal(size=(2, dim)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    for facet, restrict, exclude in itertools.product((None, "method"), (None, frozenset({"p1", "p2", "p3"})), (frozenset(), frozenset({"p0"}))):
+        name = f"facet={facet},restrict={'yes' if restrict else 'no'},exclude={'yes' if exclude else 'no'}"
+        yield name, FirstStageRequest(text="graphs on topic", vectors=q, facet=facet, k=5, knn_k=4, bm25_k=4,
+                                      restrict_to=restrict, exclude=exclude, with_papers=False)
+
+
+def ready_backend(engine, version, papers=None):
+    backend, canned = make_backend(engine, version)
+    backend.ensure(META)
+    if papers:
+        backend.upsert(papers)
+    return backend, canned
+
+
+def mapping_fields(mapping: dict) -> dict[str, dict]:
+    """Flattened field name -> field mapping (nested paths included)."""
+    out = {}
+
+    def walk(props, prefix):
+        for name, spec in props.items():
+            full = f"{prefix}{name}"
+            out[full] = spec
+            if "properties" in spec:
+                walk(spec["properties"], full + ".")
+
+    walk(mapping["properties"], "")
+    return out
+
+
+def referenced_fields(node, out=None) -> set[str]:
+    """Every field name a search body refers to."""
+    out = set() if out is None else out
+    if isinstance(node, list):
+        for x in node:
+            referenced_fields(x, out)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key == "knn" and isinstance(value, dict) and "field" in value:  # ES top-level knn
+                out.add(value["field"])
+                referenced_fields(value.get("filter"), out)
+            elif key == "knn" and isinstance(value, dict):  # OpenSearch knn query: {field: {...}}
+                for field, spec in value.items():
+                    out.add(field)
+                    referenced_fields(spec.get("filter"), out)
+            elif key == "nested" and isinstance(value, dict):
+                out.add(value["path"])
+                referenced_fields(value.get("query"), out)
+            elif key in ("term", "terms", "match", "match_phrase", "range", "prefix"):
+                out.update(k for k in value if k not in ("boost", "_name"))
+            elif key == "multi_match":
+                out.update(f.split("^")[0] for f in value["fields"])
+            elif key == "exists":
+                out.add(value["field"])
+            else:
+                referenced_fields(value, out)
+    return out
+
+
+def vectors_in(node, out=None) -> list[tuple[str, list]]:
+    """(field, query vector) pairs in a search body."""
+    out = [] if out is None else out
+    if isinstance(node, list):
+        for x in node:
+            vectors_in(x, out)
+    elif isinstance(node, dict):
+        if isinstance(node.get("knn"), dict) and "query_vector" in node["knn"]:
+            out.append((node["knn"]["field"], node["knn"]["query_vector"]))
+        elif isinstance(node.get("knn"), dict):
+            for field, spec in node["knn"].items():
+                if isinstance(spec, dict) and "vector" in spec:
+                    out.append((field, spec["vector"]))
+        for v in node.values():
+            vectors_in(v, out)
+    return out
+
+
+def features_in(body: dict, engine: str) -> set[str]:
+    """Version-gated engine features a search body uses (see FEATURE_SINCE)."""
+    text = json.dumps(body)
+    used = set()
+    knn_filters = []
+    if engine == "elasticsearch":
+        if "knn" in body:
+            used.add("nested_knn")
+            knn_filters = [body["knn"].get("filter")]
+            if "inner_hits" in body["knn"]:
+                used.add("knn_inner_hits")
+        if '"knn"' in json.dumps(body.get("query", {})):
+            used.add("knn_query_dsl")
+        if "exclude_vectors" in text:
+            used.add("source_exclude_vectors_param")
+    else:
+        if '"knn"' in text:
+            used.add("nested_knn")
+        if "expand_nested_docs" in text:
+            used.add("expand_nested_docs")
+        if '"hybrid"' in text:
+            used.add("hybrid_query")
+        if "method_parameters" in text:
+            used.add("knn_method_parameters")
+        knn_filters = [spec.get("filter") for _, spec in _os_knn_specs(body)]
+    for flt in knn_filters:
+        if flt is None:
+            continue
+        fields = referenced_fields(flt)  # parent fields are top-level names; nested ones are dotted paths
+        if any("." in f for f in fields) or '"nested"' in json.dumps(flt):
+            used.add("knn_nested_filter" if engine == "elasticsearch" else "knn_nested_filter_wrapped")
+        if any("." not in f for f in fields):
+            used.add("knn_parent_filter")
+    if "retriever" in body or "rank" in body:
+        used.add("rrf_retriever")
+    return used
+
+
+def _os_knn_specs(node):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "knn" and isinstance(value, dict):
+                yield from ((f, s) for f, s in value.items() if isinstance(s, dict))
+            else:
+                yield from _os_knn_specs(value)
+    elif isinstance(node, list):
+        for x in node:
+            yield from _os_knn_specs(x)
