@@ -491,7 +491,8 @@ def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_quer
     ESQBE_TOKEN=$(openssl rand -hex 16) esqbe serve --host 0.0.0.0 --allowed-host papers.example.org
     The model and the index are opened once and kept warm; queries never wait for a write.
     """
-    from esqbe.server.app import options_from_env, serve
+    from esqbe.server.app import serve
+    from esqbe.server.options import options_from_env
     from esqbe.settings.config import load_settings
 
     options = options_from_env(host=host, port=port, token=token, readers=readers, cors_origins=list(cors_origins) or None,
