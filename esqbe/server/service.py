@@ -77,19 +77,15 @@ class Service:
         return 1 if self.settings.backend == "embedded" else 4
 
     def _open(self, create: bool) -> Index:
-        """An index handle with an encoder of its own (tokenizers are not safe to share across threads)."""
+        """An index handle with an encoder of its own (tokenizers are not safe to share across threads),
+        loaded the way `Index` loads it (the index's model_source, encoder_backend, the fingerprint check)
+        and now, so that a missing model fails the start rather than the first query."""
         from ..index.api import open_backend
 
-        backend = open_backend(self.settings, create=create)
-        encoder = self._shared_encoder
-        if encoder is None:
-            from ..encode.encoder import Encoder
-
-            meta = backend.meta()
-            model = self.settings.model or (meta.model if meta else None)
-            encoder = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size)
-        index = Index(backend, self.settings, encoder=encoder)
+        index = Index(open_backend(self.settings, create=create), self.settings, encoder=self._shared_encoder)
+        index.shares_encoder = False
         index.check_model()
+        _ = index.encoder
         return index
 
     def start(self) -> "Service":
