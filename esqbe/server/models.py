@@ -16,24 +16,6 @@ MAX_K = 1000
 RESCORERS = ("summax", "ts", "ot", "asym", "asym_token", "none")
 
 
-#: what a hit's `similarity` is, per rescorer (comparable across queries of one rescorer)
-SIMILARITY = {
-    "ts": "best cosine of any query sentence with any candidate sentence (-1..1)",
-    "summax": "mean over query sentences of the best cosine with a candidate sentence (-1..1)",
-    "ot": "minus the optimal-transport cost between query and candidate sentences (L2 distances; 0 is identical)",
-    "asym": "weighted mean over query sentences of the best max(cos, 0)^d (0..1)",
-    "asym_token": "mean over query sentences of token-level coverage by a candidate sentence (0..1)",
-    "none": "no rescorer: null (first-stage order; see knn and bm25)",
-}
-
-
-#: what the weight of a matched sentence pair is, per rescorer
-MATCH_WEIGHT = {
-    "ts": "cosine", "summax": "cosine", "ot": "transport plan mass", "asym": "max(cos, 0)^d",
-    "asym_token": "token coverage", "none": "cosine",
-}
-
-
 class FirstStageOptions(BaseModel):
     """The first stage (BM25 + sentence kNN, fused) before rescoring. Unset fields use the server's settings."""
 
@@ -199,6 +181,9 @@ class QueryInfo(BaseModel):
 
 
 class QueryResponse(BaseModel):
+    """A query result in the one JSON shape `esqbe query --json` prints too (esqbe.query.result_json)."""
+
+    version: int = Field(description="the shape's version: it changes when a key is renamed or removed")
     query: QueryInfo
     rescorer: str
     rescorer_params: dict[str, Any]

@@ -3,18 +3,14 @@ and writing records, deletes, stats and health, as JSON-ready dicts."""
 from __future__ import annotations
 
 import io
-import json
 import time
-
-import numpy as np
 
 from ..index.api import Index
 from ..ingest.readers import ReadReport, read_papers
-from .models import MATCH_WEIGHT, SIMILARITY, QueryRequest
-
-
-def _sentences(paper) -> list[dict]:
-    return [{"index": i, "text": s, "facet": f} for i, (s, f) in enumerate(zip(paper.sentences, paper.facets))]
+from ..query.result_json import finite as _finite
+from ..query.result_json import jsonable as _jsonable
+from ..query.result_json import sentences_json as _sentences
+from .models import QueryRequest
 
 
 def _paper_out(paper) -> dict:
@@ -24,66 +20,24 @@ def _paper_out(paper) -> dict:
             "facets_predicted": predicted, "metadata": _jsonable(metadata)}
 
 
-def _jsonable(value):
-    try:
-        return json.loads(json.dumps(value, allow_nan=False, default=str))
-    except ValueError:
-        return {}
-
-
 def _run_query(index: Index, req: QueryRequest, text, overrides: dict) -> dict:
+    """The query's result in the one JSON shape (esqbe.query.result_json), as the client named its word vectors,
+    with the total time."""
     t0 = time.perf_counter()
     filters = [f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in req.filters or []]
     result = index.query(req.paper_id, facet=req.facet, sentences=req.sentences, text=text, title=req.title,
                          filters=filters or None, engine_filter=req.engine_filter, **overrides)
-    papers = index.get([h.paper_id for h in result.hits]) if req.with_sentences else {}
-    query_paper = index.get([req.paper_id])[req.paper_id] if req.paper_id is not None else None
-    rescorer = result.rescorer
-    settings = index.settings.replace(**overrides)
-    hits = []
-    for h in result.hits:
-        hit = {
-            "rank": h.rank, "paper_id": h.paper_id, "title": h.title, "similarity": _finite(h.similarity),
-            "score": _finite(h.score) or 0.0, "first_stage_score": _finite(h.first_stage_score) or 0.0,
-            "bm25": _finite(h.bm25) or 0.0, "knn": _finite(h.knn) or 0.0,
-            "matches": [dict(query_index=m.query_index, query_sentence=m.query_sentence,
-                             candidate_index=m.candidate_index, candidate_sentence=m.candidate_sentence,
-                             candidate_facet=m.candidate_facet, weight=_finite(m.weight) or 0.0) for m in h.matches],
-            "metadata": _jsonable(h.metadata or {}),
-        }
-        if req.with_sentences and h.paper_id in papers:
-            hit["sentences"] = _sentences(papers[h.paper_id])
-        hits.append(hit)
-    facets = result.query_facets or ["unlabeled"] * len(result.query_sentences)
-    timings = dict(result.timings)
-    timings["total"] = round(1000 * (time.perf_counter() - t0), 2)
-    return {
-        "query": {"paper_id": result.query_paper_id,
-                  "title": query_paper.title if query_paper is not None else req.title,
-                  "facet": result.facet,
-                  "filters": list(result.filters),
-                  "sentences": [{"index": i, "text": t, "facet": f}
-                                for (i, t), f in zip(result.query_sentences, facets)]},
-        "rescorer": rescorer,
-        "rescorer_params": _jsonable(_named_words(settings.rescorer_params or {}, req)) if rescorer != "none" else {},
-        "similarity": SIMILARITY.get(rescorer, "the rescorer's score"),
-        "match_weight": MATCH_WEIGHT.get(rescorer, "weight"),
-        "hits": hits,
-        "timings_ms": timings,
-    }
+    papers = index.get([h.paper_id for h in result.hits]) if req.with_sentences else None
+    out = result.to_dict(papers)
+    out["rescorer_params"] = _named_words(out["rescorer_params"], req)
+    out["timings_ms"]["total"] = round(1000 * (time.perf_counter() - t0), 2)
+    return out
 
 
 def _named_words(params: dict, req: QueryRequest) -> dict:
     """The parameters as the client gave them: a `words` name, not the server's directory behind it."""
     given = req.rescorer_params.model_dump(exclude_unset=True) if req.rescorer_params is not None else {}
     return {**params, "words": given["words"]} if "words" in given and "words" in params else params
-
-
-def _finite(x):
-    if x is None:
-        return None
-    x = float(x)
-    return x if np.isfinite(x) else None
 
 
 def _search(index: Index, q: str, k: int) -> dict:
