@@ -16,7 +16,8 @@ from click.testing import CliRunner
 
 import esqbe
 from esqbe.core.filters import FilterError
-from esqbe.server.app import ServeOptions, create_app, options_from_env
+from esqbe.server.app import create_app
+from esqbe.server.options import ServeOptions, options_from_env
 from esqbe.settings.config import ConfigError
 
 from .conftest import SAMPLE, LiveServer

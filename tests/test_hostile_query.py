@@ -20,7 +20,8 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 import esqbe
-from esqbe.server.app import ServeOptions, create_app
+from esqbe.server.app import create_app
+from esqbe.server.options import ServeOptions
 
 from .conftest import SAMPLE, LiveServer
 

@@ -9,7 +9,8 @@ import shutil
 import httpx
 import pytest
 
-from esqbe.server.app import ServeOptions, create_app
+from esqbe.server.app import create_app
+from esqbe.server.options import ServeOptions
 
 from .conftest import REPO, SAMPLE, LiveServer
 

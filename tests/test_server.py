@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 import esqbe
-from esqbe.server.app import ServeOptions, create_app, is_loopback
+from esqbe.server.app import create_app
+from esqbe.server.options import ServeOptions, is_loopback
 from esqbe.settings.config import ConfigError
 
 from .conftest import SAMPLE

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from schemathesis.generation.modes import GenerationMode  # noqa: E402
 from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402
 
-from esqbe.server.app import ServeOptions, create_app  # noqa: E402
+from esqbe.server.app import create_app  # noqa: E402
+from esqbe.server.options import ServeOptions  # noqa: E402
 
 from .conftest import LiveServer  # noqa: E402
 

@@ -201,6 +201,9 @@ class Index:
     #: encode each batch in a worker thread while this thread writes the batch before it and reads the one
     #: after (False: one batch at a time, in this thread; benchmarks/bench_encode.py measures both)
     pipelined = True
+    #: share a loaded model with the other indexes of this process (`_ENCODERS`); False: load one of its own
+    #: (the server's threads: a tokenizer must not be used from two threads at once)
+    shares_encoder = True
 
     def __init__(self, backend: Backend, settings: Settings, encoder=None):
         self.backend = backend
@@ -270,18 +273,19 @@ class Index:
             self.check_model(query=True)  # the encoder mode is checked where vectors are written (ensure)
             model = self._model_to_load(meta)
             key = (model, self.settings.device, self.settings.batch_size, self.settings.encoder_backend)
-            if key not in _ENCODERS:
+            cache = _ENCODERS if self.shares_encoder else {}
+            if key not in cache:
                 from ..encode.encoder import ModelNotFoundError
 
                 try:
-                    _ENCODERS[key] = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size,
-                                                  backend=self.settings.encoder_backend)
+                    cache[key] = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size,
+                                              backend=self.settings.encoder_backend)
                 except ModelNotFoundError as e:
                     if self.settings.model is None and meta is not None:  # the index names its model; where is it?
                         raise ModelNotFoundError(f"{e}. The index was built with model {meta.model!r}: give its directory "
                                                  f"with --model DIR (or ESQBE_MODEL, or `model:` in the config file)") from None
                     raise
-            encoder = _ENCODERS[key]
+            encoder = cache[key]
             if meta is not None:  # the stored model's files may have changed since
                 meta.check(replace(self._requested_meta(encoder), encoder_mode=meta.encoder_mode))
             self._encoder = encoder

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from ..rescore.rescorers import (
 )
 from ..settings.config import Settings
 from .centering import corpus_directions
+from .result_json import result_json
 
 CANDIDATE_FACET_MODES = ("auto", "all", "same", "soft")
 BM25_TEXTS = ("abstract", "facet")
@@ -126,20 +127,15 @@ class QueryResult:
     filters: list = field(default_factory=list)
     #: facet label of each query sentence (same order as `query_sentences`)
     query_facets: list[str] = field(default_factory=list)
+    #: the query paper's title (a text query's given title)
+    query_title: str = ""
+    #: the rescorer's parameters the query ran with
+    rescorer_params: dict = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
-        return {
-            "query": {
-                "paper_id": self.query_paper_id,
-                "facet": self.facet,
-                "sentences": [{"index": i, "text": t, **({"facet": f} if f else {})}
-                              for (i, t), f in zip(self.query_sentences, self.query_facets or [None] * len(self.query_sentences))],
-                "filters": list(self.filters),
-            },
-            "rescorer": self.rescorer,
-            "hits": [h.to_dict() for h in self.hits],
-            "timings_ms": self.timings,
-        }
+    def to_dict(self, papers: Mapping[str, Paper] | None = None) -> dict:
+        """The one JSON shape of a query result, `esqbe query --json`'s and HTTP POST /query's (esqbe.query.result_json);
+        with `papers` (paper id -> Paper), each hit among them gets its sentences."""
+        return result_json(self, papers)
 
 
 def select_query_sentences(paper: IndexedPaper, facet: str | None, sentences: Sequence[int] | None,
@@ -426,4 +422,5 @@ def _run_query(backend: Backend, query: IndexedPaper, indices: list[int], settin
     return QueryResult(query.paper_id, normalize_label(facet) if facet else None, list(zip(indices, q_sentences)), hits,
                        settings.rescorer or "none", timings,
                        [c.to_dict() for c in filter.conditions] if filter else [],
-                       query_facets=[query.paper.facets[i] for i in indices])
+                       query_facets=[query.paper.facets[i] for i in indices], query_title=query.paper.title,
+                       rescorer_params=dict(settings.rescorer_params or {}))

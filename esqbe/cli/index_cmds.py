@@ -1,0 +1,217 @@
+"""Commands that write or inspect an index: index, encode, attach, delete, stats."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .errors import EXIT_ERROR, EXIT_STORAGE, handle_errors
+from .options import (
+    _open,
+    backend_options,
+    encoder_options,
+    tagger_option,
+)
+
+
+@click.command("index")
+@click.argument("files", nargs=-1, required=True, type=str)
+@click.option("--format", "fmt", type=click.Choice(["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl", "parquet"]), help="Input format (default: detected per file; *.parquet is pre-encoded input).")
+@click.option("--strict", is_flag=True, help="Stop at the first malformed line or unreadable file (exit status 1), keeping the papers read before it, instead of reporting it and going on.")
+@click.option("--facets", type=click.Choice(["keep", "predict", "none"]), help="keep (default): use given labels, tag papers without; predict: tag every paper; none: never tag.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress (a bar on a terminal, else a line every 10 s).")
+@tagger_option
+@encoder_options
+@backend_options
+@handle_errors
+def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
+    """Index papers from FILES (JSONL, .gz, or - for stdin); re-indexing the same file changes nothing.
+
+    \b
+    Formats (detected per file): S2ORC metadata, Semantic Scholar Datasets `abstracts` and `s2orc`,
+    the CSFCube release, CSAbstruct, and plain JSONL {"id", "title", "abstract", "facets"?}.
+    Records without an abstract are skipped and counted; malformed lines and missing files are
+    reported as file:line: field: reason and the run goes on (unless --strict). Exit status: 0 done,
+    1 bad input/settings or nothing could be indexed, 2 usage, 3 the index could not be written.
+    FILE.parquet is pre-encoded input (`esqbe encode`): loaded without running a model, its
+    `esqbe` metadata (model, dim, encoder mode) checked against the index.
+    """
+    from esqbe.index.api import StorageError
+    from esqbe.ingest.readers import InputError
+
+    index = _open(kw)
+    try:
+        try:
+            report = index.index_files(list(files), format=fmt, strict=strict, facets=facets,
+                                       progress=not quiet and not as_json)
+            stopped = None
+        except (InputError, StorageError) as e:
+            if getattr(e, "report", None) is None:
+                raise
+            report, stopped = e.report, e
+        try:
+            index.close()  # closing writes too (the ANN fold-in, the checkpoint)
+        except StorageError as e:
+            if stopped is None:  # else the error already in hand says what went wrong
+                stopped = e
+    except BaseException:
+        try:
+            index.close()
+        except Exception:
+            pass  # the error on its way out says what went wrong
+        raise
+    _print_index_report(report, as_json)  # always: what went in, even when the run stopped
+    if isinstance(stopped, StorageError):
+        click.echo(f"error: {stopped}", err=True)
+        sys.exit(EXIT_STORAGE)
+    if stopped is not None:
+        click.echo(f"error: {stopped}\n({report.stop_message()})", err=True)
+        sys.exit(EXIT_ERROR)
+    if report.failed:
+        click.echo(f"error: {report.failure_message()}", err=True)
+        sys.exit(EXIT_ERROR)
+
+
+def _print_index_report(report, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(report.summary(), indent=2))
+        return
+    for err in report.errors:
+        if err != report.stopped:
+            click.echo(f"warning: {err}", err=True)
+    for note in report.repeated:
+        click.echo(f"warning: {note}", err=True)
+    skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items())) or "none"
+    click.echo(
+        f"read {report.read}, indexed {report.indexed}, replaced {report.replaced}, unchanged {report.unchanged}, "
+        f"skipped {sum(report.skipped.values())} ({skipped}), errors {len(report.errors)}"
+        + (f", tagged {report.tagged}" if report.tagged else "")
+        + f" in {report.seconds:.1f}s"
+    )
+
+
+@click.command("encode")
+@click.argument("files", nargs=-1, required=True, type=str)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory for the Parquet output (OUT/papers-<i>-of-<n>.parquet).")
+@click.option("--shard", default="0/1", show_default=True, help="I/N: encode only the papers whose id hashes to shard I of N (run N of these anywhere).")
+@click.option("--format", "fmt", type=click.Choice(["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"]), help="Input format (default: detected per file).")
+@click.option("--strict", is_flag=True, help="Stop at the first malformed line (exit status 1).")
+@click.option("--facets", type=click.Choice(["keep", "predict", "none"]), help="keep (default): use given labels, tag papers without; predict: tag every paper; none: never tag.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--config", "config", type=click.Path(dir_okay=False), help="YAML settings file.")
+@encoder_options
+@handle_errors
+def encode_cmd(files, out_dir, shard, fmt, strict, facets, as_json, quiet, config, **kw):
+    """Encode papers from FILES into Parquet, to load later with `esqbe index OUT/*.parquet` (no model needed then).
+
+    \b
+    The heavy part of indexing, run where the GPUs are, split over machines with --shard:
+      esqbe encode papers.jsonl --out encoded/ --shard 0/4     # ... through 3/4
+      esqbe index encoded/*.parquet
+    One row per paper: paper_id, title, sentences list<string>, facets list<string> (esqbe labels),
+    vectors list<list<float32>> (one L2-normalised vector per sentence), metadata (JSON string);
+    the schema metadata key `esqbe` holds {"model", "dim", "encoder_mode"}.
+    """
+    import esqbe
+    from esqbe.ingest.readers import InputError
+
+    try:
+        i, n = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise click.BadParameter(f"expected I/N, e.g. 0/4 (got {shard!r})", param_hint="--shard")
+    if not (n >= 1 and 0 <= i < n):
+        raise click.BadParameter(f"I/N needs 0 <= I < N (got {shard!r})", param_hint="--shard")
+    index = esqbe.encoder_only(config=config, **{k: v for k, v in kw.items() if v is not None})
+    try:
+        report = index.encode_files(list(files), out_dir, shard=(i, n), format=fmt, strict=strict, facets=facets,
+                                    progress=not quiet and not as_json and sys.stderr.isatty())
+    except InputError as e:
+        click.echo(f"error: {e} (--strict: stopped; nothing was written)", err=True)
+        sys.exit(1)
+    summary = report.summary()
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    for err in report.errors:
+        click.echo(f"warning: {err}", err=True)
+    click.echo(f"read {report.read}, encoded {report.encoded} into {report.path}, skipped {sum(report.skipped.values())}, "
+               f"errors {len(report.errors)}" + (f", tagged {report.tagged}" if report.tagged else "") + f" in {report.seconds:.1f}s")
+
+
+@click.command("attach")
+@click.option("--id-field", default="_id", show_default=True, help="Field holding each document's paper id (`esqbe query --paper` accepts it; hits are named by _id).")
+@click.option("--text-fields", required=True, help="Comma-separated text fields: the title first, then the abstract (or body) fields, e.g. title,abstract.")
+@click.option("--facets", type=click.Choice(["keep", "predict", "none"]), help="Tag the sentences with esqbe's facet tagger (default: keep = tag, as the documents carry no labels); none: never tag.")
+@click.option("--reindex-to", metavar="NEW_INDEX", help="OpenSearch indexes created without index.knn: copy into NEW_INDEX (with it) and attach there; an alias named --index is moved to it.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@tagger_option
+@encoder_options
+@backend_options
+@handle_errors
+def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
+    """Add esqbe's fields to an Elasticsearch/OpenSearch index you already have, leaving your fields untouched.
+
+    \b
+    esqbe attach --backend elasticsearch --url http://localhost:9200 --index papers \\
+                 --id-field paper_id --text-fields title,abstract
+    esqbe query  --backend elasticsearch --url http://localhost:9200 --index papers --paper 42 --facet method \\
+                 --filter 'year>=2019' --engine-filter '{"term": {"lang": "en"}}'
+
+    \b
+    Adds `esqbe.*` (nested sentences with facet and vector, the vectors for rescoring, hashes) with a
+    mapping update, then fills it with bulk partial updates from each document's own text. Re-running
+    updates only documents whose text changed. Queries on the index then rank with the same first
+    stage and rescorers as any esqbe index; --filter names your own fields.
+    """
+    from esqbe.index.attach import run_attach
+
+    fields = [f.strip() for f in text_fields.split(",") if f.strip()]
+    with _open(kw) as index:
+        report = run_attach(index, id_field, fields, facets=facets, reindex_to=reindex_to,
+                            progress=not quiet and not as_json and sys.stderr.isatty())
+    if as_json:
+        click.echo(json.dumps(report.summary(), indent=2))
+        return
+    for err in report.errors:
+        click.echo(f"warning: {err}", err=True)
+    if report.reindex:
+        r = report.reindex
+        click.echo(f"copied {r['from']} into {r['created']}" + (" and moved the alias to it" if r["alias_moved"] else
+                   f"; to keep using the old name: delete {r['from']} and add alias {r['from']} -> {r['created']}"))
+    skipped = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())) or "none"
+    click.echo(f"{report.index}: {report.documents} documents, attached {report.indexed}, updated {report.replaced}, "
+               f"unchanged {report.unchanged}, skipped {sum(report.skipped.values())} ({skipped}), errors {len(report.errors)}"
+               + (f", tagged {report.tagged}" if report.tagged else "") + f" in {report.seconds:.1f}s")
+
+
+@click.command("delete")
+@click.argument("paper_ids", nargs=-1, required=True)
+@backend_options
+@handle_errors
+def delete_cmd(paper_ids, **kw):
+    """Delete papers by id (ids that are not in the index are named; the exit status stays 0)."""
+    with _open(kw, create=False) as index:
+        deleted, missing = index.delete_papers(paper_ids)
+    click.echo(f"deleted {len(deleted)} of {len(deleted) + len(missing)}"
+               + (f"; not in the index: {', '.join(missing)}" if missing else ""))
+
+
+@click.command("stats")
+@click.option("--json", "as_json", is_flag=True)
+@backend_options
+@handle_errors
+def stats_cmd(as_json, **kw):
+    """Papers, sentences per facet, model and size of the index."""
+    with _open(kw, create=False) as index:
+        stats = index.stats()
+    if as_json:
+        click.echo(json.dumps(stats, indent=2))
+        return
+    for key, value in stats.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
+        click.echo(f"{key:>20}: {value}")

@@ -1,0 +1,117 @@
+"""Commands that run or train models: tag, train-tagger, train-words."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .errors import handle_errors
+from .options import (
+    model_options,
+)
+
+
+@click.command("tag")
+@click.argument("source", type=str)
+@click.option("--out", "-o", type=click.Path(dir_okay=False, allow_dash=True), default="-", show_default=True, help="Output JSONL (- for stdout).")
+@click.option("--format", "fmt", type=click.Choice(["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"]), help="Input format (default: detected).")
+@click.option("--raw-labels", is_flag=True, help="Keep `objective` apart from `background` (the five CSAbstruct labels).")
+@click.option("--strict", is_flag=True, help="Stop at the first malformed line (exit status 1).")
+@click.option("--tagger", "tagger_path", type=click.Path(exists=True, dir_okay=False), help="Tagger weights (default: the ones shipped with esqbe).")
+@model_options
+@handle_errors
+def tag_cmd(source, out, fmt, raw_labels, strict, tagger_path, model, device, batch_size, encoder_backend):
+    """Label every sentence of SOURCE's abstracts with a facet (background, method, result, other).
+
+    \b
+    Writes one JSON line per input record, in input order: {"paper_id", "sentences", "facets"}.
+    Any format `esqbe index` reads; records without an abstract keep their line (with "skipped").
+      esqbe tag papers.jsonl --out tagged.jsonl
+    """
+    from esqbe.encode.encoder import Encoder
+    from esqbe.tagger.runtime import FacetTagger, tag_file
+
+    encoder = Encoder.load(model, device=device, batch_size=batch_size or 32, backend=encoder_backend)
+    tagger = FacetTagger.load(tagger_path, encoder=encoder)
+    summary = tag_file(source, out, format=fmt, raw=raw_labels, tagger=tagger, encoder=encoder, strict=strict,
+                       progress=sys.stderr.isatty())
+    click.echo(json.dumps(summary) if out == "-" else _summary_line(summary), err=out == "-")
+
+
+def _summary_line(summary: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in summary.items() if not isinstance(v, (list, dict))) or json.dumps(summary)
+
+
+@click.command("train-tagger")
+@click.option("--train", "train_path", default="../shared/data/csabstruct/train.jsonl", show_default=True, help="Labelled abstracts (CSAbstruct format).")
+@click.option("--dev", "dev_path", default="../shared/data/csabstruct/dev.jsonl", show_default=True, help="Labelled abstracts that pick the best epoch.")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Where to write the weights (esqbe/tagger/data/tagger-minilm-l6.pt ships with the package).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), help="Training epochs (default: the shipped tagger's).")
+@click.option("--limit", type=click.IntRange(min=1), help="Use only the first N train and dev abstracts (a quick smoke run).")
+@model_options
+@handle_errors
+def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, model, device, batch_size, encoder_backend):
+    """Train the facet tagger (reproducible for a given seed) and print its dev scores.
+
+    \b
+    The encoder's lower layers stay frozen and shared with indexing; copies of its top layers are
+    fine-tuned with a BiLSTM over the sentences, so tagging during indexing costs a fraction of encoding.
+    """
+    from esqbe.encode.encoder import Encoder
+    from esqbe.tagger.runtime import train_tagger
+
+    # trained on the exact fp32 hidden states unless asked otherwise (the fast backends stay within 1 F1 of them)
+    encoder = Encoder.load(model, device=device, batch_size=batch_size or 32, backend=encoder_backend or "torch")
+    kwargs = {"epochs": epochs} if epochs else {}
+    metrics = train_tagger(train_path, dev_path, out_path, encoder=encoder, seed=seed, limit=limit, **kwargs)
+    click.echo(json.dumps(metrics, indent=2))
+
+
+@click.command("train-words")
+@click.argument("sources", nargs=-1, type=str)
+@click.option("--out", "out_path", required=True, type=click.Path(file_okay=False), help="Directory to write (vectors.kv, counts.tsv, words.json).")
+@click.option("--index-path", "index_path", type=click.Path(file_okay=False), help="Also train on the papers of this embedded index.")
+@click.option("--dim", type=int, default=300, show_default=True, help="Vector size.")
+@click.option("--min-count", type=int, default=35, show_default=True, help="Words seen fewer times get no vector (they still get counts).")
+@click.option("--window", type=int, default=5, show_default=True)
+@click.option("--epochs", type=int, default=5, show_default=True)
+@click.option("--cased/--uncased", default=True, show_default=True, help="Keep the case of words (the matcher then matches case-sensitively).")
+@click.option("--keep-markers", is_flag=True, help="Keep citation markers such as (Author, 2010) in the text.")
+@click.option("--workers", type=int, default=2, show_default=True, help="Training threads.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@handle_errors
+def train_words_cmd(sources, out_path, index_path, dim, min_count, window, epochs, cased, keep_markers, workers, seed, as_json):
+    """Train in-domain word vectors (word2vec skip-gram, gensim) for asymmetric matching.
+
+    \b
+    SOURCES are files (.xml papers read as their <S> sentences, .txt one text a line, .jsonl with
+    text/sentences/abstract/title, .gz of those), directories (their such files, recursively) or
+    .tar.gz archives. The result is used with `--param words=DIR` by `esqbe cite`,
+    `esqbe eval clscisumm` and the asym_token rescorer; word counts give p(w) for the weights.
+      esqbe train-words ../shared/data/clscisumm/Training-Set-2019/Task1/From-ScisummNet-2019.Reference_XML.tar.gz \\
+          --out words/acl
+    """
+    from esqbe.rescore.words import WordsError, train_words
+
+    papers = None
+    if index_path:
+        import esqbe
+
+        with esqbe.open_index(index_path, create=False) as index:
+            papers = [p.paper for p in index.iter_papers()]
+    if not sources and papers is None:
+        raise click.UsageError("give corpus SOURCES and/or --index-path")
+    try:
+        report = train_words(list(sources), out_path, papers=papers, dim=dim, min_count=min_count, window=window,
+                             epochs=epochs, cased=cased, markers=not keep_markers, workers=workers, seed=seed)
+    except WordsError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    click.echo(f"wrote {report.out}: {report.vocabulary} word vectors ({dim}-d) from {report.texts} texts, "
+               f"{report.tokens} tokens ({report.distinct} distinct) in {report.seconds:.1f}s")

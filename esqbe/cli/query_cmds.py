@@ -1,0 +1,192 @@
+"""Commands that ask an index: query (papers similar in one aspect) and cite (the sentences a citation
+refers to)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from .errors import handle_errors
+from .options import (
+    FACET_CHOICES,
+    RANGES,
+    WEIGHT,
+    K,
+    _open,
+    _parse_params,
+    backend_options,
+    encoder_options,
+    model_options,
+)
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _single_threaded_math():
+    """A query's matrices are small: one BLAS/OpenMP thread answers faster than a pool that must wake up
+    (several times faster on a busy machine). Only for commands that do not encode or build indexes,
+    and only before numpy is loaded (the commands import the library lazily)."""
+    if "numpy" not in sys.modules:
+        for var in _THREAD_VARS:
+            os.environ.setdefault(var, "1")
+
+
+@click.command("query")
+@click.option("--paper", "paper_id", help="Query paper id (must be in the index).")
+@click.option("--facet", type=click.Choice(FACET_CHOICES), help="Use the query paper's sentences labelled with this facet.")
+@click.option("--sentences", help="Use these sentences of the query paper instead (0-based indices, e.g. 0,2).")
+@click.option("--text", help="Query with this abstract text (a paper not in the index).")
+@click.option("--file", "text_file", type=click.File("r"), help="Query with the abstract in this file (- for stdin).")
+@click.option("--title", default="", help="Title of the --text/--file paper (helps contextual vectors).")
+@click.option("--k", "-k", type=K, help=f"Number of hits, 1..{RANGES['k'][1]} (default: 10).")
+@click.option("--rescorer", help="ts, summax, ot, asym, asym_token, or none (default from config: summax).")
+@click.option("--param", "params", multiple=True, help="Rescorer parameter KEY=VALUE, e.g. --param tau=0.5 (repeatable).")
+@click.option("--candidate-facet", type=click.Choice(["auto", "same", "all", "soft"]), help="Which candidate sentences a facet query matches: only those with the query's facet (same), all (all), all with a penalty for other facets (soft), or auto (default): soft for papers whose labels the tagger predicted, same for given labels.")
+@click.option("--facet-penalty", type=float, help="With --candidate-facet soft: cosine penalty x (1 - the sentence's facet probability) (default 0.2).")
+@click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]), help="How BM25 and kNN are fused in the first stage.")
+@click.option("--bm25-weight", "final_bm25_weight", type=WEIGHT, help="Fuse the rescorer's score with BM25 (0..1, per-query min-max; 0 = rescorer alone).")
+@click.option("--filter", "filters", multiple=True, metavar="COND",
+              help="Only papers whose metadata satisfies COND, applied before ranking (repeatable, all must hold): "
+                   "'year>=2019', 'venue in (ACL, EMNLP)', 'author!=\"Jane Doe\"', 'external_ids.doi exists'. "
+                   "Operators = != < <= > >= in, not in, exists, not exists.")
+@click.option("--engine-filter", metavar="JSON", help="Elasticsearch/OpenSearch only: a query DSL clause the papers must also match, e.g. '{\"term\": {\"lang\": \"en\"}}'.")
+@click.option("--abstract-weight", type=WEIGHT, help="Fuse in whole-abstract similarity (mean sentence vectors; 0..1, per-query min-max; default 0).")
+@click.option("--bm25-text", type=click.Choice(["abstract", "facet"]), help="BM25 over title+abstract (default) or over the candidate's sentences of the query's facet (embedded backend).")
+@click.option("--query-facet-threshold", type=float, help="Query papers with predicted (soft) labels: use every sentence whose facet probability reaches this (default 0.3; 0: their hard labels). Given labels are unaffected.")
+@click.option("--vector-centering", type=click.Choice(["none", "mean", "top1", "top2", "top3", "top4"]), help="Rescore on centred sentence vectors: none (default), mean (subtract the index's mean vector), topK (also remove its K principal directions; configs/quality.yaml uses top1).")
+@click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
+@encoder_options
+@backend_options
+@handle_errors
+def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, params, candidate_facet, facet_penalty,
+              fusion, final_bm25_weight, abstract_weight, bm25_text, query_facet_threshold, vector_centering, filters, engine_filter,
+              as_json, **kw):
+    """Papers most similar to one paper in one aspect, with the sentences that matched.
+
+    \b
+    esqbe query --paper 1791179 --facet method          # Definition 1: the paper's method sentences
+    esqbe query --paper 1791179 --sentences 0,2         # Definition 2: any sentences you choose
+    esqbe query --text "We propose ..." --facet result  # a paper not in the index
+    esqbe query --paper 1791179 --facet method --filter 'year>=2019' --filter 'venue in (ACL, EMNLP)'
+    """
+    from esqbe.core.filters import FilterError, parse_filter
+    from esqbe.index.api import make_filter
+
+    for cond in filters:
+        try:
+            parse_filter(cond)
+        except FilterError as e:
+            raise click.BadParameter(str(e), param_hint="--filter")
+    try:
+        flt = make_filter(list(filters), engine_filter)
+    except FilterError as e:
+        raise click.BadParameter(str(e), param_hint="--engine-filter")
+    if text_file is not None:
+        if text is not None:
+            raise click.UsageError("give --text or --file, not both")
+        text = text_file.read()
+    if text is None:
+        _single_threaded_math()  # --paper: no encoder runs in this process
+    chosen = None
+    if sentences is not None:
+        try:
+            chosen = [int(x) for x in sentences.split(",") if x.strip()]
+        except ValueError:
+            raise click.BadParameter("expected comma-separated sentence indices, e.g. 0,2", param_hint="--sentences")
+    overrides = {"k": k, "rescorer": rescorer, "candidate_facet": candidate_facet, "fusion": fusion,
+                 "final_bm25_weight": final_bm25_weight, "abstract_weight": abstract_weight, "facet_penalty": facet_penalty,
+                 "bm25_text": bm25_text, "query_facet_threshold": query_facet_threshold, "vector_centering": vector_centering}
+    if params:
+        overrides["rescorer_params"] = _parse_params(params)
+    with _open(kw, create=False) as index:
+        result = index.query(paper_id, facet=facet, sentences=chosen, text=text, title=title,
+                             filters=list(flt.conditions) if flt else None,
+                             engine_filter=flt.engine_query if flt else None, **overrides)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+        return
+    who = f"paper {result.query_paper_id}" if result.query_paper_id else "query text"
+    what = f"facet {result.facet}" if result.facet else "chosen sentences" if chosen else "all sentences"
+    click.echo(f"{who}, {what}, rescorer {result.rescorer}:")
+    for i, s in result.query_sentences:
+        click.echo(f"  [{i}] {s}")
+    if filters or engine_filter:
+        click.echo("  filtered: " + "; ".join([*filters, *([f"engine {engine_filter}"] if engine_filter else [])]))
+    if not result.hits:
+        click.echo("no hits" + (" (no paper satisfies the filters)" if filters or engine_filter else ""))
+    else:
+        click.echo("\nsim: the rescorer's similarity (comparable across queries); rank: the score this query sorted by")
+    for hit in result.hits:
+        sim = "   -  " if hit.similarity is None else f"{hit.similarity:.4f}"
+        click.echo(f"\n{hit.rank:>3}. sim {sim}  rank {hit.score:.4f}  {hit.paper_id}  {hit.title}")
+        line = _metadata_line(hit.metadata)
+        if line:
+            click.echo(f"       {line}")
+        for m in hit.matches[:2]:
+            click.echo(f"       query [{m.query_index}] ~ [{m.candidate_index}] ({m.candidate_facet}, {m.weight:.3f}): {_short(m.candidate_sentence)}")
+
+
+def _metadata_line(meta: dict) -> str:
+    """year · venue · first authors · doi/arXiv, for the human-readable hit list (all of it is in --json)."""
+    parts = []
+    if meta.get("year") is not None:
+        parts.append(str(meta["year"]))
+    venue = meta.get("venue") or meta.get("journal")
+    if venue:
+        parts.append(_short(str(venue), 60))
+    authors = [a.get("name") if isinstance(a, dict) else str(a) for a in meta.get("authors") or []]
+    authors = [a for a in authors if a]
+    if authors:
+        parts.append(", ".join(authors[:3]) + (" et al." if len(authors) > 3 else ""))
+    ids = meta.get("external_ids") or {}
+    for key, label in (("doi", "doi:"), ("arxiv", "arXiv:"), ("acl", "ACL:")):
+        if ids.get(key):
+            parts.append(f"{label}{ids[key]}")
+            break
+    return " · ".join(parts)
+
+
+def _short(s: str, n: int = 160) -> str:
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+@click.command("cite")
+@click.option("--paper", "paper_id", required=True, help="The cited paper (must be in the index).")
+@click.option("--text", help="The citing sentence.")
+@click.option("--file", "text_file", type=click.File("r"), help="Read the citing sentence from this file (- for stdin).")
+@click.option("--k", "-k", type=click.IntRange(1, 1000), default=2, show_default=True, help="Number of sentences to return (1..1000).")
+@click.option("--param", "params", multiple=True, help="Matcher option KEY=VALUE (repeatable): method=asym|symm|bm25, d=4, alpha=1e-4, words=DIR, max_tokens=100, markers, stopwords, exact, weights, bm25_weight.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@model_options
+@backend_options
+@handle_errors
+def cite_cmd(paper_id, text, text_file, k, params, as_json, **kw):
+    """The sentences of an indexed paper that a citing sentence refers to (cited text identification).
+
+    \b
+    Ranks every sentence of --paper by asymmetric partial matching: how well its words cover the
+    citing sentence's words, rare words weighing more. Prints each sentence with its score and the
+    citing words it matched (word ~ matched word, cosine, weight).
+      esqbe cite --paper C00-2123 --text "dynamic-programming search (Tillmann and Ney, 2000)" -k 2
+      esqbe cite --paper C00-2123 --text "..." --param words=words/acl   # in-domain word2vec
+    """
+    if text_file is not None:
+        if text is not None:
+            raise click.UsageError("give --text or --file, not both")
+        text = text_file.read()
+    if text is None or not text.strip():
+        raise click.UsageError("give the citing sentence with --text or --file")
+    with _open(kw, create=False) as index:
+        result = index.cite(paper_id, " ".join(text.split()), k=k, **_parse_params(params))
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+        return
+    click.echo(f"paper {result.paper_id}, method {result.method}: sentences cited by\n  {_short(result.text, 300)}")
+    for hit in result.hits:
+        click.echo(f"\n{hit.rank:>3}. {hit.score:.4f}  sentence {hit.sentence_id}: {_short(hit.text, 300)}")
+        if hit.matches:
+            click.echo("       matched: " + ", ".join(
+                f"{m.query_word}" + (f"~{m.matched_word}" if m.matched_word != m.query_word else "") + f" ({m.cosine:.2f}, w {m.weight:.2f})"
+                for m in hit.matches))

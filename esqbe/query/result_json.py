@@ -1,0 +1,94 @@
+"""One JSON shape for a query result, shared by `esqbe query --json` and HTTP `POST /query`
+(`QueryResult.to_dict()` calls `result_json`). Strict JSON: a non-finite number is null (a similarity)
+or 0.0 (the other scores), metadata goes through a JSON round trip.
+
+    {"version": 1,
+     "query": {"paper_id", "title", "facet", "filters": [{key, op, value}], "sentences": [{index, text, facet}]},
+     "rescorer", "rescorer_params", "similarity" (what a hit's similarity is), "match_weight" (what a pair's
+     weight is),
+     "hits": [{"rank", "paper_id", "title", "similarity", "score", "first_stage_score", "bm25", "knn",
+               "matches": [{query_index, query_sentence, candidate_index, candidate_sentence, candidate_facet,
+                            weight}], "metadata", "sentences" (null unless the papers are given)}],
+     "timings_ms": {stage: milliseconds}}
+
+`version` changes when a key is renamed or removed (not when one is added)."""
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..domain import Paper
+    from .search import QueryResult
+
+RESULT_JSON_VERSION = 1
+
+#: what a hit's `similarity` is, per rescorer (comparable across queries of one rescorer)
+SIMILARITY = {
+    "ts": "best cosine of any query sentence with any candidate sentence (-1..1)",
+    "summax": "mean over query sentences of the best cosine with a candidate sentence (-1..1)",
+    "ot": "minus the optimal-transport cost between query and candidate sentences (L2 distances; 0 is identical)",
+    "asym": "weighted mean over query sentences of the best max(cos, 0)^d (0..1)",
+    "asym_token": "mean over query sentences of token-level coverage by a candidate sentence (0..1)",
+    "none": "no rescorer: null (first-stage order; see knn and bm25)",
+}
+#: what the weight of a matched sentence pair is, per rescorer
+MATCH_WEIGHT = {
+    "ts": "cosine", "summax": "cosine", "ot": "transport plan mass", "asym": "max(cos, 0)^d",
+    "asym_token": "token coverage", "none": "cosine",
+}
+
+
+def finite(x) -> float | None:
+    """`x` as a float, None when it is not finite (strict JSON has no NaN or Infinity)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
+def jsonable(value) -> Any:
+    """`value` through a strict JSON round trip (unknown types as str); {} when it holds NaN or Infinity."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False, default=str))
+    except ValueError:
+        return {}
+
+
+def sentences_json(paper: Paper) -> list[dict]:
+    return [{"index": i, "text": s, "facet": f} for i, (s, f) in enumerate(zip(paper.sentences, paper.facets))]
+
+
+def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) -> dict:
+    """The JSON of a query result; with `papers` (paper id -> Paper), each hit among them gets its sentences."""
+    hits = []
+    for h in result.hits:
+        hits.append({
+            "rank": h.rank, "paper_id": h.paper_id, "title": h.title, "similarity": finite(h.similarity),
+            "score": finite(h.score) or 0.0, "first_stage_score": finite(h.first_stage_score) or 0.0,
+            "bm25": finite(h.bm25) or 0.0, "knn": finite(h.knn) or 0.0,
+            "matches": [dict(query_index=m.query_index, query_sentence=m.query_sentence,
+                             candidate_index=m.candidate_index, candidate_sentence=m.candidate_sentence,
+                             candidate_facet=m.candidate_facet, weight=finite(m.weight) or 0.0) for m in h.matches],
+            "metadata": jsonable(h.metadata or {}),
+            "sentences": sentences_json(papers[h.paper_id]) if papers and h.paper_id in papers else None,
+        })
+    facets = result.query_facets or ["unlabeled"] * len(result.query_sentences)
+    rescorer = result.rescorer
+    return {
+        "version": RESULT_JSON_VERSION,
+        "query": {"paper_id": result.query_paper_id,
+                  "title": result.query_title,
+                  "facet": result.facet,
+                  "filters": list(result.filters),
+                  "sentences": [{"index": i, "text": t, "facet": f}
+                                for (i, t), f in zip(result.query_sentences, facets)]},
+        "rescorer": rescorer,
+        "rescorer_params": jsonable(result.rescorer_params or {}) if rescorer != "none" else {},
+        "similarity": SIMILARITY.get(rescorer, "the rescorer's score"),
+        "match_weight": MATCH_WEIGHT.get(rescorer, "weight"),
+        "hits": hits,
+        "timings_ms": dict(result.timings),
+    }

@@ -1,0 +1,267 @@
+"""The HTTP request and response models (pydantic): what `/query`, `/search`, `/papers` and the errors
+accept and answer; the OpenAPI schema comes from them."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+from ..query.search import QueryError
+from ..rescore.rescorers import available_rescorers, rescorer_params
+from .options import WORDS_NAME
+
+MAX_K = 1000
+
+
+RESCORERS = ("summax", "ts", "ot", "asym", "asym_token", "none")
+
+
+class FirstStageOptions(BaseModel):
+    """The first stage (BM25 + sentence kNN, fused) before rescoring. Unset fields use the server's settings."""
+
+    # optional fields default to None (unset) but accept no explicit null: what the schema says is what is accepted
+    model_config = ConfigDict(extra="forbid")
+
+    depth: int = Field(None, ge=1, le=MAX_K, description="first-stage candidates handed to the rescorer")
+    knn_k: int = Field(None, ge=1, le=MAX_K, description="papers per query sentence from the kNN")
+    bm25_k: int = Field(None, ge=1, le=MAX_K, description="papers from BM25")
+    fusion: Literal["rrf", "linear", "bm25", "knn"] = Field(None, description="how BM25 and kNN are fused")
+    bm25_weight: float = Field(None, ge=0, le=1, description="BM25's weight in linear fusion")
+    candidate_facet: Literal["auto", "same", "all", "soft"] = Field(
+        None, description="same: a facet query matches candidate sentences of that facet; all: every sentence; "
+                          "soft: every sentence, other facets' sentences penalised; auto (default): soft for papers "
+                          "whose labels were predicted, same for given labels")
+
+
+class FilterCondition(BaseModel):
+    """One metadata condition, the structured form of a filter string such as `year>=2019` (esqbe.core.filters)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(..., min_length=1, max_length=200, description="a dotted metadata key: year, venue, authors.name, external_ids.doi")
+    op: Literal["=", "!=", "<", "<=", ">", ">=", "in", "not in", "exists", "not exists"]
+    value: str | float | int | list[str | float | int] = Field(
+        None, description="the value (a list for in / not in; absent for exists / not exists)")
+
+
+def _rescorer_params_model() -> type[BaseModel]:
+    """The parameters a client may set, from the rescorers' declarations (esqbe.rescore.rescorers.Param): each with its
+    type and bounds, so the schema shows them and anything else is refused (422). Which ones the chosen
+    rescorer takes is checked when it is made (400 naming them). `words` is a name of the server's
+    (`ServeOptions.words`), never a directory."""
+    declared: dict[str, tuple] = {}
+    for name in available_rescorers():
+        for p in rescorer_params(name):
+            if p.http:
+                declared.setdefault(p.name, (p, []))[1].append(name)
+    fields: dict[str, Any] = {}
+    for key, (p, owners) in declared.items():
+        help_text = f"{', '.join(owners)}: {p.help}"
+        if p.type in (int, float):
+            fields[key] = (p.type, Field(None, ge=p.low, le=p.high, strict=True, description=help_text))
+        elif p.type is str and p.choices:
+            fields[key] = (Literal[p.choices], Field(None, description=help_text))
+        else:
+            fields[key] = (p.type, Field(None, description=help_text))
+    fields["words"] = (str, Field(None, pattern=WORDS_NAME, description=(
+        "asym_token: word vectors by the name the server was started with (`esqbe serve --words NAME=DIR`); "
+        "default: the encoder's token vectors")))
+    return create_model("RescorerParams", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+RescorerParams = _rescorer_params_model()
+
+
+class QueryRequest(BaseModel):
+    """A query: a paper from the index (`paper_id`) or a text, and which of its sentences form the query
+    (a `facet`, chosen `sentences`, or all of them)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        # exactly one of paper_id / text; facet and sentences exclude each other
+        "oneOf": [{"required": ["paper_id"]}, {"required": ["text"]}],
+        "not": {"required": ["facet", "sentences"]},
+        "examples": [
+            {"paper_id": "csabstruct-train-0000", "facet": "method", "k": 10},
+            {"paper_id": "csabstruct-train-0000", "sentences": [0, 2], "rescorer": "ot"},
+            {"text": "We propose a parser. It is evaluated on treebanks.", "title": "A parser", "facet": "method"},
+        ]})
+
+    paper_id: str = Field(None, min_length=1, max_length=512, description="a paper in the index")
+    text: str | list[str] = Field(
+        None, description="a paper not in the index: its abstract, or its sentences as a list (encoded now; "
+                          "facet labels predicted when a facet is asked for)")
+    title: str = Field("", max_length=2000, description="title of the `text` paper (helps contextual vectors)")
+    facet: Literal["background", "method", "result"] = Field(
+        None, description="use the query paper's sentences labelled with this facet")
+    sentences: list[Annotated[int, Field(ge=0)]] = Field(
+        None, min_length=1, description="use these sentences of the query paper (0-based)")
+    k: int = Field(10, ge=1, le=MAX_K, description="number of hits")
+    rescorer: Literal["summax", "ts", "ot", "asym", "asym_token", "none"] = Field(
+        None, description="default: the server's settings (summax)")
+    rescorer_params: RescorerParams = Field(
+        None, description='rescorer parameters, e.g. {"tau": 0.5} for ot or {"d": 4} for asym')
+    bm25_weight: float = Field(None, ge=0, le=1, description="fuse the rescorer's similarity with BM25 into the "
+                                                             "rank score (0 = similarity alone)")
+    first_stage: FirstStageOptions = Field(None, description="first-stage options")
+    with_sentences: bool = Field(False, description="include every sentence (and facet) of each hit")
+    filters: list[Annotated[str, Field(min_length=1, max_length=1000)] | FilterCondition] = Field(
+        None, max_length=64, description="metadata conditions the candidates must all satisfy, applied before ranking: "
+                                         "grammar strings ('year>=2019', 'venue in (ACL, EMNLP)') or {key, op, value} objects")
+    engine_filter: dict[str, Any] = Field(
+        None, description='Elasticsearch/OpenSearch only: one query DSL clause the candidates must also match, e.g. {"term": {"lang": "en"}}')
+
+    @model_validator(mode="after")
+    def _one_query(self):
+        if (self.paper_id is None) == (self.text is None):
+            raise ValueError("give exactly one of paper_id or text")
+        if self.facet is not None and self.sentences is not None:
+            raise ValueError("give either facet or sentences, not both")
+        return self
+
+    def overrides(self, words: dict[str, str] | None = None) -> dict:
+        """Settings fields this request changes (the Python API's `Index.query(**overrides)`); a `words`
+        name becomes its directory in `words` (the server's), an unknown name is an error."""
+        out: dict[str, Any] = {"k": self.k, "rescorer": self.rescorer, "final_bm25_weight": self.bm25_weight}
+        if self.rescorer_params is not None:
+            params = self.rescorer_params.model_dump(exclude_unset=True)
+            if "words" in params:
+                name, words = params["words"], words or {}
+                if name not in words:
+                    raise QueryError(f"no word vectors named {name!r} on this server; " + (
+                        f"it offers {', '.join(sorted(words))}" if words else
+                        "it offers none (the operator names them with esqbe serve --words NAME=DIR)"))
+                params["words"] = words[name]
+            out["rescorer_params"] = params
+        elif self.rescorer is not None:
+            out["rescorer_params"] = {}  # another rescorer than the configured one: not the configured one's params
+        fs = self.first_stage
+        if fs is not None:
+            out.update(rescore_depth=fs.depth, knn_k=fs.knn_k, bm25_k=fs.bm25_k, fusion=fs.fusion,
+                       fusion_bm25_weight=fs.bm25_weight, candidate_facet=fs.candidate_facet)
+        return {key: value for key, value in out.items() if value is not None}
+
+
+class Sentence(BaseModel):
+    index: int
+    text: str
+    facet: str
+
+
+class MatchedPair(BaseModel):
+    query_index: int = Field(description="index of the query sentence in the query paper")
+    query_sentence: str
+    candidate_index: int = Field(description="index of the sentence in the hit's paper")
+    candidate_sentence: str
+    candidate_facet: str
+    weight: float = Field(description="how strongly they match (see the response's match_weight)")
+
+
+class Hit(BaseModel):
+    rank: int
+    paper_id: str
+    title: str
+    similarity: float | None = Field(description="the rescorer's own similarity: comparable across queries "
+                                                 "(see the response's `similarity`)")
+    score: float = Field(description="the rank score this query sorted by (similarity fused with BM25, "
+                                     "min-max scaled within this query): compare only within one query")
+    first_stage_score: float
+    bm25: float
+    knn: float = Field(description="first stage: mean over query sentences of the best cosine the kNN found")
+    matches: list[MatchedPair]
+    metadata: dict[str, Any] = Field(default_factory=dict, description="the paper's stored metadata (year, venue, authors, ids, ...)")
+    sentences: list[Sentence] | None = None
+
+
+class QueryInfo(BaseModel):
+    paper_id: str | None
+    title: str | None = None
+    facet: str | None
+    filters: list[dict[str, Any]] = Field(default_factory=list, description="the metadata conditions applied, as {key, op, value}")
+    sentences: list[Sentence]
+
+
+class QueryResponse(BaseModel):
+    """A query result in the one JSON shape `esqbe query --json` prints too (esqbe.query.result_json)."""
+
+    version: int = Field(description="the shape's version: it changes when a key is renamed or removed")
+    query: QueryInfo
+    rescorer: str
+    rescorer_params: dict[str, Any]
+    similarity: str = Field(description="what a hit's similarity is for this rescorer")
+    match_weight: str = Field(description="what a matched pair's weight is for this rescorer")
+    hits: list[Hit]
+    timings_ms: dict[str, float]
+
+
+class Paper(BaseModel):
+    paper_id: str
+    title: str
+    sentences: list[Sentence]
+    facets_predicted: bool = Field(False, description="facet labels come from esqbe's tagger, not the input")
+    metadata: dict[str, Any]
+
+
+class SearchHit(BaseModel):
+    paper_id: str
+    title: str
+    score: float = Field(description="BM25 over title and abstract")
+    match: Literal["id", "words"]
+    sentences: int
+    first_sentence: str
+
+
+class SearchResponse(BaseModel):
+    query: str
+    hits: list[SearchHit]
+
+
+class PapersRequest(BaseModel):
+    """Records in any input format `esqbe index` reads (detected per record unless `format` is given)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"records": [{"id": "p1", "title": "A parser", "abstract": "We propose a parser. It is fast."}]},
+    ]})
+
+    records: list[dict[str, Any]] = Field(min_length=1, description="one JSON object per paper")
+    format: Literal["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"] = Field(None, description="input format (default: detected per record)")
+    facets: Literal["keep", "predict", "none"] = Field(
+        None, description="keep: given labels, tag papers without (default); predict: tag all; none: never tag")
+
+
+class RecordOutcome(BaseModel):
+    record: int = Field(description="0-based position in the request")
+    paper_id: str | None
+    status: Literal["indexed", "replaced", "unchanged", "superseded", "skipped", "error"]
+    field: str | None = None
+    reason: str | None = None
+
+
+class PapersResponse(BaseModel):
+    read: int
+    indexed: int
+    replaced: int
+    unchanged: int
+    skipped: int
+    errors: int
+    records: list[RecordOutcome]
+    seconds: float
+
+
+class DeleteResponse(BaseModel):
+    deleted: str
+
+
+class Health(BaseModel):
+    status: Literal["ok", "warming", "unavailable"]
+    backend: str
+    detail: str | None = None
+
+
+class ErrorBody(BaseModel):
+    status: int
+    message: str
+    details: list[dict[str, Any]] | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

@@ -1,0 +1,212 @@
+"""The HTTP routes: `make_router(service, options)` answers `/`, `/health`, `/stats`, `/query`, `/papers/{id}`,
+`/search`, `POST /papers` and `DELETE /papers/{id}` by handing the work (esqbe.server.work) to the service's
+threads; `create_app` includes the router."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import ValidationError
+
+from ..backends.engines.filters import check_safe_clause
+from ..core.deadline import Cancelled, Deadline
+from ..core.filters import FilterError
+from ..errors import BackendError
+from ..query.search import QueryError, QueryTooLargeError, query_sentences
+from .errors import ApiError, _clean_validation, _errors, _public, _status_of
+from .middleware import _PAGE_HEADERS, JSON_LINES_TYPES, _token_ok, _type_message
+from .models import (
+    DeleteResponse,
+    Health,
+    Paper,
+    PapersRequest,
+    PapersResponse,
+    QueryRequest,
+    QueryResponse,
+    SearchResponse,
+)
+from .options import ServeOptions
+from .service import Service
+from .work import (
+    _delete,
+    _health,
+    _paper_out,
+    _read_records,
+    _run_query,
+    _search,
+    _stats,
+    _write_papers,
+)
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+def make_router(service: Service, options: ServeOptions) -> APIRouter:
+    """The page and the API over `service`, under `options` (limits, words, engine_filter rules)."""
+    router = APIRouter()
+
+    def check_engine_filter(request: Request, clause) -> None:
+        """An engine_filter over HTTP: the safe clause types only, unless the operator allows raw query DSL
+        and the request carries the token; never on the embedded backend (400, the request's fault)."""
+        if clause is None:
+            return
+        if not (options.allow_raw_engine_filter and _token_ok(request.headers.get("authorization"), options.token or "")):
+            try:
+                check_safe_clause(clause)
+            except FilterError as e:
+                raise ApiError(400, f"{e}" + (" (raw query DSL needs the bearer token)" if options.allow_raw_engine_filter
+                                              else "")) from None
+        if service.settings.backend == "embedded":
+            raise ApiError(400, "engine_filter needs the elasticsearch or opensearch backend; this index is "
+                                "embedded: use filters")
+
+    async def reads(fn, *args):
+        try:
+            return await service.read(fn, *args)
+        except (QueryError, ValueError, BackendError) as e:
+            raise ApiError(_status_of(e), str(e)) from None
+
+    async def writes(fn, *args):
+        try:
+            return await service.write(fn, *args)
+        except (QueryError, ValueError, BackendError) as e:
+            raise ApiError(_status_of(e), str(e)) from None
+
+    # --- the page ---------------------------------------------------------------------------
+    @router.get("/", include_in_schema=False)
+    async def page():
+        return FileResponse(STATIC_DIR / "index.html", headers=_PAGE_HEADERS)
+
+    # --- the API ------------------------------------------------------------------------------
+    @router.get("/health", response_model=Health, responses=_errors(503), tags=["service"])
+    async def health():
+        """200 when the index answers and the model is loaded; 503 while warming up or when the backend is down."""
+        backend = service.settings.backend
+        if not service.ready.is_set():
+            return JSONResponse({"status": "warming", "backend": backend, "detail": "loading the model and index"},
+                                status_code=503)
+        try:
+            detail = await asyncio.wait_for(service.read(_health), timeout=10)
+        except asyncio.TimeoutError:
+            return JSONResponse({"status": "unavailable", "backend": backend, "detail": "the readers are busy"},
+                                status_code=503)
+        except Exception as e:
+            return JSONResponse({"status": "unavailable", "backend": backend, "detail": _public(503, str(e))},
+                                status_code=503)
+        if service.warm_error:
+            detail = f"{detail}; warming up failed: {_public(200, service.warm_error)}"
+        return {"status": "ok", "backend": backend, "detail": detail}
+
+    @router.get("/stats", responses=_errors(503), tags=["service"])
+    async def stats() -> dict[str, Any]:
+        """Papers, sentences per facet, model and size of the index, and the server's own state."""
+        out = await reads(_stats)
+        if not options.show_paths:  # the index's name, not where it lives
+            if "path" in out:
+                out["path"] = Path(str(out["path"])).name
+            out.pop("url", None)
+        out["server"] = {"readers": len(service.readers), "writes_queued": service.writer.pending if service.writer else 0,
+                         "uptime_s": round(time.time() - service.started_at, 1), "ready": service.ready.is_set()}
+        return out
+
+    @router.post("/query", response_model=QueryResponse, responses=_errors(400, 404, 409, 413, 422, 503, 504),
+              tags=["search"])
+    async def query(req: QueryRequest, request: Request):
+        """Papers most similar to a paper's facet, to chosen sentences, or to a text, with the sentences that matched."""
+        check_engine_filter(request, req.engine_filter)
+        deadline = Deadline(options.request_timeout)  # from now: a wait for a reader counts
+        limit = options.max_query_sentences
+        text = req.text
+        try:
+            if text is not None:
+                text = query_sentences(text)  # past esqbe.core.limits' character caps: refused before any tokenizing
+            overrides = req.overrides(options.words)
+        except QueryTooLargeError as e:
+            raise ApiError(413, str(e)) from None
+        except QueryError as e:
+            raise ApiError(400, str(e)) from None
+        if text is not None:
+            if not text:
+                raise ApiError(400, "the query text has no sentences")
+            if len(text) > limit:
+                raise ApiError(413, f"the query text has {len(text)} sentences; at most {limit} per query")
+        if req.sentences is not None and len(set(req.sentences)) > limit:
+            raise ApiError(413, f"{len(set(req.sentences))} sentences chosen; at most {limit} per query")
+        try:
+            return await service.read(_run_query, req, text, overrides, deadline=deadline, request=request)
+        except Cancelled as e:
+            if e.timed_out:
+                raise ApiError(504, str(e)) from None
+            raise ApiError(503, str(e)) from None
+        except (QueryError, ValueError, BackendError) as e:
+            raise ApiError(_status_of(e), str(e)) from None
+
+    @router.get("/papers/{paper_id:path}", response_model=Paper, responses=_errors(404, 503), tags=["papers"])
+    async def get_paper(paper_id: str):
+        """A stored paper: title, sentences with their facet labels, metadata."""
+        found = await reads(lambda index: index.get([paper_id]))
+        if paper_id not in found:
+            raise ApiError(404, f"paper {paper_id} is not in the index")
+        return _paper_out(found[paper_id])
+
+    @router.get("/search", response_model=SearchResponse, responses=_errors(422, 503), tags=["search"])
+    async def search(q: str = Query(min_length=1, max_length=1000, description="a paper id, or title/abstract words"),
+                     k: int = Query(10, ge=1, le=100)):
+        """Find a paper to query by: an exact paper id first, then BM25 over title and abstract words."""
+        return await reads(_search, q, k)
+
+    @router.post("/papers", response_model=PapersResponse,
+              responses=_errors(400, 401, 409, 413, 415, 422, 503), tags=["papers"],
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": PapersRequest.model_json_schema()},
+                  "application/x-ndjson": {"schema": {"type": "string", "description": "JSON Lines, any format esqbe reads"}},
+              }}})
+    async def add_papers(request: Request,
+                         format: Literal["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"] | None
+                         = Query(None, description="input format (default: detected per record)"),
+                         facets: Literal["keep", "predict", "none"] | None
+                         = Query(None, description="keep (default) | predict | none: what happens to facet labels")):
+        """Upsert a batch of papers by id (any input format esqbe reads); each record gets its own outcome.
+
+        Body: `{"records": [...], "format"?, "facets"?}` as JSON, or JSON Lines
+        (`Content-Type: application/x-ndjson`, format and facets as query parameters)."""
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        body = await request.body()
+        if ctype in JSON_LINES_TYPES:
+            lines = [line for line in body.split(b"\n") if line.strip()]
+            if not lines:
+                raise ApiError(422, "the body has no records")
+            fmt, mode = format, facets
+        elif ctype == "application/json":
+            try:
+                req = PapersRequest.model_validate_json(body)
+            except ValidationError as e:
+                errors = e.errors()
+                if any(x.get("type") == "json_invalid" for x in errors):
+                    raise ApiError(400, "the request body is not valid JSON") from None
+                raise ApiError(422, "invalid request: " + "; ".join(
+                    f"{'.'.join(str(x) for x in err.get('loc', ())) or 'body'}: {err.get('msg')}" for err in errors),
+                    _clean_validation(errors)) from None
+            lines = [json.dumps(r, ensure_ascii=False) for r in req.records]
+            fmt, mode = req.format or format, req.facets or facets
+        else:  # the perimeter refuses other types before the body is read
+            raise ApiError(415, _type_message(ctype))
+        if len(lines) > options.max_batch_records:
+            raise ApiError(413, f"{len(lines)} records; at most {options.max_batch_records} per request")
+        papers, outcomes = _read_records(lines, fmt)
+        return await writes(_write_papers, papers, outcomes, mode)
+
+    @router.delete("/papers/{paper_id:path}", response_model=DeleteResponse,
+                responses=_errors(401, 404, 503), tags=["papers"])
+    async def delete_paper(paper_id: str):
+        """Delete a paper by id."""
+        if not await writes(_delete, paper_id):
+            raise ApiError(404, f"paper {paper_id} is not in the index")
+        return {"deleted": paper_id}
+
+    return router

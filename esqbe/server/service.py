@@ -1,0 +1,235 @@
+"""The service the routes talk to: one writer and `readers` readers, each an `Index` owned by one thread of
+its own (`_Slot`), opened once and kept warm; reads under a deadline, writes one at a time."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
+
+import numpy as np
+from fastapi import Request
+
+from ..backends.base import WriteLockBusy
+from ..core.deadline import Cancelled, Deadline
+from ..domain import QUERY_FACETS, FirstStageRequest
+from ..errors import BackendError
+from ..index.api import Index
+from ..settings.config import Settings
+from .errors import ApiError
+from .options import ServeOptions
+
+log = logging.getLogger("esqbe.server")
+
+
+class _Slot:
+    """One `Index` owned by one thread; everything done with it runs on that thread."""
+
+    def __init__(self, name: str, opener: Callable[[], Index]):
+        self.name = name
+        self.pending = 0  # submitted and not finished
+        self._count = threading.Lock()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"esqbe-{name}")
+        self.index: Index = self._executor.submit(opener).result()
+
+    def submit(self, fn: Callable, *args) -> Future:
+        with self._count:
+            self.pending += 1
+        future = self._executor.submit(fn, self.index, *args)
+        future.add_done_callback(lambda _: self._done())
+        return future
+
+    def _done(self):
+        with self._count:
+            self.pending -= 1
+
+    def close(self) -> None:
+        try:
+            self._executor.submit(self.index.close).result(timeout=30)
+        finally:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class Service:
+    """What the HTTP layer talks to: opens the index once (a writer and `readers` readers) and keeps it warm."""
+
+    def __init__(self, settings: Settings, options: ServeOptions, encoder=None):
+        self.settings = settings
+        self.options = options
+        self._shared_encoder = encoder
+        self._lock = threading.Lock()
+        self.write_lock = threading.Lock()  # the single writer
+        self.writer: _Slot | None = None
+        self.readers: list[_Slot] = []
+        self.ready = threading.Event()
+        self.warm_error: str | None = None
+        self.started_at = time.time()
+        self.closed = False
+        self.timed_out = 0  # queries given up at their deadline
+        self.abandoned = 0  # queries given up because their client went away
+
+    @property
+    def n_readers(self) -> int:
+        if self.options.readers:
+            return self.options.readers
+        return 1 if self.settings.backend == "embedded" else 4
+
+    def _open(self, create: bool) -> Index:
+        """An index handle with an encoder of its own (tokenizers are not safe to share across threads),
+        loaded the way `Index` loads it (the index's model_source, encoder_backend, the fingerprint check)
+        and now, so that a missing model fails the start rather than the first query."""
+        from ..index.api import open_backend
+
+        index = Index(open_backend(self.settings, create=create), self.settings, encoder=self._shared_encoder)
+        index.shares_encoder = False
+        index.check_model()
+        _ = index.encoder
+        return index
+
+    def start(self) -> "Service":
+        with self._lock:
+            if self.writer is not None:
+                return self
+            if self.closed:
+                raise BackendError("the service is shut down")
+            self.writer = _Slot("writer", lambda: self._open(create=True))
+            if self.writer.submit(_create_if_absent).result() is None:
+                log.warning("the index (%s) is empty: POST /papers or `esqbe index` fills it", _where(self.settings))
+            self.readers = [_Slot(f"reader-{i}", lambda: self._open(create=False)) for i in range(self.n_readers)]
+            if self.options.warm:
+                threading.Thread(target=self._warm_all, name="esqbe-warm", daemon=True).start()
+            else:
+                self.ready.set()
+        return self
+
+    def _warm_all(self) -> None:
+        futures = [slot.submit(_warm) for slot in self.readers]
+        futures.append(self.writer.submit(_warm_writer))
+        for f in futures:
+            try:
+                f.result()
+            except Exception as e:  # reported by /health; queries report their own errors
+                self.warm_error = f"{type(e).__name__}: {e}"
+                log.warning("warming up failed: %s", self.warm_error)
+        self.ready.set()
+
+    async def read(self, fn: Callable, *args, deadline: Deadline | None = None, request: Request | None = None):
+        """`fn(index, *args)` on the least busy reader. With a `deadline`, the work runs under it (esqbe.core.deadline:
+        checked between its stages and in its loops; not started at all past it) and is given up at it with
+        `Cancelled`; with `request`, also as soon as that client goes away. Either way the reader is freed."""
+        self.start()
+        slot = min(self.readers, key=lambda s: s.pending)
+        if deadline is None:
+            return await asyncio.wrap_future(slot.submit(fn, *args))
+        work = slot.submit(_under, deadline, fn, *args)
+        waiting = asyncio.wrap_future(work)
+        watch = asyncio.ensure_future(_client_gone(request)) if request is not None else None
+        try:
+            done, _ = await asyncio.wait([waiting, *([watch] if watch else [])], timeout=max(deadline.remaining(), 0.0),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the server cancelled the handler (its client went away, a shutdown)
+            deadline.cancel("the request was cancelled")
+            work.cancel()
+            self.abandoned += 1
+            raise
+        finally:
+            if watch is not None:
+                watch.cancel()
+        if waiting in done:
+            try:
+                return waiting.result()
+            except Cancelled as e:  # the work itself saw its deadline pass (at one of its checks)
+                self.timed_out += e.timed_out
+                raise
+        gone = watch is not None and watch in done
+        deadline.cancel("the client went away" if gone else "past its deadline")
+        work.cancel()  # still queued: it never starts; running: it stops at its next check
+        waiting.add_done_callback(lambda f: f.cancelled() or f.exception())  # its Cancelled is expected
+        if gone:
+            self.abandoned += 1
+            raise Cancelled("the client went away", timed_out=False)
+        self.timed_out += 1
+        raise Cancelled(f"the query took longer than this server's {deadline.seconds:g} s request timeout "
+                        "and was abandoned", timed_out=True)
+
+    async def write(self, fn: Callable, *args):
+        self.start()
+        if self.writer.pending >= self.options.max_queued_writes:
+            raise ApiError(503, f"the writer is busy ({self.writer.pending} writes queued); retry shortly",
+                           headers={"Retry-After": "5"})
+
+        def locked(index, *a):
+            with self.write_lock:
+                try:
+                    begin = getattr(index.backend, "begin_write", None)  # another writer's lock: wait a bounded time
+                    if begin is not None:
+                        begin(self.options.write_lock_timeout)
+                    return fn(index, *a)
+                finally:
+                    end = getattr(index.backend, "end_write", None)  # the embedded write lock is not held while idle
+                    if end is not None:
+                        end()
+
+        try:
+            return await asyncio.wrap_future(self.writer.submit(locked, *args))
+        except WriteLockBusy as e:
+            raise ApiError(503, f"another writer (pid {e.holder}) has held the index's write lock for over "
+                                f"{self.options.write_lock_timeout:g}s; retry later",
+                           headers={"Retry-After": str(max(1, round(self.options.write_lock_timeout)))}) from None
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            for slot in [*self.readers, *([self.writer] if self.writer else [])]:
+                try:
+                    slot.close()
+                except Exception as e:  # closing must not fail the shutdown
+                    log.warning("closing %s: %s", slot.name, e)
+            self.readers, self.writer = [], None
+
+
+def _where(settings: Settings) -> str:
+    return settings.path if settings.backend == "embedded" else f"{settings.backend} {settings.url} {settings.index}"
+
+
+def _create_if_absent(index: Index):
+    """The server owns its index: an embedded index that does not exist yet is created (empty) at start,
+    so the reader handles can open it; returns the index's meta (None while it is empty)."""
+    from ..index.api import _DeferredBackend
+
+    if isinstance(index.backend, _DeferredBackend):
+        index.backend.stats()  # the first real call creates the index directory
+        end = getattr(index.backend, "end_write", None)  # and gives the write lock back until a write comes
+        if end is not None:
+            end()
+    return index.backend.meta()
+
+
+def _warm(index: Index) -> None:
+    """Load the tagger and build each facet's kNN structure before the first query needs them."""
+    _ = index.tagger
+    meta = index.backend.meta()
+    if meta is None:
+        return
+    probe = np.zeros((1, meta.dim), dtype=np.float32)
+    probe[0, 0] = 1.0
+    for facet in (*QUERY_FACETS, None):
+        index.backend.first_stage(FirstStageRequest(text="warm", vectors=probe, facet=facet, k=1, knn_k=1, bm25_k=1,
+                                                    with_papers=False))
+
+
+def _warm_writer(index: Index) -> None:
+    _ = index.tagger
+
+
+def _under(index: Index, deadline: Deadline, fn: Callable, *args):
+    with deadline:
+        return fn(index, *args)
+
+
+async def _client_gone(request: Request, every: float = 0.1) -> None:
+    """Returns once the client of `request` has disconnected."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(every)

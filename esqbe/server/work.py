@@ -1,0 +1,119 @@
+"""What the handlers do, run on a slot's thread with that slot's `Index`: queries, searches, reading
+and writing records, deletes, stats and health, as JSON-ready dicts."""
+from __future__ import annotations
+
+import io
+import time
+
+from ..index.api import Index
+from ..ingest.readers import ReadReport, read_papers
+from ..query.result_json import finite as _finite
+from ..query.result_json import jsonable as _jsonable
+from ..query.result_json import sentences_json as _sentences
+from .models import QueryRequest
+
+
+def _paper_out(paper) -> dict:
+    metadata = dict(paper.metadata)
+    predicted = bool(metadata.pop("facets_predicted", False))
+    return {"paper_id": paper.paper_id, "title": paper.title, "sentences": _sentences(paper),
+            "facets_predicted": predicted, "metadata": _jsonable(metadata)}
+
+
+def _run_query(index: Index, req: QueryRequest, text, overrides: dict) -> dict:
+    """The query's result in the one JSON shape (esqbe.query.result_json), as the client named its word vectors,
+    with the total time."""
+    t0 = time.perf_counter()
+    filters = [f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in req.filters or []]
+    result = index.query(req.paper_id, facet=req.facet, sentences=req.sentences, text=text, title=req.title,
+                         filters=filters or None, engine_filter=req.engine_filter, **overrides)
+    papers = index.get([h.paper_id for h in result.hits]) if req.with_sentences else None
+    out = result.to_dict(papers)
+    out["rescorer_params"] = _named_words(out["rescorer_params"], req)
+    out["timings_ms"]["total"] = round(1000 * (time.perf_counter() - t0), 2)
+    return out
+
+
+def _named_words(params: dict, req: QueryRequest) -> dict:
+    """The parameters as the client gave them: a `words` name, not the server's directory behind it."""
+    given = req.rescorer_params.model_dump(exclude_unset=True) if req.rescorer_params is not None else {}
+    return {**params, "words": given["words"]} if "words" in given and "words" in params else params
+
+
+def _search(index: Index, q: str, k: int) -> dict:
+    hits = []
+    exact = index.get([q.strip()]) if q.strip() else {}
+    for paper in exact.values():
+        hits.append({"paper_id": paper.paper_id, "title": paper.title, "score": 0.0, "match": "id",
+                     "sentences": len(paper.sentences), "first_sentence": paper.sentences[0] if paper.sentences else ""})
+    for paper, score in index.search(q, k):
+        if paper.paper_id in exact:
+            continue
+        hits.append({"paper_id": paper.paper_id, "title": paper.title, "score": _finite(score) or 0.0,
+                     "match": "words", "sentences": len(paper.sentences),
+                     "first_sentence": paper.sentences[0] if paper.sentences else ""})
+    return {"query": q, "hits": hits[:k]}
+
+
+def _read_records(lines: list, fmt: str | None) -> tuple[list, list[dict]]:
+    """Each record read on its own, so each gets its own outcome: (papers with their record number, outcomes)."""
+    papers, outcomes = [], []
+    for n, line in enumerate(lines):
+        report = ReadReport()
+        stream = io.StringIO(line if isinstance(line, str) else line.decode("utf-8", errors="replace"))
+        stream.name = f"record {n}"
+        try:
+            got = list(read_papers(stream, fmt, report=report))
+        except Exception as e:  # format detection failing is raised at once: this record's error
+            field_name = getattr(e, "field", None)
+            outcomes.append({"record": n, "paper_id": None, "status": "error", "field": field_name,
+                             "reason": getattr(e, "reason", str(e))})
+            continue
+        if report.errors:
+            e = report.errors[0]
+            outcomes.append({"record": n, "paper_id": None, "status": "error", "field": e.field, "reason": e.reason})
+        elif report.skipped:
+            outcomes.append({"record": n, "paper_id": None, "status": "skipped", "reason": ", ".join(report.skipped)})
+        for p in got:
+            papers.append((n, p))
+            outcomes.append({"record": n, "paper_id": p.paper_id, "status": "pending"})
+    return papers, outcomes
+
+
+def _write_papers(index: Index, papers: list, outcomes: list[dict], facets: str | None) -> dict:
+    t0 = time.perf_counter()
+    ids = [p.paper_id for _, p in papers]
+    before = index.backend.content_hashes(ids)
+    report = index.add_papers([p for _, p in papers], facets=facets) if papers else None
+    after = index.backend.content_hashes(ids)
+    last = {p.paper_id: n for n, p in papers}
+    errors = list(report.errors) if report else []
+    for o in outcomes:
+        if o["status"] != "pending":
+            continue
+        pid = o["paper_id"]
+        if last[pid] != o["record"]:
+            o.update(status="superseded", reason=f"record {last[pid]} has the same paper id")
+        elif pid not in after:
+            o.update(status="error", field="paper", reason=next((e for e in errors if pid in e), "not stored"))
+        elif pid not in before:
+            o["status"] = "indexed"
+        else:
+            o["status"] = "replaced" if before[pid] != after[pid] else "unchanged"
+    count = lambda s: sum(o["status"] == s for o in outcomes)  # noqa: E731
+    return {"read": len(outcomes), "indexed": count("indexed"), "replaced": count("replaced"),
+            "unchanged": count("unchanged"), "skipped": count("skipped"), "errors": count("error"),
+            "records": outcomes, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _delete(index: Index, paper_id: str) -> int:
+    return index.delete([paper_id])
+
+
+def _stats(index: Index) -> dict:
+    return _jsonable(index.stats())
+
+
+def _health(index: Index) -> str:
+    meta = index.backend.meta()
+    return "empty index" if meta is None else f"{meta.model}, {meta.dim}-d"
