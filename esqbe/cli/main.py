@@ -613,7 +613,8 @@ def tag_cmd(source, out, fmt, raw_labels, strict, tagger_path, model, device, ba
       esqbe tag papers.jsonl --out tagged.jsonl
     """
     from esqbe.encode.encoder import Encoder
-    from esqbe.tagger.runtime import FacetTagger, tag_file
+    from esqbe.tagger.runtime import FacetTagger
+    from esqbe.tagger.files import tag_file
 
     encoder = Encoder.load(model, device=device, batch_size=batch_size or 32, backend=encoder_backend)
     tagger = FacetTagger.load(tagger_path, encoder=encoder)
@@ -643,7 +644,7 @@ def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, model,
     fine-tuned with a BiLSTM over the sentences, so tagging during indexing costs a fraction of encoding.
     """
     from esqbe.encode.encoder import Encoder
-    from esqbe.tagger.runtime import train_tagger
+    from esqbe.tagger.train import train_tagger
 
     # trained on the exact fp32 hidden states unless asked otherwise (the fast backends stay within 1 F1 of them)
     encoder = Encoder.load(model, device=device, batch_size=batch_size or 32, backend=encoder_backend or "torch")
