@@ -495,7 +495,8 @@ def test_citation_markers():
 @pytest.fixture(scope="module")
 def encoder():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from esqbe.encode.encoder import Encoder, ModelNotFoundError
+    from esqbe.encode.encoder import Encoder
+    from esqbe.encode.identity import ModelNotFoundError
 
     try:
         return Encoder.load()

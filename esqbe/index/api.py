@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -38,8 +37,6 @@ from .ingest import IngestMixin
 from .open import _DeferredBackend, make_filter, open_backend  # noqa: F401  (_DeferredBackend: the server)
 from .reports import _STORAGE_ERRORS, EncodeReport, IndexReport, _reason
 
-_ENCODERS: dict = {}  # loaded models, shared by the indexes of one process (the CLI runner, a server)
-
 
 class Index(IngestMixin):
     """An index (any backend) with the encoder and settings it is used with (writing: IngestMixin)."""
@@ -62,7 +59,7 @@ class Index(IngestMixin):
         meta = self.backend.meta() if self.backend is not None else None  # no backend: encoder_only()
         if meta is None or meta.fingerprint or "/" in meta.model or Path(meta.model).exists():
             return meta
-        from ..encode.encoder import ModelNotFoundError, model_info
+        from ..encode.identity import ModelNotFoundError, model_info
 
         try:
             info = model_info(meta.model)
@@ -71,19 +68,6 @@ class Index(IngestMixin):
         if info.dim not in (None, meta.dim):
             return meta
         return replace(meta, fingerprint=info.fingerprint, model_source=meta.model)
-
-    def _model_to_load(self, meta: IndexMeta | None) -> str | None:
-        """The model this index is used with: the settings' model, else the one the index was built with."""
-        if self.settings.model or meta is None:
-            return self.settings.model
-        source = meta.model_source or meta.model
-        if os.path.isabs(source) and not os.path.isdir(source):
-            from ..encode.encoder import ModelNotFoundError
-
-            raise ModelNotFoundError(
-                f"this index was built with model {meta.model!r} from {source}, which no longer exists; "
-                f"pass --model with a copy of that model (fingerprint {meta.fingerprint or 'unknown'})")
-        return source
 
     def check_model(self, *, query: bool = False) -> None:
         """Fail early (before loading any weights) if this run's model, dimension or encoder mode is not
@@ -98,7 +82,7 @@ class Index(IngestMixin):
             return
         if self.settings.model is None:
             return  # the index's own model (loaded only if needed: `encoder` fails clearly if it is gone)
-        from ..encode.encoder import model_info
+        from ..encode.identity import model_info
 
         info = model_info(self.settings.model)
         meta.check(IndexMeta(info.name, info.dim or meta.dim, mode, info.fingerprint))
@@ -106,24 +90,19 @@ class Index(IngestMixin):
     @property
     def encoder(self):
         if self._encoder is None:
-            from ..encode.encoder import Encoder
+            from ..encode.identity import ModelNotFoundError
+            from ..encode.loader import ModelSpec, load_encoder
 
             meta = self._stored_meta()
             self.check_model(query=True)  # the encoder mode is checked where vectors are written (ensure)
-            model = self._model_to_load(meta)
-            key = (model, self.settings.device, self.settings.batch_size, self.settings.encoder_backend)
-            if key not in _ENCODERS:
-                from ..encode.encoder import ModelNotFoundError
-
-                try:
-                    _ENCODERS[key] = Encoder.load(model, device=self.settings.device, batch_size=self.settings.batch_size,
-                                                  backend=self.settings.encoder_backend)
-                except ModelNotFoundError as e:
-                    if self.settings.model is None and meta is not None:  # the index names its model; where is it?
-                        raise ModelNotFoundError(f"{e}. The index was built with model {meta.model!r}: give its directory "
-                                                 f"with --model DIR (or ESQBE_MODEL, or `model:` in the config file)") from None
-                    raise
-            encoder = _ENCODERS[key]
+            spec = ModelSpec.for_index(self.settings, meta)  # the settings' model, else the index's own
+            try:
+                encoder = load_encoder(spec)  # shared by the indexes of this process
+            except ModelNotFoundError as e:
+                if self.settings.model is None and meta is not None:  # the index names its model; where is it?
+                    raise ModelNotFoundError(f"{e}. The index was built with model {meta.model!r}: give its directory "
+                                             f"with --model DIR (or ESQBE_MODEL, or `model:` in the config file)") from None
+                raise
             if meta is not None:  # the stored model's files may have changed since
                 meta.check(replace(self._requested_meta(encoder), encoder_mode=meta.encoder_mode))
             self._encoder = encoder
@@ -136,20 +115,11 @@ class Index(IngestMixin):
         It reuses this index's encoder pass when its weights belong to that encoder; with another
         encoder (e.g. `--model` all-mpnet-base-v2) it runs the encoder it was trained on itself."""
         if self._tagger is None:
-            from ..tagger.runtime import FacetTagger, TaggerMismatchError
+            from ..tagger.runtime import load_tagger
 
-            path = self.settings.tagger  # checked where it was set (config.check_value)
-            try:
-                try:
-                    self._tagger = FacetTagger.load(path, encoder=self.encoder)
-                    self._tagger_shares_encoder = True
-                except TaggerMismatchError:
-                    self._tagger = FacetTagger.load(path)  # a second encoder pass, its own
-                    self._tagger_shares_encoder = False
-            except (ImportError, FileNotFoundError):
-                if path:
-                    raise  # weights the user named are gone: say so rather than leave papers unlabelled
-                self._tagger = False  # no tagger weights in this build: sentences stay `unlabeled`
+            # the `tagger` setting was checked where it was set (config.check_value)
+            tagger, self._tagger_shares_encoder = load_tagger(self.settings.tagger, lambda: self.encoder)
+            self._tagger = tagger if tagger is not None else False  # False: no tagger weights in this build
         return self._tagger or None
 
     def _where(self) -> str:

@@ -83,7 +83,7 @@ class IngestMixin:
         after its first file because of a typo in --model or --device)."""
         if self._encoder is not None:
             return
-        from ..encode.encoder import _pick_device, model_info
+        from ..encode.identity import _pick_device, model_info
 
         self.check_model()
         if self.settings.model:
@@ -282,7 +282,7 @@ class IngestMixin:
         start = time.perf_counter()
         meta = read_meta(source)
         if self.settings.model is not None:  # the model named in the settings must be the file's (by fingerprint)
-            from ..encode.encoder import model_info
+            from ..encode.identity import model_info
 
             info = model_info(self.settings.model)
             IndexMeta(info.name, info.dim or meta.dim, self.settings.encoder_mode, info.fingerprint).check(meta)

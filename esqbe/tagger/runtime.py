@@ -12,7 +12,7 @@ by adding their probabilities.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -152,9 +152,9 @@ class FacetTagger:
                 raise TaggerMismatchError(f"tagger weights {path} were trained on encoder {meta['encoder']['name']!r}, "
                                           f"not {_encoder_info(encoder)['name']!r}")
             if encoder is None:
-                from ..encode.encoder import Encoder
+                from ..encode.loader import ModelSpec, load_encoder
 
-                encoder = Encoder.load(meta["encoder"]["name"], backend="torch")
+                encoder = load_encoder(ModelSpec(meta["encoder"]["name"], backend="torch"))
             state = _from_deltas(state, meta, encoder, path)
         net = TaggerNet(**meta["arch"])
         net.load_state_dict({k: v.float() for k, v in state.items()})
@@ -178,9 +178,9 @@ class FacetTagger:
     def encoder(self):
         """The encoder the weights belong to, loaded on first use (for standalone tagging)."""
         if self._encoder is None:
-            from ..encode.encoder import Encoder
+            from ..encode.loader import ModelSpec, load_encoder
 
-            encoder = Encoder.load(self.encoder_name)
+            encoder = load_encoder(ModelSpec(self.encoder_name, backend="torch"))
             self.check_encoder(encoder)
             self._encoder = encoder
         return self._encoder
@@ -224,3 +224,20 @@ class FacetTagger:
         self.encoder.contextual_sentence_vectors(papers, on_batch=listener, progress=progress)
         return listener.collect(papers, raw)
 
+
+def load_tagger(path: str | Path | None, encoder: Callable[[], object]) -> tuple[FacetTagger | None, bool]:
+    """The facet tagger an index labels with, and whether it reuses the index's encoder pass.
+
+    `path`'s weights (None: the shipped ones) on the encoder `encoder()` returns when they were trained on it;
+    with another encoder (e.g. all-mpnet-base-v2) they run the encoder they belong to, a second pass of its own.
+    (None, False) when this build has no tagger (no weights shipped, no torch) and none was named; weights the
+    user named that are gone raise, rather than leave papers unlabelled."""
+    try:
+        try:
+            return FacetTagger.load(path, encoder=encoder()), True
+        except TaggerMismatchError:
+            return FacetTagger.load(path), False
+    except (ImportError, FileNotFoundError):
+        if path:
+            raise
+        return None, False

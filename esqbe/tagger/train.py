@@ -149,11 +149,11 @@ def train_tagger(
     torch = _torch()
     import torch.nn.functional as F
 
-    from ..encode.encoder import Encoder
+    from ..encode.loader import ModelSpec, load_encoder
 
     started = time.time()
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None)
-    encoder = encoder or Encoder.load(backend="torch")  # trained on the exact fp32 hidden states
+    encoder = encoder or load_encoder(ModelSpec(backend="torch"))  # trained on the exact fp32 hidden states
     info = _encoder_info(encoder)
     if not 0 <= tuned_layers <= encoder.num_layers:
         raise ValueError(f"tuned_layers must be between 0 and {encoder.num_layers}")

@@ -51,9 +51,9 @@ def compact_weights(src, dst, encoder=None) -> dict:
     if "delta_of" in meta:
         raise ValueError(f"{src} is compact already")
     if encoder is None:
-        from ..encode.encoder import Encoder
+        from ..encode.loader import ModelSpec, load_encoder
 
-        encoder = Encoder.load(meta["encoder"]["name"], backend="torch")
+        encoder = load_encoder(ModelSpec(meta["encoder"]["name"], backend="torch"))
     if _encoder_info(encoder) != meta["encoder"]:
         raise TaggerMismatchError(f"{src} belongs to encoder {meta['encoder']['name']!r}, not {encoder.name!r}")
     base = _base_layers(encoder, meta)
