@@ -218,7 +218,7 @@ class Index(IngestMixin):
             query = IndexedPaper(paper, vectors)
             encode_ms = round(1000 * (time.perf_counter() - t_encode), 2)
         indices = select_query_sentences(query, facet, sentences, settings.query_facet_threshold)
-        from ..rescore.rescorers import RescoreContext
+        from ..rescore.batches import RescoreContext
 
         context = RescoreContext(encoder=_LazyEncoder(self), backend=self.backend)
         result = run_query(self.backend, query, indices, settings, facet=facet, restrict_to=restrict_to, context=context,

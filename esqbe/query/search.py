@@ -23,12 +23,8 @@ from ..domain import (
     normalize_label,
 )
 from ..ingest.sentences import split_sentences
-from ..rescore.rescorers import (
-    CandidateBatch,
-    QueryBatch,
-    RescoreContext,
-    make_rescorer,
-)
+from ..rescore.registry import make_rescorer
+from ..rescore.batches import CandidateBatch, QueryBatch, RescoreContext
 from ..settings.config import Settings
 from .centering import corpus_directions
 
