@@ -51,7 +51,8 @@ def _records(lines, name: str, fmt: str | None, strict: bool, summary: dict):
     so every format and every check of the readers applies; line numbers are the file's."""
     import io
 
-    from ..ingest.readers import InputError, ReadReport, detect_format, read_papers
+    from ..ingest.formats import detect_format
+    from ..ingest.readers import InputError, ReadReport, read_papers
 
     for lineno, raw_line in enumerate(lines, start=1):
         if not raw_line.strip():
