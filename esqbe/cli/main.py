@@ -161,6 +161,20 @@ def main():
       esqbe query --paper 1791179 --sentences 0,2
     The index lives in ./esqbe-index unless --path, --backend or a config file say otherwise.
     """
+    _quiet_transformers()
+
+
+def _quiet_transformers() -> None:
+    """The CLI owns its process: transformers' weight-loading bars and info lines off (the library leaves them as
+    the host set them). Before transformers loads, through its environment; if it is loaded already (a runner in
+    this process), directly."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
 
 
 @main.command("index")
