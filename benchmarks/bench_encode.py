@@ -94,7 +94,7 @@ def quality(backend: str, qdir: Path) -> dict:
         out["ndcg20"] = split["all"]["NDCG%20"]
     if (CSABSTRUCT / "test.jsonl").exists():
         from esqbe.encode.encoder import Encoder
-        from esqbe.tagger.runtime import evaluate_tagger
+        from esqbe.tagger.evaluate import evaluate_tagger
 
         r = evaluate_tagger(str(CSABSTRUCT / "test.jsonl"), encoder=Encoder.load(backend=backend),
                             exclude_duplicates_of=[str(CSABSTRUCT / "train.jsonl"), str(CSABSTRUCT / "dev.jsonl")])

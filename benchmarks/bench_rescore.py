@@ -23,15 +23,9 @@ import numpy as np  # noqa: E402
 import ot  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from esqbe.rescore.rescorers import (  # noqa: E402
-    CandidateBatch,
-    QueryBatch,
-    RescoreContext,
-    make_rescorer,
-    ot_marginals,
-    pairwise_l2,
-    sinkhorn_batched,
-)
+from esqbe.rescore.batches import CandidateBatch, QueryBatch, RescoreContext  # noqa: E402
+from esqbe.rescore.registry import make_rescorer  # noqa: E402
+from esqbe.rescore.rescorers import ot_marginals, pairwise_l2, sinkhorn_batched  # noqa: E402
 
 DIM = 384
 

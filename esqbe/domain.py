@@ -217,7 +217,7 @@ class IndexMeta:
     """What an index was built with; checked before any write or query.
 
     A model is identified by `fingerprint` (a hash of the files that determine its vectors, see
-    `esqbe.encode.encoder.fingerprint_dir`) with `model` as its human name beside it, and `model_source`
+    `esqbe.encode.identity.fingerprint_dir`) with `model` as its human name beside it, and `model_source`
     (an absolute directory, a package or a hub name) so queries can load it without `--model`.
     Indexes written before fingerprints have only the name: they are compared by name.
     """

@@ -13,7 +13,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from esqbe.tagger.runtime import DEFAULT_WEIGHTS, EPOCHS, train_tagger  # noqa: E402
+from esqbe.tagger.train import EPOCHS, train_tagger  # noqa: E402
+from esqbe.tagger.weights import DEFAULT_WEIGHTS  # noqa: E402
 
 
 def main() -> None:

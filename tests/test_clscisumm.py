@@ -12,15 +12,13 @@ from click.testing import CliRunner
 
 from cli import main
 from esqbe.evaluation.clscisumm import (
-    CSV_HEADER,
-    load_split,
     parse_scores_txt,
     py2_str,
-    read_run,
     run_csv_rows,
     score_files,
     score_run,
 )
+from esqbe.evaluation.clscisumm_data import CSV_HEADER, load_split, read_run
 from esqbe.query.cite import CiteOptions
 from esqbe.rescore.asym import TokenSet, asym_scores, bm25_scores, symm_scores
 
@@ -84,7 +82,7 @@ def test_scorer_quirks_on_a_tiny_gold():
         _gold_row("4", "C3", "NA", text="NA"),
         _gold_row("5", "C4", "'7'", text=""),  # no <S> element: the script drops the row
     ]}
-    from esqbe.evaluation.clscisumm import ReferencePaper, Split
+    from esqbe.evaluation.clscisumm_data import ReferencePaper, Split
 
     paper = ReferencePaper("P1", [str(i) for i in range(10)], [f"s{i}" for i in range(10)])
     split = Split("t", [], {"P1": paper})
@@ -288,7 +286,7 @@ def test_train_words_reports_bad_sources(tmp_path):
 @pytest.fixture(scope="module")
 def mini_index(mini_data, encoder, tmp_path_factory):
     import esqbe
-    from esqbe.evaluation.clscisumm import load_split, papers_of
+    from esqbe.evaluation.clscisumm_data import load_split, papers_of
 
     path = tmp_path_factory.mktemp("cite") / "index"
     with esqbe.open_index(str(path), encoder=encoder, config=None) as index:

@@ -8,12 +8,8 @@ import numpy as np
 import pytest
 
 import esqbe
-from esqbe.encode.encoder import (
-    ENCODER_BACKENDS,
-    Encoder,
-    EncoderBackendError,
-    resolve_backend,
-)
+from esqbe.encode.encoder import Encoder
+from esqbe.encode.identity import ENCODER_BACKENDS, EncoderBackendError, resolve_backend
 from esqbe.ingest.readers import read_papers
 
 from .conftest import SAMPLE

@@ -123,7 +123,7 @@ def test_numeric_settings_out_of_range_in_config_and_api(run, tmp_path, built, s
 
 
 def _default_model_dir():
-    from esqbe.encode.encoder import resolve_model
+    from esqbe.encode.identity import resolve_model
 
     return resolve_model(None)[0]
 

@@ -83,7 +83,7 @@ def test_strict_stops_at_first_bad_line_keeping_earlier_batches(tmp_path, encode
 
 
 def test_model_mismatch_is_a_clear_error(tmp_path, encoder, sample_lines, write_jsonl):
-    from esqbe.encode.encoder import resolve_model
+    from esqbe.encode.identity import resolve_model
 
     src = write_jsonl("a.jsonl", _records(sample_lines, 2))
     path = str(tmp_path / "ix")

@@ -7,13 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from esqbe.ingest.readers import (
-    FORMATS,
-    InputError,
-    ReadReport,
-    detect_format,
-    read_papers,
-)
+from esqbe.ingest.formats import FORMATS, detect_format
+from esqbe.ingest.readers import InputError, ReadReport, read_papers
 
 SHARED = Path("/work/shared/data")
 S2ORC = SHARED / "s2orc" / "metadata-sample.jsonl"

@@ -6,19 +6,11 @@ import numpy as np
 import pytest
 
 from esqbe.rescore.rescorers import (
-    CandidateBatch,
-    QueryBatch,
-    RescoreContext,
-    available_rescorers,
-    emd_loop,
-    make_rescorer,
-    ot_marginals,
-    pairwise_l2,
-    round_to_marginals,
-    sinkhorn_batched,
-    strip_citation_markers,
-    token_frequency_weights,
+    emd_loop, ot_marginals, pairwise_l2, round_to_marginals, sinkhorn_batched, strip_citation_markers,
+    token_frequency_weights
 )
+from esqbe.rescore.registry import available_rescorers, make_rescorer
+from esqbe.rescore.batches import CandidateBatch, QueryBatch, RescoreContext
 
 ot = pytest.importorskip("ot")
 DIM = 16
@@ -495,7 +487,8 @@ def test_citation_markers():
 @pytest.fixture(scope="module")
 def encoder():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from esqbe.encode.encoder import Encoder, ModelNotFoundError
+    from esqbe.encode.encoder import Encoder
+    from esqbe.encode.identity import ModelNotFoundError
 
     try:
         return Encoder.load()

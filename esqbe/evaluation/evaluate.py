@@ -138,9 +138,9 @@ def default_index_path(settings: Settings, facets: str) -> str:
 
 def _encoder_backend(settings: Settings) -> str:
     """The encoder backend the settings resolve to (its vectors differ slightly, so its index is its own)."""
-    from ..encode.encoder import _pick_device, resolve_backend
+    from ..encode.loader import ModelSpec
 
-    return resolve_backend(settings.encoder_backend, _pick_device(settings.device))
+    return ModelSpec.from_settings(settings).resolved_backend()
 
 
 def evaluate_csfcube(data_dir: str, settings: Settings, *, facets: str = "keep", index_path: str | None = None,

@@ -23,12 +23,8 @@ from ..domain import (
     normalize_label,
 )
 from ..ingest.sentences import split_sentences
-from ..rescore.rescorers import (
-    CandidateBatch,
-    QueryBatch,
-    RescoreContext,
-    make_rescorer,
-)
+from ..rescore.registry import make_rescorer
+from ..rescore.batches import CandidateBatch, QueryBatch, RescoreContext
 from ..settings.config import Settings
 from .centering import corpus_directions
 from .result_json import result_json
@@ -290,22 +286,6 @@ def _minmax(x: np.ndarray) -> np.ndarray:
     return np.ones_like(x) if hi <= lo else (x - lo) / (hi - lo)
 
 
-_THREADPOOLS = None
-
-
-def _one_blas_thread():
-    """A context in which numpy's BLAS runs on one thread. A query's math is small matrices (a few thousand
-    sentence rows by 384): a second BLAS thread gains nothing there, and its spinning takes a core from the
-    first stage's own threads (BM25 runs beside the kNN). At 1M papers on 2 cores this alone takes the warm
-    query p50 from ~22 to ~13 ms (docs/performance.md)."""
-    global _THREADPOOLS
-    if _THREADPOOLS is None:
-        from threadpoolctl import ThreadpoolController
-
-        _THREADPOOLS = ThreadpoolController()
-    return _THREADPOOLS.limit(limits=1, user_api="blas")
-
-
 def run_query(
     backend: Backend,
     query: IndexedPaper,
@@ -318,10 +298,12 @@ def run_query(
     context: RescoreContext | None = None,
     filter: MetadataFilter | None = None,
 ) -> QueryResult:
-    """Rank papers by similarity to the chosen sentences of `query` (among those `filter` allows)."""
-    with _one_blas_thread():
-        return _run_query(backend, query, indices, settings, facet=facet, exclude=exclude, restrict_to=restrict_to,
-                          context=context, filter=filter)
+    """Rank papers by similarity to the chosen sentences of `query` (among those `filter` allows).
+
+    It runs on the calling thread's own BLAS/OpenMP settings: a process that answers queries limits them once
+    (`esqbe.core.threads.limit_for_query`), the library never flips them per call."""
+    return _run_query(backend, query, indices, settings, facet=facet, exclude=exclude, restrict_to=restrict_to,
+                      context=context, filter=filter)
 
 
 def _run_query(backend: Backend, query: IndexedPaper, indices: list[int], settings: Settings, *, facet: str | None,

@@ -9,193 +9,20 @@ Register new ones with `@register("name")`; the query pipeline and `esqbe eval` 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..core import deadline
-from ..domain import IndexedPaper
-
-
-@dataclass
-class QueryBatch:
-    """The query side: m sentence vectors (L2-normalised) and their texts."""
-
-    vectors: np.ndarray  # (m, d)
-    sentences: list[str]
-    #: per-sentence importance for rescorers that weigh query sentences (asym); None = uniform 1/m
-    weights: np.ndarray | None = None
-
-
-@dataclass
-class CandidateBatch:
-    """n candidates padded to L sentences: `mask[i, j]` is True where candidate i has sentence j."""
-
-    ids: list[str]
-    vectors: np.ndarray  # (n, L, d), zeros where masked out
-    mask: np.ndarray  # (n, L) bool
-    sentences: list[list[str]]
-    facets: list[list[str]]
-    #: (n, L) added to every cosine with that candidate sentence (soft facet matching: a sentence of
-    #: another facet counts less); None = no bias. `ot` subtracts it from its distances instead.
-    bias: np.ndarray | None = None
-
-    @classmethod
-    def from_papers(cls, papers: Sequence[IndexedPaper], bias: Sequence[np.ndarray] | None = None) -> "CandidateBatch":
-        n = len(papers)
-        dim = papers[0].vectors.shape[1] if n else 0
-        width = max((len(p.paper.sentences) for p in papers), default=0)
-        vectors = np.zeros((n, max(width, 1), dim), dtype=np.float32)
-        mask = np.zeros((n, max(width, 1)), dtype=bool)
-        for i, p in enumerate(papers):
-            k = len(p.paper.sentences)
-            vectors[i, :k] = p.vectors
-            mask[i, :k] = True
-        padded_bias = None
-        if bias is not None:
-            padded_bias = np.zeros(mask.shape, dtype=np.float32)
-            for i, b in enumerate(bias):
-                padded_bias[i, : len(b)] = b
-        return cls(
-            ids=[p.paper_id for p in papers],
-            vectors=vectors,
-            mask=mask,
-            sentences=[list(p.paper.sentences) for p in papers],
-            facets=[list(p.paper.facets) for p in papers],
-            bias=padded_bias,
-        )
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-Match = tuple[int, int, float]  # (query sentence index, candidate sentence index, weight)
-
-
-@dataclass
-class RescoreResult:
-    scores: np.ndarray  # (n,) higher is better
-    matches: list[list[Match]] = field(default_factory=list)  # per candidate, strongest first
-    #: (n, m, L) transport plans of the `ot` rescorer (zeros on padded slots); None for the others
-    plans: np.ndarray | None = None
-
-
-@dataclass
-class RescoreContext:
-    """What some rescorers need beyond vectors: the encoder (token vectors) and the index (token statistics)."""
-
-    encoder: object | None = None
-    backend: object | None = None
-
-
-Rescorer = Callable[[QueryBatch, CandidateBatch], RescoreResult]
-_REGISTRY: dict[str, Callable[..., Rescorer]] = {}
-
-
-@dataclass(frozen=True)
-class Param:
-    """One declared rescorer parameter: what the CLI (`--param`), a config (`rescorer_params`,
-    `facet_settings`) and HTTP (`rescorer_params`) accept for it, checked by one function
-    (`check_params`) so that the bounds are the same everywhere.
-
-    `low`/`high`: inclusive bounds of a number; `choices`: the allowed values of a str;
-    `http`: whether a client of `esqbe serve` may set it (`words` names a directory: it may not,
-    it picks one of the server's named word vectors instead)."""
-
-    name: str
-    type: type  # float | int | bool | str
-    default: Any
-    help: str
-    low: float | None = None
-    high: float | None = None
-    choices: tuple[str, ...] | None = None
-    http: bool = True
-
-
-_PARAMS: dict[str, tuple[Param, ...]] = {}
-
-
-def register(name: str, params: Sequence[Param] = ()):
-    """Register a rescorer factory `factory(context, **params) -> Rescorer` under `name`, with the
-    parameters it takes (each factory gets only declared, checked and coerced values)."""
-
-    def deco(factory):
-        _REGISTRY[name] = factory
-        _PARAMS[name] = tuple(params)
-        return factory
-
-    return deco
-
-
-def available_rescorers() -> list[str]:
-    return ["none", *sorted(_REGISTRY)]
-
-
-def rescorer_params(name: str) -> tuple[Param, ...]:
-    """The parameters rescorer `name` declares (none for `none`)."""
-    if name in (None, "none"):
-        return ()
-    try:
-        return _PARAMS[name]
-    except KeyError:
-        raise ValueError(f"unknown rescorer {name!r}; choose one of {', '.join(available_rescorers())}") from None
-
-
-def check_param(rescorer: str, param: Param, value):
-    """`value` (a bool, a number or text from a command line or a config file) as `param.type`, within its bounds."""
-    where = f"{rescorer}: {param.name}"
-    if param.type is bool:
-        if isinstance(value, (bool, np.bool_)):
-            return bool(value)
-        text = str(value).strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"{where} must be true or false (got {value!r})")
-    if param.type is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{where} must be text (got {value!r})")
-        if param.choices is not None and value not in param.choices:
-            raise ValueError(f"{where} must be one of {', '.join(param.choices)} (got {value!r})")
-        return value
-    if isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{where} must be a number (got {value!r})")
-    try:
-        out = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{where} must be a number (got {value!r})") from None
-    if not np.isfinite(out) or (param.low is not None and param.low > 0 >= out):
-        raise ValueError(f"{where} must be a positive number (got {value!r})")
-    if param.type is int:
-        if out != int(out):
-            raise ValueError(f"{where} must be a whole number (got {value!r})")
-        out = int(out)
-    if (param.low is not None and out < param.low) or (param.high is not None and out > param.high):
-        raise ValueError(f"{where} must be between {param.low:g} and {param.high:g} (got {value!r})")
-    return out
-
-
-def check_params(name: str, params: dict | None, *, http: bool = False) -> dict:
-    """`params` for rescorer `name`, checked against its declaration and coerced to their types: an
-    unknown parameter (or, with `http`, one a client may not set) is an error naming the accepted ones."""
-    declared = {p.name: p for p in rescorer_params(name) if p.http or not http}
-    params = dict(params or {})
-    unknown = sorted(set(params) - set(declared))
-    if unknown:
-        if not declared:
-            raise ValueError(f"{name} takes no parameters (got {', '.join(unknown)})")
-        raise ValueError(f"{name} got unknown parameter(s) {', '.join(unknown)}; it takes {', '.join(declared)}")
-    return {key: check_param(name, declared[key], value) for key, value in params.items()}
-
-
-def make_rescorer(name: str, context: RescoreContext | None = None, **params) -> Rescorer | None:
-    """The rescorer called `name` with its parameters (checked by `check_params`); `none` keeps the first-stage order."""
-    if name in (None, "none"):
-        return None
-    clean = check_params(name, params)
-    return _REGISTRY[name](context or RescoreContext(), **clean)
+from .batches import (
+    CandidateBatch,
+    Match,
+    QueryBatch,
+    RescoreContext,
+    Rescorer,
+    RescoreResult,
+)
+from .registry import Param, check_param, register
+from .registry import available_rescorers, rescorer_params  # noqa: F401  (the server imports them from here)
 
 
 def _cosines(query_vectors: np.ndarray, cand_vectors: np.ndarray) -> np.ndarray:

@@ -123,7 +123,10 @@ def serve(settings: Settings, options: ServeOptions, *, log_level: str = "info")
     """Run the app with uvicorn until interrupted (what `esqbe serve` does)."""
     import uvicorn
 
+    from ..core.threads import limit_for_query
+
     check_exposure(options)
+    limit_for_query()  # this process answers queries: small matrices, one BLAS thread (esqbe.core.threads)
     app = create_app(settings=settings, options=options)
     for line in exposure_notes(options):
         print(f"esqbe: {line}", file=sys.stderr, flush=True)

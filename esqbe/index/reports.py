@@ -1,0 +1,99 @@
+"""What an indexing or encoding run did (IndexReport, EncodeReport), and a storage failure in words."""
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+def _reason(e: BaseException, path: str | None = None) -> str:
+    """A storage failure in words (sqlite says 'unable to open database file' for a read-only directory)."""
+    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    if "disk is full" in text or getattr(e, "errno", None) == errno.ENOSPC:
+        return f"the disk is full ({text})"
+    if ("readonly" in text or "read-only" in text or getattr(e, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM)
+            or (path is not None and os.path.isdir(path) and not os.access(path, os.W_OK))):
+        return f"the index is read-only here ({text})"
+    return text
+
+
+_STORAGE_ERRORS = (sqlite3.Error, OSError)
+
+
+@dataclass
+class IndexReport:
+    """What an indexing run did: nothing read is unaccounted for."""
+
+    read: int = 0
+    indexed: int = 0
+    replaced: int = 0
+    unchanged: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    tagged: int = 0
+    seconds: float = 0.0
+    #: a --strict run: the error it stopped at, and the sources (or rest of one) it did not read
+    stopped: str | None = None
+    not_read: list[str] = field(default_factory=list)
+    #: `file:line: id: ...` for each record whose id repeats an earlier line of its file (the later one wins)
+    repeated: list[str] = field(default_factory=list)
+
+    @property
+    def stored(self) -> int:
+        """Papers of this run that are in the index now (added, replaced or already there unchanged)."""
+        return self.indexed + self.replaced + self.unchanged
+
+    @property
+    def failed(self) -> bool:
+        """Errors, and none of what this run read is in the index: the run did nothing useful."""
+        return bool(self.errors) and self.stored == 0
+
+    def failure_message(self) -> str:
+        if not self.failed:
+            return ""
+        if self.read == 0:
+            return "nothing indexed: no input could be read"
+        return f"nothing indexed: none of the {self.read} record(s) read could be indexed (see the errors above)"
+
+    def stop_message(self) -> str:
+        """What a stopped (--strict) run did and did not index, in words."""
+        if self.stopped is None:
+            return ""
+        rest = f"; not read: {', '.join(self.not_read)}" if self.not_read else ""
+        return (f"--strict: stopped at {self.stopped.split(': ')[0]}; the {self.stored} paper(s) read before it are in "
+                f"the index ({self.indexed} indexed, {self.replaced} replaced, {self.unchanged} unchanged){rest}")
+
+    def summary(self) -> dict:
+        return {
+            "read": self.read,
+            "indexed": self.indexed,
+            "replaced": self.replaced,
+            "unchanged": self.unchanged,
+            "skipped": dict(self.skipped),
+            "errors": list(self.errors),
+            "tagged": self.tagged,
+            "seconds": round(self.seconds, 2),
+            "stopped": self.stopped,
+            "not_read": list(self.not_read),
+            "failed": self.failure_message() or None,
+            "repeated": list(self.repeated),
+        }
+
+
+@dataclass
+class EncodeReport:
+    """What an encoding run did (papers of other shards are read but not counted as encoded)."""
+
+    path: str = ""
+    read: int = 0
+    encoded: int = 0
+    tagged: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> dict:
+        return {"path": self.path, "read": self.read, "encoded": self.encoded, "tagged": self.tagged,
+                "skipped": dict(self.skipped), "errors": list(self.errors), "seconds": round(self.seconds, 2)}

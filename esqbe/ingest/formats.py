@@ -1,0 +1,419 @@
+"""The input formats: recognising a record's format, and one parser per format from a JSON record to a `Paper`
+(S2ORC, S2AG abstracts and S2ORC full text, CSFCube, CSAbstruct, plain JSONL), with the metadata each carries.
+A parser raises `_Invalid` (a bad field: reported as `file:line: field: reason`) or `_Skip` (no abstract)."""
+from __future__ import annotations
+
+import json
+
+from ..domain import FACET_LABELS, LIMITS, RAW_LABELS, Paper, normalize_label
+from .sentences import split_sentences
+
+NO_ABSTRACT = "no abstract"
+
+
+_RAW_LABELS = (*FACET_LABELS, *RAW_LABELS)  # raw_labels=True keeps `objective` apart
+
+
+class _Invalid(Exception):
+    """A record is malformed in `field`; turned into an InputError once the line is known."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(field, reason)
+        self.field = field
+        self.reason = reason
+
+
+class _Skip(Exception):
+    """A well-formed record that cannot become a paper (e.g. no abstract)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def detect_format(record: dict) -> str:
+    """Name the format of one record from its keys; ValueError naming the keys if none fits."""
+    if not isinstance(record, dict):
+        raise ValueError(f"cannot detect the input format: expected a JSON object, got {_type_name(record)}")
+    keys = set(record)
+    lower = {k.lower() for k in keys}
+    if "corpusid" in lower:
+        if "content" in lower:
+            return "s2ag-s2orc"
+        if "abstract" in lower:
+            return "s2ag-abstracts"
+        if "title" in lower:
+            raise ValueError(
+                "records look like the S2AG 'papers' dataset, which has no abstracts; "
+                "read the S2AG 'abstracts' (or 's2orc') dataset instead"
+            )
+    elif "sentences" in keys:
+        return "csabstruct"
+    elif "pred_labels" in keys:
+        return "csfcube"
+    elif "paper_id" in keys:
+        return "csfcube" if isinstance(record.get("abstract"), list) else "s2orc"
+    elif "id" in keys:
+        return "jsonl"
+    raise ValueError(
+        f"cannot detect the input format from keys {sorted(keys)}; "
+        f"pass a format explicitly (one of {', '.join(FORMATS)})"
+    )
+
+
+def _type_name(value) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _paper_id(record: dict, key: str) -> str:
+    value = record.get(key)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise _Invalid(key, "missing")
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise _Invalid(key, f"expected a string or integer, got {_type_name(value)}")
+    return str(value).strip()
+
+
+def _title(record: dict, key: str = "title") -> str:
+    value = record.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _Invalid(key, f"expected a string, got {_type_name(value)}")
+    return " ".join(value.split())
+
+
+def _split_text_abstract(value, key: str) -> list[str]:
+    """A string abstract split into sentences; null/missing/blank is a skip, other types are errors."""
+    if value is None:
+        raise _Skip(NO_ABSTRACT)
+    if not isinstance(value, str):
+        raise _Invalid(key, f"expected a string, got {_type_name(value)}")
+    if len(value) > LIMITS["abstract_chars"]:  # before it is split: the splitter's time and memory grow with it
+        raise _Invalid(key, f"{len(value)} characters; at most {LIMITS['abstract_chars']}")
+    sentences = split_sentences(value)
+    if not sentences:
+        raise _Skip(NO_ABSTRACT)
+    return sentences
+
+
+def _sentence_list(value, key: str) -> list[str]:
+    """An abstract given as sentences; an empty one among others is an error (its label would dangle)."""
+    if value is None:
+        raise _Skip(NO_ABSTRACT)
+    if not isinstance(value, list):
+        raise _Invalid(key, f"expected a list of sentences, got {_type_name(value)}")
+    for i, sentence in enumerate(value):
+        if not isinstance(sentence, str):
+            raise _Invalid(key, f"sentence {i} is {_type_name(sentence)}, expected a string")
+    sentences = [s.strip() for s in value]
+    if not any(sentences):
+        raise _Skip(NO_ABSTRACT)
+    for i, sentence in enumerate(sentences):
+        if not sentence:
+            raise _Invalid(key, f"sentence {i} is empty")
+    return sentences
+
+
+def _labels(value, n_sentences: int, key: str, raw_labels: bool) -> list[str]:
+    """Given labels, one per sentence, normalised; null/missing means unlabeled."""
+    if value is None:
+        return ["unlabeled"] * n_sentences
+    if not isinstance(value, list):
+        raise _Invalid(key, f"expected a list of labels, got {_type_name(value)}")
+    if len(value) != n_sentences:
+        raise _Invalid(key, f"{len(value)} labels for {n_sentences} sentences")
+    labels = []
+    for i, label in enumerate(value):
+        try:
+            labels.append(normalize_label(label, raw=raw_labels))
+        except ValueError as e:
+            raise _Invalid(key, f"label {i}: {e}") from None
+    return labels
+
+
+def _metadata(fmt: str, year=None, **fields) -> dict:
+    """What is kept next to the paper, under esqbe's key names (see METADATA_KEYS); empty values
+    (None, "", [], {}) are left out so that `exists` filters mean something."""
+    meta = {"format": fmt}
+    if isinstance(year, int) and not isinstance(year, bool):
+        meta["year"] = year
+    for key, value in fields.items():
+        value = _clean(value)
+        if value is not None:
+            meta[key] = value
+    return meta
+
+
+#: the metadata keys readers fill, where the S2ORC / Semantic Scholar records give them (README, "Metadata")
+METADATA_KEYS = (
+    "format", "year", "publication_date", "venue", "journal", "authors", "fields_of_study", "external_ids",
+    "open_access_url", "open_access_status", "license", "s2_url", "publisher",
+)
+
+
+#: S2ORC / S2AG external id names -> esqbe's (`external_ids.doi`, ...)
+_EXTERNAL_IDS = {
+    "doi": "doi", "arxiv": "arxiv", "arxiv_id": "arxiv", "acl": "acl", "acl_id": "acl", "pubmed": "pubmed",
+    "pubmed_id": "pubmed", "pubmedcentral": "pmc", "pmc_id": "pmc", "mag": "mag", "mag_id": "mag", "dblp": "dblp",
+    "corpusid": "corpus_id",
+}
+
+
+def _clean(value):
+    """Drop empty strings/lists/dicts and None, recursively; strip strings."""
+    if isinstance(value, str):
+        value = " ".join(value.split())
+        return value or None
+    if isinstance(value, dict):
+        out = {k: c for k, c in ((k, _clean(v)) for k, v in value.items()) if c is not None}
+        return out or None
+    if isinstance(value, list):
+        out = [c for c in (_clean(v) for v in value) if c is not None]
+        return out or None
+    return value
+
+
+def _external_ids(ids: dict | None, corpus_id=None) -> dict:
+    out = {}
+    for key, value in (ids or {}).items() if isinstance(ids, dict) else ():
+        name = _EXTERNAL_IDS.get(str(key).lower())
+        if name and value not in (None, ""):
+            out[name] = str(value)
+    if corpus_id not in (None, ""):
+        out["corpus_id"] = str(corpus_id)
+    return out
+
+
+def _s2orc_author(a) -> dict | None:
+    if not isinstance(a, dict):
+        return {"name": str(a)} if isinstance(a, str) else None
+    parts = [a.get("first")] + list(a.get("middle") or []) + [a.get("last"), a.get("suffix")]
+    name = " ".join(str(p) for p in parts if p)
+    return {"name": name} if name.strip() else None
+
+
+def _authors(value) -> list | None:
+    """Authors as [{"name", "id"?}]: S2AG's {authorId, name}, strings, or objects given as such."""
+    if not isinstance(value, list):
+        return None
+    out = []
+    for a in value:
+        if isinstance(a, str):
+            out.append({"name": a})
+        elif isinstance(a, dict):
+            a = {str(k).lower(): v for k, v in a.items()}
+            entry = {"name": a.get("name")} if a.get("name") else _s2orc_author(a) or {}
+            ident = a.get("authorid", a.get("id"))
+            if ident not in (None, ""):
+                entry["id"] = str(ident)
+            if entry:
+                out.append(entry)
+    return out or None
+
+
+def _fields_of_study(record: dict) -> list | None:
+    """S2AG `s2fieldsofstudy` [{category, source}] or `fieldsofstudy` / S2ORC `mag_field_of_study` [str]."""
+    out: list[str] = []
+    for item in record.get("s2fieldsofstudy") or record.get("fieldsofstudy") or record.get("mag_field_of_study") or []:
+        name = item.get("category") if isinstance(item, dict) else item
+        if isinstance(name, str) and name.strip() and name not in out:
+            out.append(name.strip())
+    return out or None
+
+
+def _s2ag_common(record: dict) -> dict:
+    """Metadata fields shared by the Semantic Scholar Datasets records (keys already lower-cased)."""
+    journal = record.get("journal")
+    oa = record.get("openaccessinfo") or {}
+    oa = _lower_keys(oa) if isinstance(oa, dict) else {}
+    return dict(
+        publication_date=record.get("publicationdate") if isinstance(record.get("publicationdate"), str) else None,
+        venue=record.get("venue") if isinstance(record.get("venue"), str) else None,
+        journal=(journal.get("name") if isinstance(journal, dict) else journal) if isinstance(journal, (dict, str)) else None,
+        authors=_authors(record.get("authors")),
+        fields_of_study=_fields_of_study(record),
+        external_ids=_external_ids(record.get("externalids") or oa.get("externalids"), record.get("corpusid")),
+        open_access_url=oa.get("url") if isinstance(oa.get("url"), str) else None,
+        open_access_status=oa.get("status") if isinstance(oa.get("status"), str) else None,
+        license=oa.get("license") if isinstance(oa.get("license"), str) else None,
+        s2_url=record.get("url") if isinstance(record.get("url"), str) else None,
+    )
+
+
+def _lower_keys(d: dict) -> dict:
+    """S2AG bulk files use `corpusid`, the API docs `corpusId`: accept both."""
+    return {str(k).lower(): v for k, v in d.items()}
+
+
+def _from_s2orc(record: dict, raw_labels: bool) -> Paper:
+    paper_id = _paper_id(record, "paper_id")
+    title = _title(record)
+    sentences = _split_text_abstract(record.get("abstract"), "abstract")
+    ids = {k: record.get(k) for k in ("doi", "arxiv_id", "acl_id", "pubmed_id", "pmc_id", "mag_id")}
+    meta = _metadata(
+        "s2orc", record.get("year"),
+        venue=record.get("venue") if isinstance(record.get("venue"), str) else None,
+        journal=record.get("journal") if isinstance(record.get("journal"), str) else None,
+        authors=[a for a in map(_s2orc_author, record.get("authors") or []) if a] if isinstance(record.get("authors"), list) else None,
+        fields_of_study=_fields_of_study(record),
+        external_ids=_external_ids(ids, paper_id),
+        s2_url=record.get("s2_url") if isinstance(record.get("s2_url"), str) else None,
+    )
+    return Paper(paper_id, title, sentences, metadata=meta)
+
+
+def _from_s2ag_abstracts(record: dict, raw_labels: bool) -> Paper:
+    record = _lower_keys(record)
+    paper_id = _paper_id(record, "corpusid")
+    title = _title(record)
+    sentences = _split_text_abstract(record.get("abstract"), "abstract")
+    return Paper(paper_id, title, sentences, metadata=_metadata("s2ag-abstracts", record.get("year"), **_s2ag_common(record)))
+
+
+def _spans(annotations: dict, name: str, text: str) -> list[tuple[int, int]]:
+    """Distinct (start, end) spans of one annotation; S2AG stores them as a JSON-encoded list."""
+    key = f"content.annotations.{name}"
+    value = annotations.get(name)
+    if value is None:
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise _Invalid(key, f"not a JSON span list ({e.msg})") from None
+    if not isinstance(value, list):
+        raise _Invalid(key, f"expected a list of spans, got {_type_name(value)}")
+    spans = []
+    for span in value:
+        start = span.get("start") if isinstance(span, dict) else None
+        end = span.get("end") if isinstance(span, dict) else None
+        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= len(text)):
+            raise _Invalid(key, f"bad span {span!r} for a text of {len(text)} characters")
+        if (start, end) not in spans:
+            spans.append((start, end))
+    return spans
+
+
+def _from_s2ag_s2orc(record: dict, raw_labels: bool) -> Paper:
+    record = _lower_keys(record)
+    paper_id = _paper_id(record, "corpusid")
+    content = record.get("content")
+    if content is None:
+        raise _Skip(NO_ABSTRACT)
+    if not isinstance(content, dict):
+        raise _Invalid("content", f"expected an object, got {_type_name(content)}")
+    content = _lower_keys(content)
+    text = content.get("text")
+    if text is None:
+        raise _Skip(NO_ABSTRACT)
+    if not isinstance(text, str):
+        raise _Invalid("content.text", f"expected a string, got {_type_name(text)}")
+    annotations = content.get("annotations")
+    if annotations is None:
+        raise _Skip(NO_ABSTRACT)
+    if not isinstance(annotations, dict):
+        raise _Invalid("content.annotations", f"expected an object, got {_type_name(annotations)}")
+    annotations = _lower_keys(annotations)
+
+    # Grobid repeats the title and abstract (same or different offsets): keep each distinct text once.
+    title_spans = _spans(annotations, "title", text)
+    title = " ".join(text[title_spans[0][0] : title_spans[0][1]].split()) if title_spans else ""
+    parts: list[str] = []
+    for start, end in _spans(annotations, "abstract", text):
+        part = text[start:end].strip()
+        if part and part not in parts:
+            parts.append(part)
+    sentences = _split_text_abstract(" ".join(parts), "content.annotations.abstract")
+    common = _s2ag_common(record)
+    source = _lower_keys(content.get("source") or {}) if isinstance(content.get("source"), dict) else {}
+    oa = _lower_keys(source.get("oainfo") or {}) if isinstance(source.get("oainfo"), dict) else {}
+    common["open_access_url"] = common["open_access_url"] or (oa.get("openaccessurl") if isinstance(oa.get("openaccessurl"), str) else None)
+    common["open_access_status"] = common["open_access_status"] or (oa.get("status") if isinstance(oa.get("status"), str) else None)
+    common["license"] = common["license"] or (oa.get("license") if isinstance(oa.get("license"), str) else None)
+    # Grobid's header spans: venue, publisher, author names (repeated like the title: keep each once)
+    span_text = lambda name: _distinct_span_texts(annotations, name, text)  # noqa: E731
+    common["venue"] = common["venue"] or next(iter(span_text("venue")), None)
+    common["publisher"] = next(iter(span_text("publisher")), None)
+    if not common["authors"]:
+        common["authors"] = [{"name": n} for n in span_text("author")] or None
+    return Paper(paper_id, title, sentences, metadata=_metadata("s2ag-s2orc", record.get("year"), **common))
+
+
+def _distinct_span_texts(annotations: dict, name: str, text: str) -> list[str]:
+    out: list[str] = []
+    for start, end in _spans(annotations, name, text):
+        part = " ".join(text[start:end].split())
+        if part and part not in out:
+            out.append(part)
+    return out
+
+
+def _from_csfcube(record: dict, raw_labels: bool) -> Paper:
+    paper_id = _paper_id(record, "paper_id")
+    title = _title(record)
+    sentences = _sentence_list(record.get("abstract"), "abstract")
+    facets = _labels(record.get("pred_labels"), len(sentences), "pred_labels", raw_labels)
+    meta = record.get("metadata")
+    extra = {k: v for k, v in meta.items() if k not in ("format", "year")} if isinstance(meta, dict) else {}
+    year = meta.get("year") if isinstance(meta, dict) else None
+    return Paper(paper_id, title, sentences, facets, metadata=_metadata("csfcube", year, **extra))
+
+
+def _from_csabstruct(record: dict, raw_labels: bool) -> Paper:
+    paper_id = _paper_id(record, "paper_id")
+    sentences = _sentence_list(record.get("sentences"), "sentences")
+    facets = _labels(record.get("labels"), len(sentences), "labels", raw_labels)
+    return Paper(paper_id, "", sentences, facets, metadata=_metadata("csabstruct"))
+
+
+def _from_jsonl(record: dict, raw_labels: bool) -> Paper:
+    paper_id = _paper_id(record, "id")
+    title = _title(record)
+    abstract = record.get("abstract")
+    facets = record.get("facets")
+    if isinstance(abstract, list):
+        sentences = _sentence_list(abstract, "abstract")
+        labels = _labels(facets, len(sentences), "facets", raw_labels)
+    elif abstract is None or isinstance(abstract, str):
+        if facets is not None:
+            raise _Invalid("facets", "only valid with an abstract given as a list of sentences")
+        sentences = _split_text_abstract(abstract, "abstract")
+        labels = []
+    else:
+        raise _Invalid("abstract", f"expected a string or a list of sentences, got {_type_name(abstract)}")
+    return Paper(paper_id, title, sentences, labels, metadata=_jsonl_metadata(record))
+
+
+_JSONL_FIELDS = ("id", "title", "abstract", "facets")
+
+
+def _jsonl_metadata(record: dict) -> dict:
+    """Every key besides id/title/abstract/facets, plus the keys of a `metadata` object, kept as given
+    (`authors` as a list of names becomes [{"name"}] so that `author=...` filters work everywhere)."""
+    extra = {k: v for k, v in record.items() if k not in _JSONL_FIELDS and k != "metadata"}
+    if isinstance(record.get("metadata"), dict):
+        extra.update(record["metadata"])
+    elif record.get("metadata") is not None:
+        raise _Invalid("metadata", f"expected an object, got {_type_name(record['metadata'])}")
+    extra.pop("format", None)
+    if "authors" in extra:
+        extra["authors"] = _authors(extra["authors"]) if isinstance(extra["authors"], list) else extra["authors"]
+    year = extra.pop("year", None)
+    meta = _metadata("jsonl", year, **extra)
+    if year is not None and "year" not in meta:
+        meta["year"] = year  # kept as given (a string year still filters as text)
+    return meta
+
+
+_PARSERS = {
+    "s2orc": _from_s2orc,
+    "s2ag-abstracts": _from_s2ag_abstracts,
+    "s2ag-s2orc": _from_s2ag_s2orc,
+    "csfcube": _from_csfcube,
+    "csabstruct": _from_csabstruct,
+    "jsonl": _from_jsonl,
+}
+
+
+FORMATS = ("s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl")
