@@ -269,8 +269,10 @@ def test_a_slow_query_is_cut_at_its_deadline_and_the_next_client_is_answered(ind
     with LiveServer(app) as url:
         slow = threading.Thread(target=post, args=("slow", SLOW))
         slow.start()
-        time.sleep(timeout / 4)
-        post("cheap", CHEAP)  # queued behind the slow one on the single reader
+        # late in the slow query's life, so the cheap one (whose deadline runs from its arrival) has most of its
+        # own budget left when the slow one is cut: still queued behind it on the single reader
+        time.sleep(timeout * 0.8)
+        post("cheap", CHEAP)
         slow.join(120)
         service = app.state.service
     r, started, ended = out["slow"]

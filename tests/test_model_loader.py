@@ -24,9 +24,9 @@ def spy(monkeypatch):
     calls: list[ModelSpec] = []
     real = loader.load_encoder
 
-    def counting(spec):
+    def counting(spec, **kw):
         calls.append(spec)
-        return real(spec)
+        return real(spec, **kw)
 
     monkeypatch.setattr(loader, "load_encoder", counting)
     return calls
