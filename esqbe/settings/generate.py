@@ -247,7 +247,7 @@ def markdown_table() -> str:
             if s.group != group:
                 continue
             if s.choices is not None:
-                allowed = "registered rescorers" if callable(s.choices) else " \\| ".join(s.choices)
+                allowed = "registered rescorers" if callable(s.choices) else " | ".join(s.choices)
             else:
                 allowed = _bounds(s)
             http = f"`{s.http}`" if s.http else ""
