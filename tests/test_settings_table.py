@@ -167,7 +167,7 @@ def test_choices_are_the_same_on_every_skin(index_path):
         for value in choices:
             assert check_value(s.name, value) is None
         assert check_value(s.name, "no-such-choice")
-        for command in s.commands:
+        for command in s.commands if not callable(s.choices) else ():  # the registry's: checked by the config
             params = {p.name: p for p in _command(command).params}
             assert isinstance(params[s.name].type, click.Choice)
             assert tuple(params[s.name].type.choices) == choices, (s.name, command)

@@ -18,6 +18,8 @@ README_END = "<!-- settings-table:end -->"
 def _click_type(s: Setting):
     import click
 
+    if callable(s.choices):
+        return None  # free text, checked by the config (`esqbe query --rescorer X` names the registered ones: exit 1)
     if s.choices is not None:
         return LazyChoice(s.choices)
     if s.path is not None:
