@@ -6,37 +6,22 @@ import sys
 
 import click
 
+from esqbe.settings.table import FACET_MODES
+
 from .errors import handle_errors
-from .options import (
-    WEIGHT,
-    _parse_params,
-    encoder_options,
-    tagger_option,
-)
+from .options import _parse_params, click_options, overrides_from_click
 
 
 @click.command("csfcube")
 @click.option("--data", "data_dir", required=True, type=click.Path(exists=True, file_okay=False), help="CSFCube release directory (abstracts-csfcube-preds.jsonl, test-pid2anns-csfcube-*.json, evaluation_splits.json).")
 @click.option("--out", type=click.Path(file_okay=False), help="Write OUT/<config>.run (TREC) and merge OUT/results.json.")
 @click.option("--index-path", type=click.Path(file_okay=False), help="Index to build or reuse (default: .esqbe-eval/csfcube-<model>-<mode>-<labels>).")
-@click.option("--labels", "facets", type=click.Choice(["keep", "predict"]), default="keep", show_default=True, help="keep: the collection's sentence labels; predict: every paper's labels replaced by esqbe's tagger.")
-@click.option("--rescorer", help="ts, summax, ot, asym, asym_token, or none.")
-@click.option("--param", "params", multiple=True, help="Rescorer parameter KEY=VALUE (repeatable).")
-@click.option("--candidate-facet", type=click.Choice(["auto", "same", "all", "soft"]), help="Candidate sentences matched: auto (default: soft for predicted labels, same for given), same facet, all, or soft (all, other facets penalised).")
-@click.option("--facet-penalty", type=float, help="With --candidate-facet soft: the penalty (default 0.2).")
-@click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]))
-@click.option("--bm25-weight", "final_bm25_weight", type=WEIGHT, help="Fuse rescorer and BM25 scores (0..1).")
-@click.option("--abstract-weight", type=WEIGHT, help="Fuse in whole-abstract similarity (0..1; default 0).")
-@click.option("--bm25-text", type=click.Choice(["abstract", "facet"]), help="BM25 over title+abstract (default) or the candidate's sentences of the query's facet.")
-@click.option("--query-facet-threshold", type=float, help="Query papers with predicted labels: sentences whose facet probability reaches this form the query (default 0.3; 0: hard labels).")
-@click.option("--vector-centering", type=click.Choice(["none", "mean", "top1", "top2", "top3", "top4"]), help="Rescore on centred vectors: none (default), mean, or topK (mean and K principal directions removed).")
+@click.option("--labels", "facets", type=click.Choice([m for m in FACET_MODES if m != "none"]), default="keep", show_default=True, help="keep: the collection's sentence labels; predict: every paper's labels replaced by esqbe's tagger.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="YAML settings file.")
-@tagger_option
-@encoder_options
+@click_options("eval csfcube")
 @handle_errors
-def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candidate_facet, facet_penalty, fusion,
-                     final_bm25_weight, abstract_weight, bm25_text, query_facet_threshold, vector_centering, as_json, config, **kw):
+def eval_csfcube_cmd(data_dir, out, index_path, facets, as_json, config, **kw):
     """Re-rank every CSFCube query's pool through esqbe's query path and print the collection's metrics.
 
     \b
@@ -52,12 +37,7 @@ def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candid
     )
     from esqbe.settings.config import load_settings
 
-    overrides = {"rescorer": rescorer, "candidate_facet": candidate_facet, "fusion": fusion,
-                 "final_bm25_weight": final_bm25_weight, "abstract_weight": abstract_weight,
-                 "facet_penalty": facet_penalty, "bm25_text": bm25_text,
-                 "query_facet_threshold": query_facet_threshold, "vector_centering": vector_centering, **kw}
-    if params:
-        overrides["rescorer_params"] = _parse_params(params)
+    overrides = overrides_from_click(kw, "eval csfcube")
     settings = load_settings(config, **overrides)
     conformance = check_conformance(data_dir)
     result = evaluate_csfcube(data_dir, settings, facets=facets, index_path=index_path, out=out,
@@ -83,7 +63,7 @@ def eval_csfcube_cmd(data_dir, out, index_path, facets, rescorer, params, candid
 @click.option("--param", "params", multiple=True, help="Matcher option KEY=VALUE (repeatable): method, d, alpha, weights, words, max_tokens, markers, stopwords, exact, bm25_weight.")
 @click.option("--config", "config", type=click.Path(exists=True, dir_okay=False), help="YAML mapping of matcher options (flags override it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-@encoder_options
+@click_options("eval clscisumm")
 @handle_errors
 def eval_clscisumm_cmd(data_dir, out, index_path, splits, k, params, config, as_json, **kw):
     """CL-SciSumm Task 1a: rank each citing sentence's reference sentences through `esqbe cite`'s path

@@ -6,25 +6,20 @@ import sys
 
 import click
 
+from esqbe.settings.table import FORMATS, INDEX_FORMATS
+
 from .errors import EXIT_ERROR, EXIT_STORAGE, handle_errors
-from .options import (
-    _open,
-    backend_options,
-    encoder_options,
-    tagger_option,
-)
+from .options import _open, click_options, config_option
 
 
 @click.command("index")
 @click.argument("files", nargs=-1, required=True, type=str)
-@click.option("--format", "fmt", type=click.Choice(["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl", "parquet"]), help="Input format (default: detected per file; *.parquet is pre-encoded input).")
+@click.option("--format", "fmt", type=click.Choice(INDEX_FORMATS), help="Input format (default: detected per file; *.parquet is pre-encoded input).")
 @click.option("--strict", is_flag=True, help="Stop at the first malformed line or unreadable file (exit status 1), keeping the papers read before it, instead of reporting it and going on.")
-@click.option("--facets", type=click.Choice(["keep", "predict", "none"]), help="keep (default): use given labels, tag papers without; predict: tag every paper; none: never tag.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress (a bar on a terminal, else a line every 10 s).")
-@tagger_option
-@encoder_options
-@backend_options
+@click_options("index")
+@config_option
 @handle_errors
 def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
     """Index papers from FILES (JSONL, .gz, or - for stdin); re-indexing the same file changes nothing.
@@ -41,7 +36,7 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
     from esqbe.index.api import StorageError
     from esqbe.ingest.readers import InputError
 
-    index = _open(kw)
+    index = _open(kw, "index")
     try:
         try:
             report = index.index_files(list(files), format=fmt, strict=strict, facets=facets,
@@ -96,13 +91,12 @@ def _print_index_report(report, as_json: bool) -> None:
 @click.argument("files", nargs=-1, required=True, type=str)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory for the Parquet output (OUT/papers-<i>-of-<n>.parquet).")
 @click.option("--shard", default="0/1", show_default=True, help="I/N: encode only the papers whose id hashes to shard I of N (run N of these anywhere).")
-@click.option("--format", "fmt", type=click.Choice(["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"]), help="Input format (default: detected per file).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format (default: detected per file).")
 @click.option("--strict", is_flag=True, help="Stop at the first malformed line (exit status 1).")
-@click.option("--facets", type=click.Choice(["keep", "predict", "none"]), help="keep (default): use given labels, tag papers without; predict: tag every paper; none: never tag.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="YAML settings file.")
-@encoder_options
+@click_options("encode")
 @handle_errors
 def encode_cmd(files, out_dir, shard, fmt, strict, facets, as_json, quiet, config, **kw):
     """Encode papers from FILES into Parquet, to load later with `esqbe index OUT/*.parquet` (no model needed then).
@@ -144,13 +138,11 @@ def encode_cmd(files, out_dir, shard, fmt, strict, facets, as_json, quiet, confi
 @click.command("attach")
 @click.option("--id-field", default="_id", show_default=True, help="Field holding each document's paper id (`esqbe query --paper` accepts it; hits are named by _id).")
 @click.option("--text-fields", required=True, help="Comma-separated text fields: the title first, then the abstract (or body) fields, e.g. title,abstract.")
-@click.option("--facets", type=click.Choice(["keep", "predict", "none"]), help="Tag the sentences with esqbe's facet tagger (default: keep = tag, as the documents carry no labels); none: never tag.")
 @click.option("--reindex-to", metavar="NEW_INDEX", help="OpenSearch indexes created without index.knn: copy into NEW_INDEX (with it) and attach there; an alias named --index is moved to it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@tagger_option
-@encoder_options
-@backend_options
+@click_options("attach")
+@config_option
 @handle_errors
 def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
     """Add esqbe's fields to an Elasticsearch/OpenSearch index you already have, leaving your fields untouched.
@@ -170,7 +162,7 @@ def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
     from esqbe.index.attach import run_attach
 
     fields = [f.strip() for f in text_fields.split(",") if f.strip()]
-    with _open(kw) as index:
+    with _open(kw, "attach") as index:
         report = run_attach(index, id_field, fields, facets=facets, reindex_to=reindex_to,
                             progress=not quiet and not as_json and sys.stderr.isatty())
     if as_json:
@@ -190,11 +182,12 @@ def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
 
 @click.command("delete")
 @click.argument("paper_ids", nargs=-1, required=True)
-@backend_options
+@click_options("delete")
+@config_option
 @handle_errors
 def delete_cmd(paper_ids, **kw):
     """Delete papers by id (ids that are not in the index are named; the exit status stays 0)."""
-    with _open(kw, create=False) as index:
+    with _open(kw, "delete", create=False) as index:
         deleted, missing = index.delete_papers(paper_ids)
     click.echo(f"deleted {len(deleted)} of {len(deleted) + len(missing)}"
                + (f"; not in the index: {', '.join(missing)}" if missing else ""))
@@ -202,11 +195,12 @@ def delete_cmd(paper_ids, **kw):
 
 @click.command("stats")
 @click.option("--json", "as_json", is_flag=True)
-@backend_options
+@click_options("stats")
+@config_option
 @handle_errors
 def stats_cmd(as_json, **kw):
     """Papers, sentences per facet, model and size of the index."""
-    with _open(kw, create=False) as index:
+    with _open(kw, "stats", create=False) as index:
         stats = index.stats()
     if as_json:
         click.echo(json.dumps(stats, indent=2))

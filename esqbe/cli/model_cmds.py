@@ -6,20 +6,20 @@ import sys
 
 import click
 
+from esqbe.settings.table import FORMATS
+
 from .errors import handle_errors
-from .options import (
-    model_options,
-)
+from .options import click_options
 
 
 @click.command("tag")
 @click.argument("source", type=str)
 @click.option("--out", "-o", type=click.Path(dir_okay=False, allow_dash=True), default="-", show_default=True, help="Output JSONL (- for stdout).")
-@click.option("--format", "fmt", type=click.Choice(["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"]), help="Input format (default: detected).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format (default: detected).")
 @click.option("--raw-labels", is_flag=True, help="Keep `objective` apart from `background` (the five CSAbstruct labels).")
 @click.option("--strict", is_flag=True, help="Stop at the first malformed line (exit status 1).")
 @click.option("--tagger", "tagger_path", type=click.Path(exists=True, dir_okay=False), help="Tagger weights (default: the ones shipped with esqbe).")
-@model_options
+@click_options("tag")
 @handle_errors
 def tag_cmd(source, out, fmt, raw_labels, strict, tagger_path, model, device, batch_size, encoder_backend):
     """Label every sentence of SOURCE's abstracts with a facet (background, method, result, other).
@@ -51,7 +51,7 @@ def _summary_line(summary: dict) -> str:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--epochs", type=click.IntRange(min=1), help="Training epochs (default: the shipped tagger's).")
 @click.option("--limit", type=click.IntRange(min=1), help="Use only the first N train and dev abstracts (a quick smoke run).")
-@model_options
+@click_options("train-tagger")
 @handle_errors
 def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, model, device, batch_size, encoder_backend):
     """Train the facet tagger (reproducible for a given seed) and print its dev scores.

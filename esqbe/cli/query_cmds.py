@@ -11,14 +11,11 @@ import click
 from .errors import handle_errors
 from .options import (
     FACET_CHOICES,
-    RANGES,
-    WEIGHT,
-    K,
     _open,
     _parse_params,
-    backend_options,
-    encoder_options,
-    model_options,
+    click_options,
+    config_option,
+    overrides_from_click,
 )
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -40,29 +37,16 @@ def _single_threaded_math():
 @click.option("--text", help="Query with this abstract text (a paper not in the index).")
 @click.option("--file", "text_file", type=click.File("r"), help="Query with the abstract in this file (- for stdin).")
 @click.option("--title", default="", help="Title of the --text/--file paper (helps contextual vectors).")
-@click.option("--k", "-k", type=K, help=f"Number of hits, 1..{RANGES['k'][1]} (default: 10).")
-@click.option("--rescorer", help="ts, summax, ot, asym, asym_token, or none (default from config: summax).")
-@click.option("--param", "params", multiple=True, help="Rescorer parameter KEY=VALUE, e.g. --param tau=0.5 (repeatable).")
-@click.option("--candidate-facet", type=click.Choice(["auto", "same", "all", "soft"]), help="Which candidate sentences a facet query matches: only those with the query's facet (same), all (all), all with a penalty for other facets (soft), or auto (default): soft for papers whose labels the tagger predicted, same for given labels.")
-@click.option("--facet-penalty", type=float, help="With --candidate-facet soft: cosine penalty x (1 - the sentence's facet probability) (default 0.2).")
-@click.option("--fusion", type=click.Choice(["rrf", "linear", "bm25", "knn"]), help="How BM25 and kNN are fused in the first stage.")
-@click.option("--bm25-weight", "final_bm25_weight", type=WEIGHT, help="Fuse the rescorer's score with BM25 (0..1, per-query min-max; 0 = rescorer alone).")
 @click.option("--filter", "filters", multiple=True, metavar="COND",
               help="Only papers whose metadata satisfies COND, applied before ranking (repeatable, all must hold): "
                    "'year>=2019', 'venue in (ACL, EMNLP)', 'author!=\"Jane Doe\"', 'external_ids.doi exists'. "
                    "Operators = != < <= > >= in, not in, exists, not exists.")
 @click.option("--engine-filter", metavar="JSON", help="Elasticsearch/OpenSearch only: a query DSL clause the papers must also match, e.g. '{\"term\": {\"lang\": \"en\"}}'.")
-@click.option("--abstract-weight", type=WEIGHT, help="Fuse in whole-abstract similarity (mean sentence vectors; 0..1, per-query min-max; default 0).")
-@click.option("--bm25-text", type=click.Choice(["abstract", "facet"]), help="BM25 over title+abstract (default) or over the candidate's sentences of the query's facet (embedded backend).")
-@click.option("--query-facet-threshold", type=float, help="Query papers with predicted (soft) labels: use every sentence whose facet probability reaches this (default 0.3; 0: their hard labels). Given labels are unaffected.")
-@click.option("--vector-centering", type=click.Choice(["none", "mean", "top1", "top2", "top3", "top4"]), help="Rescore on centred sentence vectors: none (default), mean (subtract the index's mean vector), topK (also remove its K principal directions; configs/quality.yaml uses top1).")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
-@encoder_options
-@backend_options
+@click_options("query")
+@config_option
 @handle_errors
-def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, params, candidate_facet, facet_penalty,
-              fusion, final_bm25_weight, abstract_weight, bm25_text, query_facet_threshold, vector_centering, filters, engine_filter,
-              as_json, **kw):
+def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engine_filter, as_json, **kw):
     """Papers most similar to one paper in one aspect, with the sentences that matched.
 
     \b
@@ -95,12 +79,8 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, k, rescorer, p
             chosen = [int(x) for x in sentences.split(",") if x.strip()]
         except ValueError:
             raise click.BadParameter("expected comma-separated sentence indices, e.g. 0,2", param_hint="--sentences")
-    overrides = {"k": k, "rescorer": rescorer, "candidate_facet": candidate_facet, "fusion": fusion,
-                 "final_bm25_weight": final_bm25_weight, "abstract_weight": abstract_weight, "facet_penalty": facet_penalty,
-                 "bm25_text": bm25_text, "query_facet_threshold": query_facet_threshold, "vector_centering": vector_centering}
-    if params:
-        overrides["rescorer_params"] = _parse_params(params)
-    with _open(kw, create=False) as index:
+    overrides = overrides_from_click(kw, "query", ("query",))
+    with _open(kw, "query", create=False) as index:
         result = index.query(paper_id, facet=facet, sentences=chosen, text=text, title=title,
                              filters=list(flt.conditions) if flt else None,
                              engine_filter=flt.engine_query if flt else None, **overrides)
@@ -159,8 +139,8 @@ def _short(s: str, n: int = 160) -> str:
 @click.option("--k", "-k", type=click.IntRange(1, 1000), default=2, show_default=True, help="Number of sentences to return (1..1000).")
 @click.option("--param", "params", multiple=True, help="Matcher option KEY=VALUE (repeatable): method=asym|symm|bm25, d=4, alpha=1e-4, words=DIR, max_tokens=100, markers, stopwords, exact, weights, bm25_weight.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@model_options
-@backend_options
+@click_options("cite")
+@config_option
 @handle_errors
 def cite_cmd(paper_id, text, text_file, k, params, as_json, **kw):
     """The sentences of an indexed paper that a citing sentence refers to (cited text identification).
@@ -178,7 +158,7 @@ def cite_cmd(paper_id, text, text_file, k, params, as_json, **kw):
         text = text_file.read()
     if text is None or not text.strip():
         raise click.UsageError("give the citing sentence with --text or --file")
-    with _open(kw, create=False) as index:
+    with _open(kw, "cite", create=False) as index:
         result = index.cite(paper_id, " ".join(text.split()), k=k, **_parse_params(params))
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))

@@ -4,10 +4,7 @@ from __future__ import annotations
 import click
 
 from .errors import handle_errors
-from .options import (
-    backend_options,
-    encoder_options,
-)
+from .options import click_options, config_option, overrides_from_click
 
 
 @click.command("serve")
@@ -32,8 +29,8 @@ from .options import (
                    "a client never names a directory.")
 @click.option("--request-timeout", type=click.FloatRange(0, 3600, min_open=True),
               help="Seconds a query may take, waiting for a reader included, before it is abandoned with 504 (default: 30).")
-@encoder_options
-@backend_options
+@click_options("serve")
+@config_option
 @handle_errors
 def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_query_sentences, max_batch_records, no_warm,
               log_level, token_file, allowed_hosts, private, allow_raw_engine_filter, write_lock_timeout, show_paths,
@@ -58,8 +55,7 @@ def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_quer
                                write_lock_timeout=write_lock_timeout, show_paths=show_paths or None,
                                words=_parse_words(words) or None, request_timeout=request_timeout)
     config = kw.pop("config", None)
-    overrides = {"backend": kw.pop("backend", None), "path": kw.pop("path", None), "url": kw.pop("url", None),
-                 "index": kw.pop("index_name", None), **kw}
+    overrides = overrides_from_click(kw, "serve")
     settings = load_settings(config, **overrides)
     serve(settings, options, log_level=log_level)
 

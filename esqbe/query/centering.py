@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MODES = ("none", "mean", "top1", "top2", "top3", "top4")
+from ..settings.table import CENTRING_MODES as MODES  # noqa: E402
 #: papers whose sentences estimate the mean and directions (CSFCube's 4,205 abstracts: all of them)
 SAMPLE_PAPERS = 5000
 _CHUNK = 500

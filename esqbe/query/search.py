@@ -29,8 +29,7 @@ from ..settings.config import Settings
 from .centering import corpus_directions
 from .result_json import result_json
 
-CANDIDATE_FACET_MODES = ("auto", "all", "same", "soft")
-BM25_TEXTS = ("abstract", "facet")
+from ..settings.table import BM25_TEXTS, CANDIDATE_FACET_MODES  # noqa: E402
 #: the class order of the tagger's soft labels (`Paper.metadata["facet_probs"]`)
 SOFT_FACET_ORDER = ("background", "method", "result", "other")
 #: the settings a `facet_settings` entry may change: how one query is ranked, nothing about the index

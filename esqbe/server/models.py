@@ -8,29 +8,26 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from ..query.search import QueryError
 from ..rescore.rescorers import available_rescorers, rescorer_params
+from ..settings.generate import http_fields, overrides_from_http
+from ..settings.table import FACET_MODES, FORMATS
 from .options import WORDS_NAME
 
-MAX_K = 1000
+#: the input formats POST /papers reads (the readers') and what happens to facet labels (the table's)
+InputFormat = Literal[FORMATS]  # type: ignore[valid-type]
+FacetMode = Literal[FACET_MODES]  # type: ignore[valid-type]
 
 
-RESCORERS = ("summax", "ts", "ot", "asym", "asym_token", "none")
 
-
-class FirstStageOptions(BaseModel):
-    """The first stage (BM25 + sentence kNN, fused) before rescoring. Unset fields use the server's settings."""
-
+class _FirstStageBase(BaseModel):
     # optional fields default to None (unset) but accept no explicit null: what the schema says is what is accepted
     model_config = ConfigDict(extra="forbid")
 
-    depth: int = Field(None, ge=1, le=MAX_K, description="first-stage candidates handed to the rescorer")
-    knn_k: int = Field(None, ge=1, le=MAX_K, description="papers per query sentence from the kNN")
-    bm25_k: int = Field(None, ge=1, le=MAX_K, description="papers from BM25")
-    fusion: Literal["rrf", "linear", "bm25", "knn"] = Field(None, description="how BM25 and kNN are fused")
-    bm25_weight: float = Field(None, ge=0, le=1, description="BM25's weight in linear fusion")
-    candidate_facet: Literal["auto", "same", "all", "soft"] = Field(
-        None, description="same: a facet query matches candidate sentences of that facet; all: every sentence; "
-                          "soft: every sentence, other facets' sentences penalised; auto (default): soft for papers "
-                          "whose labels were predicted, same for given labels")
+
+#: the first-stage fields: the settings whose HTTP field is `first_stage.*` (esqbe.settings.table)
+FirstStageOptions = create_model(
+    "FirstStageOptions", __base__=_FirstStageBase, __module__=__name__,
+    __doc__="The first stage (BM25 + sentence kNN, fused) before rescoring. Unset fields use the server's settings.",
+    **http_fields("first_stage"))
 
 
 class FilterCondition(BaseModel):
@@ -72,7 +69,7 @@ def _rescorer_params_model() -> type[BaseModel]:
 RescorerParams = _rescorer_params_model()
 
 
-class QueryRequest(BaseModel):
+class _QueryRequestBase(BaseModel):
     """A query: a paper from the index (`paper_id`) or a text, and which of its sentences form the query
     (a `facet`, chosen `sentences`, or all of them)."""
 
@@ -95,13 +92,8 @@ class QueryRequest(BaseModel):
         None, description="use the query paper's sentences labelled with this facet")
     sentences: list[Annotated[int, Field(ge=0)]] = Field(
         None, min_length=1, description="use these sentences of the query paper (0-based)")
-    k: int = Field(10, ge=1, le=MAX_K, description="number of hits")
-    rescorer: Literal["summax", "ts", "ot", "asym", "asym_token", "none"] = Field(
-        None, description="default: the server's settings (summax)")
     rescorer_params: RescorerParams = Field(
         None, description='rescorer parameters, e.g. {"tau": 0.5} for ot or {"d": 4} for asym')
-    bm25_weight: float = Field(None, ge=0, le=1, description="fuse the rescorer's similarity with BM25 into the "
-                                                             "rank score (0 = similarity alone)")
     first_stage: FirstStageOptions = Field(None, description="first-stage options")
     with_sentences: bool = Field(False, description="include every sentence (and facet) of each hit")
     filters: list[Annotated[str, Field(min_length=1, max_length=1000)] | FilterCondition] = Field(
@@ -121,7 +113,7 @@ class QueryRequest(BaseModel):
     def overrides(self, words: dict[str, str] | None = None) -> dict:
         """Settings fields this request changes (the Python API's `Index.query(**overrides)`); a `words`
         name becomes its directory in `words` (the server's), an unknown name is an error."""
-        out: dict[str, Any] = {"k": self.k, "rescorer": self.rescorer, "final_bm25_weight": self.bm25_weight}
+        out: dict[str, Any] = overrides_from_http(self)
         if self.rescorer_params is not None:
             params = self.rescorer_params.model_dump(exclude_unset=True)
             if "words" in params:
@@ -134,11 +126,13 @@ class QueryRequest(BaseModel):
             out["rescorer_params"] = params
         elif self.rescorer is not None:
             out["rescorer_params"] = {}  # another rescorer than the configured one: not the configured one's params
-        fs = self.first_stage
-        if fs is not None:
-            out.update(rescore_depth=fs.depth, knn_k=fs.knn_k, bm25_k=fs.bm25_k, fusion=fs.fusion,
-                       fusion_bm25_weight=fs.bm25_weight, candidate_facet=fs.candidate_facet)
         return {key: value for key, value in out.items() if value is not None}
+
+
+#: the query: the hand-written fields above plus the settings a client may set (the table's HTTP fields:
+#: k, rescorer, bm25_weight, facet_penalty, ...), with the table's ranges and choices
+QueryRequest = create_model("QueryRequest", __base__=_QueryRequestBase, __module__=__name__,
+                            __doc__=_QueryRequestBase.__doc__, **http_fields(""))
 
 
 class Sentence(BaseModel):
@@ -223,8 +217,8 @@ class PapersRequest(BaseModel):
     ]})
 
     records: list[dict[str, Any]] = Field(min_length=1, description="one JSON object per paper")
-    format: Literal["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"] = Field(None, description="input format (default: detected per record)")
-    facets: Literal["keep", "predict", "none"] = Field(
+    format: InputFormat = Field(None, description="input format (default: detected per record)")
+    facets: FacetMode = Field(
         None, description="keep: given labels, tag papers without (default); predict: tag all; none: never tag")
 
 

