@@ -11,10 +11,18 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-#: exit statuses (README "Exit statuses"): 0 done; 1 the input, settings or request are wrong (or nothing
-#: could be indexed); 2 command-line usage (click); 3 the index or the machine failed (disk full, read-only,
-#: I/O); 70 an internal error, a bug in esqbe (a traceback is printed: please report it)
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_STORAGE, EXIT_INTERNAL = 0, 1, 2, 3, 70
+
+#: what each exit status means (README "Bad input, faults and exit statuses" is generated from it)
+EXIT_MEANINGS = {
+    EXIT_OK: "done (bad lines, if any, were reported as warnings and the rest indexed)",
+    EXIT_ERROR: "the input, a setting or the request is wrong: bad config value, unknown paper, model mismatch, "
+                "`--strict` stopped at a bad line, or records were read but none could be indexed",
+    EXIT_USAGE: "command-line usage: unknown option, a value out of its range (`-k 0`, `--bm25-weight 5`)",
+    EXIT_STORAGE: "the index or the machine failed: disk full, read-only index, I/O error (what was committed "
+                  "before it stays)",
+    EXIT_INTERNAL: "an internal error, a bug in esqbe: the traceback is printed; please report it",
+}
 
 
 class EsqbeError(Exception):
@@ -101,3 +109,41 @@ _DEFINING_MODULES = (
     "esqbe.evaluation.clscisumm_data", "esqbe.evaluation.csfcube", "esqbe.ingest.readers", "esqbe.query.search",
     "esqbe.rescore.words", "esqbe.settings.config", "esqbe.tagger.net",
 )
+
+
+README_BEGIN, README_END = "<!-- errors table: generated from esqbe/errors.py (python -m esqbe.errors README.md) -->", \
+    "<!-- end of errors table -->"
+
+
+def readme_table() -> str:
+    """README's exit statuses and the status of each error class, as markdown."""
+    lines = ["| exit status | meaning |", "|---|---|"]
+    lines += [f"| {status} | {meaning} |" for status, meaning in EXIT_MEANINGS.items()]
+    lines += ["", "Each of esqbe's errors (`esqbe.errors.EsqbeError` and its subclasses, importable from the module "
+              "named) declares its exit status and its HTTP status; anything else is a bug (exit 70, HTTP 500).", "",
+              "| error | module | exit | HTTP | meaning |", "|---|---|---|---|---|"]
+    for cls in error_classes():
+        http = f"{cls.http_status}" + (f" (Retry-After {cls.retry_after} s)" if cls.retry_after else "")
+        if cls.__name__ == "Cancelled":
+            http = "504 (timed out), 503 (cancelled)"
+        doc = " ".join((cls.__doc__ or "").split()).split(". ")[0].rstrip(".")
+        lines.append(f"| `{cls.__name__}` | `{cls.__module__}` | {cls.exit_status} | {http} | {doc} |")
+    return "\n".join(lines)
+
+
+def render_readme(text: str) -> str:
+    """`text` (README.md) with the table between its markers regenerated."""
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    return f"{head}{README_BEGIN}\n{readme_table()}\n{README_END}{tail}"
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    # the module itself, not this __main__ copy (its classes are the ones subclassed)
+    from esqbe import errors
+
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    path.write_text(errors.render_readme(path.read_text(encoding="utf-8")), encoding="utf-8")
