@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .core.filters import MetadataFilter
-from .errors import ModelMismatchError
+from .errors import DataError, ModelMismatchError, ParameterError
 
 #: facets a user can query by (CSFCube's three; `objective` is folded into `background`)
 QUERY_FACETS = ("background", "method", "result")
@@ -52,7 +52,7 @@ def normalize_label(label: str | None, raw: bool = False) -> str:
     try:
         return _LABEL_ALIASES[key]
     except KeyError:
-        raise ValueError(f"unknown facet label {label!r} (expected one of {', '.join(RAW_LABELS)})") from None
+        raise ParameterError(f"unknown facet label {label!r} (expected one of {', '.join(RAW_LABELS)})") from None
 
 
 #: what one paper read from input may carry, at most: generous for real papers (an abstract has tens of
@@ -171,7 +171,7 @@ class Paper:
         if not self.facets:
             self.facets = ["unlabeled"] * len(self.sentences)
         if len(self.facets) != len(self.sentences):
-            raise ValueError(
+            raise DataError(
                 f"paper {self.paper_id}: {len(self.sentences)} sentences but {len(self.facets)} facet labels"
             )
 
@@ -270,7 +270,7 @@ class IndexedPaper:
     def __post_init__(self):
         self.vectors = np.asarray(self.vectors, dtype=np.float32)
         if self.vectors.ndim != 2 or self.vectors.shape[0] != len(self.paper.sentences):
-            raise ValueError(
+            raise DataError(
                 f"paper {self.paper.paper_id}: {len(self.paper.sentences)} sentences but vectors of shape {self.vectors.shape}"
             )
 

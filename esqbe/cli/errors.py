@@ -1,41 +1,34 @@
-"""Exit statuses and the known failures that become one line on stderr (no traceback)."""
+"""Exit statuses, and esqbe's own errors as one line on stderr (no traceback); anything else is a bug.
+
+`handle_errors` maps an `EsqbeError` to its message and `exit_status` (README "Exit statuses", generated
+from the classes); a missing file to 1 and the machine's storage failures (OSError, sqlite3.Error) to 3 as
+before. Any other exception is not the user's mistake: its traceback is printed and the command exits
+`EXIT_INTERNAL` (70), never 1, so a bug is not mistaken for bad input.
+"""
 from __future__ import annotations
 
 import functools
 import sys
+import traceback
 
 import click
 
-#: exit statuses (README "Exit statuses"): 0 done; 1 the input, settings or request are wrong (or nothing
-#: could be indexed); 2 command-line usage (click); 3 the index or the machine failed (disk full, read-only, I/O)
-EXIT_ERROR, EXIT_USAGE, EXIT_STORAGE = 1, 2, 3
+from esqbe.errors import EXIT_ERROR, EXIT_INTERNAL, EXIT_STORAGE, EXIT_USAGE, EsqbeError
+
+__all__ = ["EXIT_ERROR", "EXIT_INTERNAL", "EXIT_STORAGE", "EXIT_USAGE", "exit_status", "handle_errors"]
 
 
-def _errors():
-    """Known failures become one clear line on stderr and an exit status (no traceback)."""
-    from esqbe.errors import BackendError
-    from esqbe.ingest.readers import InputError
-    from esqbe.query.search import QueryError
-    from esqbe.settings.config import ConfigError
-
-    errors = [BackendError, ConfigError, InputError, QueryError, FileNotFoundError, ValueError]
-    try:
-        from esqbe.encode.identity import DeviceError, ModelNotFoundError
-
-        errors += [ModelNotFoundError, DeviceError]
-    except ImportError:
-        pass
-    return tuple(errors)
-
-
-def _exit_status(e: BaseException) -> int:
+def exit_status(e: BaseException) -> int:
+    """The exit status of a failure: an esqbe error's own; a missing file 1; storage (OSError, sqlite3) 3."""
     import sqlite3
 
-    from esqbe.index.api import StorageError
-
-    if isinstance(e, (StorageError, sqlite3.Error)) or (isinstance(e, OSError) and not isinstance(e, FileNotFoundError)):
+    if isinstance(e, EsqbeError):
+        return e.exit_status
+    if isinstance(e, FileNotFoundError):
+        return EXIT_ERROR
+    if isinstance(e, (sqlite3.Error, OSError)):
         return EXIT_STORAGE
-    return EXIT_ERROR
+    return EXIT_INTERNAL
 
 
 def handle_errors(fn):
@@ -45,8 +38,15 @@ def handle_errors(fn):
 
         try:
             return fn(*args, **kwargs)
-        except (*_errors(), sqlite3.Error, OSError) as e:
+        except (EsqbeError, sqlite3.Error, OSError) as e:
             click.echo(f"error: {e}", err=True)
-            sys.exit(_exit_status(e))
+            sys.exit(exit_status(e))
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise  # usage errors (2) and click's own exits stay click's
+        except Exception as e:  # noqa: BLE001  # a bug: shown as one, with its traceback
+            traceback.print_exc()
+            click.echo(f"internal error ({type(e).__name__}: {e}): this is a bug in esqbe, please report it "
+                       "with the traceback above", err=True)
+            sys.exit(EXIT_INTERNAL)
 
     return wrapper

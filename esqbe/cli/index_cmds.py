@@ -43,7 +43,7 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
                                        progress=not quiet and not as_json)
             stopped = None
         except (InputError, StorageError) as e:
-            if getattr(e, "report", None) is None:
+            if e.report is None:
                 raise
             report, stopped = e.report, e
         try:

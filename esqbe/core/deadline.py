@@ -11,16 +11,24 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+from typing import ClassVar
+
+from ..errors import EsqbeError
 
 _CURRENT: contextvars.ContextVar["Deadline | None"] = contextvars.ContextVar("esqbe_deadline", default=None)
 
 
-class Cancelled(Exception):
-    """The work passed its deadline or was cancelled (its client went away); `reason` says which."""
+class Cancelled(EsqbeError):
+    """The work passed its deadline or was cancelled (its client went away); `reason` says which. Over HTTP
+    a timeout is 504, a cancelled request (the client gone, a shutdown) 503."""
+
+    http_status: ClassVar[int] = 504
 
     def __init__(self, reason: str, *, timed_out: bool):
         super().__init__(reason)
         self.timed_out = timed_out
+        if not timed_out:
+            self.http_status = 503  # type: ignore[misc]  # this one was cancelled, not too slow
 
 
 class Deadline:

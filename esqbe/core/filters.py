@@ -39,6 +39,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..errors import UserError
+
 OPERATORS = ("=", "!=", "<", "<=", ">", ">=", "in", "not in", "exists", "not exists")
 RANGE_OPS = {"<": "lt", "<=": "lte", ">": "gt", ">=": "gte"}
 #: short names users type -> the metadata path they mean
@@ -57,7 +59,7 @@ _SYNTAX = (
 )
 
 
-class FilterError(ValueError):
+class FilterError(UserError, ValueError):
     """A filter that cannot be read; the message says where and what was expected."""
 
 

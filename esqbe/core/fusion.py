@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ParameterError
+
 FUSION_METHODS = ("rrf", "linear", "bm25", "knn")
 RRF_K = 60
 
@@ -30,7 +32,7 @@ def fuse(bm25: dict[str, float], knn: dict[str, float], method: str = "rrf", bm2
     - `bm25` / `knn`: one list alone (the other only adds papers at the bottom).
     """
     if method not in FUSION_METHODS:
-        raise ValueError(f"unknown fusion {method!r}; choose one of {', '.join(FUSION_METHODS)}")
+        raise ParameterError(f"unknown fusion {method!r}; choose one of {', '.join(FUSION_METHODS)}")
     ids = set(bm25) | set(knn)
     if method == "rrf":
         out = dict.fromkeys(ids, 0.0)

@@ -18,6 +18,7 @@ import numpy as np
 from ..core import deadline
 from ..core.limits import ENCODE_CHARS_PER_TOKEN
 from ..domain import Paper
+from ..errors import ParameterError
 from .identity import (
     DEFAULT_MODEL,
     ModelNotFoundError,
@@ -57,7 +58,7 @@ class Encoder:
         source, self.name, self.location, self.fingerprint = info.source, info.name, info.location, info.fingerprint
         offline = bool(offline) or not source.count("/") or Path(source).is_dir()
         if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
+            raise ParameterError(f"batch_size must be at least 1 (got {batch_size})")
         self.device = _pick_device(device)
         self.batch_size = int(batch_size)
         try:
@@ -223,7 +224,7 @@ class Encoder:
         if mode == "independent":
             kwargs.pop("on_batch", None)
             return self.independent_sentence_vectors(papers, **kwargs)
-        raise ValueError(f"unknown encoder mode {mode!r}; choose one of {', '.join(ENCODER_MODES)}")
+        raise ParameterError(f"unknown encoder mode {mode!r}; choose one of {', '.join(ENCODER_MODES)}")
 
     # --- tokens --------------------------------------------------------------------------------
     def token_vectors(self, texts: Sequence[str], *, max_tokens: int = 100) -> list[tuple[list[str], np.ndarray]]:

@@ -9,6 +9,9 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
+
+from ..errors import ModelError
 
 from ..settings.table import ENCODER_BACKEND_CHOICES
 
@@ -24,8 +27,10 @@ ENCODER_BACKENDS = tuple(b for b in ENCODER_BACKEND_CHOICES if b != "auto")
 AUTO_CPU_BACKEND = "onnx-int8"
 
 
-class ModelNotFoundError(RuntimeError):
-    pass
+class ModelNotFoundError(ModelError, RuntimeError):
+    """The model asked for is neither a local directory nor in the cache (and may not be downloaded)."""
+
+    http_status: ClassVar[int] = 503
 
 
 def resolve_model(model: str | None) -> tuple[str, str]:
@@ -120,8 +125,10 @@ def model_info(model: str | None) -> ModelInfo:
     return ModelInfo(source, name, location, fingerprint, dim)
 
 
-class DeviceError(RuntimeError):
+class DeviceError(ModelError, RuntimeError):
     """The requested torch device does not exist on this machine."""
+
+    http_status: ClassVar[int] = 503
 
 
 def _pick_device(device: str | None) -> str:
@@ -146,7 +153,7 @@ def _pick_device(device: str | None) -> str:
     return device
 
 
-class EncoderBackendError(ValueError):
+class EncoderBackendError(ModelError, ValueError):
     """An encoder backend that cannot run here (unknown name, missing package, wrong device)."""
 
 

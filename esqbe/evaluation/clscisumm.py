@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from ..errors import DataError, ParameterError
 from .clscisumm_data import (
     CSV_HEADER,
     Citance,
@@ -310,7 +311,7 @@ def score_run(split: Split, run: Run, k: int = DEFAULT_K, *, csv_dir: str | Path
     if split.gold_dir is None:
         raise ClScisummDataError(f"split {split.name} has no gold (derived/<split>-gold-csv/Task1)")
     if k < 1:
-        raise ValueError(f"k must be at least 1 (got {k})")
+        raise ParameterError(f"k must be at least 1 (got {k})")
     submitted = run_csv_rows(split, run, k)
     if csv_dir is not None:
         import shutil
@@ -365,7 +366,7 @@ def check_conformance(data_dir: str | Path) -> tuple[str, list[dict]] | None:
         wrong += [f"{d.name} {n}: official {expected.get(n)}, esqbe {printed.get(n)}" for n in bad[:3]]
         rows.append({"run": run_path.name, "k": int(m["k"]), "lines": len(expected), **got.to_dict()})
     if wrong:
-        raise ValueError("conformance: esqbe's scorer disagrees with task1_eval.py: " + "; ".join(wrong))
+        raise DataError("conformance: esqbe's scorer disagrees with task1_eval.py: " + "; ".join(wrong))
     if not rows:
         return None
     n = sum(r["lines"] for r in rows)

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from esqbe.errors import DataError
+
 #: the official CSV header (run files); gold files add `Annotator`
 CSV_HEADER = ["Citance Number", "Reference Article", "Citing Article", "Citation Marker Offset", "Citation Marker",
               "Citation Offset", "Citation Text", "Citation Text Clean", "Reference Offset", "Reference Text",
@@ -19,7 +21,7 @@ CSV_HEADER = ["Citance Number", "Reference Article", "Citing Article", "Citation
 _GOLD_DIRS = {"train": "Training-Gold-csv"}
 
 
-class ClScisummDataError(ValueError):
+class ClScisummDataError(DataError):
     """A CL-SciSumm file is missing or malformed; the message names the file (and line) and why."""
 
 

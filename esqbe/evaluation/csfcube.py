@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from esqbe.errors import DataError, ParameterError
 from esqbe.evaluation.metrics import SCRIPT_SPLITS, Run, splits_with_all
 
 FACETS = ("background", "method", "result")
@@ -50,11 +51,11 @@ def split_qid(query_id: str) -> tuple[str, str]:
     """"<pid>_<facet>" -> (pid, facet)."""
     pid, sep, facet = str(query_id).rpartition("_")
     if not sep or not pid or facet not in FACETS:
-        raise ValueError(f"not a CSFCube query id (<pid>_<facet>, facet in {FACETS}): {query_id!r}")
+        raise ParameterError(f"not a CSFCube query id (<pid>_<facet>, facet in {FACETS}): {query_id!r}")
     return pid, facet
 
 
-class CSFCubeDataError(ValueError):
+class CSFCubeDataError(DataError):
     """A collection or run file is missing or malformed; `path` says which, the message why."""
 
     def __init__(self, path: str | Path, reason: str):
@@ -250,7 +251,7 @@ def load_csfcube(root: str | Path, facets: Iterable[str] = FACETS) -> CSFCube:
     pools: dict[str, list[str]] = {}
     for facet in facets:
         if facet not in FACETS:
-            raise ValueError(f"unknown facet {facet!r}; CSFCube facets are {FACETS}")
+            raise ParameterError(f"unknown facet {facet!r}; CSFCube facets are {FACETS}")
         fq, fp = load_pid2anns(root / anns_file(facet), facet)
         qrels.update(fq)
         pools.update(fp)
@@ -270,7 +271,7 @@ def load_pid2pool_run(path: str | Path, facet: str) -> Run:
     runs list L2 distances, ascending)."""
     path = Path(path)
     if facet not in FACETS:
-        raise ValueError(f"unknown facet {facet!r}; CSFCube facets are {FACETS}")
+        raise ParameterError(f"unknown facet {facet!r}; CSFCube facets are {FACETS}")
     data = _load_json(path, f"{facet} ranked pools")
     if not isinstance(data, dict):
         raise CSFCubeDataError(path, "expected an object of query pid -> [[candidate pid, score], ...]")

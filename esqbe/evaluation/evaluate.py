@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import DataError
 from ..query.search import QueryError
 from ..settings.config import Settings
 from ..settings.generate import command_line
@@ -116,7 +117,7 @@ def evaluate_csfcube(data_dir: str, settings: Settings, *, facets: str = "keep",
     cube = load_csfcube(data_dir)
     splits = cube.scorable_splits()
     if not splits:
-        raise ValueError(f"{data_dir}: no evaluation split has all its queries judged")
+        raise DataError(f"{data_dir}: no evaluation split has all its queries judged")
     path = index_path or default_index_path(settings, facets)
     settings = settings.replace(backend="embedded", path=path)
     timings = {}
@@ -174,7 +175,7 @@ def check_conformance(data_dir: str) -> tuple[str, EvalResult] | None:
     wrong = [f"{facet} {m}: expected {v}, got {got[facet][m]}" for facet, ms in expected["metrics"].items()
              for m, v in ms.items() if got[facet][m] != v]
     if wrong:
-        raise ValueError(f"conformance: esqbe's metrics disagree with the collection's script on its sample run: {'; '.join(wrong)}")
+        raise DataError(f"conformance: esqbe's metrics disagree with the collection's script on its sample run: {'; '.join(wrong)}")
     n = sum(len(ms) for ms in expected["metrics"].values())
     verdict = f"conformance: the collection's sample SPECTER run scores exactly the {n} figures its eval script prints"
     return verdict, EvalResult("collection sample run (SPECTER)", {}, {split: got}, {})

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import DataError, ParameterError
+
 #: binary measures count a candidate relevant from this grade up (the script's threshold_grade)
 RELEVANT_GRADE = 2
 #: the script's ATK, the cutoff of P@20 / R@20 / NDCG@20
@@ -53,9 +55,9 @@ def _binary(grades: np.ndarray) -> np.ndarray:
 def precision_at_k(rel: np.ndarray, k: int) -> float:
     """Fraction of the first k that are relevant; like the script, k beyond the list is an error."""
     if k < 1:
-        raise ValueError(f"precision cutoff must be >= 1, got {k}")
+        raise ParameterError(f"precision cutoff must be >= 1, got {k}")
     if len(rel) < k:
-        raise ValueError(f"precision@{k} needs at least {k} ranked candidates, got {len(rel)}")
+        raise DataError(f"precision@{k} needs at least {k} ranked candidates, got {len(rel)}")
     return float(np.mean(np.asarray(rel[:k]) != 0))
 
 
@@ -161,12 +163,12 @@ def ranked_grades(qid: str, ranking: Sequence[tuple[str, float]], judged: Mappin
     for item in ranking:
         docid = item[0]
         if docid in seen:
-            raise ValueError(f"query {qid}: candidate {docid} is ranked twice")
+            raise DataError(f"query {qid}: candidate {docid} is ranked twice")
         seen.add(docid)
         try:
             grades.append(int(judged[docid]))
         except KeyError:
-            raise ValueError(
+            raise DataError(
                 f"query {qid}: candidate {docid} is not in its judged pool "
                 "(CSFCube runs re-rank the pool; the eval script fails on unjudged candidates)"
             ) from None
@@ -184,17 +186,17 @@ def evaluate_run(run: Mapping[str, Sequence[tuple[str, float]]], qrels: Mapping[
     names = list(measures)
     unknown = [n for n in names if n not in MEASURES]
     if unknown:
-        raise ValueError(f"unknown measure(s) {unknown}; known: {list(MEASURES)}")
+        raise ParameterError(f"unknown measure(s) {unknown}; known: {list(MEASURES)}")
     missing = [q for q in run if q not in qrels]
     if missing:
-        raise ValueError(f"{len(missing)} run queries have no judgements: {missing[:5]}")
+        raise DataError(f"{len(missing)} run queries have no judgements: {missing[:5]}")
     out: dict[str, dict[str, float]] = {}
     for qid, ranking in run.items():
         grades = ranked_grades(qid, ranking, qrels[qid])
         try:
             out[qid] = {n: MEASURES[n](grades) for n in names}
         except ValueError as err:
-            raise ValueError(f"query {qid}: {err}") from None
+            raise DataError(f"query {qid}: {err}") from None
     return out
 
 
@@ -239,15 +241,15 @@ def aggregate(per_query: Mapping[str, Mapping[str, float]], splits: Mapping[str,
     for facet in facets:
         folds = splits_with_all(splits).get(facet)
         if folds is None:
-            raise ValueError(f"no evaluation splits for facet {facet!r}")
+            raise DataError(f"no evaluation splits for facet {facet!r}")
         fold_values: dict[str, list[float]] = {m: [] for m in measures}
         for fold in split_folds(split):
             qids = folds.get(fold)
             if not qids:
-                raise ValueError(f"split {split!r}: fold {fold!r} has no queries for facet {facet!r}")
+                raise DataError(f"split {split!r}: fold {fold!r} has no queries for facet {facet!r}")
             missing = [q for q in qids if q not in per_query]
             if missing:
-                raise ValueError(
+                raise DataError(
                     f"split {split!r}, facet {facet!r}: {len(missing)} of {len(qids)} queries of {fold} "
                     f"were not scored: {missing[:5]}"
                 )
@@ -280,7 +282,7 @@ def splits_with_all(splits: Mapping[str, Mapping[str, Sequence[str]]]) -> dict[s
 def write_trec_run(path: str | Path, run: Mapping[str, Sequence[tuple[str, float]]], tag: str = "esqbe") -> None:
     """Write "qid Q0 docid rank score tag" lines, rank = position in the given (best-first) order."""
     if not tag or any(c.isspace() for c in tag):
-        raise ValueError(f"run tag must be a non-empty word, got {tag!r}")
+        raise ParameterError(f"run tag must be a non-empty word, got {tag!r}")
     path = Path(path)
     with path.open("w", encoding="utf-8") as fp:
         for qid, ranking in run.items():
@@ -305,14 +307,14 @@ def read_trec_run(path: str | Path) -> Run:
             continue
         parts = line.split()
         if len(parts) != 6:
-            raise ValueError(f"{path}:{lineno}: expected 'qid Q0 docid rank score tag', got {line!r}")
+            raise DataError(f"{path}:{lineno}: expected 'qid Q0 docid rank score tag', got {line!r}")
         qid, _, docid, rank, score, _ = parts
         try:
             rank_i, score_f = int(rank), float(score)
         except ValueError:
-            raise ValueError(f"{path}:{lineno}: rank must be an integer and score a number: {line!r}") from None
+            raise DataError(f"{path}:{lineno}: rank must be an integer and score a number: {line!r}") from None
         if math.isnan(score_f):
-            raise ValueError(f"{path}:{lineno}: score is NaN")
+            raise DataError(f"{path}:{lineno}: score is NaN")
         rows.setdefault(qid, []).append((rank_i, docid, score_f))
     run: Run = {}
     for qid, items in rows.items():

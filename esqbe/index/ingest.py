@@ -11,7 +11,7 @@ from typing import Iterable, Iterator, Sequence
 from ..backends.base import Backend
 from ..core.progress import Progress
 from ..domain import IndexedPaper, IndexMeta, Paper, normalize_label
-from ..errors import StorageError
+from ..errors import ParameterError, StorageError
 from ..ingest.encoded import is_parquet
 from ..ingest.readers import InputError, ReadReport, check_source, read_papers
 from ..query import centering
@@ -106,7 +106,7 @@ class IngestMixin:
         store (disk full, read-only) raises StorageError with `.report`: what was committed before it."""
         facets = facets or self.settings.facets
         if facets not in FACET_MODES:
-            raise ValueError(f"facets must be one of {', '.join(FACET_MODES)} (got {facets!r})")
+            raise ParameterError(f"facets must be one of {', '.join(FACET_MODES)} (got {facets!r})")
         report = report or IndexReport()
         start = time.perf_counter()
         self.check_model()  # before any weights are loaded
@@ -122,8 +122,7 @@ class IngestMixin:
 
         def storage_error(e: BaseException) -> StorageError:
             error = StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}; "
-                                 f"{report.stored} paper(s) of this run were committed before it")
-            error.report = report
+                                 f"{report.stored} paper(s) of this run were committed before it", report=report)
             return error
 
         def store(pending) -> None:
@@ -215,8 +214,7 @@ class IngestMixin:
             report.errors.append(str(first))
             report.stopped = str(first)
             report.not_read = [str(s) for s in sources]
-            first.report = report
-            raise first
+            raise first.with_report(report)
         report.errors.extend(str(e) for e in problems.values())
         if len(problems) < len(sources):
             self.preflight()
@@ -254,11 +252,11 @@ class IngestMixin:
                 if e.line:
                     report.not_read.append(f"{e.source} from line {e.line}")
                 report.not_read.extend(str(s) for s in sources[i + 1 :])
-                e.report = report
+                e.with_report(report)
                 raise
             except StorageError as e:
                 report.not_read.extend(str(s) for s in sources[i + 1 :])
-                e.report = report
+                e.with_report(report)
                 raise
             finally:
                 report.read += reader_report.read
@@ -308,8 +306,7 @@ class IngestMixin:
                     bar.update(len(batch))
         except _STORAGE_ERRORS as e:
             error = StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}; "
-                                 f"{report.stored} paper(s) of this run were committed before it")
-            error.report = report
+                                 f"{report.stored} paper(s) of this run were committed before it", report=report)
             raise error from e
         finally:
             if bar is not None and bar is not progress:
@@ -331,10 +328,10 @@ class IngestMixin:
 
         i, n = shard
         if not (n >= 1 and 0 <= i < n):
-            raise ValueError(f"shard must be I/N with 0 <= I < N (got {i}/{n})")
+            raise ParameterError(f"shard must be I/N with 0 <= I < N (got {i}/{n})")
         facets = facets or self.settings.facets
         if facets not in FACET_MODES:
-            raise ValueError(f"facets must be one of {', '.join(FACET_MODES)} (got {facets!r})")
+            raise ParameterError(f"facets must be one of {', '.join(FACET_MODES)} (got {facets!r})")
         Path(out).mkdir(parents=True, exist_ok=True)
         target = Path(out) / f"papers-{i:05d}-of-{n:05d}.parquet"
         report = EncodeReport(path=str(target))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 from esqbe.domain import FACET_LABELS, Paper, paper_problem
+from esqbe.errors import ParameterError, UserError
 
 from .formats import (
     _PARSERS,
@@ -37,7 +38,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-class InputError(ValueError):
+class InputError(UserError, ValueError):
     """One bad input line, located precisely enough to fix it by hand."""
 
     def __init__(self, source: str, line: int | None, field: str, reason: str):
@@ -171,7 +172,7 @@ def read_papers(
     apart from `background`, for training the facet tagger on the five CSAbstruct labels.
     """
     if format is not None and format not in FORMATS:
-        raise ValueError(f"unknown input format {format!r}; valid formats: {', '.join(FORMATS)}")
+        raise ParameterError(f"unknown input format {format!r}; valid formats: {', '.join(FORMATS)}")
     return _read(source, format, strict, raw_labels, report if report is not None else ReadReport())
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ParameterError
 from ..settings.table import CENTRING_MODES as MODES  # noqa: E402
 #: papers whose sentences estimate the mean and directions (CSFCube's 4,205 abstracts: all of them)
 SAMPLE_PAPERS = 5000
@@ -54,7 +55,7 @@ class CorpusDirections:
 def components(mode: str) -> int:
     """How many principal directions `mode` removes (mean: 0); ValueError for an unknown mode."""
     if mode not in MODES or mode == "none":
-        raise ValueError(f"vector_centering must be one of {', '.join(MODES)} (got {mode!r})")
+        raise ParameterError(f"vector_centering must be one of {', '.join(MODES)} (got {mode!r})")
     return 0 if mode == "mean" else int(mode[3:])
 
 
@@ -87,7 +88,7 @@ def corpus_directions(backend, mode: str, *, sample: int = SAMPLE_PAPERS, seed: 
         got = backend.get(ids[start : start + _CHUNK])
         parts += [got[i].vectors for i in ids[start : start + _CHUNK] if i in got and len(got[i].vectors)]
     if not parts:
-        raise ValueError("the index holds no sentence vectors to centre by")
+        raise ParameterError("the index holds no sentence vectors to centre by")
     found = estimate(np.concatenate(parts), k, papers=len(parts))
     directions = CorpusDirections(found.mean, found.top, found.papers, found.sentences, corpus)
     with _lock:

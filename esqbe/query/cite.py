@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..errors import ParameterError
 from ..rescore.asym import (
     TokenSet,
     asym_scores,
@@ -58,12 +59,12 @@ def _number(name: str, value, *, minimum: float = 0.0, strict: bool = True, whol
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"cite: {name} must be a number (got {value!r})") from None
+        raise ParameterError(f"cite: {name} must be a number (got {value!r})") from None
     if not np.isfinite(x) or (x <= minimum if strict else x < minimum):
-        raise ValueError(f"cite: {name} must be {'greater than' if strict else 'at least'} {minimum:g} (got {value!r})")
+        raise ParameterError(f"cite: {name} must be {'greater than' if strict else 'at least'} {minimum:g} (got {value!r})")
     if whole:
         if x != int(x):
-            raise ValueError(f"cite: {name} must be a whole number (got {value!r})")
+            raise ParameterError(f"cite: {name} must be a whole number (got {value!r})")
         return int(x)
     return x
 
@@ -89,19 +90,19 @@ class CiteOptions:
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(params) - set(known))
         if unknown:
-            raise ValueError(f"cite: unknown option(s) {', '.join(unknown)}; known: {', '.join(known)}")
+            raise ParameterError(f"cite: unknown option(s) {', '.join(unknown)}; known: {', '.join(known)}")
         out = {}
         for key, value in params.items():
             if key == "method":
                 if value not in METHODS:
-                    raise ValueError(f"cite: method must be one of {', '.join(METHODS)} (got {value!r})")
+                    raise ParameterError(f"cite: method must be one of {', '.join(METHODS)} (got {value!r})")
                 out[key] = value
             elif key in ("d", "alpha"):
                 out[key] = _number(key, value)
             elif key == "bm25_weight":
                 out[key] = _number(key, value, strict=False)
                 if out[key] > 1:
-                    raise ValueError(f"cite: bm25_weight must be between 0 and 1 (got {value!r})")
+                    raise ParameterError(f"cite: bm25_weight must be between 0 and 1 (got {value!r})")
             elif key in ("max_tokens", "min_count"):
                 out[key] = _number(key, value, strict=False, whole=True)
             elif key == "exact":
@@ -174,7 +175,7 @@ class CitedTextMatcher:
 
                 self.words = WordVectors.load(self.options.words)
             elif encoder is None:
-                raise ValueError("cite: without word vectors (words=DIR) the matcher needs an encoder for token vectors")
+                raise ParameterError("cite: without word vectors (words=DIR) the matcher needs an encoder for token vectors")
 
     # --- text -> tokens ---------------------------------------------------------------------------
     def _clean(self, text: str) -> str:

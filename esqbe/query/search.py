@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -22,9 +22,10 @@ from ..domain import (
     Paper,
     normalize_label,
 )
+from ..errors import UserError
 from ..ingest.sentences import split_sentences
-from ..rescore.registry import make_rescorer
 from ..rescore.batches import CandidateBatch, QueryBatch, RescoreContext
+from ..rescore.registry import make_rescorer
 from ..settings.config import Settings
 from .centering import corpus_directions
 from .result_json import result_json
@@ -38,20 +39,26 @@ FACET_SETTING_KEYS = ("k", "rescorer", "rescorer_params", "rescore_depth", "knn_
                       "query_facet_threshold", "vector_centering")
 
 
-class QueryError(ValueError):
+class QueryError(UserError, ValueError):
     """The query cannot be answered as asked (unknown paper, facet absent, bad sentence index)."""
 
 
 class PaperNotFoundError(QueryError):
     """The query paper is not in the index."""
 
+    http_status: ClassVar[int] = 404
+
 
 class EmptyIndexError(QueryError):
     """Nothing is indexed yet."""
 
+    http_status: ClassVar[int] = 409
+
 
 class QueryTooLargeError(QueryError):
     """The query text is past a cap of `esqbe.core.limits`."""
+
+    http_status: ClassVar[int] = 413
 
 
 def query_sentences(text: str | Sequence[str]) -> list[str]:

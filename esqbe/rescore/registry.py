@@ -7,6 +7,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..errors import ParameterError
 from .batches import RescoreContext, Rescorer
 
 _REGISTRY: dict[str, Callable[..., Rescorer]] = {}
@@ -58,7 +59,7 @@ def rescorer_params(name: str) -> tuple[Param, ...]:
     try:
         return _PARAMS[name]
     except KeyError:
-        raise ValueError(f"unknown rescorer {name!r}; choose one of {', '.join(available_rescorers())}") from None
+        raise ParameterError(f"unknown rescorer {name!r}; choose one of {', '.join(available_rescorers())}") from None
 
 
 def check_param(rescorer: str, param: Param, value):
@@ -72,27 +73,27 @@ def check_param(rescorer: str, param: Param, value):
             return True
         if text in ("0", "false", "no", "off"):
             return False
-        raise ValueError(f"{where} must be true or false (got {value!r})")
+        raise ParameterError(f"{where} must be true or false (got {value!r})")
     if param.type is str:
         if not isinstance(value, str):
-            raise ValueError(f"{where} must be text (got {value!r})")
+            raise ParameterError(f"{where} must be text (got {value!r})")
         if param.choices is not None and value not in param.choices:
-            raise ValueError(f"{where} must be one of {', '.join(param.choices)} (got {value!r})")
+            raise ParameterError(f"{where} must be one of {', '.join(param.choices)} (got {value!r})")
         return value
     if isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{where} must be a number (got {value!r})")
+        raise ParameterError(f"{where} must be a number (got {value!r})")
     try:
         out = float(value)
     except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{where} must be a number (got {value!r})") from None
+        raise ParameterError(f"{where} must be a number (got {value!r})") from None
     if not np.isfinite(out) or (param.low is not None and param.low > 0 >= out):
-        raise ValueError(f"{where} must be a positive number (got {value!r})")
+        raise ParameterError(f"{where} must be a positive number (got {value!r})")
     if param.type is int:
         if out != int(out):
-            raise ValueError(f"{where} must be a whole number (got {value!r})")
+            raise ParameterError(f"{where} must be a whole number (got {value!r})")
         out = int(out)
     if (param.low is not None and out < param.low) or (param.high is not None and out > param.high):
-        raise ValueError(f"{where} must be between {param.low:g} and {param.high:g} (got {value!r})")
+        raise ParameterError(f"{where} must be between {param.low:g} and {param.high:g} (got {value!r})")
     return out
 
 
@@ -104,8 +105,8 @@ def check_params(name: str, params: dict | None, *, http: bool = False) -> dict:
     unknown = sorted(set(params) - set(declared))
     if unknown:
         if not declared:
-            raise ValueError(f"{name} takes no parameters (got {', '.join(unknown)})")
-        raise ValueError(f"{name} got unknown parameter(s) {', '.join(unknown)}; it takes {', '.join(declared)}")
+            raise ParameterError(f"{name} takes no parameters (got {', '.join(unknown)})")
+        raise ParameterError(f"{name} got unknown parameter(s) {', '.join(unknown)}; it takes {', '.join(declared)}")
     return {key: check_param(name, declared[key], value) for key, value in params.items()}
 
 

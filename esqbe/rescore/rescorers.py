@@ -13,6 +13,7 @@ from collections import Counter
 import numpy as np
 
 from ..core import deadline
+from ..errors import ParameterError
 from .batches import (
     CandidateBatch,
     Match,
@@ -21,8 +22,7 @@ from .batches import (
     Rescorer,
     RescoreResult,
 )
-from .registry import Param, check_param, register
-from .registry import available_rescorers, rescorer_params  # noqa: F401  (the server imports them from here)
+from .registry import Param, available_rescorers, check_param, register, rescorer_params  # noqa: F401  (the server imports them from here)
 
 
 def _cosines(query_vectors: np.ndarray, cand_vectors: np.ndarray) -> np.ndarray:
@@ -89,7 +89,7 @@ def _finite_matches(matches: list[list[Match]]) -> list[list[Match]]:
 
 def _check_query(rescorer: str, query: QueryBatch) -> None:
     if len(query.vectors) == 0:
-        raise ValueError(f"{rescorer}: the query has no sentences")
+        raise ParameterError(f"{rescorer}: the query has no sentences")
 
 
 # --- optimal transport (otAspire) -----------------------------------------------------------------
@@ -329,7 +329,7 @@ def _query_weights(query: QueryBatch) -> np.ndarray:
         return np.full(m, 1.0 / m)
     w = np.asarray(query.weights, dtype=np.float64)
     if w.shape != (m,) or (w < 0).any() or w.sum() <= 0:
-        raise ValueError(f"query weights must be {m} non-negative numbers, not all zero (got shape {w.shape})")
+        raise ParameterError(f"query weights must be {m} non-negative numbers, not all zero (got shape {w.shape})")
     return w / w.sum()
 
 
@@ -410,7 +410,7 @@ def rescore_asym_token(context: RescoreContext, *, d=4.0, alpha=1e-4, max_tokens
         vectors = WordVectors.load(str(words))
     encoder = getattr(context, "encoder", None)
     if encoder is None and vectors is None:
-        raise ValueError("asym_token needs an encoder for token vectors (RescoreContext(encoder=...)) or words=DIR")
+        raise ParameterError("asym_token needs an encoder for token vectors (RescoreContext(encoder=...)) or words=DIR")
     backend = getattr(context, "backend", None)
 
     def encode(texts: list[str]) -> list[tuple[list[str], np.ndarray]]:
@@ -430,7 +430,7 @@ def rescore_asym_token(context: RescoreContext, *, d=4.0, alpha=1e-4, max_tokens
     def score(query: QueryBatch, cands: CandidateBatch) -> RescoreResult:
         m, n = len(query.sentences), len(cands)
         if m == 0:
-            raise ValueError("asym_token: the query has no sentences")
+            raise ParameterError("asym_token: the query has no sentences")
         width = cands.mask.shape[1] if n else 0
         # every distinct (cleaned) text once: query sentences first, then candidate sentences
         texts: dict[str, int] = {}

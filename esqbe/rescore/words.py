@@ -31,6 +31,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ..errors import DataError
 from .asym import strip_citation_markers, word_tokens
 
 VECTORS_FILE = "vectors.kv"
@@ -43,7 +44,7 @@ _S_ELEMENT = re.compile(r"<S\b[^<>]*+>((?:[^<]++|<(?!/?S\b))*+)</S>")
 _TAG = re.compile(r"<[^<>]++>")
 
 
-class WordsError(ValueError):
+class WordsError(DataError):
     """A corpus source or a word-vector directory cannot be used; the message says which and why."""
 
 

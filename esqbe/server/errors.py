@@ -1,5 +1,7 @@
 """Errors as JSON with the right status: `ApiError`, the error body (messages without paths or URLs; the
-log has them under a request id), the status of each library error, and the OpenAPI error responses."""
+log has them under a request id), esqbe's errors at the status each class declares (`http_status`, with
+Retry-After on a 503), and the OpenAPI error responses. Any other exception is a bug: 500, logged with
+its traceback."""
 from __future__ import annotations
 
 import logging
@@ -13,8 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import BackendError, ModelMismatchError
-from ..query.search import QueryError
+from ..errors import EsqbeError
 from .models import ErrorResponse
 
 log = logging.getLogger("esqbe.server")
@@ -70,15 +71,14 @@ def _public(status: int, message: str) -> str:
 
 
 def _status_of(exc: BaseException) -> int:
-    from ..query.search import EmptyIndexError, PaperNotFoundError
+    """The HTTP status of an error: an esqbe error's own (`http_status`), anything else 500 (a bug)."""
+    return exc.http_status if isinstance(exc, EsqbeError) else 500
 
-    if isinstance(exc, PaperNotFoundError):
-        return 404
-    if isinstance(exc, (EmptyIndexError, ModelMismatchError)):
-        return 409
-    if isinstance(exc, BackendError):
-        return 503
-    return 400  # QueryError, ValueError: the request cannot be answered as asked
+
+def api_error(exc: EsqbeError) -> ApiError:
+    """An esqbe error as the service's answer: its status, message, details and (a 503) Retry-After."""
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None and exc.http_status == 503 else None
+    return ApiError(exc.http_status, str(exc), exc.details, headers)
 
 
 def _clean_validation(errors: list) -> list[dict]:
@@ -112,7 +112,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request, exc: Exception):
-        if isinstance(exc, (QueryError, ValueError, BackendError)):
-            return _error_response(_status_of(exc), str(exc))
+        if isinstance(exc, EsqbeError):
+            e = api_error(exc)
+            return _error_response(e.status, e.message, e.details, e.headers)
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return _error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")

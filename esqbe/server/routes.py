@@ -14,11 +14,11 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import ValidationError
 
 from ..backends.engines.filters import check_safe_clause
-from ..core.deadline import Cancelled, Deadline
+from ..core.deadline import Deadline
 from ..core.filters import FilterError
-from ..errors import BackendError
-from ..query.search import QueryError, QueryTooLargeError, query_sentences
-from .errors import ApiError, _clean_validation, _errors, _public, _status_of
+from ..errors import EsqbeError
+from ..query.search import query_sentences
+from .errors import ApiError, _clean_validation, _errors, _public, api_error
 from .middleware import _PAGE_HEADERS, JSON_LINES_TYPES, _token_ok, _type_message
 from .models import (
     DeleteResponse,
@@ -70,14 +70,14 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
     async def reads(fn, *args):
         try:
             return await service.read(fn, *args)
-        except (QueryError, ValueError, BackendError) as e:
-            raise ApiError(_status_of(e), str(e)) from None
+        except EsqbeError as e:
+            raise api_error(e) from None
 
     async def writes(fn, *args):
         try:
             return await service.write(fn, *args)
-        except (QueryError, ValueError, BackendError) as e:
-            raise ApiError(_status_of(e), str(e)) from None
+        except EsqbeError as e:
+            raise api_error(e) from None
 
     # --- the page ---------------------------------------------------------------------------
     @router.get("/", include_in_schema=False)
@@ -128,10 +128,8 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
             if text is not None:
                 text = query_sentences(text)  # past esqbe.core.limits' character caps: refused before any tokenizing
             overrides = req.overrides(options.words)
-        except QueryTooLargeError as e:
-            raise ApiError(413, str(e)) from None
-        except QueryError as e:
-            raise ApiError(400, str(e)) from None
+        except EsqbeError as e:  # a text past the caps: 413 (QueryTooLargeError); bad overrides: 400
+            raise api_error(e) from None
         if text is not None:
             if not text:
                 raise ApiError(400, "the query text has no sentences")
@@ -141,12 +139,8 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
             raise ApiError(413, f"{len(set(req.sentences))} sentences chosen; at most {limit} per query")
         try:
             return await service.read(_run_query, req, text, overrides, deadline=deadline, request=request)
-        except Cancelled as e:
-            if e.timed_out:
-                raise ApiError(504, str(e)) from None
-            raise ApiError(503, str(e)) from None
-        except (QueryError, ValueError, BackendError) as e:
-            raise ApiError(_status_of(e), str(e)) from None
+        except EsqbeError as e:
+            raise api_error(e) from None
 
     @router.get("/papers/{paper_id:path}", response_model=Paper, responses=_errors(404, 503), tags=["papers"])
     async def get_paper(paper_id: str):

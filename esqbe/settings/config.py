@@ -11,12 +11,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import UserError
+
 CONFIG_ENV = "ESQBE_CONFIG"
 DEFAULT_CONFIG_FILE = "esqbe.yaml"
 
 
-class ConfigError(ValueError):
-    pass
+class ConfigError(UserError, ValueError):
+    """The settings are wrong (a file, the environment, an option); `esqbe serve` refuses to start."""
 
 
 @dataclass

@@ -7,6 +7,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..domain import RAW_LABELS, Paper
+from ..errors import DataError
 from .runtime import FACET_CLASSES, FacetTagger, TagListener, _labels_from_probs, _merge
 
 
@@ -86,7 +87,7 @@ def _gold_papers(source, *, format=None, limit: int | None = None) -> list[Paper
     for p in papers:
         bad = [f for f in p.facets if f not in RAW_LABELS]
         if bad:
-            raise ValueError(f"paper {p.paper_id}: label {bad[0]!r} is not one of {', '.join(RAW_LABELS)} "
+            raise DataError(f"paper {p.paper_id}: label {bad[0]!r} is not one of {', '.join(RAW_LABELS)} "
                              "(read it with raw_labels=True; every sentence needs a label)")
     return papers
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..domain import RAW_LABELS
+from ..errors import ModelError
 
 #: position features per sentence: relative position, first, last, abstract length
 N_POSITION_FEATURES = 4
@@ -162,5 +163,5 @@ def _hide_title(valid, spans):
     return valid
 
 
-class TaggerMismatchError(ValueError):
+class TaggerMismatchError(ModelError, ValueError):
     """The weights were trained on another encoder's hidden states and would tag garbage."""

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..domain import RAW_LABELS, Paper
+from ..errors import DataError
 from .net import TaggerMismatchError, TaggerNet, _hide_title, _torch
 from .weights import DEFAULT_WEIGHTS, TAGGER_FORMAT, _encoder_info, _from_deltas
 
@@ -144,9 +145,9 @@ class FacetTagger:
             meta, state = blob["meta"], blob["state_dict"]
             fmt = meta["format"]
         except Exception as e:  # a wrong or damaged file: say which
-            raise ValueError(f"{path} is not an esqbe tagger weights file ({type(e).__name__}: {e})") from None
+            raise DataError(f"{path} is not an esqbe tagger weights file ({type(e).__name__}: {e})") from None
         if fmt != TAGGER_FORMAT:
-            raise ValueError(f"{path} has tagger format {fmt}; this esqbe reads format {TAGGER_FORMAT}: retrain it")
+            raise DataError(f"{path} has tagger format {fmt}; this esqbe reads format {TAGGER_FORMAT}: retrain it")
         if "delta_of" in meta:  # compact weights: the tuned layers as int8 differences from the encoder's own
             if encoder is not None and _encoder_info(encoder) != meta["encoder"]:
                 raise TaggerMismatchError(f"tagger weights {path} were trained on encoder {meta['encoder']['name']!r}, "

@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from ..domain import RAW_LABELS, Paper
+from ..errors import DataError, ParameterError
 from .evaluate import _gold_papers, _scores
 from .net import TaggerMismatchError, TaggerNet, _Layer, _torch
 from .weights import TAGGER_FORMAT, _encoder_info
@@ -156,7 +157,7 @@ def train_tagger(
     encoder = encoder or load_encoder(ModelSpec(backend="torch"))  # trained on the exact fp32 hidden states
     info = _encoder_info(encoder)
     if not 0 <= tuned_layers <= encoder.num_layers:
-        raise ValueError(f"tuned_layers must be between 0 and {encoder.num_layers}")
+        raise ParameterError(f"tuned_layers must be between 0 and {encoder.num_layers}")
     input_layer = encoder.num_layers - tuned_layers
     try:
         hf_layers = encoder.model.encoder.layer
@@ -166,7 +167,7 @@ def train_tagger(
     train = _gold_papers(train_path, limit=limit)
     dev = _gold_papers(dev_path, limit=limit)
     if not train or not dev:
-        raise ValueError("train and dev data must each hold at least one labelled paper")
+        raise DataError("train and dev data must each hold at least one labelled paper")
     say(f"caching layer-{input_layer} states of {len(train)} train and {len(dev)} dev abstracts")
     train_rows = _cache_lower_states(encoder, train, input_layer, progress)
     dev_rows = _cache_lower_states(encoder, dev, input_layer, progress)

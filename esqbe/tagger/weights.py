@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..errors import ParameterError
 from .net import TaggerMismatchError, _Layer, _torch
 
 #: bump when the weights file layout changes
@@ -49,7 +50,7 @@ def compact_weights(src, dst, encoder=None) -> dict:
     blob = torch.load(src, map_location="cpu", weights_only=True)
     meta, state = dict(blob["meta"]), dict(blob["state_dict"])
     if "delta_of" in meta:
-        raise ValueError(f"{src} is compact already")
+        raise ParameterError(f"{src} is compact already")
     if encoder is None:
         from ..encode.loader import ModelSpec, load_encoder
 
