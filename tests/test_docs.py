@@ -1,0 +1,338 @@
+"""The README and docs/*.md say only what the code does (in datasette's style: the docs are checked against
+the code, so a renamed flag, setting, endpoint, variable or module fails here instead of misleading a reader).
+
+- every `esqbe <command> --flag` in a code block, and in an inline `esqbe ...` span, is a real command and
+  option of that command; every `--flag` in an inline span is an option of some esqbe command;
+- the YAML keys of the README's settings block are exactly the fields of `Settings`;
+- the endpoints of the README's serving table (and the page, /docs, /openapi.json it names) are exactly the
+  app's routes;
+- each ESQBE_* variable the docs name is read by the code;
+- the README's Python snippets compile and their imports (and `esqbe.X` attributes) resolve;
+- each `esqbe.module.name` and `esqbe/path` the docs name exists.
+"""
+import ast
+import dataclasses
+import importlib
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
+INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def code_blocks(path: Path, langs=("", "bash", "sh", "shell", "console")) -> list[tuple[str, str]]:
+    """(language, text) of each fenced block whose language is one of `langs` (None: any)."""
+    return [(m[1], m[2]) for m in FENCE.finditer(path.read_text()) if langs is None or m[1] in langs]
+
+
+def prose(path: Path) -> str:
+    return FENCE.sub("", path.read_text())
+
+
+def inline_spans(path: Path) -> list[str]:
+    return INLINE.findall(prose(path))
+
+
+# --- the command line ---------------------------------------------------------------------------------------
+
+def _commands() -> dict[str, click.Command]:
+    from cli import main
+
+    out: dict[str, click.Command] = {}
+
+    def walk(group: click.Group, prefix: str) -> None:
+        for name, cmd in group.commands.items():
+            out[prefix + name] = cmd
+            if isinstance(cmd, click.Group):
+                walk(cmd, prefix + name + " ")
+
+    walk(main, "")
+    return out
+
+
+def _options(cmd: click.Command) -> set[str]:
+    return {o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")} | {"--help"}
+
+
+def _invocations(text: str) -> list[list[str]]:
+    """The argument lists after each `esqbe` (or `.venv/bin/esqbe`) in shell text: line continuations
+    joined, comments dropped, split at ; && || | and $( )."""
+    text = text.replace("\\\n", " ")
+    calls = []
+    for line in text.splitlines():
+        try:
+            lex = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
+            lex.whitespace_split = True
+            lex.commenters = "#"
+            tokens = list(lex)
+        except ValueError:  # an unbalanced quote in a sketch: not a command line
+            continue
+        current: list[str] | None = None
+        for tok in tokens:
+            if tok and set(tok) <= set(";&|()$"):
+                if current is not None:
+                    calls.append(current)
+                current = None
+            elif current is not None and (current or tok != "esqbe"):
+                current.append(tok)
+            elif tok == "esqbe" or tok.endswith("/esqbe"):
+                current = []  # (`compose exec esqbe esqbe index ...`: the service, then the command)
+        if current is not None:
+            calls.append(current)
+    return calls
+
+
+def _all_invocations() -> list[tuple[str, list[str]]]:
+    found = []
+    for path in DOCS:
+        for _, block in code_blocks(path):
+            found += [(_rel(path), args) for args in _invocations(block)]
+        for span in inline_spans(path):
+            if span.startswith("esqbe ") and not span.startswith("esqbe."):
+                found += [(_rel(path), args) for args in _invocations(span)]
+    return found
+
+
+def test_the_docs_show_the_cli_at_all():
+    calls = _all_invocations()
+    assert len(calls) > 40, calls
+    assert {args[0] for _, args in calls if args} >= {"index", "query", "serve", "eval", "cite", "attach", "encode"}
+
+
+def test_every_documented_command_and_flag_exists():
+    commands = _commands()
+    bad = []
+    for where, args in _all_invocations():
+        words = [a for a in args if not a.startswith("-")]
+        if not args or args[0] in ("COMMAND",) or args[0].startswith("-"):
+            continue  # `esqbe COMMAND --help`, `esqbe --help`
+        name = args[0]
+        if name not in commands:
+            bad.append(f"{where}: no command `esqbe {name}` ({' '.join(args)})")
+            continue
+        if isinstance(commands[name], click.Group) and len(words) > 1:
+            name = f"{name} {words[1]}"
+            if name not in commands:
+                bad.append(f"{where}: no command `esqbe {name}`")
+                continue
+        options = _options(commands[name])
+        for arg in args:
+            flag = arg.split("=", 1)[0]
+            if flag.startswith("-") and flag not in options and not re.fullmatch(r"-\d.*", flag):
+                bad.append(f"{where}: `esqbe {name}` has no option {flag}")
+    assert not bad, "\n".join(bad)
+
+
+# flags in inline spans of the docs that belong to other tools
+OTHER_TOOLS_FLAGS = {"--fix", "--statistics", "--build", "--wait", "--data-binary", "--no-deps"}
+
+
+def test_every_inline_flag_in_the_readme_is_an_option_of_some_command():
+    # (docs/results.md and docs/performance.md also name the flags of scripts/ and benchmarks/)
+    known = set().union(*(_options(c) for c in _commands().values()))
+    bad = []
+    for path in [README]:
+        for span in inline_spans(path):
+            if re.search(r"\.py\b|^python|^curl|^docker|^pip", span):
+                continue
+            for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", span):
+                if flag not in known and flag not in OTHER_TOOLS_FLAGS:
+                    bad.append(f"{_rel(path)}: `{span}`: no esqbe command has {flag}")
+    assert not bad, "\n".join(bad)
+
+
+# --- settings ---------------------------------------------------------------------------------------------
+
+def _settings_block() -> str:
+    text = README.read_text()
+    section = text[text.index("### Settings"):]
+    blocks = [b for lang, b in code_blocks_of(section) if lang == "yaml"]
+    assert blocks, "README's Settings section has no ```yaml block"
+    return blocks[0]
+
+
+def code_blocks_of(text: str) -> list[tuple[str, str]]:
+    return [(m[1], m[2]) for m in FENCE.finditer(text)]
+
+
+def test_readme_settings_block_lists_exactly_the_settings_fields():
+    import yaml
+
+    from esqbe.settings.config import Settings
+
+    documented = yaml.safe_load(_settings_block())
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    assert not set(documented) - set(fields), f"README keys that are no Settings field: {set(documented) - set(fields)}"
+    missing = set(fields) - set(documented)
+    assert not missing, f"Settings fields missing from the README's block: {sorted(missing)}"
+
+
+def test_readme_settings_block_shows_the_defaults():
+    import yaml
+
+    from esqbe.settings.config import Settings
+
+    documented = yaml.safe_load(_settings_block())
+    defaults = Settings()
+    wrong = {k: (v, getattr(defaults, k)) for k, v in documented.items() if v != getattr(defaults, k)}
+    assert not wrong, f"README default != Settings default: {wrong}"
+
+
+# --- serving ----------------------------------------------------------------------------------------------
+
+def _path_shape(path: str) -> str:
+    """`/papers/{id}` and `/papers/{paper_id:path}` are the same route."""
+    return re.sub(r"\{[^}]*\}", "{}", path)
+
+
+def _documented_endpoints() -> set[tuple[str, str]]:
+    text = README.read_text()
+    section = text[text.index("## Serving it"):text.index("### Who can do what")]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert rows, "README's serving section has no endpoint table"
+    found = set()
+    for row in rows:
+        for method, path in re.findall(r"`(GET|POST|PUT|DELETE|PATCH) (/[^`?\s]*)", row.split("|")[1]):
+            found.add((method, _path_shape(path)))
+    # the page and the API's own docs, named in the bullets above the table
+    for path in re.findall(r"\(`(/[^`]*)`\)|at `(/[^`]*)`", section):
+        for p in path:
+            if p:
+                found.add(("GET", p))
+    return found
+
+
+def _app_routes() -> set[tuple[str, str]]:
+    from starlette.routing import Route
+
+    from esqbe.server import ServeOptions, create_app
+
+    app = create_app(path=str(ROOT / "no-such-index"), options=ServeOptions(host="127.0.0.1"))
+    routes = set()
+    for route in app.routes:
+        if isinstance(route, Route):
+            for method in route.methods or ():
+                if method != "HEAD":
+                    routes.add((method, _path_shape(route.path)))
+    return routes
+
+
+# FastAPI's own pages beside /docs and /openapi.json: not esqbe's API
+FRAMEWORK_ROUTES = {("GET", "/docs/oauth2-redirect"), ("GET", "/redoc")}
+
+
+def test_readme_endpoints_are_the_apps_routes():
+    documented = _documented_endpoints()
+    routes = _app_routes() - FRAMEWORK_ROUTES
+    assert ("POST", "/query") in documented
+    assert not documented - routes, f"README endpoints the app does not have: {sorted(documented - routes)}"
+    assert not routes - documented, f"routes the README's serving section does not list: {sorted(routes - documented)}"
+
+
+# --- environment variables --------------------------------------------------------------------------------
+
+def test_every_documented_variable_is_read_by_the_code():
+    named = set()
+    for path in DOCS:
+        named |= set(re.findall(r"\bESQBE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
+    assert "ESQBE_TOKEN" in named
+    code = "\n".join(p.read_text() for p in [ROOT / "cli.py", *(ROOT / "esqbe").rglob("*.py")])
+    # the test suite's own variables (README, "Run the tests" and the engines section) are read by tests/
+    tests = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("*.py"))
+    unread = sorted(v for v in named if not re.search(rf"\b{v}\b", code) and not re.search(rf"\b{v}\b", tests))
+    assert not unread, f"variables the docs name that nothing reads: {unread}"
+
+
+# --- Python snippets --------------------------------------------------------------------------------------
+
+def _python_snippets() -> list[str]:
+    return [b for lang, b in code_blocks(README, langs=("python",))]
+
+
+def test_readme_has_the_python_snippets():
+    snippets = _python_snippets()
+    assert any("esqbe.open_index" in s for s in snippets)
+    assert any("from esqbe.server import" in s for s in snippets)
+
+
+@pytest.mark.parametrize("n", range(len(_python_snippets())))
+def test_readme_python_snippet_compiles_and_its_imports_resolve(n):
+    import esqbe
+
+    source = _python_snippets()[n]
+    tree = ast.parse(source)
+    compile(tree, f"README.md python block {n}", "exec")
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                importlib.import_module(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            module = importlib.import_module(node.module)
+            bad += [f"{node.module} has no {a.name}" for a in node.names if not hasattr(module, a.name)]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "esqbe":
+            if not hasattr(esqbe, node.attr):
+                bad.append(f"esqbe has no {node.attr}")
+    assert not bad, bad
+
+
+# --- modules, names and paths the docs point at -----------------------------------------------------------
+
+def _is_python_reference(dotted: str) -> bool:
+    """`esqbe.core.filters.to_query_dsl` is; `esqbe.source_hash` (a field of an engine document) is not."""
+    head = dotted.split(".")[1]
+    package = ROOT / "esqbe"
+    return (package / head).is_dir() or (package / f"{head}.py").is_file() or head in ("open_index", "encoder_only",
+                                                                                          "open_backend", "Index")
+
+
+def _resolve(dotted: str) -> bool:
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def test_every_named_module_and_path_exists():
+    bad = []
+    for path in DOCS:
+        for span in inline_spans(path) + [b for _, b in code_blocks(path, langs=None)]:
+            for dotted in re.findall(r"(?<![\w./-])esqbe(?:\.[A-Za-z_]\w*)+", span):
+                if _is_python_reference(dotted) and not _resolve(dotted):
+                    bad.append(f"{_rel(path)}: {dotted} does not resolve")
+        for span in inline_spans(path):
+            if re.fullmatch(r"esqbe/[\w./-]+", span) and not (ROOT / span).exists():
+                bad.append(f"{_rel(path)}: {span} does not exist")
+    assert not bad, "\n".join(bad)
+
+
+# --- the map of the house ---------------------------------------------------------------------------------
+
+def test_architecture_map_lists_every_module_and_only_real_ones():
+    blocks = [b for lang, b in code_blocks(ROOT / "docs" / "architecture.md", langs=("text",))]
+    assert blocks, "docs/architecture.md has no ```text tree"
+    mapped = set(re.findall(r"^\s*((?:esqbe/)?[\w/]+\.py)\s", blocks[0], re.M))
+    real = {p.relative_to(ROOT).as_posix() for p in (ROOT / "esqbe").rglob("*.py")
+            if p.name != "__init__.py"} | {"esqbe/__init__.py", "cli.py"}
+    assert not real - mapped, f"modules missing from docs/architecture.md's tree: {sorted(real - mapped)}"
+    assert not mapped - real, f"docs/architecture.md's tree names modules that do not exist: {sorted(mapped - real)}"
