@@ -9,29 +9,21 @@ once, when each starts (`_one_omp_thread`): the threads of the application that 
 from __future__ import annotations
 
 import os
-import sqlite3
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
 from ...domain import FACET_LABELS
+from .host import EmbeddedHost
 from .layout import _FACET_CODES, _chunks, _State
 
 _POOL = None
 _ANN_POOL = None
 
 
-class AnnMixin:
+class AnnMixin(EmbeddedHost):
     """ANN files and the reader's view (mixed into EmbeddedBackend). Uses the backend's `_acquire_write`, `_tx`,
     `_bump_generation` (WriteLockMixin), `knn_params`, `meta`, `_setting`, `_set` and `_generation`."""
-
-    path: Path
-    _db: sqlite3.Connection | None
-    _state_cache: _State | None
-    _ann_cache: dict[str, tuple[object, bool]]
-    _text_index: object | None
-    _text_gen: int | None
 
     def optimize(self, *, force: bool = False, progress=None) -> dict:
         """Fold each facet's delta into its ANN index when it is past `merge_threshold` rows (or `force`),
@@ -75,10 +67,11 @@ class AnnMixin:
             rng = np.random.default_rng(0)
             sample = np.sort(rng.choice(len(rows), size=min(len(rows), 40 * nlist), replace=False))
             train = np.asarray(st.vec[rows[sample]], dtype=np.float32)
-            index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, nlist, faiss.ScalarQuantizer.QT_8bit,
-                                                  faiss.METRIC_INNER_PRODUCT)
-            index.cp.niter = 10
-            index.train(train)
+            ivf = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, nlist, faiss.ScalarQuantizer.QT_8bit,
+                                                faiss.METRIC_INNER_PRODUCT)
+            ivf.cp.niter = 10
+            ivf.train(train)
+            index: faiss.Index = ivf
             trained_on = len(rows)
         else:
             index = faiss.read_index(str(self.path / "ann" / entry["file"]))

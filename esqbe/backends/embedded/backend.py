@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 from concurrent.futures import wait as futures_wait
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -80,7 +79,7 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         self.path = Path(path)
         self._overrides = {k: v for k, v in (("exact_threshold", exact_threshold), ("merge_threshold", merge_threshold),
                                              ("nprobe", nprobe)) if v is not None}
-        self._db: sqlite3.Connection | None = None
+        self._db = None  # type: ignore[assignment]  # opened below, as a reader or the writer, before any use
         self._lock_fd: int | None = None
         self._files = None
         self._text_index = None
@@ -89,7 +88,7 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         self._state_cache: _State | None = None
         self._ann_cache: dict[str, tuple[object, bool]] = {}  # ANN file -> (faiss index, read into memory)
         self._vec_fd: int | None = None  # vectors.f16, read with pread by queries (_read_rows)
-        self._meta_cols = None  # (generation, MetadataColumns) for filters
+        self._meta_cols: tuple[int, MetadataColumns] | None = None  # (generation, columns) for filters
         db = self.path / "papers.sqlite"
         if not self.path.exists():
             if not create:
@@ -154,7 +153,9 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
             if self._setting("meta") is None:
                 self._set("meta", meta.to_dict())
                 self._set("format_version", FORMAT_VERSION)
-        self.meta().check(meta)
+        stored = self.meta()
+        assert stored is not None  # written just above
+        stored.check(meta)
 
     def get(self, paper_ids: Sequence[str]) -> dict[str, IndexedPaper]:
         out = {}
@@ -190,14 +191,15 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         at = 0
         for start, n in zip(np.asarray(starts, dtype=np.int64).tolist(), lengths.tolist()):
             if n:
-                if os.preadv(self._vec_fd, [out[at : at + n]], start * width) != n * width:
+                # numpy's stubs do not declare the buffer protocol arrays have
+                if os.preadv(self._vec_fd, [out[at : at + n]], start * width) != n * width:  # type: ignore[list-item]
                     raise StorageError(f"{self.path / 'vectors.f16'} is shorter than the index's committed rows")
                 at += n
         return out
 
     def pnos(self, paper_ids: Iterable[str]) -> np.ndarray:
         """Paper numbers of the given ids (those that exist), sorted: the form `knn(allowed=...)` takes."""
-        out = []
+        out: list[int] = []
         for chunk in _chunks(list(dict.fromkeys(map(str, paper_ids))), 900):
             q = f"SELECT pno FROM papers WHERE paper_id IN ({','.join('?' * len(chunk))})"
             out.extend(r[0] for r in self._db.execute(q, chunk))
@@ -319,5 +321,5 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
             self._ann_cache = {}
             self._meta_cols = None
             self._db.close()
-            self._db = None
+            self._db = None  # type: ignore[assignment]  # closed: nothing reads it after close()
             self._release_write()

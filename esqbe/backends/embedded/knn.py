@@ -7,10 +7,11 @@ import numpy as np
 
 from ...domain import FACET_LABELS
 from .ann import _search_one_thread
+from .host import EmbeddedHost
 from .layout import _FACET_CODES, _State
 
 
-class KnnMixin:
+class KnnMixin(EmbeddedHost):
     """kNN (mixed into EmbeddedBackend). Uses the backend's `_state`, `_ann`, `_delta` (AnnMixin), `knn_params`,
     `pnos`, `_ids_of` and `_read_rows`."""
 
@@ -36,8 +37,8 @@ class KnnMixin:
         rows = np.repeat(starts - np.cumsum(np.r_[0, lengths[:-1]]), lengths) + np.arange(lengths.sum())
         vectors = self._read_rows(st, starts, lengths)  # every row of the papers, one read per paper
         if codes is not None:
-            keep = np.isin(np.asarray(st.facet[rows]), codes)
-            rows, vectors = rows[keep], vectors[keep]
+            of_facets = np.isin(np.asarray(st.facet[rows]), codes)
+            rows, vectors = rows[of_facets], vectors[of_facets]
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros((0, len(q)), dtype=np.float32)
         sims = vectors.astype(np.float32) @ q.T
@@ -90,7 +91,8 @@ class KnnMixin:
                     bits = np.packbits(mask, bitorder="little")
                 else:
                     bits = st.ok_bits()
-                sp = faiss.SearchParametersIVF(nprobe=int(params["nprobe"]))
+                # faiss's generated stubs miss the keyword arguments its SWIG constructors take
+                sp = faiss.SearchParametersIVF(nprobe=int(params["nprobe"]))  # type: ignore[call-arg]
                 if bits is not None:
                     sel = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))
                     sp.sel = sel
@@ -132,7 +134,8 @@ class KnnMixin:
         papers, best = self._exact_best(st, pool, codes if facet is not None else None, q)
         return self._top_papers(papers, best, k)
 
-    def _brute_force(self, st: _State, codes: list[int], banned: np.ndarray, q: np.ndarray, k: int, chunk: int = 500_000):
+    def _brute_force(self, st: _State, codes: list[int], banned: np.ndarray, q: np.ndarray, k: int,
+                     chunk: int = 500_000) -> tuple[np.ndarray, np.ndarray]:
         """Every live row of the facets, scanned in chunks (the reference ANN recall is measured against);
         keeps each chunk's k best papers per query sentence. A paper split over two chunks is kept twice
         with each part's best; the maximum is taken at the end."""

@@ -44,9 +44,9 @@ class _State:
         self.next_pno = next_pno
         self.manifest = manifest
         if rows:
-            self.vec = np.memmap(path / "vectors.f16", dtype=VECTOR_DTYPE, mode="r", shape=(rows, dim))
-            self.pno = np.memmap(path / "rows.pno", dtype=np.int32, mode="r", shape=(rows,))
-            self.facet = np.memmap(path / "rows.facet", dtype=np.int8, mode="r", shape=(rows,))
+            self.vec: np.ndarray = np.memmap(path / "vectors.f16", dtype=VECTOR_DTYPE, mode="r", shape=(rows, dim))
+            self.pno: np.ndarray = np.memmap(path / "rows.pno", dtype=np.int32, mode="r", shape=(rows,))
+            self.facet: np.ndarray = np.memmap(path / "rows.facet", dtype=np.int8, mode="r", shape=(rows,))
         else:
             self.vec = np.zeros((0, dim), dtype=VECTOR_DTYPE)
             self.pno = np.zeros(0, dtype=np.int32)
@@ -54,7 +54,7 @@ class _State:
         self.dead = np.zeros(max(next_pno, 1), dtype=bool)
         self.dead[dead_pnos[dead_pnos < len(self.dead)]] = True
         self.n_dead = int(self.dead.sum())
-        self._ok_bits = None
+        self._ok_bits: np.ndarray | None = None
         self.delta: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
 
     def row_ranges(self, pnos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -9,12 +9,12 @@ import os
 import sqlite3
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from ...errors import StorageError
 from ..base import WriteLockBusy
+from .host import EmbeddedHost
 from .layout import _SCHEMA, FORMAT_VERSION, VECTOR_DTYPE
 
 
@@ -31,16 +31,9 @@ def _flock_within(fd: int, timeout: float) -> bool:
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
 
-class WriteLockMixin:
+class WriteLockMixin(EmbeddedHost):
     """The write lock, the writer's repair and its transactions (mixed into EmbeddedBackend). Uses the backend's
     `_setting`, `meta`, `optimize` (AnnMixin) and `_sync_text` (TextIndexMixin)."""
-
-    path: Path
-    _db: sqlite3.Connection | None
-    _lock_fd: int | None
-    _files: dict[str, int] | None
-    _vec_fd: int | None
-    _text_writer: object | None
 
     def _open_reader(self) -> None:
         db = self.path / "papers.sqlite"
@@ -126,7 +119,7 @@ class WriteLockMixin:
         finally:
             self._close_files()
             self._db.close()
-            self._db = None
+            self._db = None  # type: ignore[assignment]  # reopened as a reader just below
             self._release_write()
             self._open_reader()
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from ...domain import FACET_LABELS
+from .host import EmbeddedHost
 
 #: a BM25 query keeps at least its this many most selective terms, however common they are
 BM25_MIN_TERMS = 8
@@ -20,14 +20,9 @@ _QUERY_SYNTAX = re.compile(r"[^\w\s]+", re.UNICODE)
 _ANALYZER = None
 
 
-class TextIndexMixin:
+class TextIndexMixin(EmbeddedHost):
     """The tantivy index and BM25 (mixed into EmbeddedBackend). Uses the backend's `writable`, `_tx`,
     `_bump_generation` (WriteLockMixin), `_state` (AnnMixin) and `knn_params`."""
-
-    path: Path
-    _db: sqlite3.Connection | None
-    _text_index: object | None
-    _text_writer: object | None
 
     @staticmethod
     def _text_schema():
@@ -99,8 +94,8 @@ class TextIndexMixin:
             self._db.executemany("UPDATE papers SET text_indexed = 2 WHERE paper_id = ?", [(p,) for p, _ in unindexable])
             self._bump_generation()  # readers reload the text index on a new generation
         self.text_index.reload()
-        for pid, e in unindexable:
-            print(f"esqbe: warning: paper {pid} in {self.path} cannot be indexed for BM25 ({e}); it is left out of "
+        for pid, why in unindexable:
+            print(f"esqbe: warning: paper {pid} in {self.path} cannot be indexed for BM25 ({why}); it is left out of "
                   "BM25: index a corrected copy or delete it", file=sys.stderr, flush=True)
 
     def bm25(self, text: str, k: int, *, exclude: frozenset[str] = frozenset(), restrict_to: frozenset[str] | None = None,
@@ -151,7 +146,7 @@ class TextIndexMixin:
             if exclude:
                 clauses.append((tantivy.Occur.MustNot, tantivy.Query.term_set_query(schema, "paper_id", sorted(exclude))))
             query = tantivy.Query.boolean_query(clauses)
-        out = {}
+        out: dict[str, float] = {}
         for score, addr in searcher.search(query, limit=limit, count=False).hits:
             pid = searcher.doc(addr)["paper_id"][0]
             if pid not in exclude and len(out) < k:

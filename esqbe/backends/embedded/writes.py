@@ -4,25 +4,20 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 from collections import Counter
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from ...domain import IndexedPaper, UpsertResult, paper_problem
 from ...errors import BackendError, StorageError
+from .host import EmbeddedHost
 from .layout import _FACET_CODES, VECTOR_DTYPE, _chunks
 
 
-class WritesMixin:
+class WritesMixin(EmbeddedHost):
     """upsert / delete (mixed into EmbeddedBackend). Uses the backend's `meta`, `_setting`, `_set`,
     `_acquire_write`, `_tx`, `_bump_generation` (WriteLockMixin) and `_sync_text` (TextIndexMixin)."""
-
-    path: Path
-    _db: sqlite3.Connection | None
-    _files: dict[str, int] | None
 
     def content_hashes(self, paper_ids: Iterable[str]) -> dict[str, str]:
         ids = list(dict.fromkeys(str(p) for p in paper_ids))
