@@ -410,10 +410,10 @@ class MetadataColumns:
                 rows, vals = kw.setdefault(path, ([], []))
                 rows.extend([row] * len(values))
                 vals.extend(values)
-            for path, values in numbers.items():
-                rows, vals = num.setdefault(path, ([], []))
-                rows.extend([row] * len(values))
-                vals.extend(values)
+            for path, nums in numbers.items():
+                rows, numbers_of = num.setdefault(path, ([], []))
+                rows.extend([row] * len(nums))
+                numbers_of.extend(nums)
         self.num = {p: (np.asarray(r, dtype=np.int64), np.asarray(v, dtype=np.float64)) for p, (r, v) in num.items()}
         self.kw = {p: (np.asarray(r, dtype=np.int64), np.asarray(v, dtype=object)) for p, (r, v) in kw.items()}
         self._kw_index: dict[str, dict[str, np.ndarray]] = {}
@@ -539,8 +539,9 @@ def condition_dsl(c: Condition, resolve: FieldResolver = esqbe_fields) -> dict:
         return clause if c.op == "exists" else _not(clause)
     if c.op in ("=", "!=", "in", "not in"):
         wanted = [c.value] if c.op in ("=", "!=") else list(c.value)
-        clauses = []
+        clauses: list[dict] = []
         for f, kind in fields:
+            vals: list[Any]
             if kind == "num":
                 vals = sorted({n for n in (_as_number(v) for v in wanted) if n is not None})
                 vals = [int(v) if v.is_integer() else v for v in vals]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -160,7 +160,13 @@ def user_field_resolver(index: str, mapping: dict):
 # the backend
 
 
-class AttachedMixin:
+if TYPE_CHECKING:
+    _Engine = EngineBackend  # what the mixin is mixed into, for mypy; at run time it adds nothing to the MRO
+else:
+    _Engine = object
+
+
+class AttachedMixin(_Engine):
     """Backend over a user's index holding esqbe's fields under `esqbe` (mixed into the engine backends)."""
 
     attached = True
@@ -229,7 +235,8 @@ class AttachedMixin:
             body = self._body(self._call(self.client.indices.get_settings, index=self.index))
         except Exception as exc:
             raise self._error("reading the settings", exc) from exc
-        settings = next(iter(body.values()), {}).get("settings", {}).get("index", {})
+        first: dict[str, Any] = next(iter(body.values()), {})
+        settings = first.get("settings", {}).get("index", {})
         if str(settings.get("knn", "false")).lower() != "true":
             return (f"OpenSearch index {self.index!r} was created without `index.knn: true` (a static setting), so kNN "
                     "fields cannot be added to it in place; re-run with --reindex-to NEW_INDEX to copy it into a new index "

@@ -3,7 +3,7 @@ waiting exponentially), the engine-specific hooks the engine modules supply, and
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable
 
 from ...errors import BackendError
 from .versions import EngineInfo
@@ -70,7 +70,7 @@ class ClientMixin(ABC):
     # --- engine-specific hooks ---------------------------------------------------------------
 
     @abstractmethod
-    def _make_client(self, url: str, **options) -> Any: ...
+    def _make_client(self, url: str, *, api_key, username, password, ca_certs, verify_certs, request_timeout) -> Any: ...
 
     @abstractmethod
     def _probe(self) -> EngineInfo:
@@ -84,7 +84,7 @@ class ClientMixin(ABC):
     def _is_connection_error(self, exc: BaseException) -> bool: ...
 
     @abstractmethod
-    def _streaming_bulk(self, actions: list[dict]) -> Iterator[tuple[bool, dict]]: ...
+    def _streaming_bulk(self, actions: list[dict]) -> Iterable[tuple[bool, dict]]: ...
 
     # --- plumbing ------------------------------------------------------------------------------
 

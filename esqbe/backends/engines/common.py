@@ -538,6 +538,7 @@ class EngineBackend(ClientMixin, Backend):
                     bm25[pid] = float(hit["_score"])
                 else:
                     cos = cosine_from_score(hit["_score"], info.engine, space_engine, info.version)
+                    assert qi is not None  # a kNN search is one query sentence's
                     row = best.setdefault(int(qi), {})
                     if cos > row.get(pid, -2.0):
                         row[pid] = cos

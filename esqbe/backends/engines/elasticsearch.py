@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any, Iterable
 
 from ...errors import BackendError
 from .common import EngineBackend
@@ -80,7 +80,7 @@ def compat_transport_class():
                         headers[key] = _COMPAT.sub(f"compatible-with={self.compat_major}", value)
             return headers
 
-        def perform_request(self, method, target, *, headers=None, **kwargs):  # type: ignore[override]
+        def perform_request(self, method, target, *, headers=None, **kwargs):
             resp = super().perform_request(method, target, headers=self._rewrite(headers), **kwargs)
             if self.detect_major is not None and self.compat_major is None and _is_media_type_rejection(resp.meta.status, resp.body):
                 self.compat_major = self.detect_major - 1
@@ -218,7 +218,7 @@ class ElasticsearchBackend(EngineBackend):
             return False
         return isinstance(exc, (TransportConnectionError, ConnectionTimeout))
 
-    def _streaming_bulk(self, actions: list[dict]) -> Iterator[tuple[bool, dict]]:
+    def _streaming_bulk(self, actions: list[dict]) -> Iterable[tuple[bool, dict]]:
         from elasticsearch.helpers import streaming_bulk
 
         return streaming_bulk(

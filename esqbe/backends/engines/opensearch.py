@@ -8,7 +8,7 @@ Layout, retries and parsing: `engine_common`.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterable
 
 from ...errors import BackendError
 from .common import EngineBackend
@@ -104,7 +104,7 @@ class OpenSearchBackend(EngineBackend):
         osp = _client_module()
         return isinstance(exc, osp.ConnectionError)  # ConnectionTimeout is a subclass
 
-    def _streaming_bulk(self, actions: list[dict]) -> Iterator[tuple[bool, dict]]:
+    def _streaming_bulk(self, actions: list[dict]) -> Iterable[tuple[bool, dict]]:
         from opensearchpy.helpers import streaming_bulk
 
         return streaming_bulk(
