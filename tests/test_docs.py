@@ -221,11 +221,16 @@ def _app_routes() -> set[tuple[str, str]]:
 
     app = create_app(path=str(ROOT / "no-such-index"), options=ServeOptions(host="127.0.0.1"))
     routes = set()
-    for route in app.routes:
-        if isinstance(route, Route):
-            for method in route.methods or ():
-                if method != "HEAD":
-                    routes.add((method, _path_shape(route.path)))
+
+    def walk(found, prefix: str) -> None:
+        for route in found:
+            if isinstance(route, Route):
+                routes.update((method, _path_shape(prefix + route.path)) for method in route.methods or ()
+                              if method != "HEAD")
+            elif hasattr(route, "original_router"):  # an included router (FastAPI keeps it apart)
+                walk(route.original_router.routes, prefix + getattr(route.include_context, "prefix", ""))
+
+    walk(app.routes, "")
     return routes
 
 
