@@ -88,7 +88,7 @@ def eval_clscisumm_cmd(data_dir, out, index_path, splits, k, params, config, as_
     from esqbe.query.cite import CiteOptions
     from esqbe.settings.config import load_settings
 
-    options = {}
+    options: dict = {}
     if config:
         import yaml
 
@@ -103,12 +103,12 @@ def eval_clscisumm_cmd(data_dir, out, index_path, splits, k, params, config, as_
         from esqbe.evaluation.clscisumm import ensure_words
 
         options["words"] = ensure_words(data_dir, log=lambda msg: click.echo(msg, err=True))
-    options = CiteOptions.from_params(options)
+    cite_options = CiteOptions.from_params(options)
     if k < 1:
         raise click.BadParameter("must be at least 1", param_hint="-k")
     settings = load_settings(None, **{key: v for key, v in kw.items() if v is not None})
     conformance = check_conformance(data_dir)
-    result = evaluate_clscisumm(data_dir, settings, options, k=k, index_path=index_path, out=out,
+    result = evaluate_clscisumm(data_dir, settings, cite_options, k=k, index_path=index_path, out=out,
                                 splits=list(splits) or None, progress=sys.stderr.isatty())
     if as_json:
         data = result.to_dict()

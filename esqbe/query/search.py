@@ -398,11 +398,12 @@ def _run_query(backend: Backend, query: IndexedPaper, indices: list[int], settin
         c = candidates[i]
         pairs = []
         for qi, ci, w in matches[i]:
+            assert c.paper is not None  # a candidate with matches was rescored: it carries its paper
             pairs.append(MatchedPair(indices[qi], q_sentences[qi], ci, c.paper.paper.sentences[ci], c.paper.paper.facets[ci], float(w)))
         if not pairs and c.paper is not None and len(c.paper.paper.sentences):
             # first-stage order only: still show the best sentence pair, by cosine
             sims = q_vectors @ c.paper.vectors.T
-            qi, ci = np.unravel_index(int(np.argmax(sims)), sims.shape)
+            qi, ci = map(int, np.unravel_index(int(np.argmax(sims)), sims.shape))
             pairs.append(MatchedPair(indices[qi], q_sentences[qi], int(ci), c.paper.paper.sentences[ci], c.paper.paper.facets[ci], float(sims[qi, ci])))
         sim = float(similarity[i]) if np.isfinite(similarity[i]) else None
         hits.append(Hit(rank, c.paper_id, c.paper.paper.title if c.paper else "", float(scores[i]), c.score, c.bm25, c.knn, pairs,

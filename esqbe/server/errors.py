@@ -8,7 +8,7 @@ import logging
 import os
 import re
 import secrets
-from typing import Any
+from typing import Any, Sequence
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -81,7 +81,7 @@ def api_error(exc: EsqbeError) -> ApiError:
     return ApiError(exc.http_status, str(exc), exc.details, headers)
 
 
-def _clean_validation(errors: list) -> list[dict]:
+def _clean_validation(errors: Sequence) -> list[dict]:
     out = []
     for e in errors:
         item = {"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}

@@ -174,7 +174,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         body = await request.body()
         if ctype in JSON_LINES_TYPES:
-            lines = [line for line in body.split(b"\n") if line.strip()]
+            lines: list[bytes | str] = [line for line in body.split(b"\n") if line.strip()]  # bytes or str: json reads both
             if not lines:
                 raise ApiError(422, "the body has no records")
             fmt, mode = format, facets

@@ -107,6 +107,7 @@ class Service:
         return self
 
     def _warm_all(self) -> None:
+        assert self.writer is not None  # start() made the slots before it started this thread
         futures = [slot.submit(_warm) for slot in self.readers]
         futures.append(self.writer.submit(_warm_writer))
         for f in futures:
@@ -128,8 +129,10 @@ class Service:
         work = slot.submit(_under, deadline, fn, *args)
         waiting = asyncio.wrap_future(work)
         watch = asyncio.ensure_future(_client_gone(request)) if request is not None else None
+        remaining = deadline.remaining()  # None: a deadline without a time limit
         try:
-            done, _ = await asyncio.wait([waiting, *([watch] if watch else [])], timeout=max(deadline.remaining(), 0.0),
+            done, _ = await asyncio.wait([waiting, *([watch] if watch else [])],
+                                         timeout=None if remaining is None else max(remaining, 0.0),
                                          return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # the server cancelled the handler (its client went away, a shutdown)
             deadline.cancel("the request was cancelled")
@@ -158,6 +161,7 @@ class Service:
 
     async def write(self, fn: Callable, *args):
         self.start()
+        assert self.writer is not None  # start() made it
         if self.writer.pending >= self.options.max_queued_writes:
             raise ApiError(503, f"the writer is busy ({self.writer.pending} writes queued); retry shortly",
                            headers={"Retry-After": "5"})

@@ -36,7 +36,7 @@ def _run_query(index: Index, req: QueryRequest, text, overrides: dict) -> dict:
 
 def _named_words(params: dict, req: QueryRequest) -> dict:
     """The parameters as the client gave them: a `words` name, not the server's directory behind it."""
-    given = req.rescorer_params.model_dump(exclude_unset=True) if req.rescorer_params is not None else {}
+    given: dict = req.rescorer_params.model_dump(exclude_unset=True) if req.rescorer_params is not None else {}
     return {**params, "words": given["words"]} if "words" in given and "words" in params else params
 
 
@@ -70,8 +70,9 @@ def _read_records(lines: list, fmt: str | None) -> tuple[list, list[dict]]:
                              "reason": getattr(e, "reason", str(e))})
             continue
         if report.errors:
-            e = report.errors[0]
-            outcomes.append({"record": n, "paper_id": None, "status": "error", "field": e.field, "reason": e.reason})
+            first = report.errors[0]
+            outcomes.append({"record": n, "paper_id": None, "status": "error", "field": first.field,
+                             "reason": first.reason})
         elif report.skipped:
             outcomes.append({"record": n, "paper_id": None, "status": "skipped", "reason": ", ".join(report.skipped)})
         for p in got:
