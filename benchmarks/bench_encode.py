@@ -165,7 +165,7 @@ def main() -> None:
     base = rows.get("torch serial")
     reference = dict(zip(("ndcg20", "tagger_f1"), (float(x) for x in args.reference.split(","))))
     quality_base = {k: (base or {}).get(k, reference[k]) for k in reference}
-    for b, row in rows.items():
+    for _b, row in rows.items():
         for k in ("ndcg20", "tagger_f1"):
             if k in row:
                 row[k + "_delta"] = row[k] - quality_base[k]

@@ -44,7 +44,7 @@ def main() -> None:
             facet = rng.choice(("background", "method", "result"))
             if facet in index.backend.get([pid])[pid].paper.facets:
                 pairs.append((pid, facet))
-        for name, over in CONFIGS.items():  # warm: the model-free query path, the centring statistics
+        for _name, over in CONFIGS.items():  # warm: the model-free query path, the centring statistics
             index.query(pairs[0][0], facet=pairs[0][1], **over)
         times = {name: [] for name in CONFIGS}
         names = list(CONFIGS)

@@ -209,7 +209,8 @@ class Paper:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Paper":
-        return cls(d["paper_id"], d.get("title", ""), list(d["sentences"]), list(d.get("facets") or []), dict(d.get("metadata") or {}))
+        return cls(d["paper_id"], d.get("title", ""), list(d["sentences"]), list(d.get("facets") or []),
+                   dict(d.get("metadata") or {}))
 
 
 @dataclass(frozen=True)

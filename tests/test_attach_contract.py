@@ -286,7 +286,7 @@ def test_attach_sends_valid_bodies_and_leaves_user_fields_untouched(engine, vers
         assert_valid(engine, "bulk_action", action)
         assert_valid(engine, "bulk_update_action_payload", payload)
         assert set(action) == {"update"} and set(payload) == {"doc"} and set(payload["doc"]) == {NAMESPACE}
-        for key, value in payload["doc"][NAMESPACE].items():
+        for key, _value in payload["doc"][NAMESPACE].items():
             assert f"esqbe.{key}" in fields, key  # the user's mapping may be strict: every field is mapped
 
     # 4. the user's fields survive, byte for byte

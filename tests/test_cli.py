@@ -117,8 +117,8 @@ def test_help_teaches(run):
 def test_csfcube_paper_query(run, tmp_path):
     """The spine's done-criterion, on a slice: CSFCube input, then a facet query prints ranked papers."""
     src = shared_path("data", "csfcube-dev", "abstracts-csfcube-preds.jsonl")
-    lines = [l for l in src.read_text().splitlines()]
-    wanted = [l for l in lines if json.loads(l)["paper_id"] == "1791179"] + lines[:30]
+    lines = [line for line in src.read_text().splitlines()]
+    wanted = [line for line in lines if json.loads(line)["paper_id"] == "1791179"] + lines[:30]
     sl = tmp_path / "cube.jsonl"
     sl.write_text("\n".join(wanted) + "\n")
     assert run("index", "--path", tmp_path / "ix", sl).exit_code == 0

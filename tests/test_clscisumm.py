@@ -57,7 +57,7 @@ def test_training_gold_counts_as_the_readme_says():
     split = load_split(data, "train")
     assert len(split.citances) == 753 and len(split.papers) == 40
     gold_run = {}
-    for name, rows in split.gold_rows().items():
+    for _name, rows in split.gold_rows().items():
         for r in rows:
             gold_run[(r["Reference Article"], r["Citance Number"])] = [x.strip("'") for x in r["Reference Offset"].split(",")]
     s = score_run(split, gold_run, k=10)

@@ -25,7 +25,7 @@ def test_compose_files_bind_localhost_with_security_off(path):
     services = spec["services"]
     published = [p for s in services.values() for p in s.get("ports", [])]
     assert len(published) == 1 and published[0].startswith("127.0.0.1:"), published
-    for name, service in services.items():
+    for _name, service in services.items():
         env = dict(e.split("=", 1) for e in service["environment"])
         if "elasticsearch" in service["image"]:
             assert env["xpack.security.enabled"] == "false"

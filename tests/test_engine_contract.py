@@ -96,7 +96,7 @@ def test_mapping_layout_one_nested_path_per_facet(engine):
     mapping = load_index_template(engine)["mappings"]
     fields = mapping_fields(mapping)
     vector_type = "dense_vector" if engine == "elasticsearch" else "knn_vector"
-    for facet, path in FACET_PATHS.items():
+    for _facet, path in FACET_PATHS.items():
         assert fields[path]["type"] == "nested"
         assert fields[f"{path}.idx"]["type"] == "integer"
         assert fields[f"{path}.facet"]["type"] == "keyword"
@@ -267,7 +267,7 @@ def test_bodies_do_not_depend_on_the_engine_version(engine):
     seen = {}
     for version in VERSIONS[engine]:
         backend, canned = ready_backend(engine, version, make_papers())
-        for name, request in request_variants():
+        for _name, request in request_variants():
             backend.first_stage(request)
         seen[version] = [_without_search_width(r["lines"]) for r in canned.sent("_msearch")]
     first, *rest = seen.values()

@@ -15,7 +15,7 @@ from .conftest import SAMPLE
 @pytest.fixture
 def mini_release(tmp_path):
     """Two queries (a method and a result query) over 24 sample abstracts, in CSFCube's file layout."""
-    recs = [json.loads(l) for l in SAMPLE.read_text().splitlines()[:24]]
+    recs = [json.loads(line) for line in SAMPLE.read_text().splitlines()[:24]]
     root = tmp_path / "mini"
     root.mkdir()
     with open(root / "abstracts-csfcube-preds.jsonl", "w") as f:
@@ -30,7 +30,7 @@ def mini_release(tmp_path):
     qid0 = recs[0]["paper_id"]
     splits = {f: {"fold1_dev": [f"{qid0}_{f}"]} for f in ("background", "method", "result")}
     (root / "evaluation_splits.json").write_text(json.dumps(splits))
-    (root / "queries-release.csv").write_text(f"pid,facet,year,title,paper type\n" + "".join(f"{qid0},{f},2020,x,y\n" for f in ("background", "method", "result")))
+    (root / "queries-release.csv").write_text("pid,facet,year,title,paper type\n" + "".join(f"{qid0},{f},2020,x,y\n" for f in ("background", "method", "result")))
     return root
 
 

@@ -344,7 +344,7 @@ def test_read_only_index_gives_one_clean_line_for_every_command(run, tmp_path, s
             assert args[0] in ("query", "stats"), r.output  # reading a read-only index may work
             continue
         assert r.exit_code == 3, (args, r.output)
-        lines = [l for l in r.output.splitlines() if l.startswith("error:")]
+        lines = [line for line in r.output.splitlines() if line.startswith("error:")]
         assert len(lines) == 1 and f"index at {ix}" in lines[0] and "read-only" in lines[0], r.output
 
 
@@ -521,7 +521,7 @@ def test_progress_has_a_total_moves_per_encoder_batch_and_prints_lines_off_a_ter
     finally:
         encoder.batch_size = small_batches
     lines = log.getvalue().splitlines()
-    counts = [int(l.split(": ")[1].split(" papers")[0]) for l in lines]
+    counts = [int(line.split(": ")[1].split(" papers")[0]) for line in lines]
     assert len(lines) >= 3 + 1  # one line per encoder batch of 4 (commit_every is 256), and a last one
     assert counts == sorted(counts) and counts[0] < 12 and counts[-1] == 12
     assert f"of {src.stat().st_size / 1024:.1f} KB" in lines[-1] and "(100%)" in lines[-1] and "done in" in lines[-1]

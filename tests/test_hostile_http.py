@@ -150,7 +150,7 @@ def test_untrusted_engine_filters_are_limited_to_safe_clauses():
                       "must_not": [{"exists": {"field": "b"}}], "filter": [{"term": {"c": True}}]}}]
     for clause in safe:
         check_safe_clause(clause)
-    for name, clause in ATTACKS.items():
+    for _name, clause in ATTACKS.items():
         with pytest.raises(FilterError):
             check_safe_clause(clause)
     deep = {"term": {"a": 1}}

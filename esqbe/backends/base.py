@@ -93,7 +93,7 @@ class Backend(ABC):
         or None when the backend keeps none (rescorers then estimate from the candidates)."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: a backend with nothing to release keeps this)
         pass
 
     def __enter__(self):

@@ -95,7 +95,7 @@ def eval_clscisumm_cmd(data_dir, out, index_path, splits, k, params, config, as_
         try:
             options = yaml.safe_load(open(config).read()) or {}
         except yaml.YAMLError as e:
-            raise click.BadParameter(f"{config}: not valid YAML: {e}", param_hint="--config")
+            raise click.BadParameter(f"{config}: not valid YAML: {e}", param_hint="--config") from None
         if not isinstance(options, dict):
             raise click.BadParameter(f"{config}: expected a mapping of matcher options", param_hint="--config")
     options.update(_parse_params(params))

@@ -115,7 +115,7 @@ def encode_cmd(files, out_dir, shard, fmt, strict, facets, as_json, quiet, confi
     try:
         i, n = (int(x) for x in shard.split("/"))
     except ValueError:
-        raise click.BadParameter(f"expected I/N, e.g. 0/4 (got {shard!r})", param_hint="--shard")
+        raise click.BadParameter(f"expected I/N, e.g. 0/4 (got {shard!r})", param_hint="--shard") from None
     if not (n >= 1 and 0 <= i < n):
         raise click.BadParameter(f"I/N needs 0 <= I < N (got {shard!r})", param_hint="--shard")
     index = esqbe.encoder_only(config=config, **{k: v for k, v in kw.items() if v is not None})

@@ -62,11 +62,11 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
         try:
             parse_filter(cond)
         except FilterError as e:
-            raise click.BadParameter(str(e), param_hint="--filter")
+            raise click.BadParameter(str(e), param_hint="--filter") from None
     try:
         flt = make_filter(list(filters), engine_filter)
     except FilterError as e:
-        raise click.BadParameter(str(e), param_hint="--engine-filter")
+        raise click.BadParameter(str(e), param_hint="--engine-filter") from None
     if text_file is not None:
         if text is not None:
             raise click.UsageError("give --text or --file, not both")
@@ -78,7 +78,8 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
         try:
             chosen = [int(x) for x in sentences.split(",") if x.strip()]
         except ValueError:
-            raise click.BadParameter("expected comma-separated sentence indices, e.g. 0,2", param_hint="--sentences")
+            raise click.BadParameter("expected comma-separated sentence indices, e.g. 0,2",
+                                   param_hint="--sentences") from None
     overrides = overrides_from_click(kw, "query", ("query",))
     with _open(kw, "query", create=False) as index:
         result = index.query(paper_id, facet=facet, sentences=chosen, text=text, title=title,

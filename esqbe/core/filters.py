@@ -290,7 +290,8 @@ def coerce_filters(filters) -> tuple[Condition, ...]:
     if isinstance(filters, (str, dict, Condition)):
         filters = [filters]
     if not isinstance(filters, (list, tuple)):
-        raise FilterError(f"filters must be a string, a {{'key', 'op', 'value'}} object or a list of them, got {type(filters).__name__}")
+        raise FilterError("filters must be a string, a {'key', 'op', 'value'} object or a list of them, "
+                          f"got {type(filters).__name__}")
     out = []
     for item in filters:
         if isinstance(item, Condition):

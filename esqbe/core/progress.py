@@ -64,7 +64,8 @@ class Progress:
         parts = [f"{self.desc}: {self.papers} papers"]
         done = self._bytes()
         if done is not None and self.total_bytes:
-            parts.append(f"{_size(done)} of {_size(self.total_bytes)} ({100 * min(done, self.total_bytes) / self.total_bytes:.0f}%)")
+            share = 100 * min(done, self.total_bytes) / self.total_bytes
+            parts.append(f"{_size(done)} of {_size(self.total_bytes)} ({share:.0f}%)")
         elif done is not None:
             parts.append(f"{_size(done)} read")
         parts.append(f"{self.papers / elapsed:.1f} papers/s")

@@ -35,8 +35,8 @@ from ..settings.table import BM25_TEXTS, CANDIDATE_FACET_MODES  # noqa: E402
 SOFT_FACET_ORDER = ("background", "method", "result", "other")
 #: the settings a `facet_settings` entry may change: how one query is ranked, nothing about the index
 FACET_SETTING_KEYS = ("k", "rescorer", "rescorer_params", "rescore_depth", "knn_k", "bm25_k", "fusion",
-                      "fusion_bm25_weight", "candidate_facet", "facet_penalty", "final_bm25_weight", "abstract_weight", "bm25_text",
-                      "query_facet_threshold", "vector_centering")
+                      "fusion_bm25_weight", "candidate_facet", "facet_penalty", "final_bm25_weight", "abstract_weight",
+                      "bm25_text", "query_facet_threshold", "vector_centering")
 
 
 class QueryError(UserError, ValueError):
@@ -399,12 +399,14 @@ def _run_query(backend: Backend, query: IndexedPaper, indices: list[int], settin
         pairs = []
         for qi, ci, w in matches[i]:
             assert c.paper is not None  # a candidate with matches was rescored: it carries its paper
-            pairs.append(MatchedPair(indices[qi], q_sentences[qi], ci, c.paper.paper.sentences[ci], c.paper.paper.facets[ci], float(w)))
+            pairs.append(MatchedPair(indices[qi], q_sentences[qi], ci, c.paper.paper.sentences[ci], c.paper.paper.facets[ci],
+                                     float(w)))
         if not pairs and c.paper is not None and len(c.paper.paper.sentences):
             # first-stage order only: still show the best sentence pair, by cosine
             sims = q_vectors @ c.paper.vectors.T
             qi, ci = map(int, np.unravel_index(int(np.argmax(sims)), sims.shape))
-            pairs.append(MatchedPair(indices[qi], q_sentences[qi], int(ci), c.paper.paper.sentences[ci], c.paper.paper.facets[ci], float(sims[qi, ci])))
+            pairs.append(MatchedPair(indices[qi], q_sentences[qi], ci, c.paper.paper.sentences[ci], c.paper.paper.facets[ci],
+                                     float(sims[qi, ci])))
         sim = float(similarity[i]) if np.isfinite(similarity[i]) else None
         hits.append(Hit(rank, c.paper_id, c.paper.paper.title if c.paper else "", float(scores[i]), c.score, c.bm25, c.knn, pairs,
                         dict(c.paper.paper.metadata) if c.paper else {}, similarity=sim))

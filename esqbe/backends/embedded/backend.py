@@ -101,7 +101,8 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
             raise BackendError(f"{self.path} exists and is not an index directory")
         if not db.exists():
             if not create:
-                raise BackendError(f"{self.path} is not an esqbe index (no papers.sqlite); run `esqbe index --path {self.path} FILE` to create one")
+                raise BackendError(f"{self.path} is not an esqbe index (no papers.sqlite); "
+                                   f"run `esqbe index --path {self.path} FILE` to create one")
             self._acquire_write()  # creates the schema
         else:
             self._open_reader()
@@ -170,7 +171,7 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
             st = self._state(max(r[5] + r[6] for r in found))
             rows = self._read_rows(st, np.array([r[5] for r in found]), np.array([r[6] for r in found])).astype(np.float32)
             at = 0
-            for pid, title, sentences, facets, metadata, start, n in found:
+            for pid, title, sentences, facets, metadata, _start, n in found:
                 paper = Paper(pid, title, json.loads(sentences), json.loads(facets), _load_metadata(metadata))
                 out[pid] = IndexedPaper(paper, rows[at : at + n])
                 at += n
@@ -224,7 +225,8 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         st = self._state()
         papers = self._db.execute("SELECT COUNT(*) FROM papers").fetchone()[0]
         live = ~st.dead[st.pno] if st.rows else np.zeros(0, dtype=bool)
-        counts = np.bincount(np.asarray(st.facet)[live], minlength=len(FACET_LABELS)) if st.rows else np.zeros(len(FACET_LABELS), int)
+        counts = (np.bincount(np.asarray(st.facet)[live], minlength=len(FACET_LABELS)) if st.rows
+                  else np.zeros(len(FACET_LABELS), int))
         by_facet = {f: int(counts[c]) for f, c in _FACET_CODES.items() if counts[c]}
         size = _dir_size(self.path)
         params = self.knn_params()
@@ -232,7 +234,8 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         for f, c in _FACET_CODES.items():
             entry = st.manifest.get(f)
             if entry:
-                knn[f] = f"ivf-sq8 ({entry['size']} rows) + exact delta ({int(np.count_nonzero(st.facet[entry['rows']:] == c))} rows)"
+                delta = int(np.count_nonzero(st.facet[entry["rows"]:] == c))
+                knn[f] = f"ivf-sq8 ({entry['size']} rows) + exact delta ({delta} rows)"
             elif counts[c]:
                 knn[f] = "exact"
         return {

@@ -68,7 +68,8 @@ class WriteLockMixin(EmbeddedHost):
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise StorageError(f"cannot write to the index at {self.path}: {e.strerror} (a read-only index can be queried, not changed)") from None
+            raise StorageError(f"cannot write to the index at {self.path}: {e.strerror} "
+                               "(a read-only index can be queried, not changed)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -80,7 +81,7 @@ class WriteLockMixin(EmbeddedHost):
             elif not _flock_within(fd, timeout):
                 os.close(fd)
                 raise WriteLockBusy(f"another writer (pid {holder}) has held the write lock of {self.path} for over "
-                                    f"{timeout:g}s", holder=holder)
+                                    f"{timeout:g}s", holder=holder) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._lock_fd = fd

@@ -91,7 +91,8 @@ class WritesMixin(EmbeddedHost):
                 ))
                 vecs.append(ip.vectors)
                 pnos.append(np.full(n, next_pno, dtype=np.int32))
-                facets.append(np.fromiter((_FACET_CODES.get(f, _FACET_CODES["unlabeled"]) for f in p.facets), dtype=np.int8, count=n))
+                facets.append(np.fromiter((_FACET_CODES.get(f, _FACET_CODES["unlabeled"]) for f in p.facets),
+                                          dtype=np.int8, count=n))
                 next_pno += 1
                 rows += n
             if retired:
@@ -126,7 +127,8 @@ class WritesMixin(EmbeddedHost):
         delta: Counter = Counter()
         with self._tx():
             for pid in ids:
-                row = self._db.execute("SELECT token_counts, pno, row_start, n_rows FROM papers WHERE paper_id = ?", (pid,)).fetchone()
+                row = self._db.execute("SELECT token_counts, pno, row_start, n_rows FROM papers WHERE paper_id = ?",
+                                       (pid,)).fetchone()
                 if not row:
                     continue
                 found += 1

@@ -6,7 +6,8 @@ The user's documents stay where they are and as they are; esqbe adds its fields 
     esqbe.background_sentences, esqbe.method_sentences, ...   nested {idx, facet, text (not indexed), vector}
     esqbe.vectors_b64                                         every sentence vector (float32, base64): the rescorers' copy
     esqbe.content_hash, esqbe.source_hash, esqbe.n_sentences  re-runs skip documents whose text did not change
-    _meta.esqbe                                               model, dim, encoder_mode, id_field, text_fields (other _meta keys kept)
+    _meta.esqbe                                               model, dim, encoder_mode, id_field, text_fields
+                                                              (other _meta keys kept)
 
 1. `attach_mapping_body` is sent with `PUT <index>/_mapping` (adding fields to a mapping is allowed on
    every supported version; nothing existing is changed). OpenSearch only builds kNN structures for an
@@ -74,7 +75,8 @@ def attach_mapping_body(engine: str, meta: IndexMeta, existing: dict, id_field: 
         nested["properties"]["vector"][dim_key] = int(meta.dim)
         props[path] = nested
     meta_all = dict(existing.get("_meta") or {})
-    meta_all[NAMESPACE] = {"esqbe_layout": ATTACHED_LAYOUT, **meta.to_dict(), "id_field": id_field, "text_fields": list(text_fields)}
+    meta_all[NAMESPACE] = {"esqbe_layout": ATTACHED_LAYOUT, **meta.to_dict(), "id_field": id_field,
+                           "text_fields": list(text_fields)}
     return {"_meta": meta_all, "properties": {NAMESPACE: {"type": "object", "properties": props}}}
 
 
@@ -256,7 +258,8 @@ class AttachedMixin(_Engine):
             if spec is None:
                 raise BackendError(f"index {self.index!r} has no field {f!r} (--text-fields)")
             if spec.get("type") not in _TEXT_TYPES:
-                raise BackendError(f"field {f!r} of index {self.index!r} is a {spec.get('type')!r} field, not text (--text-fields)")
+                raise BackendError(f"field {f!r} of index {self.index!r} is a {spec.get('type')!r} field, "
+                                   "not text (--text-fields)")
         if id_field != "_id" and field_spec(mapping, id_field) is None:
             raise BackendError(f"index {self.index!r} has no field {id_field!r} (--id-field)")
         problem = self.check_settings()
@@ -376,7 +379,8 @@ class AttachedMixin(_Engine):
         by_id = {}
         for ip in papers:
             if ip.vectors.shape[0] and ip.vectors.shape[1] != meta.dim:
-                raise ModelMismatchError(f"paper {ip.paper_id} has {ip.vectors.shape[1]}-d vectors but index {self.index!r} holds {meta.dim}-d")
+                raise ModelMismatchError(f"paper {ip.paper_id} has {ip.vectors.shape[1]}-d vectors but index "
+                                         f"{self.index!r} holds {meta.dim}-d")
             by_id[ip.paper_id] = ip
         stored = self.content_hashes(list(by_id))
         hashes = self._source_hashes
@@ -416,8 +420,8 @@ class AttachedMixin(_Engine):
         has_esqbe = {"exists": {"field": f"{NAMESPACE}.content_hash"}}
         out: list[tuple[str, int | None, dict]] = []
         if request.text and request.text.strip() and request.bm25_k > 0:
-            query: dict[str, Any] = {"must": [{"multi_match": {"query": request.text, "fields": self.text_fields, "type": "most_fields"}}],
-                                     "filter": [has_esqbe, *restrict]}
+            match = {"multi_match": {"query": request.text, "fields": self.text_fields, "type": "most_fields"}}
+            query: dict[str, Any] = {"must": [match], "filter": [has_esqbe, *restrict]}
             if request.exclude:
                 query["must_not"] = [{"terms": {"_id": sorted(request.exclude)}}]
             out.append(("bm25", None, {"size": min(request.bm25_k, 10_000), "_source": False, "track_total_hits": False,

@@ -178,7 +178,8 @@ class EngineBackend(ClientMixin, Backend):
             low = MIN_VERSIONS[info.engine]
             if info.exact and info.version[:2] < low:
                 raise BackendError(
-                    f"{info} is too old: esqbe needs {self.engine} {low[0]}.{low[1]}+ (kNN over nested vectors with a parent filter)"
+                    f"{info} is too old: esqbe needs {self.engine} {low[0]}.{low[1]}+ "
+                    "(kNN over nested vectors with a parent filter)"
                 )
             self._info = info
         return self._info
@@ -196,7 +197,8 @@ class EngineBackend(ClientMixin, Backend):
             "%s at %s: GET / answered 403 (%s); %s", self.name, self.url, _exc_reason(exc),
             UNKNOWN_VERSION_HINT.format(floor=".".join(map(str, version[:2])), source=source),
         )
-        return EngineInfo(self.engine, version, f"version unknown (GET / refused: 403; at least {version[0]}.{version[1]})", exact=False)
+        return EngineInfo(self.engine, version, f"version unknown (GET / refused: 403; at least {version[0]}.{version[1]})",
+                          exact=False)
 
     def _on_version_unknown(self) -> None:
         """Engine hook: adapt the client when the server's version cannot be read."""
@@ -340,7 +342,8 @@ class EngineBackend(ClientMixin, Backend):
         for ip in papers:
             if ip.vectors.shape[0] and ip.vectors.shape[1] != meta.dim:
                 raise ModelMismatchError(
-                    f"paper {ip.paper_id} has {ip.vectors.shape[1]}-d vectors but index {self.index!r} holds {meta.dim}-d ({meta.model})"
+                    f"paper {ip.paper_id} has {ip.vectors.shape[1]}-d vectors but index {self.index!r} holds "
+                    f"{meta.dim}-d ({meta.model})"
                 )
             by_id[ip.paper_id] = ip  # the last copy of a repeated id wins, as a re-run would
         for pid, ip in list(by_id.items()):  # NaN metadata, null sentences, sizes past LIMITS: not sent

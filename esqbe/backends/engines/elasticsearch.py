@@ -82,7 +82,8 @@ def compat_transport_class():
 
         def perform_request(self, method, target, *, headers=None, **kwargs):
             resp = super().perform_request(method, target, headers=self._rewrite(headers), **kwargs)
-            if self.detect_major is not None and self.compat_major is None and _is_media_type_rejection(resp.meta.status, resp.body):
+            if (self.detect_major is not None and self.compat_major is None
+                    and _is_media_type_rejection(resp.meta.status, resp.body)):
                 self.compat_major = self.detect_major - 1
                 resp = super().perform_request(method, target, headers=self._rewrite(headers), **kwargs)
             return resp
