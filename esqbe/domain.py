@@ -112,7 +112,7 @@ def _storable(text: str) -> bool:
         return False
 
 
-def paper_problem(paper: "Paper", labels: tuple[str, ...] = FACET_LABELS) -> tuple[str, str] | None:
+def paper_problem(paper: Paper, labels: tuple[str, ...] = FACET_LABELS) -> tuple[str, str] | None:
     """(field, reason) for a paper no index may store (wrong types, unknown labels, past LIMITS), or None.
 
     Every reader checks its records with this, and every backend checks what it is asked to write: what
@@ -208,7 +208,7 @@ class Paper:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Paper":
+    def from_dict(cls, d: dict) -> Paper:
         return cls(d["paper_id"], d.get("title", ""), list(d["sentences"]), list(d.get("facets") or []),
                    dict(d.get("metadata") or {}))
 
@@ -229,7 +229,7 @@ class IndexMeta:
     fingerprint: str | None = None
     model_source: str | None = None
 
-    def same_model(self, other: "IndexMeta") -> bool:
+    def same_model(self, other: IndexMeta) -> bool:
         if self.fingerprint and other.fingerprint:
             return self.fingerprint == other.fingerprint
         return self.model == other.model
@@ -238,7 +238,7 @@ class IndexMeta:
         fp = f", fingerprint {self.fingerprint[:19]}" if self.fingerprint else ""
         return f"{self.model!r} ({self.dim}-d, {self.encoder_mode} vectors{fp})"
 
-    def check(self, other: "IndexMeta") -> None:
+    def check(self, other: IndexMeta) -> None:
         if not self.same_model(other) or (self.dim, self.encoder_mode) != (other.dim, other.encoder_mode):
             raise ModelMismatchError(
                 f"index was built with model {self.describe()} but this run uses {other.describe()}; "
@@ -254,7 +254,7 @@ class IndexMeta:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "IndexMeta":
+    def from_dict(cls, d: dict) -> IndexMeta:
         return cls(d["model"], int(d["dim"]), d.get("encoder_mode", "contextual"), d.get("fingerprint") or None,
                    d.get("model_source") or None)
 
@@ -301,7 +301,7 @@ class FirstStageRequest:
     fusion: str = "rrf"
     bm25_weight: float = 0.5
     with_papers: bool = True
-    filter: "MetadataFilter | None" = None
+    filter: MetadataFilter | None = None
     #: BM25 over the candidates' sentences of this facet instead of title + abstract (None: title + abstract)
     bm25_facet: str | None = None
 
@@ -325,7 +325,7 @@ class UpsertResult:
     unchanged: int = 0
     errors: list[str] = field(default_factory=list)
 
-    def __iadd__(self, other: "UpsertResult") -> "UpsertResult":
+    def __iadd__(self, other: UpsertResult) -> UpsertResult:
         self.added += other.added
         self.replaced += other.replaced
         self.unchanged += other.unchanged

@@ -233,7 +233,7 @@ def test_a_body_sent_without_the_token_is_not_read(index_dir_30, encoder, tmp_pa
                           f"Content-Length: 8000000\r\n\r\n".encode() + b"[" * 1024)
                 try:
                     head = s.recv(4096).decode("latin-1")
-                except socket.timeout:
+                except TimeoutError:
                     head = "no answer while the body was unsent"
             assert head.startswith("HTTP/1.1 401"), head
         assert httpx.get(url + f"/papers/{QID}").status_code == 200

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from ..errors import EsqbeError
 
-_CURRENT: contextvars.ContextVar["Deadline | None"] = contextvars.ContextVar("esqbe_deadline", default=None)
+_CURRENT: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("esqbe_deadline", default=None)
 
 
 class Cancelled(EsqbeError):
@@ -60,7 +60,7 @@ class Deadline:
             raise Cancelled(f"the request took longer than its {self.seconds:g} s deadline and was abandoned",
                             timed_out=True)
 
-    def __enter__(self) -> "Deadline":
+    def __enter__(self) -> Deadline:
         self.check()  # work that waited past its deadline (in a queue) does not start
         self._tokens.append(_CURRENT.set(self))
         return self

@@ -34,8 +34,9 @@ from __future__ import annotations
 import bisect
 import math
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -110,7 +111,7 @@ class Condition:
         return f"{self.key}{self.op}{_show(self.value)}"
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Condition":
+    def from_dict(cls, d: dict) -> Condition:
         if not isinstance(d, dict):
             raise FilterError(f"a structured filter is a {{'key', 'op', 'value'}} object, got {d!r}")
         unknown = set(d) - {"key", "op", "value"}

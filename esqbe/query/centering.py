@@ -31,7 +31,7 @@ from ..settings.table import CENTRING_MODES as MODES  # noqa: E402
 SAMPLE_PAPERS = 5000
 _CHUNK = 500
 
-_cache: "weakref.WeakKeyDictionary[object, dict[tuple[int, int], CorpusDirections]]" = weakref.WeakKeyDictionary()
+_cache: weakref.WeakKeyDictionary[object, dict[tuple[int, int], CorpusDirections]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -97,7 +97,7 @@ def corpus_directions(backend, mode: str, *, sample: int = SAMPLE_PAPERS, seed: 
     return directions
 
 
-_written: "weakref.WeakKeyDictionary[object, int]" = weakref.WeakKeyDictionary()
+_written: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
 
 
 def written(backend, papers: int) -> None:

@@ -25,8 +25,8 @@ the index's wordpiece counts (or, without an index, from the texts being matched
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -84,7 +84,7 @@ class CiteOptions:
     bm25_weight: float = 0.0
 
     @classmethod
-    def from_params(cls, params: dict | None = None, **more) -> "CiteOptions":
+    def from_params(cls, params: dict | None = None, **more) -> CiteOptions:
         """Options from `--param` pairs / a YAML mapping (strings are coerced; unknown keys are errors)."""
         params = {**(params or {}), **{k: v for k, v in more.items() if v is not None}}
         known = [f.name for f in fields(cls)]

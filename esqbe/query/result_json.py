@@ -15,7 +15,8 @@ or 0.0 (the other scores), metadata goes through a JSON round trip.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 

@@ -8,7 +8,8 @@ import logging
 import os
 import re
 import secrets
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError

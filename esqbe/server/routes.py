@@ -94,7 +94,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
                                 status_code=503)
         try:
             detail = await asyncio.wait_for(service.read(_health), timeout=10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return JSONResponse({"status": "unavailable", "backend": backend, "detail": "the readers are busy"},
                                 status_code=503)
         except Exception as e:

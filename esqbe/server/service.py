@@ -6,8 +6,8 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
 
 import numpy as np
 from fastapi import Request
@@ -90,7 +90,7 @@ class Service:
         _ = index.encoder
         return index
 
-    def start(self) -> "Service":
+    def start(self) -> Service:
         with self._lock:
             if self.writer is not None:
                 return self

@@ -13,7 +13,7 @@ import itertools
 import json
 import re
 from collections import defaultdict
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -51,12 +51,12 @@ DIM = 8
 META = IndexMeta("test-encoder", DIM, "contextual")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _schema_doc(engine: str) -> dict:
     return json.loads(SCHEMA_FILES[engine].read_text(encoding="utf-8"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def validator(engine: str, key: str) -> Draft202012Validator:
     doc = _schema_doc(engine)
     return Draft202012Validator({"$schema": doc["$schema"], "$defs": doc["$defs"], **doc[key]})

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from concurrent.futures import wait as futures_wait
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 

@@ -7,9 +7,10 @@ EmbeddedBackend's other bases, so this module adds nothing to the MRO."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 

@@ -6,8 +6,8 @@ import json
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ...domain import FACET_LABELS
 from .host import EmbeddedHost

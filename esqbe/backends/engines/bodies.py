@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ...domain import normalize_label
 from .mapping import BM25_FIELDS, FACET_PATHS

@@ -3,7 +3,8 @@ waiting exponentially), the engine-specific hooks the engine modules supply, and
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ...errors import BackendError
 from .versions import EngineInfo

@@ -11,7 +11,8 @@ import dataclasses
 import hashlib
 import logging
 from abc import abstractmethod
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -463,7 +464,7 @@ class EngineBackend(ClientMixin, Backend):
         if request.restrict_to is not None:
             h.update("\x00".join(sorted(request.restrict_to)).encode("utf-8"))
         if request.filter is not None:
-            h.update(f"\x00{request.filter!r}".encode("utf-8"))
+            h.update(f"\x00{request.filter!r}".encode())
         return f"esqbe-{h.hexdigest()[:16]}"
 
     def _msearch_once(self, bodies: list[dict], preference: str | None = None) -> list[dict]:

@@ -12,8 +12,9 @@ when the server is older than the client, sends `compatible-with=<server major>`
 from __future__ import annotations
 
 import re
-from functools import lru_cache
-from typing import Any, Iterable
+from collections.abc import Iterable
+from functools import cache
+from typing import Any
 
 from ...errors import BackendError
 from .common import EngineBackend
@@ -53,7 +54,7 @@ def _is_media_type_rejection(status: int, body: Any) -> bool:
         c.get("type", "") for c in body["error"].get("root_cause") or () if isinstance(c, dict)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def compat_transport_class():
     """A Transport that rewrites `compatible-with=N` to the server's major once it is known.
 

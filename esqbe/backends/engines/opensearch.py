@@ -8,7 +8,8 @@ Layout, retries and parsing: `engine_common`.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ...errors import BackendError
 from .common import EngineBackend
