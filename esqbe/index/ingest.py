@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Iterable, Iterator, Sequence
 
 from ..backends.base import Backend
 from ..core.progress import Progress
@@ -237,7 +237,7 @@ class IngestMixin:
                 continue
             reader_report = ReadReport()
             if bar is not None:
-                bar.position = lambda: done_bytes + reader_report.position
+                bar.position = lambda: done_bytes + reader_report.position  # noqa: B023 (read live, while this source is read)
             try:
                 if format in (None, "parquet") and is_parquet(source) or format == "parquet":
                     self.add_encoded(source, strict=strict, report=report, reader_report=reader_report, progress=bar)
@@ -319,7 +319,7 @@ class IngestMixin:
         return report
 
     def encode_files(self, sources: Sequence[str], out: str, *, shard: tuple[int, int] = (0, 1), format: str | None = None,
-                     strict: bool = False, facets: str | None = None, progress: bool = False) -> "EncodeReport":
+                     strict: bool = False, facets: str | None = None, progress: bool = False) -> EncodeReport:
         """Encode papers (and tag them, per `facets`) into OUT/papers-<i>-of-<n>.parquet without touching an index;
         with `shard=(i, n)` only the papers whose id hashes to shard i of n (so n machines split one corpus)."""
         from pathlib import Path

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -113,7 +113,8 @@ class EncodedWriter:
                 pa.array([p.paper.sentences for p in papers], pa.list_(pa.string())),
                 pa.array([p.paper.facets for p in papers], pa.list_(pa.string())),
                 outer.cast(pa.list_(pa.list_(pa.float32()))),
-                pa.array([json.dumps(p.paper.metadata, ensure_ascii=False) if p.paper.metadata else None for p in papers], pa.string()),
+                pa.array([json.dumps(p.paper.metadata, ensure_ascii=False) if p.paper.metadata else None for p in papers],
+                         pa.string()),
             ],
             schema=self.schema,
         )
@@ -159,7 +160,8 @@ def read_meta(path: str | Path) -> IndexMeta:
     try:
         return IndexMeta.from_dict(json.loads(raw))
     except (ValueError, KeyError, TypeError) as e:
-        raise InputError(name, 0, "schema", f"the `esqbe` metadata is not valid ({e!r}); it needs model, dim, encoder_mode") from None
+        raise InputError(name, 0, "schema",
+                         f"the `esqbe` metadata is not valid ({e!r}); it needs model, dim, encoder_mode") from None
 
 
 def read_encoded(path: str | Path, *, batch_size: int = 4096, strict: bool = False,
@@ -225,7 +227,8 @@ def read_encoded(path: str | Path, *, batch_size: int = 4096, strict: bool = Fal
             elif sent_of[i] != len(sentences[i]):
                 error = InputError(name, line, "vectors", f"{sent_of[i]} vectors for {len(sentences[i])} sentences")
             elif bad_dim[i]:
-                error = InputError(name, line, "vectors", f"not every vector is {meta.dim}-d (the file's `esqbe` metadata says {meta.dim})")
+                error = InputError(name, line, "vectors",
+                                   f"not every vector is {meta.dim}-d (the file's `esqbe` metadata says {meta.dim})")
             paper = None
             if error is None:
                 try:

@@ -255,7 +255,8 @@ def _from_s2orc(record: dict, raw_labels: bool) -> Paper:
         "s2orc", record.get("year"),
         venue=record.get("venue") if isinstance(record.get("venue"), str) else None,
         journal=record.get("journal") if isinstance(record.get("journal"), str) else None,
-        authors=[a for a in map(_s2orc_author, record.get("authors") or []) if a] if isinstance(record.get("authors"), list) else None,
+        authors=([a for a in map(_s2orc_author, record.get("authors") or []) if a]
+                 if isinstance(record.get("authors"), list) else None),
         fields_of_study=_fields_of_study(record),
         external_ids=_external_ids(ids, paper_id),
         s2_url=record.get("s2_url") if isinstance(record.get("s2_url"), str) else None,
@@ -328,8 +329,9 @@ def _from_s2ag_s2orc(record: dict, raw_labels: bool) -> Paper:
     common = _s2ag_common(record)
     source = _lower_keys(content.get("source") or {}) if isinstance(content.get("source"), dict) else {}
     oa = _lower_keys(source.get("oainfo") or {}) if isinstance(source.get("oainfo"), dict) else {}
-    common["open_access_url"] = common["open_access_url"] or (oa.get("openaccessurl") if isinstance(oa.get("openaccessurl"), str) else None)
-    common["open_access_status"] = common["open_access_status"] or (oa.get("status") if isinstance(oa.get("status"), str) else None)
+    url, status = oa.get("openaccessurl"), oa.get("status")
+    common["open_access_url"] = common["open_access_url"] or (url if isinstance(url, str) else None)
+    common["open_access_status"] = common["open_access_status"] or (status if isinstance(status, str) else None)
     common["license"] = common["license"] or (oa.get("license") if isinstance(oa.get("license"), str) else None)
     # Grobid's header spans: venue, publisher, author names (repeated like the title: keep each once)
     span_text = lambda name: _distinct_span_texts(annotations, name, text)  # noqa: E731

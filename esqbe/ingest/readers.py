@@ -16,10 +16,10 @@ import os
 import re
 import sys
 import zlib
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from esqbe.domain import FACET_LABELS, Paper, paper_problem
 from esqbe.errors import ParameterError, UserError
@@ -168,8 +168,8 @@ def read_papers(
     """Yield the papers of one source, filling `report` with what was read, skipped or wrong.
 
     An unknown `format` raises ValueError at once; a line whose format cannot be detected (before any
-    line could be) is an InputError like any bad line, and detection goes on with the next line. `raw_labels=True` keeps `objective`
-    apart from `background`, for training the facet tagger on the five CSAbstruct labels.
+    line could be) is an InputError like any bad line, and detection goes on with the next line. `raw_labels=True` keeps
+    `objective` apart from `background`, for training the facet tagger on the five CSAbstruct labels.
     """
     if format is not None and format not in FORMATS:
         raise ParameterError(f"unknown input format {format!r}; valid formats: {', '.join(FORMATS)}")

@@ -21,8 +21,8 @@ the candidate sentences, all over the same `TokenSet`s.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -115,7 +115,9 @@ class TokenSet:
 
     @property
     def starts(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64) if len(self.lengths) else np.zeros(0, np.int64)
+        if not len(self.lengths):
+            return np.zeros(0, np.int64)
+        return np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
 
     @property
     def owner(self) -> np.ndarray:
@@ -127,7 +129,7 @@ class TokenSet:
         return self.tokens[a : a + int(self.lengths[s])]
 
     @classmethod
-    def build(cls, per_text: Sequence[tuple[list[str], np.ndarray]], vocab: dict[str, int], dim: int) -> "TokenSet":
+    def build(cls, per_text: Sequence[tuple[list[str], np.ndarray]], vocab: dict[str, int], dim: int) -> TokenSet:
         tokens = [t for toks, _ in per_text for t in toks]
         vecs = [v for toks, v in per_text if len(toks)]
         vectors = np.concatenate(vecs).astype(np.float32, copy=False) if vecs else np.zeros((0, dim), np.float32)

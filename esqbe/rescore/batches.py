@@ -2,8 +2,8 @@
 the context it may need (encoder, backend), and its scores with the sentence pairs that matched."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class CandidateBatch:
     bias: np.ndarray | None = None
 
     @classmethod
-    def from_papers(cls, papers: Sequence[IndexedPaper], bias: Sequence[np.ndarray] | None = None) -> "CandidateBatch":
+    def from_papers(cls, papers: Sequence[IndexedPaper], bias: Sequence[np.ndarray] | None = None) -> CandidateBatch:
         n = len(papers)
         dim = papers[0].vectors.shape[1] if n else 0
         width = max((len(p.paper.sentences) for p in papers), default=0)

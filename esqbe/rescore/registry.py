@@ -2,8 +2,9 @@
 default, bounds, whether HTTP may set it); the query pipeline, config checks and the server look them up here."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -361,7 +361,8 @@ def rescore_asym(context: RescoreContext, *, d=4.0) -> Rescorer:
     return score
 
 
-# the token-level matcher is shared with `esqbe cite` / `esqbe eval clscisumm` (esqbe.rescore.asym); these names stay importable here
+# the token-level matcher is shared with `esqbe cite` / `esqbe eval clscisumm` (esqbe.rescore.asym); these names stay
+# importable here
 from .asym import (  # noqa: E402,F401
     TokenSet,
     asym_scores,

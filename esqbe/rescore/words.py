@@ -25,9 +25,9 @@ import sys
 import tarfile
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -156,7 +156,8 @@ def train_words(sources: Sequence[str], out: str | Path, *, papers: Iterable | N
     total = sum(counts.values())
     if not total:
         raise WordsError("the corpus has no tokens")
-    log(f"corpus: {len(sentences)} texts, {total} tokens, {len(counts)} distinct; training word2vec ({dim}-d, min count {min_count})")
+    log(f"corpus: {len(sentences)} texts, {total} tokens, {len(counts)} distinct; "
+        f"training word2vec ({dim}-d, min count {min_count})")
     model = Word2Vec(sentences, vector_size=int(dim), window=int(window), min_count=int(min_count), sg=int(bool(sg)),
                      epochs=int(epochs), workers=int(workers), seed=int(seed))
     out = Path(out)
@@ -176,7 +177,7 @@ def train_words(sources: Sequence[str], out: str | Path, *, papers: Iterable | N
 
 # --- using them ---------------------------------------------------------------------------------------------
 
-_LOADED: dict[str, "WordVectors"] = {}
+_LOADED: dict[str, WordVectors] = {}
 
 
 class WordVectors:
@@ -208,7 +209,7 @@ class WordVectors:
         self.total = sum(self._counts.values())
 
     @classmethod
-    def load(cls, path: str | Path) -> "WordVectors":
+    def load(cls, path: str | Path) -> WordVectors:
         key = str(Path(path).resolve())
         if key not in _LOADED:
             _LOADED[key] = cls(path)

@@ -65,7 +65,7 @@ class Settings:
     #: {"background": {"abstract_weight": 0.3}, "method": {"rescorer": "asym"}} (see esqbe.query.search.FACET_SETTING_KEYS)
     facet_settings: dict = field(default_factory=dict)
 
-    def replace(self, _source: str | None = None, **changes) -> "Settings":
+    def replace(self, _source: str | None = None, **changes) -> Settings:
         """A copy with `changes` (None = not given) coerced and validated; `_source` (a config file,
         an environment variable) is named in the error, so a bad value is found where it was written."""
         clean = {k: v for k, v in changes.items() if v is not None}

@@ -1,8 +1,8 @@
 """Measuring a tagger against gold labels: macro-F1 per esqbe class and per raw CSAbstruct label."""
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 

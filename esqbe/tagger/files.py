@@ -127,7 +127,8 @@ def tag_file(source, out, *, format: str | None = None, raw: bool = False, tagge
     try:
         with ExitStack() as stack:
             name, lines = _open_lines(source, stack)
-            sink = stack.enter_context(open(tmp, "w", encoding="utf-8")) if to_path else (sys.stdout if isinstance(out, str) else out)
+            sink = (stack.enter_context(open(tmp, "w", encoding="utf-8")) if to_path
+                    else (sys.stdout if isinstance(out, str) else out))
             pending, n_papers = [], 0
             for kind, item in _records(lines, name, format, strict, summary):
                 pending.append((kind, item))

@@ -2,7 +2,7 @@
 BiLSTM over the sentences with position features (`TaggerNet`); `TaggerMismatchError` when an encoder cannot host it."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..domain import RAW_LABELS
 from ..errors import ModelError
@@ -44,7 +44,7 @@ class _Layer(_nn().Module):
         self.dropout = nn.Dropout(dropout)
 
     @classmethod
-    def from_hf(cls, layer, config) -> "_Layer":
+    def from_hf(cls, layer, config) -> _Layer:
         """Copy a transformers BERT-style layer (bert, MiniLM, roberta)."""
         act = getattr(config, "hidden_act", "gelu")
         if act != "gelu":
@@ -66,7 +66,7 @@ class _Layer(_nn().Module):
 
     def forward(self, x, valid):
         """x: (B, T, d); valid: (B, T) bool, False for padding (never attended to)."""
-        torch = _torch()
+        _torch()
         import torch.nn.functional as F
 
         B, T, d = x.shape

@@ -11,8 +11,8 @@ by adding their probabilities.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -47,7 +47,7 @@ class TagListener:
     Its row indices refer to positions in that call's `papers`, so use one listener per call.
     """
 
-    def __init__(self, tagger: "FacetTagger"):
+    def __init__(self, tagger: FacetTagger):
         self._tagger = tagger
         self._vecs: dict[int, dict[int, object]] = {}
 
@@ -55,8 +55,11 @@ class TagListener:
         torch = _torch()
         t = self._tagger
         hidden_states = batch.hidden_states
-        if hidden_states is None or len(hidden_states) != t.meta["encoder"]["num_layers"] + 1 or hidden_states[-1].shape[-1] != t.meta["encoder"]["dim"]:
-            got = "no hidden states" if hidden_states is None else f"{len(hidden_states) - 1} layers of dim {hidden_states[-1].shape[-1]}"
+        expected = t.meta["encoder"]
+        if (hidden_states is None or len(hidden_states) != expected["num_layers"] + 1
+                or hidden_states[-1].shape[-1] != expected["dim"]):
+            got = ("no hidden states" if hidden_states is None
+                   else f"{len(hidden_states) - 1} layers of dim {hidden_states[-1].shape[-1]}")
             raise TaggerMismatchError(f"tagger {t.path} expects the hidden states of {t.encoder_name!r} "
                                       f"({t.meta['encoder']['num_layers']} layers of dim {t.meta['encoder']['dim']}); got {got}")
         hidden = hidden_states[t.meta["input_layer"]]
@@ -134,7 +137,7 @@ class FacetTagger:
 
     # --- loading ---------------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | Path | None = None, encoder=None) -> "FacetTagger":
+    def load(cls, path: str | Path | None = None, encoder=None) -> FacetTagger:
         """Load weights (default: the ones shipped in the package); refuse them for another encoder."""
         torch = _torch()
         path = Path(path) if path else DEFAULT_WEIGHTS

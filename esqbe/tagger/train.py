@@ -7,8 +7,8 @@ import os
 import random
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -99,7 +99,8 @@ def _predict_cached(net, rows, papers, bf16: bool, batch_size: int = 32):
             idx = [i for i in order[start : start + batch_size] if papers[i].sentences]
             if not idx:
                 continue
-            for i, logits in zip(idx, _forward_cached(net, [rows[i] for i in idx], [len(papers[i].sentences) for i in idx], bf16)):
+            logits_of = _forward_cached(net, [rows[i] for i in idx], [len(papers[i].sentences) for i in idx], bf16)
+            for i, logits in zip(idx, logits_of):
                 out[i] = logits.float().softmax(-1).cpu()
     return out
 
@@ -162,7 +163,8 @@ def train_tagger(
     try:
         hf_layers = encoder.model.encoder.layer
     except AttributeError:
-        raise TaggerMismatchError(f"encoder {encoder.name!r} is not a BERT-style model; the tagger cannot copy its layers") from None
+        raise TaggerMismatchError(f"encoder {encoder.name!r} is not a BERT-style model; "
+                                  "the tagger cannot copy its layers") from None
 
     train = _gold_papers(train_path, limit=limit)
     dev = _gold_papers(dev_path, limit=limit)
@@ -212,7 +214,8 @@ def train_tagger(
         loss_sum = 0.0
         for idx in batches:
             idx = [i for i in idx if train[i].sentences]
-            logits = torch.cat(_forward_cached(net, [train_rows[i] for i in idx], [len(train[i].sentences) for i in idx], use_bf16))
+            logits = torch.cat(_forward_cached(net, [train_rows[i] for i in idx], [len(train[i].sentences) for i in idx],
+                                               use_bf16))
             loss = F.cross_entropy(logits.float(), torch.cat([labels[i] for i in idx]))
             opt.zero_grad()
             loss.backward()
@@ -221,8 +224,9 @@ def train_tagger(
             sched.step()
             loss_sum += loss.item()
         dev_scores = _scores(dev, _predict_cached(net, dev_rows, dev, use_bf16))
-        row = {"epoch": epoch + 1, "loss": round(loss_sum / max(len(batches), 1), 4), "dev_macro_f1": dev_scores["esqbe"]["macro_f1"],
-               "dev_macro_f1_raw": dev_scores["raw"]["macro_f1"], "seconds": round(time.time() - t0, 1)}
+        row = {"epoch": epoch + 1, "loss": round(loss_sum / max(len(batches), 1), 4),
+               "dev_macro_f1": dev_scores["esqbe"]["macro_f1"], "dev_macro_f1_raw": dev_scores["raw"]["macro_f1"],
+               "seconds": round(time.time() - t0, 1)}
         history.append(row)
         say(f"epoch {row['epoch']}/{epochs}: loss {row['loss']}, dev macro-F1 {row['dev_macro_f1']} "
             f"(raw {row['dev_macro_f1_raw']}), {row['seconds']}s")
