@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -133,7 +134,9 @@ class Encoder:
     def _windows(self, paper: Paper, title_len: int, sent_lens: list[int]) -> list[list[int]]:
         """Group a paper's sentences into windows that fit the model with the title in front."""
         budget = self.max_length - title_len - 3
-        windows, cur, used = [], [], 0
+        windows: list[list[int]] = []
+        cur: list[int] = []
+        used = 0
         for i, n in enumerate(sent_lens):
             if cur and used + n > budget:
                 windows.append(cur)
@@ -165,7 +168,7 @@ class Encoder:
                 continue
             full_title = self._cut(paper.title or "", MAX_TITLE_TOKENS)
             title_ids = tok(full_title, add_special_tokens=False)["input_ids"]
-            title = tok.decode(title_ids[:MAX_TITLE_TOKENS]) if len(title_ids) > MAX_TITLE_TOKENS else full_title
+            title = str(tok.decode(title_ids[:MAX_TITLE_TOKENS])) if len(title_ids) > MAX_TITLE_TOKENS else full_title
             sentences = [self._cut(s) for s in paper.sentences]
             sent_lens = [len(x) for x in tok(sentences, add_special_tokens=False)["input_ids"]]
             for window in self._windows(paper, min(len(title_ids), MAX_TITLE_TOKENS), sent_lens):
@@ -247,7 +250,8 @@ class Encoder:
             keep = (~special) & enc["attention_mask"].cpu().bool()
             for row, i in enumerate(idx):
                 sel = keep[row]
-                toks = self.tokenizer.convert_ids_to_tokens(enc["input_ids"][row][sel.to(enc["input_ids"].device)].tolist())
+                ids = enc["input_ids"][row][sel.to(enc["input_ids"].device)].tolist()
+                toks = cast(list[str], self.tokenizer.convert_ids_to_tokens(ids))  # a list, for a list of ids
                 out[i] = (toks, hidden[row][sel].numpy())
         return out  # type: ignore[return-value]
 

@@ -30,7 +30,7 @@ import csv
 import json
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -275,7 +275,7 @@ class OfficialScores:
                 "citances_counted": self.citances_counted}
 
 
-def score_files(gold: dict[str, list[dict]], submitted: dict[str, list[dict] | None]) -> OfficialScores:
+def score_files(gold: dict[str, list[dict]], submitted: Mapping[str, list[dict] | None]) -> OfficialScores:
     """The script's `main` over in-memory CSV rows: `gold` gold file name -> rows, `submitted`
     paper id -> its run file's rows (None: no run file, the paper is skipped)."""
     per_file = {}
@@ -284,7 +284,7 @@ def score_files(gold: dict[str, list[dict]], submitted: dict[str, list[dict] | N
         if sub is None:
             continue
         per_file[name] = _calculate(_parse_rows(rows), _parse_rows(sub))
-    cols = list(zip(*per_file.values())) if per_file else [[] for _ in range(12)]
+    cols: list[Sequence] = list(zip(*per_file.values())) if per_file else [[] for _ in range(12)]
     tp, fp, fn, tpf, fpf, fnf = (sum(cols[i]) for i in range(6, 12))
     p, r = _ratio(tp, tp + fp), _ratio(tp, tp + fn)
     pm, rm = _mean(list(cols[0])), _mean(list(cols[1]))

@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import DataError
 from ..query.search import QueryError
@@ -88,6 +89,7 @@ def ranking_config(settings: Settings, facets: str) -> dict:
 
 
 def _tagger_name(settings: Settings) -> str:
+    assert settings.tagger  # asked only when one is set
     return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(settings.tagger).stem)
 
 
@@ -121,7 +123,7 @@ def evaluate_csfcube(data_dir: str, settings: Settings, *, facets: str = "keep",
         raise DataError(f"{data_dir}: no evaluation split has all its queries judged")
     path = index_path or default_index_path(settings, facets)
     settings = settings.replace(backend="embedded", path=path)
-    timings = {}
+    timings: dict[str, Any] = {}
     t0 = time.perf_counter()
     with open_index(path, settings=settings) as index:
         log(f"indexing {data_dir} into {path} (unchanged papers are skipped)")

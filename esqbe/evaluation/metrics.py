@@ -90,7 +90,7 @@ def reciprocal_rank(rel: np.ndarray) -> float:
     return 1.0 / (hits[0] + 1) if hits.size else 0.0
 
 
-def dcg_at_k(gains: np.ndarray, k: int) -> float:
+def dcg_at_k(gains: np.ndarray | Sequence[float], k: int) -> float:
     """Linear-gain DCG of the first k: rank 1 undiscounted, rank i >= 2 divided by log2(i)."""
     r = np.asarray(gains, dtype=float)[:k]
     if not r.size:

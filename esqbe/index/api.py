@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ..backends.base import Backend
 from ..core import deadline
@@ -49,7 +50,7 @@ class Index(IngestMixin):
         self.backend = backend
         self.settings = settings
         self._encoder = encoder
-        self._tagger = None
+        self._tagger: Any = None  # None: not loaded yet; False: none to load
         self._tagger_shares_encoder = False
 
     # --- the encoder, checked against what the index was built with ------------------------------
@@ -197,6 +198,7 @@ class Index(IngestMixin):
                 raise PaperNotFoundError(f"paper {paper_id} is not in the index")
             query = found[str(paper_id)]
         else:
+            assert text is not None  # exactly one of the two, checked above
             sents = query_sentences(text)  # refused past esqbe.core.limits' caps, before any tokenizing
             if not sents:
                 raise QueryError("the query text has no sentences")
@@ -326,7 +328,7 @@ class _LazyEncoder:
 def encoder_only(*, config: str | None = None, settings: Settings | None = None, encoder=None, **overrides) -> Index:
     """An Index with no backend, for `Index.encode_files` (encoding runs where no index is)."""
     base = settings or load_settings(config)
-    return Index(None, base.replace(**overrides), encoder=encoder)
+    return Index(None, base.replace(**overrides), encoder=encoder)  # type: ignore[arg-type]  # no backend: encoding only
 
 
 def open_index(path: str | None = None, *, config: str | None = None, settings: Settings | None = None,

@@ -38,10 +38,10 @@ def run_attach(index, id_field: str, text_fields: Sequence[str], *, facets: str 
     start = time.perf_counter()
     if not text_fields:
         raise BackendError("--text-fields needs at least one field (title first, then the abstract/body fields)")
-    backend = index.backend
-    if not isinstance(backend, EngineBackend):
+    engine = index.backend
+    if not isinstance(engine, EngineBackend):
         raise BackendError("esqbe attach works on an elasticsearch or opensearch index (--backend, --url, --index)")
-    backend = attached_backend(backend) if not isinstance(backend, AttachedMixin) else backend
+    backend = attached_backend(engine) if not isinstance(engine, AttachedMixin) else engine
     index.backend = backend
     encoder = index.encoder
     meta = index._requested_meta(encoder)  # name, dim, mode and the model's fingerprint

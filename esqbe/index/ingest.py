@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from ..backends.base import Backend
 from ..core.progress import Progress
@@ -26,8 +27,18 @@ class IngestMixin:
 
     backend: Backend
     settings: Settings
-    _encoder: object
+    _encoder: Any
     _tagger_shares_encoder: bool
+
+    if TYPE_CHECKING:  # what `Index` defines, declared for mypy (at run time Index's own are found)
+        @property
+        def encoder(self) -> Any: ...
+        @property
+        def tagger(self) -> Any: ...
+        def check_model(self, *, query: bool = False) -> None: ...
+        def _requested_meta(self, encoder: Any) -> IndexMeta: ...
+        def _stored_meta(self) -> IndexMeta | None: ...
+        def _where(self) -> str: ...
     #: encode each batch in a worker thread while this thread writes the batch before it and reads the one
     #: after (False: one batch at a time, in this thread; benchmarks/bench_encode.py measures both)
     pipelined = True
@@ -93,8 +104,8 @@ class IngestMixin:
     def _ensure_index(self) -> None:
         """Create the index for this run's model, or check it is the one the index holds (loads the model)."""
         requested = self._requested_meta(self.encoder)
-        stored = self._stored_meta()
-        if stored is not None and not self.backend.meta().fingerprint and stored.same_model(requested):
+        stored, meta = self._stored_meta(), self.backend.meta()
+        if stored is not None and meta is not None and not meta.fingerprint and stored.same_model(requested):
             requested = replace(requested, model=stored.model)  # an index from before fingerprints, same model
         self.backend.ensure(requested)
 
@@ -222,7 +233,7 @@ class IngestMixin:
         if progress is True:
             sizes = [os.path.getsize(s) if isinstance(s, (str, os.PathLike)) and str(s) != "-" else None
                      for i, s in enumerate(sources) if i not in problems]
-            bar = Progress(total_bytes=None if None in sizes else sum(sizes))
+            bar = Progress(total_bytes=None if None in sizes else sum(s for s in sizes if s is not None))
         try:
             self._index_sources(sources, problems, format, strict, facets, bar, report)
         finally:
@@ -292,8 +303,8 @@ class IngestMixin:
         try:
             for batch in read_encoded(source, batch_size=batch_size or max(16384, int(self.settings.commit_every)), strict=strict,
                                       report=reader_report):
-                stored = self.backend.content_hashes(p.paper_id for p in batch)
-                fresh = [p for p in batch if stored.get(p.paper_id) != p.paper.content_hash()]
+                hashes = self.backend.content_hashes(p.paper_id for p in batch)
+                fresh = [p for p in batch if hashes.get(p.paper_id) != p.paper.content_hash()]
                 report.unchanged += len(batch) - len(fresh)
                 if fresh:
                     result = self.backend.upsert(fresh)

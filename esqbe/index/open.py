@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from typing import Any, cast
 
 from ..backends.base import Backend
 from ..core.filters import FilterError, MetadataFilter, coerce_filters
@@ -25,12 +26,13 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
                 raise StorageError(f"cannot open the index at {settings.path}: {_reason(e, settings.path)}") from e
 
         if create and not os.path.exists(settings.path):
-            return _DeferredBackend(lambda: make(True))  # created by the first write, not by a run that fails first
+            # created by the first write, not by a run that fails first (a stand-in with the Backend's reads)
+            return cast(Backend, _DeferredBackend(lambda: make(True)))
         return make(create)
     if settings.backend in ("elasticsearch", "opensearch"):
         if not settings.url:
             raise BackendError(f"the {settings.backend} backend needs --url (or ESQBE_URL, or `url:` in the config file)")
-        kwargs = dict(api_key=settings.api_key, username=settings.username, password=settings.password,
+        kwargs: dict[str, Any] = dict(api_key=settings.api_key, username=settings.username, password=settings.password,
                       ca_certs=settings.ca_certs, verify_certs=settings.verify_certs)
         from ..backends.engines.attach import (
             maybe_attached,  # an index the user owns, with esqbe attached to it

@@ -188,7 +188,8 @@ def read_encoded(path: str | Path, *, batch_size: int = 4096, strict: bool = Fal
         except StopIteration:
             break
         except (OSError, ValueError) as e:  # a truncated or corrupt file (pyarrow's errors derive from these)
-            error = InputError(name, row0 + 1, "file", f"cannot read further: {e}")
+            error: InputError | None = InputError(name, row0 + 1, "file", f"cannot read further: {e}")
+            assert error is not None
             if strict:
                 raise error from None
             report.errors.append(error)
@@ -212,7 +213,7 @@ def read_encoded(path: str | Path, *, batch_size: int = 4096, strict: bool = Fal
             if wrong.any():
                 paper_of_vec = np.repeat(np.arange(n), sent_of)
                 bad_dim[paper_of_vec[wrong]] = True
-        out = []
+        out: list[IndexedPaper] = []
         for i in range(n):
             report.read += 1
             line = row0 + i + 1
@@ -232,7 +233,8 @@ def read_encoded(path: str | Path, *, batch_size: int = 4096, strict: bool = Fal
             paper = None
             if error is None:
                 try:
-                    metadata = json.loads(metas[i]) if metas[i] else {}
+                    raw_meta = metas[i]
+                    metadata = json.loads(raw_meta) if raw_meta else {}
                     if not isinstance(metadata, dict):
                         raise ValueError("not a JSON object")
                 except (ValueError, RecursionError) as e:
@@ -257,6 +259,7 @@ def read_encoded(path: str | Path, *, batch_size: int = 4096, strict: bool = Fal
                     raise error
                 report.errors.append(error)
                 continue
+            assert paper is not None  # made above when there was no error
             out.append(IndexedPaper(paper, vectors))
             report.yielded += 1
         row0 += n

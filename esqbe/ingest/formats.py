@@ -4,6 +4,7 @@ A parser raises `_Invalid` (a bad field: reported as `file:line: field: reason`)
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ..domain import FACET_LABELS, LIMITS, RAW_LABELS, Paper, normalize_label
 from .sentences import split_sentences
@@ -135,7 +136,7 @@ def _labels(value, n_sentences: int, key: str, raw_labels: bool) -> list[str]:
 def _metadata(fmt: str, year=None, **fields) -> dict:
     """What is kept next to the paper, under esqbe's key names (see METADATA_KEYS); empty values
     (None, "", [], {}) are left out so that `exists` filters mean something."""
-    meta = {"format": fmt}
+    meta: dict[str, Any] = {"format": fmt}
     if isinstance(year, int) and not isinstance(year, bool):
         meta["year"] = year
     for key, value in fields.items():
@@ -169,8 +170,8 @@ def _clean(value):
         out = {k: c for k, c in ((k, _clean(v)) for k, v in value.items()) if c is not None}
         return out or None
     if isinstance(value, list):
-        out = [c for c in (_clean(v) for v in value) if c is not None]
-        return out or None
+        kept = [c for c in (_clean(v) for v in value) if c is not None]
+        return kept or None
     return value
 
 
@@ -197,13 +198,13 @@ def _authors(value) -> list | None:
     """Authors as [{"name", "id"?}]: S2AG's {authorId, name}, strings, or objects given as such."""
     if not isinstance(value, list):
         return None
-    out = []
+    out: list[dict] = []
     for a in value:
         if isinstance(a, str):
             out.append({"name": a})
         elif isinstance(a, dict):
             a = {str(k).lower(): v for k, v in a.items()}
-            entry = {"name": a.get("name")} if a.get("name") else _s2orc_author(a) or {}
+            entry: dict = {"name": a.get("name")} if a.get("name") else _s2orc_author(a) or {}
             ident = a.get("authorid", a.get("id"))
             if ident not in (None, ""):
                 entry["id"] = str(ident)

@@ -121,10 +121,11 @@ def _open_source(source, stack: ExitStack) -> tuple[str, Iterator]:
     if hasattr(source, "read"):
         return str(getattr(source, "name", "<stream>")), iter(source)
     name = str(source)
-    f = stack.enter_context(open(source, "rb"))
-    stack.tell = f.tell  # progress: how far into the file we are
-    if f.peek(2)[:2] == _GZIP_MAGIC:  # by content, so a `.gz` name is neither needed nor trusted
-        f = stack.enter_context(gzip.open(f, "rb"))
+    raw = stack.enter_context(open(source, "rb"))
+    stack.tell = raw.tell  # type: ignore[attr-defined]  # progress: how far into the file we are
+    f: io.BufferedIOBase = raw
+    if raw.peek(2)[:2] == _GZIP_MAGIC:  # by content, so a `.gz` name is neither needed nor trusted
+        f = stack.enter_context(gzip.open(raw, "rb"))
     return name, iter(f)
 
 

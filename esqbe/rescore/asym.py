@@ -165,6 +165,7 @@ def segment_max_cosines(query_tokens: np.ndarray, cand_tokens: np.ndarray, start
         inv_norms = 1.0 / np.maximum(np.sqrt(np.einsum("ij,ij->i", chunk, chunk)), 1e-12)
         cos = (np.asarray(query_tokens, dtype=np.float32) @ chunk.T) * inv_norms[None, :]
         if exact:
+            assert query_ids is not None and cand_ids is not None  # what `exact` says
             cos = np.where(query_ids[:, None] == cand_ids[None, lo:hi], np.float32(1.0), cos)
         out[:, s:e] = np.maximum.reduceat(cos, starts[s:e] - lo, axis=1)
         s = e

@@ -42,7 +42,7 @@ def cosine_matrix(query: QueryBatch, cands: CandidateBatch) -> np.ndarray:
     return np.where(cands.mask[:, None, :], sims, -np.inf)
 
 
-def _top_matches(sims: np.ndarray, limit: int = 3) -> list[list[Match]]:
+def _top_matches(sims: np.ndarray, limit: int | None = 3) -> list[list[Match]]:
     """Per candidate, each query sentence's best candidate sentence, strongest pairs first."""
     best_j = sims.argmax(axis=2)  # (n, m)
     best_s = np.take_along_axis(sims, best_j[..., None], axis=2)[..., 0]  # (n, m)
@@ -421,6 +421,7 @@ def rescore_asym_token(context: RescoreContext, *, d=4.0, alpha=1e-4, max_tokens
                 toks = vectors.tokens(t, markers=False)[:max_tokens]
                 out.append((toks, vectors.vectors(toks)[0]))
             return out
+        assert encoder is not None  # checked when the rescorer was made (no words, so an encoder)
         nonempty = [k for k, t in enumerate(texts) if t]  # a sentence that was only a citation has no tokens
         encoded: list = [([], None)] * len(texts)
         for k, out in zip(nonempty, encoder.token_vectors([texts[k] for k in nonempty], max_tokens=max_tokens)):
@@ -442,6 +443,7 @@ def rescore_asym_token(context: RescoreContext, *, d=4.0, alpha=1e-4, max_tokens
         encoded = encode(list(texts))
         dim = next((vecs.shape[-1] for _, vecs in encoded if vecs.ndim == 2), 1)
 
+        counts_total: tuple[dict[str, int], int] | None
         if vectors is not None:
             counts_total = vectors.counts()
         else:
@@ -460,7 +462,7 @@ def rescore_asym_token(context: RescoreContext, *, d=4.0, alpha=1e-4, max_tokens
         if cands.bias is not None:
             sims = sims + cands.bias[:, None, :]
         sims = np.where(cands.mask[:, None, :], sims, -np.inf)  # (n, m, L)
-        has = cands.mask.any(axis=1)
+        has = np.asarray(cands.mask.any(axis=1))
         best_per_q = sims.max(axis=2) if width else np.full((n, m), -np.inf)
         scores = np.where(has, np.where(has[:, None], best_per_q, 0.0).mean(axis=1), -np.inf)
         return RescoreResult(scores=scores, matches=_finite_matches(_top_matches(sims, limit=None)) if n else [])

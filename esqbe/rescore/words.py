@@ -105,8 +105,9 @@ def corpus_texts(sources: Sequence[str], papers: Iterable | None = None) -> Iter
             try:
                 with tarfile.open(path) as tar:
                     for member in tar:
-                        if member.isfile() and _is_text_file(member.name):
-                            yield from _texts_of(member.name, tar.extractfile(member).read())
+                        member_file = tar.extractfile(member) if member.isfile() else None  # None: not a file
+                        if member_file is not None and _is_text_file(member.name):
+                            yield from _texts_of(member.name, member_file.read())
             except tarfile.TarError as e:
                 raise WordsError(f"{source}: not a readable tar archive: {e}") from None
         elif _is_text_file(path.name):

@@ -14,20 +14,20 @@ from .runtime import FACET_CLASSES, FacetTagger, TagListener, _labels_from_probs
 # ================================================================ metrics
 def f1_report(gold: Sequence[str], pred: Sequence[str], labels: Sequence[str]) -> dict:
     """Macro-F1 and per-label precision/recall/F1 in percent (numpy only: no scikit-learn at runtime)."""
-    gold, pred = np.asarray(gold, dtype=object), np.asarray(pred, dtype=object)
+    gold_a, pred_a = np.asarray(gold, dtype=object), np.asarray(pred, dtype=object)
     per = {}
     for lab in labels:
-        tp = int(np.sum((gold == lab) & (pred == lab)))
-        fp = int(np.sum((gold != lab) & (pred == lab)))
-        fn = int(np.sum((gold == lab) & (pred != lab)))
+        tp = int(np.sum((gold_a == lab) & (pred_a == lab)))
+        fp = int(np.sum((gold_a != lab) & (pred_a == lab)))
+        fn = int(np.sum((gold_a == lab) & (pred_a != lab)))
         p = tp / (tp + fp) if tp + fp else 0.0
         r = tp / (tp + fn) if tp + fn else 0.0
         f = 2 * p * r / (p + r) if p + r else 0.0
         per[lab] = {"precision": round(100 * p, 2), "recall": round(100 * r, 2), "f1": round(100 * f, 2), "support": tp + fn}
     return {
         "macro_f1": round(float(np.mean([per[lab]["f1"] for lab in labels])), 2) if labels else 0.0,
-        "accuracy": round(100 * float(np.mean(gold == pred)), 2) if len(gold) else 0.0,
-        "sentences": int(len(gold)),
+        "accuracy": round(100 * float(np.mean(gold_a == pred_a)), 2) if len(gold_a) else 0.0,
+        "sentences": int(len(gold_a)),
         "per_label": per,
     }
 
@@ -56,7 +56,7 @@ def evaluate_tagger(
     tagger = tagger or FacetTagger.load(encoder=encoder)
     papers = _gold_papers(gold, format=format)
     n_read = len(papers)
-    seen = set()
+    seen: set[str] = set()
     for src in exclude_duplicates_of:
         seen.update(_text_key(p) for p in _gold_papers(src))
     papers = [p for p in papers if _text_key(p) not in seen]

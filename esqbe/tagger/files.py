@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .runtime import FacetTagger
 
@@ -107,7 +108,7 @@ def tag_file(source, out, *, format: str | None = None, raw: bool = False, tagge
         tagger.check_encoder(encoder)
         tagger._encoder = encoder
     started = time.time()
-    summary = {"records": 0, "tagged": 0, "sentences": 0, "skipped": collections.Counter(), "errors": [],
+    summary: dict[str, Any] = {"records": 0, "tagged": 0, "sentences": 0, "skipped": collections.Counter(), "errors": [],
                "labels": collections.Counter()}
 
     def flush(pending, sink):
@@ -127,7 +128,7 @@ def tag_file(source, out, *, format: str | None = None, raw: bool = False, tagge
     try:
         with ExitStack() as stack:
             name, lines = _open_lines(source, stack)
-            sink = (stack.enter_context(open(tmp, "w", encoding="utf-8")) if to_path
+            sink = (stack.enter_context(open(tmp, "w", encoding="utf-8")) if tmp is not None
                     else (sys.stdout if isinstance(out, str) else out))
             pending, n_papers = [], 0
             for kind, item in _records(lines, name, format, strict, summary):
@@ -141,7 +142,7 @@ def tag_file(source, out, *, format: str | None = None, raw: bool = False, tagge
         if tmp is not None:
             tmp.unlink(missing_ok=True)
         raise
-    if to_path:
+    if tmp is not None:
         os.replace(tmp, out)
     summary["skipped"] = dict(sorted(summary["skipped"].items()))
     summary["labels"] = dict(sorted(summary["labels"].items()))

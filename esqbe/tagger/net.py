@@ -24,7 +24,7 @@ def _nn():
     return nn
 
 
-class _Layer(_nn().Module):
+class _Layer(_nn().Module):  # type: ignore[misc]  # torch.nn.Module, imported on first use
     """A BERT (post-LayerNorm) transformer layer, initialised from the encoder's own layer.
 
     Ours rather than transformers' class, so the weights file does not depend on the installed
@@ -84,7 +84,7 @@ class _Layer(_nn().Module):
         return self.ln2(x + self.dropout(f))
 
 
-class TaggerNet(_nn().Module):
+class TaggerNet(_nn().Module):  # type: ignore[misc]  # torch.nn.Module, imported on first use
     """Copied top encoder layers -> per-sentence mean pooling -> BiLSTM with position features -> labels."""
 
     def __init__(self, *, dim: int, n_layers: int, heads: int, ff: int, eps: float, lstm: int = 128,

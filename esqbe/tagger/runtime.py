@@ -84,7 +84,7 @@ class TagListener:
     def facet_probabilities(self, papers: Sequence[Paper]) -> list[list[list[float]]]:
         """Per paper, per sentence: the probabilities of the esqbe classes (background, method, result,
         other; objective counts as background), rounded to 3 decimals: soft labels for matching."""
-        out = []
+        out: list[list[list[float]]] = []
         for p in self._probabilities(papers):
             if p is None:
                 out.append([])
@@ -114,6 +114,7 @@ class TagListener:
         net = self._tagger._net_on(seqs[0].device) if seqs else None
         with torch.inference_mode():
             for start in range(0, len(seqs), 256):
+                assert net is not None  # there are sequences
                 chunk = seqs[start : start + 256]
                 for pi, logits in zip(todo[start : start + 256], net.classify(chunk)):
                     out[pi] = logits.float().softmax(-1).cpu()

@@ -233,6 +233,7 @@ def train_tagger(
         if best is None or row["dev_macro_f1"] > best[0]["dev_macro_f1"]:
             best = (row, dev_scores, {k: v.detach().to("cpu", torch.float16).clone() for k, v in net.state_dict().items()})
 
+    assert best is not None  # at least one epoch ran
     best_row, best_dev, state = best
     meta = {
         "format": TAGGER_FORMAT,

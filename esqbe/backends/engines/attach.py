@@ -495,17 +495,17 @@ class AttachedOpenSearchBackend(AttachedMixin, OpenSearchBackend):
 
 
 #: engine -> its attached-index backend class
-ATTACHED: dict[str, type[EngineBackend]] = {
+ATTACHED: dict[str, type[AttachedMixin]] = {
     "elasticsearch": AttachedElasticsearchBackend,
     "opensearch": AttachedOpenSearchBackend,
 }
 
 
-def attached_class(engine: str) -> type[EngineBackend]:
+def attached_class(engine: str) -> type[AttachedMixin]:
     return ATTACHED["elasticsearch" if engine == "elasticsearch" else "opensearch"]
 
 
-def attached_backend(backend: EngineBackend) -> EngineBackend:
+def attached_backend(backend: EngineBackend) -> AttachedMixin:
     """The same connection as an attached-index backend (sharing the client)."""
     return attached_class(backend.engine).from_connection(backend)
 
