@@ -29,7 +29,6 @@ from .identity import (
 )
 from .onnx import OnnxRunner
 
-from ..settings.table import ENCODER_MODES  # noqa: E402
 #: a title longer than this (in tokens) is cut, so the abstract keeps the window
 MAX_TITLE_TOKENS = 64
 

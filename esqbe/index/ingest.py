@@ -17,9 +17,8 @@ from ..ingest.encoded import is_parquet
 from ..ingest.readers import InputError, ReadReport, check_source, read_papers
 from ..query import centering
 from ..settings.config import Settings
-from .reports import _STORAGE_ERRORS, EncodeReport, IndexReport, _reason
-
 from ..settings.table import FACET_MODES  # noqa: E402
+from .reports import _STORAGE_ERRORS, EncodeReport, IndexReport, _reason
 
 
 class IngestMixin:

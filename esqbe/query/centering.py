@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import ParameterError
 from ..settings.table import CENTRING_MODES as MODES  # noqa: E402
+
 #: papers whose sentences estimate the mean and directions (CSFCube's 4,205 abstracts: all of them)
 SAMPLE_PAPERS = 5000
 _CHUNK = 500

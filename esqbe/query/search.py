@@ -27,10 +27,10 @@ from ..ingest.sentences import split_sentences
 from ..rescore.batches import CandidateBatch, QueryBatch, RescoreContext
 from ..rescore.registry import make_rescorer
 from ..settings.config import Settings
+from ..settings.table import BM25_TEXTS, CANDIDATE_FACET_MODES  # noqa: E402
 from .centering import corpus_directions
 from .result_json import result_json
 
-from ..settings.table import BM25_TEXTS, CANDIDATE_FACET_MODES  # noqa: E402
 #: the class order of the tagger's soft labels (`Paper.metadata["facet_probs"]`)
 SOFT_FACET_ORDER = ("background", "method", "result", "other")
 #: the settings a `facet_settings` entry may change: how one query is ranked, nothing about the index

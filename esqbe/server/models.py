@@ -13,8 +13,8 @@ from ..settings.table import FACET_MODES, FORMATS
 from .options import WORDS_NAME
 
 #: the input formats POST /papers reads (the readers') and what happens to facet labels (the table's)
-InputFormat = Literal[FORMATS]  # type: ignore[valid-type]
-FacetMode = Literal[FACET_MODES]  # type: ignore[valid-type]
+InputFormat = Literal[FORMATS]
+FacetMode = Literal[FACET_MODES]
 
 
 
@@ -35,7 +35,8 @@ class FilterCondition(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    key: str = Field(..., min_length=1, max_length=200, description="a dotted metadata key: year, venue, authors.name, external_ids.doi")
+    key: str = Field(..., min_length=1, max_length=200,
+                     description="a dotted metadata key: year, venue, authors.name, external_ids.doi")
     op: Literal["=", "!=", "<", "<=", ">", ">=", "in", "not in", "exists", "not exists"]
     value: str | float | int | list[str | float | int] = Field(
         None, description="the value (a list for in / not in; absent for exists / not exists)")
@@ -100,7 +101,8 @@ class _QueryRequestBase(BaseModel):
         None, max_length=64, description="metadata conditions the candidates must all satisfy, applied before ranking: "
                                          "grammar strings ('year>=2019', 'venue in (ACL, EMNLP)') or {key, op, value} objects")
     engine_filter: dict[str, Any] = Field(
-        None, description='Elasticsearch/OpenSearch only: one query DSL clause the candidates must also match, e.g. {"term": {"lang": "en"}}')
+        None, description="Elasticsearch/OpenSearch only: one query DSL clause the candidates must also match, "
+                          'e.g. {"term": {"lang": "en"}}')
 
     @model_validator(mode="after")
     def _one_query(self):
@@ -162,7 +164,8 @@ class Hit(BaseModel):
     bm25: float
     knn: float = Field(description="first stage: mean over query sentences of the best cosine the kNN found")
     matches: list[MatchedPair]
-    metadata: dict[str, Any] = Field(default_factory=dict, description="the paper's stored metadata (year, venue, authors, ids, ...)")
+    metadata: dict[str, Any] = Field(default_factory=dict,
+                                     description="the paper's stored metadata (year, venue, authors, ids, ...)")
     sentences: list[Sentence] | None = None
 
 
@@ -170,7 +173,8 @@ class QueryInfo(BaseModel):
     paper_id: str | None
     title: str | None = None
     facet: str | None
-    filters: list[dict[str, Any]] = Field(default_factory=list, description="the metadata conditions applied, as {key, op, value}")
+    filters: list[dict[str, Any]] = Field(default_factory=list,
+                                          description="the metadata conditions applied, as {key, op, value}")
     sentences: list[Sentence]
 
 

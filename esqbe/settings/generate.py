@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .table import BY_NAME, SETTINGS, Setting
 
@@ -25,7 +26,7 @@ def _click_type(s: Setting):
     if s.path is not None:
         return click.Path(file_okay=s.path != "dir", dir_okay=s.path == "dir", exists=s.path == "existing-file")
     if s.type is int:
-        return click.IntRange(s.low, s.high) if s.low is not None else int
+        return click.IntRange(int(s.low), None if s.high is None else int(s.high)) if s.low is not None else int
     if s.type is float:
         return click.FloatRange(s.low, s.high) if s.low is not None else float
     return None
@@ -66,6 +67,7 @@ def click_option(s: Setting) -> Callable:
     """The click option of setting `s` (its destination is the setting's name)."""
     import click
 
+    assert s.flag is not None  # options are made for the settings that have a flag
     names = [s.flag, *([s.short] if s.short else []), s.name]
     if s.name == "rescorer_params":
         return click.option(s.flag, s.name, multiple=True, metavar="KEY=VALUE", help=param_help())
@@ -175,12 +177,12 @@ def http_field(s: Setting) -> tuple[Any, Any]:
                       schema.update(enum=list(source()))))
     if s.choices is not None:
         return Literal[s.choices], Field(default, description=description)
-    high = s.high if s.http_max is None else min(s.http_max, s.high)
+    high = s.high if s.http_max is None or s.high is None else min(s.http_max, s.high)
     return s.type, Field(default, ge=s.low, le=high, description=description)
 
 
 def http_fields(parent: str = "") -> dict[str, tuple[Any, Any]]:
-    return {s.http.rpartition(".")[2]: http_field(s) for s in http_settings(parent)}
+    return {(s.http or "").rpartition(".")[2]: http_field(s) for s in http_settings(parent)}  # (each has an http)
 
 
 def overrides_from_http(body) -> dict:

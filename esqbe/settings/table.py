@@ -6,8 +6,9 @@ options, the HTTP query fields, `esqbe eval`'s command lines and the README's se
 The choice tuples below are the only copies; the modules that act on a choice import them from here."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..core.fusion import FUSION_METHODS  # the first stage's fusions
 from ..ingest.formats import (
