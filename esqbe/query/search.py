@@ -6,8 +6,9 @@ sentences labelled with it) or chosen sentence indices (Definition 2: no labels 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar, Mapping, Sequence
+from typing import ClassVar
 
 import numpy as np
 
