@@ -33,7 +33,7 @@ def _single_threaded_math():
 @click.command("query")
 @click.option("--paper", "paper_id", help="Query paper id (must be in the index).")
 @click.option("--facet", type=click.Choice(FACET_CHOICES), help="Use the query paper's sentences labelled with this facet.")
-@click.option("--sentences", help="Use these sentences of the query paper instead (0-based indices, e.g. 0,2).")
+@click.option("--sentences", help="Use these sentences of the query paper or --text instead (0-based indices, e.g. 0,2).")
 @click.option("--text", help="Query with this abstract text (a paper not in the index).")
 @click.option("--file", "text_file", type=click.File("r"), help="Query with the abstract in this file (- for stdin).")
 @click.option("--title", default="", help="Title of the --text/--file paper (helps contextual vectors).")
@@ -91,8 +91,14 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
     who = f"paper {result.query_paper_id}" if result.query_paper_id else "query text"
     what = f"facet {result.facet}" if result.facet else "chosen sentences" if chosen else "all sentences"
     click.echo(f"{who}, {what}, rescorer {result.rescorer}:")
-    for i, s in result.query_sentences:
-        click.echo(f"  [{i}] {s}")
+    if result.selection is not None:
+        click.echo(f"  query = {result.selection.rule}:")
+        for q in result.selection.sentences:
+            p = f", p({result.facet}) {q.probability:.2f}" if q.probability is not None else ""
+            click.echo(f"  [{q.index}] ({q.facet}{p}) {q.text}")
+    else:
+        for i, s in result.query_sentences:
+            click.echo(f"  [{i}] {s}")
     if filters or engine_filter:
         click.echo("  filtered: " + "; ".join([*filters, *([f"engine {engine_filter}"] if engine_filter else [])]))
     if not result.hits:

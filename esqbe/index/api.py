@@ -27,7 +27,9 @@ from ..query.search import (
     PaperNotFoundError,
     QueryError,
     QueryResult,
+    explain_selection,
     facet_probability,
+    numbered_sentences,
     query_sentences,
     run_query,
     select_query_sentences,
@@ -205,7 +207,7 @@ class Index(IngestMixin):
             deadline.check()
             t_encode = time.perf_counter()  # labels predicted and vectors encoded for this text
             paper = Paper("query", title, sents)
-            if facet is not None and self.tagger is not None:
+            if (facet is not None or sentences is not None) and self.tagger is not None:
                 labels, probs = self.tagger.tag_with_probabilities([paper])
                 paper.facets = [normalize_label(x) for x in labels[0]]
                 # as for an indexed paper the tagger labelled: its probabilities choose the query's sentences
@@ -219,7 +221,9 @@ class Index(IngestMixin):
                     f"the query text has no {facet} sentence: "
                     + (f"the tagger labels its {len(sents)} sentence(s) {', '.join(labelled)}" if labelled
                        else "no facet tagger is available to label it")
-                    + "; ask for another --facet, or leave --facet out to query with every sentence")
+                    + f"; its sentences: {numbered_sentences(paper, normalize_label(facet))}; choose sentences by index "
+                    "instead (--sentences 0,2 on the command line, \"sentences\": [0, 2] in JSON), ask for another "
+                    "facet, or leave the facet out to query with every sentence")
             deadline.check()
             vectors = self.encoder.sentence_vectors([paper], meta.encoder_mode)[0]
             query = IndexedPaper(paper, vectors)
@@ -230,6 +234,7 @@ class Index(IngestMixin):
         context = RescoreContext(encoder=_LazyEncoder(self), backend=self.backend)
         result = run_query(self.backend, query, indices, settings, facet=facet, restrict_to=restrict_to, context=context,
                            filter=flt)
+        result.selection = explain_selection(query.paper, facet, sentences, settings.query_facet_threshold, indices)
         if paper_id is None:
             result.query_paper_id = None
             result.timings = {"encode": encode_ms, **result.timings}

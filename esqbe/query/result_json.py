@@ -3,7 +3,10 @@
 or 0.0 (the other scores), metadata goes through a JSON round trip.
 
     {"version": 1,
-     "query": {"paper_id", "title", "facet", "filters": [{key, op, value}], "sentences": [{index, text, facet}]},
+     "query": {"paper_id", "title", "facet", "filters": [{key, op, value}],
+               "sentences": [{index, text, facet (its label), probability (the tagger's p(query facet), or null),
+                              why ("label", "probability", "most_probable", "chosen", "all")}],
+               "selection": {"by" ("facet", "sentences", "all"), "rule" (in words), "threshold" (or null)}},
      "rescorer", "rescorer_params", "similarity" (what a hit's similarity is), "match_weight" (what a pair's
      weight is),
      "hits": [{"rank", "paper_id", "title", "similarity", "score", "first_stage_score", "bm25", "knn",
@@ -77,6 +80,14 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
             "sentences": sentences_json(papers[h.paper_id]) if papers and h.paper_id in papers else None,
         })
     facets = result.query_facets or ["unlabeled"] * len(result.query_sentences)
+    why = {s.index: s for s in result.selection.sentences} if result.selection else {}
+    sentences = []
+    for (i, t), f in zip(result.query_sentences, facets):
+        known = why.get(i)
+        sentences.append({"index": i, "text": t, "facet": f,
+                          "probability": finite(known.probability) if known else None,
+                          "why": known.why if known else None})
+    sel = result.selection
     rescorer = result.rescorer
     return {
         "version": RESULT_JSON_VERSION,
@@ -84,8 +95,8 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
                   "title": result.query_title,
                   "facet": result.facet,
                   "filters": list(result.filters),
-                  "sentences": [{"index": i, "text": t, "facet": f}
-                                for (i, t), f in zip(result.query_sentences, facets)]},
+                  "sentences": sentences,
+                  "selection": {"by": sel.by, "rule": sel.rule, "threshold": sel.threshold} if sel else None},
         "rescorer": rescorer,
         "rescorer_params": jsonable(result.rescorer_params or {}) if rescorer != "none" else {},
         "similarity": SIMILARITY.get(rescorer, "the rescorer's score"),

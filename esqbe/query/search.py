@@ -119,6 +119,34 @@ class Hit:
 
 
 @dataclass
+class QuerySentence:
+    """One sentence of the query and why it is in it."""
+
+    index: int
+    text: str
+    #: its facet label (given, or predicted by the tagger)
+    facet: str
+    #: the tagger's probability that it has the query's facet (None: no facet asked, or labels were given)
+    probability: float | None
+    #: why it is in the query: "label" (labelled with the facet), "probability" (predicted probability of the
+    #: facet >= the threshold), "most_probable" (none reached it: the most probable one), "chosen", "all"
+    why: str
+
+
+@dataclass
+class QuerySelection:
+    """Which sentences form a query, and the rule that chose them."""
+
+    #: "facet", "sentences" (chosen by index) or "all"
+    by: str
+    #: the rule in words, e.g. "sentences whose predicted p(method) >= 0.3 (query_facet_threshold)"
+    rule: str
+    sentences: list[QuerySentence]
+    #: query_facet_threshold where it chose them (a facet query on predicted labels), else None
+    threshold: float | None = None
+
+
+@dataclass
 class QueryResult:
     query_paper_id: str | None
     facet: str | None
@@ -134,6 +162,8 @@ class QueryResult:
     query_title: str = ""
     #: the rescorer's parameters the query ran with
     rescorer_params: dict = field(default_factory=dict)
+    #: which sentences form the query and why (set by `Index.query`; None from a bare `run_query`)
+    selection: QuerySelection | None = None
 
     def to_dict(self, papers: Mapping[str, Paper] | None = None) -> dict:
         """The one JSON shape of a query result, `esqbe query --json`'s and HTTP POST /query's (esqbe.query.result_json);
@@ -149,11 +179,10 @@ def select_query_sentences(paper: IndexedPaper, facet: str | None, sentences: Se
     probability of the facet reaches it (at least its most probable one), not just those whose
     predicted label is the facet; papers with given labels are unaffected. 0 or None: hard labels."""
     p = paper.paper
-    if threshold and facet is not None and sentences is None and normalize_label(facet) in QUERY_FACETS \
-            and (p.metadata or {}).get("facet_probs") is not None:
+    if uses_probabilities(p, facet, sentences, threshold):
+        assert facet is not None and threshold is not None
         probs = facet_probability(p, normalize_label(facet))
-        if len(probs) == len(p.sentences) and len(probs):
-            return [i for i in range(len(probs)) if probs[i] >= float(threshold)] or [int(np.argmax(probs))]
+        return [i for i in range(len(probs)) if probs[i] >= float(threshold)] or [int(np.argmax(probs))]
     if facet is not None and sentences is not None:
         raise QueryError("give either a facet or sentence indices, not both")
     if sentences is not None:
@@ -180,6 +209,47 @@ def select_query_sentences(paper: IndexedPaper, facet: str | None, sentences: Se
         present = sorted(set(p.facets) - {"unlabeled"})
         raise QueryError(f"paper {p.paper_id} has no sentence labelled {facet!r}; its facets: {', '.join(present)}")
     return chosen
+
+
+def uses_probabilities(paper: Paper, facet: str | None, sentences: Sequence[int] | None, threshold: float | None) -> bool:
+    """Whether `select_query_sentences` chooses the paper's facet sentences by the tagger's probabilities."""
+    return bool(threshold) and facet is not None and sentences is None and normalize_label(facet) in QUERY_FACETS \
+        and has_soft_labels(paper) and len(facet_probability(paper, normalize_label(facet))) > 0
+
+
+def explain_selection(paper: Paper, facet: str | None, sentences: Sequence[int] | None, threshold: float | None,
+                      indices: Sequence[int]) -> QuerySelection:
+    """Why `select_query_sentences` chose `indices` of `paper`: each sentence's label, its probability of the
+    facet where the tagger gave one, and the rule."""
+    if sentences is not None:
+        return QuerySelection("sentences", "the sentences chosen by index",
+                              [QuerySentence(i, paper.sentences[i], paper.facets[i], None, "chosen") for i in indices])
+    if facet is None:
+        return QuerySelection("all", "every sentence (no facet asked)",
+                              [QuerySentence(i, paper.sentences[i], paper.facets[i], None, "all") for i in indices])
+    facet = normalize_label(facet)
+    if uses_probabilities(paper, facet, sentences, threshold):
+        assert threshold is not None
+        probs = facet_probability(paper, facet)
+        rule = (f"sentences whose predicted p({facet}) >= {float(threshold):g} (query_facet_threshold; the labels were "
+                f"predicted by the tagger), or the most probable one if none reaches it")
+        return QuerySelection("facet", rule, [
+            QuerySentence(i, paper.sentences[i], paper.facets[i], round(float(probs[i]), 4),
+                          "probability" if probs[i] >= float(threshold) else "most_probable") for i in indices],
+            threshold=float(threshold))
+    return QuerySelection("facet", f"sentences labelled {facet}",
+                          [QuerySentence(i, paper.sentences[i], paper.facets[i], None, "label") for i in indices])
+
+
+def numbered_sentences(paper: Paper, facet: str | None = None, width: int = 60) -> str:
+    """The paper's sentences as `[i] label (p(facet) 0.12) "text…"`, for a message that must say which to pick."""
+    probs = facet_probability(paper, facet) if facet and has_soft_labels(paper) else None
+    out = []
+    for i, (text, label) in enumerate(zip(paper.sentences, paper.facets)):
+        short = text if len(text) <= width else text[: width - 1] + "…"
+        p = f" (p({facet}) {float(probs[i]):.2f})" if probs is not None else ""
+        out.append(f'[{i}] {label}{p} "{short}"')
+    return "; ".join(out)
 
 
 def facet_view(paper: IndexedPaper, facet: str | None) -> tuple[IndexedPaper, list[int]]:

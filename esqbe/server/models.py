@@ -92,7 +92,7 @@ class _QueryRequestBase(BaseModel):
     facet: Literal["background", "method", "result"] = Field(
         None, description="use the query paper's sentences labelled with this facet")
     sentences: list[Annotated[int, Field(ge=0)]] = Field(
-        None, min_length=1, description="use these sentences of the query paper (0-based)")
+        None, min_length=1, description="use these sentences of the query paper or text (0-based)")
     rescorer_params: RescorerParams = Field(
         None, description='rescorer parameters, e.g. {"tau": 0.5} for ot or {"d": 4} for asym')
     first_stage: FirstStageOptions = Field(None, description="first-stage options")
@@ -169,13 +169,29 @@ class Hit(BaseModel):
     sentences: list[Sentence] | None = None
 
 
+class QuerySentence(Sentence):
+    facet: str = Field(description="its facet label (given, or predicted by the tagger)")
+    probability: float | None = Field(None, description="the tagger's probability that it has the query's facet "
+                                                        "(null: no facet asked, or the labels were given)")
+    why: Literal["label", "probability", "most_probable", "chosen", "all"] | None = Field(
+        None, description="why it is in the query: labelled with the facet, predicted probability of the facet >= "
+                          "the threshold, the most probable one (none reached it), chosen by index, or all sentences")
+
+
+class QuerySelection(BaseModel):
+    by: Literal["facet", "sentences", "all"]
+    rule: str = Field(description="the rule that chose the query's sentences, in words")
+    threshold: float | None = Field(None, description="query_facet_threshold, where it chose them")
+
+
 class QueryInfo(BaseModel):
     paper_id: str | None
     title: str | None = None
     facet: str | None
     filters: list[dict[str, Any]] = Field(default_factory=list,
                                           description="the metadata conditions applied, as {key, op, value}")
-    sentences: list[Sentence]
+    sentences: list[QuerySentence] = Field(description="exactly the sentences that form the query, and why")
+    selection: QuerySelection | None = None
 
 
 class QueryResponse(BaseModel):
