@@ -171,14 +171,14 @@ class QueryResult:
         return result_json(self, papers)
 
 
-def select_query_sentences(paper: IndexedPaper, facet: str | None, sentences: Sequence[int] | None,
+def select_query_sentences(paper: IndexedPaper | Paper, facet: str | None, sentences: Sequence[int] | None,
                            threshold: float | None = None) -> list[int]:
     """Which of the paper's sentences form the query (facet labels, chosen indices, or all).
 
     `threshold` (> 0): a paper with soft labels (tagger probabilities) contributes every sentence whose
     probability of the facet reaches it (at least its most probable one), not just those whose
     predicted label is the facet; papers with given labels are unaffected. 0 or None: hard labels."""
-    p = paper.paper
+    p = paper.paper if isinstance(paper, IndexedPaper) else paper
     if uses_probabilities(p, facet, sentences, threshold):
         assert facet is not None and threshold is not None
         probs = facet_probability(p, normalize_label(facet))
@@ -239,6 +239,20 @@ def explain_selection(paper: Paper, facet: str | None, sentences: Sequence[int] 
             threshold=float(threshold))
     return QuerySelection("facet", f"sentences labelled {facet}",
                           [QuerySentence(i, paper.sentences[i], paper.facets[i], None, "label") for i in indices])
+
+
+def facet_selections(paper: Paper, settings: Settings) -> dict[str, QuerySelection]:
+    """For each facet a query of `paper` can ask for, the sentences that query would use and why (what the page
+    marks before the query runs); a facet the paper cannot be queried by is absent."""
+    out = {}
+    for facet in QUERY_FACETS:
+        threshold = settings_for_facet(settings, facet).query_facet_threshold
+        try:
+            indices = select_query_sentences(paper, facet, None, threshold)
+        except QueryError:
+            continue
+        out[facet] = explain_selection(paper, facet, None, threshold, indices)
+    return out
 
 
 def numbered_sentences(paper: Paper, facet: str | None = None, width: int = 60) -> str:

@@ -207,12 +207,18 @@ class QueryResponse(BaseModel):
     timings_ms: dict[str, float]
 
 
+class FacetQuery(QuerySelection):
+    sentences: list[QuerySentence] = Field(description="the sentences a query by this facet uses, and why")
+
+
 class Paper(BaseModel):
     paper_id: str
     title: str
     sentences: list[Sentence]
     facets_predicted: bool = Field(False, description="facet labels come from esqbe's tagger, not the input")
     metadata: dict[str, Any]
+    facet_queries: dict[str, FacetQuery] = Field(
+        default_factory=dict, description="per facet this paper can be queried by: the sentences that query uses, and why")
 
 
 class SearchHit(BaseModel):

@@ -37,7 +37,7 @@ from .service import Service
 from .work import (
     _delete,
     _health,
-    _paper_out,
+    _paper_page,
     _read_records,
     _run_query,
     _search,
@@ -145,10 +145,10 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
     @router.get("/papers/{paper_id:path}", response_model=Paper, responses=_errors(404, 503), tags=["papers"])
     async def get_paper(paper_id: str):
         """A stored paper: title, sentences with their facet labels, metadata."""
-        found = await reads(lambda index: index.get([paper_id]))
-        if paper_id not in found:
+        found = await reads(_paper_page, paper_id)
+        if found is None:
             raise ApiError(404, f"paper {paper_id} is not in the index")
-        return _paper_out(found[paper_id])
+        return found
 
     @router.get("/search", response_model=SearchResponse, responses=_errors(422, 503), tags=["search"])
     async def search(q: str = Query(min_length=1, max_length=1000, description="a paper id, or title/abstract words"),

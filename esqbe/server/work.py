@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import time
+from dataclasses import asdict
 
 from ..index.api import Index
 from ..ingest.readers import ReadReport, read_papers
 from ..query.result_json import finite as _finite
 from ..query.result_json import jsonable as _jsonable
 from ..query.result_json import sentences_json as _sentences
+from ..query.search import facet_selections
 from .models import QueryRequest
 
 
@@ -18,6 +20,16 @@ def _paper_out(paper) -> dict:
     predicted = bool(metadata.pop("facets_predicted", False))
     return {"paper_id": paper.paper_id, "title": paper.title, "sentences": _sentences(paper),
             "facets_predicted": predicted, "metadata": _jsonable(metadata)}
+
+
+def _paper_page(index: Index, paper_id: str) -> dict | None:
+    """A stored paper as GET /papers answers it, with the sentences each facet query of it would use (and why)."""
+    found = index.get([paper_id])
+    if paper_id not in found:
+        return None
+    out = _paper_out(found[paper_id])
+    out["facet_queries"] = {facet: asdict(sel) for facet, sel in facet_selections(found[paper_id], index.settings).items()}
+    return out
 
 
 def _run_query(index: Index, req: QueryRequest, text, overrides: dict) -> dict:

@@ -2,7 +2,9 @@
 // Plain JS, no dependencies; every URL is relative so the page works where the app is mounted.
 "use strict";
 
-const state = { paper: null, facet: null, chosen: new Set(), lastQuery: null };
+// One thing at a time: `gen` counts what the page was asked last (a paper loaded, a query run); an answer to an
+// older request is dropped, so hits of an old query never show under a new query paper.
+const state = { paper: null, facet: null, chosen: new Set(), lastQuery: null, result: null, gen: 0 };
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs = {}, ...children) {
@@ -45,10 +47,21 @@ async function api(path, options = {}, asked = false) {
   return body;
 }
 
+// The error box sits at the top of the page, under the header: shown, it is scrolled into view.
 function showError(message) {
   const box = $("error");
   if (!message) { box.hidden = true; box.textContent = ""; return; }
   box.textContent = message; box.hidden = false;
+  box.scrollIntoView({ block: "start" });
+}
+
+// The results of the last query, gone: a new query paper (or an error) never sits above old hits.
+function clearResults(info = "No query yet.") {
+  state.result = null;
+  $("hits").replaceChildren();
+  $("results-info").textContent = info;
+  $("export").hidden = true;
+  linkQuerySentences([], false);
 }
 
 const fmt = (x, digits = 3) => (x === null || x === undefined ? "–" : Number(x).toFixed(digits));
@@ -83,13 +96,22 @@ async function find(q) {
 // ---------------------------------------------------------------- the query paper
 
 async function loadPaper(id, { facet = null, sentences = null, run = false } = {}) {
+  const gen = ++state.gen;
   showError(null);
+  clearResults("Loading the query paper…");
+  let paper;
   try {
-    state.paper = await api(`papers/${encodeURIComponent(id)}`);
+    paper = await api(`papers/${encodeURIComponent(id)}`);
   } catch (e) {
+    if (gen !== state.gen) return;
+    clearPaper();
+    clearResults("No query.");
     showError(e.status === 404 ? `Paper ${id} is not in the index.` : e.message);
     return;
   }
+  if (gen !== state.gen) return;
+  state.paper = paper;
+  clearResults(run ? "Searching…" : "No query yet: pick a facet or click sentences of the query paper.");
   $("finder").hidden = true;
   state.chosen = new Set(sentences || []);
   state.facet = sentences && sentences.length ? null : facet;
@@ -98,16 +120,39 @@ async function loadPaper(id, { facet = null, sentences = null, run = false } = {
   else $("query-panel").focus();
 }
 
+function clearPaper() {
+  state.paper = null; state.facet = null; state.chosen = new Set(); state.lastQuery = null;
+  $("query-paper").hidden = true;
+  $("query-empty").hidden = false;
+  $("sentences").replaceChildren();
+}
+
+// A pasted abstract as the query paper: its sentences (split and labelled by the server) show after a query.
+function useText() {
+  const text = $("text-input").value.trim();
+  if (!text) { showError("Paste an abstract first."); return; }
+  state.gen++;
+  showError(null);
+  clearResults("No query yet: pick a facet, or run the query with every sentence of the text.");
+  state.paper = { paper_id: null, text, title: $("text-title").value.trim(), sentences: [], facet_queries: {}, isText: true };
+  state.facet = null; state.chosen = new Set();
+  $("finder").hidden = true;
+  if (location.hash) history.replaceState(null, "", location.pathname + location.search);
+  renderPaper();
+  $("query-panel").focus();
+}
+
 function renderPaper() {
   const p = state.paper;
   $("query-empty").hidden = true;
   $("query-paper").hidden = false;
-  $("paper-title").textContent = p.title || "(no title)";
-  $("paper-id").textContent = `${p.paper_id} · ${p.sentences.length} sentences` +
-    (p.facets_predicted ? " · facet labels predicted by esqbe's tagger" : "");
-  const present = new Set(p.sentences.map((s) => s.facet));
+  $("paper-title").textContent = p.title || (p.isText ? "(pasted text)" : "(no title)");
+  $("paper-id").textContent = p.isText ?
+    (p.sentences.length ? `pasted text · the ${p.sentences.length} sentence(s) of the last query, labelled by esqbe's tagger` :
+      "pasted text · its sentences show after the first query") :
+    `${p.paper_id} · ${p.sentences.length} sentences` + (p.facets_predicted ? " · facet labels predicted by esqbe's tagger" : "");
   for (const b of document.querySelectorAll(".facet-btn")) {
-    b.disabled = !present.has(b.dataset.facet);
+    b.disabled = !p.isText && !(p.facet_queries && p.facet_queries[b.dataset.facet]);
     b.title = b.disabled ? `This paper has no ${b.dataset.facet} sentence` : `Query by the ${b.dataset.facet} sentences`;
   }
   const list = $("sentences");
@@ -115,15 +160,27 @@ function renderPaper() {
   for (const s of p.sentences) {
     const button = el("button", { type: "button", class: `sentence facet-${s.facet}`, "data-index": s.index,
       "aria-pressed": "false", onclick: () => toggleSentence(s.index) },
-      el("span", { class: "num", text: `[${s.index}]` }), el("span", { class: "tag", text: s.facet }), s.text);
+      el("span", { class: "num", text: `[${s.index}]` }), el("span", { class: "tag", text: s.facet }),
+      el("span", { class: "why" }), s.text);
     list.append(el("li", {}, button));
   }
   syncSelection();
 }
 
+// The facet query's sentences as the server chooses them (GET /papers' facet_queries: the given labels, or the
+// tagger's probabilities against query_facet_threshold), so what is marked is what the query uses.
+function facetQuery() {
+  const p = state.paper;
+  return p && state.facet && p.facet_queries ? p.facet_queries[state.facet] || null : null;
+}
+
 function selectedIndices() {
   if (!state.paper) return [];
-  if (state.facet) return state.paper.sentences.filter((s) => s.facet === state.facet).map((s) => s.index);
+  if (state.facet) {
+    const q = facetQuery();
+    if (q) return q.sentences.map((s) => s.index);
+    return state.paper.sentences.filter((s) => s.facet === state.facet).map((s) => s.index);
+  }
   return [...state.chosen].sort((a, b) => a - b);
 }
 
@@ -141,44 +198,111 @@ function chooseFacet(facet) {
 
 function syncSelection() {
   const chosen = new Set(selectedIndices());
+  const q = facetQuery();
+  const why = new Map((q ? q.sentences : []).map((s) => [s.index, s]));
   for (const b of document.querySelectorAll(".sentence")) {
-    b.setAttribute("aria-pressed", chosen.has(Number(b.dataset.index)) ? "true" : "false");
+    const i = Number(b.dataset.index);
+    b.setAttribute("aria-pressed", chosen.has(i) ? "true" : "false");
+    const w = why.get(i);
+    b.querySelector(".why").textContent = w && w.probability !== null && w.probability !== undefined ?
+      `p(${state.facet}) ${fmt(w.probability, 2)}` : "";
   }
   for (const b of document.querySelectorAll(".facet-btn")) {
     b.setAttribute("aria-pressed", state.facet === b.dataset.facet ? "true" : "false");
   }
-  $("run-query").disabled = chosen.size === 0;
-  $("selection-info").textContent = chosen.size === 0 ? "Nothing selected: pick a facet or click sentences." :
-    state.facet ? `Query: the ${chosen.size} ${state.facet} sentence(s).` : `Query: ${chosen.size} chosen sentence(s).`;
+  const text = state.paper && state.paper.isText;
+  $("run-query").disabled = chosen.size === 0 && !text;
+  if (q) {
+    const other = q.sentences.filter((s) => s.facet !== state.facet).map((s) => `[${s.index}] is labelled ${s.facet}`);
+    $("selection-info").textContent = `Query: ${chosen.size} sentence(s), ${q.rule}` + (other.length ? ` (${other.join(", ")})` : "") + ".";
+  } else if (text && chosen.size === 0) {
+    $("selection-info").textContent = state.facet ? `Query: the text's ${state.facet} sentences, as esqbe's tagger finds them.` :
+      "Query: every sentence of the text (or pick a facet).";
+  } else {
+    $("selection-info").textContent = chosen.size === 0 ? "Nothing selected: pick a facet or click sentences." :
+      state.facet ? `Query: the ${chosen.size} ${state.facet} sentence(s).` : `Query: ${chosen.size} chosen sentence(s).`;
+  }
 }
 
 // ---------------------------------------------------------------- querying
+
+function filterConditions() {
+  return $("filters").value.split(";").map((c) => c.trim()).filter(Boolean);
+}
 
 async function runQuery() {
   const p = state.paper;
   if (!p) return;
   const indices = selectedIndices();
-  if (!indices.length) return;
+  if (!indices.length && !p.isText) return;
+  const gen = ++state.gen;
   showError(null);
   const k = Math.max(1, Math.min(100, parseInt($("k").value, 10) || 10));
   const rescorer = $("rescorer").value;
-  const body = { paper_id: p.paper_id, k, rescorer, with_sentences: true };
-  if (state.facet) body.facet = state.facet; else body.sentences = indices;
+  const body = { k, rescorer, with_sentences: true };
+  if (p.isText) { body.text = p.text; if (p.title) body.title = p.title; } else body.paper_id = p.paper_id;
+  if (state.facet) body.facet = state.facet; else if (indices.length) body.sentences = indices;
+  const filters = filterConditions();
+  if (filters.length) body.filters = filters;
   state.lastQuery = body;
-  const hash = `paper=${encodeURIComponent(p.paper_id)}&` +
-    (state.facet ? `facet=${state.facet}` : `sentences=${indices.join(",")}`) + `&rescorer=${rescorer}`;
-  if (location.hash.slice(1) !== hash) history.replaceState(null, "", `#${hash}`);
-  $("results-info").textContent = "Searching…";
-  $("hits").replaceChildren();
+  if (!p.isText) {
+    const hash = `paper=${encodeURIComponent(p.paper_id)}&` +
+      (state.facet ? `facet=${state.facet}` : `sentences=${indices.join(",")}`) + `&rescorer=${rescorer}`;
+    if (location.hash.slice(1) !== hash) history.replaceState(null, "", `#${hash}`);
+  }
+  clearResults("Searching…");
   $("run-query").disabled = true;
   try {
     const res = await api("query", { method: "POST", body: JSON.stringify(body) });
+    if (gen !== state.gen) return;  // another paper or query since: this answer is stale
+    if (p.isText) adoptTextSentences(res);
     renderHits(res);
   } catch (e) {
-    $("results-info").textContent = "The query failed.";
+    if (gen !== state.gen) return;
+    clearResults("The query failed: see the message above.");
     showError(e.message);
   } finally {
-    $("run-query").disabled = selectedIndices().length === 0;
+    if (gen === state.gen) syncSelection();
+  }
+}
+
+// A text query's answer names its sentences (index, label, why): they become the query paper's, to pick from.
+function adoptTextSentences(res) {
+  const p = state.paper;
+  const known = new Map(p.sentences.map((s) => [s.index, s]));
+  for (const s of res.query.sentences) known.set(s.index, { index: s.index, text: s.text, facet: s.facet });
+  p.sentences = [...known.values()].sort((a, b) => a.index - b.index);
+  const facet = state.facet;
+  p.facet_queries = facet ? { [facet]: { rule: res.query.selection ? res.query.selection.rule : `the ${facet} sentences`,
+    sentences: res.query.sentences } } : {};
+  const chosen = state.chosen;
+  renderPaper();
+  state.chosen = chosen;
+  syncSelection();
+}
+
+// Download the hits of the last query (POST /query with "format": csv, bibtex or ris).
+async function download(format) {
+  if (!state.lastQuery) return;
+  showError(null);
+  const headers = { "Content-Type": "application/json" };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = `Bearer ${token}`;
+  try {
+    const resp = await fetch("query", { method: "POST", headers, body: JSON.stringify({ ...state.lastQuery, format }) });
+    if (!resp.ok) {
+      let msg = `${resp.status} ${resp.statusText}`;
+      try { const b = await resp.json(); if (b && b.error) msg = b.error.message; } catch (e) { /* not JSON */ }
+      throw new Error(msg);
+    }
+    const blob = await resp.blob();
+    const named = /filename="?([^";]+)"?/.exec(resp.headers.get("Content-Disposition") || "");
+    const ext = { csv: "csv", bibtex: "bib", ris: "ris" }[format];
+    const a = el("a", { href: URL.createObjectURL(blob), download: named ? named[1] : `esqbe-hits.${ext}` });
+    document.body.append(a); a.click(); a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+  } catch (e) {
+    showError(`The download failed: ${e.message}`);
   }
 }
 
@@ -188,7 +312,62 @@ function linkQuerySentences(indices, on) {
   }
 }
 
+// Links a hit's metadata allows: only http(s) URLs, ids put into known addresses piece by piece.
+function safeUrl(u) {
+  try {
+    const x = new URL(String(u));
+    return x.protocol === "https:" || x.protocol === "http:" ? x.href : null;
+  } catch (e) { return null; }
+}
+const idPath = (id) => String(id).split("/").map(encodeURIComponent).join("/");
+
+function hitLinks(meta) {
+  const ids = meta.external_ids || {};
+  const links = [];
+  const s2 = safeUrl(meta.s2_url) || (ids.corpus_id ? `https://api.semanticscholar.org/CorpusID:${encodeURIComponent(ids.corpus_id)}` : null);
+  if (s2) links.push(["S2", s2]);
+  const arxiv = ids.arxiv || meta.arxiv;
+  if (arxiv) links.push(["arXiv", `https://arxiv.org/abs/${idPath(arxiv)}`]);
+  const doi = ids.doi || meta.doi;
+  if (doi) links.push(["DOI", `https://doi.org/${idPath(doi)}`]);
+  const pdf = safeUrl(meta.open_access_url);
+  if (pdf) links.push(["open access", pdf]);
+  return links;
+}
+
+function hitMeta(meta) {
+  const parts = [];
+  if (meta.year !== undefined && meta.year !== null) parts.push(el("span", { class: "year", text: String(meta.year) }));
+  const venue = meta.venue || meta.journal;
+  if (venue) parts.push(el("span", { class: "venue", text: String(typeof venue === "object" ? venue.name || "" : venue) }));
+  const names = (Array.isArray(meta.authors) ? meta.authors : []).map((a) => (a && typeof a === "object" ? a.name : a)).filter(Boolean);
+  if (names.length) parts.push(el("span", { class: "authors", text: names.slice(0, 3).join(", ") + (names.length > 3 ? " et al." : "") }));
+  const doi = (meta.external_ids || {}).doi || meta.doi;
+  if (doi) parts.push(el("span", { class: "doi", text: `doi:${doi}` }));
+  const links = hitLinks(meta).map(([label, href]) => el("a", { href, target: "_blank", rel: "noopener noreferrer", class: "ext" }, label));
+  if (!parts.length && !links.length) return null;
+  const line = el("div", { class: "hit-meta" });
+  parts.forEach((x, i) => { if (i) line.append(" · "); line.append(x); });
+  if (links.length) line.append(el("span", { class: "links" }, ...links));
+  return line;
+}
+
+// The query's own sentences (from the answer): marked in the query panel, and the only ones hovering links.
+function markQuerySentences(res) {
+  const inQuery = new Map(res.query.sentences.map((s) => [s.index, s]));
+  for (const b of document.querySelectorAll(".sentence")) {
+    const s = inQuery.get(Number(b.dataset.index));
+    b.classList.toggle("in-query", Boolean(s));
+    if (s) b.title = `in the query: ${s.why === "probability" ? `p(${res.query.facet}) ${fmt(s.probability, 2)} >= ${res.query.selection.threshold}` :
+      s.why === "label" ? `labelled ${s.facet}` : s.why || "chosen"}`;
+    else b.removeAttribute("title");
+  }
+}
+
 function renderHits(res) {
+  state.result = res;
+  markQuerySentences(res);
+  $("export").hidden = !res.hits.length;
   const t = res.timings_ms || {};
   $("results-info").textContent = `${res.hits.length} papers, rescorer ${res.rescorer} · similarity = ${res.similarity}` +
     ` · pair weight = ${res.match_weight} · ${fmt(t.total, 0)} ms`;
@@ -204,7 +383,7 @@ function renderHits(res) {
       const row = el("tr", { class: "pair", "data-query-index": m.query_index, "data-candidate-index": m.candidate_index },
         el("td", { class: `q facet-${facetOfQuery(m.query_index)}` },
           el("button", { type: "button", class: "pair-focus", "aria-label": `Show query sentence ${m.query_index}`,
-            onfocus: () => linkQuerySentences([m.query_index], true), onblur: () => linkQuerySentences([], false) },
+            onfocus: () => { if (state.result === res) linkQuerySentences([m.query_index], true); }, onblur: () => linkQuerySentences([], false) },
             el("span", { class: "num", text: `[${m.query_index}] ` }), m.query_sentence)),
         el("td", { class: "w", title: res.match_weight },
           el("strong", { text: fmt(m.weight) }),
@@ -213,7 +392,7 @@ function renderHits(res) {
         el("td", { class: `c facet-${m.candidate_facet}` },
           el("span", { class: "num", text: `[${m.candidate_index}] ` }), el("span", { class: "tag", text: m.candidate_facet }),
           m.candidate_sentence));
-      row.addEventListener("mouseenter", () => linkQuerySentences([m.query_index], true));
+      row.addEventListener("mouseenter", () => { if (state.result === res) linkQuerySentences([m.query_index], true); });
       row.addEventListener("mouseleave", () => linkQuerySentences([], false));
       return row;
     });
@@ -232,8 +411,11 @@ function renderHits(res) {
         abstract.append(el("span", { class: `facet-${s.facet}`, title: s.facet, text }), " ");
       }
     }
-    const nextHash = `paper=${encodeURIComponent(hit.paper_id)}` + (state.facet ? `&facet=${state.facet}` : "");
-    const item = el("li", { class: "hit", "data-paper-id": hit.paper_id },
+    // query by this paper next: the same facet, or (chosen sentences) the sentences of it that matched
+    const matchedC = [...weightOf.keys()].sort((a, b) => a - b);
+    const nextHash = `paper=${encodeURIComponent(hit.paper_id)}` +
+      (res.query.facet ? `&facet=${res.query.facet}` : matchedC.length ? `&sentences=${matchedC.join(",")}` : "");
+    const item = el("li", { class: "hit", "data-paper-id": hit.paper_id, "data-query-paper": res.query.paper_id || "(text)" },
       el("div", { class: "hit-head" }, el("span", { class: "hit-rank", text: `${hit.rank}.` }),
         el("h3", { class: "hit-title", text: hit.title || (hit.sentences && hit.sentences[0] ? hit.sentences[0].text.slice(0, 100) + "…" : hit.paper_id) })),
       el("div", { class: "scores" },
@@ -241,11 +423,13 @@ function renderHits(res) {
         el("span", { title: "rank score within this query (similarity fused with BM25)" }, "rank score ", el("strong", { text: fmt(hit.score) })),
         el("span", { text: `bm25 ${fmt(hit.bm25, 1)} · knn ${fmt(hit.knn)}` }),
         el("span", { class: "pid", text: hit.paper_id })),
+      hitMeta(hit.metadata || {}),
       table,
       hit.sentences ? el("details", { class: "abstract" }, el("summary", { text: "Whole abstract, matched sentences marked" }), abstract) : null,
       el("div", { class: "hit-actions" },
-        el("a", { href: `#${nextHash}`, class: "query-next" }, state.facet ? `Query by this paper's ${state.facet}` : "Query by this paper")));
-    item.addEventListener("mouseenter", () => linkQuerySentences(matchedQ, true));
+        el("a", { href: `#${nextHash}`, class: "query-next" }, res.query.facet ? `Query by this paper's ${res.query.facet}` :
+          matchedC.length ? `Query by this paper's matched sentences [${matchedC.join(", ")}]` : "Query by this paper")));
+    item.addEventListener("mouseenter", () => { if (state.result === res) linkQuerySentences(matchedQ, true); });
     item.addEventListener("mouseleave", () => linkQuerySentences([], false));
     list.append(item);
   }
@@ -253,7 +437,7 @@ function renderHits(res) {
 }
 
 function facetOfQuery(i) {
-  const s = state.paper && state.paper.sentences[i];
+  const s = state.paper && state.paper.sentences.find((x) => x.index === i);
   return s ? s.facet : "unlabeled";
 }
 
@@ -263,6 +447,11 @@ function route() {
   const params = new URLSearchParams(location.hash.slice(1));
   const id = params.get("paper");
   if (!id) return;
+  if (!["background", "method", "result", null].includes(params.get("facet"))) {
+    state.gen++; clearPaper(); clearResults("No query.");
+    showError(`Unknown facet “${params.get("facet")}” in the address: background, method or result.`);
+    return;
+  }
   const rescorer = params.get("rescorer");
   if (rescorer) $("rescorer").value = rescorer;
   const sentences = params.get("sentences");
@@ -277,6 +466,8 @@ async function showIndexInfo() {
   try {
     const h = await api("health");
     $("index-info").textContent = `${h.backend}: ${h.detail || h.status}`;
+    const s = await api("stats");
+    $("paper-count").textContent = `${Number(s.papers).toLocaleString("en")} papers in the index`;
   } catch (e) {
     $("index-info").textContent = `index: ${e.message}`;
   }
@@ -290,6 +481,9 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   for (const b of document.querySelectorAll(".facet-btn")) b.addEventListener("click", () => chooseFacet(b.dataset.facet));
   $("run-query").addEventListener("click", runQuery);
+  $("use-text").addEventListener("click", useText);
+  for (const b of document.querySelectorAll(".export-btn")) b.addEventListener("click", () => download(b.dataset.format));
+  $("filters").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); runQuery(); } });
   $("rescorer").addEventListener("change", () => { if (state.lastQuery) runQuery(); });
   document.addEventListener("keydown", (e) => {
     const typing = ["INPUT", "SELECT", "TEXTAREA"].includes(document.activeElement.tagName);
