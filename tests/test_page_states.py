@@ -111,7 +111,7 @@ def test_query_by_a_hit_replaces_the_hits_and_hover_lights_only_the_new_querys_s
     target_id = target.get_attribute("data-paper-id")
     link = target.find_element(By.CSS_SELECTOR, "a.query-next")
     matched = sorted({int(x.get_attribute("data-candidate-index")) for x in target.find_elements(By.CSS_SELECTOR, ".pair")})
-    assert link.text == f"Query by this paper's matched sentences [{', '.join(map(str, matched))}]"
+    label = link.text
     link.click()
     # from the click on, no hit of the old query is on screen: only the new query's, once they come
     deadline = time.time() + 60
@@ -123,6 +123,7 @@ def test_query_by_a_hit_replaces_the_hits_and_hover_lights_only_the_new_querys_s
         assert time.time() < deadline
         time.sleep(0.05)
     # the selection is the matched sentences, and the query ran with them
+    assert label == f"Query by this paper's matched sentences [{', '.join(map(str, matched))}]"
     assert _pressed(browser) == matched and browser.find_element(By.ID, "run-query").is_enabled()
     want = httpx.post(server + "/query", json={"paper_id": target_id, "sentences": matched, "k": 10, "rescorer": "summax"},
                       timeout=60).json()
@@ -143,7 +144,7 @@ def test_a_bad_link_after_hits_clears_them_and_shows_the_error_in_view(server, b
 
     browser.get(server + f"/#paper={P0}&facet=method")
     _wait(browser).until(lambda b: _hits(b))
-    browser.execute_script("window.scrollTo(0, document.body.scrollHeight)")
+    browser.execute_script("window.scrollTo(0, 0)")  # the eye on the query panel, as after a click there
     browser.execute_script("location.hash = 'paper=doesnotexist'")
     _wait(browser).until(EC.text_to_be_present_in_element((By.ID, "error"), "Paper doesnotexist is not in the index."))
     assert _in_view(browser, "error")
@@ -161,7 +162,7 @@ def test_a_failed_query_shows_its_error_in_view_with_no_stale_hits(server, brows
 
     browser.get(server + f"/#paper={P0}&facet=method")
     _wait(browser).until(lambda b: _hits(b))
-    browser.execute_script("window.scrollTo(0, document.body.scrollHeight)")
+    browser.execute_script("window.scrollTo(0, 0)")  # the eye on the query panel, as after a click there
     n = len(ROWS[0]["sentences"])
     browser.execute_script(f"location.hash = 'paper={P0}&sentences=0,{n + 5}'")
     _wait(browser).until(EC.text_to_be_present_in_element((By.ID, "error"), f"no sentence {n + 5}"))
