@@ -138,6 +138,11 @@ def test_http_query_says_which_sentences_and_why_and_a_text_picks_by_index(mixed
     with LiveServer(create_app(str(path), config=None, encoder=encoder, options=ServeOptions(host="127.0.0.1"))) as url:
         got = httpx.post(url + "/query", json={"paper_id": pid, "facet": facet, "k": 3}, timeout=60).json()["query"]
         assert got["sentences"] == want["sentences"] and got["selection"] == want["selection"]
+        # GET /papers says the same before any query runs (what the page marks)
+        before = httpx.get(url + f"/papers/{pid}", timeout=60).json()["facet_queries"][facet]
+        assert before["rule"] == want["selection"]["rule"] and before["threshold"] == 0.3
+        assert [(s["index"], s["facet"], s["probability"], s["why"]) for s in before["sentences"]] == \
+            [(s["index"], s["facet"], s["probability"], s["why"]) for s in want["sentences"]]
         r = httpx.post(url + "/query", json={"text": TEXT, "sentences": [1], "k": 3}, timeout=60)
         assert r.status_code == 200, r.text
         assert [(s["index"], s["why"]) for s in r.json()["query"]["sentences"]] == [(1, "chosen")]
