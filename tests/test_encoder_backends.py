@@ -90,6 +90,38 @@ def test_tagger_labels_survive_the_fast_backend(papers, fp32):
     assert len(flat_fast) == len(flat_exact) and agree >= 0.85, agree
 
 
+def test_with_an_onnx_encoder_the_tagger_layers_run_on_onnx_runtime_too(papers, tmp_path, write_jsonl, sample_lines):
+    """Issue 22: on onnx-int8 the tagger's copied layers (fp32 PyTorch before) run int8 on ONNX Runtime, reading the
+    encoder's own hidden states; labels agree with the PyTorch layers' on >= 95% of the sentences (int8 rounding)
+    and indexing stores exactly what standalone tagging gives."""
+    from esqbe.tagger.layers_onnx import OnnxTaggerLayers
+    from esqbe.tagger.runtime import FacetTagger
+
+    enc = Encoder.load(backend="onnx-int8", device="cpu")
+    tagger = FacetTagger.load(encoder=enc)
+    layers = tagger._onnx_layers()
+    assert isinstance(layers, OnnxTaggerLayers) and layers.path.name.endswith("int8-matmul-per-channel.onnx")
+    fast, fast_probs = tagger.tag_with_probabilities(papers)
+    tagger._onnx = (enc, None)  # the same tagger with its layers in PyTorch
+    slow, slow_probs = tagger.tag_with_probabilities(papers)
+    flat = [(a, b) for p, q in zip(fast, slow) for a, b in zip(p, q)]
+    assert len(flat) == sum(len(p.sentences) for p in papers)
+    assert np.mean([a == b for a, b in flat]) >= 0.95
+    diff = np.abs(np.concatenate([np.asarray(p) for p in fast_probs]) - np.concatenate([np.asarray(p) for p in slow_probs]))
+    assert diff.mean() < 0.02, diff.mean()
+    tagger._onnx = None
+    assert FacetTagger.load(encoder=Encoder.load(backend="torch", device="cpu"))._onnx_layers() is None
+
+    recs = [{k: v for k, v in json.loads(line).items() if k not in ("labels", "facets")} for line in sample_lines[:4]]
+    src = write_jsonl("unlabelled.jsonl", recs)
+    with esqbe.open_index(str(tmp_path / "ix"), config=None, encoder_backend="onnx-int8", facets="predict") as index:
+        assert index.index_files([str(src)]).tagged == 4 and index._tagger_shares_encoder
+        assert isinstance(index.tagger._onnx_layers(), OnnxTaggerLayers)
+        stored = index.backend.get([r["paper_id"] if "paper_id" in r else r["id"] for r in recs])
+        want = index.tagger.tag([s.paper for s in stored.values()])
+        assert [s.paper.facets for s in stored.values()] == want
+
+
 @pytest.mark.parametrize("pipelined", [True, False])
 def test_pipelined_indexing_keeps_upsert_semantics_across_batches(tmp_path, encoder, sample_lines, write_jsonl, pipelined):
     """Batch N+1 is looked up while batch N is still being encoded: a paper repeated in the next batch is

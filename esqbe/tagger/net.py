@@ -102,12 +102,16 @@ class TaggerNet(_nn().Module):  # type: ignore[misc]  # torch.nn.Module, importe
         self.lstm = nn.LSTM(width + N_POSITION_FEATURES, lstm, batch_first=True, bidirectional=True)
         self.out = nn.Linear(2 * lstm, n_labels)
 
-    def sentence_vectors(self, hidden, valid, spans: Sequence[Sequence[tuple[int, int]]]):
-        """Run the copied layers over a batch of rows; pool each sentence's tokens, per row."""
+    def sentence_vectors(self, hidden, valid, spans: Sequence[Sequence[tuple[int, int]]], layers=None):
+        """Run the copied layers over a batch of rows; pool each sentence's tokens, per row. `layers`: another
+        runtime's copy of them (`layers_onnx.OnnxTaggerLayers`), called as `layers(hidden, valid)`."""
         torch = _torch()
         x = hidden
-        for layer in self.layers:
-            x = layer(x, valid)
+        if layers is not None:
+            x = layers(x, valid).to(hidden.device)
+        else:
+            for layer in self.layers:
+                x = layer(x, valid)
         B, T, _ = x.shape
         S = max((len(s) for s in spans), default=0)
         member = torch.zeros(B, max(S, 1), T, dtype=torch.bool, device=x.device)

@@ -19,7 +19,7 @@ import numpy as np
 from ..domain import RAW_LABELS, Paper
 from ..errors import DataError
 from .net import TaggerMismatchError, TaggerNet, _hide_title, _torch
-from .weights import DEFAULT_WEIGHTS, TAGGER_FORMAT, _encoder_info, _from_deltas
+from .weights import TAGGER_FORMAT, _encoder_info, _from_deltas, shipped_weights
 
 #: the four classes a tagged sentence can get in esqbe (objective merged into background)
 FACET_CLASSES = ("background", "method", "result", "other")
@@ -68,7 +68,7 @@ class TagListener:
         if t.hide_title:
             valid = _hide_title(valid, batch.spans)
         with torch.inference_mode():
-            vecs = net.sentence_vectors(hidden.float(), valid, batch.spans)
+            vecs = net.sentence_vectors(hidden.float(), valid, batch.spans, layers=t._onnx_layers())
         for (pi, sentences), v in zip(batch.rows, vecs):
             slots = self._vecs.setdefault(int(pi), {})
             for j, vec in zip(sentences, v):
@@ -129,6 +129,7 @@ class FacetTagger:
         self.meta = meta
         self.path = str(path) if path else "<in memory>"
         self._encoder = None
+        self._onnx: tuple | None = None  # (encoder, its ONNX copy of the layers or None): layers_onnx.py
         self._last: TagListener | None = None
         #: hide title tokens from the tagger's own layers (see _hide_title)
         self.hide_title = True
@@ -139,9 +140,10 @@ class FacetTagger:
     # --- loading ---------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path | None = None, encoder=None) -> FacetTagger:
-        """Load weights (default: the ones shipped in the package); refuse them for another encoder."""
+        """Load weights (default: the ones shipped in the package for `encoder`, else MiniLM's); refuse them for
+        another encoder."""
         torch = _torch()
-        path = Path(path) if path else DEFAULT_WEIGHTS
+        path = Path(path) if path else shipped_weights(encoder)
         if not path.exists():
             raise FileNotFoundError(f"no tagger weights at {path}; train them with `esqbe train-tagger`")
         try:
@@ -190,6 +192,14 @@ class FacetTagger:
             self._encoder = encoder
         return self._encoder
 
+    def _onnx_layers(self):
+        """The copied layers on ONNX Runtime when the encoder runs there (int8 like it), else None (PyTorch)."""
+        if self._onnx is None or self._onnx[0] is not self._encoder:  # made for this encoder (files.py sets another)
+            from .layers_onnx import layers_for
+
+            self._onnx = (self._encoder, layers_for(self.net, self._encoder))
+        return self._onnx[1]
+
     def _net_on(self, device):
         if next(self.net.parameters()).device != device:
             self.net.to(device)
@@ -233,8 +243,9 @@ class FacetTagger:
 def load_tagger(path: str | Path | None, encoder: Callable[[], object]) -> tuple[FacetTagger | None, bool]:
     """The facet tagger an index labels with, and whether it reuses the index's encoder pass.
 
-    `path`'s weights (None: the shipped ones) on the encoder `encoder()` returns when they were trained on it;
-    with another encoder (e.g. all-mpnet-base-v2) they run the encoder they belong to, a second pass of its own.
+    `path`'s weights (None: the shipped ones for that encoder, `weights.SHIPPED_WEIGHTS`: MiniLM's and the quality
+    preset's all-mpnet-base-v2 have their own) on the encoder `encoder()` returns when they were trained on it; with
+    another encoder they run the encoder they belong to, a second pass of its own.
     (None, False) when this build has no tagger (no weights shipped, no torch) and none was named; weights the
     user named that are gone raise, rather than leave papers unlabelled."""
     try:

