@@ -8,6 +8,8 @@ import sys
 
 import click
 
+from esqbe.query.export import EXPORT_FORMATS
+
 from .errors import handle_errors
 from .options import (
     FACET_CHOICES,
@@ -43,10 +45,13 @@ def _single_threaded_math():
                    "Operators = != < <= > >= in, not in, exists, not exists.")
 @click.option("--engine-filter", metavar="JSON", help="Elasticsearch/OpenSearch only: a query DSL clause the papers must also match, e.g. '{\"term\": {\"lang\": \"en\"}}'.")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
+@click.option("--format", "export_format", type=click.Choice(tuple(EXPORT_FORMATS)),
+              help="Print the hits as CSV, BibTeX or RIS (from their metadata: authors, year, venue, DOI) to save "
+                   "or import, e.g. --format bibtex > similar.bib.")
 @click_options("query")
 @config_option
 @handle_errors
-def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engine_filter, as_json, **kw):
+def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engine_filter, as_json, export_format, **kw):
     """Papers most similar to one paper in one aspect, with the sentences that matched.
 
     \b
@@ -54,7 +59,10 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
     esqbe query --paper 1791179 --sentences 0,2         # Definition 2: any sentences you choose
     esqbe query --text "We propose ..." --facet result  # a paper not in the index
     esqbe query --paper 1791179 --facet method --filter 'year>=2019' --filter 'venue in (ACL, EMNLP)'
+    esqbe query --paper 1791179 --facet method --format bibtex > similar.bib   # or csv, ris
     """
+    if as_json and export_format:
+        raise click.UsageError("give --json or --format, not both")
     from esqbe.core.filters import FilterError, parse_filter
     from esqbe.index.api import make_filter
 
@@ -87,6 +95,11 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
                              engine_filter=flt.engine_query if flt else None, **overrides)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+        return
+    if export_format:
+        from esqbe.query.export import export_hits
+
+        click.echo(export_hits(result.to_dict(), export_format), nl=False)
         return
     who = f"paper {result.query_paper_id}" if result.query_paper_id else "query text"
     what = f"facet {result.facet}" if result.facet else "chosen sentences" if chosen else "all sentences"
