@@ -42,7 +42,9 @@ def _single_threaded_math():
 @click.option("--filter", "filters", multiple=True, metavar="COND",
               help="Only papers whose metadata satisfies COND, applied before ranking (repeatable, all must hold): "
                    "'year>=2019', 'venue in (ACL, EMNLP)', 'author!=\"Jane Doe\"', 'external_ids.doi exists'. "
-                   "Operators = != < <= > >= in, not in, exists, not exists.")
+                   "Operators = != < <= > >= in, not in, exists, not exists; for text ~= (any case: 'venue~=arxiv') "
+                   "and ^= (prefix, any case: 'author^=masashi'). An unknown key or a value no paper has is an "
+                   "error that names the index's keys or the near values.")
 @click.option("--engine-filter", metavar="JSON", help="Elasticsearch/OpenSearch only: a query DSL clause the papers must also match, e.g. '{\"term\": {\"lang\": \"en\"}}'.")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
 @click.option("--format", "export_format", type=click.Choice(tuple(EXPORT_FORMATS)),

@@ -37,7 +37,8 @@ class FilterCondition(BaseModel):
 
     key: str = Field(..., min_length=1, max_length=200,
                      description="a dotted metadata key: year, venue, authors.name, external_ids.doi")
-    op: Literal["=", "!=", "<", "<=", ">", ">=", "in", "not in", "exists", "not exists"]
+    op: Literal["=", "!=", "<", "<=", ">", ">=", "in", "not in", "exists", "not exists", "~=", "^="] = Field(
+        ..., description="~= equals ignoring case, ^= starts with ignoring case (text values)")
     value: str | float | int | list[str | float | int] = Field(
         None, description="the value (a list for in / not in; absent for exists / not exists)")
 
