@@ -77,7 +77,8 @@ def test_config_typo_never_reaches_a_new_index_and_is_refused_on_an_existing_one
         assert r.exit_code == 1, (bad, r.output)
         assert r.output.startswith(f"error: {cfg}: {bad.split(':')[0]}:"), r.output
     r = run("query", "--path", built, "--paper", FIRST_ID, "--facet", "method", "--rescorer", "summmax")
-    assert r.exit_code == 1 and "rescorer: unknown rescorer 'summmax'; choose one of" in r.output
+    # a flag's bad value is a usage error (issue 24): exit 2, naming the flag
+    assert r.exit_code == 2 and "--rescorer" in r.output and "unknown rescorer 'summmax'; choose one of" in r.output
     # and through the environment, the variable is named
     r = run("stats", "--path", built, env={"ESQBE_DEVICE": "gpu"})
     assert r.exit_code == 1 and "ESQBE_DEVICE: device: 'gpu' is not a torch device" in r.output

@@ -57,14 +57,20 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
     """Papers most similar to one paper in one aspect, with the sentences that matched.
 
     \b
-    esqbe query --paper 1791179 --facet method          # Definition 1: the paper's method sentences
-    esqbe query --paper 1791179 --sentences 0,2         # Definition 2: any sentences you choose
+    esqbe query --paper 1791179 --facet method          # the paper's sentences labelled method
+    esqbe query --paper 1791179 --sentences 0,2         # any sentences you choose (numbers: esqbe show ID)
     esqbe query --text "We propose ..." --facet result  # a paper not in the index
     esqbe query --paper 1791179 --facet method --filter 'year>=2019' --filter 'venue in (ACL, EMNLP)'
     esqbe query --paper 1791179 --facet method --format bibtex > similar.bib   # or csv, ris
     """
     if as_json and export_format:
         raise click.UsageError("give --json or --format, not both")
+    if kw.get("rescorer") is not None:  # a usage error (2), like --facet's choices, not a failed run
+        from esqbe.settings.config import check_value
+
+        reason = check_value("rescorer", kw["rescorer"])
+        if reason:
+            raise click.BadParameter(reason, param_hint="--rescorer")
     from esqbe.core.filters import FilterError, parse_filter
     from esqbe.index.api import make_filter
 
@@ -81,6 +87,10 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
         if text is not None:
             raise click.UsageError("give --text or --file, not both")
         text = text_file.read()
+    if (paper_id is None) == (text is None):
+        raise click.UsageError("give --paper ID (a paper in the index) or --text/--file (a paper that is not), "
+                               "not both" if paper_id is not None else
+                               "give --paper ID (a paper in the index) or --text/--file (a paper that is not)")
     if text is None:
         _single_threaded_math()  # --paper: no encoder runs in this process
     chosen = None

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..core.filters import coerce_filters, matches
-from ..domain import INTERNAL_METADATA_KEYS, Paper
-from ..query.result_json import jsonable
+from ..domain import Paper
+from ..query.result_json import jsonable, public_metadata
 from ..query.search import SOFT_FACET_ORDER, PaperNotFoundError, has_soft_labels
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def paper_view(paper: Paper) -> dict:
             row["probabilities"] = named
             row["probability"] = named.get(facet)
         sentences.append(row)
-    metadata = {k: v for k, v in (paper.metadata or {}).items() if k not in INTERNAL_METADATA_KEYS}
+    metadata = public_metadata(paper.metadata)
     return {"paper_id": paper.paper_id, "title": paper.title,
             "facets_predicted": bool((paper.metadata or {}).get("facets_predicted")),
             "sentences": sentences, "metadata": jsonable(metadata)}

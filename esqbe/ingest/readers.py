@@ -195,26 +195,36 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
         if fmt is None and first is not None:
             fmt = sniff_format(first.decode("utf-8", "replace") if isinstance(first, bytes) else str(first))
         state = _State(name, fmt, strict, raw_labels, report)
+        read_before, errors_before = report.read, len(report.errors)
         if fmt in WHOLE_FILE_FORMATS:
             yield from _read_whole(lines, state, tell)
-            return
-        lineno = 0
-        while True:
-            try:
-                raw = next(lines)
-            except StopIteration:
+        else:
+            yield from _read_lines(lines, state, tell)
+        if report.read == read_before and len(report.errors) == errors_before:  # said, not a silent "read 0"
+            state.error(InputError(name, None, "file", "no records: the input is empty" if first is None
+                                   else "no records in it"))
+
+
+def _read_lines(lines: Iterator, state: _State, tell) -> Iterator[Paper]:
+    """A JSON Lines source, line by line."""
+    name, report = state.name, state.report
+    lineno = 0
+    while True:
+        try:
+            raw = next(lines)
+        except StopIteration:
+            break
+        except (EOFError, OSError, zlib.error) as e:  # truncated or corrupt gzip, I/O failure
+            if state.error(InputError(name, lineno + 1, "file", f"cannot read further: {e}")):
                 break
-            except (EOFError, OSError, zlib.error) as e:  # truncated or corrupt gzip, I/O failure
-                if state.error(InputError(name, lineno + 1, "file", f"cannot read further: {e}")):
-                    break
-            lineno += 1
-            if tell is not None:
-                report.position = tell()
-            if not raw.strip():
-                continue
-            paper = state.one(lineno, lambda: _parse_json(_decode(raw, lineno)))  # noqa: B023 (called at once)
-            if paper is not None:
-                yield paper
+        lineno += 1
+        if tell is not None:
+            report.position = tell()
+        if not raw.strip():
+            continue
+        paper = state.one(lineno, lambda: _parse_json(_decode(raw, lineno)))  # noqa: B023 (called at once)
+        if paper is not None:
+            yield paper
 
 
 def _first_line(lines: Iterator) -> tuple[object | None, Iterator]:

@@ -9,11 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from ..query.search import QueryError
 from ..rescore.rescorers import available_rescorers, rescorer_params
 from ..settings.generate import http_fields, overrides_from_http
-from ..settings.table import FACET_MODES, FORMATS
+from ..settings.table import FACET_MODES, RECORD_FORMATS
 from .options import WORDS_NAME
 
 #: the input formats POST /papers reads (the readers') and what happens to facet labels (the table's)
-InputFormat = Literal[FORMATS]
+InputFormat = Literal[RECORD_FORMATS]
 FacetMode = Literal[FACET_MODES]
 
 
@@ -147,6 +147,13 @@ class Sentence(BaseModel):
     facet: str
 
 
+class LabelledSentence(Sentence):
+    """A stored sentence: with the tagger's probabilities where it labelled the paper."""
+
+    probabilities: dict[str, float] | None = Field(
+        description="where esqbe's tagger labelled the sentence: its probability of each facet (else null)")
+
+
 class MatchedPair(BaseModel):
     query_index: int = Field(description="index of the query sentence in the query paper")
     query_sentence: str
@@ -170,7 +177,7 @@ class Hit(BaseModel):
     matches: list[MatchedPair]
     metadata: dict[str, Any] = Field(default_factory=dict,
                                      description="the paper's stored metadata (year, venue, authors, ids, ...)")
-    sentences: list[Sentence] | None = None
+    sentences: list[LabelledSentence] | None = None
 
 
 class QueryInfo(BaseModel):
@@ -198,7 +205,7 @@ class QueryResponse(BaseModel):
 class Paper(BaseModel):
     paper_id: str
     title: str
-    sentences: list[Sentence]
+    sentences: list[LabelledSentence]
     facets_predicted: bool = Field(False, description="facet labels come from esqbe's tagger, not the input")
     metadata: dict[str, Any]
 
