@@ -190,9 +190,15 @@ def cite_cmd(paper_id, text, text_file, k, params, as_json, **kw):
         click.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
         return
     click.echo(f"paper {result.paper_id}, method {result.method}: sentences cited by\n  {_short(result.text, 300)}")
+    bm25 = result.method == "bm25"
+    click.echo("score: the sentence's " + ("BM25 score for the citing words" if bm25 else
+               f"{result.method} match score"), nl=False)
+    click.echo("; matched: the citing words it shares" if bm25 else
+               "; matched: citing word ~ its closest word in the sentence (cosine, weight: the citing word's share)")
     for hit in result.hits:
-        click.echo(f"\n{hit.rank:>3}. {hit.score:.4f}  sentence {hit.sentence_id}: {_short(hit.text, 300)}")
+        click.echo(f"\n{hit.rank:>3}. score {hit.score:.4f}  sentence {hit.sentence_id}: {_short(hit.text, 300)}")
         if hit.matches:
             click.echo("       matched: " + ", ".join(
-                f"{m.query_word}" + (f"~{m.matched_word}" if m.matched_word != m.query_word else "") + f" ({m.cosine:.2f}, w {m.weight:.2f})"
-                for m in hit.matches))
+                m.query_word if bm25 else
+                f"{m.query_word}" + (f"~{m.matched_word}" if m.matched_word != m.query_word else "")
+                + f" ({m.cosine:.2f}, w {m.weight:.2f})" for m in hit.matches))

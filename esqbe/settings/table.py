@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.fusion import FUSION_METHODS  # the first stage's fusions
-from ..ingest.formats import (
+from ..ingest.formats import (  # noqa: F401 (RECORD_FORMATS: imported from here by tag and POST /papers)
     FORMATS,  # the readers' formats: the input-format choice of index, encode
-    )
+    RECORD_FORMATS,  # those read record by record (JSON objects): tag, POST /papers
+)
 
 BACKENDS = ("embedded", "elasticsearch", "opensearch")
 ENCODER_MODES = ("contextual", "independent")
