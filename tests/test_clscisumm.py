@@ -378,3 +378,22 @@ def test_eval_trains_its_default_word_vectors_from_the_unlabelled_xml(tmp_path, 
     wv = WordVectors.load(out)
     assert "search" in wv and "secretlabelword" not in wv.counts()[0]
     assert ensure_words(tmp_path / "data", out) == out  # reused, not retrained
+
+
+def test_cite_shows_words_not_wordpieces_and_says_what_its_numbers_are(mini_index):
+    """Issue 24: `cite` showed wordpieces (`classification~##ego`) and called every number a cosine."""
+    from esqbe.query.cite import whole_word
+
+    assert whole_word("##ego", "held in San Diego, CA") == "Diego"
+    assert whole_word("classification", "text classification works") == "classification"
+    assert whole_word("##zz", "no such piece") == "##zz"
+    base = ["cite", "--path", str(mini_index), "--paper", "B", "-k", "2",
+            "--text", "globalisation featurisation from reoccurrences of tokenisations (Chieu and Ng, 2002)"]
+    data = json.loads(CliRunner().invoke(main, base + ["--json"], catch_exceptions=False).stdout)
+    words = [w for h in data["hits"] for m in h["matches"] for w in (m["query_word"], m["matched_word"])]
+    assert words and not [w for w in words if w.startswith("##")], words
+    out = CliRunner().invoke(main, base, catch_exceptions=False).output
+    assert "score: the sentence's asym match score" in out and "(cosine, weight: the citing word's share)" in out
+    out = CliRunner().invoke(main, base + ["--param", "method=bm25"], catch_exceptions=False).output
+    assert "score: the sentence's BM25 score for the citing words; matched: the citing words it shares" in out
+    assert "(1.00, w 0.00)" not in out

@@ -77,7 +77,8 @@ def test_config_typo_never_reaches_a_new_index_and_is_refused_on_an_existing_one
         assert r.exit_code == 1, (bad, r.output)
         assert r.output.startswith(f"error: {cfg}: {bad.split(':')[0]}:"), r.output
     r = run("query", "--path", built, "--paper", FIRST_ID, "--facet", "method", "--rescorer", "summmax")
-    assert r.exit_code == 1 and "rescorer: unknown rescorer 'summmax'; choose one of" in r.output
+    # a flag's bad value is a usage error (issue 24): exit 2, naming the flag
+    assert r.exit_code == 2 and "--rescorer" in r.output and "unknown rescorer 'summmax'; choose one of" in r.output
     # and through the environment, the variable is named
     r = run("stats", "--path", built, env={"ESQBE_DEVICE": "gpu"})
     assert r.exit_code == 1 and "ESQBE_DEVICE: device: 'gpu' is not a torch device" in r.output
@@ -525,6 +526,11 @@ def test_progress_has_a_total_moves_per_encoder_batch_and_prints_lines_off_a_ter
     assert len(lines) >= 3 + 1  # one line per encoder batch of 4 (commit_every is 256), and a last one
     assert counts == sorted(counts) and counts[0] < 12 and counts[-1] == 12
     assert f"of {src.stat().st_size / 1024:.1f} KB" in lines[-1] and "(100%)" in lines[-1] and "done in" in lines[-1]
+    # issue 24: the share is of the papers done, not of the bytes read ahead (the reader runs a batch ahead), with
+    # the time left; before, the first line already said 100% and the last counted the file twice
+    shares = [int(line.split("(")[1].split("%)")[0]) for line in lines]
+    assert shares == sorted(shares) and all(s < 100 for s, c in zip(shares, counts) if c < 12), lines
+    assert all(" left" in line for s, line in zip(shares, lines) if 0 < s < 100) and any(0 < s < 100 for s in shares)
     # on a terminal: a bar over the input's bytes (the total is the files' size)
     tty = io.StringIO()
     bar = Progress(total_bytes=2048, stream=tty, tty=True)

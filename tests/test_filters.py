@@ -56,7 +56,7 @@ def test_grammar_reads_every_operator(text, expected):
 
 def test_every_operator_has_a_grammar_example():
     seen = {parse_filter(t).op for t in ["a=1", "a!=1", "a<1", "a<=1", "a>1", "a>=1", "a in (1)", "a not in (1)",
-                                         "a exists", "a not exists"]}
+                                         "a exists", "a not exists", "a~=x", "a^=x"]}
     assert seen == set(OPERATORS)
 
 
@@ -186,6 +186,10 @@ def reference(meta, c: Condition) -> bool:
     if c.op == "not exists":
         return len(_ref_values(meta, path, deep=True)) == 0
     values = _ref_values(meta, path)
+    if c.op in ("~=", "^="):  # text values only, ignoring case
+        texts = [_ref_text(v).lower() for v in values if not isinstance(v, (int, float)) or isinstance(v, bool)]
+        lit = _ref_text(c.value).lower()
+        return any(t == lit if c.op == "~=" else t.startswith(lit) for t in texts)
     if c.op in ("=", "!="):
         hit = any(_ref_satisfies(v, "=", c.value) for v in values)
         return hit if c.op == "=" else not hit
@@ -213,6 +217,12 @@ def _engine_eval(clause, doc) -> bool:
         return any(k == f or k.startswith(f + ".") for k in doc)
     (field, arg), = body.items()
     values = doc.get(field, [])
+    if kind == "term" and isinstance(arg, dict):  # {"value", "case_insensitive": true}
+        assert arg["case_insensitive"] is True
+        return arg["value"].lower() in [str(v).lower() for v in values]
+    if kind == "prefix":
+        assert arg["case_insensitive"] is True
+        return any(str(v).lower().startswith(arg["value"].lower()) for v in values)
     if kind == "term":
         return arg in values
     if kind == "terms":
@@ -285,6 +295,11 @@ def test_grammar_round_trip_keeps_the_meaning(meta, c):
     ({"year": "2019"}, "year>10", True),  # ...text as text ("2019" > "10")
     ({"year": "9"}, "year>10", True),  # "9" > "10" as text: documented
     ({"venue": "ACL"}, "venue=acl", False),  # case-sensitive
+    ({"venue": "ArXiv"}, "venue~=arxiv", True),  # unless asked: any case
+    ({"venue": "ArXiv"}, "venue~=arx", False),
+    ({"authors": [{"name": "Masashi Sugiyama"}]}, "author^=masashi", True),  # a prefix, any case
+    ({"authors": [{"name": "Masashi Sugiyama"}]}, "author^=Sugiyama", False),
+    ({"year": 2019}, "year^=20", False),  # text operators: stored numbers are not text
     ({}, "venue!=ACL", True),  # negations keep papers without the key
     ({}, "venue not in (ACL)", True),
     ({}, "year<3000", False),

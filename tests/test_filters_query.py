@@ -115,3 +115,62 @@ def test_s2orc_and_s2ag_metadata_come_back_with_hits(tmp_path, encoder):
     result = index.query(q, k=50, filters=["fields_of_study in (Medicine)", "year>=1990"])
     assert result.hits and all("Medicine" in h.metadata["fields_of_study"] and h.metadata["year"] >= 1990 for h in result.hits)
     index.close()
+
+
+# --- filters that cannot match as written (issue 24, item 5) ---------------------------------------------
+
+
+def test_unknown_key_is_an_error_listing_the_index_keys(meta_index):
+    index, _ = meta_index
+    with pytest.raises(FilterError) as e:
+        index.query(QID, facet="method", filters=["yaer>=2015"])
+    msg = str(e.value)
+    assert "no paper in the index has the key 'yaer'" in msg
+    for key in ("year", "venue", "authors.name", "doi"):
+        assert key in msg
+    assert "author (= authors.name)" in msg
+
+
+def test_value_no_paper_has_suggests_near_values_and_the_operator(meta_index):
+    index, _ = meta_index
+    with pytest.raises(FilterError, match=r"no paper has this value for venue; near values in the index: 'ACL' "
+                                          r"\(any case: venue~=acl\)"):
+        index.query(QID, facet="method", filters=["venue=acl"])
+    with pytest.raises(FilterError, match=r"near values in the index: 'Author 0', 'Author 1'.*author\^=Author"):
+        index.query(QID, facet="method", filters=["author=Author"])
+    with pytest.raises(FilterError, match=r"no paper has this value for year \(its values run from 2010 to 2021\)"):
+        index.query(QID, facet="method", filters=["year=1999"])
+    # conditions each matching some papers, none together: still "no hits", not an error
+    assert index.query(QID, facet="method", filters=["year=2011", "venue=ACL"]).hits == []
+
+
+def test_case_insensitive_and_prefix_operators(meta_index):
+    index, _ = meta_index
+    hits = index.query(QID, facet="method", k=40, filters=["venue~=acl"]).hits
+    assert hits and {h.metadata["venue"] for h in hits} == {"ACL"}
+    hits = index.query(QID, facet="method", k=40, filters=["author^='author 3'"]).hits
+    assert hits and all(any(a["name"] == "Author 3" for a in h.metadata["authors"]) for h in hits)
+    assert index.query(QID, facet="method", k=40, filters=["venue^=e"]).hits  # EMNLP
+
+
+def test_filter_errors_on_the_cli_and_over_http(meta_index, encoder):
+    import httpx
+
+    from esqbe.server.app import create_app
+    from esqbe.server.options import ServeOptions
+
+    from .conftest import LiveServer
+
+    _, path = meta_index
+    ix = str(path / "ix")
+    r = CliRunner().invoke(main, ["query", "--path", ix, "--paper", QID, "--filter", "venue=arxiv"])
+    assert r.exit_code == 1 and "no paper has this value for venue" in r.output and "Traceback" not in r.output
+    app = create_app(ix, config=None, options=ServeOptions(host="127.0.0.1"), encoder=encoder)
+    with LiveServer(app) as url:
+        r = httpx.post(url + "/query", json={"paper_id": QID, "filters": ["yaer>=2015"]}, timeout=60)
+        assert r.status_code == 400 and "no paper in the index has the key 'yaer'" in r.json()["error"]["message"]
+        r = httpx.post(url + "/query", json={"paper_id": QID, "filters": ["venue=acl"]}, timeout=60)
+        assert r.status_code == 400 and "venue~=acl" in r.json()["error"]["message"]
+        r = httpx.post(url + "/query", json={"paper_id": QID, "filters": [{"key": "venue", "op": "~=", "value": "icml"}]},
+                       timeout=60)
+        assert r.status_code == 200 and {h["metadata"]["venue"] for h in r.json()["hits"]} == {"ICML"}

@@ -346,4 +346,20 @@ def test_s2ag_s2orc_edge_cases(tmp_path):
 
 
 def test_formats_constant():
-    assert FORMATS == ("s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl")
+    assert FORMATS == ("s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl", "arxiv", "openalex",
+                       "bibtex", "ris", "csl-json")
+
+
+def test_an_empty_input_says_so(tmp_path):
+    """Issue 24: an empty file (or one of blank lines) was read as "read 0" without a word."""
+    for text in ("", "\n\n  \n"):
+        path = tmp_path / "empty.jsonl"
+        path.write_text(text)
+        papers, report = read_all(path)
+        assert papers == [] and [str(e) for e in report.errors] == [f"{path}: file: no records: the input is empty"]
+        with pytest.raises(InputError, match="no records"):
+            list(read_papers(path, strict=True))
+    bib = tmp_path / "comments.bib"
+    bib.write_text("% only a comment\n")
+    _, report = read_all(bib)
+    assert [e.reason for e in report.errors] == ["no records in it"]

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from esqbe.domain import FACET_LABELS
+from esqbe.ingest.library import WHOLE_FILE_FORMATS, sniff_format
 from esqbe.ingest.readers import FORMATS, InputError, ReadReport, read_papers
 
 # text as JSON can carry it: including lone surrogates (`"\ud800"` is valid JSON, not valid Unicode)
@@ -41,6 +42,17 @@ FIELDS = {
     "csfcube": {"paper_id": st.text(max_size=8), "title": st.text(max_size=20), "abstract": sentences,
                 "pred_labels": labels, "metadata": st.fixed_dictionaries({"year": st.integers()})},
     "csabstruct": {"paper_id": st.text(max_size=8), "sentences": sentences, "labels": labels},
+    "arxiv": {"id": st.text(max_size=10), "title": texts, "abstract": st.text(max_size=80) | texts,
+              "categories": st.text(max_size=12), "authors": st.text(max_size=30),
+              "authors_parsed": st.lists(st.lists(st.text(max_size=8), max_size=3), max_size=3),
+              "versions": st.lists(st.fixed_dictionaries({"version": st.just("v1"), "created": st.text(max_size=30)}),
+                                   max_size=2), "doi": st.text(max_size=12)},
+    "openalex": {"id": st.text(max_size=10).map(lambda s: "https://openalex.org/W" + s), "title": texts,
+                 "publication_year": st.integers(1900, 2030),
+                 "abstract_inverted_index": st.dictionaries(st.text(max_size=8),
+                                                            st.lists(st.integers(-1, 30), max_size=3), max_size=6),
+                 "authorships": st.lists(st.fixed_dictionaries({"author": st.fixed_dictionaries(
+                     {"display_name": texts})}), max_size=2)},
 }
 
 
@@ -60,7 +72,7 @@ def records(draw, fmt: str):
 
 @st.composite
 def files(draw):
-    fmt = draw(st.sampled_from(FORMATS))
+    fmt = draw(st.sampled_from([f for f in FORMATS if f not in WHOLE_FILE_FORMATS]))  # whole files: below
     lines = []
     for _ in range(draw(st.integers(1, 8))):
         kind = draw(st.sampled_from(["record"] * 6 + ["json", "junk", "blank"]))
@@ -73,6 +85,8 @@ def files(draw):
         else:
             lines.append("")
     given_format = draw(st.sampled_from([None, fmt]))
+    first = next((line for line in lines if line.strip()), "")
+    assume(given_format is not None or sniff_format(first) is None)  # else read as a BibTeX/RIS/CSL-JSON file
     return fmt, given_format, lines
 
 
@@ -101,6 +115,9 @@ def test_every_line_is_yielded_skipped_or_reported_never_an_exception(tmp_path, 
     assert report.read == len(non_blank)
     _accounted(report)
     assert len(papers) == report.yielded
+    if not non_blank:  # an input with no records says so (issue 24), as the one error about the source
+        assert [(e.line, e.field, e.reason) for e in report.errors] == [(None, "file", "no records: the input is empty")]
+        return
     for error in report.errors:
         assert error.line in non_blank
         assert str(error).startswith(f"{path}:{error.line}: {error.field}: ") and error.reason
@@ -151,3 +168,21 @@ def test_every_line_ends_indexed_skipped_or_reported_through_the_index(tmp_path_
     if report.stored:
         assert index.stats()["papers"] == report.indexed
     index.close()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fmt=st.sampled_from(WHOLE_FILE_FORMATS),
+       body=st.lists(st.sampled_from(["@article{k1,", "  title = {T},", "  abstract = {We do X. We find Y.}", "}",
+                                      "TY  - JOUR", "TI  - T", "AB  - We do X.", "ER  - ", "[", "{", "]", "},",
+                                      '"id": "a", "abstract": "We do X."', '  "author": 3,', "@misc{", "%"])
+                     | st.text(max_size=20), max_size=12))
+def test_whole_files_are_read_record_by_record_never_an_exception(tmp_path, fmt, body):
+    """BibTeX, RIS, CSL-JSON: any text given as one is read into papers, skips and located errors."""
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(body) + "\n", encoding="utf-8", errors="surrogatepass")
+    papers, report = _read(path, fmt)
+    _accounted(report)
+    n_lines = len(path.read_text(encoding="utf-8", errors="surrogateescape").splitlines()) + 1
+    assert all(e.line is not None and 1 <= e.line <= n_lines for e in report.errors if e.reason
+               not in ("no records in it", "no records: the input is empty")), report.errors
+    assert all(p.paper_id and p.sentences for p in papers)

@@ -76,6 +76,10 @@ class Backend(ABC):
                                     bm25_k=k, fusion="bm25", with_papers=False)
         return [(c.paper_id, c.bm25) for c in self.first_stage(request) if c.bm25 > 0]
 
+    def check_filter(self, flt) -> None:  # noqa: B027 (optional: a backend that cannot tell keeps this)
+        """Raise FilterError when a filter cannot match as written (a key no paper has, a value no paper has
+        for its key), where the backend can tell cheaply; the embedded backend does (esqbe.core.filter_check)."""
+
     def paper_ids(self) -> list[str]:
         """Every paper id in the index (for whole-index jobs such as `esqbe train-words --index-path`)."""
         raise BackendError(f"the {self.name} backend cannot list its papers")

@@ -38,6 +38,9 @@ def handle_errors(fn):
 
         try:
             return fn(*args, **kwargs)
+        except BrokenPipeError:  # `esqbe ... | head`: the reader has all it wants; end quietly, as `cat` does
+            _quiet_stdout()
+            sys.exit(0)
         except (EsqbeError, sqlite3.Error, OSError) as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(exit_status(e))
@@ -50,3 +53,14 @@ def handle_errors(fn):
             sys.exit(EXIT_INTERNAL)
 
     return wrapper
+
+
+def _quiet_stdout() -> None:
+    """stdout to /dev/null, so that flushing it at exit does not raise into the interpreter's shutdown."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from esqbe.settings.table import FORMATS
+from esqbe.settings.table import RECORD_FORMATS
 
 from .errors import handle_errors
 from .options import click_options
@@ -15,7 +15,7 @@ from .options import click_options
 @click.command("tag")
 @click.argument("source", type=str)
 @click.option("--out", "-o", type=click.Path(dir_okay=False, allow_dash=True), default="-", show_default=True, help="Output JSONL (- for stdout).")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format (default: detected).")
+@click.option("--format", "fmt", type=click.Choice(RECORD_FORMATS), help="Input format (default: detected).")
 @click.option("--raw-labels", is_flag=True, help="Keep `objective` apart from `background` (the five CSAbstruct labels).")
 @click.option("--strict", is_flag=True, help="Stop at the first malformed line (exit status 1).")
 @click.option("--tagger", "tagger_path", type=click.Path(exists=True, dir_okay=False), help="Tagger weights (default: the ones shipped with esqbe).")

@@ -8,6 +8,8 @@ import sys
 
 import click
 
+from esqbe.query.export import EXPORT_FORMATS
+
 from .errors import handle_errors
 from .options import (
     FACET_CHOICES,
@@ -40,21 +42,35 @@ def _single_threaded_math():
 @click.option("--filter", "filters", multiple=True, metavar="COND",
               help="Only papers whose metadata satisfies COND, applied before ranking (repeatable, all must hold): "
                    "'year>=2019', 'venue in (ACL, EMNLP)', 'author!=\"Jane Doe\"', 'external_ids.doi exists'. "
-                   "Operators = != < <= > >= in, not in, exists, not exists.")
+                   "Operators = != < <= > >= in, not in, exists, not exists; for text ~= (any case: 'venue~=arxiv') "
+                   "and ^= (prefix, any case: 'author^=masashi'). An unknown key or a value no paper has is an "
+                   "error that names the index's keys or the near values.")
 @click.option("--engine-filter", metavar="JSON", help="Elasticsearch/OpenSearch only: a query DSL clause the papers must also match, e.g. '{\"term\": {\"lang\": \"en\"}}'.")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
+@click.option("--format", "export_format", type=click.Choice(tuple(EXPORT_FORMATS)),
+              help="Print the hits as CSV, BibTeX or RIS (from their metadata: authors, year, venue, DOI) to save "
+                   "or import, e.g. --format bibtex > similar.bib.")
 @click_options("query")
 @config_option
 @handle_errors
-def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engine_filter, as_json, **kw):
+def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engine_filter, as_json, export_format, **kw):
     """Papers most similar to one paper in one aspect, with the sentences that matched.
 
     \b
-    esqbe query --paper 1791179 --facet method          # Definition 1: the paper's method sentences
-    esqbe query --paper 1791179 --sentences 0,2         # Definition 2: any sentences you choose
+    esqbe query --paper 1791179 --facet method          # the paper's sentences labelled method
+    esqbe query --paper 1791179 --sentences 0,2         # any sentences you choose (numbers: esqbe show ID)
     esqbe query --text "We propose ..." --facet result  # a paper not in the index
     esqbe query --paper 1791179 --facet method --filter 'year>=2019' --filter 'venue in (ACL, EMNLP)'
+    esqbe query --paper 1791179 --facet method --format bibtex > similar.bib   # or csv, ris
     """
+    if as_json and export_format:
+        raise click.UsageError("give --json or --format, not both")
+    if kw.get("rescorer") is not None:  # a usage error (2), like --facet's choices, not a failed run
+        from esqbe.settings.config import check_value
+
+        reason = check_value("rescorer", kw["rescorer"])
+        if reason:
+            raise click.BadParameter(reason, param_hint="--rescorer")
     from esqbe.core.filters import FilterError, parse_filter
     from esqbe.index.api import make_filter
 
@@ -71,6 +87,10 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
         if text is not None:
             raise click.UsageError("give --text or --file, not both")
         text = text_file.read()
+    if (paper_id is None) == (text is None):
+        raise click.UsageError("give --paper ID (a paper in the index) or --text/--file (a paper that is not), "
+                               "not both" if paper_id is not None else
+                               "give --paper ID (a paper in the index) or --text/--file (a paper that is not)")
     if text is None:
         _single_threaded_math()  # --paper: no encoder runs in this process
     chosen = None
@@ -87,6 +107,11 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
                              engine_filter=flt.engine_query if flt else None, **overrides)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+        return
+    if export_format:
+        from esqbe.query.export import export_hits
+
+        click.echo(export_hits(result.to_dict(), export_format), nl=False)
         return
     who = f"paper {result.query_paper_id}" if result.query_paper_id else "query text"
     what = f"facet {result.facet}" if result.facet else "chosen sentences" if chosen else "all sentences"
@@ -171,9 +196,15 @@ def cite_cmd(paper_id, text, text_file, k, params, as_json, **kw):
         click.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
         return
     click.echo(f"paper {result.paper_id}, method {result.method}: sentences cited by\n  {_short(result.text, 300)}")
+    bm25 = result.method == "bm25"
+    click.echo("score: the sentence's " + ("BM25 score for the citing words" if bm25 else
+               f"{result.method} match score"), nl=False)
+    click.echo("; matched: the citing words it shares" if bm25 else
+               "; matched: citing word ~ its closest word in the sentence (cosine, weight: the citing word's share)")
     for hit in result.hits:
-        click.echo(f"\n{hit.rank:>3}. {hit.score:.4f}  sentence {hit.sentence_id}: {_short(hit.text, 300)}")
+        click.echo(f"\n{hit.rank:>3}. score {hit.score:.4f}  sentence {hit.sentence_id}: {_short(hit.text, 300)}")
         if hit.matches:
             click.echo("       matched: " + ", ".join(
-                f"{m.query_word}" + (f"~{m.matched_word}" if m.matched_word != m.query_word else "") + f" ({m.cosine:.2f}, w {m.weight:.2f})"
-                for m in hit.matches))
+                m.query_word if bm25 else
+                f"{m.query_word}" + (f"~{m.matched_word}" if m.matched_word != m.query_word else "")
+                + f" ({m.cosine:.2f}, w {m.weight:.2f})" for m in hit.matches))

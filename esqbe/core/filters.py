@@ -7,7 +7,8 @@ metadata key, an operator and a value:
     doi exists            not exists open_access_url   fields_of_study not in (Medicine)
 
 Operators: `=` `!=` `<` `<=` `>` `>=` `in (a, b, ...)` `not in (a, b, ...)` `exists` `not exists`
-(`KEY exists` / `exists KEY`). Keys are dotted paths into the metadata (`external_ids.doi`,
+(`KEY exists` / `exists KEY`), and for text `~=` (equal, ignoring case: `venue~=arxiv`) and `^=` (starts
+with, ignoring case: `author^=sugi`). Keys are dotted paths into the metadata (`external_ids.doi`,
 `authors.name`); `author` is short for `authors.name` and `author_id` for `authors.id`. Values are
 bare words/numbers or quoted strings (`"..."` or `'...'`, backslash escapes the quote); quotes are
 only needed for spaces, commas, parentheses or quotes, they never change the type.
@@ -42,7 +43,9 @@ import numpy as np
 
 from ..errors import UserError
 
-OPERATORS = ("=", "!=", "<", "<=", ">", ">=", "in", "not in", "exists", "not exists")
+OPERATORS = ("=", "!=", "<", "<=", ">", ">=", "in", "not in", "exists", "not exists", "~=", "^=")
+#: the text operators: `~=` equal ignoring case, `^=` starts with, ignoring case (text values only)
+TEXT_OPS = ("~=", "^=")
 RANGE_OPS = {"<": "lt", "<=": "lte", ">": "gt", ">=": "gte"}
 #: short names users type -> the metadata path they mean
 KEY_ALIASES = {"author": "authors.name", "author_id": "authors.id"}
@@ -55,8 +58,8 @@ UNFILTERED_METADATA_KEYS = frozenset({"facet_probs"})
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 _KEY = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)*$")
 _SYNTAX = (
-    "expected KEY OP VALUE with OP one of = != < <= > >=, KEY in (V1, V2, ...), KEY not in (...), "
-    "KEY exists or KEY not exists; e.g. year>=2019, venue in (ACL, EMNLP), doi exists"
+    "expected KEY OP VALUE with OP one of = != < <= > >= ~= (any case) ^= (prefix, any case), "
+    "KEY in (V1, V2, ...), KEY not in (...), KEY exists or KEY not exists; e.g. year>=2019, venue in (ACL, EMNLP), doi exists"
 )
 
 
@@ -185,7 +188,7 @@ class _Lexer:
 
     def operator(self) -> str | None:
         self.skip()
-        for op in ("!=", "<=", ">=", "==", "=", "<", ">"):
+        for op in ("!=", "<=", ">=", "==", "~=", "^=", "=", "<", ">"):
             if self.text.startswith(op, self.pos):
                 self.pos += len(op)
                 return "=" if op == "==" else op
@@ -237,7 +240,7 @@ def parse_filter(text: str) -> Condition:
     op = lex.operator()
     if op is not None:
         lex.skip()
-        if lex.pos < len(text) and text[lex.pos] in "=<>!":
+        if lex.pos < len(text) and text[lex.pos] in "=<>!~^":
             raise lex.error(f"unexpected {text[lex.pos]!r} after operator {op!r}")
         raw = lex.value()
         if not lex.at_end():
@@ -375,6 +378,8 @@ def condition_matches(metadata: dict, c: Condition) -> bool:
         return bool(leaf_values(metadata or {}, c.path, deep=True)) == (c.op == "exists")
     values = leaf_values(metadata or {}, c.path)
     nums, texts = _split(values)
+    if c.op in TEXT_OPS:
+        return any(text_op_matches(c.op, t, _as_text(c.value)) for t in texts)
     if c.op in ("=", "!=", "in", "not in"):
         wanted = [c.value] if c.op in ("=", "!=") else list(c.value)
         wn = {n for n in (_as_number(v) for v in wanted) if n is not None}
@@ -385,6 +390,11 @@ def condition_matches(metadata: dict, c: Condition) -> bool:
     n = _as_number(c.value)
     t = _as_text(c.value)
     return (n is not None and any(cmp(x, n) for x in nums)) or any(cmp(x, t) for x in texts)
+
+
+def text_op_matches(op: str, stored: str, value: str) -> bool:
+    """`~=` / `^=` on one stored text (lower-cased on both sides, as the engines' case_insensitive does)."""
+    return stored.lower() == value.lower() if op == "~=" else stored.lower().startswith(value.lower())
 
 
 def matches(metadata: dict, conditions: Sequence[Condition]) -> bool:
@@ -445,6 +455,14 @@ class MetadataColumns:
                     if p == path or p.startswith(prefix):
                         out[rows] = True
             return out if c.op == "exists" else ~out
+        if c.op in TEXT_OPS:
+            if path in self.kw:
+                self._text_rows(path, "")  # builds the value index
+                value = _as_text(c.value)
+                for stored, rows in self._kw_index[path].items():
+                    if text_op_matches(c.op, stored, value):
+                        out[rows] = True
+            return out
         if c.op in ("=", "!=", "in", "not in"):
             wanted = [c.value] if c.op in ("=", "!=") else list(c.value)
             if path in self.num:
@@ -539,6 +557,11 @@ def condition_dsl(c: Condition, resolve: FieldResolver = esqbe_fields) -> dict:
     if c.op in ("exists", "not exists"):
         clause = _any([{"exists": {"field": f}} for f, _ in fields])
         return clause if c.op == "exists" else _not(clause)
+    if c.op in TEXT_OPS:  # keyword fields only; the engines lower-case both sides
+        kind_of = "term" if c.op == "~=" else "prefix"
+        text_clauses = [{kind_of: {f: {"value": _as_text(c.value), "case_insensitive": True}}}
+                        for f, kind in fields if kind == "kw"]
+        return _any(text_clauses) if text_clauses else {"bool": {"must_not": [{"match_all": {}}]}}
     if c.op in ("=", "!=", "in", "not in"):
         wanted = [c.value] if c.op in ("=", "!=") else list(c.value)
         clauses: list[dict] = []
@@ -583,7 +606,7 @@ def only_terms(clauses: list[dict]) -> bool:
 
 
 __all__ = [
-    "OPERATORS", "KEY_ALIASES", "Condition", "MetadataFilter", "FilterError", "parse_filter", "coerce_filters",
+    "OPERATORS", "TEXT_OPS", "KEY_ALIASES", "Condition", "MetadataFilter", "FilterError", "parse_filter", "coerce_filters",
     "leaf_values", "condition_matches", "matches", "allowed_ids", "MetadataColumns", "flatten_for_engine", "esqbe_fields",
     "condition_dsl", "to_query_dsl", "only_terms",
 ]

@@ -66,7 +66,9 @@ class Progress:
         done = self._bytes()
         if done is not None and self.total_bytes:
             share = 100 * min(done, self.total_bytes) / self.total_bytes
-            parts.append(f"{_size(done)} of {_size(self.total_bytes)} ({share:.0f}%)")
+            parts.append(f"{_size(min(done, self.total_bytes))} of {_size(self.total_bytes)} ({share:.0f}%)")
+            if not final and 0 < done < self.total_bytes:  # at the rate so far
+                parts.append(f"about {_duration(elapsed * (self.total_bytes - done) / done)} left")
         elif done is not None:
             parts.append(f"{_size(done)} read")
         parts.append(f"{self.papers / elapsed:.1f} papers/s")
@@ -82,6 +84,15 @@ class Progress:
         elif self._lines:  # a run long enough to have reported progress also reports its end
             self._print(time.monotonic(), final=True)
             self._lines = 0
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def _size(n: float) -> str:

@@ -192,6 +192,8 @@ class Index(IngestMixin):
         if meta is None:
             raise EmptyIndexError("the index is empty: index some papers first (`esqbe index FILE`)")
         self.check_model(query=True)
+        if flt:
+            self.backend.check_filter(flt)  # an unknown key or a value no paper has: an error, not "no hits"
         if (paper_id is None) == (text is None):
             raise QueryError("give exactly one of a paper id or a query text")
         if paper_id is not None:

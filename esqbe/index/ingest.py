@@ -246,14 +246,16 @@ class IngestMixin:
             if i in problems:
                 continue
             reader_report = ReadReport()
-            if bar is not None:
-                bar.position = lambda: done_bytes + reader_report.position  # noqa: B023 (read live, while this source is read)
+            papers = read_papers(source, format, strict=strict, report=reader_report)
+            if bar is not None:  # bytes of the papers done, not of those read ahead into the next batches
+                papers, bar.position = _bytes_done(papers, reader_report, bar, done_bytes)
             try:
                 if format in (None, "parquet") and is_parquet(source) or format == "parquet":
+                    if bar is not None:
+                        bar.position = lambda d=done_bytes: d + reader_report.position  # noqa: B023 (this source's)
                     self.add_encoded(source, strict=strict, report=report, reader_report=reader_report, progress=bar)
                     continue
-                self.add_papers(read_papers(source, format, strict=strict, report=reader_report), facets=facets,
-                                report=report, progress=bar)
+                self.add_papers(papers, facets=facets, report=report, progress=bar)
             except InputError as e:
                 report.errors.append(str(e))
                 if not strict:  # not a line-level problem the reader could report and pass over
@@ -274,6 +276,8 @@ class IngestMixin:
                 report.errors.extend(str(e) for e in reader_report.errors)
                 report.repeated.extend(reader_report.repeated)
                 done_bytes += reader_report.position
+                if bar is not None:
+                    bar.position = lambda d=done_bytes: d  # this source is done: counted once
 
     def add_encoded(self, source: str, *, strict: bool = False, report: IndexReport | None = None,
                     reader_report: ReadReport | None = None, progress: bool = False,
@@ -390,3 +394,28 @@ def _batches(items: Iterable, n: int) -> Iterator[list]:
             batch = []
     if batch:
         yield batch
+
+
+def _bytes_done(papers, reader_report: ReadReport, bar: Progress, before: int):
+    """(the papers, passed through, noting the bytes read up to each; a function: `before` + the bytes up to
+    the last paper the bar counts as done). Papers are read ahead of the encoder by a batch or two, so the
+    reader's position alone would run ahead of the work done (and past 100% when added once more at the end)."""
+    import collections
+
+    marks: collections.deque = collections.deque()  # (n-th paper of this source, bytes read when it was read)
+    start = bar.papers
+    consumed = [0]
+
+    def noted():
+        for n, paper in enumerate(papers, start=1):
+            marks.append((n, reader_report.position))
+            yield paper
+
+    def position() -> int:
+        done = bar.papers - start
+        while marks and marks[0][0] <= done:
+            consumed[0] = marks.popleft()[1]
+        return before + consumed[0]
+
+    return noted(), position
+

@@ -1,5 +1,6 @@
 """The input formats: recognising a record's format, and one parser per format from a JSON record to a `Paper`
-(S2ORC, S2AG abstracts and S2ORC full text, CSFCube, CSAbstruct, plain JSONL), with the metadata each carries.
+(S2ORC, S2AG abstracts and S2ORC full text, CSFCube, CSAbstruct, plain JSONL, the arXiv metadata snapshot,
+OpenAlex works), with the metadata each carries.
 A parser raises `_Invalid` (a bad field: reported as `file:line: field: reason`) or `_Skip` (no abstract)."""
 from __future__ import annotations
 
@@ -48,6 +49,10 @@ def detect_format(record: dict) -> str:
                 "records look like the S2AG 'papers' dataset, which has no abstracts; "
                 "read the S2AG 'abstracts' (or 's2orc') dataset instead"
             )
+    elif "abstract_inverted_index" in keys or str(record.get("id", "")).startswith("https://openalex.org/"):
+        return "openalex"
+    elif "id" in keys and "categories" in keys and keys & {"versions", "authors_parsed", "submitter"}:
+        return "arxiv"
     elif "sentences" in keys:
         return "csabstruct"
     elif "pred_labels" in keys:
@@ -409,6 +414,102 @@ def _jsonl_metadata(record: dict) -> dict:
     return meta
 
 
+def _from_arxiv(record: dict, raw_labels: bool) -> Paper:
+    """One line of the arXiv metadata snapshot (id, title, abstract, authors, categories, versions, doi, ...)."""
+    paper_id = _paper_id(record, "id")
+    title = _title(record)
+    sentences = _split_text_abstract(record.get("abstract"), "abstract")
+    parsed = record.get("authors_parsed")
+    if isinstance(parsed, list) and all(isinstance(a, list) for a in parsed):
+        names = [" ".join(str(p) for p in (a[1:2] + a[:1] + a[2:3]) if p) for a in parsed]
+    elif isinstance(record.get("authors"), str):
+        names = [n for n in _re_split(r",\s*|\s+and\s+", record["authors"]) if n.strip()]
+    else:
+        names = []
+    versions = record.get("versions")
+    created = versions[0].get("created") if isinstance(versions, list) and versions and isinstance(versions[0], dict) else None
+    date = _rfc2822_date(created)
+    categories = record.get("categories")
+    meta = _metadata(
+        "arxiv", int(date[:4]) if date else None, publication_date=date,
+        venue=record.get("journal-ref") if isinstance(record.get("journal-ref"), str) else None,
+        authors=_authors(names), fields_of_study=categories.split() if isinstance(categories, str) else None,
+        external_ids={"arxiv": paper_id, "doi": record.get("doi") if isinstance(record.get("doi"), str) else None},
+        license=record.get("license") if isinstance(record.get("license"), str) else None,
+    )
+    return Paper(paper_id, title, sentences, metadata=meta)
+
+
+def _re_split(pattern: str, text: str) -> list[str]:
+    import re
+
+    return re.split(pattern, " ".join(text.split()))
+
+
+def _rfc2822_date(value) -> str | None:
+    """arXiv's `Mon, 2 Apr 2007 19:18:42 GMT` as `2007-04-02`."""
+    if not isinstance(value, str):
+        return None
+    from email.utils import parsedate_to_datetime
+
+    try:
+        return parsedate_to_datetime(value).date().isoformat()
+    except (TypeError, ValueError):
+        return None
+
+
+def _inverted_abstract(value) -> str | None:
+    """OpenAlex's `abstract_inverted_index` ({word: [positions]}) back to its text, words in position order."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _Invalid("abstract_inverted_index", f"expected an object of word -> positions, got {_type_name(value)}")
+    at: dict[int, str] = {}
+    for word, positions in value.items():
+        if not isinstance(positions, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0
+                                                      for p in positions):
+            raise _Invalid("abstract_inverted_index", f"word {word!r}: expected a list of positions, got {positions!r:.60}")
+        for p in positions:
+            at[p] = word
+    return " ".join(at[p] for p in sorted(at))
+
+
+def _from_openalex(record: dict, raw_labels: bool) -> Paper:
+    """One OpenAlex work (JSON Lines from the API or the snapshot); the abstract rebuilt from its inverted index."""
+    paper_id = _paper_id(record, "id").rsplit("/", 1)[-1]  # https://openalex.org/W2741809807 -> W2741809807
+    title = _title(record, "title" if record.get("title") is not None else "display_name")
+    sentences = _split_text_abstract(_inverted_abstract(record.get("abstract_inverted_index")), "abstract_inverted_index")
+    authors = []
+    for a in record.get("authorships") or [] if isinstance(record.get("authorships"), list) else []:
+        author = a.get("author") if isinstance(a, dict) else None
+        if isinstance(author, dict) and author.get("display_name"):
+            entry = {"name": author["display_name"]}
+            if author.get("id"):
+                entry["id"] = str(author["id"]).rsplit("/", 1)[-1]
+            authors.append(entry)
+    location: dict = record["primary_location"] if isinstance(record.get("primary_location"), dict) else {}
+    source: dict = location["source"] if isinstance(location.get("source"), dict) else {}
+    ids: dict = record["ids"] if isinstance(record.get("ids"), dict) else {}
+    doi = record.get("doi") or ids.get("doi")
+    doi = doi.split("doi.org/", 1)[-1] if isinstance(doi, str) else None
+    oa: dict = record["open_access"] if isinstance(record.get("open_access"), dict) else {}
+    concepts: list = record["concepts"] if isinstance(record.get("concepts"), list) else []
+    meta = _metadata(
+        "openalex", record.get("publication_year"),
+        publication_date=record.get("publication_date") if isinstance(record.get("publication_date"), str) else None,
+        venue=source.get("display_name") if isinstance(source.get("display_name"), str) else None,
+        authors=authors or None,
+        fields_of_study=[c["display_name"] for c in concepts if isinstance(c, dict) and c.get("level") == 0
+                         and isinstance(c.get("display_name"), str)] or None,
+        external_ids={"doi": doi, "openalex": paper_id,
+                      "mag": str(ids["mag"]) if ids.get("mag") else None,
+                      "pubmed": str(ids["pmid"]).rsplit("/", 1)[-1] if ids.get("pmid") else None},
+        open_access_url=oa.get("oa_url") if isinstance(oa.get("oa_url"), str) else None,
+        open_access_status=oa.get("oa_status") if isinstance(oa.get("oa_status"), str) else None,
+    )
+    return Paper(paper_id, title, sentences, metadata=meta)
+
+
 _PARSERS = {
     "s2orc": _from_s2orc,
     "s2ag-abstracts": _from_s2ag_abstracts,
@@ -416,7 +517,12 @@ _PARSERS = {
     "csfcube": _from_csfcube,
     "csabstruct": _from_csabstruct,
     "jsonl": _from_jsonl,
+    "arxiv": _from_arxiv,
+    "openalex": _from_openalex,
 }
 
 
-FORMATS = ("s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl")
+#: every input format; bibtex, ris and csl-json are whole files, read by `esqbe.ingest.library`
+#: the formats whose records are JSON objects, one a line (POST /papers and `esqbe tag` read record by record)
+RECORD_FORMATS = ("s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl", "arxiv", "openalex")
+FORMATS = (*RECORD_FORMATS, "bibtex", "ris", "csl-json")

@@ -1,7 +1,8 @@
 """Read papers from every input format esqbe accepts into `Paper` objects.
 
-Each source (a path, a gzipped path, `-` for stdin, or an open text stream) is JSON Lines. The
-format is detected from the first parseable record of the source unless `format=` is given.
+Each source (a path, a gzipped path, `-` for stdin, or an open text stream) is JSON Lines, or a whole
+BibTeX, RIS or CSL-JSON file (`esqbe.ingest.library`; told by its first line). A JSON Lines format is
+detected from the first parseable record of the source unless `format=` is given.
 Bad lines are reported as `file:line: field: reason` and reading goes on (`strict=True` stops at
 the first one); records without an abstract are skipped and counted. Nothing is dropped silently:
 every non-blank line ends up yielded, skipped (with a reason) or in `ReadReport.errors`.
@@ -24,6 +25,7 @@ from pathlib import Path
 from esqbe.domain import FACET_LABELS, Paper, paper_problem
 from esqbe.errors import ParameterError, UserError
 
+from . import library
 from .formats import (
     _PARSERS,
     _RAW_LABELS,
@@ -33,6 +35,7 @@ from .formats import (
     _type_name,
     detect_format,
 )
+from .library import WHOLE_FILE_FORMATS, sniff_format
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -188,60 +191,147 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
             report.errors.append(error)
             return
         tell = getattr(stack, "tell", None)
-        lineno = 0
-        detected_at = None  # the line the format was detected from (None: given by the caller)
-        seen: dict[str, int] = {}  # paper id -> the line it was last read from
-        while True:
-            try:
-                raw = next(lines)
-            except StopIteration:
+        first, lines = _first_line(lines)
+        if fmt is None and first is not None:
+            fmt = sniff_format(first.decode("utf-8", "replace") if isinstance(first, bytes) else str(first))
+        state = _State(name, fmt, strict, raw_labels, report)
+        read_before, errors_before = report.read, len(report.errors)
+        if fmt in WHOLE_FILE_FORMATS:
+            yield from _read_whole(lines, state, tell)
+        else:
+            yield from _read_lines(lines, state, tell)
+        if report.read == read_before and len(report.errors) == errors_before:  # said, not a silent "read 0"
+            state.error(InputError(name, None, "file", "no records: the input is empty" if first is None
+                                   else "no records in it"))
+
+
+def _read_lines(lines: Iterator, state: _State, tell) -> Iterator[Paper]:
+    """A JSON Lines source, line by line."""
+    name, report = state.name, state.report
+    lineno = 0
+    while True:
+        try:
+            raw = next(lines)
+        except StopIteration:
+            break
+        except (EOFError, OSError, zlib.error) as e:  # truncated or corrupt gzip, I/O failure
+            if state.error(InputError(name, lineno + 1, "file", f"cannot read further: {e}")):
                 break
-            except (EOFError, OSError, zlib.error) as e:  # truncated or corrupt gzip, I/O failure
-                error = InputError(name, lineno + 1, "file", f"cannot read further: {e}")
-                if strict:
-                    raise error from e
-                report.errors.append(error)
-                break
-            lineno += 1
-            if tell is not None:
-                report.position = tell()
-            if not raw.strip():
-                continue
-            report.read += 1
-            record = None
-            try:
-                record = _parse_json(_decode(raw, lineno))
-                if fmt is None:
-                    try:
-                        fmt = detect_format(record)
-                        detected_at = lineno
-                    except ValueError as e:  # this line: a later one may still tell the format
-                        raise _Invalid("format", str(e)) from None
-                paper = _PARSERS[fmt](record, raw_labels)
-                problem = paper_problem(paper, _RAW_LABELS if raw_labels else FACET_LABELS)  # NaN metadata, LIMITS
-                if problem:
-                    raise _Invalid(*problem)
-            except _Invalid as e:
-                reason = e.reason
-                if detected_at is not None and isinstance(record, dict) and e.field != "format":
-                    try:
-                        looks_like = detect_format(record)
-                    except ValueError:
-                        looks_like = None
-                    if looks_like not in (None, fmt):
-                        reason += (f" (the format was detected as {fmt} from line {detected_at}; this record looks like "
-                                   f"{looks_like}: split the file by format, or pass --format)")
-                error = InputError(name, lineno, e.field, reason)
-                if strict:
-                    raise error from None
-                report.errors.append(error)
-                continue
-            except _Skip as e:
-                report.skipped[e.reason] += 1
-                continue
-            if paper.paper_id in seen:
-                report.repeated.append(f"{name}:{lineno}: id: {paper.paper_id!r} repeats line {seen[paper.paper_id]} "
-                                       "of this file; this later record replaces it")
-            seen[paper.paper_id] = lineno
-            report.yielded += 1
+        lineno += 1
+        if tell is not None:
+            report.position = tell()
+        if not raw.strip():
+            continue
+        paper = state.one(lineno, lambda: _parse_json(_decode(raw, lineno)))  # noqa: B023 (called at once)
+        if paper is not None:
             yield paper
+
+
+def _first_line(lines: Iterator) -> tuple[object | None, Iterator]:
+    """The first non-blank line (None: there is none), and the lines again from the start; a read error
+    met on the way is raised again where the reading loop meets it."""
+    consumed: list = []
+    failure: BaseException | None = None
+    while True:
+        try:
+            raw = next(lines)
+        except StopIteration:
+            break
+        except (EOFError, OSError, zlib.error) as e:
+            failure = e
+            break
+        consumed.append(raw)
+        if raw.strip():
+            break
+
+    def again() -> Iterator:
+        yield from consumed
+        if failure is not None:
+            raise failure
+        yield from lines
+
+    return (consumed[-1] if consumed and consumed[-1].strip() else None), again()
+
+
+def _read_whole(lines: Iterator, state: _State, tell) -> Iterator[Paper]:
+    """A BibTeX, RIS or CSL-JSON file: read to its end, then record by record (each at its first line)."""
+    parts: list[str] = []
+    lineno = 0
+    try:
+        for raw in lines:
+            lineno += 1
+            parts.append(_decode(raw, lineno))
+    except _Invalid as e:  # not UTF-8: the records cannot be delimited past this line
+        state.error(InputError(state.name, lineno, "file", f"{e.reason}; the rest of the file is not read"))
+        return
+    except (EOFError, OSError, zlib.error) as e:
+        state.error(InputError(state.name, lineno + 1, "file", f"cannot read further: {e}"))
+        return
+    if tell is not None:
+        state.report.position = tell()
+    assert state.fmt is not None
+    fmt = state.fmt
+    for line, record in library.entries(fmt, "".join(parts)):
+        paper = state.one(line, lambda: record, lambda r: library.parse(fmt, r))  # noqa: B023 (called at once)
+        if paper is not None:
+            yield paper
+
+
+class _State:
+    """One source being read: its name, its format (once known), and what each record came to."""
+
+    def __init__(self, name: str, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport):
+        self.name, self.fmt, self.strict, self.raw_labels, self.report = name, fmt, strict, raw_labels, report
+        self.detected_at: int | None = None  # the line the format was detected from (None: given or sniffed)
+        self.seen: dict[str, int] = {}  # paper id -> the line it was last read from
+
+    def error(self, error: InputError) -> bool:
+        """Record `error` (raise it when strict); True."""
+        if self.strict:
+            raise error
+        self.report.errors.append(error)
+        return True
+
+    def one(self, lineno: int, load, parse=None) -> Paper | None:
+        """Read one record (`load()` gives it, `parse(record)` makes it a Paper, else the format's parser):
+        the paper, or None with the record counted as skipped or wrong."""
+        self.report.read += 1
+        record = None
+        try:
+            record = load()
+            if isinstance(record, _Invalid):
+                raise record
+            if self.fmt is None:
+                try:
+                    self.fmt = detect_format(record)
+                    self.detected_at = lineno
+                except ValueError as e:  # this line: a later one may still tell the format
+                    raise _Invalid("format", str(e)) from None
+            paper = parse(record) if parse else _PARSERS[self.fmt](record, self.raw_labels)
+            problem = paper_problem(paper, _RAW_LABELS if self.raw_labels else FACET_LABELS)  # NaN metadata, LIMITS
+            if problem:
+                raise _Invalid(*problem)
+        except _Invalid as e:
+            self.error(InputError(self.name, lineno, e.field, self._reason(e, record)))
+            return None
+        except _Skip as e:
+            self.report.skipped[e.reason] += 1
+            return None
+        if paper.paper_id in self.seen:
+            self.report.repeated.append(f"{self.name}:{lineno}: id: {paper.paper_id!r} repeats line "
+                                        f"{self.seen[paper.paper_id]} of this file; this later record replaces it")
+        self.seen[paper.paper_id] = lineno
+        self.report.yielded += 1
+        return paper
+
+    def _reason(self, e: _Invalid, record) -> str:
+        reason = e.reason
+        if self.detected_at is not None and isinstance(record, dict) and e.field != "format":
+            try:
+                looks_like = detect_format(record)
+            except ValueError:
+                looks_like = None
+            if looks_like not in (None, self.fmt):
+                reason += (f" (the format was detected as {self.fmt} from line {self.detected_at}; this record looks "
+                           f"like {looks_like}: split the file by format, or pass --format)")
+        return reason

@@ -275,11 +275,32 @@ class CitedTextMatcher:
         power = self.options.d if self.options.method == "asym" else 1.0
         contrib = share * np.maximum(cos, 0.0) ** power
         order = np.argsort(-contrib, kind="stable")[:limit]
-        return [WordMatch(q_toks[i], c_toks[j[i]], round(float(cos[i]), 4), round(float(share[i]), 4))
-                for i in order if contrib[i] > 0]
+        return [WordMatch(whole_word(q_toks[i], query), whole_word(c_toks[j[i]], sentence), round(float(cos[i]), 4),
+                          round(float(share[i]), 4)) for i in order if contrib[i] > 0]
 
     def rank(self, queries: Sequence[str], sentences: Sequence[str], k: int) -> list[list[tuple[int, float]]]:
         """Per query, the top `k` (sentence index, score), best first (ties: document order)."""
         scores = self.score(queries, sentences)
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         return [[(int(j), float(scores[i, j])) for j in row] for i, row in enumerate(order)]
+
+
+def whole_word(token: str, text: str) -> str:
+    """The word of `text` a wordpiece belongs to, for people (`##ego` in "...in San Diego..." -> `Diego`): a word
+    equal to the token, else one starting with it, else (a `##` piece) one containing it; the token if none."""
+    import re
+
+    piece = token[2:] if token.startswith("##") else token
+    if not piece:
+        return token
+    words = re.findall(r"\w[\w\-']*", text)
+    low = piece.lower()
+    if not token.startswith("##"):
+        for pick in (lambda w: w.lower() == low, lambda w: w.lower().startswith(low)):
+            found = next((w for w in words if pick(w)), None)
+            if found:
+                return found
+        return token
+    found = next((w for w in words if low in w.lower()[1:]), None)
+    return found or token
+

@@ -61,8 +61,30 @@ def jsonable(value) -> Any:
         return {}
 
 
+#: metadata esqbe keeps for itself, left out of results: the tagger's flag and soft labels (given per sentence,
+#: named, as `probabilities`), the hash of the input a paper was tagged from
+HIDDEN_METADATA_KEYS = frozenset({"facets_predicted", "facet_probs", "input_hash"})
+#: the class order of the tagger's soft labels (esqbe.query.search.SOFT_FACET_ORDER)
+_SOFT_ORDER = ("background", "method", "result", "other")
+
+
+def public_metadata(metadata: dict | None) -> dict:
+    """A paper's metadata as a user reads it: esqbe's internals left out."""
+    return {k: v for k, v in (metadata or {}).items() if k not in HIDDEN_METADATA_KEYS}
+
+
 def sentences_json(paper: Paper) -> list[dict]:
-    return [{"index": i, "text": s, "facet": f} for i, (s, f) in enumerate(zip(paper.sentences, paper.facets))]
+    """Each sentence with its facet and, where esqbe's tagger labelled it, `probabilities` {facet: p}."""
+    probs = (paper.metadata or {}).get("facet_probs")
+    soft = probs is not None and len(probs) == len(paper.sentences)
+    out = []
+    for i, (s, f) in enumerate(zip(paper.sentences, paper.facets)):
+        row: dict = {"index": i, "text": s, "facet": f, "probabilities": None}
+        if soft:
+            assert probs is not None
+            row["probabilities"] = {name: round(float(p), 4) for name, p in zip(_SOFT_ORDER, probs[i])}
+        out.append(row)
+    return out
 
 
 def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) -> dict:
@@ -76,7 +98,7 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
             "matches": [dict(query_index=m.query_index, query_sentence=m.query_sentence,
                              candidate_index=m.candidate_index, candidate_sentence=m.candidate_sentence,
                              candidate_facet=m.candidate_facet, weight=finite(m.weight) or 0.0) for m in h.matches],
-            "metadata": jsonable(h.metadata or {}),
+            "metadata": jsonable(public_metadata(h.metadata)),
             "sentences": sentences_json(papers[h.paper_id]) if papers and h.paper_id in papers else None,
         })
     facets = result.query_facets or ["unlabeled"] * len(result.query_sentences)

@@ -9,11 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from ..query.search import QueryError
 from ..rescore.rescorers import available_rescorers, rescorer_params
 from ..settings.generate import http_fields, overrides_from_http
-from ..settings.table import FACET_MODES, FORMATS
+from ..settings.table import FACET_MODES, RECORD_FORMATS
 from .options import WORDS_NAME
 
 #: the input formats POST /papers reads (the readers') and what happens to facet labels (the table's)
-InputFormat = Literal[FORMATS]
+InputFormat = Literal[RECORD_FORMATS]
 FacetMode = Literal[FACET_MODES]
 
 
@@ -37,7 +37,8 @@ class FilterCondition(BaseModel):
 
     key: str = Field(..., min_length=1, max_length=200,
                      description="a dotted metadata key: year, venue, authors.name, external_ids.doi")
-    op: Literal["=", "!=", "<", "<=", ">", ">=", "in", "not in", "exists", "not exists"]
+    op: Literal["=", "!=", "<", "<=", ">", ">=", "in", "not in", "exists", "not exists", "~=", "^="] = Field(
+        ..., description="~= equals ignoring case, ^= starts with ignoring case (text values)")
     value: str | float | int | list[str | float | int] = Field(
         None, description="the value (a list for in / not in; absent for exists / not exists)")
 
@@ -97,6 +98,9 @@ class _QueryRequestBase(BaseModel):
         None, description='rescorer parameters, e.g. {"tau": 0.5} for ot or {"d": 4} for asym')
     first_stage: FirstStageOptions = Field(None, description="first-stage options")
     with_sentences: bool = Field(False, description="include every sentence (and facet) of each hit")
+    format: Literal["json", "csv", "bibtex", "ris"] = Field(
+        "json", description="json (default): the result; csv, bibtex or ris: the hits as a file to download "
+                            "(Content-Disposition: attachment), from their metadata")
     filters: list[Annotated[str, Field(min_length=1, max_length=1000)] | FilterCondition] = Field(
         None, max_length=64, description="metadata conditions the candidates must all satisfy, applied before ranking: "
                                          "grammar strings ('year>=2019', 'venue in (ACL, EMNLP)') or {key, op, value} objects")
@@ -143,6 +147,13 @@ class Sentence(BaseModel):
     facet: str
 
 
+class LabelledSentence(Sentence):
+    """A stored sentence: with the tagger's probabilities where it labelled the paper."""
+
+    probabilities: dict[str, float] | None = Field(
+        description="where esqbe's tagger labelled the sentence: its probability of each facet (else null)")
+
+
 class MatchedPair(BaseModel):
     query_index: int = Field(description="index of the query sentence in the query paper")
     query_sentence: str
@@ -166,7 +177,7 @@ class Hit(BaseModel):
     matches: list[MatchedPair]
     metadata: dict[str, Any] = Field(default_factory=dict,
                                      description="the paper's stored metadata (year, venue, authors, ids, ...)")
-    sentences: list[Sentence] | None = None
+    sentences: list[LabelledSentence] | None = None
 
 
 class QuerySentence(Sentence):
@@ -214,7 +225,7 @@ class FacetQuery(QuerySelection):
 class Paper(BaseModel):
     paper_id: str
     title: str
-    sentences: list[Sentence]
+    sentences: list[LabelledSentence]
     facets_predicted: bool = Field(False, description="facet labels come from esqbe's tagger, not the input")
     metadata: dict[str, Any]
     facet_queries: dict[str, FacetQuery] = Field(

@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import ValidationError
 
 from ..backends.engines.filters import check_safe_clause
 from ..core.deadline import Deadline
 from ..core.filters import FilterError
 from ..errors import EsqbeError
+from ..query.export import EXPORT_FORMATS, export_hits, file_name, media_type
 from ..query.search import query_sentences
 from .errors import ApiError, _clean_validation, _errors, _public, api_error
 from .middleware import _PAGE_HEADERS, JSON_LINES_TYPES, _token_ok, _type_message
@@ -116,8 +117,10 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
                          "uptime_s": round(time.time() - service.started_at, 1), "ready": service.ready.is_set()}
         return out
 
-    @router.post("/query", response_model=QueryResponse, responses=_errors(400, 404, 409, 413, 422, 503, 504),
-              tags=["search"])
+    @router.post("/query", response_model=QueryResponse, tags=["search"],
+                 responses={**_errors(400, 404, 409, 413, 422, 503, 504),
+                            200: {"content": {media_type(f).split(";")[0]: {"schema": {"type": "string"}}
+                                              for f in EXPORT_FORMATS}}})
     async def query(req: QueryRequest, request: Request):
         """Papers most similar to a paper's facet, to chosen sentences, or to a text, with the sentences that matched."""
         check_engine_filter(request, req.engine_filter)
@@ -138,9 +141,13 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         if req.sentences is not None and len(set(req.sentences)) > limit:
             raise ApiError(413, f"{len(set(req.sentences))} sentences chosen; at most {limit} per query")
         try:
-            return await service.read(_run_query, req, text, overrides, deadline=deadline, request=request)
+            out = await service.read(_run_query, req, text, overrides, deadline=deadline, request=request)
         except EsqbeError as e:
             raise api_error(e) from None
+        if req.format in EXPORT_FORMATS:  # the hits as a file (the page's download button)
+            return Response(export_hits(out, req.format), media_type=media_type(req.format),
+                            headers={"Content-Disposition": f'attachment; filename="{file_name(req.format)}"'})
+        return out
 
     @router.get("/papers/{paper_id:path}", response_model=Paper, responses=_errors(404, 503), tags=["papers"])
     async def get_paper(paper_id: str):

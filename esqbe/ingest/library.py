@@ -1,0 +1,274 @@
+"""Reference-manager files, read whole: BibTeX (bibtexparser), RIS (rispy) and CSL-JSON (Zotero's export).
+
+Unlike the JSON Lines formats a record spans several lines, so a file is split into its records first,
+each with the line it starts on (`file:line: field: reason` points at it), then each record becomes a
+`Paper` with its metadata under esqbe's key names. A record without an abstract is skipped with the
+reason, as in every reader.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Iterator
+
+from ..domain import Paper
+from .formats import _authors, _Invalid, _metadata, _split_text_abstract, _type_name
+
+#: formats read as a whole file rather than line by line
+WHOLE_FILE_FORMATS = ("bibtex", "ris", "csl-json")
+
+_RIS_TAG = re.compile(r"^([A-Z][A-Z0-9])  -( |$)")
+_JSON_ARRAY_OF_OBJECTS = re.compile(r"^\[\s*(\{|$)")  # `[` alone (pretty-printed) or `[{...` (minified)
+_YEAR = re.compile(r"\b(1[5-9]\d\d|2\d\d\d)\b")
+
+
+def sniff_format(first_line: str) -> str | None:
+    """The whole-file format a file's first non-blank line announces, or None (JSON Lines)."""
+    s = first_line.lstrip("\ufeff \t")
+    if s.startswith("@") or s.startswith("%"):
+        return "bibtex"
+    if _RIS_TAG.match(s):
+        return "ris"
+    if _JSON_ARRAY_OF_OBJECTS.match(s.rstrip()):
+        return "csl-json"
+    return None
+
+
+def entries(fmt: str, text: str) -> Iterator[tuple[int, dict | _Invalid]]:
+    """(line the record starts on, the record as a dict or why it cannot be read) for each record."""
+    if fmt == "bibtex":
+        return _bibtex_entries(text)
+    if fmt == "ris":
+        return _ris_entries(text)
+    return _csl_entries(text)
+
+
+def parse(fmt: str, record: dict, raw_labels: bool = False) -> Paper:
+    return _PARSERS[fmt](record)
+
+
+# ---------------------------------------------------------------- BibTeX
+
+
+def _bibtex_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
+    import bibtexparser
+    from bibtexparser import model
+    from bibtexparser.middlewares import LatexDecodingMiddleware
+
+    logging.getLogger("bibtexparser").setLevel(logging.CRITICAL)  # its failures are reported as ours, per record
+    library = bibtexparser.parse_string(text, append_middleware=[LatexDecodingMiddleware()])
+    for block in library.blocks:
+        line = (block.start_line or 0) + 1
+        if isinstance(block, model.ParsingFailedBlock):
+            error = block.error
+            reason = getattr(error, "abort_reason", None) or " ".join(str(error).split()) or type(error).__name__
+            yield line, _Invalid("entry", f"not a valid BibTeX entry: {reason}")
+        elif isinstance(block, model.Entry):
+            record = {name.lower(): field.value for name, field in block.fields_dict.items()}
+            record["ENTRYTYPE"], record["ID"] = block.entry_type.lower(), block.key
+            yield line, record
+
+
+def _bibtex_names(value) -> list[dict] | None:
+    """`Last, First and First Last and others` as [{"name": "First Last"}]."""
+    if not isinstance(value, str):
+        return None
+    names = []
+    for part in re.split(r"\s+and\s+", " ".join(value.split())):
+        part = part.strip().strip("{}")
+        if not part or part.lower() == "others":
+            continue
+        if "," in part:
+            last, _, first = part.partition(",")
+            part = f"{first.strip()} {last.strip()}".strip()
+        names.append(part)
+    return _authors(names)
+
+
+def _from_bibtex(record: dict) -> Paper:
+    paper_id = (record.get("ID") or "").strip()
+    if not paper_id:
+        raise _Invalid("key", "missing (every entry needs a citation key)")
+    title = _plain(record.get("title"))
+    sentences = _split_text_abstract(_plain(record.get("abstract")) or None, "abstract")
+    venue = next((_plain(record.get(k)) for k in ("journal", "booktitle", "journaltitle") if record.get(k)), None)
+    meta = _metadata(
+        "bibtex", _year(record.get("year") or record.get("date")),
+        venue=venue, journal=_plain(record.get("journal")), authors=_bibtex_names(record.get("author")),
+        publisher=_plain(record.get("publisher")),
+        external_ids={"doi": _doi(record.get("doi")), "arxiv": _arxiv_eprint(record)},
+        open_access_url=_plain(record.get("url")), entry_type=record.get("ENTRYTYPE"),
+        volume=_plain(record.get("volume")), pages=_plain(record.get("pages")),
+    )
+    return Paper(paper_id, title, sentences, metadata=meta)
+
+
+def _arxiv_eprint(record: dict) -> str | None:
+    prefix = str(record.get("archiveprefix") or record.get("eprinttype") or "").lower()
+    return _plain(record.get("eprint")) if prefix == "arxiv" else None
+
+
+# ---------------------------------------------------------------- RIS
+
+
+def _ris_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
+    """Records split at `ER  -`, each parsed by rispy; a tag line outside a record is an error at its line."""
+    import rispy
+
+    chunk: list[str] = []
+    start = 0
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not chunk:
+            if not line.strip():
+                continue
+            if not line.lstrip("\ufeff").startswith("TY  -"):
+                yield lineno, _Invalid("TY", f"a record must start with a 'TY  - ' line, got {line[:40]!r}")
+                continue
+            start = lineno
+        chunk.append(line.lstrip("\ufeff"))
+        if line.startswith("ER  -"):
+            try:
+                records = rispy.loads("\n".join(chunk) + "\n")
+            except Exception as e:  # rispy raises plain exceptions for malformed records
+                yield start, _Invalid("record", f"not a valid RIS record: {e}")
+            else:
+                for record in records:
+                    yield start, record
+            chunk = []
+    if chunk:
+        yield start, _Invalid("ER", "the file ends inside a record (no 'ER  - ' line)")
+
+
+def _from_ris(record: dict) -> Paper:
+    title = _plain(record.get("title") or record.get("primary_title"))
+    doi = _doi(record.get("doi"))
+    paper_id = _plain(record.get("id")) or doi or _derived_id("ris", title, record.get("year"))
+    abstract = record.get("abstract") or record.get("notes_abstract")
+    sentences = _split_text_abstract(_plain(abstract) or None, "AB")
+    authors = [*(record.get("authors") or []), *(record.get("first_authors") or [])]
+    names = [f"{first.strip()} {last.strip()}".strip() if "," in a else a
+             for a in authors if isinstance(a, str) for last, _, first in [a.partition(",")]]
+    venue = _plain(record.get("secondary_title") or record.get("journal_name") or record.get("alternate_title3"))
+    urls = record.get("urls")
+    meta = _metadata(
+        "ris", _year(record.get("year") or record.get("publication_year") or record.get("date")),
+        venue=venue, journal=_plain(record.get("journal_name")), authors=_authors(names),
+        publisher=_plain(record.get("publisher")), external_ids={"doi": doi},
+        open_access_url=urls[0] if isinstance(urls, list) and urls and isinstance(urls[0], str) else None,
+        entry_type=_plain(record.get("type_of_reference")),
+        volume=_plain(record.get("volume")), keywords=record.get("keywords"),
+    )
+    return Paper(paper_id, title, sentences, metadata=meta)
+
+
+# ---------------------------------------------------------------- CSL-JSON
+
+
+def _csl_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
+    """The items of a CSL-JSON array, decoded one by one so that each has its own line."""
+    decoder = json.JSONDecoder()
+    pos = _skip_ws(text, 0)
+    if text[pos:pos + 1] != "[":
+        yield _line(text, pos), _Invalid("json", "a CSL-JSON file is one JSON array of items")
+        return
+    pos = _skip_ws(text, pos + 1)
+    n = 0
+    while pos < len(text) and text[pos] != "]":
+        line = _line(text, pos)
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            yield _line(text, e.pos), _Invalid("json", f"item {n}: {e.msg} (column {e.colno}); the rest is not read")
+            return
+        yield line, item if isinstance(item, dict) else _Invalid("item", f"item {n}: expected an object, got {_type_name(item)}")
+        n += 1
+        pos = _skip_ws(text, pos)
+        if text[pos:pos + 1] == ",":
+            pos = _skip_ws(text, pos + 1)
+        elif text[pos:pos + 1] != "]":
+            yield _line(text, pos), _Invalid("json", f"expected ',' or ']' after item {n - 1}; the rest is not read")
+            return
+    if pos >= len(text):
+        yield _line(text, pos), _Invalid("json", "the array is not closed with ']'")
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n\ufeff":
+        pos += 1
+    return pos
+
+
+def _line(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def _from_csl(record: dict) -> Paper:
+    ident = record.get("id")
+    if ident is None or isinstance(ident, bool) or not isinstance(ident, (str, int)) or not str(ident).strip():
+        raise _Invalid("id", "missing" if ident is None else f"expected a string or integer, got {_type_name(ident)}")
+    paper_id = str(ident).strip().rstrip("/").rsplit("/", 1)[-1]  # Zotero: http://zotero.org/users/1/items/ABCD
+    title = _plain(record.get("title"))
+    if record.get("abstract") is not None and not isinstance(record.get("abstract"), str):
+        raise _Invalid("abstract", f"expected a string, got {_type_name(record.get('abstract'))}")
+    sentences = _split_text_abstract(record.get("abstract"), "abstract")
+    authors = []
+    for i, a in enumerate(record.get("author") or []):
+        if not isinstance(a, dict):
+            raise _Invalid(f"author[{i}]", f"expected an object with family/given, got {_type_name(a)}")
+        name = a.get("literal") or " ".join(str(a[k]) for k in ("given", "family") if a.get(k))
+        if name:
+            authors.append(name)
+    issued = record.get("issued")
+    parts = issued.get("date-parts") if isinstance(issued, dict) else None
+    year = date = None
+    if isinstance(parts, list) and parts and isinstance(parts[0], list) and parts[0]:
+        nums = [p for p in parts[0] if isinstance(p, (int, str)) and str(p).isdigit()]
+        year = int(nums[0]) if nums else None
+        date = "-".join(f"{int(p):02d}" if i else str(p) for i, p in enumerate(nums)) if nums else None
+    elif isinstance(issued, dict):
+        year = _year(issued.get("raw") or issued.get("literal"))
+    meta = _metadata(
+        "csl-json", year, publication_date=date, venue=_plain(record.get("container-title")),
+        authors=_authors(authors), publisher=_plain(record.get("publisher")),
+        external_ids={"doi": _doi(record.get("DOI"))}, open_access_url=_plain(record.get("URL")),
+        entry_type=_plain(record.get("type")), volume=_plain(record.get("volume")), pages=_plain(record.get("page")),
+    )
+    return Paper(paper_id, title, sentences, metadata=meta)
+
+
+# ---------------------------------------------------------------- shared
+
+
+def _plain(value) -> str:
+    """A field's text with BibTeX's protective braces and runs of whitespace removed ("" if not text)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        return ""
+    return " ".join(value.replace("{", "").replace("}", "").split())
+
+
+def _year(value) -> int | None:
+    match = _YEAR.search(str(value)) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    return int(match.group(1)) if match else None
+
+
+def _doi(value) -> str | None:
+    doi = _plain(value)
+    for prefix in ("https://doi.org/", "http://doi.org/", "http://dx.doi.org/", "https://dx.doi.org/", "doi:"):
+        if doi.lower().startswith(prefix):
+            doi = doi[len(prefix):]
+    return doi or None
+
+
+def _derived_id(fmt: str, title: str, year) -> str:
+    """An id for a record that names none (RIS without ID or DO): stable across runs, from title and year."""
+    if not title:
+        raise _Invalid("ID", "missing, and no DO or TI to make an id from")
+    digest = hashlib.sha1(f"{title.lower()}|{_year(year) or ''}".encode()).hexdigest()[:12]
+    return f"{fmt}-{digest}"
+
+
+_PARSERS = {"bibtex": _from_bibtex, "ris": _from_ris, "csl-json": _from_csl}

@@ -1,0 +1,89 @@
+"""The CLI's manners (issue 24, item 8): usage errors exit 2, `| head` ends quietly, help says true things,
+JSON hits carry no internals and name their facets."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+
+from .conftest import REPO, SAMPLE
+
+LINES = SAMPLE.read_text().splitlines()
+QID = json.loads(LINES[0])["paper_id"]
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def predicted_ix(tmp_path_factory, encoder):
+    """8 papers whose labels esqbe's tagger predicted (their metadata holds its internals)."""
+    import esqbe
+
+    root = tmp_path_factory.mktemp("manners")
+    src = root / "p.jsonl"
+    src.write_text("".join(json.dumps({"id": json.loads(x)["paper_id"], "abstract": " ".join(json.loads(x)["sentences"]),
+                                       "year": 2020}) + "\n" for x in LINES[:8]))
+    with esqbe.open_index(str(root / "ix"), encoder=encoder, config=None, facets="predict") as index:
+        assert index.index_files([str(src)]).indexed == 8
+    return root / "ix"
+
+
+def test_usage_errors_exit_2(predicted_ix):
+    r = run("query", "--path", predicted_ix, "--paper", QID, "--rescorer", "summx")
+    assert r.exit_code == 2 and "Invalid value for --rescorer" in r.output and "summax" in r.output
+    r = run("query", "--path", predicted_ix)
+    assert r.exit_code == 2 and "give --paper ID" in r.output
+    r = run("query", "--path", predicted_ix, "--paper", QID, "--text", "We do things.")
+    assert r.exit_code == 2 and "not both" in r.output
+    assert run("query", "--path", predicted_ix, "--paper", QID, "--facet", "methods").exit_code == 2
+
+
+def test_json_hits_carry_no_internals_and_name_the_facets(predicted_ix):
+    r = run("query", "--path", predicted_ix, "--paper", QID, "--json")
+    hits = json.loads(r.stdout)["hits"]
+    assert hits
+    for h in hits:
+        assert not {"input_hash", "facets_predicted", "facet_probs"} & set(h["metadata"]), h["metadata"]
+        assert h["metadata"]["year"] == 2020
+    import httpx
+
+    from esqbe.server.app import create_app  # the same shape over HTTP, with the sentences
+    from esqbe.server.options import ServeOptions
+
+    from .conftest import LiveServer
+
+    app = create_app(str(predicted_ix), config=None, options=ServeOptions(host="127.0.0.1"))
+    with LiveServer(app) as url:
+        body = httpx.post(url + "/query", json={"paper_id": QID, "with_sentences": True}, timeout=60).json()
+    for h in body["hits"]:
+        assert "facet_probs" not in h["metadata"] and "input_hash" not in h["metadata"]
+        for s in h["sentences"]:
+            assert set(s["probabilities"]) == {"background", "method", "result", "other"}
+
+
+def test_head_ends_quietly(predicted_ix):
+    """`esqbe ... | head`: the reader goes away; esqbe exits 0 without 'Broken pipe' (it printed it and exited 3)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "list", "--path", str(predicted_ix), "--json"], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before anything is written: every write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Broken pipe" not in err and "Errno 32" not in err and "Traceback" not in err
+
+
+def test_help_tells_true_things():
+    readme = (REPO / "README.md").read_text()
+    r = run("index", "--help")
+    assert "CSFCube dev NDCG%20 +0.15" in " ".join(r.output.split())
+    assert "62.01 against 61.86 (+0.15)" in readme
+    tag_help = " ".join(run("tag", "--help").output.split())
+    assert "the index's own model" not in tag_help and "for commands that open one" in tag_help

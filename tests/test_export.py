@@ -1,0 +1,126 @@
+"""Answers a researcher can act on (issue 24, item 6): hits exported as CSV, BibTeX and RIS from the CLI and
+POST /query, parsed back with bibtexparser / rispy; `esqbe config` says where each setting came from."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import bibtexparser
+import httpx
+import pytest
+import rispy
+from bibtexparser.middlewares import LatexDecodingMiddleware
+from click.testing import CliRunner
+
+from cli import main
+from esqbe.query.export import CSV_COLUMNS, export_hits
+
+from .conftest import SAMPLE, LiveServer
+
+# awkward metadata on purpose: LaTeX specials, braces, accents, a paper id that is no BibTeX key
+META = [
+    {"year": 2019, "venue": "Proc. of A&B {Workshop}", "authors": ["Jörg Müller", "Ada Lovelace"],
+     "external_ids": {"doi": "10.1/x_y%z"}},
+    {"year": 2020, "authors": [{"name": "Grace Hopper"}], "external_ids": {"arxiv": "2001.00001"},
+     "open_access_url": "https://example.org/p.pdf"},
+]
+
+
+@pytest.fixture(scope="module")
+def ix(tmp_path_factory, encoder):
+    """A real index of 12 sample abstracts, each with metadata (the first two awkward)."""
+    import esqbe
+
+    root = tmp_path_factory.mktemp("export")
+    lines = []
+    for i, line in enumerate(SAMPLE.read_text().splitlines()[:12]):
+        rec = json.loads(line)
+        abstract = rec["abstract"] if "abstract" in rec else rec["sentences"]
+        lines.append(json.dumps({"id": f"p {i}" if i else "0-first", "title": f"Paper {i}: a {{study}} of #{i}",
+                                 "abstract": abstract, **(META[i % 2] if i < 6 else {"year": 2000 + i})}))
+    src = root / "papers.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    with esqbe.open_index(str(root / "ix"), encoder=encoder, config=None) as index:
+        assert index.index_files([str(src)]).indexed == 12
+    return root / "ix"
+
+
+def _query(ix, *extra):
+    r = CliRunner().invoke(main, ["query", "--path", str(ix), "--paper", "0-first", "-k", "8", *extra],
+                           catch_exceptions=False)
+    return r
+
+
+def test_cli_bibtex_parses_back(ix):
+    hits = json.loads(_query(ix, "--json").stdout)["hits"]
+    r = _query(ix, "--format", "bibtex")
+    assert r.exit_code == 0, r.output
+    library = bibtexparser.parse_string(r.stdout, append_middleware=[LatexDecodingMiddleware()])
+    assert not library.failed_blocks
+    assert len(library.entries) == len(hits) == 8
+    by_note = {e.fields_dict["note"].value: e for e in library.entries}
+    for h in hits:
+        entry = by_note[f"esqbe rank {h['rank']}, paper id {h['paper_id']}"]
+        assert entry.fields_dict["title"].value == h["title"].replace("{", "(").replace("}", ")")
+        meta = h["metadata"]
+        assert entry.fields_dict["year"].value == str(meta["year"])
+        if meta.get("authors"):
+            want = " and ".join(f"{n.split()[-1]}, {' '.join(n.split()[:-1])}" for n in (a["name"] for a in meta["authors"]))
+            assert entry.fields_dict["author"].value == want
+        if meta.get("external_ids", {}).get("doi"):
+            assert entry.fields_dict["doi"].value == meta["external_ids"]["doi"]
+            assert entry.entry_type == "article" and entry.fields_dict["journal"].value == "Proc. of A&B (Workshop)"
+    assert sum("doi" in e.fields_dict for e in library.entries) >= 1
+    assert len({e.key for e in library.entries}) == 8  # unique keys, made from ids with spaces
+
+
+def test_cli_ris_and_csv(ix):
+    hits = json.loads(_query(ix, "--json").stdout)["hits"]
+    records = rispy.loads(_query(ix, "--format", "ris").stdout)
+    assert [r["id"] for r in records] == [h["paper_id"] for h in hits]
+    first = next(r for r in records if r["id"] in ("p 2", "p 4"))  # META[0]: the query paper is no hit
+    assert first["authors"] == ["Müller, Jörg", "Lovelace, Ada"]
+    assert first["doi"] == "10.1/x_y%z" and first["year"] == "2019" and first["secondary_title"] == "Proc. of A&B {Workshop}"
+
+    rows = list(csv.DictReader(io.StringIO(_query(ix, "--format", "csv").stdout)))
+    assert tuple(rows[0]) == CSV_COLUMNS
+    assert [r["paper_id"] for r in rows] == [h["paper_id"] for h in hits]
+    assert [int(r["rank"]) for r in rows] == list(range(1, 9))
+    row = next(r for r in rows if r["paper_id"] in ("p 2", "p 4"))
+    assert row["authors"] == "Jörg Müller; Ada Lovelace" and row["doi"] == "10.1/x_y%z"
+
+
+def test_cli_json_and_format_together_is_a_usage_error(ix):
+    r = _query(ix, "--json", "--format", "csv")
+    assert r.exit_code == 2 and "--json or --format" in r.output
+
+
+def test_no_hits_exports_a_header_or_nothing():
+    assert export_hits({"hits": []}, "csv").strip() == ",".join(CSV_COLUMNS)
+    assert export_hits({"hits": []}, "bibtex") == "" and export_hits({"hits": []}, "ris") == ""
+
+
+def test_http_query_format_is_a_download(ix, encoder):
+    from esqbe.server.app import create_app
+    from esqbe.server.options import ServeOptions
+
+    app = create_app(str(ix), config=None, options=ServeOptions(host="127.0.0.1"), encoder=encoder)
+    with LiveServer(app) as url:
+        body = {"paper_id": "0-first", "k": 5}
+        as_json = httpx.post(url + "/query", json=body, timeout=60).json()
+        r = httpx.post(url + "/query", json={**body, "format": "bibtex"}, timeout=60)
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("application/x-bibtex")
+        assert r.headers["content-disposition"] == 'attachment; filename="esqbe-hits.bib"'
+        entries = bibtexparser.parse_string(r.text).entries
+        assert [e.fields_dict["note"].value.split("paper id ")[1] for e in entries] == [
+            h["paper_id"] for h in as_json["hits"]]
+        r = httpx.post(url + "/query", json={**body, "format": "ris"}, timeout=60)
+        assert r.headers["content-disposition"].endswith('filename="esqbe-hits.ris"')
+        assert [x["id"] for x in rispy.loads(r.text)] == [h["paper_id"] for h in as_json["hits"]]
+        r = httpx.post(url + "/query", json={**body, "format": "csv"}, timeout=60)
+        assert r.headers["content-type"].startswith("text/csv")
+        assert [row["paper_id"] for row in csv.DictReader(io.StringIO(r.text))] == [h["paper_id"] for h in as_json["hits"]]
+        r = httpx.post(url + "/query", json={**body, "format": "docx"}, timeout=60)
+        assert r.status_code == 422
