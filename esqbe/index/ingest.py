@@ -364,7 +364,6 @@ class IngestMixin:
         report.seconds = time.perf_counter() - start
         return report
 
-
     def encoded_meta(self) -> IndexMeta:
         """The model identity this run's vectors carry (an encoded file's `esqbe` metadata); loads the encoder."""
         return self._requested_meta(self.encoder)
