@@ -22,7 +22,7 @@ LAYERS = {
     "esqbe.backends": 7,
     "esqbe.query": 8,
     "esqbe.index": 9,
-    "esqbe.evaluation": 10, "esqbe.server": 10,
+    "esqbe.evaluation": 10, "esqbe.server": 10, "esqbe.distributed": 10,
     "esqbe.cli": 11,
     "esqbe": 12,
 }

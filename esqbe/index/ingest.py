@@ -351,20 +351,14 @@ class IngestMixin:
         report = EncodeReport(path=str(target))
         start = time.perf_counter()
         bar = Progress() if progress else None
-        with EncodedWriter(target, self._requested_meta(self.encoder)) as writer:
+        with EncodedWriter(target, self.encoded_meta()) as writer:
             for source in sources:
                 reader_report = ReadReport()
                 try:
                     papers = (p for p in read_papers(source, format, strict=strict, report=reader_report)
                               if shard_of(p.paper_id, n) == i)
-                    for batch in _batches(papers, max(1, int(self.settings.commit_every))):
-                        latest = list({p.paper_id: p for p in batch}.values())
-                        indexed, tagged = self._encode(latest, facets)
-                        writer.write(indexed)
-                        report.tagged += tagged
-                        report.encoded += len(indexed)
-                        if bar is not None:
-                            bar.update(len(batch))
+                    self.encode_into(writer, papers, facets=facets, report=report,
+                                     on_batch=bar.update if bar is not None else None)
                 finally:
                     report.read += reader_report.read
                     report.skipped.update(reader_report.skipped)
@@ -372,6 +366,29 @@ class IngestMixin:
         if bar is not None:
             bar.close()
         report.seconds = time.perf_counter() - start
+        return report
+
+    def encoded_meta(self) -> IndexMeta:
+        """The model identity this run's vectors carry (an encoded file's `esqbe` metadata); loads the encoder."""
+        return self._requested_meta(self.encoder)
+
+    def encode_into(self, writer, papers: Iterable[Paper], *, facets: str | None = None,
+                    report: EncodeReport | None = None, on_batch=None) -> EncodeReport:
+        """Encode papers (tagging them per `facets`) into `writer` (an `esqbe.ingest.encoded.EncodedWriter`
+        made with `encoded_meta()`), `commit_every` papers at a time (an id repeated within one: the last
+        wins). `esqbe encode` and the Ray workers (esqbe.distributed) both write through here."""
+        facets = facets or self.settings.facets
+        if facets not in FACET_MODES:
+            raise ParameterError(f"facets must be one of {', '.join(FACET_MODES)} (got {facets!r})")
+        report = report if report is not None else EncodeReport(path=str(writer.path))
+        for batch in _batches(papers, max(1, int(self.settings.commit_every))):
+            latest = list({p.paper_id: p for p in batch}.values())
+            indexed, tagged = self._encode(latest, facets)
+            writer.write(indexed)
+            report.tagged += tagged
+            report.encoded += len(indexed)
+            if on_batch is not None:
+                on_batch(len(batch))
         return report
 
 

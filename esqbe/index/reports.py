@@ -93,7 +93,10 @@ class EncodeReport:
     skipped: Counter = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: the files written, where a run writes more than one (`ray_encode`: `path` is then their directory)
+    files: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
-        return {"path": self.path, "read": self.read, "encoded": self.encoded, "tagged": self.tagged,
-                "skipped": dict(self.skipped), "errors": list(self.errors), "seconds": round(self.seconds, 2)}
+        out = {"path": self.path, "read": self.read, "encoded": self.encoded, "tagged": self.tagged,
+               "skipped": dict(self.skipped), "errors": list(self.errors), "seconds": round(self.seconds, 2)}
+        return out | ({"files": list(self.files)} if self.files else {})
