@@ -11,7 +11,7 @@ import click
 
 from .eval_cmds import eval_clscisumm_cmd, eval_csfcube_cmd
 from .index_cmds import attach_cmd, delete_cmd, encode_cmd, index_cmd, stats_cmd
-from .model_cmds import tag_cmd, train_tagger_cmd, train_words_cmd
+from .model_cmds import tag_cmd, train_encoder_cmd, train_tagger_cmd, train_words_cmd
 from .query_cmds import cite_cmd, query_cmd
 from .serve_cmd import serve_cmd
 
@@ -58,7 +58,7 @@ def eval_group():
 
 
 for _command in (index_cmd, encode_cmd, query_cmd, attach_cmd, serve_cmd, cite_cmd, delete_cmd, stats_cmd, tag_cmd,
-                 train_tagger_cmd, train_words_cmd):
+                 train_tagger_cmd, train_words_cmd, train_encoder_cmd):
     main.add_command(_command)
 main.add_command(eval_group)
 eval_group.add_command(eval_csfcube_cmd)
