@@ -160,24 +160,36 @@ def _batches(items: list, size: int, key: Callable, rng: random.Random) -> list[
 def train_encoder(citances_tar: str, out_dir: str, *, encoder_source: str, base_name: str, base_fingerprint: str | None,
                   cfg: TrainConfig | None = None, exclude: set[str] | None = None, log=print) -> dict:
     """Train a LoRA adapter on `citances_tar` (+ its Reference_XML pack) and write it to `out_dir`; returns a summary."""
-    import numpy as np
     import torch
-    from transformers import AutoModel, AutoTokenizer
 
     try:
-        from peft import LoraConfig, get_peft_model
+        import peft  # noqa: F401
     except ImportError:
         raise ParameterError("esqbe train-encoder needs peft: pip install 'esqbe[train]' (or pip install peft)") from None
     cfg = cfg or TrainConfig()
     if cfg.citances < cfg.batch or cfg.batch < 2:
         raise ParameterError(f"need at least 2 per batch and as many citances as a batch (got batch {cfg.batch}, "
                              f"citances {cfg.citances})")
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(cfg.threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        return _train(citances_tar, out_dir, cfg, exclude, encoder_source, base_name, base_fingerprint, log)
+    finally:  # the process's own settings back (a server or a test session goes on)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _train(citances_tar, out_dir, cfg: TrainConfig, exclude, encoder_source, base_name, base_fingerprint, log) -> dict:
+    import numpy as np
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModel, AutoTokenizer
+
     t0 = time.perf_counter()
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.threads)
-    torch.use_deterministic_algorithms(True)
     exclude = annotated_papers(citances_tar) if exclude is None else exclude
     papers, sentences = read_citations(citances_tar, exclude=exclude)
     rng = random.Random(cfg.seed)
