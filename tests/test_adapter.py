@@ -105,6 +105,14 @@ def test_adapter_moves_vectors_and_joins_the_model_identity(trained, encoder):
     info = model_info(None, str(trained[0]))  # known without loading: what an index checks against
     assert (info.name, info.fingerprint) == (adapted.name, adapted.fingerprint)
     assert model_info(None, "none").fingerprint == encoder.fingerprint
+    # the facet tagger reads hidden state 4 (the shipped tagger's input layer): the adapter leaves it bit for bit
+    import torch
+
+    enc = encoder.tokenizer(["We describe a part-of-speech tagger."], return_tensors="pt")
+    with torch.no_grad():
+        h_base = encoder.model(**enc, output_hidden_states=True).hidden_states
+        h_ad = adapted.model(**enc, output_hidden_states=True).hidden_states
+    assert torch.equal(h_base[4], h_ad[4]) and not torch.equal(h_base[6], h_ad[6])
 
 
 def test_index_built_with_an_adapter_refuses_the_bare_model(trained, tmp_path):
