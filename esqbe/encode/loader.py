@@ -36,7 +36,8 @@ class ModelSpec:
     def from_settings(cls, settings: Settings, model: str | None = None) -> ModelSpec:
         """The settings' model (or `model`), device, batch size and encoder backend."""
         return cls(model if model is not None else settings.model, settings.device, int(settings.batch_size),
-                   settings.encoder_backend, adapter=settings.adapter)
+                   settings.encoder_backend,
+                   adapter=None if str(settings.adapter or "none").lower() == "none" else settings.adapter)
 
     @classmethod
     def for_index(cls, settings: Settings, meta: IndexMeta | None) -> ModelSpec:
