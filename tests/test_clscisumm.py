@@ -397,3 +397,111 @@ def test_cite_shows_words_not_wordpieces_and_says_what_its_numbers_are(mini_inde
     out = CliRunner().invoke(main, base + ["--param", "method=bm25"], catch_exceptions=False).output
     assert "score: the sentence's BM25 score for the citing words; matched: the citing words it shares" in out
     assert "(1.00, w 0.00)" not in out
+
+
+# --- gold shapes the official script reads (issue 25): several annotators, NA rows, unparsable text ------------------
+
+
+def _official_scores(tmp_path, gold: dict[str, list[dict]], run_files: dict[str, list[dict]]) -> dict[str, str]:
+    """Run the organisers' own task1_eval.py (the Python 3 copy of 2020, which reads `<paper>.annv3.csv` run
+    files; same logic as 2018's) on these gold and run rows and return its scores.txt lines."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("bs4")
+    pytest.importorskip("lxml")
+    script = shared_path("data", "clscisumm", "evaluation-scripts", "2020-python3", "task1_eval.py")
+    ref, res, out = tmp_path / "in" / "ref" / "Task1", tmp_path / "in" / "res" / "Task1", tmp_path / "out"
+    for d in (ref, res, out):
+        d.mkdir(parents=True)
+    for name, rows in gold.items():
+        with open(ref / name, "w", newline="", encoding="utf-8") as fp:
+            w = csv.DictWriter(fp, CSV_HEADER + ["Annotator"], extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+    from esqbe.evaluation.clscisumm import write_official_csv
+
+    for pid, rows in run_files.items():
+        write_official_csv(res / f"{pid}.annv3.csv", rows)
+    subprocess.run([sys.executable, str(script), str(tmp_path / "in"), str(out)], check=True, capture_output=True)
+    return parse_scores_txt((out / "scores.txt").read_text())
+
+
+def _training_gold_shapes():
+    """Two training papers' real gold rows as three shapes: a second annotator who answers some citances
+    differently, skips some (NA) and has a citance the first annotator does not; rows whose Reference Text the
+    official parser rejects (no <S> element, an <S> without text, unclosed markup)."""
+    data = shared_path("data", "clscisumm")
+    split = load_split(data, "train")
+    gold = {name: rows for name, rows in split.gold_rows().items() if name.split("_")[0] in ("C90-2039", "J98-2005")}
+    assert len(gold) == 2
+    a = gold["C90-2039_ann.csv"]
+    second = []
+    for i, row in enumerate(a):
+        row = dict(row)
+        if i % 4 == 1:
+            row["Reference Offset"], row["Reference Text"] = "NA", "NA"
+        elif i % 4 == 2:
+            row["Reference Offset"] = "'5'"
+            row["Reference Text"] = f'<S sid ="5" ssid = "5">{split.papers["C90-2039"].text_of()["5"]}</S>'
+        second.append(row)
+    # only in the second annotator's file: a citance of a citing paper no other row names
+    extra = dict(a[0], **{"Citance Number": "99", "Citing Article": "Z99-9999", "Reference Offset": "'7'",
+                          "Reference Text": '<S sid ="7" ssid = "7">seven</S>'})
+    second.insert(3, extra)
+    gold["C90-2039_ann2.csv"] = second
+    j = [dict(r) for r in gold["J98-2005_ann.csv"]]
+    j[0]["Reference Text"] = "no sentence element here"
+    j[1]["Reference Text"] = '<S sid ="3" ssid = "3"></S>'
+    j[2]["Reference Text"] = '<S sid ="4" ssid = "4">open <i>markup</S>'
+    gold["J98-2005_ann.csv"] = j
+    return split, gold, extra
+
+
+def test_scoring_matches_the_official_script_on_training_gold_shapes(tmp_path):
+    """Several annotator files per paper (the run file answers every citance any of them names, so a citance
+    only the second annotator has is not a free false negative), NA rows, reference text the official parser
+    rejects: esqbe's figures equal those task1_eval.py prints for the same gold and the run files esqbe writes."""
+    from esqbe.evaluation.clscisumm_data import Split
+
+    split, gold, extra = _training_gold_shapes()
+    split = Split("train", split.citances, split.papers, None)
+    # a run answering each citance with its first annotator's ids (the first two), and the extra citance right
+    run = {}
+    for rows in gold.values():
+        for r in rows:
+            ids = [x.strip().strip("'") for x in r["Reference Offset"].split(",")]
+            run.setdefault((r["Reference Article"], r["Citance Number"]), [i for i in ids if i != "NA"] or ["1"])
+    submitted = run_csv_rows(split, run, 2, gold=gold)
+    ours = score_files(gold, submitted)
+    assert ("C90-2039", "99") in {(r["Reference Article"], r["Citance Number"]) for r in submitted["C90-2039"]}
+    official = _official_scores(tmp_path, gold, submitted)
+    mine = parse_scores_txt("\n".join(ours.lines()))
+    # the Python 3 copy prints repr-length floats, the 2018 script (and esqbe) Python 2's 12 digits
+    names = ["task1a_precision_micro_avg", "task1a_recall_micro_avg", "task1a_f1_micro_avg"]
+    names += [f"{name}_task1a_{m}" for name in gold for m in ("precision", "recall", "f1")]
+    for name in names:
+        assert mine[name] == py2_str(float(official[name])), name
+    assert ours.tp > 0 and ours.fp > 0 and ours.fn > 0
+
+
+def test_eval_clscisumm_without_gold_writes_the_run_and_says_so(mini_data, mini_index, words_dir, tmp_path):
+    """A user's own citances have no gold: the run is still written, and the command says it was not scored."""
+    import shutil
+
+    data = tmp_path / "data"
+    (data / "derived").mkdir(parents=True)
+    for kind in ("citances", "reference-sentences"):
+        shutil.copyfile(mini_data / "derived" / f"train-{kind}.jsonl", data / "derived" / f"mine-{kind}.jsonl")
+    out = tmp_path / "out"
+    base = ["eval", "clscisumm", "--data", str(data), "--index-path", str(mini_index), "--param", f"words={words_dir}"]
+    r = CliRunner().invoke(main, base + ["--out", str(out)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "mine: 5 citances ranked, not scored (no gold for this split)" in r.output
+    assert str(out / "mine.jsonl") in r.output
+    assert len((out / "mine.jsonl").read_text().splitlines()) == len(CITANCES)
+    # without --out the run still goes somewhere, and the message names where
+    r = CliRunner().invoke(main, base + ["--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    entry = json.loads(r.stdout)["splits"]["mine"]
+    assert entry["scores"] is None and entry["scored"] is False and Path(entry["run"]).is_file()

@@ -49,7 +49,8 @@ class Encoder:
     """A transformers model used as a sentence encoder (mean pooling, L2-normalised)."""
 
     def __init__(self, model: str | None = None, *, device: str | None = None, batch_size: int = 32,
-                 max_length: int | None = None, backend: str | None = None, cache_dir: str | None = None, offline: bool = False):
+                 max_length: int | None = None, backend: str | None = None, cache_dir: str | None = None, offline: bool = False,
+                 adapter: str | None = None):
         """Load `model` (see `resolve_model`). `offline`: never reach for a hub, even for a hub name. Loading
         leaves transformers' logging and progress bars as the host process set them (the CLI quiets them)."""
         import torch
@@ -67,6 +68,15 @@ class Encoder:
             self.model = AutoModel.from_pretrained(source, local_files_only=offline).to(self.device).eval()
         except OSError as e:
             raise ModelNotFoundError(f"cannot load model {model or DEFAULT_MODEL!r} from {source}: {e}") from e
+        self.adapter = None
+        if adapter is not None and str(adapter).lower() not in ("", "none"):
+            from .adapter import combined_fingerprint, merge_adapter, resolve_adapter
+
+            self.adapter = resolve_adapter(adapter)
+            if self.adapter is not None:  # merged into the weights: every runtime (and the ONNX cache key) sees it
+                merge_adapter(self.model, self.adapter)
+                self.name = f"{self.name}+{self.adapter.name}"
+                self.fingerprint = combined_fingerprint(self.fingerprint, self.adapter)
         if not getattr(self.tokenizer, "is_fast", False):
             raise ModelNotFoundError(f"model {self.name!r} has no fast tokenizer; esqbe needs token offsets")
         limit = getattr(self.model.config, "max_position_embeddings", 512)

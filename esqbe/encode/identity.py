@@ -97,8 +97,16 @@ class ModelInfo:
     dim: int | None  # hidden size from config.json
 
 
-def model_info(model: str | None) -> ModelInfo:
-    """Where `model` loads from and what identifies it (see `resolve_model`), without loading weights."""
+def model_info(model: str | None, adapter: str | None = None) -> ModelInfo:
+    """Where `model` loads from and what identifies it (see `resolve_model`), without loading weights; with an
+    `adapter` (esqbe.encode.adapter), its name joins the model's and its sha256 the fingerprint."""
+    if adapter is not None and str(adapter).lower() not in ("", "none"):
+        from .adapter import combined_fingerprint, resolve_adapter
+
+        base, info = model_info(model), resolve_adapter(adapter)
+        if info is not None:
+            return ModelInfo(base.source, f"{base.name}+{info.name}", base.location,
+                             combined_fingerprint(base.fingerprint, info), base.dim)
     model = model or DEFAULT_MODEL
     source, name = resolve_model(model)
     directory = Path(source) if Path(source).is_dir() else None

@@ -30,12 +30,14 @@ class ModelSpec:
     backend: str | None = None  # torch | torch-int8 | onnx | onnx-int8 | auto; None: torch
     cache_dir: str | None = None  # where ONNX exports are kept; None: $ESQBE_CACHE_DIR, else ~/.cache/esqbe
     offline: bool = False  # True: never reach for a hub, even for a hub name (local directories never do)
+    adapter: str | None = None  # an encoder adapter merged at load (esqbe.encode.adapter); None / "none": none
 
     @classmethod
     def from_settings(cls, settings: Settings, model: str | None = None) -> ModelSpec:
         """The settings' model (or `model`), device, batch size and encoder backend."""
         return cls(model if model is not None else settings.model, settings.device, int(settings.batch_size),
-                   settings.encoder_backend)
+                   settings.encoder_backend,
+                   adapter=None if str(settings.adapter or "none").lower() == "none" else settings.adapter)
 
     @classmethod
     def for_index(cls, settings: Settings, meta: IndexMeta | None) -> ModelSpec:
@@ -61,14 +63,16 @@ def load_encoder(spec: ModelSpec, *, shared: bool = True) -> Encoder:
     threads at once)."""
     if not shared:
         return Encoder.load(spec.model, device=spec.device, batch_size=spec.batch_size, backend=spec.backend,
-                            cache_dir=spec.cache_dir, offline=spec.offline)
+                            cache_dir=spec.cache_dir, offline=spec.offline,
+                            adapter=spec.adapter)
     encoder = _ENCODERS.get(spec)
     if encoder is None:
         with _LOCK:  # two threads asking at once load it once
             encoder = _ENCODERS.get(spec)
             if encoder is None:
                 encoder = Encoder.load(spec.model, device=spec.device, batch_size=spec.batch_size, backend=spec.backend,
-                                       cache_dir=spec.cache_dir, offline=spec.offline)
+                                       cache_dir=spec.cache_dir, offline=spec.offline,
+                            adapter=spec.adapter)
                 _ENCODERS[spec] = encoder
     return encoder
 

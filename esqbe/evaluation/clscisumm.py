@@ -295,13 +295,31 @@ def score_files(gold: dict[str, list[dict]], submitted: Mapping[str, list[dict] 
                           (pf, pfm, rf, rfm, _f1(pf, rf), _f1(pfm, rfm)), citances_counted=counted)
 
 
-def run_csv_rows(split: Split, run: Run, k: int = DEFAULT_K) -> dict[str, list[dict]]:
-    """Paper id -> the run CSV rows the scorer writes for it (every paper of the gold gets a file)."""
-    gold = split.gold_rows()
-    templates: dict[str, list[dict]] = {}
-    for name, rows in gold.items():
-        templates.setdefault(name.split("_")[0], rows)
-    return {pid: run_rows(split.papers.get(pid), rows, run, k) for pid, rows in templates.items()}
+def run_csv_rows(split: Split, run: Run, k: int = DEFAULT_K, gold: dict[str, list[dict]] | None = None) -> dict[str, list[dict]]:
+    """Paper id -> the run CSV rows the scorer writes for it (every paper of the gold gets a file);
+    `gold`: gold file name -> rows (default: the split's gold files)."""
+    gold = split.gold_rows() if gold is None else gold
+    return {pid: run_rows(split.papers.get(pid), rows, run, k) for pid, rows in run_templates(split, gold).items()}
+
+
+def run_templates(split: Split, gold: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Paper id -> the rows its run file answers: every citance that any of the paper's gold files (annotators)
+    names, once, in the split's citance order (the task file's; citances the split does not list follow in gold
+    order). With one template per paper taken from its first annotator, a citance only another annotator has
+    would get no run row and cost that annotator a false negative the official setup (one run row per task
+    citance) does not have."""
+    order = {(c.reference, c.citance): i for i, c in enumerate(split.citances)}
+    templates: dict[str, dict[tuple, dict]] = {}
+    for name in sorted(gold):
+        rows = templates.setdefault(name.split("_")[0], {})
+        for row in gold[name]:
+            key = (normalize_paper_id(row["Reference Article"]), str(row.get("Citance Number", "")).strip())
+            rows.setdefault(key, row)
+    out = {}
+    for pid, rows in templates.items():
+        ranked = sorted(enumerate(rows), key=lambda ik: (order.get(ik[1], len(order)), ik[0]))
+        out[pid] = [rows[key] for _i, key in ranked]
+    return out
 
 
 def score_run(split: Split, run: Run, k: int = DEFAULT_K, *, csv_dir: str | Path | None = None) -> OfficialScores:
@@ -485,10 +503,14 @@ def evaluate_clscisumm(data_dir: str | Path, settings, options, *, k: int = DEFA
                 for c, res in zip(cits, ranked):
                     run.setdefault((c.reference, c.citance), [h.sentence_id for h in res.hits])
             t2 = time.perf_counter()
-            entry: dict = {"citances": len(split.citances), "papers": len(split.papers), "scores": None}
-            if out:
-                write_run(Path(out) / f"{name}.jsonl", run)
-                entry["run"] = str(Path(out) / f"{name}.jsonl")
+            entry: dict = {"citances": len(split.citances), "papers": len(split.papers), "scores": None,
+                           "scored": split.gold_dir is not None}
+            # a split without gold (a user's own citances) is not scored: its run is the result, so it is written
+            # even without OUT (next to the index)
+            run_dir = Path(out) if out else (Path(path + ".runs") if split.gold_dir is None else None)
+            if run_dir is not None:
+                write_run(run_dir / f"{name}.jsonl", run)
+                entry["run"] = str(run_dir / f"{name}.jsonl")
             if split.gold_dir is not None:
                 csv_dir = Path(out) / "official" / f"{name}-k{k}" if out else None
                 entry["scores"] = score_run(split, run, k, csv_dir=csv_dir).to_dict()
@@ -507,7 +529,7 @@ def format_result(result: ClScisummResult) -> str:
     for name, entry in result.splits.items():
         s = entry["scores"]
         if s is None:
-            lines.append(f"  {name}: {entry['citances']} citances ranked, no gold to score"
+            lines.append(f"  {name}: {entry['citances']} citances ranked, not scored (no gold for this split)"
                          + (f"; run in {entry['run']}" if entry.get("run") else ""))
             continue
         lines.append(f"  {name}: K={s['k']}  P {100 * s['precision']:.2f}  R {100 * s['recall']:.2f}  "

@@ -25,7 +25,7 @@ from .metrics import METRICS, aggregate, evaluate_run, write_trec_run
 #: the settings that change a ranking: a run's name and results are keyed by them
 RANKING_KEYS = ("encoder_mode", "candidate_facet", "fusion", "fusion_bm25_weight", "rescorer", "rescorer_params",
                 "final_bm25_weight", "rescore_depth", "knn_k", "bm25_k", "abstract_weight", "facet_settings", "facet_penalty",
-                "bm25_text", "query_facet_threshold", "vector_centering")
+                "bm25_text", "query_facet_threshold", "vector_centering", "prf_docs", "prf_weight")
 
 
 @dataclass
@@ -68,6 +68,10 @@ def config_name(settings: Settings, facets: str) -> str:
         parts.append(f"labels-{facets}")
     if d.get("tagger"):
         parts.append(f"tagger-{_tagger_name(settings)}")
+    if d["prf_docs"]:
+        parts.append(f"prf{d['prf_docs']}w{d['prf_weight']:g}")
+    if d.get("adapter"):
+        parts.append(f"adapter-{_adapter_name(settings)}")
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(str(p) for p in parts))
 
 
@@ -85,7 +89,15 @@ def ranking_config(settings: Settings, facets: str) -> dict:
     d["labels"] = facets
     if facets == "predict" and settings.tagger:  # another tagger's labels: another ranking
         d["tagger"] = str(settings.tagger)
+    if _adapter_name(settings):  # another encoder: another ranking
+        d["adapter"] = str(settings.adapter)
     return d
+
+
+def _adapter_name(settings: Settings) -> str:
+    """The adapter's short name for paths and config names ("" without one)."""
+    adapter = str(getattr(settings, "adapter", None) or "none")
+    return "" if adapter.lower() == "none" else re.sub(r"[^A-Za-z0-9._-]+", "_", Path(adapter).name)
 
 
 def _tagger_name(settings: Settings) -> str:
@@ -98,6 +110,8 @@ def default_index_path(settings: Settings, facets: str) -> str:
     path = f"csfcube-{model}-{settings.encoder_mode}-{'given' if facets == 'keep' else facets}"
     if facets == "predict" and settings.tagger:
         path += f"-tagger-{_tagger_name(settings)}"
+    if _adapter_name(settings):
+        path += f"-adapter-{_adapter_name(settings)}"
     backend = _encoder_backend(settings)
     return str(Path(".esqbe-eval") / (path if backend == "torch" else f"{path}-{backend}"))
 

@@ -91,7 +91,7 @@ class Index(IngestMixin):
             return  # the index's own model (loaded only if needed: `encoder` fails clearly if it is gone)
         from ..encode.identity import model_info
 
-        info = model_info(self.settings.model)
+        info = model_info(self.settings.model, self.settings.adapter)
         meta.check(IndexMeta(info.name, info.dim or meta.dim, mode, info.fingerprint))
 
     @property

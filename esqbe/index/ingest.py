@@ -97,7 +97,7 @@ class IngestMixin:
 
         self.check_model()
         if self.settings.model:
-            model_info(self.settings.model)
+            model_info(self.settings.model, self.settings.adapter)
         _pick_device(self.settings.device)
 
     def _ensure_index(self) -> None:
@@ -296,7 +296,7 @@ class IngestMixin:
         if self.settings.model is not None:  # the model named in the settings must be the file's (by fingerprint)
             from ..encode.identity import model_info
 
-            info = model_info(self.settings.model)
+            info = model_info(self.settings.model, self.settings.adapter)
             IndexMeta(info.name, info.dim or meta.dim, self.settings.encoder_mode, info.fingerprint).check(meta)
         stored = self._stored_meta()
         if stored is not None:

@@ -457,6 +457,12 @@ def _run_query(backend: Backend, query: IndexedPaper, indices: list[int], settin
             views = [(IndexedPaper(v.paper, directions.apply(v.vectors)), keep) for v, keep in views]
         batch = CandidateBatch.from_papers([v for v, _ in views], bias=bias)
         result = rescorer(QueryBatch(q_rescore, q_sentences), batch)
+        if settings.prf_docs and settings.prf_weight:  # Rocchio feedback from the first ranking's top papers
+            from .prf import feedback_queries
+
+            q_rescore = feedback_queries(q_rescore, batch, np.asarray(result.scores, dtype=np.float64),
+                                         docs=int(settings.prf_docs), weight=float(settings.prf_weight))
+            result = rescorer(QueryBatch(q_rescore, q_sentences), batch)
         scores = np.asarray(result.scores, dtype=np.float64)
         finite = np.isfinite(scores)
         similarity = np.where(finite, scores, np.nan)

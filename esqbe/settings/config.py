@@ -69,6 +69,9 @@ class Settings:
     #: per query facet, settings that replace the ones above for queries of that facet, e.g.
     #: {"background": {"abstract_weight": 0.3}, "method": {"rescorer": "asym"}} (see esqbe.query.search.FACET_SETTING_KEYS)
     facet_settings: dict = field(default_factory=dict)
+    adapter: str = "none"  # encoder adapter: none | a shipped name (esqbe/data/adapters/) | a local directory
+    prf_docs: int = 0  # pseudo-relevance feedback: top papers the query sentences move toward; 0 = off
+    prf_weight: float = 0.5  # with prf_docs: q' = normalise(q + prf_weight x centroid)
 
     def replace(self, _source: str | None = None, **changes) -> Settings:
         """A copy with `changes` (None = not given) coerced and validated; `_source` (a config file,

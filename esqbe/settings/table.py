@@ -154,6 +154,15 @@ SETTINGS: tuple[Setting, ...] = (
             choices=CENTRING_MODES, flag="--vector-centering", http="vector_centering", commands=_RANK),
     Setting("facet_settings", dict, {}, "Per query facet, settings that replace the ones above for queries of that "
             "facet, e.g. {background: {abstract_weight: 0.3}} (esqbe.query.search.FACET_SETTING_KEYS)."),
+    Setting("adapter", str, "none", "Encoder adapter merged into the model's weights at load (part of the index's model "
+            "identity): none, the name of one shipped in esqbe/data/adapters/, or a local directory from "
+            "`esqbe train-encoder --out` (never a URL).", env="ESQBE_ADAPTER", flag="--adapter",
+            commands=_MODEL - {"tag", "train-tagger"}, group="encoding"),
+    Setting("prf_docs", int, 0, "Pseudo-relevance feedback (Rocchio, esqbe/query/prf.py): move each query sentence "
+            "toward its best-matching sentences in the rescorer's top N papers and rescore; 0 = off.", low=0, high=20,
+            flag="--prf-docs", commands=_RANK),
+    Setting("prf_weight", float, 0.5, "With prf_docs: how far the query sentences move (q + w x centroid, normalised).",
+            low=0.0, high=1.0, flag="--prf-weight", commands=_RANK),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

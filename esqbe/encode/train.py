@@ -1,0 +1,245 @@
+"""`esqbe train-encoder`: a LoRA adapter for the contextual sentence encoder, trained on citation contexts.
+
+Two objectives, both with in-batch negatives (the other papers of a batch) and hard negatives (the cited paper's
+other abstract sentences), on sentence vectors made as esqbe makes them (`title [SEP] abstract` encoded once,
+each sentence the mean of its tokens; the citing sentence encoded alone):
+
+* **textual guidance** (after Aspire): a citing sentence should match its cited paper's abstract sentences. Where
+  the corpus's automatic span names abstract sentences, those are the target among the abstract's sentences
+  (noisy labels); the citing sentence's score for a paper is its best sentence (max-sim), contrasted over the
+  batch's papers;
+* **co-citation**: two papers cited in one sentence are alike in what the sentence says of them: each paper's
+  sentence closest to the citing sentence (picked under the current model, no gradient) should match the other
+  paper's, contrasted with the batch's other co-cited pairs.
+
+LoRA (r, alpha) goes into the top `layers` transformer layers only: the facet tagger reads the encoder's lower
+hidden states (layer `num_layers - 2` for the shipped tagger), which an adapter above them leaves unchanged.
+Deterministic on CPU for a seed and a thread count (`torch.use_deterministic_algorithms`)."""
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..errors import ParameterError
+from .adapter import META_FILE
+from .citations import CitedPaper, CitingSentence, annotated_papers, co_citations, read_citations
+
+#: the pack the shipped adapter was trained on (relative to a checkout)
+DEFAULT_CITANCES = "../shared/data/clscisumm/Training-Set-2019/Task1/From-ScisummNet-2019.citances.tar.gz"
+
+
+@dataclass
+class TrainConfig:
+    citances: int = 1000  # citing sentences sampled (seeded) from the pack
+    batch: int = 16  # papers per batch (in-batch negatives)
+    cocite_every: int = 4  # one co-citation batch after every N textual-guidance batches
+    lr: float = 2e-4
+    r: int = 8
+    alpha: int = 16
+    layers: int = 2  # LoRA in the top N layers only
+    max_tokens: int = 256  # abstract window (title + abstract)
+    max_citance_tokens: int = 64
+    temperature: float = 0.05
+    seed: int = 0
+    threads: int = 2
+
+
+def _targets(model, layers: int) -> list[str]:
+    n = int(model.config.num_hidden_layers)
+    names = []
+    for name, module in model.named_modules():
+        parts = name.split(".")
+        if module.__class__.__name__ == "Linear" and "layer" in parts:
+            idx = int(parts[parts.index("layer") + 1])
+            if idx >= n - layers:
+                names.append(name)
+    return names
+
+
+class _Pooler:
+    """Sentence vectors with gradients, the way `Encoder.contextual_sentence_vectors` pools them."""
+
+    def __init__(self, model, tokenizer, cfg: TrainConfig):
+        import torch
+
+        self.model, self.tok, self.cfg, self.torch = model, tokenizer, cfg, torch
+
+    def papers(self, papers: list[CitedPaper]):
+        """Per paper: (n_sentences, d) normalised vectors of its abstract sentences (those inside the window)."""
+        import numpy as np
+
+        torch = self.torch
+        bodies, starts = [], []
+        for p in papers:
+            st = np.cumsum([0] + [len(s) + 1 for s in p.sentences[:-1]])
+            bodies.append(" ".join(p.sentences))
+            starts.append(st)
+        enc = self.tok([p.title for p in papers], bodies, padding=True, truncation="only_second",
+                       max_length=self.cfg.max_tokens, return_offsets_mapping=True, return_tensors="pt")
+        offsets = enc.pop("offset_mapping")
+        hidden = self.model(**enc).last_hidden_state
+        out = []
+        for i in range(len(papers)):
+            seq = torch.tensor([s == 1 for s in enc.sequence_ids(i)])
+            sent = torch.from_numpy(np.searchsorted(starts[i], offsets[i, :, 0].numpy(), side="right") - 1).long()
+            owner = torch.where(seq, sent, torch.full_like(sent, -1))
+            n = int(owner.max().item()) + 1 if bool((owner >= 0).any()) else 0
+            onehot = (owner.unsqueeze(0) == torch.arange(max(n, 1)).unsqueeze(1)).float()  # (n, T)
+            pooled = onehot @ hidden[i] / onehot.sum(1, keepdim=True).clamp(min=1)
+            out.append(torch.nn.functional.normalize(pooled[:n], dim=-1))
+        return out
+
+    def texts(self, texts: list[str]):
+        torch = self.torch
+        enc = self.tok(texts, padding=True, truncation=True, max_length=self.cfg.max_citance_tokens, return_tensors="pt")
+        hidden = self.model(**enc).last_hidden_state
+        mask = enc["attention_mask"].unsqueeze(-1).float()
+        return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1).clamp(min=1), dim=-1)
+
+
+def _guidance_loss(pool: _Pooler, batch: list[tuple[CitingSentence, CitedPaper]], t: float):
+    torch = pool.torch
+    cit = pool.texts([c.text for c, _ in batch])  # (B, d)
+    sents = pool.papers([p for _, p in batch])
+    scores = torch.stack([torch.stack([(s @ cit[i]).max() if len(s) else cit[i].sum() * 0 for s in sents])
+                          for i in range(len(batch))])  # (B, B): citance i vs paper j, max-sim
+    labels = torch.arange(len(batch))
+    loss = torch.nn.functional.cross_entropy(scores / t, labels)
+    hard = []  # labelled sentence vs the abstract's other sentences
+    for i, (c, p) in enumerate(batch):
+        idx = [k for k, sid in enumerate(p.sids[: len(sents[i])]) if sid in c.span_sids]
+        if idx and len(sents[i]) > 1:
+            logits = (sents[i] @ cit[i]) / t
+            hard.append(torch.logsumexp(logits, 0) - torch.logsumexp(logits[idx], 0))
+    if hard:
+        loss = loss + torch.stack(hard).mean()
+    return loss
+
+
+def _cocite_loss(pool: _Pooler, batch: list[tuple[str, CitedPaper, CitedPaper]], t: float):
+    torch = pool.torch
+    cit = pool.texts([text for text, _, _ in batch])
+    left = pool.papers([a for _, a, _ in batch])
+    right = pool.papers([b for _, _, b in batch])
+    va, vb = [], []
+    for i in range(len(batch)):
+        with torch.no_grad():
+            ka, kb = int((left[i] @ cit[i]).argmax()), int((right[i] @ cit[i]).argmax())
+        va.append(left[i][ka])
+        vb.append(right[i][kb])
+    sims = torch.stack(va) @ torch.stack(vb).T / t
+    labels = torch.arange(len(batch))
+    return (torch.nn.functional.cross_entropy(sims, labels) + torch.nn.functional.cross_entropy(sims.T, labels)) / 2
+
+
+def _batches(items: list, size: int, key: Callable, rng: random.Random) -> list[list]:
+    """Batches of `size` items with distinct keys (so in-batch negatives are other papers), in a seeded order."""
+    items = list(items)
+    rng.shuffle(items)
+    out: list[list] = []
+    pending: list = []
+    for item in items:
+        placed = False
+        for b in pending:
+            if len(b) < size and all(key(item) != key(x) for x in b):
+                b.append(item)
+                placed = True
+                break
+        if not placed:
+            pending.append([item])
+        full = [b for b in pending if len(b) == size]
+        out += full
+        pending = [b for b in pending if len(b) < size]
+    return out + [b for b in pending if len(b) >= 2]
+
+
+def train_encoder(citances_tar: str, out_dir: str, *, encoder_source: str, base_name: str, base_fingerprint: str | None,
+                  cfg: TrainConfig | None = None, exclude: set[str] | None = None, log=print) -> dict:
+    """Train a LoRA adapter on `citances_tar` (+ its Reference_XML pack) and write it to `out_dir`; returns a summary."""
+    import torch
+
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise ParameterError("esqbe train-encoder needs peft: pip install 'esqbe[train]' (or pip install peft)") from None
+    cfg = cfg or TrainConfig()
+    if cfg.citances < cfg.batch or cfg.batch < 2:
+        raise ParameterError(f"need at least 2 per batch and as many citances as a batch (got batch {cfg.batch}, "
+                             f"citances {cfg.citances})")
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(cfg.threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        return _train(citances_tar, out_dir, cfg, exclude, encoder_source, base_name, base_fingerprint, log)
+    finally:  # the process's own settings back (a server or a test session goes on)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _train(citances_tar, out_dir, cfg: TrainConfig, exclude, encoder_source, base_name, base_fingerprint, log) -> dict:
+    import numpy as np
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModel, AutoTokenizer
+
+    t0 = time.perf_counter()
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    exclude = annotated_papers(citances_tar) if exclude is None else exclude
+    papers, sentences = read_citations(citances_tar, exclude=exclude)
+    rng = random.Random(cfg.seed)
+    sample = sorted(rng.sample(range(len(sentences)), min(cfg.citances, len(sentences))))
+    guided = [(sentences[i], papers[sentences[i].cited]) for i in sample]
+    pairs = [(text, papers[a], papers[b]) for text, cited in co_citations(sentences)
+             for a, b in zip(cited, cited[1:])]
+    log(f"{len(papers)} cited papers with abstracts, {len(sentences)} citing sentences ({len(guided)} sampled, "
+        f"{sum(1 for c, _ in guided if c.span_sids)} with an automatic span), {len(pairs)} co-cited pairs")
+    tok = AutoTokenizer.from_pretrained(encoder_source, local_files_only=True)
+    model = AutoModel.from_pretrained(encoder_source, local_files_only=True)
+    targets = _targets(model, cfg.layers)
+    model = get_peft_model(model, LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=0.0, target_modules=targets,
+                                             bias="none"))
+    model.train()
+    pool = _Pooler(model, tok, cfg)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+    gb = _batches(guided, cfg.batch, lambda x: x[1].paper_id, rng)
+    cb = _batches(pairs, cfg.batch, lambda x: (x[1].paper_id, x[2].paper_id), rng) if cfg.cocite_every else []
+    plan: list[tuple[str, list]] = []
+    ci = 0
+    for i, b in enumerate(gb, 1):
+        plan.append(("guide", b))
+        if cfg.cocite_every and i % cfg.cocite_every == 0 and cb:
+            plan.append(("cocite", cb[ci % len(cb)]))
+            ci += 1
+    total = len(plan)
+    warmup = max(1, total // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, (total - s) / total))
+    losses: dict[str, list[float]] = {"guide": [], "cocite": []}
+    for step, (kind, batch) in enumerate(plan, 1):
+        loss = _guidance_loss(pool, batch, cfg.temperature) if kind == "guide" else _cocite_loss(pool, batch, cfg.temperature)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses[kind].append(loss.item())
+        if step % 20 == 0 or step == total:
+            g = losses["guide"][-20:]
+            log(f"step {step}/{total}: guidance loss {sum(g) / max(1, len(g)):.3f}, {time.perf_counter() - t0:.0f} s")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    summary = {"base_model": base_name, "excluded_papers": len(exclude), "base_fingerprint": base_fingerprint,
+               "config": asdict(cfg),
+               "cited_papers": len(papers), "citing_sentences": len(sentences), "steps": total,
+               "co_cited_pairs": len(pairs), "first_guidance_loss": losses["guide"][:1],
+               "last_guidance_loss": sum(losses["guide"][-20:]) / max(1, len(losses["guide"][-20:])),
+               "seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__}
+    for junk in ("README.md",):
+        (out / junk).unlink(missing_ok=True)
+    (out / META_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+    return summary

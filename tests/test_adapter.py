@@ -1,0 +1,161 @@
+"""Encoder adapters (issue 25): `esqbe train-encoder` on a miniature citation pack (seeded: the same weights twice),
+the adapter merged at load with plain torch (vectors move, the model's identity carries it), an index built with
+one refuses the bare model, and the `adapter` setting never loads from a URL."""
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+from esqbe.domain import Paper
+
+PAPERS = {
+    "P1": ("Statistical machine translation with phrases", [
+        "We present a phrase-based translation model.", "Phrases are extracted from word alignments.",
+        "The model improves BLEU over word-based systems."]),
+    "P2": ("A maximum entropy tagger", [
+        "We describe a part-of-speech tagger.", "It uses maximum entropy features of the context.",
+        "Accuracy reaches 96 percent on the Penn Treebank."]),
+    "P3": ("Unsupervised word sense disambiguation", [
+        "Word senses are induced from co-occurrence graphs.", "No annotated data is needed.",
+        "The method rivals supervised systems on Senseval."]),
+    "P4": ("Parsing with probabilistic grammars", [
+        "We train a lexicalised probabilistic context-free grammar.", "Head words condition the rule probabilities.",
+        "The parser reaches 88 percent labelled F-measure."]),
+}
+CITING = {
+    "P1": ["phrase-based models extract phrases from alignments (Koehn, 2003)", "translation quality in BLEU improved"],
+    "P2": ["a maximum entropy tagger with context features (Ratnaparkhi, 1996)", "taggers reach 96 percent accuracy"],
+    "P3": ["senses induced from co-occurrence graphs without annotated data", "unsupervised disambiguation of senses"],
+    "P4": ["lexicalised PCFG parsing with head words (Collins, 1997)", "parsers conditioned on head words"],
+}
+
+
+def _pack(tmp: Path) -> Path:
+    """The two packs of the real layout: <paper>/Reference_XML/<paper>.xml and <paper>/citing_sentences.json +
+    <paper>/annotation/<paper>.ann.txt; one sentence co-cites P2 and P4."""
+    def add(tar, name, text):
+        data = text.encode()
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+    ref, cit = tmp / "pack.Reference_XML.tar.gz", tmp / "pack.citances.tar.gz"
+    with tarfile.open(ref, "w:gz") as tar:
+        for pid, (title, sents) in PAPERS.items():
+            body = "".join(f'<S sid="{i + 1}" ssid="{i + 1}">{s}</S>' for i, s in enumerate(sents))
+            add(tar, f"From-ScisummNet-2019/{pid}/Reference_XML/{pid}.xml",
+                f'<PAPER><S sid="0">{title}</S><ABSTRACT>{body}</ABSTRACT></PAPER>')
+    with tarfile.open(cit, "w:gz") as tar:
+        for pid, texts in CITING.items():
+            rows = [{"citance_No": i + 1, "citing_paper_id": f"X{i}", "clean_text": t} for i, t in enumerate(texts)]
+            if pid in ("P2", "P4"):
+                rows.append({"citance_No": 9, "citing_paper_id": "Z1", "clean_text": "taggers and parsers (R, 1996; C, 1997)"})
+            add(tar, f"From-ScisummNet-2019/{pid}/citing_sentences.json", json.dumps(rows))
+            add(tar, f"From-ScisummNet-2019/{pid}/annotation/{pid}.ann.txt",
+                "Citance Number: 1 | Reference Article: x | Reference Offset: ['2'] | Annotator: Automatic\n")
+    return cit
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("adapter")
+    pack = _pack(tmp)
+    outs = []
+    for name in ("a", "b"):
+        r = CliRunner().invoke(main, ["train-encoder", "--citances", str(pack), "--out", str(tmp / name), "--sample", "8",
+                                      "--batch", "4", "--threads", "1"], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        outs.append(tmp / name)
+    return outs
+
+
+def test_train_encoder_is_seeded_and_small(trained):
+    from safetensors.torch import load_file
+
+    a, b = (load_file(str(d / "adapter_model.safetensors")) for d in trained)
+    assert a.keys() == b.keys() and len(a) > 0
+    assert all(bool((a[k] == b[k]).all()) for k in a)  # same seed, same threads: the same weights
+    assert any(float(a[k].abs().sum()) > 0 for k in a if "lora_B" in k)  # it learned something
+    assert (trained[0] / "adapter_model.safetensors").stat().st_size < 1_000_000
+    meta = json.loads((trained[0] / "esqbe-adapter.json").read_text())
+    assert meta["co_cited_pairs"] == 1 and meta["cited_papers"] == 4
+    # LoRA only above the tagger's input layer: the lower layers (and the tagger's inputs) stay the model's
+    layers = {int(k.split("layer.")[1].split(".")[0]) for k in a}
+    assert layers == {4, 5}
+
+
+def test_adapter_moves_vectors_and_joins_the_model_identity(trained, encoder):
+    from esqbe.encode.encoder import Encoder
+    from esqbe.encode.identity import model_info
+
+    adapted = Encoder.load(batch_size=16, adapter=str(trained[0]))
+    paper = Paper("q", "A maximum entropy tagger", ["We describe a part-of-speech tagger.", "Accuracy is high."],
+                  ["background", "result"], {})
+    base_v = encoder.contextual_sentence_vectors([paper])[0]
+    ad_v, = adapted.contextual_sentence_vectors([paper])
+    assert not np.allclose(base_v, ad_v, atol=1e-4)
+    assert adapted.name == f"{encoder.name}+a" and adapted.fingerprint != encoder.fingerprint
+    info = model_info(None, str(trained[0]))  # known without loading: what an index checks against
+    assert (info.name, info.fingerprint) == (adapted.name, adapted.fingerprint)
+    assert model_info(None, "none").fingerprint == encoder.fingerprint
+    # the facet tagger reads hidden state 4 (the shipped tagger's input layer): the adapter leaves it bit for bit
+    import torch
+
+    enc = encoder.tokenizer(["We describe a part-of-speech tagger."], return_tensors="pt")
+    with torch.no_grad():
+        h_base = encoder.model(**enc, output_hidden_states=True).hidden_states
+        h_ad = adapted.model(**enc, output_hidden_states=True).hidden_states
+    assert torch.equal(h_base[4], h_ad[4]) and not torch.equal(h_base[6], h_ad[6])
+
+
+def test_index_built_with_an_adapter_refuses_the_bare_model(trained, tmp_path):
+    import esqbe
+    from esqbe.settings.config import Settings
+
+    path = str(tmp_path / "index")
+    src = tmp_path / "papers.jsonl"
+    src.write_text(json.dumps({"paper_id": "p1", "title": "T", "abstract": ["One sentence.", "Another one."]}) + "\n")
+    with esqbe.open_index(path, settings=Settings(path=path, adapter=str(trained[0]))) as index:
+        index.index_files([str(src)])
+    r = CliRunner().invoke(main, ["query", "--path", path, "--text", "One sentence. Another one."])
+    assert r.exit_code != 0 and "+a" in r.output, r.output  # the index names the adapted model it was built with
+    r = CliRunner().invoke(main, ["query", "--path", path, "--text", "One sentence. Another one.", "--adapter", str(trained[0])])
+    assert r.exit_code == 0, r.output
+
+
+def test_adapter_setting_is_checked(tmp_path):
+    from esqbe.encode.adapter import AdapterError, resolve_adapter
+
+    with pytest.raises(AdapterError, match="never a URL"):
+        resolve_adapter("https://example.org/adapter")
+    with pytest.raises(AdapterError, match="neither a shipped adapter"):
+        resolve_adapter(str(tmp_path / "nope"))
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "adapter_config.json").write_text("{}")
+    with pytest.raises(AdapterError, match="missing adapter_model.safetensors"):
+        resolve_adapter(str(tmp_path / "half"))
+    assert resolve_adapter("none") is None and resolve_adapter(None) is None
+
+
+def test_onnx_runtime_exports_the_merged_weights(trained, tmp_path):
+    """The ONNX cache is keyed by the merged weights and exported from them: ONNX vectors with an adapter are the
+    torch ones with it (not the base model's, which a fresh load of the model's files would give)."""
+    pytest.importorskip("onnxruntime")
+    from esqbe.encode.encoder import Encoder
+
+    paper = Paper("q", "A maximum entropy tagger", ["We describe a part-of-speech tagger.", "Accuracy is high."],
+                  ["background", "result"], {})
+    torch_v, = Encoder.load(batch_size=4, adapter=str(trained[0])).contextual_sentence_vectors([paper])
+    onnx_v, = Encoder.load(batch_size=4, adapter=str(trained[0]), backend="onnx",
+                           cache_dir=str(tmp_path)).contextual_sentence_vectors([paper])
+    base_v, = Encoder.load(batch_size=4, backend="onnx", cache_dir=str(tmp_path)).contextual_sentence_vectors([paper])
+    assert np.allclose(torch_v, onnx_v, atol=1e-4)
+    assert not np.allclose(base_v, onnx_v, atol=1e-4)
+    assert len(list((tmp_path / "onnx").iterdir())) == 2  # two cache entries: the adapter changed the key
