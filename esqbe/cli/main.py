@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from .check_cmds import check_group
 from .eval_cmds import eval_clscisumm_cmd, eval_csfcube_cmd
 from .index_cmds import attach_cmd, delete_cmd, encode_cmd, index_cmd, stats_cmd
 from .model_cmds import tag_cmd, train_tagger_cmd, train_words_cmd
@@ -63,6 +64,7 @@ for _command in (index_cmd, encode_cmd, query_cmd, attach_cmd, serve_cmd, cite_c
 main.add_command(eval_group)
 eval_group.add_command(eval_csfcube_cmd)
 eval_group.add_command(eval_clscisumm_cmd)
+main.add_command(check_group)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,10 @@ class Settings:
     #: per query facet, settings that replace the ones above for queries of that facet, e.g.
     #: {"background": {"abstract_weight": 0.3}, "method": {"rescorer": "asym"}} (see esqbe.query.search.FACET_SETTING_KEYS)
     facet_settings: dict = field(default_factory=dict)
+    # the embedded index's ANN (None: the index's own) and the recall the writer calibrates it for (issue 23)
+    exact_threshold: int | None = None  # facets (and filtered queries) at most this many rows: exact search
+    nprobe: int | None = None  # IVF lists per query sentence, fixed; None = the calibrated value
+    knn_recall_target: float = 0.95  # recall@100 (papers) the IVF's nprobe / the engines' candidates are calibrated for
 
     def replace(self, _source: str | None = None, **changes) -> Settings:
         """A copy with `changes` (None = not given) coerced and validated; `_source` (a config file,
