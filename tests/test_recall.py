@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO, shared_path
 
-N_PAPERS = 400  # ~2,700 sentence rows: IVFs of 20-30 lists per facet; encoding stays ~1 min on 2 cores
+N_PAPERS = 250  # ~1,700 sentence rows: IVFs of 9-18 lists per facet; encoding stays under a minute on 2 cores
 QUERIES = 40
 EXACT_THRESHOLD = 100
 

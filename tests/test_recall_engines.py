@@ -10,10 +10,9 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from tests.fakes.engines import ENGINE_VERSIONS, assert_valid, make_papers, ready_backend  # noqa: E402
-
 from esqbe.backends.engines.mapping import FACET_PATHS  # noqa: E402
 from esqbe.index.recall import check_recall  # noqa: E402
+from tests.fakes.engines import ENGINE_VERSIONS, assert_valid, make_papers, ready_backend  # noqa: E402
 
 
 def _exact_from_body(body, by_path):

@@ -154,7 +154,7 @@ SETTINGS: tuple[Setting, ...] = (
     # the embedded index's ANN and the recall it is held at (issue 23; docs/performance.md)
     Setting("exact_threshold", int, None, "Embedded index: a facet with at most this many sentence rows, and a filtered "
             "query allowing at most this many, is searched exactly; above it an IVF answers (default: the index's own, "
-            "20000).", low=0, high=1_000_000_000, env="ESQBE_EXACT_THRESHOLD", flag="--exact-threshold",
+            "20000).", low=0, high=500_000, env="ESQBE_EXACT_THRESHOLD", flag="--exact-threshold",
             commands=frozenset({"index", "query", "serve", "check recall"}), group="indexing"),
     Setting("nprobe", int, None, "Embedded index: IVF lists searched per query sentence, fixed (default: the value "
             "calibrated for knn_recall_target when the IVF was built, else 32).", low=1, high=65_536,
