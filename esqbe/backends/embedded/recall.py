@@ -54,9 +54,10 @@ def exact_top_papers(st: _State, rows: np.ndarray, q: np.ndarray, k: int, own: n
         part = rows[lo:hi]
         lo = hi
         papers = np.asarray(st.pno[part]).astype(np.int64)
-        sims = np.asarray(st.vec[part], dtype=np.float32) @ q.T  # (rows, m)
+        # (m, rows): the per-paper maximum then runs along contiguous rows, ~4x faster than down columns
+        sims = q @ np.asarray(st.vec[part], dtype=np.float32).T
         first = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
-        best, pp = np.maximum.reduceat(sims, first, axis=0).T, papers[first]  # (m, P)
+        best, pp = np.maximum.reduceat(sims, first, axis=1), papers[first]  # (m, P)
         if own is not None:
             best[pp[None, :] == own[:, None]] = -np.inf
         kk = min(k, len(pp))
