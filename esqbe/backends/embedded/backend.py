@@ -256,6 +256,8 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         by_facet = {f: int(counts[c]) for f, c in _FACET_CODES.items() if counts[c]}
         size = _dir_size(self.path)
         params = self.knn_params()
+        if "nprobe" not in self._overrides and "nprobe" not in self._setting("knn_params", {}):
+            params.pop("nprobe")  # not fixed: each IVF's calibrated value (knn, knn_calibration) is what queries use
         knn, calibration = {}, {}
         for f, c in _FACET_CODES.items():
             entry = st.manifest.get(f)
