@@ -106,6 +106,8 @@ def calibrate_nprobe(st: _State, code: int, index, *, target: float, oversample:
 
     started = time.perf_counter()
     rows = facet_rows(st, code)
+    if len(rows) < 2:  # nothing to measure (every row retired, or one): every list, as exact as the IVF gets
+        return {"nprobe": int(index.nlist), "recall": 1.0, "target": target, "queries": 0, "seconds": 0.0}
     n_q = int(np.clip(_EXACT_BUDGET / max(1, len(rows) * st.dim), 32, queries))
     rng = np.random.default_rng(seed)
     picked = np.sort(rng.choice(len(rows), size=min(n_q, len(rows)), replace=False))
