@@ -92,6 +92,17 @@ class Backend(ABC):
         ids = sorted(self.paper_ids())
         return (sorted(random.Random(seed).sample(ids, n)) if len(ids) > n else ids), len(ids)
 
+    def exact_knn(self, vectors: np.ndarray, k: int, *, facet: str | None = None,
+                  exclude: frozenset[str] = frozenset()) -> dict[str, float]:
+        """The first stage's kNN computed exactly (every sentence of `facet` compared): per query sentence the k
+        papers with the best sentence, paper id -> mean over query sentences of that best cosine (0 where a
+        query sentence did not reach the paper among its k). The reference `esqbe check recall` measures against."""
+        raise BackendError(f"the {self.name} backend cannot search exactly")
+
+    def knn_setting(self, facet: str) -> str:
+        """What decides the kNN's recall for queries of `facet`, in words (e.g. `ivf nprobe 16 (calibrated)`)."""
+        return ""
+
     def token_counts(self) -> tuple[dict[str, int], int] | None:
         """Corpus token frequencies kept up to date on upsert/delete: (token -> count, total tokens),
         or None when the backend keeps none (rescorers then estimate from the candidates)."""

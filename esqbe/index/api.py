@@ -170,6 +170,16 @@ class Index(IngestMixin):
             stats["model_source"] = meta.model_source
         return stats
 
+    def check_recall(self, *, queries: int = 50, facet: str | None = None, seed: int = 0, k: int = 100):
+        """The first stage's kNN recall@10 / @k against exact search, measured on a seeded sample of this index's
+        own papers (esqbe.index.recall; `esqbe check recall`)."""
+        from .recall import check_recall
+
+        try:
+            return check_recall(self.backend, queries=queries, facet=facet, seed=seed, k=k)
+        except _STORAGE_ERRORS as e:
+            raise StorageError(f"cannot read the index at {self._where()}: {_reason(e, self.settings.path)}") from e
+
     # --- querying -------------------------------------------------------------------------------
     def query(self, paper_id: str | None = None, *, facet: str | None = None, sentences: Sequence[int] | None = None,
               text: str | Sequence[str] | None = None, title: str = "", restrict_to: Sequence[str] | None = None,

@@ -72,6 +72,10 @@ class Settings:
     adapter: str = "none"  # encoder adapter: none | a shipped name (esqbe/data/adapters/) | a local directory
     prf_docs: int = 0  # pseudo-relevance feedback: top papers the query sentences move toward; 0 = off
     prf_weight: float = 0.5  # with prf_docs: q' = normalise(q + prf_weight x centroid)
+    # the embedded index's ANN (None: the index's own) and the recall the writer calibrates it for (issue 23)
+    exact_threshold: int | None = None  # facets (and filtered queries) at most this many rows: exact search
+    nprobe: int | None = None  # IVF lists per query sentence, fixed; None = the calibrated value
+    knn_recall_target: float = 0.95  # recall@100 (papers) the IVF's nprobe / the engines' candidates are calibrated for
 
     def replace(self, _source: str | None = None, **changes) -> Settings:
         """A copy with `changes` (None = not given) coerced and validated; `_source` (a config file,

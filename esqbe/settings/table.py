@@ -64,7 +64,7 @@ class Setting:
         return self.choices() if callable(self.choices) else self.choices
 
 
-_OPEN = frozenset({"index", "attach", "delete", "stats", "query", "cite", "serve"})  # commands that open an index
+_OPEN = frozenset({"index", "attach", "delete", "stats", "query", "cite", "serve", "check recall"})  # commands that open an index
 _MODEL = frozenset({"index", "encode", "attach", "query", "cite", "serve", "eval csfcube", "eval clscisumm", "tag",
                     "train-tagger"})
 _ENCODE = _MODEL - {"cite", "tag", "train-tagger"}
@@ -163,6 +163,19 @@ SETTINGS: tuple[Setting, ...] = (
             flag="--prf-docs", commands=_RANK),
     Setting("prf_weight", float, 0.5, "With prf_docs: how far the query sentences move (q + w x centroid, normalised).",
             low=0.0, high=1.0, flag="--prf-weight", commands=_RANK),
+    # the embedded index's ANN and the recall it is held at (issue 23; docs/performance.md)
+    Setting("exact_threshold", int, None, "Embedded index: a facet with at most this many sentence rows, and a filtered "
+            "query allowing at most this many, is searched exactly; above it an IVF answers (default: the index's own, "
+            "20000).", low=0, high=500_000, env="ESQBE_EXACT_THRESHOLD", flag="--exact-threshold",
+            commands=frozenset({"index", "query", "serve", "check recall"}), group="indexing"),
+    Setting("nprobe", int, None, "Embedded index: IVF lists searched per query sentence, fixed (default: the value "
+            "calibrated for knn_recall_target when the IVF was built, else 32).", low=1, high=65_536,
+            env="ESQBE_NPROBE", flag="--nprobe", commands=frozenset({"query", "cite", "serve", "check recall"}),
+            group="indexing"),
+    Setting("knn_recall_target", float, 0.95, "kNN recall@100 (papers) the writer calibrates the ANN for when it "
+            "builds or merges it: the embedded IVF's nprobe, an engine's num_candidates / ef_search.", low=0.01,
+            high=1.0, env="ESQBE_KNN_RECALL_TARGET", flag="--knn-recall-target",
+            commands=frozenset({"index", "attach", "check recall"}), group="indexing"),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

@@ -16,6 +16,7 @@ import numpy as np
 from ...domain import FACET_LABELS
 from .host import EmbeddedHost
 from .layout import _FACET_CODES, _chunks, _State
+from .recall import calibrate_nprobe
 
 _POOL = None
 _ANN_POOL = None
@@ -23,7 +24,7 @@ _ANN_POOL = None
 
 class AnnMixin(EmbeddedHost):
     """ANN files and the reader's view (mixed into EmbeddedBackend). Uses the backend's `_acquire_write`, `_tx`,
-    `_bump_generation` (WriteLockMixin), `knn_params`, `meta`, `_setting`, `_set` and `_generation`."""
+    `_bump_generation` (WriteLockMixin), `knn_params`, `recall_target`, `meta`, `_setting`, `_set` and `_generation`."""
 
     def optimize(self, *, force: bool = False, progress=None) -> dict:
         """Fold each facet's delta into its ANN index when it is past `merge_threshold` rows (or `force`),
@@ -46,8 +47,15 @@ class AnnMixin(EmbeddedHost):
             retrain = entry is None or n_total >= 2 * entry["trained_on"]
             if progress:
                 progress(f"building the {label} ANN index ({n_total} sentence rows{', training' if retrain else ''})")
-            name, size, trained_on = self._build_ann(st, label, code, None if retrain else entry)
+            name, size, trained_on, index = self._build_ann(st, label, code, None if retrain else entry)
             manifest[label] = {"file": name, "rows": st.rows, "size": size, "trained_on": trained_on}
+            # the nprobe that holds the recall target on this IVF, measured on the facet's own rows (issue 23)
+            if progress:
+                progress(f"calibrating the {label} ANN index for recall@100 >= {self.recall_target}")
+            manifest[label]["calibration"] = calibrate_nprobe(st, code, index, target=self.recall_target,
+                                                              oversample=int(params["oversample"]))
+            manifest[label]["nprobe"] = manifest[label]["calibration"]["nprobe"]
+            del index
             with self._tx():
                 self._set("ann", manifest)
                 self._bump_generation()
@@ -56,7 +64,7 @@ class AnnMixin(EmbeddedHost):
             built[label] = manifest[label]
         return built
 
-    def _build_ann(self, st: _State, label: str, code: int, entry: dict | None) -> tuple[str, int, int]:
+    def _build_ann(self, st: _State, label: str, code: int, entry: dict | None) -> tuple[str, int, int, object]:
         import faiss
 
         dim = st.dim
@@ -87,7 +95,7 @@ class AnnMixin(EmbeddedHost):
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, self.path / "ann" / name)
-        return name, int(index.ntotal), trained_on
+        return name, int(index.ntotal), trained_on, index
 
     def _state(self, need_rows: int = 0) -> _State:
         """The reader's view, refreshed when the generation moved (one small SQLite read per call)."""

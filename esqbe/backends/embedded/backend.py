@@ -76,8 +76,10 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
     facet_text = True
 
     def __init__(self, path: str | os.PathLike, *, exact_threshold: int | None = None, create: bool = True,
-                 merge_threshold: int | None = None, nprobe: int | None = None):
+                 merge_threshold: int | None = None, nprobe: int | None = None, recall_target: float = 0.95):
         self.path = Path(path)
+        #: kNN recall@100 a writer calibrates each IVF's nprobe for when it builds or merges it (esqbe.backends.embedded.recall)
+        self.recall_target = float(recall_target)
         self._overrides = {k: v for k, v in (("exact_threshold", exact_threshold), ("merge_threshold", merge_threshold),
                                              ("nprobe", nprobe)) if v is not None}
         self._db = None  # type: ignore[assignment]  # opened below, as a reader or the writer, before any use
@@ -124,6 +126,30 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
 
     def knn_params(self) -> dict:
         return {**KNN_DEFAULTS, **self._setting("knn_params", {}), **self._overrides}
+
+    def nprobe_for(self, facet: str, st: _State | None = None) -> int:
+        """IVF lists a query of `facet` visits: a fixed nprobe (the constructor's, or one stored with `configure`)
+        if the user set one, else the value calibrated for the recall target when the facet's IVF was built,
+        else the default."""
+        fixed = self._overrides.get("nprobe", self._setting("knn_params", {}).get("nprobe"))
+        if fixed is not None:
+            return int(fixed)
+        entry = (st or self._state()).manifest.get(facet) or {}
+        return int(entry.get("nprobe", KNN_DEFAULTS["nprobe"]))
+
+    def exact_knn(self, vectors: np.ndarray, k: int, *, facet: str | None = None,
+                  exclude: frozenset[str] = frozenset()) -> dict[str, float]:
+        """Brute force over every live row of the facet, streamed in chunks (no copy of the facet)."""
+        return self.knn(vectors, k, facet=facet, exclude=exclude, exact=True)
+
+    def knn_setting(self, facet: str) -> str:
+        st = self._state()
+        entry = st.manifest.get(facet)
+        if entry is None:
+            return "exact"
+        fixed = "nprobe" in self._overrides or "nprobe" in self._setting("knn_params", {})
+        how = "fixed" if fixed else "calibrated" if "calibration" in entry else "default"
+        return f"ivf nprobe {self.nprobe_for(facet, st)} ({how})"
 
     def configure(self, **params) -> None:
         """Store first-stage parameters in the index (kNN: exact_threshold, merge_threshold, nprobe, oversample;
@@ -231,12 +257,19 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         by_facet = {f: int(counts[c]) for f, c in _FACET_CODES.items() if counts[c]}
         size = _dir_size(self.path)
         params = self.knn_params()
-        knn = {}
+        if "nprobe" not in self._overrides and "nprobe" not in self._setting("knn_params", {}):
+            params.pop("nprobe")  # not fixed: each IVF's calibrated value (knn, knn_calibration) is what queries use
+        knn, calibration = {}, {}
         for f, c in _FACET_CODES.items():
             entry = st.manifest.get(f)
             if entry:
                 delta = int(np.count_nonzero(st.facet[entry["rows"]:] == c))
-                knn[f] = f"ivf-sq8 ({entry['size']} rows) + exact delta ({delta} rows)"
+                cal = entry.get("calibration")
+                how = ("fixed" if "nprobe" in self._overrides or "nprobe" in self._setting("knn_params", {})
+                       else f"calibrated: recall@100 {cal['recall']} >= {cal['target']}" if cal else "default")
+                knn[f] = (f"ivf-sq8 ({entry['size']} rows) + exact delta ({delta} rows), "
+                          f"nprobe {self.nprobe_for(f, st)} ({how})")
+                calibration[f] = {"nprobe": self.nprobe_for(f, st), "setting": how.split(":")[0], **(cal or {})}
             elif counts[c]:
                 knn[f] = "exact"
         return {
@@ -250,6 +283,8 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
             "encoder_mode": meta.encoder_mode if meta else None,
             "knn": knn,
             "knn_params": params,
+            # per facet with an IVF: the nprobe queries use, and how it was chosen (calibrated for knn_recall_target)
+            "knn_calibration": calibration,
             # top-level metadata keys and how many papers have each: what `--filter` can name
             "metadata_keys": dict(self._db.execute(
                 "SELECT key, COUNT(*) FROM (SELECT metadata FROM papers WHERE json_valid(metadata)) AS p, json_each(p.metadata) "

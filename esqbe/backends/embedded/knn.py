@@ -13,6 +13,7 @@ from .layout import _FACET_CODES, _State
 
 class KnnMixin(EmbeddedHost):
     """kNN (mixed into EmbeddedBackend). Uses the backend's `_state`, `_ann`, `_delta` (AnnMixin), `knn_params`,
+    `nprobe_for`,
     `pnos`, `_ids_of` and `_read_rows`."""
 
     def _exact_best(self, st: _State, pnos: np.ndarray, codes: list[int] | None, q: np.ndarray, keep: int | None = None):
@@ -92,7 +93,7 @@ class KnnMixin(EmbeddedHost):
                 else:
                     bits = st.ok_bits()
                 # faiss's generated stubs miss the keyword arguments its SWIG constructors take
-                sp = faiss.SearchParametersIVF(nprobe=int(params["nprobe"]))  # type: ignore[call-arg]
+                sp = faiss.SearchParametersIVF(nprobe=self.nprobe_for(FACET_LABELS[code], st))  # type: ignore[call-arg]
                 if bits is not None:
                     sel = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))
                     sp.sel = sel

@@ -554,6 +554,23 @@ class EngineBackend(ClientMixin, Backend):
                 knn[pid] = knn.get(pid, 0.0) + cos / m
         return bm25, knn
 
+    def exact_knn(self, vectors: np.ndarray, k: int, *, facet: str | None = None,
+                  exclude: frozenset[str] = frozenset()) -> dict[str, float]:
+        """Exact kNN by a nested script_score over every document (esqbe.backends.engines.exact)."""
+        from .exact import exact_knn_searches, parse_exact
+
+        searches = exact_knn_searches(self.engine, vectors, k, facet, exclude)
+        try:
+            responses = self._retrying()(self._msearch_once, [body for _, body in searches])
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise self._error("searching exactly", exc) from exc
+        return parse_exact(searches, responses, len(np.atleast_2d(vectors)), k, exclude)
+
+    def knn_setting(self, facet: str) -> str:
+        return f"num_candidates {self.num_candidates_factor} x k"
+
     # --- stats ---------------------------------------------------------------------------------
 
     def sample_papers(self, n: int, seed: int = 0) -> tuple[list[str], int]:

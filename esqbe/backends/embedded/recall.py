@@ -1,0 +1,134 @@
+"""Recall of the embedded index's IVF, measured on the index's own rows (issue 23): the exact top papers of a facet
+streamed over its rows (bounded memory at any size: one chunk of rows at a time, no copy of the facet), and the
+writer's calibration of `nprobe` for a recall target.
+
+Calibration counts recall as the first stage does (`KnnMixin.knn`): papers, k = 100, per query sentence the ANN's
+`oversample * k + 16` sentence hits folded to the `2k` best papers, which are re-scored exactly, so a true top-k
+paper is found exactly when it is among those `2k`. The queries are stored sentence vectors of the facet (a seeded
+sample, each query's own paper left out of both sides, as a query paper is), the truth is brute force over the
+facet's live rows, and the chosen `nprobe` is the smallest of a fixed ladder whose mean recall@k on the sample
+reaches the target. Cost: one exact pass over the facet's rows for the sample (float16 rows read in chunks) and a
+batched faiss search per rung tried; the sample shrinks for large facets so that the exact pass stays under
+~4e11 multiply-adds (docs/performance.md gives the time at 1M papers)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .layout import _State
+
+#: the nprobe values calibration tries, in order (capped at the IVF's list count)
+NPROBE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096)
+#: queries sampled for calibration (at most; fewer for a facet so large that the exact pass would cost more)
+CALIBRATION_QUERIES = 256
+_EXACT_BUDGET = 4e11  # multiply-adds of the calibration's exact pass
+_CHUNK_ROWS = 131_072
+
+
+def facet_rows(st: _State, code: int) -> np.ndarray:
+    """Row numbers of the facet's live rows, read from the facet column in chunks."""
+    out = []
+    for lo in range(0, st.rows, 4_000_000):
+        hi = min(st.rows, lo + 4_000_000)
+        rows = lo + np.flatnonzero(np.asarray(st.facet[lo:hi]) == code)
+        out.append(rows[~st.dead[np.asarray(st.pno[rows])]])
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def exact_top_papers(st: _State, rows: np.ndarray, q: np.ndarray, k: int, own: np.ndarray | None = None,
+                     chunk: int = _CHUNK_ROWS) -> tuple[np.ndarray, np.ndarray]:
+    """Per query vector, the k papers with the best cosine over `rows` (sorted row numbers of one facet, in paper
+    order), best first, the query's `own` paper left out: (papers (m, k), cosines (m, k)), -1 / -inf padded.
+    Streams `chunk` rows at a time, cut at paper boundaries, so a paper is scored once and memory stays bounded."""
+    m = len(q)
+    best_p = np.full((m, k), -1, dtype=np.int64)
+    best_s = np.full((m, k), -np.inf, dtype=np.float32)
+    lo = 0
+    while lo < len(rows):
+        hi = min(len(rows), lo + chunk)
+        if hi < len(rows):  # move the cut to the first row of a paper
+            pnos_at = np.asarray(st.pno[rows[lo:hi + 1]])
+            cut = np.flatnonzero(pnos_at[1:] != pnos_at[:-1])
+            hi = lo + int(cut[-1]) + 1 if len(cut) else hi
+        part = rows[lo:hi]
+        lo = hi
+        papers = np.asarray(st.pno[part]).astype(np.int64)
+        # (m, rows): the per-paper maximum then runs along contiguous rows, ~4x faster than down columns
+        sims = q @ np.asarray(st.vec[part], dtype=np.float32).T
+        first = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
+        best, pp = np.maximum.reduceat(sims, first, axis=1), papers[first]  # (m, P)
+        if own is not None:
+            best[pp[None, :] == own[:, None]] = -np.inf
+        kk = min(k, len(pp))
+        top = np.argpartition(-best, kk - 1, axis=1)[:, :kk]
+        all_s = np.concatenate([best_s, np.take_along_axis(best, top, axis=1)], axis=1)
+        all_p = np.concatenate([best_p, pp[top]], axis=1)
+        keep = np.argsort(-all_s, axis=1, kind="stable")[:, :k]
+        best_s, best_p = np.take_along_axis(all_s, keep, axis=1), np.take_along_axis(all_p, keep, axis=1)
+    best_p[~np.isfinite(best_s)] = -1
+    return best_p, best_s
+
+
+def ann_candidates(ids: np.ndarray, sims: np.ndarray, k: int) -> list[np.ndarray]:
+    """Per query, the papers the first stage re-scores exactly from the ANN's sentence hits: the 2k best by
+    approximate score (as `KnnMixin.knn` keeps them)."""
+    out = []
+    for hit_ids, hit_sims in zip(ids, sims):
+        ok = hit_ids >= 0
+        hit_ids, hit_sims = hit_ids[ok], hit_sims[ok]
+        order = np.lexsort((-hit_sims, hit_ids))
+        hit_ids, hit_sims = hit_ids[order], hit_sims[order]
+        first = np.r_[True, hit_ids[1:] != hit_ids[:-1]]
+        hit_ids, hit_sims = hit_ids[first], hit_sims[first]
+        if len(hit_ids) > 2 * k:
+            hit_ids = hit_ids[np.argpartition(-hit_sims, 2 * k - 1)[: 2 * k]]
+        out.append(hit_ids)
+    return out
+
+
+def recall_of(found: list[np.ndarray], truth: np.ndarray) -> np.ndarray:
+    """Per query, the share of its true papers (a row of `truth`, -1 padded) that `found` holds."""
+    out = np.ones(len(truth))
+    for i, (f, t) in enumerate(zip(found, truth)):
+        t = t[t >= 0]
+        if len(t):
+            out[i] = np.isin(t, f).mean()
+    return out
+
+
+def calibrate_nprobe(st: _State, code: int, index, *, target: float, oversample: int, k: int = 100,
+                     seed: int = 0, queries: int = CALIBRATION_QUERIES) -> dict:
+    """The smallest `nprobe` of the ladder whose mean recall@k (papers) on a seeded sample of the facet's own
+    sentences reaches `target` (the IVF's list count, every list, if none below it does). Returns
+    {"nprobe", "recall", "target", "queries", "seconds"}."""
+    import faiss
+
+    started = time.perf_counter()
+    rows = facet_rows(st, code)
+    if len(rows) < 2:  # nothing to measure (every row retired, or one): every list, as exact as the IVF gets
+        return {"nprobe": int(index.nlist), "recall": 1.0, "target": target, "queries": 0, "seconds": 0.0}
+    n_q = int(np.clip(_EXACT_BUDGET / max(1, len(rows) * st.dim), 32, queries))
+    rng = np.random.default_rng(seed)
+    picked = np.sort(rng.choice(len(rows), size=min(n_q, len(rows)), replace=False))
+    q = np.ascontiguousarray(np.asarray(st.vec[rows[picked]], dtype=np.float32))
+    own = np.asarray(st.pno[rows[picked]]).astype(np.int64)
+    truth, _ = exact_top_papers(st, rows, q, k, own)
+    nlist = int(index.nlist)
+    ladder = [p for p in NPROBE_LADDER if p < nlist] + [nlist]
+    bits = st.ok_bits()
+    sel = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits)) if bits is not None else None
+    kk = oversample * k + 16
+    chosen, recall = nlist, 1.0
+    for nprobe in ladder:
+        sp = faiss.SearchParametersIVF(nprobe=int(nprobe))  # type: ignore[call-arg]
+        if sel is not None:
+            sp.sel = sel
+        sims, ids = index.search(q, kk, params=sp)
+        found = [c[c != o] for c, o in zip(ann_candidates(ids, sims, k), own)]
+        recall = float(recall_of(found, truth).mean())
+        if recall >= target:
+            chosen = nprobe
+            break
+    return {"nprobe": int(chosen), "recall": round(recall, 4), "target": target, "queries": int(len(q)),
+            "seconds": round(time.perf_counter() - started, 2)}

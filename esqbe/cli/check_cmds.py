@@ -1,0 +1,46 @@
+"""`esqbe check`: measurements of the user's own index. `check recall`: the first stage's kNN against exact search."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from .errors import handle_errors
+from .options import FACET_CHOICES, _open, click_options, config_option
+
+
+@click.group("check")
+def check_group():
+    """Measure what an index does (recall of its approximate kNN)."""
+
+
+@check_group.command("recall")
+@click.option("--queries", type=click.IntRange(1, 100_000), default=50, show_default=True,
+              help="Query papers sampled (seeded) from the index.")
+@click.option("--facet", type=click.Choice(FACET_CHOICES), help="Only this facet (default: every facet).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the query sample.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click_options("check recall")
+@config_option
+@handle_errors
+def check_recall_cmd(queries, facet, seed, as_json, **kw):
+    """kNN recall@10 and @100 of the first stage against exact search, on the index's own papers.
+
+    \b
+    Each sampled paper's sentences of a facet are searched as a query does (facet-filtered kNN, papers,
+    k=100, the paper itself left out) and exactly (every sentence of the facet); printed per facet:
+    recall mean / min / p10, the latency of both, and the setting (nprobe calibrated or fixed, or exact).
+    """
+    with _open(kw, "check recall", create=False) as index:
+        report = index.check_recall(queries=queries, facet=facet, seed=seed)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    click.echo(f"{report.backend} index, {report.papers} papers; {report.queries} query papers (seed {report.seed}), "
+               f"k={report.k}")
+    for f in report.facets:
+        r10, r100 = f.recall["@10"], f.recall["@100"]
+        click.echo(f"{f.facet:>10}: recall@10 {r10['mean']:.3f} (min {r10['min']:.2f}, p10 {r10['p10']:.2f})  "
+                   f"recall@100 {r100['mean']:.3f} (min {r100['min']:.2f}, p10 {r100['p10']:.2f})  "
+                   f"kNN p50 {f.latency_ms['knn']['p50']:.1f} ms, exact p50 {f.latency_ms['exact']['p50']:.1f} ms  "
+                   f"[{f.queries} queries; {f.setting}]")
