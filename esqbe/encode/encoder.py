@@ -27,6 +27,7 @@ from .identity import (
     _pick_device,
     model_info,
     resolve_backend,
+    runtime_name,
 )
 from .onnx import OnnxRunner
 
@@ -86,7 +87,9 @@ class Encoder:
             # text only, and on 2 CPU cores it is also faster (no padding): 87 against 67 papers/s.
             self.batch_size = 1
         self._runner = make_runner(self.backend, self.model, source=source, device=self.device, cache_dir=cache_dir,
-                                   offline=offline)
+                                   offline=offline, fingerprint=self.fingerprint)
+        #: how the vectors are computed, part of an index's model identity (IndexMeta.runtime)
+        self.runtime = runtime_name(self.backend, getattr(self._runner, "precision", None))
 
     @classmethod
     def load(cls, model: str | None = None, **kwargs) -> Encoder:
@@ -197,8 +200,8 @@ class Encoder:
             spans = []
             for i, r in enumerate(batch):
                 pi, window = rows[r]
-                spans.append(_pool_row(hidden[i], np.array([s == 1 for s in enc.sequence_ids(i)]), offsets[i, :, 0], row_texts[r][2],
-                                       vectors[pi], window))
+                in_body = np.array([s == 1 for s in enc.sequence_ids(i)])
+                spans.append(_pool_row(hidden[i], in_body, offsets[i, :, 0], row_texts[r][2], vectors[pi], window))
                 rows_left[pi] -= 1
                 if rows_left[pi] == 0:
                     bar.update(1)
@@ -259,7 +262,8 @@ class Encoder:
 GPU_MIN_BATCH = 256
 
 
-def make_runner(backend: str, model, *, source: str, device: str, cache_dir: str | None = None, offline: bool = False):
+def make_runner(backend: str, model, *, source: str, device: str, cache_dir: str | None = None, offline: bool = False,
+                fingerprint: str | None = None):
     """A callable `(tokenizer output, want hidden states) -> (last hidden state, hidden states or None)`.
 
     Every backend returns the final layer's token vectors (for pooling) and, when asked, the
@@ -267,7 +271,8 @@ def make_runner(backend: str, model, *, source: str, device: str, cache_dir: str
     """
     if backend in ("torch", "torch-int8"):
         return TorchRunner(model, device, int8=backend == "torch-int8")
-    return OnnxRunner(model, source, int8=backend == "onnx-int8", cache_dir=cache_dir, offline=offline)
+    return OnnxRunner(model, source, int8=backend == "onnx-int8", cache_dir=cache_dir, offline=offline,
+                      fingerprint=fingerprint, announce=_announce)
 
 
 class TorchRunner:
@@ -287,8 +292,10 @@ class TorchRunner:
             model = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), spec, dtype=torch.qint8)
         self.model = model
         self.autocast = None
+        self.precision: str | None = None  # fp16 / bf16 under CUDA autocast; None: the weights' own (fp32, int8)
         if device.startswith("cuda"):
             self.autocast = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            self.precision = "bf16" if self.autocast is torch.bfloat16 else "fp16"
 
     def __call__(self, enc, hidden_states: bool):
         torch = self.torch
@@ -321,6 +328,11 @@ def _pool_row(hidden: np.ndarray, in_body: np.ndarray, token_starts: np.ndarray,
     for j, a, b in zip(present.tolist(), body[first].tolist(), body[last].tolist()):
         spans[j] = (a, b + 1)
     return spans
+
+
+def _announce(message: str) -> None:
+    """One line on stderr about slow one-off work (the first ONNX export), whatever the host's logging."""
+    print(f"esqbe: {message}", file=sys.stderr, flush=True)
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:
