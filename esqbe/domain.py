@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -213,6 +214,16 @@ class Paper:
                    dict(d.get("metadata") or {}))
 
 
+#: an encoder runtime (how an index's vectors were computed, `IndexMeta.runtime`) -> the `encoder_backend` that makes it
+RUNTIME_BACKENDS = {"torch-fp32": "torch", "torch-fp16": "torch", "torch-bf16": "torch", "torch-int8": "torch-int8",
+                    "onnx-fp32": "onnx", "onnx-int8": "onnx-int8"}
+
+
+def runtime_backend(runtime: str) -> str:
+    """The `encoder_backend` (and --encoder-backend) that encodes with `runtime`."""
+    return RUNTIME_BACKENDS.get(runtime, runtime)
+
+
 @dataclass(frozen=True)
 class IndexMeta:
     """What an index was built with; checked before any write or query.
@@ -221,6 +232,11 @@ class IndexMeta:
     `esqbe.encode.identity.fingerprint_dir`) with `model` as its human name beside it, and `model_source`
     (an absolute directory, a package or a hub name) so queries can load it without `--model`.
     Indexes written before fingerprints have only the name: they are compared by name.
+
+    `runtime` is how the vectors were computed (`esqbe.encode.identity.runtime_name`: torch-fp32, onnx-int8, ...):
+    runtimes give slightly different vectors (int8 against fp32: cosine ~0.99), so writes are checked against it.
+    An index written before runtimes were recorded has None, and is taken as torch-fp32 (the only runtime then).
+    A requested meta with runtime None (a query, a check before the model is loaded) is not checked for it.
     """
 
     model: str
@@ -228,6 +244,14 @@ class IndexMeta:
     encoder_mode: str = "contextual"  # "contextual" | "independent"
     fingerprint: str | None = None
     model_source: str | None = None
+    runtime: str | None = None
+
+    #: what an index that does not record its runtime was written with
+    ASSUMED_RUNTIME: ClassVar[str] = "torch-fp32"
+
+    @property
+    def effective_runtime(self) -> str:
+        return self.runtime or self.ASSUMED_RUNTIME
 
     def same_model(self, other: IndexMeta) -> bool:
         if self.fingerprint and other.fingerprint:
@@ -244,6 +268,14 @@ class IndexMeta:
                 f"index was built with model {self.describe()} but this run uses {other.describe()}; "
                 "query with the index's model, or rebuild the index into a new path"
             )
+        if other.runtime is not None and other.runtime != self.effective_runtime:
+            stored = self.effective_runtime + ("" if self.runtime else " (assumed: the index predates recorded runtimes)")
+            raise ModelMismatchError(
+                f"index was built with encoder runtime {stored} but this run encodes with {other.runtime}; their "
+                f"vectors differ slightly and are not mixed in one index: add to it with --encoder-backend "
+                f"{runtime_backend(self.effective_runtime)} (or ESQBE_ENCODER_BACKEND, or `encoder_backend:` in the "
+                "config file), or build a new index for the other runtime"
+            )
 
     def to_dict(self) -> dict:
         d = {"model": self.model, "dim": self.dim, "encoder_mode": self.encoder_mode}
@@ -251,12 +283,14 @@ class IndexMeta:
             d["fingerprint"] = self.fingerprint
         if self.model_source:
             d["model_source"] = self.model_source
+        if self.runtime:
+            d["runtime"] = self.runtime
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> IndexMeta:
         return cls(d["model"], int(d["dim"]), d.get("encoder_mode", "contextual"), d.get("fingerprint") or None,
-                   d.get("model_source") or None)
+                   d.get("model_source") or None, d.get("runtime") or None)
 
 
 @dataclass

@@ -23,6 +23,7 @@ import json
 import re
 import sys
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -173,6 +174,27 @@ def test_ensure_with_another_model_raises_model_mismatch(engine):
         backend.ensure(IndexMeta("other-model", DIM))
     with pytest.raises(ModelMismatchError):
         backend.ensure(IndexMeta("test-encoder", DIM, "independent"))
+
+
+@pytest.mark.parametrize("engine,version", ENGINE_VERSIONS)
+def test_the_encoder_runtime_is_kept_in_the_mapping_meta_and_checked_on_writes(engine, version):
+    # issue 22: the runtime (torch-fp32, onnx-int8, ...) is part of the model identity in _meta, as in the
+    # embedded index's meta; an index made before runtimes were recorded is taken as torch-fp32
+    backend, canned = make_backend(engine, version)
+    int8 = IndexMeta("test-encoder", DIM, "contextual", runtime="onnx-int8")
+    backend.ensure(int8)
+    (put,) = [r for r in canned.requests if r["method"] == "PUT"]
+    assert_valid(engine, "indices_create", put["lines"][0])
+    assert put["lines"][0]["mappings"]["_meta"]["runtime"] == "onnx-int8"
+    assert backend.meta() == int8
+    backend.ensure(replace(int8, runtime=None))  # a requested meta without a runtime (a query) is not checked for it
+    with pytest.raises(ModelMismatchError, match="onnx-int8.*torch-fp32.*--encoder-backend onnx-int8"):
+        backend.ensure(replace(int8, runtime="torch-fp32"))
+    old, _ = ready_backend(engine, version)  # META has no runtime: an index from before
+    assert old.meta().runtime is None and old.meta().effective_runtime == "torch-fp32"
+    old.ensure(replace(META, runtime="torch-fp32"))
+    with pytest.raises(ModelMismatchError, match="assumed"):
+        old.ensure(replace(META, runtime="onnx-int8"))
 
 
 @pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])

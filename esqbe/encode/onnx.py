@@ -57,13 +57,19 @@ def _cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(root) / "onnx"
 
 
-def _weights_digest(model) -> str:
-    """What the exported graph depends on: the weights, the architecture and the exporter."""
+def _weights_digest(model, fingerprint: str | None = None) -> str:
+    """What the exported graph depends on: the model's identity (its fingerprint, `identity.fingerprint_dir`, which
+    covers config, tokenizer and weights: whatever else joins the identity joins the key) or, without one (a hub
+    model outside the cache), the weights themselves; and the exporter. The runtime and quantisation are the file's
+    name inside the folder (`OnnxRunner.path`)."""
     import hashlib
 
     import torch
 
     h = hashlib.sha256(f"{ONNX_EXPORT_FORMAT}|{torch.__version__}|{model.config.to_json_string()}".encode())
+    if fingerprint:
+        h.update(f"|{fingerprint}".encode())
+        return h.hexdigest()[:20]
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
@@ -74,13 +80,14 @@ class OnnxRunner:
     """ONNX Runtime (CPU): the model exported once to ONNX (cached, keyed by its weights) with every hidden
     state as an output; `int8`: ONNX Runtime's dynamic quantisation (int8 weights, uint8 activations: VNNI)."""
 
-    def __init__(self, model, source: str, *, int8: bool = False, cache_dir: str | None = None, offline: bool = False):
+    def __init__(self, model, source: str, *, int8: bool = False, cache_dir: str | None = None, offline: bool = False,
+                 fingerprint: str | None = None, announce=None):
         import onnxruntime as ort
         import torch
 
         self.torch = torch
         self.num_layers = int(model.config.num_hidden_layers)
-        folder = _cache_dir(cache_dir) / _weights_digest(model)
+        folder = _cache_dir(cache_dir) / _weights_digest(model, fingerprint)
         path = folder / ("model-fused-int8-matmul-per-channel.onnx" if int8 else "model-fused.onnx")
         if not path.exists():
             try:
@@ -92,6 +99,9 @@ class OnnxRunner:
                 path = folder / path.name
                 folder.mkdir(parents=True, exist_ok=True)
         if not path.exists():
+            if announce is not None:  # the first run's export takes a while: say what and where
+                announce(f"exporting the model to ONNX{' and quantising it to int8' if int8 else ''} (once: "
+                         f"about a minute), cached in {folder}")
             exported = folder / "model.onnx"
             if not exported.exists():
                 _export_onnx(source, model, exported, offline=offline)
@@ -105,6 +115,9 @@ class OnnxRunner:
         opts.inter_op_num_threads = 1
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.log_severity_level = 3
+        # no spin-waiting between runs: spinning threads took the cores from the tokenizer and the pooling
+        # between two runs (on 2 cores, end to end, issue 22)
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.outputs = [o.name for o in self.session.get_outputs()]

@@ -58,7 +58,8 @@ class Index(IngestMixin):
     # --- the encoder, checked against what the index was built with ------------------------------
     def _requested_meta(self, encoder) -> IndexMeta:
         return IndexMeta(encoder.name, encoder.dim, self.settings.encoder_mode,
-                         getattr(encoder, "fingerprint", None), getattr(encoder, "location", None))
+                         getattr(encoder, "fingerprint", None), getattr(encoder, "location", None),
+                         getattr(encoder, "runtime", None))
 
     def _stored_meta(self) -> IndexMeta | None:
         """The index's meta; an index written before fingerprints gets the fingerprint of the installed
@@ -84,8 +85,9 @@ class Index(IngestMixin):
         if meta is None:
             return
         mode = meta.encoder_mode if query else self.settings.encoder_mode
-        if self._encoder is not None:
-            meta.check(replace(self._requested_meta(self._encoder), encoder_mode=mode))
+        if self._encoder is not None:  # a query's vectors are not stored: its runtime is not checked
+            requested = self._requested_meta(self._encoder)
+            meta.check(replace(requested, encoder_mode=mode, runtime=None if query else requested.runtime))
             return
         if self.settings.model is None:
             return  # the index's own model (loaded only if needed: `encoder` fails clearly if it is gone)
@@ -110,8 +112,8 @@ class Index(IngestMixin):
                     raise ModelNotFoundError(f"{e}. The index was built with model {meta.model!r}: give its directory "
                                              f"with --model DIR (or ESQBE_MODEL, or `model:` in the config file)") from None
                 raise
-            if meta is not None:  # the stored model's files may have changed since
-                meta.check(replace(self._requested_meta(encoder), encoder_mode=meta.encoder_mode))
+            if meta is not None:  # the stored model's files may have changed since (the runtime: checked on writes)
+                meta.check(replace(self._requested_meta(encoder), encoder_mode=meta.encoder_mode, runtime=None))
             self._encoder = encoder
         return self._encoder
 
@@ -168,6 +170,8 @@ class Index(IngestMixin):
         if meta is not None:
             stats["model_fingerprint"] = meta.fingerprint
             stats["model_source"] = meta.model_source
+            stats["encoder_runtime"] = meta.effective_runtime  # how the vectors were computed (IndexMeta.runtime)
+            stats["encoder_runtime_recorded"] = meta.runtime is not None  # False: an older index, taken as torch-fp32
         return stats
 
     def check_recall(self, *, queries: int = 50, facet: str | None = None, seed: int = 0, k: int = 100):

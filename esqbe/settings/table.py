@@ -99,10 +99,11 @@ SETTINGS: tuple[Setting, ...] = (
             group="encoding"),
     Setting("device", str, None, "torch device: cpu, cuda, cuda:N, mps, auto (default: auto).", env="ESQBE_DEVICE",
             flag="--device", commands=_MODEL, group="encoding"),
-    Setting("encoder_backend", str, "torch", "How the encoder runs. torch: the exact fp32 PyTorch path; onnx-int8: ONNX "
-            "Runtime with int8 weights (opt-in, ~3x faster on CPU, CSFCube dev NDCG%20 +0.15, docs/results.md); "
-            "auto: onnx-int8 on CPU, "
-            "torch with fp16/bf16 autocast on CUDA; torch-int8, onnx: the others measured in docs/performance.md.",
+    Setting("encoder_backend", str, "auto", "How the encoder runs. auto (default): on an existing index, the runtime "
+            "it was built with; else onnx-int8 on CPU (ONNX Runtime, int8 weights: several times faster, quality bounds "
+            "in docs/results.md), torch with fp16/bf16 autocast on CUDA. torch: the exact fp32 PyTorch path; "
+            "torch-int8, onnx: the others measured in docs/performance.md. An index records its runtime and refuses "
+            "writes in another.",
             choices=ENCODER_BACKEND_CHOICES, env="ESQBE_ENCODER_BACKEND", flag="--encoder-backend", commands=_MODEL,
             group="encoding"),
     Setting("batch_size", int, 32, "Encoder batch size.", low=1, high=4096, flag="--batch-size", commands=_MODEL,

@@ -1,0 +1,162 @@
+"""The encoder runtime is part of an index's model identity (issue 22): an index records how its vectors were
+computed (torch-fp32, onnx-int8, ...), `esqbe stats` shows it, a write in another runtime is refused with both
+named and the flag to use, `auto` (the default) on an existing index keeps its runtime, and an index from before
+runtimes were recorded is taken as torch-fp32. Real model, real index on disk; the CLI in-process."""
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import esqbe
+from cli import main
+from esqbe.domain import IndexMeta
+from esqbe.encode.encoder import Encoder
+from esqbe.encode.identity import backend_for, runtime_name
+from esqbe.errors import ModelMismatchError
+from esqbe.settings.config import Settings
+
+from .conftest import SAMPLE
+
+
+def _cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def int8_encoder():
+    return Encoder.load(backend="onnx-int8", device="cpu")
+
+
+@pytest.fixture
+def files(tmp_path):
+    lines = SAMPLE.read_text().splitlines()
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_text("\n".join(lines[:6]) + "\n")
+    second.write_text("\n".join(lines[6:9]) + "\n")
+    return first, second
+
+
+def _meta_row(path) -> dict:
+    with sqlite3.connect(path / "papers.sqlite") as db:
+        return json.loads(db.execute("SELECT value FROM settings WHERE key = 'meta'").fetchone()[0])
+
+
+def test_runtime_names():
+    assert runtime_name("torch") == "torch-fp32" and runtime_name("torch", "bf16") == "torch-bf16"
+    assert runtime_name("onnx") == "onnx-fp32" and runtime_name("onnx-int8") == "onnx-int8"
+    assert runtime_name("torch-int8") == "torch-int8"
+    old = IndexMeta("m", 384)  # an index from before runtimes were recorded
+    assert old.effective_runtime == "torch-fp32" and "runtime" not in old.to_dict()
+    assert backend_for("auto", old) == "torch" and backend_for(None, IndexMeta("m", 384, runtime="onnx-int8")) == "onnx-int8"
+    assert backend_for("torch-int8", IndexMeta("m", 384, runtime="onnx-int8")) == "torch-int8"  # explicit: checked later
+    assert backend_for("auto", None) == "auto"
+    assert Settings().encoder_backend == "auto"  # fast by default
+
+
+def test_index_records_its_runtime_and_refuses_another(tmp_path, files, int8_encoder, encoder):
+    first, second = files
+    path = tmp_path / "ix"
+    with esqbe.open_index(str(path), encoder=int8_encoder, config=None) as index:
+        assert index.index_files([str(first)]).indexed == 6
+    assert int8_encoder.runtime == "onnx-int8" and encoder.runtime == "torch-fp32"
+    assert _meta_row(path)["runtime"] == "onnx-int8"
+
+    result = _cli("stats", "--path", path, "--json")
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.output)
+    assert stats["encoder_runtime"] == "onnx-int8" and stats["encoder_runtime_recorded"] is True
+    assert "encoder_runtime: onnx-int8" in _cli("stats", "--path", path).output
+
+    # another runtime on this index: refused, nothing written, both runtimes and the flag named
+    with esqbe.open_index(str(path), encoder=encoder, config=None) as index:
+        with pytest.raises(ModelMismatchError) as e:
+            index.index_files([str(second)])
+        assert index.stats()["papers"] == 6
+    message = str(e.value)
+    assert "onnx-int8" in message and "torch-fp32" in message and "--encoder-backend onnx-int8" in message
+    result = _cli("index", second, "--path", path, "--encoder-backend", "torch")
+    assert result.exit_code != 0 and "--encoder-backend onnx-int8" in result.output and "Traceback" not in result.output
+
+    # the default (auto) on an existing index keeps its runtime, whatever this machine would pick for a new one
+    result = _cli("index", second, "--path", path, "--encoder-backend", "auto")
+    assert result.exit_code == 0, result.output
+    assert json.loads(_cli("stats", "--path", path, "--json").output)["papers"] == 9
+
+    # a query with another runtime is allowed (its vectors are not stored)
+    with esqbe.open_index(str(path), encoder=encoder, config=None) as index:
+        assert index.query(text="We propose a method.", k=3).hits
+
+
+def test_an_index_from_before_runtimes_is_taken_as_torch_fp32(tmp_path, files, encoder, int8_encoder):
+    first, second = files
+    path = tmp_path / "old"
+    with esqbe.open_index(str(path), encoder=encoder, config=None) as index:
+        index.index_files([str(first)])
+    meta = _meta_row(path)
+    assert meta.pop("runtime") == "torch-fp32"
+    with sqlite3.connect(path / "papers.sqlite") as db:  # as an index written before this change stores it
+        db.execute("UPDATE settings SET value = ? WHERE key = 'meta'", (json.dumps(meta),))
+
+    stats = json.loads(_cli("stats", "--path", path, "--json").output)
+    assert stats["encoder_runtime"] == "torch-fp32" and stats["encoder_runtime_recorded"] is False
+    with esqbe.open_index(str(path), encoder=int8_encoder, config=None) as index:
+        with pytest.raises(ModelMismatchError, match="assumed: the index predates recorded runtimes"):
+            index.index_files([str(second)])
+    # the default settings add to it with its own runtime (torch fp32), and it keeps working
+    with esqbe.open_index(str(path), config=None) as index:
+        assert index.index_files([str(second)]).indexed == 3
+        assert index.encoder.runtime == "torch-fp32"
+
+
+def test_encoded_parquet_carries_the_runtime(tmp_path, files, int8_encoder, encoder):
+    first, _ = files
+    with esqbe.open_index(str(tmp_path / "unused"), encoder=int8_encoder, config=None) as index:
+        index.encode_files([str(first)], str(tmp_path / "shards"))
+    (shard,) = (tmp_path / "shards").glob("*.parquet")
+    from esqbe.ingest.encoded import read_meta
+
+    assert read_meta(shard).runtime == "onnx-int8"
+    with esqbe.open_index(str(tmp_path / "fp32"), encoder=encoder, config=None) as index:
+        index.index_files([str(first)])
+        with pytest.raises(ModelMismatchError, match="onnx-int8"):
+            index.index_files([str(shard)])
+    with esqbe.open_index(str(tmp_path / "int8"), config=None) as index:  # a new index takes the file's runtime
+        assert index.index_files([str(shard)]).indexed == 6
+        assert index.stats()["encoder_runtime"] == "onnx-int8"
+
+
+def test_onnx_export_is_keyed_by_the_model_identity(int8_encoder):
+    from esqbe.encode.onnx import _weights_digest
+
+    model = int8_encoder.model
+    a, b = _weights_digest(model, "sha256:aa"), _weights_digest(model, "sha256:bb")
+    assert a != b and a == _weights_digest(model, "sha256:aa")
+    assert int8_encoder._runner.path.parent.name == _weights_digest(model, int8_encoder.fingerprint)
+    assert int8_encoder._runner.path.name.endswith("int8-matmul-per-channel.onnx")
+
+
+def test_onnx_runtime_does_not_spin_between_runs(int8_encoder):
+    # spinning intra-op threads took the 2 cores from tokenising and pooling between two runs (issue 22)
+    opts = int8_encoder._runner.session.get_session_options()
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_pooling_matches_the_mean_of_each_sentences_tokens():
+    from esqbe.encode.encoder import _pool_row
+
+    rng = np.random.default_rng(0)
+    hidden = rng.normal(size=(12, 4)).astype(np.float32)
+    # [CLS] title title [SEP] s0 s0 s1 s1 s1 [SEP] pad pad ; a third sentence cut off by truncation
+    in_body = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0], bool)
+    token_starts = np.array([0, 0, 3, 0, 0, 4, 10, 13, 16, 0, 0, 0])
+    out = np.zeros((5, 4), np.float32)
+    spans = _pool_row(hidden, in_body, token_starts, np.array([0, 10, 30]), out, [1, 2, 4])
+    assert spans == [(4, 6), (6, 9), (0, 0)]
+    for row, (a, b) in zip([1, 2], spans[:2]):
+        want = hidden[a:b].mean(0)
+        assert np.allclose(out[row], want / np.linalg.norm(want), atol=1e-6)
+    assert not out[[0, 3, 4]].any()
