@@ -432,13 +432,14 @@ def test_similarity_is_comparable_across_queries_and_apart_from_the_rank_score(s
     assert list(d)[:5] == ["rank", "paper_id", "title", "similarity", "score"]
 
 
-def test_cli_query_shows_similarity_and_rank(small_index):
+def test_cli_query_shows_similarity_and_score(small_index):
+    """Issue 24: the column holding the score the query sorted by was called `rank`; the position is the rank."""
     from cli import main
 
     result = CliRunner().invoke(main, ["query", "--path", str(small_index.backend.path), "--paper", QID, "--facet", "method",
                                        "-k", "2"])
     assert result.exit_code == 0, result.output
-    assert "sim 0." in result.output and "rank " in result.output
+    assert "sim 0." in result.output and "  score " in result.output and "  rank " not in result.output
     data = json.loads(CliRunner().invoke(main, ["query", "--path", str(small_index.backend.path), "--paper", QID,
                                                 "--facet", "method", "-k", "2", "--json"]).output)
     assert all(isinstance(h["similarity"], float) and "score" in h for h in data["hits"])

@@ -129,10 +129,11 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
     if not result.hits:
         click.echo("no hits" + (" (no paper satisfies the filters)" if filters or engine_filter else ""))
     else:
-        click.echo("\nsim: the rescorer's similarity (comparable across queries); rank: the score this query sorted by")
+        click.echo("\nsim: the rescorer's similarity (comparable across queries); score: what this query sorted by "
+                   "(the rescorer fused with BM25); the number before each hit is its position")
     for hit in result.hits:
         sim = "   -  " if hit.similarity is None else f"{hit.similarity:.4f}"
-        click.echo(f"\n{hit.rank:>3}. sim {sim}  rank {hit.score:.4f}  {hit.paper_id}  {hit.title}")
+        click.echo(f"\n{hit.rank:>3}. sim {sim}  score {hit.score:.4f}  {hit.paper_id}  {hit.title}")
         line = _metadata_line(hit.metadata)
         if line:
             click.echo(f"       {line}")
