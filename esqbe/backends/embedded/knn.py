@@ -9,6 +9,7 @@ from ...domain import FACET_LABELS
 from .ann import _search_one_thread
 from .host import EmbeddedHost
 from .layout import _FACET_CODES, _State
+from .recall import ann_candidates
 
 
 class KnnMixin(EmbeddedHost):
@@ -98,16 +99,9 @@ class KnnMixin(EmbeddedHost):
                     sel = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))
                     sp.sel = sel
                 sims, ids = _search_one_thread(index, q, kk, sp)
-                for j in range(m):  # the 2k papers with the best approximate sentence score go to exact re-scoring
-                    ok = ids[j] >= 0
-                    hit_ids, hit_sims = ids[j][ok], sims[j][ok]
-                    order = np.lexsort((-hit_sims, hit_ids))
-                    hit_ids, hit_sims = hit_ids[order], hit_sims[order]
-                    first = np.r_[True, hit_ids[1:] != hit_ids[:-1]]
-                    hit_ids, hit_sims = hit_ids[first], hit_sims[first]
-                    if len(hit_ids) > 2 * k:
-                        hit_ids = hit_ids[np.argpartition(-hit_sims, 2 * k - 1)[: 2 * k]]
-                    cand.append(hit_ids)
+                # the 2k papers with the best approximate sentence score go to exact re-scoring (the same rule the
+                # recall calibration counts with)
+                cand.extend(ann_candidates(ids[:m], sims[:m], k))
             idx, mat = self._delta(st, code)
             if len(idx):
                 sims = mat @ q.T

@@ -72,7 +72,7 @@ def exact_top_papers(st: _State, rows: np.ndarray, q: np.ndarray, k: int, own: n
 
 def ann_candidates(ids: np.ndarray, sims: np.ndarray, k: int) -> list[np.ndarray]:
     """Per query, the papers the first stage re-scores exactly from the ANN's sentence hits: the 2k best by
-    approximate score (as `KnnMixin.knn` keeps them)."""
+    approximate score (`KnnMixin.knn` keeps them with this very function)."""
     out = []
     for hit_ids, hit_sims in zip(ids, sims):
         ok = hit_ids >= 0
