@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,29 @@ class LiveServer:
     def __exit__(self, *exc):
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+
+# --- the page in a real headless browser (tests/test_page*.py) ----------------------------------------------
+def _browser():
+    """Debian's chromium + chromedriver driven by selenium; the test is skipped (with how to install them) where
+    they are missing."""
+    chromium = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+    driver = shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.skip("no chromium and chromedriver on this machine (scripts/install-test-browser installs "
+                    "Debian's `chromium` and `chromium-driver` when run as root)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1440,1100",
+                "--force-device-scale-factor=1"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
+
+
+@pytest.fixture
+def browser():
+    b = _browser()
+    yield b
+    b.quit()

@@ -19,35 +19,12 @@ QID = RECORDS[0]["paper_id"]
 ARTIFACTS = REPO / "test-artifacts"
 
 
-def _browser():
-    chromium = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
-    driver = shutil.which("chromedriver")
-    if not chromium or not driver:
-        pytest.skip("no chromium and chromedriver on this machine (scripts/install-test-browser installs "
-                    "Debian's `chromium` and `chromium-driver` when run as root)")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1440,1100",
-                "--force-device-scale-factor=1"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
-
-
 @pytest.fixture(scope="module")
 def server(index_dir_30, encoder, tmp_path_factory):
     path = tmp_path_factory.mktemp("page") / "index"
     shutil.copytree(index_dir_30, path)
     with LiveServer(create_app(str(path), config=None, encoder=encoder, options=ServeOptions(host="127.0.0.1"))) as url:
         yield url
-
-
-@pytest.fixture
-def browser():
-    b = _browser()
-    yield b
-    b.quit()
 
 
 def test_find_a_paper_click_two_sentences_and_see_matched_pairs(server, browser, tmp_path):

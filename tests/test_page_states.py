@@ -22,7 +22,6 @@ from esqbe.server.app import create_app
 from esqbe.server.options import ServeOptions
 
 from .conftest import REPO, SAMPLE, LiveServer
-from .test_page import _browser
 
 ROWS = [json.loads(line) for line in SAMPLE.read_text().splitlines()[:30]]
 VENUES = ("ACL", "EMNLP", "NeurIPS")
@@ -60,13 +59,6 @@ def server(encoder, tmp_path_factory):
     index.close()
     with LiveServer(create_app(str(root / "ix"), config=None, encoder=encoder, options=ServeOptions(host="127.0.0.1"))) as url:
         yield url
-
-
-@pytest.fixture
-def browser():
-    b = _browser()
-    yield b
-    b.quit()
 
 
 def _wait(browser, seconds=60):
