@@ -17,14 +17,23 @@ config_option = click.option("--config", "config", type=click.Path(dir_okay=Fals
 
 _parse_params = parse_params  # `--param KEY=VALUE` pairs (cite's and clscisumm's matcher options too)
 
-__all__ = ["FACET_CHOICES", "click_options", "config_option", "overrides_from_click", "parse_params", "_open"]
+__all__ = ["FACET_CHOICES", "click_options", "config_option", "overrides_from_click", "parse_params", "_open",
+           "open_settings"]
 
 
 def _open(kw, command: str, *, create=True):
     """Open the index the command's options (popped from `kw`) and the config name."""
     import esqbe
 
+    return esqbe.open_index(settings=open_settings(kw, command), create=create)
+
+
+def open_settings(kw, command: str):
+    """The settings the command's options (popped from `kw`: the config name, the path, the where/encoding/indexing
+    flags) open the index with, as `esqbe.open_index` makes them."""
+    from esqbe.settings.config import load_settings
+
     config = kw.pop("config", None)
     path = kw.pop("path", None)
     overrides = overrides_from_click(kw, command, OPEN_GROUPS)
-    return esqbe.open_index(path, config=config, create=create, **overrides)
+    return load_settings(config).replace(path=path, **overrides)

@@ -17,6 +17,7 @@ from .options import (
     _parse_params,
     click_options,
     config_option,
+    open_settings,
     overrides_from_click,
 )
 
@@ -50,10 +51,19 @@ def _single_threaded_math():
 @click.option("--format", "export_format", type=click.Choice(tuple(EXPORT_FORMATS)),
               help="Print the hits as CSV, BibTeX or RIS (from their metadata: authors, year, venue, DOI) to save "
                    "or import, e.g. --format bibtex > similar.bib.")
+@click.option("--server", "server_url", metavar="URL",
+              help="Ask the `esqbe serve` at URL (its index, its settings and your flags); fails if it cannot answer. "
+                   "Default: a server running on this same index with these settings answers when there is one "
+                   "(its model is warm: no loading), else the query runs here.")
+@click.option("--no-server", is_flag=True, help="Answer here, even when an `esqbe serve` runs on this index.")
+@click.option("--server-timeout", type=click.FloatRange(0, 3600, min_open=True), default=60, show_default=True,
+              help="Seconds to wait for a server's answer.")
+@click.option("--quiet", "-q", is_flag=True, help="Do not say on stderr that a server answered.")
 @click_options("query")
 @config_option
 @handle_errors
-def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engine_filter, as_json, export_format, **kw):
+def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engine_filter, as_json, export_format,
+              server_url, no_server, server_timeout, quiet, **kw):
     """Papers most similar to one paper in one aspect, with the sentences that matched.
 
     \b
@@ -62,9 +72,13 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
     esqbe query --text "We propose ..." --facet result  # a paper not in the index
     esqbe query --paper 1791179 --facet method --filter 'year>=2019' --filter 'venue in (ACL, EMNLP)'
     esqbe query --paper 1791179 --facet method --format bibtex > similar.bib   # or csv, ris
+    While `esqbe serve` runs on the same index, it answers (its model is loaded: a --text query takes
+    well under a second instead of ~10 s); --no-server answers here, --server URL asks another server.
     """
     if as_json and export_format:
         raise click.UsageError("give --json or --format, not both")
+    if server_url is not None and no_server:
+        raise click.UsageError("give --server URL or --no-server, not both")
     if kw.get("rescorer") is not None:  # a usage error (2), like --facet's choices, not a failed run
         from esqbe.settings.config import check_value
 
@@ -101,44 +115,78 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
             raise click.BadParameter("expected comma-separated sentence indices, e.g. 0,2",
                                    param_hint="--sentences") from None
     overrides = overrides_from_click(kw, "query", ("query",))
-    with _open(kw, "query", create=False) as index:
-        result = index.query(paper_id, facet=facet, sentences=chosen, text=text, title=title,
-                             filters=list(flt.conditions) if flt else None,
-                             engine_filter=flt.engine_query if flt else None, **overrides)
+    settings = open_settings(kw, "query")
+    result = None
+    if not no_server:
+        result = _from_server(settings, server_url, server_timeout, quiet, paper_id=paper_id, facet=facet,
+                              sentences=chosen, text=text, title=title, filters=list(filters),
+                              engine_filter=flt.engine_query if flt else None, overrides=overrides)
+    if result is None:
+        import esqbe
+
+        with esqbe.open_index(settings=settings, create=False) as index:
+            result = index.query(paper_id, facet=facet, sentences=chosen, text=text, title=title,
+                                 filters=list(flt.conditions) if flt else None,
+                                 engine_filter=flt.engine_query if flt else None, **overrides).to_dict()
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+        click.echo(json.dumps(result, indent=2, ensure_ascii=False))
         return
     if export_format:
         from esqbe.query.export import export_hits
 
-        click.echo(export_hits(result.to_dict(), export_format), nl=False)
+        click.echo(export_hits(result, export_format), nl=False)
         return
-    who = f"paper {result.query_paper_id}" if result.query_paper_id else "query text"
-    what = f"facet {result.facet}" if result.facet else "chosen sentences" if chosen else "all sentences"
-    click.echo(f"{who}, {what}, rescorer {result.rescorer}:")
-    if result.selection is not None:
-        click.echo(f"  query = {result.selection.rule}:")
-        for q in result.selection.sentences:
-            p = f", p({result.facet}) {q.probability:.2f}" if q.probability is not None else ""
-            click.echo(f"  [{q.index}] ({q.facet}{p}) {q.text}")
+    _print_result(result, chosen=chosen is not None, filters=filters, engine_filter=engine_filter)
+
+
+def _from_server(settings, url, timeout, quiet, **query) -> dict | None:
+    """The result from a running `esqbe serve` (esqbe.server.client.ask_server): the one named by `url`, else one
+    serving this index with these settings; None to answer here. Says on stderr which answered, or why none did."""
+    from esqbe.server.client import NotSendable, ask_server
+
+    try:
+        answer = ask_server(settings, url=url, timeout=timeout, **query)
+    except NotSendable as e:  # only with --server: what the command line asks cannot go over HTTP
+        raise click.UsageError(f"--server: this query cannot be sent to a server: {e} (leave out --server)") from None
+    for line in answer.warnings:
+        click.echo(f"esqbe: warning: {line}", err=True)
+    for line in ([] if quiet else [*answer.notes, *([answer.served] if answer.served else [])]):
+        click.echo(f"esqbe: {line}", err=True)
+    return answer.result
+
+
+def _print_result(result: dict, *, chosen: bool, filters, engine_filter) -> None:
+    """A query's result (its one JSON shape, esqbe.query.result_json, from here or from a server) for people."""
+    query = result["query"]
+    facet = query["facet"]
+    who = f"paper {query['paper_id']}" if query["paper_id"] else "query text"
+    what = f"facet {facet}" if facet else "chosen sentences" if chosen else "all sentences"
+    click.echo(f"{who}, {what}, rescorer {result['rescorer']}:")
+    if query.get("selection") is not None:
+        click.echo(f"  query = {query['selection']['rule']}:")
+        for q in query["sentences"]:
+            p = f", p({facet}) {q['probability']:.2f}" if q["probability"] is not None else ""
+            click.echo(f"  [{q['index']}] ({q['facet']}{p}) {q['text']}")
     else:
-        for i, s in result.query_sentences:
-            click.echo(f"  [{i}] {s}")
+        for q in query["sentences"]:
+            click.echo(f"  [{q['index']}] {q['text']}")
     if filters or engine_filter:
         click.echo("  filtered: " + "; ".join([*filters, *([f"engine {engine_filter}"] if engine_filter else [])]))
-    if not result.hits:
+    hits = result["hits"]
+    if not hits:
         click.echo("no hits" + (" (no paper satisfies the filters)" if filters or engine_filter else ""))
     else:
         click.echo("\nsim: the rescorer's similarity (comparable across queries); score: what this query sorted by "
                    "(the rescorer fused with BM25); the number before each hit is its position")
-    for hit in result.hits:
-        sim = "   -  " if hit.similarity is None else f"{hit.similarity:.4f}"
-        click.echo(f"\n{hit.rank:>3}. sim {sim}  score {hit.score:.4f}  {hit.paper_id}  {hit.title}")
-        line = _metadata_line(hit.metadata)
+    for hit in hits:
+        sim = "   -  " if hit["similarity"] is None else f"{hit['similarity']:.4f}"
+        click.echo(f"\n{hit['rank']:>3}. sim {sim}  score {hit['score']:.4f}  {hit['paper_id']}  {hit['title']}")
+        line = _metadata_line(hit["metadata"])
         if line:
             click.echo(f"       {line}")
-        for m in hit.matches[:2]:
-            click.echo(f"       query [{m.query_index}] ~ [{m.candidate_index}] ({m.candidate_facet}, {m.weight:.3f}): {_short(m.candidate_sentence)}")
+        for m in hit["matches"][:2]:
+            click.echo(f"       query [{m['query_index']}] ~ [{m['candidate_index']}] ({m['candidate_facet']}, "
+                       f"{m['weight']:.3f}): {_short(m['candidate_sentence'])}")
 
 
 def _metadata_line(meta: dict) -> str:

@@ -40,6 +40,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from ..settings.config import ConfigError, Settings, load_settings
+from .discovery import loopback_url, remove_record, write_record
 from .errors import install_error_handlers
 from .middleware import _BodyLimit, _Perimeter
 from .options import (
@@ -131,8 +132,55 @@ def serve(settings: Settings, options: ServeOptions, *, log_level: str = "info")
     for line in exposure_notes(options):
         print(f"esqbe: {line}", file=sys.stderr, flush=True)
     app.state.service.start()  # open the index and load the model now: a failure is one clear error, not a traceback
-    uvicorn.run(app, host=options.host, port=options.port, log_level=log_level, proxy_headers=False,
-                server_header=False, timeout_graceful_shutdown=10)
+    config = uvicorn.Config(app, host=options.host, port=options.port, log_level=log_level, proxy_headers=False,
+                            server_header=False, timeout_graceful_shutdown=10)
+    server = _recorded_server(config, lambda: _record(settings, options))
+    try:
+        server.run()
+    except KeyboardInterrupt:  # as uvicorn.run: the signal that stopped a clean shutdown
+        pass
+    finally:
+        if server.record is not None:
+            remove_record(server.record)
+    if not server.started:
+        sys.exit(3)  # uvicorn's STARTUP_FAILURE: the port is taken, say
+
+
+def _recorded_server(config, make_record):
+    """uvicorn's Server that, once it listens, leaves a discovery record (esqbe.server.discovery) for `esqbe query`
+    (`make_record()`: its path or None) and removes it as its shutdown begins (before a SIGTERM is passed on)."""
+    import uvicorn
+
+    class Recorded(uvicorn.Server):
+        record = None
+
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started and not self.should_exit:
+                self.record = make_record()
+
+        async def shutdown(self, sockets=None):
+            if self.record is not None:
+                remove_record(self.record)
+            await super().shutdown(sockets)
+
+    return Recorded(config)
+
+
+def _record(settings: Settings, options: ServeOptions):
+    """Write the discovery record of a server this machine reaches by loopback and any local user may query
+    (not a private one); say so on stderr. Its path, or None."""
+    url = loopback_url(options.host, options.port)
+    if url is None or options.private:
+        return None
+    try:
+        path = write_record(settings, url)
+    except OSError as e:
+        print(f"esqbe: no discovery record ({e}): `esqbe query` uses this server only with --server {url}",
+              file=sys.stderr, flush=True)
+        return None
+    print(f"esqbe: `esqbe query` on this index uses this server (its record: {path})", file=sys.stderr, flush=True)
+    return path
 
 
 __all__ = ["create_app", "serve", "ServeOptions", "Service", "check_exposure", "exposure_notes", "is_loopback",

@@ -19,6 +19,7 @@ from ..core.filters import FilterError
 from ..errors import EsqbeError
 from ..query.export import EXPORT_FORMATS, export_hits, file_name, media_type
 from ..query.search import query_sentences
+from .discovery import INDEX_HEADER
 from .errors import ApiError, _clean_validation, _errors, _public, api_error
 from .middleware import _PAGE_HEADERS, JSON_LINES_TYPES, _token_ok, _type_message
 from .models import (
@@ -121,7 +122,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
                  responses={**_errors(400, 404, 409, 413, 422, 503, 504),
                             200: {"content": {media_type(f).split(";")[0]: {"schema": {"type": "string"}}
                                               for f in EXPORT_FORMATS}}})
-    async def query(req: QueryRequest, request: Request):
+    async def query(req: QueryRequest, request: Request, response: Response):
         """Papers most similar to a paper's facet, to chosen sentences, or to a text, with the sentences that matched."""
         check_engine_filter(request, req.engine_filter)
         deadline = Deadline(options.request_timeout)  # from now: a wait for a reader counts
@@ -144,9 +145,12 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
             out = await service.read(_run_query, req, text, overrides, deadline=deadline, request=request)
         except EsqbeError as e:
             raise api_error(e) from None
+        # which index answered: `esqbe query` checks it against the index a discovery record promised
+        which = {INDEX_HEADER: service.index_id} if service.index_id else {}
         if req.format in EXPORT_FORMATS:  # the hits as a file (the page's download button)
             return Response(export_hits(out, req.format), media_type=media_type(req.format),
-                            headers={"Content-Disposition": f'attachment; filename="{file_name(req.format)}"'})
+                            headers={"Content-Disposition": f'attachment; filename="{file_name(req.format)}"', **which})
+        response.headers.update(which)
         return out
 
     @router.get("/papers/{paper_id:path}", response_model=Paper, responses=_errors(404, 503), tags=["papers"])

@@ -19,6 +19,7 @@ from ..domain import QUERY_FACETS, FirstStageRequest
 from ..errors import BackendError
 from ..index.api import Index
 from ..settings.config import Settings
+from .discovery import index_id
 from .errors import ApiError
 from .options import ServeOptions
 
@@ -71,6 +72,9 @@ class Service:
         self.closed = False
         self.timed_out = 0  # queries given up at their deadline
         self.abandoned = 0  # queries given up because their client went away
+        #: the index's identity (esqbe.server.discovery.index_id), known once the index is open: the X-Esqbe-Index
+        #: header of each query's answer, so a client that found this server by its record can check it
+        self.index_id: str | None = None
 
     @property
     def n_readers(self) -> int:
@@ -100,6 +104,7 @@ class Service:
             if self.writer.submit(_create_if_absent).result() is None:
                 log.warning("the index (%s) is empty: POST /papers or `esqbe index` fills it", _where(self.settings))
             self.readers = [_Slot(f"reader-{i}", lambda: self._open(create=False)) for i in range(self.n_readers)]
+            self.index_id = index_id(self.settings)
             if self.options.warm:
                 threading.Thread(target=self._warm_all, name="esqbe-warm", daemon=True).start()
             else:
