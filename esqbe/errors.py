@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_STORAGE, EXIT_INTERNAL = 0, 1, 2, 3, 70
+EXIT_SERVER = 4  # `esqbe query --server URL`: that server did not answer
 
 #: what each exit status means (README "Bad input, faults and exit statuses" is generated from it)
 EXIT_MEANINGS = {
@@ -21,6 +22,8 @@ EXIT_MEANINGS = {
     EXIT_USAGE: "command-line usage: unknown option, a value out of its range (`-k 0`, `--bm25-weight 5`)",
     EXIT_STORAGE: "the index or the machine failed: disk full, read-only index, I/O error (what was committed "
                   "before it stays)",
+    EXIT_SERVER: "`esqbe query --server URL`: that server cannot be reached, timed out or failed (5xx); "
+                 "a server the query found by itself falls back to answering locally instead",
     EXIT_INTERNAL: "an internal error, a bug in esqbe: the traceback is printed; please report it",
 }
 
@@ -108,7 +111,7 @@ _DEFINING_MODULES = (
     "esqbe.backends.base", "esqbe.core.deadline", "esqbe.core.filters", "esqbe.distributed.raydata", "esqbe.encode.identity",
     "esqbe.encode.adapter", "esqbe.encode.citations",
     "esqbe.evaluation.clscisumm_data", "esqbe.evaluation.csfcube", "esqbe.ingest.readers", "esqbe.query.search",
-    "esqbe.rescore.words", "esqbe.settings.config", "esqbe.tagger.net",
+    "esqbe.rescore.words", "esqbe.settings.config", "esqbe.tagger.net", "esqbe.server.client",
 )
 
 

@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..errors import EXIT_ERROR, EsqbeError, UserError
+from ..errors import EXIT_ERROR, EXIT_SERVER, EsqbeError, UserError
 from ..settings.config import Settings
 from ..settings.table import BY_NAME
 from .discovery import INDEX_HEADER, find_servers, forget, is_loopback_url
@@ -20,8 +20,6 @@ from .discovery import INDEX_HEADER, find_servers, forget, is_loopback_url
 #: seconds a query waits for a server's answer by default (the server gives up on its own after its
 #: request_timeout, 30 s by default, and answers 504)
 DEFAULT_TIMEOUT_S = 60.0
-#: the exit status of `esqbe query --server URL` when that server cannot answer (README's exit-status table)
-EXIT_SERVER = 4
 
 
 class ServerUnavailableError(EsqbeError):

@@ -1,0 +1,274 @@
+"""`esqbe query` answered by a running `esqbe serve` (issue 24, item 8: a warm model for CLI queries): a real
+`esqbe serve` process on 127.0.0.1 over a real index, and the real CLI as a process. The server's answer prints
+exactly what a local run prints; records that must not be trusted (stale, another index, writable by others,
+other settings) are not used; `--server URL` names one; a server that fails leaves the query to the CLI."""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from esqbe.server import discovery
+from esqbe.settings.config import load_settings
+
+from .conftest import REPO, SAMPLE
+
+QID = json.loads(SAMPLE.read_text().splitlines()[0])["paper_id"]
+TEXT = ("We propose a neural parser trained with back-translation. We train a transformer on parallel data. "
+        "It improves accuracy on three treebanks.")
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+for _var in ("ESQBE_TOKEN", "ESQBE_CONFIG", "ESQBE_INDEX_PATH", "ESQBE_BACKEND"):
+    ENV.pop(_var, None)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cli(*args, cwd, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=cwd, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+class Served:
+    """`esqbe serve --path PATH --port P` as a process; its output collected line by line."""
+
+    def __init__(self, path: Path, cwd: Path):
+        import httpx
+
+        self.path, self.port = path, _port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--path", str(path), "--port", str(self.port)],
+                                     cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")), daemon=True).start()
+        deadline = time.time() + 240
+        while not (self.ready(httpx) and list(discovery.records(self.settings))):
+            assert self.proc.poll() is None and time.time() < deadline, "".join(self.lines)
+            time.sleep(0.2)
+
+    @property
+    def settings(self):
+        return load_settings(None).replace(path=str(self.path))
+
+    def ready(self, httpx) -> bool:
+        try:
+            return httpx.get(self.url + "/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def queries_answered(self) -> int:
+        return sum("POST /query" in line for line in self.lines)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, index_dir_30):
+    root = tmp_path_factory.mktemp("warm")
+    path = root / "index"
+    shutil.copytree(index_dir_30, path)
+    server = Served(path, root)
+    yield server
+    server.stop()
+    out = "".join(server.lines)
+    assert server.proc.returncode == 0 and "Traceback" not in out, out
+    # a clean shutdown takes its record away (and the empty records directory)
+    assert not (path / discovery.RECORD_DIR).exists()
+
+
+def _answered_by(stderr: str, url: str) -> bool:
+    return f"answered by the server at {url}" in stderr
+
+
+@pytest.mark.parametrize("extra", [(), ("--json",), ("--format", "bibtex"), ("--format", "csv"), ("--format", "ris")])
+def test_a_running_server_answers_paper_queries_with_the_same_output(served, extra):
+    args = ("query", "--path", served.path, "--paper", QID, "--facet", "method", "-k", "5", *extra)
+    before = served.queries_answered()
+    warm = cli(*args, cwd=served.path.parent)
+    assert warm.returncode == 0, warm.stderr
+    assert _answered_by(warm.stderr, served.url) and len(warm.stderr.strip().splitlines()) == 1, warm.stderr
+    time.sleep(0.5)  # the access log line
+    assert served.queries_answered() == before + 1  # the server's log: it answered this query
+    here = cli(*args, "--no-server", cwd=served.path.parent)
+    assert here.returncode == 0 and "server" not in here.stderr, here.stderr
+    assert served.queries_answered() == before + 1  # --no-server: not asked
+    if extra == ("--json",):  # field for field; only the times differ
+        warm_json, here_json = json.loads(warm.stdout), json.loads(here.stdout)
+        warm_json.pop("timings_ms"), here_json.pop("timings_ms")
+        assert warm_json == here_json
+    else:
+        assert warm.stdout == here.stdout  # byte for byte
+
+
+def test_a_running_server_answers_text_queries(served):
+    """A --text query is encoded by the server's warm model: the same hits and sentences as encoding it here."""
+    args = ("query", "--path", served.path, "--text", TEXT, "--facet", "method", "-k", "5", "--json")
+    warm = cli(*args, cwd=served.path.parent)
+    assert warm.returncode == 0 and _answered_by(warm.stderr, served.url), warm.stderr
+    here = cli(*args, "--no-server", cwd=served.path.parent)
+    assert here.returncode == 0, here.stderr
+    a, b = json.loads(warm.stdout), json.loads(here.stdout)
+    assert a["query"] == b["query"]
+    assert [h["paper_id"] for h in a["hits"]] == [h["paper_id"] for h in b["hits"]]
+    for x, y in zip(a["hits"], b["hits"]):
+        assert x["similarity"] == pytest.approx(y["similarity"], abs=1e-5)
+        assert [(m["query_index"], m["candidate_index"]) for m in x["matches"]] == \
+               [(m["query_index"], m["candidate_index"]) for m in y["matches"]]
+    quiet = cli("query", "--path", served.path, "--text", TEXT, "--facet", "method", "-k", "2", "-q",
+                cwd=served.path.parent)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr  # -q: not said
+    assert "query text, facet method" in quiet.stdout
+
+
+def test_settings_that_differ_are_not_answered_by_the_server(served, tmp_path):
+    config = tmp_path / "other.yaml"
+    config.write_text("final_bm25_weight: 0.3\n")
+    r = cli("query", "--path", served.path, "--paper", QID, "--facet", "method", "--config", config,
+            cwd=served.path.parent)
+    assert r.returncode == 0 and not _answered_by(r.stderr, served.url)
+    assert "runs with other settings (final_bm25_weight)" in r.stderr
+    # a flag the HTTP API does not take: answered here, said why
+    r = cli("query", "--path", served.path, "--paper", QID, "--facet", "method", "--prf-docs", "2",
+            cwd=served.path.parent)
+    assert r.returncode == 0 and not _answered_by(r.stderr, served.url)
+    assert "--prf-docs is not a setting a server takes over HTTP" in r.stderr
+    # a flag it does take goes with the query
+    r = cli("query", "--path", served.path, "--paper", QID, "--facet", "method", "--bm25-weight", "0.4", "-k", "2",
+            "--json", cwd=served.path.parent)
+    assert r.returncode == 0 and _answered_by(r.stderr, served.url) and len(json.loads(r.stdout)["hits"]) == 2
+
+
+def _record(folder: Path, url: str, pid: int, ident: str, settings, mode=0o600, name="127.0.0.1_1.json") -> Path:
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / name
+    path.write_text(json.dumps({"version": 1, "url": url, "pid": pid, "index_id": ident, "index": "x",
+                                "settings": discovery.settings_digests(settings), "started": 0}))
+    path.chmod(mode)
+    return path
+
+
+def test_stale_records_are_ignored_and_removed(index_dir_30, tmp_path):
+    path = tmp_path / "index"
+    shutil.copytree(index_dir_30, path)
+    settings = load_settings(None).replace(path=str(path))
+    ident = discovery.index_id(settings)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folder = path / discovery.RECORD_DIR
+    gone = _record(folder, f"http://127.0.0.1:{_port()}", dead.pid, ident, settings, name="dead.json")
+    closed = _record(folder, f"http://127.0.0.1:{_port()}", os.getpid(), ident, settings, name="closed.json")
+    r = cli("query", "--path", path, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
+    assert r.returncode == 0 and "server" not in r.stderr, r.stderr
+    assert "paper " + QID in r.stdout
+    assert not gone.exists()  # the process is dead
+    assert not closed.exists()  # nothing listens where it said
+
+
+def test_records_of_another_index_or_writable_by_others_are_not_used(served, tmp_path):
+    # the served index copied, its record with it: the copy is another index
+    copy = tmp_path / "copy"
+    shutil.copytree(served.path, copy)
+    copied = list((copy / discovery.RECORD_DIR).glob("*.json"))
+    assert copied
+    r = cli("query", "--path", copy, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
+    assert r.returncode == 0 and "server" not in r.stderr, r.stderr
+    assert not any(p.exists() for p in copied)  # a record of another index: removed
+    settings = load_settings(None).replace(path=str(copy))
+    ident = discovery.index_id(settings)
+    # a record others may write is not trusted, even naming a live server
+    open_to_all = _record(copy / discovery.RECORD_DIR, served.url, served.proc.pid, ident, settings, mode=0o666)
+    before = served.queries_answered()
+    r = cli("query", "--path", copy, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
+    assert r.returncode == 0 and "server" not in r.stderr, r.stderr
+    assert served.queries_answered() == before
+    # a record of this user whose server answers for another index (its X-Esqbe-Index): the answer is not used
+    open_to_all.chmod(0o600)
+    r = cli("query", "--path", copy, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
+    assert r.returncode == 0 and "answers for another index" in r.stderr and "paper " + QID in r.stdout, r.stderr
+    # a record naming a server that is not on loopback is not used
+    remote = _record(copy / discovery.RECORD_DIR, "http://192.0.2.1:8000", served.proc.pid, ident, settings,
+                     name="remote.json")
+    open_to_all.unlink()
+    r = cli("query", "--path", copy, "--paper", QID, "--facet", "method", "-k", "2", "--server-timeout", "2",
+            cwd=tmp_path)
+    assert r.returncode == 0 and "server" not in r.stderr, r.stderr
+    assert remote.exists()
+
+
+class _Broken(http.server.BaseHTTPRequestHandler):
+    """A server that fails every query (500), or never answers (`slow`)."""
+
+    slow = False
+
+    def do_POST(self):  # noqa: N802
+        if self.slow:
+            time.sleep(5)
+        self.send_response(500)
+        body = json.dumps({"error": {"status": 500, "message": "something broke"}}).encode()
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def broken():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    _Broken.slow = False
+
+
+def test_a_found_server_that_fails_leaves_the_query_here(index_dir_30, tmp_path, broken):
+    path = tmp_path / "index"
+    shutil.copytree(index_dir_30, path)
+    settings = load_settings(None).replace(path=str(path))
+    _record(path / discovery.RECORD_DIR, broken, os.getpid(), discovery.index_id(settings), settings)
+    r = cli("query", "--path", path, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(warnings) == 1 and "failed (500): something broke; answering here" in warnings[0], r.stderr
+    assert "paper " + QID in r.stdout
+
+
+def test_server_flag(served, tmp_path, broken):
+    # any server the user names; the command line's --path does not matter
+    r = cli("query", "--server", served.url, "--paper", QID, "--facet", "method", "-k", "3", "--json", cwd=tmp_path)
+    assert r.returncode == 0 and _answered_by(r.stderr, served.url), r.stderr
+    assert len(json.loads(r.stdout)["hits"]) == 3
+    # the query's own fault: the server's message, exit 1 as here
+    r = cli("query", "--server", served.url, "--paper", "no-such-paper", "--facet", "method", cwd=tmp_path)
+    assert r.returncode == 1 and "paper no-such-paper is not in the index" in r.stderr, r.stderr
+    # a server that fails, none that listens, one that is too slow: exit 4, one line, no traceback
+    for url, extra, message in ((broken, (), "failed (500): something broke"),
+                                (f"http://127.0.0.1:{_port()}", (), "cannot be reached"),
+                                (broken, ("--server-timeout", "1"), "did not answer within 1 s")):
+        _Broken.slow = "--server-timeout" in extra
+        r = cli("query", "--server", url, "--paper", QID, "--facet", "method", *extra, cwd=tmp_path)
+        assert r.returncode == 4 and message in r.stderr, (url, r.stderr)
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # what HTTP does not carry is a usage error with --server
+    r = cli("query", "--server", served.url, "--paper", QID, "--facet", "method", "--prf-docs", "2", cwd=tmp_path)
+    assert r.returncode == 2 and "--prf-docs" in r.stderr
+    r = cli("query", "--server", served.url, "--no-server", "--paper", QID, cwd=tmp_path)
+    assert r.returncode == 2
