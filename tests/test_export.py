@@ -124,3 +124,43 @@ def test_http_query_format_is_a_download(ix, encoder):
         assert [row["paper_id"] for row in csv.DictReader(io.StringIO(r.text))] == [h["paper_id"] for h in as_json["hits"]]
         r = httpx.post(url + "/query", json={**body, "format": "docx"}, timeout=60)
         assert r.status_code == 422
+
+
+def test_organisation_authors_stay_whole(tmp_path, encoder):
+    """An organisation as author (CSL-JSON `{"literal": ...}`, a BibTeX name braced whole, an RIS name without a
+    comma) is exported as one name, not turned round into "Language, Google AI"; people still as `Family, Given`."""
+    import esqbe
+
+    from .conftest import REPO
+
+    (tmp_path / "org.bib").write_text(
+        "@article{orgbib,\n title={A Study of Things},\n author={Doe, Jane and {Google AI Language}},\n year={2019},\n"
+        " abstract={We study things with a new method. It works well on two tasks.}\n}\n")
+    (tmp_path / "org.ris").write_text(
+        "TY  - JOUR\nID  - orgris\nTI  - Another Study\nAU  - Roe, Richard\nAU  - DeepMind Technologies\nPY  - 2020\n"
+        "AB  - We train a model on games. It beats the baseline.\nER  - \n")
+    (tmp_path / "plain.jsonl").write_text(json.dumps({"id": "plain", "title": "The Query Paper", "abstract":
+                                                      "We study things and games. A new method works well."}) + "\n")
+    with esqbe.open_index(str(tmp_path / "ix"), encoder=encoder, config=None) as index:
+        report = index.index_files([str(tmp_path / "org.bib"), str(tmp_path / "org.ris"), str(tmp_path / "plain.jsonl"),
+                                    str(REPO / "tests" / "data" / "library" / "zotero-csl.json")])
+        assert report.indexed == 4
+
+    def export(fmt):  # the three others are the hits
+        r = CliRunner().invoke(main, ["query", "--path", str(tmp_path / "ix"), "--paper", "plain", "-k", "3",
+                                      "--format", fmt, "--no-server"], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        return r.stdout
+
+    bib = export("bibtex")
+    assert "Language, Google AI" not in bib and "Technologies, DeepMind" not in bib
+    assert "author = {Devlin, Jacob and Chang, Ming-Wei and {Google AI Language}}" in bib
+    assert "author = {Roe, Richard and {DeepMind Technologies}}" in bib
+    library = bibtexparser.parse_string(bib)
+    assert not library.failed_blocks and len(library.entries) == 3
+    ris = {r["id"]: r for r in rispy.loads(export("ris"))}
+    assert ris["ABCD2345"]["authors"] == ["Devlin, Jacob", "Chang, Ming-Wei", "Google AI Language"]
+    assert ris["orgbib"]["authors"] == ["Doe, Jane", "Google AI Language"]
+    rows = {row["paper_id"]: row for row in csv.DictReader(io.StringIO(export("csv")))}
+    assert rows["ABCD2345"]["authors"] == "Jacob Devlin; Ming-Wei Chang; Google AI Language"
+    assert rows["orgris"]["authors"] == "Richard Roe; DeepMind Technologies"

@@ -308,3 +308,81 @@ def test_the_hits_download_as_csv_bibtex_and_ris(server, browser, tmp_path):
         assert want.status_code == 200 and saved.read_bytes() == want.content
         assert f'filename="{saved.name}"' in want.headers["content-disposition"]
     assert not browser.find_element(By.ID, "error").is_displayed()
+
+
+def _reopen(browser, url):
+    """The address opened afresh, as a bookmark or a link a colleague sent."""
+    browser.get("about:blank")
+    browser.get(url)
+
+
+def test_the_address_reproduces_the_query_filters_and_text_included(server, browser):
+    """Issue 24 (noticed after item 4): a link to the page reproduces the query: the paper, its facet or sentences,
+    the filters, the hit count, and a pasted text with its title."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(server + f"/#paper={P0}&facet=method")
+    _wait(browser).until(lambda b: _hits(b))
+    browser.find_element(By.ID, "k").clear()
+    browser.find_element(By.ID, "k").send_keys("7")
+    browser.find_element(By.ID, "filters").send_keys("year>=2014; venue in (ACL, EMNLP)\n")
+    want = httpx.post(server + "/query", json={"paper_id": P0, "facet": "method", "k": 7, "rescorer": "summax",
+                                               "filters": ["year>=2014", "venue in (ACL, EMNLP)"]}, timeout=60).json()
+    ids = [h["paper_id"] for h in want["hits"]]
+    _wait(browser).until(lambda b: [h.get_attribute("data-paper-id") for h in _hits(b)] == ids)
+    url = browser.current_url
+    # a hit's "query by this paper" link keeps the filters and the count too
+    nxt = _hits(browser)[0].find_element(By.CSS_SELECTOR, "a.query-next").get_attribute("href")
+    assert "filters=" in nxt and "k=7" in nxt
+
+    _reopen(browser, url)
+    _wait(browser).until(lambda b: [h.get_attribute("data-paper-id") for h in _hits(b)] == ids)
+    assert browser.find_element(By.ID, "filters").get_attribute("value") == "year>=2014; venue in (ACL, EMNLP)"
+    assert browser.find_element(By.ID, "k").get_attribute("value") == "7"
+
+    # a pasted text, two of its sentences chosen, and a title: the address carries them
+    browser.get(server + "/")
+    browser.find_element(By.CSS_SELECTOR, "#text-query summary").click()
+    browser.find_element(By.ID, "text-title").send_keys("Low-resource MT")
+    browser.find_element(By.ID, "text-input").send_keys(TEXT)
+    browser.find_element(By.ID, "use-text").click()
+    browser.find_element(By.ID, "run-query").click()
+    _wait(browser).until(lambda b: len(_hits(b)) == 10)
+    sentences = browser.find_elements(By.CSS_SELECTOR, "#sentences .sentence")
+    sentences[1].click()
+    sentences[2].click()
+    browser.find_element(By.ID, "run-query").click()
+    want = httpx.post(server + "/query", json={"text": TEXT, "title": "Low-resource MT", "sentences": [1, 2], "k": 10,
+                                               "rescorer": "summax"}, timeout=60).json()
+    ids = [h["paper_id"] for h in want["hits"]]
+    _wait(browser).until(lambda b: [h.get_attribute("data-paper-id") for h in _hits(b)] == ids)
+    url = browser.current_url
+    assert "text=" in url and "sentences=1%2C2" in url
+    _reopen(browser, url)
+    _wait(browser).until(lambda b: [h.get_attribute("data-paper-id") for h in _hits(b)] == ids)
+    assert browser.find_element(By.ID, "text-input").get_attribute("value") == TEXT
+    assert browser.find_element(By.ID, "text-title").get_attribute("value") == "Low-resource MT"
+    assert _pressed(browser) == [1, 2]
+    assert not _no_severe_log(browser)
+
+
+def test_a_text_query_without_facet_shows_the_tagger_labels_and_probabilities(server, browser):
+    """Issue 24 (noticed after item 2): a pasted text queried with every sentence shows what the tagger made of
+    each (label and probability, as for a paper), not "unlabeled"."""
+    from selenium.webdriver.common.by import By
+
+    want = httpx.post(server + "/query", json={"text": TEXT, "k": 5}, timeout=60).json()["query"]["sentences"]
+    assert all(s["facet"] in ("background", "method", "result", "other") and s["probabilities"] for s in want)
+    browser.get(server + "/")
+    browser.find_element(By.CSS_SELECTOR, "#text-query summary").click()
+    browser.find_element(By.ID, "text-input").send_keys(TEXT)
+    browser.find_element(By.ID, "use-text").click()
+    browser.find_element(By.ID, "run-query").click()
+    _wait(browser).until(lambda b: len(_hits(b)) == 10)
+    buttons = browser.find_elements(By.CSS_SELECTOR, "#sentences .sentence")
+    assert len(buttons) == len(want)
+    for button, s in zip(buttons, want):
+        assert button.find_element(By.CSS_SELECTOR, ".tag").text.lower() == s["facet"]
+        assert button.find_element(By.CSS_SELECTOR, ".why").text == f"p({s['facet']}) {s['probabilities'][s['facet']]:.2f}"
+    assert "unlabeled" not in browser.find_element(By.ID, "sentences").text.lower()
+    assert not _no_severe_log(browser)

@@ -31,7 +31,9 @@ def test_bibtex_zotero_export():
     assert p.title == "Attention Is All You Need"
     assert p.sentences[1] == "We propose a new simple network architecture, the Transformer, based solely on attention mechanisms."
     assert p.metadata["format"] == "bibtex" and p.metadata["year"] == 2017
-    assert p.metadata["authors"] == [{"name": "Ashish Vaswani"}, {"name": "Noam Shazeer"}, {"name": "Niki Parmar"}]
+    assert p.metadata["authors"] == [{"name": "Ashish Vaswani", "family": "Vaswani", "given": "Ashish"},
+                                     {"name": "Noam Shazeer", "family": "Shazeer", "given": "Noam"},
+                                     {"name": "Niki Parmar", "family": "Parmar", "given": "Niki"}]
     assert p.metadata["venue"] == "Advances in Neural Information Processing Systems"
     assert p.metadata["external_ids"] == {"doi": "10.48550/arXiv.1706.03762", "arxiv": "1706.03762"}
     assert report.skipped == {"no abstract": 1}  # mueller2019
@@ -45,7 +47,8 @@ def test_bibtex_latex_is_decoded_and_names_turned_round():
     [paper], _ = read_all(io.StringIO(text))
     assert paper.title == "Café Models"
     assert paper.sentences == ["We study cafés.", "They are nice."]
-    assert paper.metadata["authors"] == [{"name": "Jörg Müller"}, {"name": "Ada Lovelace"}]
+    assert paper.metadata["authors"] == [{"name": "Jörg Müller", "family": "Müller", "given": "Jörg"},
+                                         {"name": "Ada Lovelace"}]
     assert paper.metadata["venue"] == "J. of X"
 
 
@@ -62,7 +65,8 @@ def test_ris_zotero_export():
     [p] = papers
     assert p.paper_id == "10.1109/CVPR.2016.90"  # no ID tag: the DOI is the id
     assert p.title == "Deep Residual Learning for Image Recognition"
-    assert p.metadata["authors"] == [{"name": "Kaiming He"}, {"name": "Xiangyu Zhang"}]
+    assert p.metadata["authors"] == [{"name": "Kaiming He", "family": "He", "given": "Kaiming"},
+                                     {"name": "Xiangyu Zhang", "family": "Zhang", "given": "Xiangyu"}]
     assert p.metadata["year"] == 2016 and p.metadata["external_ids"] == {"doi": "10.1109/CVPR.2016.90"}
     assert p.metadata["venue"].startswith("Proceedings of the IEEE Conference")
     assert report.skipped == {"no abstract": 1}
@@ -80,7 +84,9 @@ def test_csl_json_zotero_export():
     papers, report = read_all(DATA / "zotero-csl.json")
     [p] = papers
     assert p.paper_id == "ABCD2345"
-    assert p.metadata["authors"] == [{"name": "Jacob Devlin"}, {"name": "Ming-Wei Chang"}, {"name": "Google AI Language"}]
+    assert p.metadata["authors"] == [{"name": "Jacob Devlin", "family": "Devlin", "given": "Jacob"},
+                                     {"name": "Ming-Wei Chang", "family": "Chang", "given": "Ming-Wei"},
+                                     {"name": "Google AI Language", "literal": True}]  # an organisation: kept whole
     assert p.metadata["year"] == 2019 and p.metadata["publication_date"] == "2019-06"
     assert p.metadata["external_ids"] == {"doi": "10.18653/v1/N19-1423"}
     assert p.metadata["venue"] == "Proceedings of NAACL-HLT"

@@ -165,7 +165,9 @@ def _print_result(result: dict, *, chosen: bool, filters, engine_filter) -> None
     if query.get("selection") is not None:
         click.echo(f"  query = {query['selection']['rule']}:")
         for q in query["sentences"]:
-            p = f", p({facet}) {q['probability']:.2f}" if q["probability"] is not None else ""
+            soft = q.get("probabilities") or {}
+            p = f", p({facet}) {q['probability']:.2f}" if q["probability"] is not None else \
+                f", p {soft[q['facet']]:.2f}" if q["facet"] in soft else ""  # the tagger's label, how sure it was
             click.echo(f"  [{q['index']}] ({q['facet']}{p}) {q['text']}")
     else:
         for q in query["sentences"]:

@@ -22,6 +22,7 @@ from ..domain import IndexedPaper, IndexMeta, Paper, normalize_label
 from ..errors import BackendError, ModelMismatchError, StorageError
 from ..ingest.readers import InputError
 from ..query import centering
+from ..query.result_json import soft_probabilities
 from ..query.search import (
     EmptyIndexError,
     PaperNotFoundError,
@@ -223,7 +224,7 @@ class Index(IngestMixin):
             deadline.check()
             t_encode = time.perf_counter()  # labels predicted and vectors encoded for this text
             paper = Paper("query", title, sents)
-            if (facet is not None or sentences is not None) and self.tagger is not None:
+            if self.tagger is not None:  # labels shown for every text query, used by a facet query
                 labels, probs = self.tagger.tag_with_probabilities([paper])
                 paper.facets = [normalize_label(x) for x in labels[0]]
                 # as for an indexed paper the tagger labelled: its probabilities choose the query's sentences
@@ -251,6 +252,8 @@ class Index(IngestMixin):
         result = run_query(self.backend, query, indices, settings, facet=facet, restrict_to=restrict_to, context=context,
                            filter=flt)
         result.selection = explain_selection(query.paper, facet, sentences, settings.query_facet_threshold, indices)
+        soft = soft_probabilities(query.paper)
+        result.query_probabilities = [soft[i] for i in indices] if soft else None
         if paper_id is None:
             result.query_paper_id = None
             result.timings = {"encode": encode_ms, **result.timings}

@@ -200,7 +200,9 @@ def _s2orc_author(a) -> dict | None:
 
 
 def _authors(value) -> list | None:
-    """Authors as [{"name", "id"?}]: S2AG's {authorId, name}, strings, or objects given as such."""
+    """Authors as [{"name", "id"?, "family"?, "given"?, "literal"?}]: S2AG's {authorId, name}, strings, or objects
+    given as such. Where the source splits a name, `family` and `given` keep the split (a family name of several
+    words stays whole); `literal: true` marks a name that is not a person's (an organisation), kept whole."""
     if not isinstance(value, list):
         return None
     out: list[dict] = []
@@ -213,6 +215,10 @@ def _authors(value) -> list | None:
             ident = a.get("authorid", a.get("id"))
             if ident not in (None, ""):
                 entry["id"] = str(ident)
+            if entry:
+                entry.update({k: a[k].strip() for k in ("family", "given") if isinstance(a.get(k), str) and a[k].strip()})
+                if a.get("literal") is True:
+                    entry["literal"] = True
             if entry:
                 out.append(entry)
     return out or None

@@ -72,18 +72,25 @@ def _bibtex_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
 
 
 def _bibtex_names(value) -> list[dict] | None:
-    """`Last, First and First Last and others` as [{"name": "First Last"}]."""
+    """`Last, First and First Last and {Some Organisation} and others` as [{"name": "First Last", "family": "Last",
+    "given": "First"}, {"name": "First Last"}, {"name": "Some Organisation", "literal": true}]: a name braced whole
+    is BibTeX's way to keep it from being split."""
     if not isinstance(value, str):
         return None
-    names = []
+    names: list[dict] = []
     for part in re.split(r"\s+and\s+", " ".join(value.split())):
-        part = part.strip().strip("{}")
+        part = part.strip()
+        literal = len(part) > 2 and part[0] == "{" and part[-1] == "}" and "{" not in part[1:-1]
+        part = part.strip("{}")
         if not part or part.lower() == "others":
             continue
-        if "," in part:
+        if literal:
+            names.append({"name": part, "literal": True})
+        elif "," in part:
             last, _, first = part.partition(",")
-            part = f"{first.strip()} {last.strip()}".strip()
-        names.append(part)
+            names.append({"name": f"{first.strip()} {last.strip()}".strip(), "family": last, "given": first})
+        else:
+            names.append({"name": part})
     return _authors(names)
 
 
@@ -148,8 +155,10 @@ def _from_ris(record: dict) -> Paper:
     abstract = record.get("abstract") or record.get("notes_abstract")
     sentences = _split_text_abstract(_plain(abstract) or None, "AB")
     authors = [*(record.get("authors") or []), *(record.get("first_authors") or [])]
-    names = [f"{first.strip()} {last.strip()}".strip() if "," in a else a
-             for a in authors if isinstance(a, str) for last, _, first in [a.partition(",")]]
+    # RIS writes `Last, First`; a name without a comma is taken as written (an organisation): kept whole
+    names = [{"name": f"{first.strip()} {last.strip()}".strip(), "family": last, "given": first} if "," in a else
+             {"name": a.strip(), "literal": True}
+             for a in authors if isinstance(a, str) and a.strip() for last, _, first in [a.partition(",")]]
     venue = _plain(record.get("secondary_title") or record.get("journal_name") or record.get("alternate_title3"))
     urls = record.get("urls")
     meta = _metadata(
@@ -217,9 +226,12 @@ def _from_csl(record: dict) -> Paper:
     for i, a in enumerate(record.get("author") or []):
         if not isinstance(a, dict):
             raise _Invalid(f"author[{i}]", f"expected an object with family/given, got {_type_name(a)}")
-        name = a.get("literal") or " ".join(str(a[k]) for k in ("given", "family") if a.get(k))
+        if a.get("literal"):
+            authors.append({"name": str(a["literal"]), "literal": True})  # an organisation: one name, never split
+            continue
+        name = " ".join(str(a[k]) for k in ("given", "family") if a.get(k))
         if name:
-            authors.append(name)
+            authors.append({"name": name, **{k: str(a[k]) for k in ("family", "given") if a.get(k)}})
     issued = record.get("issued")
     parts = issued.get("date-parts") if isinstance(issued, dict) else None
     year = date = None

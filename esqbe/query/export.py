@@ -43,15 +43,14 @@ def _fields(hit: dict) -> dict:
     """What every export uses of one hit."""
     meta = hit.get("metadata") or {}
     ids: dict = meta["external_ids"] if isinstance(meta.get("external_ids"), dict) else {}
-    authors = [a.get("name") if isinstance(a, dict) else a for a in meta.get("authors") or []
-               if isinstance(a, (dict, str))]
+    authors = [a if isinstance(a, dict) else {"name": a} for a in meta.get("authors") or [] if isinstance(a, (dict, str))]
     year = meta.get("year")
     return {
         "rank": hit.get("rank"), "paper_id": str(hit.get("paper_id", "")), "title": hit.get("title") or "",
         "score": hit.get("score"), "similarity": hit.get("similarity"),
         "year": str(year) if year is not None else "",
         "venue": str(meta.get("venue") or meta.get("journal") or ""),
-        "authors": [str(a) for a in authors if a],
+        "authors": [a for a in authors if a.get("name")],
         "doi": str(ids.get("doi") or ""), "arxiv": str(ids.get("arxiv") or ""),
         "url": str(meta.get("open_access_url") or meta.get("s2_url") or ""),
         "publisher": str(meta.get("publisher") or ""),
@@ -63,19 +62,33 @@ def _csv(hits: list[dict]) -> str:
     writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180
     writer.writerow(CSV_COLUMNS)
     for h in hits:
-        row = {**h, "authors": "; ".join(h["authors"]),
+        row = {**h, "authors": "; ".join(str(a["name"]) for a in h["authors"]),
                "score": "" if h["score"] is None else f"{h['score']:.6g}",
                "similarity": "" if h["similarity"] is None else f"{h['similarity']:.6g}"}
         writer.writerow([row[c] for c in CSV_COLUMNS])
     return out.getvalue()
 
 
-def _last_first(name: str) -> str:
-    """`Ashish Vaswani` as `Vaswani, Ashish` (a name already with a comma, or of one word, as it is)."""
-    if "," in name or " " not in name.strip():
-        return name.strip()
-    first, _, last = name.strip().rpartition(" ")
+def _last_first(author: dict) -> str:
+    """An author as `Family, Given`: from the split the source gave (`family`, `given`), else `Ashish Vaswani` as
+    `Vaswani, Ashish`; a name already with a comma, of one word, or not a person's (`literal`: an organisation,
+    `Google AI Language`) as it is."""
+    name = str(author["name"]).strip()
+    if author.get("literal"):
+        return name
+    if author.get("family"):
+        return f"{author['family']}, {author['given']}" if author.get("given") else str(author["family"])
+    if "," in name or " " not in name:
+        return name
+    first, _, last = name.rpartition(" ")
     return f"{last}, {first}"
+
+
+def _bib_author(author: dict) -> str:
+    """One BibTeX author: `Family, Given`, or an organisation braced whole (`{Google AI Language}`) so that no
+    BibTeX reader splits it into a first and a last name."""
+    value = _bib_value(_last_first(author))
+    return f"{{{value}}}" if author.get("literal") else value
 
 
 _LATEX_SPECIALS = re.compile(r"([&%$#_])")
@@ -102,12 +115,15 @@ def _bibtex(hits: list[dict]) -> str:
     entries: list[str] = []
     seen: set[str] = set()
     for h in hits:
-        fields = [("title", h["title"]), ("author", " and ".join(_last_first(a) for a in h["authors"])),
-                  ("year", h["year"]), ("journal", h["venue"]), ("publisher", h["publisher"]), ("doi", h["doi"])]
+        fields = [("title", h["title"]), ("year", h["year"]), ("journal", h["venue"]), ("publisher", h["publisher"]),
+                  ("doi", h["doi"])]
         if h["arxiv"]:
             fields += [("eprint", h["arxiv"]), ("archiveprefix", "arXiv")]
         fields += [("url", h["url"]), ("note", f"esqbe rank {h['rank']}, paper id {h['paper_id']}")]
-        body = ",\n".join(f"  {name} = {{{_bib_value(value)}}}" for name, value in fields if value)
+        lines = [f"  {name} = {{{_bib_value(value)}}}" for name, value in fields if value]
+        if h["authors"]:  # each name made safe on its own: an organisation's braces must stay
+            lines.insert(1 if h["title"] else 0, f"  author = {{{' and '.join(_bib_author(a) for a in h['authors'])}}}")
+        body = ",\n".join(lines)
         kind = "article" if h["venue"] else "misc"
         entries.append(f"@{kind}{{{_bib_key(h['paper_id'], seen)},\n{body}\n}}\n")
     return "\n".join(entries)

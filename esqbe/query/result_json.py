@@ -5,7 +5,8 @@ or 0.0 (the other scores), metadata goes through a JSON round trip.
     {"version": 1,
      "query": {"paper_id", "title", "facet", "filters": [{key, op, value}],
                "sentences": [{index, text, facet (its label), probability (the tagger's p(query facet), or null),
-                              why ("label", "probability", "most_probable", "chosen", "all")}],
+                              why ("label", "probability", "most_probable", "chosen", "all"),
+                              probabilities ({facet: p} where the tagger labelled it, or null)}],
                "selection": {"by" ("facet", "sentences", "all"), "rule" (in words), "threshold" (or null)}},
      "rescorer", "rescorer_params", "similarity" (what a hit's similarity is), "match_weight" (what a pair's
      weight is),
@@ -73,18 +74,19 @@ def public_metadata(metadata: dict | None) -> dict:
     return {k: v for k, v in (metadata or {}).items() if k not in HIDDEN_METADATA_KEYS}
 
 
+def soft_probabilities(paper: Paper) -> list[dict[str, float]] | None:
+    """Each sentence's probability of every facet, {facet: p}, where esqbe's tagger labelled the paper; else None."""
+    probs = (paper.metadata or {}).get("facet_probs")
+    if probs is None or len(probs) != len(paper.sentences):
+        return None
+    return [{name: round(float(p), 4) for name, p in zip(_SOFT_ORDER, row)} for row in probs]
+
+
 def sentences_json(paper: Paper) -> list[dict]:
     """Each sentence with its facet and, where esqbe's tagger labelled it, `probabilities` {facet: p}."""
-    probs = (paper.metadata or {}).get("facet_probs")
-    soft = probs is not None and len(probs) == len(paper.sentences)
-    out = []
-    for i, (s, f) in enumerate(zip(paper.sentences, paper.facets)):
-        row: dict = {"index": i, "text": s, "facet": f, "probabilities": None}
-        if soft:
-            assert probs is not None
-            row["probabilities"] = {name: round(float(p), 4) for name, p in zip(_SOFT_ORDER, probs[i])}
-        out.append(row)
-    return out
+    soft = soft_probabilities(paper)
+    return [{"index": i, "text": s, "facet": f, "probabilities": soft[i] if soft else None}
+            for i, (s, f) in enumerate(zip(paper.sentences, paper.facets))]
 
 
 def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) -> dict:
@@ -103,12 +105,14 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
         })
     facets = result.query_facets or ["unlabeled"] * len(result.query_sentences)
     why = {s.index: s for s in result.selection.sentences} if result.selection else {}
+    soft = result.query_probabilities
     sentences = []
-    for (i, t), f in zip(result.query_sentences, facets):
+    for j, ((i, t), f) in enumerate(zip(result.query_sentences, facets)):
         known = why.get(i)
         sentences.append({"index": i, "text": t, "facet": f,
                           "probability": finite(known.probability) if known else None,
-                          "why": known.why if known else None})
+                          "why": known.why if known else None,
+                          "probabilities": soft[j] if soft and j < len(soft) else None})
     sel = result.selection
     rescorer = result.rescorer
     return {

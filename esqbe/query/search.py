@@ -164,6 +164,9 @@ class QueryResult:
     rescorer_params: dict = field(default_factory=dict)
     #: which sentences form the query and why (set by `Index.query`; None from a bare `run_query`)
     selection: QuerySelection | None = None
+    #: each query sentence's probability of every facet where esqbe's tagger labelled it (same order as
+    #: `query_sentences`; set by `Index.query`; None where the labels were given)
+    query_probabilities: list[dict[str, float]] | None = None
 
     def to_dict(self, papers: Mapping[str, Paper] | None = None) -> dict:
         """The one JSON shape of a query result, `esqbe query --json`'s and HTTP POST /query's (esqbe.query.result_json);

@@ -187,6 +187,9 @@ class QuerySentence(Sentence):
     why: Literal["label", "probability", "most_probable", "chosen", "all"] | None = Field(
         None, description="why it is in the query: labelled with the facet, predicted probability of the facet >= "
                           "the threshold, the most probable one (none reached it), chosen by index, or all sentences")
+    probabilities: dict[str, float] | None = Field(
+        None, description="where esqbe's tagger labelled it (a text query, a paper indexed without labels): its "
+                          "probability of each facet (else null)")
 
 
 class QuerySelection(BaseModel):

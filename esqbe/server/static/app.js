@@ -204,8 +204,11 @@ function syncSelection() {
     const i = Number(b.dataset.index);
     b.setAttribute("aria-pressed", chosen.has(i) ? "true" : "false");
     const w = why.get(i);
+    // a pasted text's sentences: the label esqbe's tagger gave each, and how sure it was
+    const s = !w && state.paper.isText ? state.paper.sentences.find((x) => x.index === i) : null;
+    const own = s && s.probabilities ? s.probabilities[s.facet] : undefined;
     b.querySelector(".why").textContent = w && w.probability !== null && w.probability !== undefined ?
-      `p(${state.facet}) ${fmt(w.probability, 2)}` : "";
+      `p(${state.facet}) ${fmt(w.probability, 2)}` : own !== undefined ? `p(${s.facet}) ${fmt(own, 2)}` : "";
   }
   for (const b of document.querySelectorAll(".facet-btn")) {
     b.setAttribute("aria-pressed", state.facet === b.dataset.facet ? "true" : "false");
@@ -230,6 +233,18 @@ function filterConditions() {
   return $("filters").value.split(";").map((c) => c.trim()).filter(Boolean);
 }
 
+// The address of a query: opening it again (a bookmark, a link sent to a colleague) runs the same query: the
+// paper or the pasted text (and its title), the facet or the sentences, the filters, the rescorer and k.
+function queryHash({ paper = null, text = null, title = "", facet = null, sentences = [], filters = [], rescorer = null, k = 10 }) {
+  const params = new URLSearchParams();
+  if (text !== null) { params.set("text", text); if (title) params.set("title", title); } else params.set("paper", paper);
+  if (facet) params.set("facet", facet); else if (sentences.length) params.set("sentences", sentences.join(","));
+  if (filters.length) params.set("filters", filters.join("; "));
+  if (rescorer) params.set("rescorer", rescorer);
+  if (k !== 10) params.set("k", String(k));
+  return params.toString();
+}
+
 async function runQuery() {
   const p = state.paper;
   if (!p) return;
@@ -245,11 +260,9 @@ async function runQuery() {
   const filters = filterConditions();
   if (filters.length) body.filters = filters;
   state.lastQuery = body;
-  if (!p.isText) {
-    const hash = `paper=${encodeURIComponent(p.paper_id)}&` +
-      (state.facet ? `facet=${state.facet}` : `sentences=${indices.join(",")}`) + `&rescorer=${rescorer}`;
-    if (location.hash.slice(1) !== hash) history.replaceState(null, "", `#${hash}`);
-  }
+  const hash = queryHash({ paper: p.paper_id, text: p.isText ? p.text : null, title: p.title, facet: state.facet,
+    sentences: state.facet ? [] : indices, filters, rescorer, k });
+  if (location.hash.slice(1) !== hash) history.replaceState(null, "", `#${hash}`);
   clearResults("Searching…");
   $("run-query").disabled = true;
   try {
@@ -270,7 +283,9 @@ async function runQuery() {
 function adoptTextSentences(res) {
   const p = state.paper;
   const known = new Map(p.sentences.map((s) => [s.index, s]));
-  for (const s of res.query.sentences) known.set(s.index, { index: s.index, text: s.text, facet: s.facet });
+  for (const s of res.query.sentences) {
+    known.set(s.index, { index: s.index, text: s.text, facet: s.facet, probabilities: s.probabilities || null });
+  }
   p.sentences = [...known.values()].sort((a, b) => a.index - b.index);
   const facet = state.facet;
   p.facet_queries = facet ? { [facet]: { rule: res.query.selection ? res.query.selection.rule : `the ${facet} sentences`,
@@ -413,8 +428,9 @@ function renderHits(res) {
     }
     // query by this paper next: the same facet, or (chosen sentences) the sentences of it that matched
     const matchedC = [...weightOf.keys()].sort((a, b) => a - b);
-    const nextHash = `paper=${encodeURIComponent(hit.paper_id)}` +
-      (res.query.facet ? `&facet=${res.query.facet}` : matchedC.length ? `&sentences=${matchedC.join(",")}` : "");
+    const asked = state.lastQuery || {};
+    const nextHash = queryHash({ paper: hit.paper_id, facet: res.query.facet, sentences: res.query.facet ? [] : matchedC,
+      filters: asked.filters || [], rescorer: asked.rescorer || null, k: asked.k || 10 });
     const item = el("li", { class: "hit", "data-paper-id": hit.paper_id, "data-query-paper": res.query.paper_id || "(text)" },
       el("div", { class: "hit-head" }, el("span", { class: "hit-rank", text: `${hit.rank}.` }),
         el("h3", { class: "hit-title", text: hit.title || (hit.sentences && hit.sentences[0] ? hit.sentences[0].text.slice(0, 100) + "…" : hit.paper_id) })),
@@ -446,7 +462,8 @@ function facetOfQuery(i) {
 function route() {
   const params = new URLSearchParams(location.hash.slice(1));
   const id = params.get("paper");
-  if (!id) return;
+  const text = params.get("text");
+  if (!id && text === null) return;
   if (!["background", "method", "result", null].includes(params.get("facet"))) {
     state.gen++; clearPaper(); clearResults("No query.");
     showError(`Unknown facet “${params.get("facet")}” in the address: background, method or result.`);
@@ -454,12 +471,22 @@ function route() {
   }
   const rescorer = params.get("rescorer");
   if (rescorer) $("rescorer").value = rescorer;
+  $("k").value = params.get("k") || "10";  // what the address says, so that it reproduces the query
+  $("filters").value = params.get("filters") || "";
   const sentences = params.get("sentences");
-  loadPaper(id, {
-    facet: params.get("facet"),
-    sentences: sentences ? sentences.split(",").map(Number).filter((n) => Number.isInteger(n)) : null,
-    run: Boolean(params.get("facet") || sentences),
-  });
+  const chosen = sentences ? sentences.split(",").map(Number).filter((n) => Number.isInteger(n)) : null;
+  if (text !== null) {  // a pasted text: shown in its box, and queried as the address says
+    $("text-query").open = true;
+    $("text-input").value = text;
+    $("text-title").value = params.get("title") || "";
+    useText();
+    state.facet = chosen && chosen.length ? null : params.get("facet");
+    state.chosen = new Set(chosen || []);
+    syncSelection();
+    runQuery();
+    return;
+  }
+  loadPaper(id, { facet: params.get("facet"), sentences: chosen, run: Boolean(params.get("facet") || sentences) });
 }
 
 async function showIndexInfo() {
