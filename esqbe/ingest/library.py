@@ -58,8 +58,12 @@ def _bibtex_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
     from bibtexparser.middlewares import LatexDecodingMiddleware
 
     logging.getLogger("bibtexparser").setLevel(logging.CRITICAL)  # its failures are reported as ours, per record
-    library = bibtexparser.parse_string(text, append_middleware=[LatexDecodingMiddleware()])
-    for block in library.blocks:
+    library = bibtexparser.parse_string(text)
+    # the author lists as written: a name braced whole ({Google AI Language}) is one name, and decoding drops the braces
+    raw_authors = [block.fields_dict["author"].value if isinstance(block, model.Entry) and "author" in block.fields_dict
+                   else None for block in library.blocks]
+    library = LatexDecodingMiddleware().transform(library)
+    for block, raw in zip(library.blocks, raw_authors):
         line = (block.start_line or 0) + 1
         if isinstance(block, model.ParsingFailedBlock):
             error = block.error
@@ -68,7 +72,55 @@ def _bibtex_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
         elif isinstance(block, model.Entry):
             record = {name.lower(): field.value for name, field in block.fields_dict.items()}
             record["ENTRYTYPE"], record["ID"] = block.entry_type.lower(), block.key
+            if isinstance(raw, str) and isinstance(record.get("author"), str):
+                record["author"] = _BracedAuthors(record["author"], raw)
             yield line, record
+
+
+class _BracedAuthors(str):
+    """A decoded BibTeX author list that keeps its names as written: (each name decoded, braced whole or not), split
+    at ` and ` outside braces (`{Barnes and Noble}` is one name)."""
+
+    names: list[tuple[str, bool]]
+
+    def __new__(cls, decoded: str, raw: str):
+        from pylatexenc.latex2text import LatexNodes2Text  # type: ignore[import-untyped]  # bibtexparser's decoder
+
+        self = super().__new__(cls, decoded)
+        decoder = LatexNodes2Text()
+        self.names = [(" ".join(decoder.latex_to_text(p).split()), len(p) > 2 and p[0] == "{" and _depth_zero_inside(p))
+                      for p in _and_split(raw) if p]
+        return self
+
+
+def _and_split(text: str) -> list[str]:
+    """`text` split at each ` and ` outside braces."""
+    parts: list[str] = []
+    depth = 0
+    words = re.split(r"(\s+and\s+|[{}])", " ".join(text.split()))
+    current = ""
+    for w in words:
+        if w == "{":
+            depth += 1
+        elif w == "}":
+            depth -= 1
+        elif depth == 0 and re.fullmatch(r"\s+and\s+", w or ""):
+            parts.append(current.strip())
+            current = ""
+            continue
+        current += w
+    return [*parts, current.strip()]
+
+
+def _depth_zero_inside(part: str) -> bool:
+    """`{...}` whose first brace closes only at its end (not `{M}uller {X}`)."""
+    depth = 0
+    for i, ch in enumerate(part):
+        depth += ch == "{"
+        depth -= ch == "}"
+        if depth == 0 and i < len(part) - 1:
+            return False
+    return True
 
 
 def _bibtex_names(value) -> list[dict] | None:
@@ -78,10 +130,9 @@ def _bibtex_names(value) -> list[dict] | None:
     if not isinstance(value, str):
         return None
     names: list[dict] = []
-    for part in re.split(r"\s+and\s+", " ".join(value.split())):
-        part = part.strip()
-        literal = len(part) > 2 and part[0] == "{" and part[-1] == "}" and "{" not in part[1:-1]
-        part = part.strip("{}")
+    parts = value.names if isinstance(value, _BracedAuthors) else \
+        [(p.strip().strip("{}"), False) for p in re.split(r"\s+and\s+", " ".join(value.split()))]
+    for part, literal in parts:
         if not part or part.lower() == "others":
             continue
         if literal:
