@@ -165,3 +165,17 @@ def test_cli_indexes_a_bibtex_file_and_finds_its_papers(tmp_path, encoder):
     with esqbe.open_index(str(ix), encoder=encoder) as index:
         got = index.get(["vaswani2017attention"])["vaswani2017attention"]
         assert got.metadata["external_ids"]["doi"] == "10.48550/arXiv.1706.03762"
+
+
+def test_a_whole_file_format_moves_its_position_with_the_records(tmp_path):
+    """Issue 24 item 8 (progress counts the papers done, not bytes read ahead), for BibTeX/RIS/CSL-JSON too: the
+    file is read whole before its records are parsed, so the position used to say the whole file (100%) at the
+    first paper. Now it is the bytes before each record as it is handed on, and the file's size at the end."""
+    path = tmp_path / "lib.bib"
+    path.write_text("".join(f"@article{{k{i},\n  title = {{Paper {i}}},\n  author = {{Doe, Jane}},\n"
+                            f"  abstract = {{We study thing {i}. It works.}}\n}}\n\n" for i in range(6)))
+    report = ReadReport()
+    seen = [report.position for _ in read_papers(str(path), report=report)]
+    size = path.stat().st_size
+    assert len(seen) == 6 and seen == sorted(seen) and len(set(seen)) == 6
+    assert seen[0] == 0 and seen[-1] < size and report.position == size

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import gzip
 import io
+import itertools
 import json
 import os
 import re
@@ -267,14 +268,20 @@ def _read_whole(lines: Iterator, state: _State, tell) -> Iterator[Paper]:
     except (EOFError, OSError, zlib.error) as e:
         state.error(InputError(state.name, lineno + 1, "file", f"cannot read further: {e}"))
         return
-    if tell is not None:
-        state.report.position = tell()
+    end = tell() if tell is not None else None
+    # the position as the records are handed on: the bytes before each record's first line (the file was read
+    # whole, but a progress bar over its bytes must move with the papers, not say 100% at the first)
+    starts = list(itertools.accumulate((len(p.encode("utf-8")) for p in parts), initial=0))
     assert state.fmt is not None
     fmt = state.fmt
     for line, record in library.entries(fmt, "".join(parts)):
+        if end is not None and starts[-1]:
+            state.report.position = end * starts[min(max(line, 1), len(starts)) - 1] // starts[-1]
         paper = state.one(line, lambda: record, lambda r: library.parse(fmt, r))  # noqa: B023 (called at once)
         if paper is not None:
             yield paper
+    if end is not None:
+        state.report.position = end
 
 
 class _State:
