@@ -272,3 +272,26 @@ def test_server_flag(served, tmp_path, broken):
     assert r.returncode == 2 and "--prf-docs" in r.stderr
     r = cli("query", "--server", served.url, "--no-server", "--paper", QID, cwd=tmp_path)
     assert r.returncode == 2
+
+
+def test_a_record_only_for_a_server_this_machine_may_query_by_loopback(index_dir_30, tmp_path):
+    """No record for a private server (reads need the token) or one that listens on another address only; a server
+    on all addresses is recorded at its loopback address."""
+    from esqbe.server.app import _record
+    from esqbe.server.options import ServeOptions
+
+    path = tmp_path / "index"
+    shutil.copytree(index_dir_30, path)
+    settings = load_settings(None).replace(path=str(path))
+    token = "t" * 32
+    assert _record(settings, ServeOptions(host="127.0.0.1", port=9, private=True, token=token)) is None
+    assert _record(settings, ServeOptions(host="192.0.2.1", port=9, token=token)) is None
+    assert not (path / discovery.RECORD_DIR).exists()
+    written = _record(settings, ServeOptions(host="0.0.0.0", port=9, token=token))
+    record = json.loads(written.read_text())
+    assert record["url"] == "http://127.0.0.1:9" and record["pid"] == os.getpid()
+    assert record["index_id"] == discovery.index_id(settings) and "index" in record
+    assert written.stat().st_mode & 0o777 == 0o600 and written.parent.stat().st_mode & 0o777 == 0o700
+    assert not any(v in written.read_text() for v in ("summax", "rrf"))  # digests, not the settings' values
+    discovery.remove_record(written)
+    assert not (path / discovery.RECORD_DIR).exists()

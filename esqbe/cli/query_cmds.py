@@ -72,8 +72,8 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
     esqbe query --text "We propose ..." --facet result  # a paper not in the index
     esqbe query --paper 1791179 --facet method --filter 'year>=2019' --filter 'venue in (ACL, EMNLP)'
     esqbe query --paper 1791179 --facet method --format bibtex > similar.bib   # or csv, ris
-    While `esqbe serve` runs on the same index, it answers (its model is loaded: a --text query takes
-    well under a second instead of ~10 s); --no-server answers here, --server URL asks another server.
+    While `esqbe serve` runs on the same index, it answers (its model is loaded: a --text query does not
+    wait ~10 s for loading); --no-server answers here, --server URL asks another server.
     """
     if as_json and export_format:
         raise click.UsageError("give --json or --format, not both")
