@@ -37,9 +37,9 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def cli(*args, cwd, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=cwd, env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+def cli(*args, cwd, timeout=300, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=cwd, env={**ENV, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
 
 
 class Served:
@@ -295,3 +295,39 @@ def test_a_record_only_for_a_server_this_machine_may_query_by_loopback(index_dir
     assert not any(v in written.read_text() for v in ("summax", "rrf"))  # digests, not the settings' values
     discovery.remove_record(written)
     assert not (path / discovery.RECORD_DIR).exists()
+
+
+def test_an_engine_index_keeps_its_records_in_the_users_cache_keyed_by_url_and_index(monkeypatch, tmp_path):
+    """An engine index has no directory of its own here: its records go to the user's cache directory, one folder per
+    engine URL and index name; credentials in the URL are no part of the identity (nor written anywhere)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    base = load_settings(None).replace(backend="elasticsearch", url="http://localhost:9200", index="papers")
+    with_creds = base.replace(url="http://elastic:s3cret@localhost:9200/")
+    other = base.replace(index="other")
+    folder = discovery.record_dir(base)
+    assert folder.parent == tmp_path / "cache" / "esqbe" / "servers"
+    assert discovery.record_dir(with_creds) == folder != discovery.record_dir(other)
+    assert discovery.index_id(with_creds) == discovery.index_id(base) != discovery.index_id(other)
+    written = discovery.write_record(with_creds, "http://127.0.0.1:9")
+    assert written.parent == folder and "s3cret" not in written.read_text()
+    assert json.loads(written.read_text())["index"] == "http://localhost:9200/papers"
+    found, _ = discovery.find_servers(base)
+    assert [s.url for s in found] == ["http://127.0.0.1:9"]  # this process is alive; the URL is only read here
+    discovery.remove_record(written)
+
+
+def test_server_flag_sends_the_token_to_a_private_server(index_dir_30, encoder, tmp_path):
+    from esqbe.server.app import create_app
+    from esqbe.server.options import ServeOptions
+
+    from .conftest import LiveServer
+
+    token = "private-library-token-0123456789"
+    app = create_app(str(index_dir_30), config=None, encoder=encoder,
+                     options=ServeOptions(host="127.0.0.1", private=True, token=token))
+    with LiveServer(app) as url:
+        r = cli("query", "--server", url, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
+        assert r.returncode == 1 and "refused the query (401)" in r.stderr, r.stderr
+        r = cli("query", "--server", url, "--paper", QID, "--facet", "method", "-k", "2", "--json", cwd=tmp_path,
+                env={"ESQBE_TOKEN": token})
+        assert r.returncode == 0 and _answered_by(r.stderr, url) and len(json.loads(r.stdout)["hits"]) == 2, r.stderr

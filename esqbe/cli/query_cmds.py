@@ -52,7 +52,8 @@ def _single_threaded_math():
               help="Print the hits as CSV, BibTeX or RIS (from their metadata: authors, year, venue, DOI) to save "
                    "or import, e.g. --format bibtex > similar.bib.")
 @click.option("--server", "server_url", metavar="URL",
-              help="Ask the `esqbe serve` at URL (its index, its settings and your flags); fails if it cannot answer. "
+              help="Ask the `esqbe serve` at URL (its index, its settings and your flags; a private one gets the token "
+                   "in ESQBE_TOKEN); fails if it cannot answer. "
                    "Default: a server running on this same index with these settings answers when there is one "
                    "(its model is warm: no loading), else the query runs here.")
 @click.option("--no-server", is_flag=True, help="Answer here, even when an `esqbe serve` runs on this index.")
@@ -145,7 +146,8 @@ def _from_server(settings, url, timeout, quiet, **query) -> dict | None:
     from esqbe.server.client import NotSendable, ask_server
 
     try:
-        answer = ask_server(settings, url=url, timeout=timeout, **query)
+        answer = ask_server(settings, url=url, timeout=timeout,
+                            token=os.environ.get("ESQBE_TOKEN") if url is not None else None, **query)
     except NotSendable as e:  # only with --server: what the command line asks cannot go over HTTP
         raise click.UsageError(f"--server: this query cannot be sent to a server: {e} (leave out --server)") from None
     for line in answer.warnings:

@@ -146,19 +146,20 @@ class Answer:
 _QUERY_FAULTS = frozenset({400, 404, 409})
 
 
-def ask_server(settings: Settings, *, url: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+def ask_server(settings: Settings, *, url: str | None = None, timeout: float = DEFAULT_TIMEOUT_S, token: str | None = None,
                paper_id: str | None, facet: str | None, sentences: list[int] | None, text: str | None, title: str,
                filters: list[str], engine_filter: dict | None, overrides: dict) -> Answer:
     """A query for the index of `settings` answered by a server: `url` (named by the user: its failures are errors,
     NotSendable included), else one that serves this index with these settings (its discovery record,
-    esqbe.server.discovery), whose failures leave the query to be answered here (`Answer.result` None).
+    esqbe.server.discovery), whose failures leave the query to be answered here (`Answer.result` None). `token` goes
+    to the server named by `url` (a private one asks for it), never to a found one.
 
     A found server answers with this command's settings: its own settings must equal them (the record's digests),
     and the result count the query would have here (`k`, a facet's own included) is sent with the query."""
     query: dict[str, Any] = dict(paper_id=paper_id, facet=facet, sentences=sentences, text=text, title=title, filters=filters,
                  engine_filter=engine_filter)
     if url is not None:
-        result, _ = post_query(url, request_body(**query, overrides=overrides), timeout=timeout)
+        result, _ = post_query(url, request_body(**query, overrides=overrides), timeout=timeout, token=token)
         return Answer(result, served=f"answered by the server at {url}")
     servers, notes = find_servers(settings)
     answer = Answer(notes=notes)
