@@ -203,7 +203,8 @@ def find_servers(settings: Settings) -> tuple[list[Server], list[str]]:
         if record is None:
             continue
         url, pid = record.get("url"), record.get("pid")
-        if not (isinstance(url, str) and isinstance(pid, int) and is_loopback_url(url)):
+        if not (isinstance(url, str) and isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
+                and is_loopback_url(url)):  # (pid 0 or -1 would ask a whole process group whether it lives)
             continue
         if not _alive(pid) or record.get("index_id") != ident:  # a dead server, or a record copied with the index
             path.unlink(missing_ok=True)
@@ -237,7 +238,7 @@ def forget(server: Server) -> None:
 
 
 def records(settings: Settings) -> Iterator[Path]:
-    """The record files for this index (for tests and `esqbe stats`-like listings)."""
+    """The record files for this index, trusted or not (what a listing or a test looks at)."""
     folder = record_dir(settings)
     if folder.is_dir():
         yield from sorted(p for p in folder.glob("*.json"))
