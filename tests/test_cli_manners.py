@@ -87,3 +87,16 @@ def test_help_tells_true_things():
     assert "62.01 against 61.86 (+0.15)" in readme
     tag_help = " ".join(run("tag", "--help").output.split())
     assert "the index's own model" not in tag_help and "for commands that open one" in tag_help
+
+
+
+def test_the_score_column_is_called_a_score_and_the_position_is_said_to_be_one(predicted_ix):
+    """Item 8: "the `rank` column is a score, not a position (call it so)": each hit line reads `N. sim X  score Y`,
+    and the header says what the number before a hit is."""
+    import re
+
+    r = run("query", "--path", predicted_ix, "--paper", QID, "-k", "3", "--no-server")
+    assert r.exit_code == 0, r.output
+    assert "score: what this query sorted by" in r.output and "the number before each hit is its position" in r.output
+    rows = re.findall(r"^\s+(\d+)\. sim (\S+)\s+score (\S+)\s", r.output, flags=re.M)
+    assert [int(n) for n, _, _ in rows] == [1, 2, 3] and " rank " not in r.output
