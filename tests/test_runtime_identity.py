@@ -160,3 +160,29 @@ def test_pooling_matches_the_mean_of_each_sentences_tokens():
         want = hidden[a:b].mean(0)
         assert np.allclose(out[row], want / np.linalg.norm(want), atol=1e-6)
     assert not out[[0, 3, 4]].any()
+
+
+def test_onnx_rows_run_side_by_side_with_the_serial_loops_vectors_and_order(int8_encoder):
+    # indexing runs the int8 encoder's one-row batches `workers` at a time on one-thread sessions (issue 22): the
+    # vectors, the hidden states handed to listeners and their order must be the serial loop's
+    from esqbe.ingest.readers import read_papers
+
+    papers = list(read_papers(str(SAMPLE)))[:12]
+    runner = int8_encoder._runner
+    seen: dict[str, list] = {"parallel": [], "serial": []}
+    assert runner.workers >= 1
+    runner.workers = 2
+    try:
+        parallel = int8_encoder.contextual_sentence_vectors(papers, on_batch=seen["parallel"].append)
+        assert 1 in runner._sessions  # the one-thread session ran the rows
+        runner.workers = 1
+        serial = int8_encoder.contextual_sentence_vectors(papers, on_batch=seen["serial"].append)
+    finally:
+        runner.workers = runner._threads
+    assert len(parallel) == len(serial) == 12
+    for a, b in zip(parallel, serial):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert [b.rows for b in seen["parallel"]] == [b.rows for b in seen["serial"]]
+    assert [b.spans for b in seen["parallel"]] == [b.spans for b in seen["serial"]]
+    for a, b in zip(seen["parallel"], seen["serial"]):
+        np.testing.assert_allclose(a.hidden_states[4].numpy(), b.hidden_states[4].numpy(), atol=1e-5)

@@ -8,7 +8,7 @@ Vectors are L2-normalised, so cosine = dot product and L2 distance ranks the sam
 from __future__ import annotations
 
 import sys
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,15 +195,18 @@ class Encoder:
         bar = _progress(len(papers), "encoding", progress)
         rows_left = Counter(pi for pi, _ in rows)
         finished = 0
-        for start in range(0, len(order), self.batch_size):
-            deadline.check()
+        want_states = on_batch is not None
+
+        def tokenized(start: int):
             batch = [int(r) for r in order[start : start + self.batch_size]]
             enc = tok([row_texts[r][0] for r in batch], [row_texts[r][1] for r in batch], padding=True,
                       truncation="only_second", max_length=self.max_length, return_offsets_mapping=True,
                       return_tensors="pt")
             offsets = enc.pop("offset_mapping").numpy()
-            enc = enc.to(self.device)
-            last, hidden_states = self._runner(enc, on_batch is not None)
+            return batch, enc.to(self.device), offsets
+
+        def finish(batch, enc, offsets, last, hidden_states) -> None:
+            nonlocal finished
             # pooling in numpy, one thread: torch's OpenMP ops here fought the runtime's threads for the 2 cores
             # (index_add_ took as long as the transformer: issue 22)
             hidden = last.cpu().float().numpy()
@@ -221,6 +224,32 @@ class Encoder:
             if on_progress is not None and finished:
                 on_progress(finished)  # papers whose every window is encoded, once per encoder batch
                 finished = 0
+
+        batch_starts = range(0, len(order), self.batch_size)
+        workers = int(getattr(self._runner, "workers", 1)) if len(batch_starts) > 1 else 1
+        if workers > 1:
+            # batches run `workers` at a time on one-thread sessions (OnnxRunner.run_one); this thread tokenises the
+            # next batch meanwhile (the tokenizer is not shared between threads) and pools the finished ones in
+            # order, so listeners see the batches in the order of the serial loop
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(workers, thread_name_prefix="esqbe-onnx") as pool:
+                running: deque = deque()
+                for start in batch_starts:
+                    deadline.check()
+                    batch, enc, offsets = tokenized(start)
+                    running.append((batch, enc, offsets, pool.submit(self._runner.run_one, enc, want_states)))
+                    while len(running) > workers or (running and running[0][3].done()):
+                        batch, enc, offsets, job = running.popleft()
+                        finish(batch, enc, offsets, *job.result())
+                while running:
+                    batch, enc, offsets, job = running.popleft()
+                    finish(batch, enc, offsets, *job.result())
+        else:
+            for start in batch_starts:
+                deadline.check()
+                batch, enc, offsets = tokenized(start)
+                finish(batch, enc, offsets, *self._runner(enc, want_states))
         bar.close()
         return vectors
 
