@@ -133,9 +133,9 @@ def test_onnx_export_is_keyed_by_the_model_identity(int8_encoder):
     from esqbe.encode.onnx import _weights_digest
 
     model = int8_encoder.model
-    a, b = _weights_digest(model, "sha256:aa"), _weights_digest(model, "sha256:bb")
-    assert a != b and a == _weights_digest(model, "sha256:aa")
-    assert int8_encoder._runner.path.parent.name == _weights_digest(model, int8_encoder.fingerprint)
+    a, b = _weights_digest(model.config, "sha256:aa"), _weights_digest(model.config, "sha256:bb")
+    assert a != b and a == _weights_digest(model.config, "sha256:aa")
+    assert int8_encoder._runner.path.parent.name == _weights_digest(model.config, int8_encoder.fingerprint)
     assert int8_encoder._runner.path.name.endswith("int8-matmul-per-channel.onnx")
 
 
@@ -165,9 +165,7 @@ def test_pooling_matches_the_mean_of_each_sentences_tokens():
 def test_onnx_rows_run_side_by_side_with_the_serial_loops_vectors_and_order(int8_encoder):
     # indexing runs the int8 encoder's one-row batches `workers` at a time on one-thread sessions (issue 22): the
     # vectors, the hidden states handed to listeners and their order must be the serial loop's
-    from esqbe.ingest.readers import read_papers
-
-    papers = list(read_papers(str(SAMPLE)))[:12]
+    papers = _sample_papers(12)
     runner = int8_encoder._runner
     seen: dict[str, list] = {"parallel": [], "serial": []}
     assert runner.workers >= 1
@@ -186,3 +184,22 @@ def test_onnx_rows_run_side_by_side_with_the_serial_loops_vectors_and_order(int8
     assert [b.spans for b in seen["parallel"]] == [b.spans for b in seen["serial"]]
     for a, b in zip(seen["parallel"], seen["serial"]):
         np.testing.assert_allclose(a.hidden_states[4].numpy(), b.hidden_states[4].numpy(), atol=1e-5)
+
+
+def test_an_onnx_encoder_with_a_cached_export_starts_without_the_pytorch_weights(int8_encoder):
+    # loading the PyTorch model (and transformers' modeling code) cost each `esqbe index` process a few seconds
+    # that an ONNX runtime does not use once its export is cached (issue 22)
+    again = Encoder.load(backend="onnx-int8", device="cpu")  # int8_encoder made (or found) the export
+    assert again._model is None and again._runner.path == int8_encoder._runner.path
+    vectors = again.contextual_sentence_vectors(_sample_papers(3))
+    assert again._model is None  # encoding did not need it
+    for a, b in zip(vectors, int8_encoder.contextual_sentence_vectors(_sample_papers(3))):
+        np.testing.assert_array_equal(a, b)
+    assert again.model is not None and again._model is again.model  # loaded on first use, once
+    assert again.model.config.to_json_string() == again.config.to_json_string()  # so the export's key is the same
+
+
+def _sample_papers(n):
+    from esqbe.ingest.readers import read_papers
+
+    return list(read_papers(str(SAMPLE)))[:n]

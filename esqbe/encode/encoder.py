@@ -55,7 +55,7 @@ class Encoder:
         """Load `model` (see `resolve_model`). `offline`: never reach for a hub, even for a hub name. Loading
         leaves transformers' logging and progress bars as the host process set them (the CLI quiets them)."""
         import torch
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         info = model_info(model)
         source, self.name, self.location, self.fingerprint = info.source, info.name, info.location, info.fingerprint
@@ -66,26 +66,29 @@ class Encoder:
         self.batch_size = int(batch_size)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
-            self.model = AutoModel.from_pretrained(source, local_files_only=offline).to(self.device).eval()
+            self.config = AutoConfig.from_pretrained(source, local_files_only=offline)
         except OSError as e:
             raise ModelNotFoundError(f"cannot load model {model or DEFAULT_MODEL!r} from {source}: {e}") from e
+        if getattr(self.config, "dtype", None) is None:
+            self.config.dtype = torch.float32  # what loading the weights sets (the ONNX cache key reads the config)
+        self._model = None
+        self._source, self._offline, self._model_name = source, offline, model
         self.adapter = None
         if adapter is not None and str(adapter).lower() not in ("", "none"):
-            from .adapter import combined_fingerprint, merge_adapter, resolve_adapter
+            from .adapter import combined_fingerprint, resolve_adapter
 
             self.adapter = resolve_adapter(adapter)
-            if self.adapter is not None:  # merged into the weights: every runtime (and the ONNX cache key) sees it
-                merge_adapter(self.model, self.adapter)
+            if self.adapter is not None:  # merged into the weights (`model`): every runtime (and the ONNX cache key) sees it
                 self.name = f"{self.name}+{self.adapter.name}"
                 self.fingerprint = combined_fingerprint(self.fingerprint, self.adapter)
         if not getattr(self.tokenizer, "is_fast", False):
             raise ModelNotFoundError(f"model {self.name!r} has no fast tokenizer; esqbe needs token offsets")
-        limit = getattr(self.model.config, "max_position_embeddings", 512)
-        if getattr(self.model.config, "model_type", "") in ("roberta", "mpnet", "xlm-roberta"):
+        limit = getattr(self.config, "max_position_embeddings", 512)
+        if getattr(self.config, "model_type", "") in ("roberta", "mpnet", "xlm-roberta"):
             limit -= 2  # these reserve positions for padding offsets
         self.max_length = int(min(max_length or 512, limit, self.tokenizer.model_max_length))
-        self.dim = int(self.model.config.hidden_size)
-        self.num_layers = int(self.model.config.num_hidden_layers)
+        self.dim = int(self.config.hidden_size)
+        self.num_layers = int(self.config.num_hidden_layers)
         self._torch = torch
         self.backend = resolve_backend(backend, self.device)
         if self.device.startswith("cuda"):
@@ -96,10 +99,31 @@ class Encoder:
             # 0.6 NDCG%20 between 128- and 256-paper batches). One row per call makes it depend on its own
             # text only, and on 2 CPU cores it is also faster (no padding): 87 against 67 papers/s.
             self.batch_size = 1
-        self._runner = make_runner(self.backend, self.model, source=source, device=self.device, cache_dir=cache_dir,
+        # an ONNX runtime whose export is cached never needs the PyTorch weights: they load on first use of `model`
+        # (the tagger's compact weights, an export), not at start-up (a second or two per process: issue 22)
+        self._runner = make_runner(self.backend, lambda: self.model, self.config, source=source, device=self.device,
+                                   cache_dir=cache_dir,
                                    offline=offline, fingerprint=self.fingerprint)
         #: how the vectors are computed, part of an index's model identity (IndexMeta.runtime)
         self.runtime = runtime_name(self.backend, getattr(self._runner, "precision", None))
+
+    @property
+    def model(self):
+        """The PyTorch model (the adapter merged in), loaded on first use."""
+        if self._model is None:
+            from transformers import AutoModel
+
+            try:
+                model = AutoModel.from_pretrained(self._source, local_files_only=self._offline).to(self.device).eval()
+            except OSError as e:
+                raise ModelNotFoundError(f"cannot load model {self._model_name or DEFAULT_MODEL!r} "
+                                         f"from {self._source}: {e}") from e
+            if self.adapter is not None:
+                from .adapter import merge_adapter
+
+                merge_adapter(model, self.adapter)
+            self._model = model
+        return self._model
 
     @classmethod
     def load(cls, model: str | None = None, **kwargs) -> Encoder:
@@ -301,16 +325,18 @@ class Encoder:
 GPU_MIN_BATCH = 256
 
 
-def make_runner(backend: str, model, *, source: str, device: str, cache_dir: str | None = None, offline: bool = False,
+def make_runner(backend: str, model: Callable, config, *, source: str, device: str, cache_dir: str | None = None,
+                offline: bool = False,
                 fingerprint: str | None = None):
-    """A callable `(tokenizer output, want hidden states) -> (last hidden state, hidden states or None)`.
+    """A callable `(tokenizer output, want hidden states) -> (last hidden state, hidden states or None)`;
+    `model()` returns the PyTorch model (loaded then, if it was not), `config` is its configuration.
 
     Every backend returns the final layer's token vectors (for pooling) and, when asked, the
     embeddings plus every layer's hidden states (the tagger reads a lower layer), as torch tensors.
     """
     if backend in ("torch", "torch-int8"):
-        return TorchRunner(model, device, int8=backend == "torch-int8")
-    return OnnxRunner(model, source, int8=backend == "onnx-int8", cache_dir=cache_dir, offline=offline,
+        return TorchRunner(model(), device, int8=backend == "torch-int8")
+    return OnnxRunner(model, config, source, int8=backend == "onnx-int8", cache_dir=cache_dir, offline=offline,
                       fingerprint=fingerprint, announce=_announce)
 
 

@@ -58,16 +58,16 @@ def _cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(root) / "onnx"
 
 
-def _weights_digest(model, fingerprint: str | None = None) -> str:
+def _weights_digest(config, fingerprint: str | None = None, model=None) -> str:
     """What the exported graph depends on: the model's identity (its fingerprint, `identity.fingerprint_dir`, which
     covers config, tokenizer and weights: whatever else joins the identity joins the key) or, without one (a hub
     model outside the cache), the weights themselves; and the exporter. The runtime and quantisation are the file's
-    name inside the folder (`OnnxRunner.path`)."""
+    name inside the folder (`OnnxRunner.path`). `model`: the weights, read only without a fingerprint."""
     import hashlib
 
     import torch
 
-    h = hashlib.sha256(f"{ONNX_EXPORT_FORMAT}|{torch.__version__}|{model.config.to_json_string()}".encode())
+    h = hashlib.sha256(f"{ONNX_EXPORT_FORMAT}|{torch.__version__}|{config.to_json_string()}".encode())
     if fingerprint:
         h.update(f"|{fingerprint}".encode())
         return h.hexdigest()[:20]
@@ -79,16 +79,17 @@ def _weights_digest(model, fingerprint: str | None = None) -> str:
 
 class OnnxRunner:
     """ONNX Runtime (CPU): the model exported once to ONNX (cached, keyed by its weights) with every hidden
-    state as an output; `int8`: ONNX Runtime's dynamic quantisation (int8 weights, uint8 activations: VNNI)."""
+    state as an output; `int8`: ONNX Runtime's dynamic quantisation (int8 weights, uint8 activations: VNNI).
+    `model()` returns the PyTorch model: called only to export (or, without a fingerprint, to key the export)."""
 
-    def __init__(self, model, source: str, *, int8: bool = False, cache_dir: str | None = None, offline: bool = False,
+    def __init__(self, model, config, source: str, *, int8: bool = False, cache_dir: str | None = None, offline: bool = False,
                  fingerprint: str | None = None, announce=None):
         import onnxruntime as ort
         import torch
 
         self.torch = torch
-        self.num_layers = int(model.config.num_hidden_layers)
-        folder = _cache_dir(cache_dir) / _weights_digest(model, fingerprint)
+        self.num_layers = int(config.num_hidden_layers)
+        folder = _cache_dir(cache_dir) / _weights_digest(config, fingerprint, None if fingerprint else model())
         path = folder / ("model-fused-int8-matmul-per-channel.onnx" if int8 else "model-fused.onnx")
         if not path.exists():
             try:
@@ -105,10 +106,10 @@ class OnnxRunner:
                          f"about a minute), cached in {folder}")
             exported = folder / "model.onnx"
             if not exported.exists():
-                _export_onnx(source, model, exported, offline=offline)
+                _export_onnx(source, model(), exported, offline=offline)
             fused = folder / "model-fused.onnx"
             if not fused.exists():
-                _fuse_onnx(exported, fused, model.config)
+                _fuse_onnx(exported, fused, config)
             if int8:
                 _quantize_onnx(fused, path)
         self._ort = ort
