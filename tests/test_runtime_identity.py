@@ -203,3 +203,21 @@ def _sample_papers(n):
     from esqbe.ingest.readers import read_papers
 
     return list(read_papers(str(SAMPLE)))[:n]
+
+
+def test_an_onnx_encoder_tags_without_the_pytorch_weights_once_its_tagger_is_rebuilt(int8_encoder):
+    # the shipped tagger stores its layers as differences from the encoder's own, which needed the PyTorch model
+    # in every tagging process; the rebuilt weights are kept beside the ONNX export instead (issue 22)
+    import torch
+
+    from esqbe.tagger.runtime import FacetTagger
+
+    papers = _sample_papers(4)
+    first = FacetTagger.load(encoder=int8_encoder)  # rebuilt from the PyTorch layers (or found rebuilt)
+    fresh = Encoder.load(backend="onnx-int8", device="cpu")
+    again = FacetTagger.load(encoder=fresh)
+    assert fresh._model is None
+    mine = again.net.state_dict()
+    assert all(torch.equal(v, mine[k]) for k, v in first.net.state_dict().items())
+    assert again.tag(papers) == first.tag(papers)
+    assert fresh._model is None  # tagging did not need it either
