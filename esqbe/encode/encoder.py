@@ -200,14 +200,16 @@ class Encoder:
         tok = self.tokenizer
         rows: list[tuple[int, list[int]]] = []  # (paper index, sentence indices in this window)
         row_texts: list[tuple[str, str, np.ndarray]] = []  # (title, body, char start of each sentence)
-        for pi, paper in enumerate(papers):
-            if not paper.sentences:
-                continue
-            full_title = self._cut(paper.title or "", MAX_TITLE_TOKENS)
-            title_ids = tok(full_title, add_special_tokens=False)["input_ids"]
+        # every title and sentence is tokenised for its length in one call (the tokenizer's own threads), not two
+        # calls per paper: with the encoder's runs side by side, that serial pass had left a core idle (issue 22)
+        todo = [(pi, paper) for pi, paper in enumerate(papers) if paper.sentences]
+        cut = [(self._cut(p.title or "", MAX_TITLE_TOKENS), [self._cut(s) for s in p.sentences]) for _, p in todo]
+        ids = tok([x for title, ss in cut for x in (title, *ss)], add_special_tokens=False)["input_ids"] if todo else []
+        at = 0
+        for (pi, paper), (full_title, sentences) in zip(todo, cut):
+            title_ids, sent_lens = ids[at], [len(x) for x in ids[at + 1 : at + 1 + len(sentences)]]
+            at += 1 + len(sentences)
             title = str(tok.decode(title_ids[:MAX_TITLE_TOKENS])) if len(title_ids) > MAX_TITLE_TOKENS else full_title
-            sentences = [self._cut(s) for s in paper.sentences]
-            sent_lens = [len(x) for x in tok(sentences, add_special_tokens=False)["input_ids"]]
             for window in self._windows(paper, min(len(title_ids), MAX_TITLE_TOKENS), sent_lens):
                 texts = [" ".join(sentences[i].split()) for i in window]
                 starts = np.cumsum([0] + [len(t) + 1 for t in texts[:-1]])
