@@ -221,3 +221,35 @@ def test_an_onnx_encoder_tags_without_the_pytorch_weights_once_its_tagger_is_reb
     assert all(torch.equal(v, mine[k]) for k, v in first.net.state_dict().items())
     assert again.tag(papers) == first.tag(papers)
     assert fresh._model is None  # tagging did not need it either
+
+
+def test_token_counts_reuse_the_contextual_calls_tokens_and_match_a_fresh_tokenisation(int8_encoder):
+    # indexing asks for each paper's wordpiece counts right after encoding it: the encoder's own tokens are reused
+    # (issue 22), and must give what tokenising the paper again gives; a paper changed since is tokenised again
+    papers = _sample_papers(5)
+    int8_encoder.contextual_sentence_vectors(papers)
+    assert all(int8_encoder._recent[id(p)][0] is p for p in papers)
+    fresh = [int8_encoder.token_counts(p) for p in papers]
+    int8_encoder._recent = {}
+    assert fresh == [int8_encoder.token_counts(p) for p in papers]
+    int8_encoder.contextual_sentence_vectors(papers)
+    papers[0].sentences = papers[0].sentences[:1]  # remembered with its old sentences
+    changed = int8_encoder.token_counts(papers[0])
+    assert changed != fresh[0]
+    int8_encoder._recent = {}
+    assert changed == int8_encoder.token_counts(papers[0])
+
+
+def test_a_listener_runs_the_tagger_head_once_for_labels_and_soft_labels(int8_encoder):
+    from esqbe.tagger.runtime import FACET_CLASSES, FacetTagger
+
+    papers = _sample_papers(4)
+    tagger = FacetTagger.load(encoder=int8_encoder)
+    listener = tagger.listener()
+    int8_encoder.contextual_sentence_vectors(papers, on_batch=listener)
+    labels = listener.collect(papers)
+    first = listener._memo[1]
+    probs = listener.facet_probabilities(papers)
+    assert listener._memo[1] is first  # the BiLSTM ran once
+    for lab, prob in zip(labels, probs):  # and the soft labels are those the labels came from
+        assert lab == [FACET_CLASSES[max(range(4), key=row.__getitem__)] for row in prob]

@@ -72,6 +72,7 @@ class Encoder:
         if getattr(self.config, "dtype", None) is None:
             self.config.dtype = torch.float32  # what loading the weights sets (the ONNX cache key reads the config)
         self._model = None
+        self._recent: dict = {}  # id(paper) -> (paper, its sentences, their token ids), of the last contextual call
         self._source, self._offline, self._model_name = source, offline, model
         self.adapter = None
         if adapter is not None and str(adapter).lower() not in ("", "none"):
@@ -206,8 +207,11 @@ class Encoder:
         cut = [(self._cut(p.title or "", MAX_TITLE_TOKENS), [self._cut(s) for s in p.sentences]) for _, p in todo]
         ids = tok([x for title, ss in cut for x in (title, *ss)], add_special_tokens=False)["input_ids"] if todo else []
         at = 0
+        recent = {}
         for (pi, paper), (full_title, sentences) in zip(todo, cut):
-            title_ids, sent_lens = ids[at], [len(x) for x in ids[at + 1 : at + 1 + len(sentences)]]
+            title_ids, sent_ids = ids[at], ids[at + 1 : at + 1 + len(sentences)]
+            sent_lens = [len(x) for x in sent_ids]
+            recent[id(paper)] = (paper, list(paper.sentences), sent_ids)  # the paper held: its id stays its own
             at += 1 + len(sentences)
             title = str(tok.decode(title_ids[:MAX_TITLE_TOKENS])) if len(title_ids) > MAX_TITLE_TOKENS else full_title
             for window in self._windows(paper, min(len(title_ids), MAX_TITLE_TOKENS), sent_lens):
@@ -216,6 +220,7 @@ class Encoder:
                 rows.append((pi, window))
                 row_texts.append((title, " ".join(texts), starts))
 
+        self._recent = recent  # for token_counts: indexing asks for each paper's counts right after this call
         vectors = [np.zeros((len(p.sentences), self.dim), dtype=np.float32) for p in papers]
         order = np.argsort([-(len(t) + len(b)) for t, b, _ in row_texts], kind="stable")
         bar = _progress(len(papers), "encoding", progress)
@@ -316,7 +321,11 @@ class Encoder:
         """Wordpiece token counts of a paper's sentences: the corpus statistics behind token weights."""
         if not paper.sentences:
             return {}
-        ids = self.tokenizer([self._cut(s) for s in paper.sentences], add_special_tokens=False)["input_ids"]
+        hit = self._recent.get(id(paper))  # tokenised by the last contextual call: not again (issue 22)
+        if hit is not None and hit[0] is paper and hit[1] == paper.sentences:
+            ids = hit[2]
+        else:
+            ids = self.tokenizer([self._cut(s) for s in paper.sentences], add_special_tokens=False)["input_ids"]
         counts = Counter(i for row in ids for i in row)
         tokens = self.tokenizer.convert_ids_to_tokens(list(counts))
         return {t: int(c) for t, c in zip(tokens, counts.values())}

@@ -50,10 +50,12 @@ class TagListener:
     def __init__(self, tagger: FacetTagger):
         self._tagger = tagger
         self._vecs: dict[int, dict[int, object]] = {}
+        self._memo: tuple | None = None  # (the papers' ids and sentence counts, their probabilities)
 
     def __call__(self, batch) -> None:
         torch = _torch()
         t = self._tagger
+        self._memo = None
         hidden_states = batch.hidden_states
         expected = t.meta["encoder"]
         if (hidden_states is None or len(hidden_states) != expected["num_layers"] + 1
@@ -94,7 +96,16 @@ class TagListener:
         return out
 
     def _probabilities(self, papers: Sequence[Paper]) -> list:
-        """(n_sentences, 5) probabilities per paper; None for a paper without sentences."""
+        """(n_sentences, 5) probabilities per paper; None for a paper without sentences. Computed once per
+        listener for the same papers: indexing asks for the labels, then the soft labels (issue 22)."""
+        key = [(p.paper_id, len(p.sentences)) for p in papers]
+        if self._memo is not None and self._memo[0] == key:
+            return self._memo[1]
+        out = self._compute_probabilities(papers)
+        self._memo = (key, out)
+        return out
+
+    def _compute_probabilities(self, papers: Sequence[Paper]) -> list:
         torch = _torch()
         if self._vecs and max(self._vecs) >= len(papers):
             raise ValueError(f"this listener saw paper #{max(self._vecs)} but collect() got {len(papers)} papers: "
