@@ -253,3 +253,26 @@ def test_a_listener_runs_the_tagger_head_once_for_labels_and_soft_labels(int8_en
     assert listener._memo[1] is first  # the BiLSTM ran once
     for lab, prob in zip(labels, probs):  # and the soft labels are those the labels came from
         assert lab == [FACET_CLASSES[max(range(4), key=row.__getitem__)] for row in prob]
+
+
+def test_torch_runs_one_thread_beside_the_onnx_rows_and_gets_its_threads_back(int8_encoder):
+    # torch's small ops beside the encoder's rows (the tagger's BiLSTM: 4-10x slower on two threads) run on one
+    # thread while the rows keep the cores busy; the thread count comes back after, also when blocks nest (issue 22)
+    import torch
+
+    from esqbe.encode.encoder import torch_threads
+
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    int8_encoder._runner.workers = 2
+    try:
+        int8_encoder.contextual_sentence_vectors(_sample_papers(3), on_batch=lambda b: seen.append(torch.get_num_threads()))
+    finally:
+        int8_encoder._runner.workers = int8_encoder._runner._threads
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == before
+    with torch_threads(1):
+        with torch_threads(1):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before

@@ -12,6 +12,7 @@ by adding their probabilities.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -123,7 +124,12 @@ class TagListener:
             todo.append(pi)
             seqs.append(torch.stack([slots[j] for j in range(n)]))
         net = self._tagger._net_on(seqs[0].device) if seqs else None
-        with torch.inference_mode():
+        threads: AbstractContextManager = nullcontext()
+        if self._tagger._onnx_layers() is not None:  # beside an ONNX encoder: one thread (encoder.torch_threads)
+            from ..encode.encoder import torch_threads
+
+            threads = torch_threads(1)
+        with torch.inference_mode(), threads:
             for start in range(0, len(seqs), 256):
                 assert net is not None  # there are sequences
                 chunk = seqs[start : start + 256]
