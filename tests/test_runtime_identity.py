@@ -133,9 +133,9 @@ def test_onnx_export_is_keyed_by_the_model_identity(int8_encoder):
     from esqbe.encode.onnx import _weights_digest
 
     model = int8_encoder.model
-    a, b = _weights_digest(model, "sha256:aa"), _weights_digest(model, "sha256:bb")
-    assert a != b and a == _weights_digest(model, "sha256:aa")
-    assert int8_encoder._runner.path.parent.name == _weights_digest(model, int8_encoder.fingerprint)
+    a, b = _weights_digest(model.config, "sha256:aa"), _weights_digest(model.config, "sha256:bb")
+    assert a != b and a == _weights_digest(model.config, "sha256:aa")
+    assert int8_encoder._runner.path.parent.name == _weights_digest(model.config, int8_encoder.fingerprint)
     assert int8_encoder._runner.path.name.endswith("int8-matmul-per-channel.onnx")
 
 
@@ -160,3 +160,119 @@ def test_pooling_matches_the_mean_of_each_sentences_tokens():
         want = hidden[a:b].mean(0)
         assert np.allclose(out[row], want / np.linalg.norm(want), atol=1e-6)
     assert not out[[0, 3, 4]].any()
+
+
+def test_onnx_rows_run_side_by_side_with_the_serial_loops_vectors_and_order(int8_encoder):
+    # indexing runs the int8 encoder's one-row batches `workers` at a time on one-thread sessions (issue 22): the
+    # vectors, the hidden states handed to listeners and their order must be the serial loop's
+    papers = _sample_papers(12)
+    runner = int8_encoder._runner
+    seen: dict[str, list] = {"parallel": [], "serial": []}
+    assert runner.workers >= 1
+    runner.workers = 2
+    try:
+        parallel = int8_encoder.contextual_sentence_vectors(papers, on_batch=seen["parallel"].append)
+        assert 1 in runner._sessions  # the one-thread session ran the rows
+        runner.workers = 1
+        serial = int8_encoder.contextual_sentence_vectors(papers, on_batch=seen["serial"].append)
+    finally:
+        runner.workers = runner._threads
+    assert len(parallel) == len(serial) == 12
+    for a, b in zip(parallel, serial):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert [b.rows for b in seen["parallel"]] == [b.rows for b in seen["serial"]]
+    assert [b.spans for b in seen["parallel"]] == [b.spans for b in seen["serial"]]
+    for a, b in zip(seen["parallel"], seen["serial"]):
+        np.testing.assert_allclose(a.hidden_states[4].numpy(), b.hidden_states[4].numpy(), atol=1e-5)
+
+
+def test_an_onnx_encoder_with_a_cached_export_starts_without_the_pytorch_weights(int8_encoder):
+    # loading the PyTorch model (and transformers' modeling code) cost each `esqbe index` process a few seconds
+    # that an ONNX runtime does not use once its export is cached (issue 22)
+    again = Encoder.load(backend="onnx-int8", device="cpu")  # int8_encoder made (or found) the export
+    assert again._model is None and again._runner.path == int8_encoder._runner.path
+    vectors = again.contextual_sentence_vectors(_sample_papers(3))
+    assert again._model is None  # encoding did not need it
+    for a, b in zip(vectors, int8_encoder.contextual_sentence_vectors(_sample_papers(3))):
+        np.testing.assert_array_equal(a, b)
+    assert again.model is not None and again._model is again.model  # loaded on first use, once
+    assert again.model.config.to_json_string() == again.config.to_json_string()  # so the export's key is the same
+
+
+def _sample_papers(n):
+    from esqbe.ingest.readers import read_papers
+
+    return list(read_papers(str(SAMPLE)))[:n]
+
+
+def test_an_onnx_encoder_tags_without_the_pytorch_weights_once_its_tagger_is_rebuilt(int8_encoder):
+    # the shipped tagger stores its layers as differences from the encoder's own, which needed the PyTorch model
+    # in every tagging process; the rebuilt weights are kept beside the ONNX export instead (issue 22)
+    import torch
+
+    from esqbe.tagger.runtime import FacetTagger
+
+    papers = _sample_papers(4)
+    first = FacetTagger.load(encoder=int8_encoder)  # rebuilt from the PyTorch layers (or found rebuilt)
+    fresh = Encoder.load(backend="onnx-int8", device="cpu")
+    again = FacetTagger.load(encoder=fresh)
+    assert fresh._model is None
+    mine = again.net.state_dict()
+    assert all(torch.equal(v, mine[k]) for k, v in first.net.state_dict().items())
+    assert again.tag(papers) == first.tag(papers)
+    assert fresh._model is None  # tagging did not need it either
+
+
+def test_token_counts_reuse_the_contextual_calls_tokens_and_match_a_fresh_tokenisation(int8_encoder):
+    # indexing asks for each paper's wordpiece counts right after encoding it: the encoder's own tokens are reused
+    # (issue 22), and must give what tokenising the paper again gives; a paper changed since is tokenised again
+    papers = _sample_papers(5)
+    int8_encoder.contextual_sentence_vectors(papers)
+    assert all(int8_encoder._recent[id(p)][0] is p for p in papers)
+    fresh = [int8_encoder.token_counts(p) for p in papers]
+    int8_encoder._recent = {}
+    assert fresh == [int8_encoder.token_counts(p) for p in papers]
+    int8_encoder.contextual_sentence_vectors(papers)
+    papers[0].sentences = papers[0].sentences[:1]  # remembered with its old sentences
+    changed = int8_encoder.token_counts(papers[0])
+    assert changed != fresh[0]
+    int8_encoder._recent = {}
+    assert changed == int8_encoder.token_counts(papers[0])
+
+
+def test_a_listener_runs_the_tagger_head_once_for_labels_and_soft_labels(int8_encoder):
+    from esqbe.tagger.runtime import FACET_CLASSES, FacetTagger
+
+    papers = _sample_papers(4)
+    tagger = FacetTagger.load(encoder=int8_encoder)
+    listener = tagger.listener()
+    int8_encoder.contextual_sentence_vectors(papers, on_batch=listener)
+    labels = listener.collect(papers)
+    first = listener._memo[1]
+    probs = listener.facet_probabilities(papers)
+    assert listener._memo[1] is first  # the BiLSTM ran once
+    for lab, prob in zip(labels, probs):  # and the soft labels are those the labels came from
+        assert lab == [FACET_CLASSES[max(range(4), key=row.__getitem__)] for row in prob]
+
+
+def test_torch_runs_one_thread_beside_the_onnx_rows_and_gets_its_threads_back(int8_encoder):
+    # torch's small ops beside the encoder's rows (the tagger's BiLSTM: 4-10x slower on two threads) run on one
+    # thread while the rows keep the cores busy; the thread count comes back after, also when blocks nest (issue 22)
+    import torch
+
+    from esqbe.encode.encoder import torch_threads
+
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    int8_encoder._runner.workers = 2
+    try:
+        int8_encoder.contextual_sentence_vectors(_sample_papers(3), on_batch=lambda b: seen.append(torch.get_num_threads()))
+    finally:
+        int8_encoder._runner.workers = int8_encoder._runner._threads
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == before
+    with torch_threads(1):
+        with torch_threads(1):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before

@@ -347,3 +347,23 @@ def test_train_tagger_cli_head_only_tagger_rides_on_the_encoder(tmp_path, test_p
     with esqbe.open_index(str(tmp_path / "ix"), config=None, tagger=str(out)) as index:
         assert index.index_files([str(src)]).tagged == 2
         assert index._tagger_shares_encoder and len(index.tagger.net.layers) == 0
+
+
+def test_numpy_sentence_pooling_beside_onnx_layers_equals_the_batched_product():
+    # beside an ONNX encoder the tagger pools in numpy (torch's batched product waited for a core: issue 22);
+    # it must pool as the product does, a sentence truncated away (span (0, 0)) included
+    import torch
+
+    from esqbe.tagger.net import TaggerNet
+
+    net = TaggerNet(dim=8, n_layers=1, heads=2, ff=16, eps=1e-12).eval()
+    x = torch.randn(2, 12, 8)
+    valid = torch.ones(2, 12, dtype=torch.bool)
+    spans = [[(1, 4), (4, 9), (0, 0)], [(2, 3), (3, 11)]]
+    with torch.inference_mode():
+        batched = net.sentence_vectors(x, valid, spans, layers=None)
+        numpy_path = net.sentence_vectors(x, valid, spans, layers=lambda h, v: net.layers[0](h, v))
+    assert [tuple(v.shape) for v in numpy_path] == [(3, 8), (2, 8)]
+    for a, b in zip(batched, numpy_path):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert not numpy_path[0][2].any()

@@ -8,8 +8,10 @@ Vectors are L2-normalised, so cosine = dot product and L2 distance ranks the sam
 from __future__ import annotations
 
 import sys
-from collections import Counter
+import threading
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -55,7 +57,7 @@ class Encoder:
         """Load `model` (see `resolve_model`). `offline`: never reach for a hub, even for a hub name. Loading
         leaves transformers' logging and progress bars as the host process set them (the CLI quiets them)."""
         import torch
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         info = model_info(model)
         source, self.name, self.location, self.fingerprint = info.source, info.name, info.location, info.fingerprint
@@ -66,26 +68,30 @@ class Encoder:
         self.batch_size = int(batch_size)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
-            self.model = AutoModel.from_pretrained(source, local_files_only=offline).to(self.device).eval()
+            self.config = AutoConfig.from_pretrained(source, local_files_only=offline)
         except OSError as e:
             raise ModelNotFoundError(f"cannot load model {model or DEFAULT_MODEL!r} from {source}: {e}") from e
+        if getattr(self.config, "dtype", None) is None:
+            self.config.dtype = torch.float32  # what loading the weights sets (the ONNX cache key reads the config)
+        self._model = None
+        self._recent: dict = {}  # id(paper) -> (paper, its sentences, their token ids), of the last contextual call
+        self._source, self._offline, self._model_name = source, offline, model
         self.adapter = None
         if adapter is not None and str(adapter).lower() not in ("", "none"):
-            from .adapter import combined_fingerprint, merge_adapter, resolve_adapter
+            from .adapter import combined_fingerprint, resolve_adapter
 
             self.adapter = resolve_adapter(adapter)
-            if self.adapter is not None:  # merged into the weights: every runtime (and the ONNX cache key) sees it
-                merge_adapter(self.model, self.adapter)
+            if self.adapter is not None:  # merged into the weights (`model`): every runtime (and the ONNX cache key) sees it
                 self.name = f"{self.name}+{self.adapter.name}"
                 self.fingerprint = combined_fingerprint(self.fingerprint, self.adapter)
         if not getattr(self.tokenizer, "is_fast", False):
             raise ModelNotFoundError(f"model {self.name!r} has no fast tokenizer; esqbe needs token offsets")
-        limit = getattr(self.model.config, "max_position_embeddings", 512)
-        if getattr(self.model.config, "model_type", "") in ("roberta", "mpnet", "xlm-roberta"):
+        limit = getattr(self.config, "max_position_embeddings", 512)
+        if getattr(self.config, "model_type", "") in ("roberta", "mpnet", "xlm-roberta"):
             limit -= 2  # these reserve positions for padding offsets
         self.max_length = int(min(max_length or 512, limit, self.tokenizer.model_max_length))
-        self.dim = int(self.model.config.hidden_size)
-        self.num_layers = int(self.model.config.num_hidden_layers)
+        self.dim = int(self.config.hidden_size)
+        self.num_layers = int(self.config.num_hidden_layers)
         self._torch = torch
         self.backend = resolve_backend(backend, self.device)
         if self.device.startswith("cuda"):
@@ -96,10 +102,31 @@ class Encoder:
             # 0.6 NDCG%20 between 128- and 256-paper batches). One row per call makes it depend on its own
             # text only, and on 2 CPU cores it is also faster (no padding): 87 against 67 papers/s.
             self.batch_size = 1
-        self._runner = make_runner(self.backend, self.model, source=source, device=self.device, cache_dir=cache_dir,
+        # an ONNX runtime whose export is cached never needs the PyTorch weights: they load on first use of `model`
+        # (the tagger's compact weights, an export), not at start-up (a second or two per process: issue 22)
+        self._runner = make_runner(self.backend, lambda: self.model, self.config, source=source, device=self.device,
+                                   cache_dir=cache_dir,
                                    offline=offline, fingerprint=self.fingerprint)
         #: how the vectors are computed, part of an index's model identity (IndexMeta.runtime)
         self.runtime = runtime_name(self.backend, getattr(self._runner, "precision", None))
+
+    @property
+    def model(self):
+        """The PyTorch model (the adapter merged in), loaded on first use."""
+        if self._model is None:
+            from transformers import AutoModel
+
+            try:
+                model = AutoModel.from_pretrained(self._source, local_files_only=self._offline).to(self.device).eval()
+            except OSError as e:
+                raise ModelNotFoundError(f"cannot load model {self._model_name or DEFAULT_MODEL!r} "
+                                         f"from {self._source}: {e}") from e
+            if self.adapter is not None:
+                from .adapter import merge_adapter
+
+                merge_adapter(model, self.adapter)
+            self._model = model
+        return self._model
 
     @classmethod
     def load(cls, model: str | None = None, **kwargs) -> Encoder:
@@ -176,34 +203,43 @@ class Encoder:
         tok = self.tokenizer
         rows: list[tuple[int, list[int]]] = []  # (paper index, sentence indices in this window)
         row_texts: list[tuple[str, str, np.ndarray]] = []  # (title, body, char start of each sentence)
-        for pi, paper in enumerate(papers):
-            if not paper.sentences:
-                continue
-            full_title = self._cut(paper.title or "", MAX_TITLE_TOKENS)
-            title_ids = tok(full_title, add_special_tokens=False)["input_ids"]
+        # every title and sentence is tokenised for its length in one call (the tokenizer's own threads), not two
+        # calls per paper: with the encoder's runs side by side, that serial pass had left a core idle (issue 22)
+        todo = [(pi, paper) for pi, paper in enumerate(papers) if paper.sentences]
+        cut = [(self._cut(p.title or "", MAX_TITLE_TOKENS), [self._cut(s) for s in p.sentences]) for _, p in todo]
+        ids = tok([x for title, ss in cut for x in (title, *ss)], add_special_tokens=False)["input_ids"] if todo else []
+        at = 0
+        recent = {}
+        for (pi, paper), (full_title, sentences) in zip(todo, cut):
+            title_ids, sent_ids = ids[at], ids[at + 1 : at + 1 + len(sentences)]
+            sent_lens = [len(x) for x in sent_ids]
+            recent[id(paper)] = (paper, list(paper.sentences), sent_ids)  # the paper held: its id stays its own
+            at += 1 + len(sentences)
             title = str(tok.decode(title_ids[:MAX_TITLE_TOKENS])) if len(title_ids) > MAX_TITLE_TOKENS else full_title
-            sentences = [self._cut(s) for s in paper.sentences]
-            sent_lens = [len(x) for x in tok(sentences, add_special_tokens=False)["input_ids"]]
             for window in self._windows(paper, min(len(title_ids), MAX_TITLE_TOKENS), sent_lens):
                 texts = [" ".join(sentences[i].split()) for i in window]
                 starts = np.cumsum([0] + [len(t) + 1 for t in texts[:-1]])
                 rows.append((pi, window))
                 row_texts.append((title, " ".join(texts), starts))
 
+        self._recent = recent  # for token_counts: indexing asks for each paper's counts right after this call
         vectors = [np.zeros((len(p.sentences), self.dim), dtype=np.float32) for p in papers]
         order = np.argsort([-(len(t) + len(b)) for t, b, _ in row_texts], kind="stable")
         bar = _progress(len(papers), "encoding", progress)
         rows_left = Counter(pi for pi, _ in rows)
         finished = 0
-        for start in range(0, len(order), self.batch_size):
-            deadline.check()
+        want_states = on_batch is not None
+
+        def tokenized(start: int):
             batch = [int(r) for r in order[start : start + self.batch_size]]
             enc = tok([row_texts[r][0] for r in batch], [row_texts[r][1] for r in batch], padding=True,
                       truncation="only_second", max_length=self.max_length, return_offsets_mapping=True,
                       return_tensors="pt")
             offsets = enc.pop("offset_mapping").numpy()
-            enc = enc.to(self.device)
-            last, hidden_states = self._runner(enc, on_batch is not None)
+            return batch, enc.to(self.device), offsets
+
+        def finish(batch, enc, offsets, last, hidden_states) -> None:
+            nonlocal finished
             # pooling in numpy, one thread: torch's OpenMP ops here fought the runtime's threads for the 2 cores
             # (index_add_ took as long as the transformer: issue 22)
             hidden = last.cpu().float().numpy()
@@ -221,6 +257,32 @@ class Encoder:
             if on_progress is not None and finished:
                 on_progress(finished)  # papers whose every window is encoded, once per encoder batch
                 finished = 0
+
+        batch_starts = range(0, len(order), self.batch_size)
+        workers = int(getattr(self._runner, "workers", 1)) if len(batch_starts) > 1 else 1
+        if workers > 1:
+            # batches run `workers` at a time on one-thread sessions (OnnxRunner.run_one); this thread tokenises the
+            # next batch meanwhile (the tokenizer is not shared between threads) and pools the finished ones in
+            # order, so listeners see the batches in the order of the serial loop
+            from concurrent.futures import ThreadPoolExecutor
+
+            with torch_threads(1), ThreadPoolExecutor(workers, thread_name_prefix="esqbe-onnx") as pool:
+                running: deque = deque()
+                for start in batch_starts:
+                    deadline.check()
+                    batch, enc, offsets = tokenized(start)
+                    running.append((batch, enc, offsets, pool.submit(self._runner.run_one, enc, want_states)))
+                    while len(running) > workers or (running and running[0][3].done()):
+                        batch, enc, offsets, job = running.popleft()
+                        finish(batch, enc, offsets, *job.result())
+                while running:
+                    batch, enc, offsets, job = running.popleft()
+                    finish(batch, enc, offsets, *job.result())
+        else:
+            for start in batch_starts:
+                deadline.check()
+                batch, enc, offsets = tokenized(start)
+                finish(batch, enc, offsets, *self._runner(enc, want_states))
         bar.close()
         return vectors
 
@@ -261,7 +323,11 @@ class Encoder:
         """Wordpiece token counts of a paper's sentences: the corpus statistics behind token weights."""
         if not paper.sentences:
             return {}
-        ids = self.tokenizer([self._cut(s) for s in paper.sentences], add_special_tokens=False)["input_ids"]
+        hit = self._recent.get(id(paper))  # tokenised by the last contextual call: not again (issue 22)
+        if hit is not None and hit[0] is paper and hit[1] == paper.sentences:
+            ids = hit[2]
+        else:
+            ids = self.tokenizer([self._cut(s) for s in paper.sentences], add_special_tokens=False)["input_ids"]
         counts = Counter(i for row in ids for i in row)
         tokens = self.tokenizer.convert_ids_to_tokens(list(counts))
         return {t: int(c) for t, c in zip(tokens, counts.values())}
@@ -272,16 +338,18 @@ class Encoder:
 GPU_MIN_BATCH = 256
 
 
-def make_runner(backend: str, model, *, source: str, device: str, cache_dir: str | None = None, offline: bool = False,
+def make_runner(backend: str, model: Callable, config, *, source: str, device: str, cache_dir: str | None = None,
+                offline: bool = False,
                 fingerprint: str | None = None):
-    """A callable `(tokenizer output, want hidden states) -> (last hidden state, hidden states or None)`.
+    """A callable `(tokenizer output, want hidden states) -> (last hidden state, hidden states or None)`;
+    `model()` returns the PyTorch model (loaded then, if it was not), `config` is its configuration.
 
     Every backend returns the final layer's token vectors (for pooling) and, when asked, the
     embeddings plus every layer's hidden states (the tagger reads a lower layer), as torch tensors.
     """
     if backend in ("torch", "torch-int8"):
-        return TorchRunner(model, device, int8=backend == "torch-int8")
-    return OnnxRunner(model, source, int8=backend == "onnx-int8", cache_dir=cache_dir, offline=offline,
+        return TorchRunner(model(), device, int8=backend == "torch-int8")
+    return OnnxRunner(model, config, source, int8=backend == "onnx-int8", cache_dir=cache_dir, offline=offline,
                       fingerprint=fingerprint, announce=_announce)
 
 
@@ -316,6 +384,33 @@ class TorchRunner:
             else:
                 out = self.model(**enc, output_hidden_states=hidden_states)
         return out.last_hidden_state, (tuple(out.hidden_states) if hidden_states else None)
+
+
+_THREADS_LOCK = threading.Lock()
+_THREADS_HELD: list[int] = []  # torch's thread count before the first holder of `torch_threads`, while any holds it
+
+
+@contextmanager
+def torch_threads(n: int):
+    """PyTorch's intra-op threads set to `n` for the block, back to what they were when the last such block ends
+    (blocks in other threads nest: the count is process-wide). For the small torch ops beside an ONNX encoder whose
+    rows already keep every core busy: with two threads, the tagger's BiLSTM over 256 abstracts took 0.22-0.53 s
+    against 0.05-0.06 s on one, waiting for a core for its second thread (issue 22)."""
+    import torch
+
+    with _THREADS_LOCK:
+        if not _THREADS_HELD:
+            _THREADS_HELD.append(torch.get_num_threads())
+            torch.set_num_threads(n)
+        else:
+            _THREADS_HELD.append(_THREADS_HELD[0])
+    try:
+        yield
+    finally:
+        with _THREADS_LOCK:
+            before = _THREADS_HELD.pop()
+            if not _THREADS_HELD:
+                torch.set_num_threads(before)
 
 
 def _pool_row(hidden: np.ndarray, in_body: np.ndarray, token_starts: np.ndarray, sentence_starts: np.ndarray,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,16 +58,16 @@ def _cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(root) / "onnx"
 
 
-def _weights_digest(model, fingerprint: str | None = None) -> str:
+def _weights_digest(config, fingerprint: str | None = None, model=None) -> str:
     """What the exported graph depends on: the model's identity (its fingerprint, `identity.fingerprint_dir`, which
     covers config, tokenizer and weights: whatever else joins the identity joins the key) or, without one (a hub
     model outside the cache), the weights themselves; and the exporter. The runtime and quantisation are the file's
-    name inside the folder (`OnnxRunner.path`)."""
+    name inside the folder (`OnnxRunner.path`). `model`: the weights, read only without a fingerprint."""
     import hashlib
 
     import torch
 
-    h = hashlib.sha256(f"{ONNX_EXPORT_FORMAT}|{torch.__version__}|{model.config.to_json_string()}".encode())
+    h = hashlib.sha256(f"{ONNX_EXPORT_FORMAT}|{torch.__version__}|{config.to_json_string()}".encode())
     if fingerprint:
         h.update(f"|{fingerprint}".encode())
         return h.hexdigest()[:20]
@@ -78,16 +79,17 @@ def _weights_digest(model, fingerprint: str | None = None) -> str:
 
 class OnnxRunner:
     """ONNX Runtime (CPU): the model exported once to ONNX (cached, keyed by its weights) with every hidden
-    state as an output; `int8`: ONNX Runtime's dynamic quantisation (int8 weights, uint8 activations: VNNI)."""
+    state as an output; `int8`: ONNX Runtime's dynamic quantisation (int8 weights, uint8 activations: VNNI).
+    `model()` returns the PyTorch model: called only to export (or, without a fingerprint, to key the export)."""
 
-    def __init__(self, model, source: str, *, int8: bool = False, cache_dir: str | None = None, offline: bool = False,
+    def __init__(self, model, config, source: str, *, int8: bool = False, cache_dir: str | None = None, offline: bool = False,
                  fingerprint: str | None = None, announce=None):
         import onnxruntime as ort
         import torch
 
         self.torch = torch
-        self.num_layers = int(model.config.num_hidden_layers)
-        folder = _cache_dir(cache_dir) / _weights_digest(model, fingerprint)
+        self.num_layers = int(config.num_hidden_layers)
+        folder = _cache_dir(cache_dir) / _weights_digest(config, fingerprint, None if fingerprint else model())
         path = folder / ("model-fused-int8-matmul-per-channel.onnx" if int8 else "model-fused.onnx")
         if not path.exists():
             try:
@@ -104,32 +106,68 @@ class OnnxRunner:
                          f"about a minute), cached in {folder}")
             exported = folder / "model.onnx"
             if not exported.exists():
-                _export_onnx(source, model, exported, offline=offline)
+                _export_onnx(source, model(), exported, offline=offline)
             fused = folder / "model-fused.onnx"
             if not fused.exists():
-                _fuse_onnx(exported, fused, model.config)
+                _fuse_onnx(exported, fused, config)
             if int8:
                 _quantize_onnx(fused, path)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = max(1, torch.get_num_threads())
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.log_severity_level = 3
-        # no spin-waiting between runs: spinning threads took the cores from the tokenizer and the pooling
-        # between two runs (on 2 cores, end to end, issue 22)
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        self.inputs = [i.name for i in self.session.get_inputs()]
-        self.outputs = [o.name for o in self.session.get_outputs()]
+        self._ort = ort
+        self._threads = max(1, torch.get_num_threads())
+        #: rows the encoder may run at once, each on a one-thread session (`run_one`); 1: one multi-thread session
+        self.workers = self._threads
+        self._sessions: dict[int, object] = {}
+        self._lock = threading.Lock()
         self.path = path
+        self.inputs: list[str] = []
+        self.outputs: list[str] = []
+
+
+    def _session(self, threads: int):
+        """The session with `threads` intra-op threads (made on first use: indexing needs only the one-thread one,
+        a query only the multi-thread one)."""
+        session = self._sessions.get(threads)
+        if session is None:
+            with self._lock:
+                session = self._sessions.get(threads)
+                if session is None:
+                    ort = self._ort
+                    opts = ort.SessionOptions()
+                    opts.intra_op_num_threads = threads
+                    opts.inter_op_num_threads = 1
+                    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+                    opts.log_severity_level = 3
+                    # no spin-waiting between runs: spinning threads took the cores from the tokenizer and the
+                    # pooling between two runs (on 2 cores, end to end, issue 22)
+                    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                    session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
+                    self.inputs = [i.name for i in session.get_inputs()]
+                    self.outputs = [o.name for o in session.get_outputs()]
+                    self._sessions[threads] = session
+        return session
+
+    @property
+    def session(self):
+        """The multi-thread session (one call at a time: a query, a serial batch loop)."""
+        return self._session(self._threads)
 
     def __call__(self, enc, hidden_states: bool):
-        torch = self.torch
+        return self._run(self.session, enc, hidden_states)
+
+    def run_one(self, enc, hidden_states: bool):
+        """The same as a call, on the one-thread session: for `workers` calls at once from as many threads (the
+        encoder's batches of one row while indexing). On 2 cores two one-thread runs side by side did more rows per
+        second than one two-thread run: a batch of one row is too small for an op's work to be split well
+        (issue 22). The vectors are the same: each row is computed alone either way."""
+        return self._run(self._session(1), enc, hidden_states)
+
+    def _run(self, session, enc, hidden_states: bool):
+        torch = self.torch  # (self.inputs / outputs are set: `session` was made first)
         feed = {k: enc[k].cpu().numpy() for k in self.inputs}
         if "token_type_ids" in self.inputs and "token_type_ids" not in enc:
             feed["token_type_ids"] = np.zeros_like(feed["input_ids"])
         names = self.outputs if hidden_states else self.outputs[-1:]
-        out = [torch.from_numpy(x) for x in self.session.run(names, feed)]
+        out = [torch.from_numpy(x) for x in session.run(names, feed)]
         return out[-1], (tuple(out) if hidden_states else None)
 
 

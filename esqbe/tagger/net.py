@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from ..domain import RAW_LABELS
 from ..errors import ModelError
 
@@ -112,6 +114,8 @@ class TaggerNet(_nn().Module):  # type: ignore[misc]  # torch.nn.Module, importe
         else:
             for layer in self.layers:
                 x = layer(x, valid)
+        if layers is not None and self.attn is None:
+            return _mean_pool_numpy(x, spans)
         B, T, _ = x.shape
         S = max((len(s) for s in spans), default=0)
         member = torch.zeros(B, max(S, 1), T, dtype=torch.bool, device=x.device)
@@ -140,6 +144,23 @@ class TaggerNet(_nn().Module):  # type: ignore[misc]  # torch.nn.Module, importe
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=padded.shape[1])
         logits = self.out(self.drop(out))
         return [logits[i, :n] for i, n in enumerate(lengths)]
+
+
+def _mean_pool_numpy(x, spans: Sequence[Sequence[tuple[int, int]]]) -> list:
+    """Each sentence's mean token vector, per row, in numpy on the calling thread: the same as `sentence_vectors`'
+    batched product (to float rounding), without torch's BLAS threads. Beside an ONNX encoder whose rows run on
+    both cores, that small product waited ~20 ms a row for a core for its second thread: it cost as much as the
+    tagger's layers (issue 22). (0, 0) spans (a sentence truncated away) pool to zeros, as there."""
+    torch = _torch()
+    hidden = x.detach().cpu().float().numpy()
+    out = []
+    for i, row in enumerate(spans):
+        pooled = np.zeros((len(row), hidden.shape[-1]), dtype=np.float32)
+        for j, (a, b) in enumerate(row):
+            if b > a:
+                pooled[j] = hidden[i, a:b].mean(0)
+        out.append(torch.from_numpy(pooled).to(x.device))
+    return out
 
 
 def _position_features(n: int, device, dtype):

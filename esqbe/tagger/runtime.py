@@ -12,6 +12,7 @@ by adding their probabilities.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -50,10 +51,12 @@ class TagListener:
     def __init__(self, tagger: FacetTagger):
         self._tagger = tagger
         self._vecs: dict[int, dict[int, object]] = {}
+        self._memo: tuple | None = None  # (the papers' ids and sentence counts, their probabilities)
 
     def __call__(self, batch) -> None:
         torch = _torch()
         t = self._tagger
+        self._memo = None
         hidden_states = batch.hidden_states
         expected = t.meta["encoder"]
         if (hidden_states is None or len(hidden_states) != expected["num_layers"] + 1
@@ -94,7 +97,16 @@ class TagListener:
         return out
 
     def _probabilities(self, papers: Sequence[Paper]) -> list:
-        """(n_sentences, 5) probabilities per paper; None for a paper without sentences."""
+        """(n_sentences, 5) probabilities per paper; None for a paper without sentences. Computed once per
+        listener for the same papers: indexing asks for the labels, then the soft labels (issue 22)."""
+        key = [(p.paper_id, len(p.sentences)) for p in papers]
+        if self._memo is not None and self._memo[0] == key:
+            return self._memo[1]
+        out = self._compute_probabilities(papers)
+        self._memo = (key, out)
+        return out
+
+    def _compute_probabilities(self, papers: Sequence[Paper]) -> list:
         torch = _torch()
         if self._vecs and max(self._vecs) >= len(papers):
             raise ValueError(f"this listener saw paper #{max(self._vecs)} but collect() got {len(papers)} papers: "
@@ -112,7 +124,12 @@ class TagListener:
             todo.append(pi)
             seqs.append(torch.stack([slots[j] for j in range(n)]))
         net = self._tagger._net_on(seqs[0].device) if seqs else None
-        with torch.inference_mode():
+        threads: AbstractContextManager = nullcontext()
+        if self._tagger._onnx_layers() is not None:  # beside an ONNX encoder: one thread (encoder.torch_threads)
+            from ..encode.encoder import torch_threads
+
+            threads = torch_threads(1)
+        with torch.inference_mode(), threads:
             for start in range(0, len(seqs), 256):
                 assert net is not None  # there are sequences
                 chunk = seqs[start : start + 256]

@@ -92,7 +92,42 @@ def compact_weights(src, dst, encoder=None) -> dict:
     return {"bytes": dst.stat().st_size, "max_abs_error": worst}
 
 
+def _rebuilt_path(path, encoder) -> Path | None:
+    """Where the weights rebuilt from `path` on `encoder` are kept: beside the encoder's ONNX export, keyed by the
+    file's bytes and the encoder's fingerprint (which covers its weights); None for other runtimes, which load the
+    PyTorch model anyway. With it, an ONNX runtime tags without loading the PyTorch weights at all (issue 22)."""
+    import hashlib
+
+    runner_path = getattr(getattr(encoder, "_runner", None), "path", None)
+    fingerprint = getattr(encoder, "fingerprint", None)
+    if runner_path is None or not fingerprint:
+        return None
+    with open(path, "rb") as fh:
+        digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    key = hashlib.sha256(f"{TAGGER_FORMAT}|{digest}|{fingerprint}".encode()).hexdigest()[:20]
+    return Path(runner_path).parent.parent / f"tagger-rebuilt-{key}.pt"
+
+
 def _from_deltas(state: dict, meta: dict, encoder, path) -> dict:
+    torch = _torch()
+    cached = _rebuilt_path(path, encoder)
+    if cached is not None and cached.exists():
+        try:
+            return torch.load(cached, map_location="cpu", weights_only=True)
+        except Exception:  # a damaged copy: rebuild it
+            pass
+    out = _rebuild(state, meta, encoder, path)
+    if cached is not None:
+        try:
+            tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+            torch.save(out, tmp)
+            os.replace(tmp, cached)
+        except OSError:  # a read-only cache: rebuild next time
+            pass
+    return out
+
+
+def _rebuild(state: dict, meta: dict, encoder, path) -> dict:
     base = _base_layers(encoder, meta)
     if _digest(base) != meta["delta_of"]["sha256"]:
         raise TaggerMismatchError(
