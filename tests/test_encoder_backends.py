@@ -9,7 +9,7 @@ import pytest
 
 import esqbe
 from esqbe.encode.encoder import Encoder
-from esqbe.encode.identity import ENCODER_BACKENDS, EncoderBackendError, resolve_backend
+from esqbe.encode.identity import ENCODER_BACKENDS, EncoderBackendError, model_info, resolve_backend
 from esqbe.ingest.readers import read_papers
 
 from .conftest import SAMPLE
@@ -73,6 +73,10 @@ def test_int8_vectors_depend_on_their_own_text_only(papers, backend):
 def test_backend_choice_is_checked():
     assert resolve_backend(None, "cpu") in ENCODER_BACKENDS
     assert resolve_backend("auto", "cuda") == "torch"  # fp16/bf16 autocast on a GPU
+    # int8 under `auto` only for the model whose int8 quality was measured (the default); any other model: exact
+    assert resolve_backend("auto", "cpu", model_info(None).fingerprint).endswith("int8")
+    assert resolve_backend("auto", "cpu", "sha256:" + "0" * 64) == "torch"
+    assert resolve_backend("onnx-int8", "cpu", "sha256:" + "0" * 64) == "onnx-int8"  # asked for: given
     with pytest.raises(EncoderBackendError, match="unknown encoder backend 'onnx-fp8'"):
         resolve_backend("onnx-fp8", "cpu")
     with pytest.raises(EncoderBackendError, match="runs on CPU"):

@@ -93,7 +93,7 @@ class Encoder:
         self.dim = int(self.config.hidden_size)
         self.num_layers = int(self.config.num_hidden_layers)
         self._torch = torch
-        self.backend = resolve_backend(backend, self.device)
+        self.backend = resolve_backend(backend, self.device, info.fingerprint)  # the base model's, before an adapter
         if self.device.startswith("cuda"):
             self.batch_size = max(self.batch_size, GPU_MIN_BATCH)  # large length-sorted batches keep a GPU busy
         elif self.backend.endswith("int8"):

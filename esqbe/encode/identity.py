@@ -182,15 +182,25 @@ class EncoderBackendError(ModelError, ValueError):
     """An encoder backend that cannot run here (unknown name, missing package, wrong device)."""
 
 
-def resolve_backend(backend: str | None, device: str) -> str:
+def int8_holds_bounds(fingerprint: str | None) -> bool:
+    """Whether `auto` may run this model (by its base fingerprint, without an adapter) on an int8 runtime: only
+    where int8 was measured inside the quality bounds (CSFCube dev aggregated NDCG%20 within 0.3 of fp32,
+    docs/results.md "Issue 22"). That is the default model (+0.15); the quality preset's all-mpnet-base-v2
+    measured 1.61 below its fp32 path, so it and any unmeasured model run the exact fp32 path under `auto`.
+    None (the caller does not know the model) means the default model."""
+    return fingerprint is None or fingerprint == model_info(None).fingerprint
+
+
+def resolve_backend(backend: str | None, device: str, fingerprint: str | None = None) -> str:
     """The backend to use: None is the default, torch (exact fp32; fp16/bf16 autocast on CUDA); `auto` is onnx-int8
-    on CPU when onnxruntime is installed (torch-int8 without it) and torch on CUDA; an explicit name is checked
-    against the device."""
+    on CPU when onnxruntime is installed (torch-int8 without it) for a model whose int8 quality was measured
+    inside the bounds (`int8_holds_bounds`: the default model), else torch; torch on CUDA. An explicit name is
+    checked against the device."""
     gpu = not device.startswith("cpu")
     if backend is None:
         backend = "torch"
     if backend == "auto":
-        if gpu:
+        if gpu or not int8_holds_bounds(fingerprint):
             return "torch"
         if AUTO_CPU_BACKEND.startswith("onnx") and importlib.util.find_spec("onnxruntime") is None:
             return "torch-int8"

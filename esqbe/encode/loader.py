@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from ..domain import IndexMeta
 from ..settings.config import Settings
 from .encoder import Encoder
-from .identity import ModelNotFoundError, _pick_device, backend_for, resolve_backend
+from .identity import ModelNotFoundError, _pick_device, backend_for, model_info, resolve_backend
 
 _ENCODERS: dict = {}  # ModelSpec -> Encoder: loaded models, shared by the indexes of one process (the CLI, a server)
 _LOCK = threading.Lock()
@@ -58,7 +58,8 @@ class ModelSpec:
 
     def resolved_backend(self) -> str:
         """The runtime this spec runs on here (`auto` and None resolved for the device), without loading."""
-        return resolve_backend(self.backend, _pick_device(self.device))
+        fingerprint = model_info(self.model).fingerprint if self.backend in (None, "auto") else None
+        return resolve_backend(self.backend, _pick_device(self.device), fingerprint)
 
 
 def load_encoder(spec: ModelSpec, *, shared: bool = True) -> Encoder:

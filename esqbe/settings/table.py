@@ -100,8 +100,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("device", str, None, "torch device: cpu, cuda, cuda:N, mps, auto (default: auto).", env="ESQBE_DEVICE",
             flag="--device", commands=_MODEL, group="encoding"),
     Setting("encoder_backend", str, "auto", "How the encoder runs. auto (default): on an existing index, the runtime "
-            "it was built with; else onnx-int8 on CPU (ONNX Runtime, int8 weights: several times faster, CSFCube dev "
-            "NDCG%20 +0.15, docs/results.md), torch with fp16/bf16 autocast on CUDA. torch: the exact fp32 PyTorch path; "
+            "it was built with; else onnx-int8 on CPU for the default model (ONNX Runtime, int8 weights: several times "
+            "faster, CSFCube dev NDCG%20 +0.15, docs/results.md) and the exact torch path for other models (int8 "
+            "cost the quality preset's MPNet 1.61), torch with fp16/bf16 autocast on CUDA. torch: the exact fp32 PyTorch path; "
             "torch-int8, onnx: the others measured in docs/performance.md. An index records its runtime and refuses "
             "writes in another.",
             choices=ENCODER_BACKEND_CHOICES, env="ESQBE_ENCODER_BACKEND", flag="--encoder-backend", commands=_MODEL,
