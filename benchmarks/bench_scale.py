@@ -278,6 +278,7 @@ def run_size(n: int, work: Path, args) -> dict:
     b.close()
     row["sentences"] = stats["sentences"]
     row["knn"] = stats["knn"]
+    row["knn_calibration"] = stats.get("knn_calibration")
     if not args.keep:
         shutil.rmtree(base)
     return row
