@@ -94,26 +94,47 @@ def gather() -> tuple[list[dict], dict]:
     return list(out.values()), counts
 
 
+FULL_TEXT_CHUNK = 40  # full texts per encoded file: a partial build (stopped at any time) leaves whole files
+
+
 def build(cache: Path) -> dict:
+    """Encode the gathered papers in chunks, each into its own Parquet file (encoded/NNN/), abstracts first, then
+    the full texts in a seeded order, FULL_TEXT_CHUNK at a time; a chunk already encoded is kept (the build
+    resumes). What was encoded when a build is stopped is a seeded sample of the full texts."""
     import esqbe
 
     cache.mkdir(parents=True, exist_ok=True)
     papers, counts = gather()
-    src = cache / "papers.jsonl"
-    with src.open("w", encoding="utf-8") as fp:
-        for rec in papers:
-            fp.write(json.dumps(rec) + "\n")
-    print(f"gathered {len(papers)} papers, {sum(len(r['abstract']) for r in papers)} sentences: {counts}",
-          file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
+    abstracts = [r for r in papers if r["id"].split(":", 1)[0] not in FULL_TEXT_SOURCES]
+    full = [r for r in papers if r["id"].split(":", 1)[0] in FULL_TEXT_SOURCES]
+    full = [full[i] for i in np.random.default_rng(0).permutation(len(full))]
+    chunks = [abstracts] + [full[i:i + FULL_TEXT_CHUNK] for i in range(0, len(full), FULL_TEXT_CHUNK)]
+    print(f"gathered {len(papers)} papers, {sum(len(r['abstract']) for r in papers)} sentences: {counts}; "
+          f"{len(chunks)} chunks", file=sys.stderr, flush=True)
     index = esqbe.encoder_only()
-    report = index.encode_files([str(src)], str(cache / "encoded"), progress=True)
-    info = {"papers_by_source": counts, "encode_seconds": time.perf_counter() - t0, "encoded": report.encoded,
-            "tagged": report.tagged, "skipped": dict(report.skipped), "errors": report.errors[:20],
-            "settings": {"model": index.settings.model, "runtime": getattr(index.settings, "runtime", None),
+    t0 = time.perf_counter()
+    for i, chunk in enumerate(chunks):
+        out = cache / "encoded" / f"{i:03d}"
+        if list(out.glob("*.parquet")):
+            continue
+        src = cache / "papers" / f"{i:03d}.jsonl"
+        src.parent.mkdir(parents=True, exist_ok=True)
+        with src.open("w", encoding="utf-8") as fp:
+            for rec in chunk:
+                fp.write(json.dumps(rec) + "\n")
+        tmp = cache / "encoded" / f"{i:03d}.tmp"
+        report = index.encode_files([str(src)], str(tmp))
+        tmp.rename(out)
+        print(f"chunk {i}: {report.encoded} papers, {sum(len(r['abstract']) for r in chunk)} sentences, "
+              f"tagged {report.tagged}, {time.perf_counter() - t0:.0f} s so far", file=sys.stderr, flush=True)
+    info = {"papers_by_source": counts, "encode_seconds": time.perf_counter() - t0,
+            "settings": {"model": index.settings.model, "encoder_backend": index.settings.encoder_backend,
                          "encoder_mode": index.settings.encoder_mode, "facets": index.settings.facets}}
     (cache / "build.json").write_text(json.dumps(info, indent=1, default=str))
     return info
+
+
+FULL_TEXT_SOURCES = ("scisummnet", "clscisumm-ref", "clscisumm-citing")
 
 
 # --- reading the cache ------------------------------------------------------------------------------
@@ -122,7 +143,7 @@ def load(cache: Path) -> dict:
     and the sentence/label/title columns (Arrow) for writing extended corpora."""
     import pyarrow.parquet as pq
 
-    tables = [pq.read_table(p) for p in sorted((cache / "encoded").glob("*.parquet"))]
+    tables = [pq.read_table(p) for p in sorted((cache / "encoded").glob("[0-9][0-9][0-9]/*.parquet"))]
     import pyarrow as pa
 
     t = pa.concat_tables(tables)
@@ -399,7 +420,7 @@ def write_corpus(cache: Path, out: Path, n: int, seed: int, prefix: str = "p", s
 
     ext = extender(cache)
     c = ext.c
-    meta = read_meta(sorted((cache / "encoded").glob("*.parquet"))[0])
+    meta = read_meta(sorted((cache / "encoded").glob("[0-9][0-9][0-9]/*.parquet"))[0])
     sents = c["table"].column("sentences").combine_chunks().flatten()
     titles = c["table"].column("title").combine_chunks()
     out.mkdir(parents=True, exist_ok=True)
