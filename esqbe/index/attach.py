@@ -72,6 +72,5 @@ def run_attach(index, id_field: str, text_fields: Sequence[str], *, facets: str 
     report.indexed, report.replaced = inner.indexed, inner.replaced
     report.unchanged += inner.unchanged
     report.errors, report.tagged, report.skipped = list(inner.errors), inner.tagged, skipped
-    index._calibrate_knn(inner)  # num_candidates for knn_recall_target, in the mapping's _meta.esqbe (issue 23)
     report.seconds = time.perf_counter() - start
     return report
