@@ -390,6 +390,19 @@ def compare(cache: Path, work: Path, sigmas: list[float], share: float, queries:
             out["facets"].setdefault(facet, {})[name] = hardness(rs, facet, queries, ivf=ivf)
             print(name, facet, json.dumps(out["facets"][facet][name]), file=sys.stderr, flush=True)
         shutil.rmtree(d, ignore_errors=True)
+    # the sigma whose nearest-neighbour cosines (1st, 10th, 100th paper) and relative contrast are closest to the
+    # real corpus's at the same size, summed over the facets; write_corpus uses it
+    real = "real (all)"
+
+    def gap(name: str) -> float:
+        return sum(abs(sets_f[name][m] - sets_f[real][m]) for sets_f in out["facets"].values()
+                   for m in ("top1", "top10", "top100")) + sum(
+            abs(np.log(sets_f[name]["relative_contrast"] / sets_f[real]["relative_contrast"])) for sets_f in out["facets"].values())
+
+    out["gap"] = {name: round(float(gap(name)), 4) for name in sets if name != real}
+    best = min((n for n in sets if n.startswith("extended")), key=gap)
+    out["chosen_sigma"] = float(best.split("=")[1])
+    (cache / "sigma.json").write_text(json.dumps({"sigma": out["chosen_sigma"], "gap": out["gap"]}))
     return out
 
 
@@ -398,8 +411,12 @@ SIGMA = 0.4
 _EXTENDER: dict = {}
 
 
-def extender(cache: Path, sigma: float = SIGMA) -> Extender:
-    """An Extender over every real paper of the cache (made once per process)."""
+def extender(cache: Path, sigma: float | None = None) -> Extender:
+    """An Extender over every real paper of the cache (made once per process), with the sigma `compare` chose
+    (CACHE/sigma.json), else SIGMA."""
+    if sigma is None:
+        chosen = cache / "sigma.json"
+        sigma = float(json.loads(chosen.read_text())["sigma"]) if chosen.is_file() else SIGMA
     key = (str(cache), sigma)
     if key not in _EXTENDER:
         c = load(cache)
@@ -494,6 +511,8 @@ def main():
                          args.queries, not args.no_ivf)
         (cache / f"compare-{args.share}-{args.sigmas}.json").write_text(json.dumps(result, indent=1))
         print(table(result))
+        print(f"\ngap to the real corpus (sum over facets of |cosine differences| + |log relative-contrast ratio|): "
+              f"{result['gap']}; chosen sigma {result['chosen_sigma']}")
     else:
         print(json.dumps(count(cache), indent=1))
 
