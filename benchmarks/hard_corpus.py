@@ -357,6 +357,28 @@ def extended_rows(ext: Extender, n_rows: int, rng: np.random.Generator, start_pn
     return np.concatenate(vecs)[:n_rows], np.concatenate(pnos)[:n_rows], np.concatenate(facs)[:n_rows]
 
 
+def choose(out: dict, cache: Path) -> float:
+    """The sigma whose IVF is as hard as the real corpus's at the same size: the smallest sum over facets of the
+    differences in recall@100 at nprobe 8 and 32 (what the first stage depends on); the nearest-neighbour cosines
+    and relative contrast are reported beside it (`cosine_gap`). Stored in CACHE/sigma.json for write_corpus."""
+    real = "real (all)"
+    names = list(next(iter(out["facets"].values())))
+
+    def ivf_gap(name: str) -> float:
+        return sum(abs(f[name][f"recall_nprobe{p}"]["mean"] - f[real][f"recall_nprobe{p}"]["mean"])
+                   for f in out["facets"].values() for p in (8, 32))
+
+    def cosine_gap(name: str) -> float:
+        return sum(abs(f[name][m] - f[real][m]) for f in out["facets"].values() for m in ("top1", "top10", "top100")) + \
+            sum(abs(float(np.log(f[name]["relative_contrast"] / f[real]["relative_contrast"]))) for f in out["facets"].values())
+
+    out["gap"] = {n: {"ivf_recall": round(ivf_gap(n), 4), "cosines": round(cosine_gap(n), 4)} for n in names if n != real}
+    best = min((n for n in names if n.startswith("extended")), key=ivf_gap)
+    out["chosen_sigma"] = float(best.split("=")[1])
+    (cache / "sigma.json").write_text(json.dumps({"sigma": out["chosen_sigma"], "gap": out["gap"]}))
+    return out["chosen_sigma"]
+
+
 def compare(cache: Path, work: Path, sigmas: list[float], share: float, queries: int, ivf: bool) -> dict:
     """Real against extended at equal size: the real corpus (its units) against `share` of its papers extended
     to the same number of rows, and `share` of the papers alone (the trend with size), per facet and sigma."""
@@ -390,24 +412,12 @@ def compare(cache: Path, work: Path, sigmas: list[float], share: float, queries:
             out["facets"].setdefault(facet, {})[name] = hardness(rs, facet, queries, ivf=ivf)
             print(name, facet, json.dumps(out["facets"][facet][name]), file=sys.stderr, flush=True)
         shutil.rmtree(d, ignore_errors=True)
-    # the sigma whose nearest-neighbour cosines (1st, 10th, 100th paper) and relative contrast are closest to the
-    # real corpus's at the same size, summed over the facets; write_corpus uses it
-    real = "real (all)"
-
-    def gap(name: str) -> float:
-        return sum(abs(sets_f[name][m] - sets_f[real][m]) for sets_f in out["facets"].values()
-                   for m in ("top1", "top10", "top100")) + sum(
-            abs(np.log(sets_f[name]["relative_contrast"] / sets_f[real]["relative_contrast"])) for sets_f in out["facets"].values())
-
-    out["gap"] = {name: round(float(gap(name)), 4) for name in sets if name != real}
-    best = min((n for n in sets if n.startswith("extended")), key=gap)
-    out["chosen_sigma"] = float(best.split("=")[1])
-    (cache / "sigma.json").write_text(json.dumps({"sigma": out["chosen_sigma"], "gap": out["gap"]}))
+    choose(out, cache)
     return out
 
 
 #: the noise scale of synthetic sentences, chosen by `compare` (docs/performance.md, issue 23)
-SIGMA = 0.4
+SIGMA = 0.6
 _EXTENDER: dict = {}
 
 
@@ -492,7 +502,7 @@ def table(result: dict) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=("build", "count", "gather", "compare"))
+    ap.add_argument("command", choices=("build", "count", "gather", "compare", "choose"))
     ap.add_argument("--cache", default="/work/cache/h23b/hard")
     ap.add_argument("--work", default="/tmp/h23b-compare")
     ap.add_argument("--sigmas", default="0.0,0.2,0.4")
@@ -506,13 +516,17 @@ def main():
         print(json.dumps({"papers": len(papers), "sentences": sum(len(r["abstract"]) for r in papers), "by_source": counts}))
     elif args.command == "build":
         print(json.dumps(build(cache), indent=1, default=str))
+    elif args.command == "choose":  # the choice again, from a saved comparison
+        saved = json.loads((cache / f"compare-{args.share}-{args.sigmas}.json").read_text())
+        print(choose(saved, cache), saved["gap"])
     elif args.command == "compare":
         result = compare(cache, Path(args.work), [float(x) for x in args.sigmas.split(",")], args.share,
                          args.queries, not args.no_ivf)
         (cache / f"compare-{args.share}-{args.sigmas}.json").write_text(json.dumps(result, indent=1))
         print(table(result))
-        print(f"\ngap to the real corpus (sum over facets of |cosine differences| + |log relative-contrast ratio|): "
-              f"{result['gap']}; chosen sigma {result['chosen_sigma']}")
+        print(f"\ngap to the real corpus (ivf_recall: sum over facets of |recall@100 difference| at nprobe 8 and 32; "
+              f"cosines: of |cosine differences| + |log relative-contrast ratio|): {result['gap']}; "
+              f"chosen sigma {result['chosen_sigma']}")
     else:
         print(json.dumps(count(cache), indent=1))
 
