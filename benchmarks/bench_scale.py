@@ -2,6 +2,8 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_scale.py --sizes 10000,100000 --work /tmp/esqbe-scale
     PYTHONPATH=. .venv/bin/python benchmarks/bench_scale.py --sizes 1000000 --work /tmp/esqbe-scale
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_scale.py --corpus hard --sizes 100000,1000000 --keep --work W
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_scale.py _query W/1000000/index 200 ""   # warm queries again, alone
 
 For each size: a seeded synthetic corpus written as pre-encoded Parquet (the `esqbe encode`
 schema): ~7.5 real sentences per paper (3..12, drawn with their facet labels from the CSAbstruct and
@@ -132,7 +134,10 @@ def _queries(backend, n: int, count: int, seed: int) -> list[tuple[str, str]]:
     facets = ("background", "method", "result")
     out = []
     for pid in ids:
-        paper = backend.get([pid])[pid].paper
+        got = backend.get([pid]).get(pid)
+        if got is None:  # deleted by an earlier run's upsert/delete step (a kept index queried again)
+            continue
+        paper = got.paper
         present = [f for f in facets if f in paper.facets]
         if present:
             out.append((pid, present[int(rng.integers(len(present)))]))
