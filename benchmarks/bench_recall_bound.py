@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=60)
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--calibration-only", action="store_true",
+                    help="only the two calibrations per facet (no exact search of query papers: cheap at any size)")
     args = ap.parse_args()
 
     from esqbe.backends.embedded.backend import EmbeddedBackend
@@ -48,6 +50,12 @@ def main() -> None:
                 continue
             cal = {s: calibrate_nprobe(st, _FACET_CODES[facet], index, target=args.target, oversample=4, statistic=s)
                    for s in ("mean", "p10")}
+            if args.calibration_only:
+                out["facets"][facet] = {s: {"nprobe": c["nprobe"], "nlist": int(index.nlist),
+                                            "calibration": {k: c[k] for k in ("recall", "mean", "p10", "queries", "seconds")}}
+                                        for s, c in cal.items()}
+                print(facet, json.dumps(out["facets"][facet]), file=sys.stderr, flush=True)
+                continue
             cases = []
             for pid in ids:
                 rows = papers[pid].paper.facet_indices(facet)
@@ -77,6 +85,9 @@ def main() -> None:
                 b._overrides.pop("nprobe", None)
             out["facets"][facet] = row
             print(facet, json.dumps(row), file=sys.stderr, flush=True)
+    if args.calibration_only:
+        print(json.dumps(out))
+        return
     print("| facet | bound | nprobe | calibration sample mean / p10 | query papers recall@100 mean / p10 / min | kNN p50 / p99 ms |")
     print("|---|---|---|---|---|---|")
     for facet, row in out["facets"].items():
