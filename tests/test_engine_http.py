@@ -185,9 +185,17 @@ def test_least_privilege_key_without_monitor_still_works(engine_server, caplog, 
 
 def exact_knn_hits(canned: CannedEngine):
     """kNN answers computed from the stored documents: per paper, the best cosine of the searched path's
-    sentences, as the engines score it ((1 + cos) / 2), best first, `k` (or `size`) of them."""
+    sentences, as the engines score it ((1 + cos) / 2), best first, `k` (or `size`) of them; an exact
+    `script_score` search (what `esqbe index` calibrates num_candidates against) scores 1 + cos."""
 
     def answer(body):
+        if "script_score" in json.dumps(body):  # exact search (esqbe.backends.engines.exact): 1 + cosine, every document
+            nested = body["query"]["nested"]
+            params = nested["query"]["script_score"]["script"]["params"]
+            q = np.asarray(params.get("query_vector") or params["query_value"], dtype=np.float32)
+            best = {pid: float((np.asarray([r["vector"] for r in src[nested["path"]]], dtype=np.float32) @ q).max())
+                    for pid, src in canned.sources.items() if src.get(nested["path"])}
+            return [(pid, 1 + c) for pid, c in sorted(best.items(), key=lambda kv: -kv[1])[: body["size"]]]
         (field, vector), = vectors_in(body)
         path = field.split(".")[0]
         q = np.asarray(vector, dtype=np.float32)

@@ -302,3 +302,20 @@ def test_identical_queries_give_identical_scores(indexed):
     request = FirstStageRequest(text=" ".join(query.paper.sentences), vectors=query.vectors, k=20, with_papers=False)
     first = [(c.paper_id, c.score, c.bm25, c.knn) for c in engine.backend.first_stage(request)]
     assert first == [(c.paper_id, c.score, c.bm25, c.knn) for c in engine.backend.first_stage(request)]
+
+
+def test_engine_calibrates_num_candidates_for_the_recall_target(indexed):
+    """`esqbe index` on a live engine calibrated num_candidates per facet against exact script_score search and
+    stored it in the mapping's _meta (issue 23); `check recall` then measures at least the target on average."""
+    from esqbe.index.recall import check_recall
+
+    _, engine, _ = indexed
+    stats = engine.backend.stats()
+    cal = stats["knn_calibration"]
+    assert cal, stats
+    for facet, c in cal.items():
+        assert c["recall"] >= c["target"] == 0.95, (facet, c)
+        assert stats["knn"][facet].endswith("(calibrated)")
+    report = check_recall(engine.backend, queries=20)
+    for f in report.facets:
+        assert f.recall["@100"]["mean"] >= 0.9, f  # other query papers than the calibration's sample

@@ -99,6 +99,11 @@ class Backend(ABC):
         query sentence did not reach the paper among its k). The reference `esqbe check recall` measures against."""
         raise BackendError(f"the {self.name} backend cannot search exactly")
 
+    def calibrate_knn(self, target: float, statistic: str = "mean", *, force: bool = False) -> dict | None:
+        """Calibrate the approximate kNN for recall@100 >= `target` where the backend does so after writes (the
+        engines: num_candidates; the embedded index calibrates each IVF as it builds it). None: nothing done."""
+        return None
+
     def knn_setting(self, facet: str) -> str:
         """What decides the kNN's recall for queries of `facet`, in words (e.g. `ivf nprobe 16 (calibrated)`)."""
         return ""

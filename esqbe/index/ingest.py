@@ -238,7 +238,13 @@ class IngestMixin:
         finally:
             if bar is not None:
                 bar.close()
+        self._calibrate_knn(report)
         return report
+
+    def _calibrate_knn(self, report) -> None:
+        """After a write: an engine calibrates its kNN's num_candidates for knn_recall_target when due (issue 23)."""
+        if report.indexed or report.replaced:
+            self.backend.calibrate_knn(self.settings.knn_recall_target, self.settings.knn_recall_statistic)
 
     def _index_sources(self, sources, problems, format, strict, facets, bar, report) -> None:
         done_bytes = 0

@@ -22,7 +22,8 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
         def make(create: bool):
             try:
                 return EmbeddedBackend(settings.path, create=create, exact_threshold=settings.exact_threshold,
-                                       nprobe=settings.nprobe, recall_target=settings.knn_recall_target)
+                                       nprobe=settings.nprobe, recall_target=settings.knn_recall_target,
+                                       recall_statistic=settings.knn_recall_statistic)
             except (sqlite3.Error, OSError) as e:
                 raise StorageError(f"cannot open the index at {settings.path}: {_reason(e, settings.path)}") from e
 

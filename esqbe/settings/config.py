@@ -76,6 +76,7 @@ class Settings:
     exact_threshold: int | None = None  # facets (and filtered queries) at most this many rows: exact search
     nprobe: int | None = None  # IVF lists per query sentence, fixed; None = the calibrated value
     knn_recall_target: float = 0.95  # recall@100 (papers) the IVF's nprobe / the engines' candidates are calibrated for
+    knn_recall_statistic: str = "mean"  # what the target bounds: the calibration sample's mean recall, or its p10
 
     def replace(self, _source: str | None = None, **changes) -> Settings:
         """A copy with `changes` (None = not given) coerced and validated; `_source` (a config file,

@@ -178,6 +178,11 @@ SETTINGS: tuple[Setting, ...] = (
             "builds or merges it: the embedded IVF's nprobe, an engine's num_candidates / ef_search.", low=0.01,
             high=1.0, env="ESQBE_KNN_RECALL_TARGET", flag="--knn-recall-target",
             commands=frozenset({"index", "attach", "check recall"}), group="indexing"),
+    Setting("knn_recall_statistic", str, "mean", "What knn_recall_target bounds when the writer calibrates: the mean "
+            "recall@100 of its sample of query sentences, or their 10th percentile (p10: nine in ten at least at the "
+            "target; more lists per query, docs/performance.md).", choices=("mean", "p10"),
+            env="ESQBE_KNN_RECALL_STATISTIC", flag="--knn-recall-statistic",
+            commands=frozenset({"index", "attach", "check recall"}), group="indexing"),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

@@ -24,7 +24,8 @@ _ANN_POOL = None
 
 class AnnMixin(EmbeddedHost):
     """ANN files and the reader's view (mixed into EmbeddedBackend). Uses the backend's `_acquire_write`, `_tx`,
-    `_bump_generation` (WriteLockMixin), `knn_params`, `recall_target`, `meta`, `_setting`, `_set` and `_generation`."""
+    `_bump_generation` (WriteLockMixin), `knn_params`, `recall_target`, `recall_statistic`, `meta`, `_setting`,
+    `_set` and `_generation`."""
 
     def optimize(self, *, force: bool = False, progress=None) -> dict:
         """Fold each facet's delta into its ANN index when it is past `merge_threshold` rows (or `force`),
@@ -51,9 +52,10 @@ class AnnMixin(EmbeddedHost):
             manifest[label] = {"file": name, "rows": st.rows, "size": size, "trained_on": trained_on}
             # the nprobe that holds the recall target on this IVF, measured on the facet's own rows (issue 23)
             if progress:
-                progress(f"calibrating the {label} ANN index for recall@100 >= {self.recall_target}")
+                progress(f"calibrating the {label} ANN index for recall@100 ({self.recall_statistic}) >= {self.recall_target}")
             manifest[label]["calibration"] = calibrate_nprobe(st, code, index, target=self.recall_target,
-                                                              oversample=int(params["oversample"]))
+                                                              oversample=int(params["oversample"]),
+                                                              statistic=self.recall_statistic)
             manifest[label]["nprobe"] = manifest[label]["calibration"]["nprobe"]
             del index
             with self._tx():

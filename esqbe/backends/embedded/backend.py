@@ -76,10 +76,13 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
     facet_text = True
 
     def __init__(self, path: str | os.PathLike, *, exact_threshold: int | None = None, create: bool = True,
-                 merge_threshold: int | None = None, nprobe: int | None = None, recall_target: float = 0.95):
+                 merge_threshold: int | None = None, nprobe: int | None = None, recall_target: float = 0.95,
+                 recall_statistic: str = "mean"):
         self.path = Path(path)
         #: kNN recall@100 a writer calibrates each IVF's nprobe for when it builds or merges it (esqbe.backends.embedded.recall)
         self.recall_target = float(recall_target)
+        #: what the target bounds: the calibration sample's mean recall, or its 10th percentile ("p10")
+        self.recall_statistic = recall_statistic
         self._overrides = {k: v for k, v in (("exact_threshold", exact_threshold), ("merge_threshold", merge_threshold),
                                              ("nprobe", nprobe)) if v is not None}
         self._db = None  # type: ignore[assignment]  # opened below, as a reader or the writer, before any use
@@ -266,7 +269,7 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
                 delta = int(np.count_nonzero(st.facet[entry["rows"]:] == c))
                 cal = entry.get("calibration")
                 how = ("fixed" if "nprobe" in self._overrides or "nprobe" in self._setting("knn_params", {})
-                       else f"calibrated: recall@100 {cal['recall']} >= {cal['target']}" if cal else "default")
+                       else f"calibrated: recall@100 {_stat_name(cal)}{cal['recall']} >= {cal['target']}" if cal else "default")
                 knn[f] = (f"ivf-sq8 ({entry['size']} rows) + exact delta ({delta} rows), "
                           f"nprobe {self.nprobe_for(f, st)} ({how})")
                 calibration[f] = {"nprobe": self.nprobe_for(f, st), "setting": how.split(":")[0], **(cal or {})}
@@ -367,3 +370,8 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
             self._db.close()
             self._db = None  # type: ignore[assignment]  # closed: nothing reads it after close()
             self._release_write()
+
+
+def _stat_name(cal: dict) -> str:
+    """How a calibration's recall is named in `stats`: the mean (as before: unnamed) or "p10 "."""
+    return "" if cal.get("statistic", "mean") == "mean" else f"{cal['statistic']} "

@@ -38,6 +38,7 @@ from ...core.filters import FilterError
 from ...domain import FirstStageRequest, IndexedPaper, IndexMeta, Paper, UpsertResult
 from ...errors import BackendError, ModelMismatchError
 from ...ingest.sentences import split_sentences
+from .calibrate import META_KEY
 from .common import EngineBackend
 from .documents import doc_to_paper, paper_to_doc
 from .elasticsearch import ElasticsearchBackend
@@ -190,6 +191,12 @@ class AttachedMixin(_Engine):
         if not m:
             raise BackendError(f"index {self.index!r} has no esqbe fields: run `esqbe attach` first")
         return m
+
+    def _calibration_home(self) -> dict:  # the kNN calibration lives in `_meta.esqbe`, beside the user's keys
+        return self._esqbe_meta()
+
+    def _meta_with(self, cal: dict) -> dict:
+        return {**(self._index_mapping().get("_meta") or {}), NAMESPACE: {**self._esqbe_meta(), META_KEY: cal}}
 
     @property
     def text_fields(self) -> list[str]:
@@ -429,7 +436,7 @@ class AttachedMixin(_Engine):
                                         "query": {"bool": query}}))
         if request.knn_k > 0 and q.shape[0] and q.shape[1]:
             k = min(10_000, request.knn_k + len(request.exclude))
-            num_candidates = min(10_000, max(k, self.num_candidates_factor * k, 100))
+            num_candidates = min(10_000, max(k, self.candidates_factor(request.facet)[0] * k, 100))
             paths = [ATTACHED_PATHS[request.facet]] if request.facet else list(ATTACHED_PATHS.values())
             for i, vec in enumerate(q):
                 values = [float(x) for x in vec]
@@ -453,7 +460,9 @@ class AttachedMixin(_Engine):
                 "papers": int(total.get("value", 0) if isinstance(total, dict) else total),
                 "sentences": sum(facets.values()), "sentences_by_facet": {f: n for f, n in sorted(facets.items()) if n},
                 "model": meta.model, "dim": meta.dim, "encoder_mode": meta.encoder_mode,
-                "id_field": self.id_field, "text_fields": self.text_fields}
+                "id_field": self.id_field, "text_fields": self.text_fields,
+                "knn": {f: self.knn_setting(f) for f in ("background", "method", "result") if facets.get(f)},
+                "knn_calibration": self.knn_calibration()}
 
     def _scan_hits(self, body: dict, batch: int) -> Iterator[dict]:
         if self.engine == "elasticsearch":

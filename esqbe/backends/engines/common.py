@@ -28,6 +28,7 @@ from ...domain import (
 from ...errors import BackendError, ModelMismatchError
 from ..base import Backend
 from .bodies import BM25_MAX_CLAUSES, bm25_body, facet_paths, sample_body, stats_body
+from .calibrate import CalibrationMixin
 from .client import (
     RETRY_STATUSES,
     ClientMixin,
@@ -68,7 +69,7 @@ log = logging.getLogger("esqbe.backends")
 # The backend
 
 
-class EngineBackend(ClientMixin, Backend):
+class EngineBackend(ClientMixin, CalibrationMixin, Backend):
     """Backend on a search engine; subclasses supply the client and the engine-specific bits."""
 
     engine: str = ""
@@ -405,7 +406,8 @@ class EngineBackend(ClientMixin, Backend):
             # excluded ids are dropped on the client: a must_not inside a nested kNN filter is unreliable
             # before ES 8.13 / OpenSearch 3.5, so ask for as many more hits as there are exclusions
             k = min(10_000, request.knn_k + len(request.exclude))
-            num_candidates = min(10_000, max(k, self.num_candidates_factor * k, 100))
+            # num_candidates / k: calibrated for knn_recall_target per facet, unless fixed (esqbe.backends.engines.calibrate)
+            num_candidates = min(10_000, max(k, self.candidates_factor(request.facet)[0] * k, 100))
             for i, vec in enumerate(q):
                 values = [float(x) for x in vec]
                 for path in facet_paths(request.facet):
@@ -568,9 +570,6 @@ class EngineBackend(ClientMixin, Backend):
             raise self._error("searching exactly", exc) from exc
         return parse_exact(searches, responses, len(np.atleast_2d(vectors)), k, exclude)
 
-    def knn_setting(self, facet: str) -> str:
-        return f"num_candidates {self.num_candidates_factor} x k"
-
     # --- stats ---------------------------------------------------------------------------------
 
     def sample_papers(self, n: int, seed: int = 0) -> tuple[list[str], int]:
@@ -606,6 +605,8 @@ class EngineBackend(ClientMixin, Backend):
             "encoder_mode": meta.encoder_mode,
             "fusion": "client (esqbe.core.fusion, same as the embedded backend)",
             "engine_side_fusion": self._engine_fusion(),
+            "knn": {f: self.knn_setting(f) for f in ("background", "method", "result") if facets.get(f)},
+            "knn_calibration": self.knn_calibration(),
         }
 
     def _engine_fusion(self) -> str:
