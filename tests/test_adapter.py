@@ -159,3 +159,33 @@ def test_onnx_runtime_exports_the_merged_weights(trained, tmp_path):
     assert np.allclose(torch_v, onnx_v, atol=1e-4)
     assert not np.allclose(base_v, onnx_v, atol=1e-4)
     assert len(list((tmp_path / "onnx").iterdir())) == 2  # two cache entries: the adapter changed the key
+
+
+def test_cached_lower_layers_train_the_same_adapter(tmp_path):
+    """Issue 25: with the frozen layers' output cached once per text, training runs only the top layers and must
+    give the same losses and the same adapter as running the whole model every step (a cache of the wrong layer's
+    output, or one fed to the wrong layer, changes both). Two epochs, so the second pass reads the cache again."""
+    from safetensors.torch import load_file
+
+    from esqbe.encode.identity import model_info
+    from esqbe.encode.train import TrainConfig, train_encoder
+
+    pack = _pack(tmp_path)
+    info = model_info(None)
+    runs = {}
+    for cache in (True, False):
+        out = tmp_path / f"cache-{cache}"
+        runs[cache] = train_encoder(str(pack), str(out), encoder_source=info.source, base_name=info.name,
+                                    base_fingerprint=info.fingerprint, log=lambda m: None,
+                                    cfg=TrainConfig(citances=0, epochs=2, batch=4, threads=1, cache=cache, lr=1e-3))
+        runs[cache]["weights"] = load_file(str(out / "adapter_model.safetensors"))
+    cached, full = runs[True], runs[False]
+    assert cached["config"]["cache"] and not full["config"]["cache"]
+    assert cached["steps"] == full["steps"] >= 4 and len(cached["losses"]["guide"]) >= 4
+    for kind in ("guide", "cocite"):
+        assert np.allclose(cached["losses"][kind], full["losses"][kind], atol=1e-4), kind
+    assert cached["losses"]["guide"][0] != cached["losses"]["guide"][-1]  # it trained
+    a, b = cached["weights"], full["weights"]
+    assert a.keys() == b.keys()
+    assert all(np.allclose(a[k].numpy(), b[k].numpy(), atol=1e-5) for k in a)
+    assert any(float(a[k].abs().sum()) > 0 for k in a if "lora_B" in k)
