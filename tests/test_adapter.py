@@ -189,3 +189,33 @@ def test_cached_lower_layers_train_the_same_adapter(tmp_path):
     assert a.keys() == b.keys()
     assert all(np.allclose(a[k].numpy(), b[k].numpy(), atol=1e-5) for k in a)
     assert any(float(a[k].abs().sum()) > 0 for k in a if "lora_B" in k)
+
+
+def test_index_records_the_adapter_by_name_and_refuses_another_on_write(trained, tmp_path):
+    """Issue 25: the index's model identity names its adapter (IndexMeta.adapter, `esqbe stats`), and a write with
+    another adapter (or none) is refused as a different model would be, naming the index's adapter."""
+    import shutil
+
+    path = str(tmp_path / "index")
+    src = tmp_path / "papers.jsonl"
+    src.write_text(json.dumps({"paper_id": "p1", "title": "T", "abstract": ["One sentence.", "Another one."]}) + "\n")
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"paper_id": "p2", "title": "U", "abstract": ["A third one.", "And a fourth."]}) + "\n")
+    r = CliRunner().invoke(main, ["index", str(src), "--path", path, "--adapter", str(trained[0])])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["stats", "--path", path, "--json"])
+    assert json.loads(r.output)["encoder_adapter"] == "a", r.output
+    assert "encoder_adapter: a" in CliRunner().invoke(main, ["stats", "--path", path]).output
+    other = tmp_path / "b"  # another adapter: same files but one weight changed
+    shutil.copytree(trained[1], other)
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(other / "adapter_model.safetensors"))
+    key = next(k for k in weights if "lora_B" in k)
+    weights[key] = weights[key] + 0.01
+    save_file(weights, str(other / "adapter_model.safetensors"))
+    for flag in ([], ["--adapter", str(other)]):
+        r = CliRunner().invoke(main, ["index", str(more), "--path", path, *flag])
+        assert r.exit_code != 0 and "adapter a" in r.output and "--adapter a" in r.output, r.output
+    r = CliRunner().invoke(main, ["index", str(more), "--path", path, "--adapter", str(trained[0])])
+    assert r.exit_code == 0, r.output
