@@ -219,3 +219,35 @@ def test_index_records_the_adapter_by_name_and_refuses_another_on_write(trained,
         assert r.exit_code != 0 and "adapter a" in r.output and "--adapter a" in r.output, r.output
     r = CliRunner().invoke(main, ["index", str(more), "--path", path, "--adapter", str(trained[0])])
     assert r.exit_code == 0, r.output
+
+
+def test_eval_clscisumm_names_the_adapter_in_its_command_and_run(trained, tmp_path):
+    """Issue 25: `esqbe eval clscisumm --adapter DIR` ranks with another encoder: its printed command, run name and
+    default index path say so (they left the adapter out, so two runs looked like one)."""
+    from esqbe.evaluation.clscisumm import default_index_path
+    from esqbe.settings.config import Settings
+
+    derived = tmp_path / "data" / "derived"
+    derived.mkdir(parents=True)
+    with open(derived / "mine-reference-sentences.jsonl", "w") as f:
+        for i, s in enumerate(["A maximum entropy tagger", *PAPERS["P2"][1]]):
+            f.write(json.dumps({"reference": "R", "sid": str(i), "ssid": str(i), "section": "", "text": s}) + "\n")
+    with open(derived / "mine-citances.jsonl", "w") as f:
+        f.write(json.dumps({"reference": "R", "citance": "1", "citing_article": "X", "citation_marker": "",
+                            "text": CITING["P2"][0]}) + "\n")
+    base = ["eval", "clscisumm", "--data", str(tmp_path / "data"), "--param", "method=bm25"]
+    runs = {}
+    for adapter in ("none", str(trained[0])):
+        out = tmp_path / f"out-{Path(adapter).name}"
+        r = CliRunner().invoke(main, base + ["--index-path", str(tmp_path / f"index-{Path(adapter).name}"),
+                                             "--out", str(out), "--adapter", adapter], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        runs[adapter] = (r.output, json.loads((out / "results.json").read_text()))
+    text, results = runs[str(trained[0])]
+    (name, entry), = results.items()
+    assert name == "method-bm25_adapter-a" and entry["command"].endswith(f"--adapter {trained[0]} --param method=bm25")
+    assert f"{name} (" in text and f"--adapter {trained[0]}" in text, text
+    text, results = runs["none"]
+    assert list(results) == ["method-bm25"] and "--adapter" not in text
+    paths = {default_index_path(Settings(adapter=a)) for a in ("none", str(trained[0]))}
+    assert len(paths) == 2 and any(p.endswith("-adapter-a") for p in paths)
