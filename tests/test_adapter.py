@@ -251,3 +251,11 @@ def test_eval_clscisumm_names_the_adapter_in_its_command_and_run(trained, tmp_pa
     assert list(results) == ["method-bm25"] and "--adapter" not in text
     paths = {default_index_path(Settings(adapter=a)) for a in ("none", str(trained[0]))}
     assert len(paths) == 2 and any(p.endswith("-adapter-a") for p in paths)
+
+
+def test_frozen_dropout_cannot_be_cached(tmp_path):
+    """The first shipped adapter's recipe (dropout in the frozen layers too) changes their output every step, so
+    asking for it with the cache is refused, with the reason (the CLI: --frozen-dropout needs --no-cache)."""
+    r = CliRunner().invoke(main, ["train-encoder", "--citances", str(_pack(tmp_path)), "--out", str(tmp_path / "x"),
+                                  "--frozen-dropout"])
+    assert r.exit_code != 0 and "cannot be cached" in r.output and "Traceback" not in r.output, r.output

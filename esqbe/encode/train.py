@@ -54,6 +54,7 @@ class TrainConfig:
     seed: int = 0
     threads: int = 2
     cache: bool = True  # compute the frozen lower layers once per text (see the module's docstring)
+    frozen_dropout: bool = False  # dropout in the frozen layers too (the first shipped adapter's recipe; no cache)
 
 
 def _targets(model, layers: int) -> list[str]:
@@ -261,6 +262,9 @@ def train_encoder(citances_tar: str, out_dir: str, *, encoder_source: str, base_
     except ImportError:
         raise ParameterError("esqbe train-encoder needs peft: pip install 'esqbe[train]' (or pip install peft)") from None
     cfg = cfg or TrainConfig()
+    if cfg.cache and cfg.frozen_dropout:
+        raise ParameterError("frozen_dropout makes the frozen layers' output change every step: it cannot be cached "
+                             "(train with cache off)")
     if (cfg.citances and cfg.citances < cfg.batch) or cfg.batch < 2 or cfg.epochs < 1:
         raise ParameterError(f"need at least 2 per batch, as many citances as a batch (0: all) and 1 epoch (got batch "
                              f"{cfg.batch}, citances {cfg.citances}, epochs {cfg.epochs})")
@@ -303,9 +307,10 @@ def _train(citances_tar, out_dir, cfg: TrainConfig, exclude, encoder_source, bas
                                              bias="none"))
     model.train()
     pool = _Pooler(model, tok, cfg)
-    pool.base.embeddings.eval()  # the frozen layers run as at inference (no dropout): the same output every time
-    for layer in pool.base.encoder.layer[: pool.split]:
-        layer.eval()
+    if not cfg.frozen_dropout:  # the frozen layers run as at inference (no dropout): the same output every time
+        pool.base.embeddings.eval()
+        for layer in pool.base.encoder.layer[: pool.split]:
+            layer.eval()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
     gb = _batches(guided, cfg.batch, lambda x: x[1].paper_id, rng)
     cb = _batches(pairs, cfg.batch, lambda x: (x[1].paper_id, x[2].paper_id), rng) if cfg.cocite_every else []
