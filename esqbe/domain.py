@@ -245,6 +245,7 @@ class IndexMeta:
     fingerprint: str | None = None
     model_source: str | None = None
     runtime: str | None = None
+    adapter: str | None = None  # the encoder adapter's name (esqbe.encode.adapter) merged into the model; None: none
 
     #: what an index that does not record its runtime was written with
     ASSUMED_RUNTIME: ClassVar[str] = "torch-fp32"
@@ -260,13 +261,16 @@ class IndexMeta:
 
     def describe(self) -> str:
         fp = f", fingerprint {self.fingerprint[:19]}" if self.fingerprint else ""
-        return f"{self.model!r} ({self.dim}-d, {self.encoder_mode} vectors{fp})"
+        adapter = f", adapter {self.adapter}" if self.adapter else ""
+        return f"{self.model!r} ({self.dim}-d, {self.encoder_mode} vectors{adapter}{fp})"
 
     def check(self, other: IndexMeta) -> None:
         if not self.same_model(other) or (self.dim, self.encoder_mode) != (other.dim, other.encoder_mode):
             raise ModelMismatchError(
                 f"index was built with model {self.describe()} but this run uses {other.describe()}; "
-                "query with the index's model, or rebuild the index into a new path"
+                "query with the index's model" + (f" (--adapter {self.adapter or 'none'})" if self.adapter != other.adapter
+                                                   and (self.adapter or other.adapter) else "")
+                + ", or rebuild the index into a new path"
             )
         if other.runtime is not None and other.runtime != self.effective_runtime:
             stored = self.effective_runtime + ("" if self.runtime else " (assumed: the index predates recorded runtimes)")
@@ -285,12 +289,14 @@ class IndexMeta:
             d["model_source"] = self.model_source
         if self.runtime:
             d["runtime"] = self.runtime
+        if self.adapter:
+            d["adapter"] = self.adapter
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> IndexMeta:
         return cls(d["model"], int(d["dim"]), d.get("encoder_mode", "contextual"), d.get("fingerprint") or None,
-                   d.get("model_source") or None, d.get("runtime") or None)
+                   d.get("model_source") or None, d.get("runtime") or None, d.get("adapter") or None)
 
 
 @dataclass

@@ -159,3 +159,103 @@ def test_onnx_runtime_exports_the_merged_weights(trained, tmp_path):
     assert np.allclose(torch_v, onnx_v, atol=1e-4)
     assert not np.allclose(base_v, onnx_v, atol=1e-4)
     assert len(list((tmp_path / "onnx").iterdir())) == 2  # two cache entries: the adapter changed the key
+
+
+def test_cached_lower_layers_train_the_same_adapter(tmp_path):
+    """Issue 25: with the frozen layers' output cached once per text, training runs only the top layers and must
+    give the same losses and the same adapter as running the whole model every step (a cache of the wrong layer's
+    output, or one fed to the wrong layer, changes both). Two epochs, so the second pass reads the cache again."""
+    from safetensors.torch import load_file
+
+    from esqbe.encode.identity import model_info
+    from esqbe.encode.train import TrainConfig, train_encoder
+
+    pack = _pack(tmp_path)
+    info = model_info(None)
+    runs = {}
+    for cache in (True, False):
+        out = tmp_path / f"cache-{cache}"
+        runs[cache] = train_encoder(str(pack), str(out), encoder_source=info.source, base_name=info.name,
+                                    base_fingerprint=info.fingerprint, log=lambda m: None,
+                                    cfg=TrainConfig(citances=0, epochs=2, batch=4, threads=1, cache=cache, lr=1e-3))
+        runs[cache]["weights"] = load_file(str(out / "adapter_model.safetensors"))
+    cached, full = runs[True], runs[False]
+    assert cached["config"]["cache"] and not full["config"]["cache"]
+    assert cached["steps"] == full["steps"] >= 4 and len(cached["losses"]["guide"]) >= 4
+    for kind in ("guide", "cocite"):
+        assert np.allclose(cached["losses"][kind], full["losses"][kind], atol=1e-4), kind
+    assert cached["losses"]["guide"][0] != cached["losses"]["guide"][-1]  # it trained
+    a, b = cached["weights"], full["weights"]
+    assert a.keys() == b.keys()
+    assert all(np.allclose(a[k].numpy(), b[k].numpy(), atol=1e-5) for k in a)
+    assert any(float(a[k].abs().sum()) > 0 for k in a if "lora_B" in k)
+
+
+def test_index_records_the_adapter_by_name_and_refuses_another_on_write(trained, tmp_path):
+    """Issue 25: the index's model identity names its adapter (IndexMeta.adapter, `esqbe stats`), and a write with
+    another adapter (or none) is refused as a different model would be, naming the index's adapter."""
+    import shutil
+
+    path = str(tmp_path / "index")
+    src = tmp_path / "papers.jsonl"
+    src.write_text(json.dumps({"paper_id": "p1", "title": "T", "abstract": ["One sentence.", "Another one."]}) + "\n")
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"paper_id": "p2", "title": "U", "abstract": ["A third one.", "And a fourth."]}) + "\n")
+    r = CliRunner().invoke(main, ["index", str(src), "--path", path, "--adapter", str(trained[0])])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["stats", "--path", path, "--json"])
+    assert json.loads(r.output)["encoder_adapter"] == "a", r.output
+    assert "encoder_adapter: a" in CliRunner().invoke(main, ["stats", "--path", path]).output
+    other = tmp_path / "b"  # another adapter: same files but one weight changed
+    shutil.copytree(trained[1], other)
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(other / "adapter_model.safetensors"))
+    key = next(k for k in weights if "lora_B" in k)
+    weights[key] = weights[key] + 0.01
+    save_file(weights, str(other / "adapter_model.safetensors"))
+    for flag in ([], ["--adapter", str(other)]):
+        r = CliRunner().invoke(main, ["index", str(more), "--path", path, *flag])
+        assert r.exit_code != 0 and "adapter a" in r.output and "--adapter a" in r.output, r.output
+    r = CliRunner().invoke(main, ["index", str(more), "--path", path, "--adapter", str(trained[0])])
+    assert r.exit_code == 0, r.output
+
+
+def test_eval_clscisumm_names_the_adapter_in_its_command_and_run(trained, tmp_path):
+    """Issue 25: `esqbe eval clscisumm --adapter DIR` ranks with another encoder: its printed command, run name and
+    default index path say so (they left the adapter out, so two runs looked like one)."""
+    from esqbe.evaluation.clscisumm import default_index_path
+    from esqbe.settings.config import Settings
+
+    derived = tmp_path / "data" / "derived"
+    derived.mkdir(parents=True)
+    with open(derived / "mine-reference-sentences.jsonl", "w") as f:
+        for i, s in enumerate(["A maximum entropy tagger", *PAPERS["P2"][1]]):
+            f.write(json.dumps({"reference": "R", "sid": str(i), "ssid": str(i), "section": "", "text": s}) + "\n")
+    with open(derived / "mine-citances.jsonl", "w") as f:
+        f.write(json.dumps({"reference": "R", "citance": "1", "citing_article": "X", "citation_marker": "",
+                            "text": CITING["P2"][0]}) + "\n")
+    base = ["eval", "clscisumm", "--data", str(tmp_path / "data"), "--param", "method=bm25"]
+    runs = {}
+    for adapter in ("none", str(trained[0])):
+        out = tmp_path / f"out-{Path(adapter).name}"
+        r = CliRunner().invoke(main, base + ["--index-path", str(tmp_path / f"index-{Path(adapter).name}"),
+                                             "--out", str(out), "--adapter", adapter], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        runs[adapter] = (r.output, json.loads((out / "results.json").read_text()))
+    text, results = runs[str(trained[0])]
+    (name, entry), = results.items()
+    assert name == "method-bm25_adapter-a" and entry["command"].endswith(f"--adapter {trained[0]} --param method=bm25")
+    assert f"{name} (" in text and f"--adapter {trained[0]}" in text, text
+    text, results = runs["none"]
+    assert list(results) == ["method-bm25"] and "--adapter" not in text
+    paths = {default_index_path(Settings(adapter=a)) for a in ("none", str(trained[0]))}
+    assert len(paths) == 2 and any(p.endswith("-adapter-a") for p in paths)
+
+
+def test_frozen_dropout_cannot_be_cached(tmp_path):
+    """The first shipped adapter's recipe (dropout in the frozen layers too) changes their output every step, so
+    asking for it with the cache is refused, with the reason (the CLI: --frozen-dropout needs --no-cache)."""
+    r = CliRunner().invoke(main, ["train-encoder", "--citances", str(_pack(tmp_path)), "--out", str(tmp_path / "x"),
+                                  "--frozen-dropout"])
+    assert r.exit_code != 0 and "cannot be cached" in r.output and "Traceback" not in r.output, r.output

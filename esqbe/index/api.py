@@ -60,7 +60,7 @@ class Index(IngestMixin):
     def _requested_meta(self, encoder) -> IndexMeta:
         return IndexMeta(encoder.name, encoder.dim, self.settings.encoder_mode,
                          getattr(encoder, "fingerprint", None), getattr(encoder, "location", None),
-                         getattr(encoder, "runtime", None))
+                         getattr(encoder, "runtime", None), getattr(getattr(encoder, "adapter", None), "name", None))
 
     def _stored_meta(self) -> IndexMeta | None:
         """The index's meta; an index written before fingerprints gets the fingerprint of the installed
@@ -95,7 +95,7 @@ class Index(IngestMixin):
         from ..encode.identity import model_info
 
         info = model_info(self.settings.model, self.settings.adapter)
-        meta.check(IndexMeta(info.name, info.dim or meta.dim, mode, info.fingerprint))
+        meta.check(IndexMeta(info.name, info.dim or meta.dim, mode, info.fingerprint, adapter=info.adapter))
 
     @property
     def encoder(self):
@@ -173,6 +173,7 @@ class Index(IngestMixin):
             stats["model_source"] = meta.model_source
             stats["encoder_runtime"] = meta.effective_runtime  # how the vectors were computed (IndexMeta.runtime)
             stats["encoder_runtime_recorded"] = meta.runtime is not None  # False: an older index, taken as torch-fp32
+            stats["encoder_adapter"] = meta.adapter or "none"  # merged into the model's weights (part of its identity)
         return stats
 
     def check_recall(self, *, queries: int = 50, facet: str | None = None, seed: int = 0, k: int = 100):

@@ -304,8 +304,8 @@ class IngestMixin:
             from ..encode.identity import model_info
 
             info = model_info(self.settings.model, self.settings.adapter)
-            IndexMeta(info.name, info.dim or meta.dim, self.settings.encoder_mode,
-                      info.fingerprint).check(replace(meta, runtime=None))  # the model only; the runtime: below
+            IndexMeta(info.name, info.dim or meta.dim, self.settings.encoder_mode, info.fingerprint,
+                      adapter=info.adapter).check(replace(meta, runtime=None))  # the model only; the runtime: below
         stored = self._stored_meta()
         if stored is not None:
             stored.check(meta)
