@@ -186,7 +186,7 @@ def test_filter_and_pool_intersect(engine, version):
 
 
 def test_wide_filter_on_old_opensearch_falls_back_to_a_post_filter(monkeypatch):
-    import esqbe.backends.engines.common as ec
+    import esqbe.backends.engines.search as ec
 
     monkeypatch.setattr(ec, "MAX_RESOLVED_IDS", 3)
     papers = papers_with_metadata()

@@ -29,7 +29,9 @@ def predicted(tmp_path_factory, encoder):
     for i, line in enumerate(LINES[:6]):
         r = json.loads(line)
         recs.append({"id": r["paper_id"], "title": f"Title {i}", "abstract": " ".join(r["sentences"]),
-                     "year": 2015 + i, "venue": "ArXiv" if i % 2 else "ACL"})
+                     "year": 2015 + i, "venue": "ArXiv" if i % 2 else "ACL",
+                     "authors": [{"name": "Ashish Vaswani", "family": "Vaswani", "given": "Ashish"},
+                                 {"name": "Google AI Language", "literal": True}, "Noam Shazeer"]})
     src.write_text("".join(json.dumps(r) + "\n" for r in recs))
     with esqbe.open_index(str(root / "ix"), encoder=encoder, config=None, facets="predict") as index:
         assert index.index_files([str(src)]).indexed == 6
@@ -51,6 +53,8 @@ def test_show_numbers_sentences_with_facet_and_probability(predicted):
     first = data["sentences"][0]
     assert f"[0] {first['facet']} {first['probability']:.2f}: {first['text']}" in text
     assert "year: 2015" in text
+    # authors read as names, not as the stored dicts (an organisation kept whole)
+    assert "authors: Ashish Vaswani; Google AI Language; Noam Shazeer" in text and '{"name"' not in text
 
 
 def test_show_unknown_paper_is_an_error(predicted):

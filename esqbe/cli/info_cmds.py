@@ -61,7 +61,7 @@ def search_cmd(words, k, as_json, **kw):
 def show_cmd(paper_id, as_json, **kw):
     """One paper: its sentences numbered (the numbers `esqbe query --sentences` takes), each with its facet
     label and, where esqbe's tagger labelled it, the label's probability; then its metadata."""
-    from esqbe.index.browse import show_paper
+    from esqbe.index.browse import metadata_text, show_paper
 
     with _open(kw, "stats", create=False) as index:
         view = show_paper(index, paper_id)
@@ -76,8 +76,8 @@ def show_cmd(paper_id, as_json, **kw):
         click.echo(f"  [{s['index']}] {s['facet']}{prob}: {s['text']}")
     if view["metadata"]:
         click.echo("metadata:")
-        for key, value in view["metadata"].items():
-            click.echo(f"  {key}: {json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value}")
+        for key, text in metadata_text(view["metadata"]):
+            click.echo(f"  {key}: {text}")
 
 
 @click.command("list")

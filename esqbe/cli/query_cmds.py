@@ -201,8 +201,9 @@ def _metadata_line(meta: dict) -> str:
     venue = meta.get("venue") or meta.get("journal")
     if venue:
         parts.append(_short(str(venue), 60))
-    names = [a.get("name") if isinstance(a, dict) else str(a) for a in meta.get("authors") or []]
-    authors = [str(a) for a in names if a]
+    from esqbe.index.browse import author_names
+
+    authors = author_names(meta)
     if authors:
         parts.append(", ".join(authors[:3]) + (" et al." if len(authors) > 3 else ""))
     ids = meta.get("external_ids") or {}

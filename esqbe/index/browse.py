@@ -34,6 +34,36 @@ def paper_view(paper: Paper) -> dict:
             "sentences": sentences, "metadata": jsonable(metadata)}
 
 
+def author_names(metadata: dict | None) -> list[str]:
+    """The authors' names in order, for people to read: a string as it is, an entry's `name` (an organisation's
+    whole); entries without a name are skipped."""
+    names = []
+    for a in (metadata or {}).get("authors") or []:
+        name = a.get("name") if isinstance(a, dict) else a
+        if isinstance(name, str) and name.strip():
+            names.append(name.strip())
+    return names
+
+
+def metadata_text(metadata: dict | None) -> list[tuple[str, str]]:
+    """(key, value as one line of text) per metadata field, for `esqbe show`: authors by name joined with "; ",
+    a list of strings joined with ", ", other values as JSON (all of it is in `--json` as data)."""
+    import json
+
+    out = []
+    for key, value in (metadata or {}).items():
+        if key == "authors" and isinstance(value, list):
+            text = "; ".join(author_names(metadata))
+        elif isinstance(value, str):
+            text = value
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            text = ", ".join(value)
+        else:
+            text = json.dumps(value, ensure_ascii=False)
+        out.append((key, text))
+    return out
+
+
 def show_paper(index: Index, paper_id: str) -> dict:
     """The paper's view; PaperNotFoundError (exit 3, HTTP 404) when it is not in the index."""
     found = index.get([paper_id])

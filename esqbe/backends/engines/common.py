@@ -1,25 +1,18 @@
 """What the Elasticsearch and OpenSearch backends share: `EngineBackend`, the backend over an engine index
-(info and version checks, meta/ensure, reads, bulk writes, metadata filters, the first stage in one
-`_msearch`, stats). The layout is in `mapping`, documents in `documents`, request bodies in `bodies`, version
-matters in `versions`, the client and its retries in `client`.
+(info and version checks, meta/ensure, reads, bulk writes, stats). The first stage (one `_msearch`, metadata
+filters, client fusion) is in `search`, the layout in `mapping`, documents in `documents`, request bodies in
+`bodies`, version matters in `versions`, the client and its retries in `client`.
 
 The two engine modules add only what differs: the client, the kNN clause, error classes.
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import logging
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
-from ...core.fusion import fuse, top_k
 from ...domain import (
-    Candidate,
-    FirstStageRequest,
     IndexedPaper,
     IndexMeta,
     UpsertResult,
@@ -27,26 +20,16 @@ from ...domain import (
 )
 from ...errors import BackendError, ModelMismatchError
 from ..base import Backend
-from .bodies import BM25_MAX_CLAUSES, bm25_body, facet_paths, sample_body, stats_body
+from .bodies import BM25_MAX_CLAUSES, sample_body, stats_body
 from .calibrate import CalibrationMixin
 from .client import (
-    RETRY_STATUSES,
     ClientMixin,
     _describe,
     _error_type,
     _exc_reason,
-    _ItemRetry,
     _reason,
 )
 from .documents import _merge_vectors, doc_to_paper, paper_to_doc
-from .filters import (
-    MAX_RESOLVED_IDS,
-    add_to_bm25,
-    add_to_knn,
-    filter_clauses,
-    ids_body,
-    knn_needs_ids,
-)
 from .mapping import (
     FACET_PATHS,
     LAYOUT,
@@ -55,11 +38,11 @@ from .mapping import (
     index_body,
     meta_from_mapping,
 )
+from .search import FirstStageMixin
 from .versions import (
     MIN_VERSIONS,
     UNKNOWN_VERSION_HINT,
     EngineInfo,
-    cosine_from_score,
     version_from_created_setting,
 )
 
@@ -69,7 +52,7 @@ log = logging.getLogger("esqbe.backends")
 # The backend
 
 
-class EngineBackend(ClientMixin, CalibrationMixin, Backend):
+class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, Backend):
     """Backend on a search engine; subclasses supply the client and the engine-specific bits."""
 
     engine: str = ""
@@ -388,187 +371,6 @@ class EngineBackend(ClientMixin, CalibrationMixin, Backend):
         if failed:
             raise BackendError(f"deleting from {self.index!r} failed for {len(failed)} papers: " + "; ".join(failed[:5]))
         return deleted
-
-    # --- first stage ---------------------------------------------------------------------------
-
-    def search_bodies(self, request: FirstStageRequest) -> list[tuple[str, int | None, dict]]:
-        """The searches of one first stage: ("bm25", None, body) and ("knn", query sentence, body) per
-        (query sentence, facet path). Sent together in one `_msearch`."""
-        q = np.asarray(request.vectors, dtype=np.float32)
-        if q.ndim == 1:
-            q = q[None, :]
-        restrict = sorted(request.restrict_to) if request.restrict_to is not None else None
-        out: list[tuple[str, int | None, dict]] = []
-        if request.text and request.text.strip() and request.bm25_k > 0:
-            out.append(("bm25", None, bm25_body(request.text, min(request.bm25_k, 10_000), restrict, request.exclude,
-                                                self.bm25_max_clauses)))
-        if request.knn_k > 0 and q.shape[0] and q.shape[1]:
-            # excluded ids are dropped on the client: a must_not inside a nested kNN filter is unreliable
-            # before ES 8.13 / OpenSearch 3.5, so ask for as many more hits as there are exclusions
-            k = min(10_000, request.knn_k + len(request.exclude))
-            # num_candidates / k: calibrated for knn_recall_target per facet, unless fixed (esqbe.backends.engines.calibrate)
-            num_candidates = min(10_000, max(k, self.candidates_factor(request.facet)[0] * k, 100))
-            for i, vec in enumerate(q):
-                values = [float(x) for x in vec]
-                for path in facet_paths(request.facet):
-                    out.append(("knn", i, self._knn_body(path, values, k, num_candidates, restrict)))
-        return self._with_filter(out, request)
-
-    # --- metadata filters (engine_filters): pre-filtered BM25 and kNN ----------------------------
-
-    def _filter_resolver(self):
-        """Where metadata keys live in this index's documents (None: esqbe's meta_kw / meta_num)."""
-        return None
-
-    def _with_filter(self, searches: list, request: FirstStageRequest) -> list:
-        clauses = filter_clauses(request.filter, self._filter_resolver())
-        if not clauses:
-            return searches
-        info = self.info()
-        post = knn_needs_ids(info.engine, info.version, clauses)  # only when the ids could not be resolved first
-        for kind, _qi, body in searches:
-            if kind == "bm25":
-                add_to_bm25(body, clauses)
-            else:
-                add_to_knn(info.engine, body, clauses, post=post)
-        return searches
-
-    def _resolve_filter(self, request: FirstStageRequest) -> FirstStageRequest:
-        """OpenSearch < 3.5 with a filter its nested kNN cannot run: the ids it allows become a pool."""
-        clauses = filter_clauses(request.filter, self._filter_resolver())
-        info = self.info()
-        if not knn_needs_ids(info.engine, info.version, clauses):
-            return request
-        try:
-            body = self._body(self._call(self.client.search, index=self.index, body=ids_body(clauses)))
-        except Exception as exc:
-            raise self._error("resolving the filter", exc) from exc
-        hits = body.get("hits", {})
-        total = hits.get("total", {})
-        total = total.get("value", 0) if isinstance(total, dict) else int(total or 0)
-        if total > MAX_RESOLVED_IDS:
-            return request  # too wide to list: the kNN gets it as a post-filter (docs/engines.md, Limits)
-        ids = frozenset(str(h["_id"]) for h in hits.get("hits", []))
-        restrict = ids if request.restrict_to is None else ids & request.restrict_to
-        return dataclasses.replace(request, restrict_to=restrict, filter=None)
-
-    def preference_for(self, request: FirstStageRequest) -> str:
-        """A stable shard-copy `preference` for one query: with replicas, primary and replica hold different
-        deleted-document counts after upserts, so BM25 statistics (and scores) depend on which copy answers.
-        The same query (text, facet, vectors, pool) always goes to the same copies; different queries still
-        spread over the replicas. Never starts with `_` (reserved for the engines' own preference values)."""
-        if self.preference:
-            return self.preference
-        h = hashlib.sha1()
-        h.update((request.text or "").encode("utf-8"))
-        h.update(f"\x00{request.facet}\x00".encode())
-        h.update(np.ascontiguousarray(np.asarray(request.vectors, dtype="<f4")).tobytes())
-        if request.restrict_to is not None:
-            h.update("\x00".join(sorted(request.restrict_to)).encode("utf-8"))
-        if request.filter is not None:
-            h.update(f"\x00{request.filter!r}".encode())
-        return f"esqbe-{h.hexdigest()[:16]}"
-
-    def _msearch_once(self, bodies: list[dict], preference: str | None = None) -> list[dict]:
-        """One `_msearch`; a search inside it failing with 429/5xx raises so the whole request is retried."""
-        header = {"preference": preference} if preference else {}
-        lines: list[dict] = []
-        for body in bodies:
-            lines.extend((dict(header), body))
-        resp = self.client.msearch(index=self.index, body=lines)
-        responses = self._body(resp).get("responses", [])
-        if len(responses) != len(bodies):
-            raise BackendError(f"_msearch returned {len(responses)} responses for {len(bodies)} searches")
-        for r in responses:
-            if "error" in r:
-                status = r.get("status")
-                if status in RETRY_STATUSES:
-                    raise _ItemRetry(status, r["error"])
-                raise BackendError(f"{self.name} search failed ({status}): {_reason(r['error'])}")
-        return responses
-
-    def first_stage(self, request: FirstStageRequest) -> list[Candidate]:
-        meta = self._index_meta()
-        q = np.asarray(request.vectors, dtype=np.float32)
-        if q.ndim == 1:
-            q = q[None, :]
-        if q.size and q.shape[1] != meta.dim:
-            raise ModelMismatchError(
-                f"query vectors are {q.shape[1]}-d but index {self.index!r} was built with {meta.model} ({meta.dim}-d)"
-            )
-        if request.filter:
-            request = self._resolve_filter(request)
-        if request.restrict_to is not None and not request.restrict_to:
-            return []
-        searches = self.search_bodies(request)
-        if not searches:
-            return []
-        info = self.info()
-        space = self._space_engine()
-        try:
-            responses = self._retrying()(self._msearch_once, [body for _, _, body in searches], self.preference_for(request))
-        except BackendError:
-            raise
-        except Exception as exc:
-            raise self._error("searching", exc) from exc
-        bm25, knn = self.parse_first_stage(searches, responses, request, info, space)
-        fused = fuse(bm25, knn, request.fusion, request.bm25_weight)
-        best = top_k(fused, request.k)
-        papers = self.get([pid for pid, _ in best]) if request.with_papers else {}
-        return [
-            Candidate(pid, float(score), bm25=bm25.get(pid, 0.0), knn=knn.get(pid, 0.0), paper=papers.get(pid))
-            for pid, score in best
-        ]
-
-    def parse_first_stage(
-        self,
-        searches: list[tuple[str, int | None, dict]],
-        responses: list[dict],
-        request: FirstStageRequest,
-        info: EngineInfo,
-        space_engine: str = "lucene",
-    ) -> tuple[dict[str, float], dict[str, float]]:
-        """(bm25 score per paper, knn per paper) from the `_msearch` responses.
-
-        knn = mean over query sentences of the best cosine of any of the paper's searched sentences
-        (0 where a query sentence did not reach the paper), each query sentence keeping its best `knn_k` papers."""
-        excluded = set(request.exclude)
-        bm25: dict[str, float] = {}
-        best: dict[int, dict[str, float]] = {}
-        for (kind, qi, _), resp in zip(searches, responses):
-            for hit in resp.get("hits", {}).get("hits", []):
-                pid = str(hit["_id"])
-                if pid in excluded or hit.get("_score") is None:
-                    continue
-                if kind == "bm25":
-                    bm25[pid] = float(hit["_score"])
-                else:
-                    cos = cosine_from_score(hit["_score"], info.engine, space_engine, info.version)
-                    assert qi is not None  # a kNN search is one query sentence's
-                    row = best.setdefault(int(qi), {})
-                    if cos > row.get(pid, -2.0):
-                        row[pid] = cos
-        q = np.asarray(request.vectors)
-        m = 1 if q.ndim == 1 else q.shape[0]
-        knn: dict[str, float] = {}
-        for row in best.values():
-            for pid, cos in sorted(row.items(), key=lambda kv: (-kv[1], kv[0]))[: request.knn_k]:
-                knn[pid] = knn.get(pid, 0.0) + cos / m
-        return bm25, knn
-
-    def exact_knn(self, vectors: np.ndarray, k: int, *, facet: str | None = None,
-                  exclude: frozenset[str] = frozenset()) -> dict[str, float]:
-        """Exact kNN by a nested script_score over every document (esqbe.backends.engines.exact)."""
-        from .exact import exact_knn_searches, parse_exact
-
-        searches = exact_knn_searches(self.engine, vectors, k, facet, exclude)
-        try:
-            responses = self._retrying()(self._msearch_once, [body for _, body in searches])
-        except BackendError:
-            raise
-        except Exception as exc:
-            raise self._error("searching exactly", exc) from exc
-        return parse_exact(searches, responses, len(np.atleast_2d(vectors)), k, exclude)
 
     # --- stats ---------------------------------------------------------------------------------
 
