@@ -420,3 +420,37 @@ def test_train_tagger_cli_token_stride_is_recorded_and_used(tmp_path, test_paper
     assert [len(x) for x in labels] == [len(p.sentences) for p in test_papers[:2]]
     bad = CliRunner().invoke(main, ["train-tagger", "--out", str(tmp_path / "x.pt"), "--token-stride", "0"])
     assert bad.exit_code != 0 and "--token-stride" in bad.output
+
+
+@needs_data
+def test_the_shipped_tagger_runs_its_layers_over_rows_a_fraction_as_long(tagger, encoder, test_papers):
+    """Issue 22: the default model's tagger averages each sentence's tokens in groups before its copied layers,
+    so the layers (most of tagging's cost) see a fraction of the encoder's positions; labels come out per sentence."""
+    assert tagger.net.stride >= 2 and tagger.meta["arch"]["stride"] == tagger.net.stride
+    real = tagger._onnx_layers()
+    layer_positions: list[int] = []
+    encoder_positions: list[int] = []
+
+    def spy(hidden, valid):
+        layer_positions.append(int(valid.sum()))
+        if real is not None:
+            return real(hidden, valid)
+        for layer in tagger.net.layers:
+            hidden = layer(hidden, valid)
+        return hidden
+
+    papers = [Paper(p.paper_id, p.title, p.sentences) for p in test_papers[:6]]
+    listener = tagger.listener()
+
+    def both(batch):
+        encoder_positions.extend(int(m.sum()) for m in batch.attention_mask)
+        listener(batch)
+
+    tagger._onnx_layers = lambda: spy  # type: ignore[method-assign]
+    try:
+        encoder.contextual_sentence_vectors(papers, on_batch=both)
+    finally:
+        del tagger._onnx_layers
+    labels = listener.collect(papers)
+    assert [len(x) for x in labels] == [len(p.sentences) for p in papers]
+    assert sum(layer_positions) <= 0.5 * sum(encoder_positions), (sum(layer_positions), sum(encoder_positions))

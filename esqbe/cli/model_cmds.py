@@ -55,7 +55,7 @@ def _summary_line(summary: dict) -> str:
               "(default: the shipped MiniLM tagger's, 2; 0: a head over the encoder's final states, for non-BERT models such as MPNet).")
 @click.option("--pool", type=click.Choice(["mean", "mean+attn"]), help="How a sentence's tokens are pooled (default: mean).")
 @click.option("--token-stride", "stride", type=click.IntRange(min=1), help="Average each sentence's tokens in groups of "
-              "this many before the copied layers: shorter rows, cheaper tagging (default: the shipped tagger's).")
+              "this many before the copied layers: shorter rows, cheaper tagging (default: the shipped MiniLM tagger's, 4; 1: every token).")
 @click_options("train-tagger")
 @handle_errors
 def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, tuned_layers, pool, stride, model, device,
