@@ -4,7 +4,7 @@ and with the facet tagger's listener (labels and soft labels collected) — and,
 the tagger's parts on the calling thread (its copied layers' ONNX run, title masking, per-sentence pooling, the
 BiLSTM, the probabilities).
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python benchmarks/bench_tagger_cost.py PAPERS.jsonl [ROUNDS] [--tagger FILE]
+    HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python benchmarks/bench_tagger_cost.py PAPERS.jsonl [ROUNDS] [--tagger FILE] [--backend B]
 
 CPU-seconds (`time.process_time()`: all the process's threads; `time.thread_time()` for the parts), not wall
 time, so a shared machine's load matters less; medians of ROUNDS rounds (default 2) after a warm-up round.
@@ -40,9 +40,10 @@ def main() -> None:
     ap.add_argument("papers")
     ap.add_argument("rounds", nargs="?", type=int, default=2)
     ap.add_argument("--tagger", default=None, help="tagger weights (default: the shipped ones)")
+    ap.add_argument("--backend", default="onnx-int8", help="encoder runtime (default: onnx-int8, what auto picks on a CPU)")
     args = ap.parse_args()
     papers = list(read_papers(args.papers))
-    encoder = load_encoder(ModelSpec())
+    encoder = load_encoder(ModelSpec(backend=args.backend))
     tagger = FacetTagger.load(args.tagger, encoder=encoder)
     layers_onnx.OnnxTaggerLayers.__call__ = _timed("copied layers (ONNX run)", layers_onnx.OnnxTaggerLayers.__call__)
     net._group_tokens = _timed("token groups (stride > 1)", net._group_tokens)
