@@ -276,3 +276,62 @@ def test_torch_runs_one_thread_beside_the_onnx_rows_and_gets_its_threads_back(in
             assert torch.get_num_threads() == 1
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
+
+
+def test_a_fresh_export_says_so_and_nothing_of_the_quantisers_chatter(tmp_path):
+    """The first `esqbe index` on a machine exports the model (and the tagger's layers) to ONNX and quantises them:
+    announced once, and none of onnxruntime's quantiser warnings ("Please consider to run pre-processing before
+    quantization", logged through the root logger, so the filters on its named loggers missed it) reach stderr."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    src = tmp_path / "plain.jsonl"
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines()[:2]]
+    src.write_text("".join(json.dumps({"id": r["paper_id"], "title": r.get("title", ""),
+                                       "abstract": " ".join(r["sentences"])}) + "\n" for r in rows))
+    done = subprocess.run([sys.executable, "-m", "cli", "index", "--path", str(tmp_path / "ix"), str(src)], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "ESQBE_CACHE_DIR": str(tmp_path / "cache"),
+                               "ESQBE_PROGRESS_SECONDS": "0"},
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    assert "exporting the model to ONNX" in done.stderr  # a fresh export did run
+    assert list((tmp_path / "cache" / "onnx").glob("tagger-*/layers-int8-*.onnx"))  # and the tagger's layers' too
+    assert "pre-processing" not in done.stderr and "WARNING" not in done.stderr, done.stderr
+    with esqbe.open_index(str(tmp_path / "ix"), config=None) as index:  # the papers were tagged (by those layers)
+        stored = index.backend.get([r["paper_id"] for r in rows])
+    assert all(stored[r["paper_id"]].paper.metadata.get("facets_predicted") for r in rows)
+
+
+def test_quiet_block_drops_the_exporters_root_warnings_only_and_leaves_logging_as_it_was():
+    # onnxruntime's quantiser warns through the root logger (`logging.warning`); inside the block that is dropped,
+    # the host's own root warnings are not, and a host without root handlers is not given one (basicConfig)
+    import logging
+
+    from esqbe.encode.onnx import _quiet
+
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    theirs = compile("import logging\nlogging.warning('Please consider to run pre-processing')",
+                     "/x/site-packages/onnxruntime/quantization/quantize.py", "exec")
+    try:
+        root.handlers[:] = []
+        with _quiet():
+            exec(theirs, {})
+        assert root.handlers == [] and root.filters == []  # no basicConfig, the filter came off
+        root.addHandler(Keep())
+        with _quiet():
+            exec(theirs, {})
+            logging.getLogger().warning("the host's own warning")
+        exec(theirs, {})  # outside the block the host's logging is untouched
+        assert seen == ["the host's own warning", "Please consider to run pre-processing"]
+    finally:
+        root.handlers[:] = saved

@@ -367,3 +367,90 @@ def test_numpy_sentence_pooling_beside_onnx_layers_equals_the_batched_product():
     for a, b in zip(batched, numpy_path):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert not numpy_path[0][2].any()
+
+
+def test_token_groups_shorten_rows_to_cls_sentence_groups_and_sep():
+    # a tagger with stride S runs its copied layers over [CLS], each sentence's tokens averaged S at a time, and the
+    # row's last valid token ([SEP]); the title, separators and padding are dropped (issue 22: tagging's cost)
+    import torch
+
+    from esqbe.tagger.net import TaggerNet, _group_tokens
+
+    x = torch.randn(2, 12, 8)
+    valid = torch.ones(2, 12, dtype=torch.bool)
+    valid[1, 9:] = False  # padding
+    spans = [[(3, 8), (8, 11), (0, 0)], [(2, 5)]]
+    grouped, new_valid, new_spans = _group_tokens(x, valid, spans, 2)
+    groups = [[(0, 1), (3, 5), (5, 7), (7, 8), (8, 10), (10, 11), (11, 12)], [(0, 1), (2, 4), (4, 5), (8, 9)]]
+    assert new_spans == [[(1, 4), (4, 6), (0, 0)], [(1, 3)]]
+    assert grouped.shape == (2, 7, 8) and new_valid.tolist() == [[True] * 7, [True] * 4 + [False] * 3]
+    for i, row in enumerate(groups):
+        for j, (a, b) in enumerate(row):
+            torch.testing.assert_close(grouped[i, j], x[i, a:b].mean(0))
+    # the net with a stride is the stride-1 net over the grouped rows, on either pooling path, spans (0, 0) included
+    net = TaggerNet(dim=8, n_layers=1, heads=2, ff=16, eps=1e-12, stride=2).eval()
+    plain = TaggerNet(dim=8, n_layers=1, heads=2, ff=16, eps=1e-12).eval()
+    plain.load_state_dict(net.state_dict())
+    with torch.inference_mode():
+        want = plain.sentence_vectors(grouped, new_valid, new_spans)
+        for layers in (None, lambda h, v: net.layers[0](h, v)):
+            got = net.sentence_vectors(x, valid, spans, layers=layers)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="stride"):
+        TaggerNet(dim=8, n_layers=1, heads=2, ff=16, eps=1e-12, stride=0)
+
+
+@needs_data
+def test_train_tagger_cli_token_stride_is_recorded_and_used(tmp_path, test_papers):
+    import torch
+    from click.testing import CliRunner
+
+    from cli import main
+
+    out = tmp_path / "strided.pt"
+    r = CliRunner().invoke(main, ["train-tagger", "--out", str(out), "--token-stride", "3", "--epochs", "1",
+                                  "--limit", "6", "--train", str(CSABSTRUCT / "train.jsonl"),
+                                  "--dev", str(CSABSTRUCT / "dev.jsonl")], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert torch.load(out, map_location="cpu", weights_only=True)["meta"]["arch"]["stride"] == 3
+    strided = FacetTagger.load(out)
+    assert strided.net.stride == 3
+    labels = strided.tag([Paper(p.paper_id, p.title, p.sentences) for p in test_papers[:2]])
+    assert [len(x) for x in labels] == [len(p.sentences) for p in test_papers[:2]]
+    bad = CliRunner().invoke(main, ["train-tagger", "--out", str(tmp_path / "x.pt"), "--token-stride", "0"])
+    assert bad.exit_code != 0 and "--token-stride" in bad.output
+
+
+@needs_data
+def test_the_shipped_tagger_runs_its_layers_over_rows_a_fraction_as_long(tagger, encoder, test_papers):
+    """Issue 22: the default model's tagger averages each sentence's tokens in groups before its copied layers,
+    so the layers (most of tagging's cost) see a fraction of the encoder's positions; labels come out per sentence."""
+    assert tagger.net.stride >= 2 and tagger.meta["arch"]["stride"] == tagger.net.stride
+    real = tagger._onnx_layers()
+    layer_positions: list[int] = []
+    encoder_positions: list[int] = []
+
+    def spy(hidden, valid):
+        layer_positions.append(int(valid.sum()))
+        if real is not None:
+            return real(hidden, valid)
+        for layer in tagger.net.layers:
+            hidden = layer(hidden, valid)
+        return hidden
+
+    papers = [Paper(p.paper_id, p.title, p.sentences) for p in test_papers[:6]]
+    listener = tagger.listener()
+
+    def both(batch):
+        encoder_positions.extend(int(m.sum()) for m in batch.attention_mask)
+        listener(batch)
+
+    tagger._onnx_layers = lambda: spy  # type: ignore[method-assign]
+    try:
+        encoder.contextual_sentence_vectors(papers, on_batch=both)
+    finally:
+        del tagger._onnx_layers
+    labels = listener.collect(papers)
+    assert [len(x) for x in labels] == [len(p.sentences) for p in papers]
+    assert sum(layer_positions) <= 0.5 * sum(encoder_positions), (sum(layer_positions), sum(encoder_positions))

@@ -54,10 +54,12 @@ def _summary_line(summary: dict) -> str:
 @click.option("--tuned-layers", type=click.IntRange(min=0), help="Top encoder layers the tagger copies and fine-tunes "
               "(default: the shipped MiniLM tagger's, 2; 0: a head over the encoder's final states, for non-BERT models such as MPNet).")
 @click.option("--pool", type=click.Choice(["mean", "mean+attn"]), help="How a sentence's tokens are pooled (default: mean).")
+@click.option("--token-stride", "stride", type=click.IntRange(min=1), help="Average each sentence's tokens in groups of "
+              "this many before the copied layers: shorter rows, cheaper tagging (default: the shipped MiniLM tagger's, 4; 1: every token).")
 @click_options("train-tagger")
 @handle_errors
-def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, tuned_layers, pool, model, device, batch_size,
-                     encoder_backend):
+def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, tuned_layers, pool, stride, model, device,
+                     batch_size, encoder_backend):
     """Train the facet tagger (reproducible for a given seed) and print its dev scores.
 
     \b
@@ -74,6 +76,8 @@ def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, tuned_
         kwargs["tuned_layers"] = tuned_layers
     if pool:
         kwargs["pool"] = pool
+    if stride is not None:
+        kwargs["stride"] = stride
     metrics = train_tagger(train_path, dev_path, out_path, encoder=encoder, seed=seed, limit=limit, **kwargs)
     click.echo(json.dumps(metrics, indent=2))
 

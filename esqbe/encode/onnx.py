@@ -30,24 +30,47 @@ class _OnlyErrors(logging.Filter):
         return record.levelno > logging.WARNING
 
 
+class _TheirRootRecords(logging.Filter):
+    """On the root logger: drops warnings and below that the exporting libraries' own code logs through the root
+    logger itself (`logging.warning(...)`, as onnxruntime's `quantize_dynamic` does for "Please consider to run
+    pre-processing before quantization"), which no filter on their named loggers sees. Records of any other
+    code pass."""
+
+    _ROOTS = tuple(os.sep + n + os.sep for n in ("onnxruntime", "onnx", "transformers", "torch"))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.WARNING or not any(r in record.pathname for r in self._ROOTS)
+
+
 @contextmanager
 def _quiet(*, ignore_warnings: bool = False):
     """For the length of the block, the exporting libraries' loggers (and their existing children) drop warnings
-    and below; the filters come off afterwards, so levels, handlers and `logging.disable` stay the host's."""
+    and below, and so does the root logger for what their code logs through it; the filters come off afterwards,
+    so levels, handlers and `logging.disable` stay the host's. A host without root handlers gets none: for the
+    block a NullHandler stands there, so that `logging.warning` does not run `basicConfig` (which would install a
+    stderr handler for the rest of the process)."""
     flt = _OnlyErrors()
     loggers = [logging.getLogger(n) for n in _EXPORT_LOGGERS]
     loggers += [lg for name, lg in list(logging.root.manager.loggerDict.items())
                 if isinstance(lg, logging.Logger) and name.startswith(tuple(n + "." for n in _EXPORT_LOGGERS))]
+    root, root_flt = logging.getLogger(), _TheirRootRecords()
+    stand_in = logging.NullHandler() if not root.handlers else None
     with warnings.catch_warnings():
         if ignore_warnings:
             warnings.simplefilter("ignore")
         for lg in loggers:
             lg.addFilter(flt)
+        root.addFilter(root_flt)
+        if stand_in is not None:
+            root.addHandler(stand_in)
         try:
             yield
         finally:
             for lg in loggers:
                 lg.removeFilter(flt)
+            root.removeFilter(root_flt)
+            if stand_in is not None:
+                root.removeHandler(stand_in)
 
 
 def _cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:

@@ -90,12 +90,16 @@ class TaggerNet(_nn().Module):  # type: ignore[misc]  # torch.nn.Module, importe
     """Copied top encoder layers -> per-sentence mean pooling -> BiLSTM with position features -> labels."""
 
     def __init__(self, *, dim: int, n_layers: int, heads: int, ff: int, eps: float, lstm: int = 128,
-                 n_labels: int = len(RAW_LABELS), dropout: float = 0.2, pool: str = "mean"):
+                 n_labels: int = len(RAW_LABELS), dropout: float = 0.2, pool: str = "mean", stride: int = 1):
         nn = _nn()
         super().__init__()
         if pool not in ("mean", "mean+attn"):
             raise ValueError(f"unknown pooling {pool!r}")
+        if int(stride) < 1:
+            raise ValueError(f"the token stride must be at least 1, not {stride!r}")
         self.pool = pool
+        #: > 1: each sentence's tokens are averaged in groups of `stride` before the copied layers (`_group_tokens`)
+        self.stride = int(stride)
         self.layers = nn.ModuleList([_Layer(dim, heads, ff, eps) for _ in range(n_layers)])
         # attention pooling lets cue words ("we propose", "results show") outweigh the rest of a sentence
         self.attn = nn.Linear(dim, 1) if pool == "mean+attn" else None
@@ -108,6 +112,8 @@ class TaggerNet(_nn().Module):  # type: ignore[misc]  # torch.nn.Module, importe
         """Run the copied layers over a batch of rows; pool each sentence's tokens, per row. `layers`: another
         runtime's copy of them (`layers_onnx.OnnxTaggerLayers`), called as `layers(hidden, valid)`."""
         torch = _torch()
+        if self.stride > 1:
+            hidden, valid, spans = _group_tokens(hidden, valid, spans, self.stride)
         x = hidden
         if layers is not None:
             x = layers(x, valid).to(hidden.device)
@@ -144,6 +150,48 @@ class TaggerNet(_nn().Module):  # type: ignore[misc]  # torch.nn.Module, importe
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=padded.shape[1])
         logits = self.out(self.drop(out))
         return [logits[i, :n] for i, n in enumerate(lengths)]
+
+
+def _group_tokens(hidden, valid, spans: Sequence[Sequence[tuple[int, int]]], stride: int):
+    """Shorter rows for the copied layers: per row its first token ([CLS]), each sentence's tokens averaged in
+    consecutive groups of `stride` (a sentence's last group may be smaller), and its last valid token ([SEP]);
+    everything else (the title, separators, padding) is dropped, as `_hide_title` masks the title. Returns the
+    grouped (B, T', d) states, their validity and each sentence's span in group positions ((0, 0) stays (0, 0)).
+
+    Why (issue 22): the copied layers' arithmetic grows with the row's length, and they were most of tagging's
+    cost (two int8 layers over every token: ~12 ms CPU a paper against ~31 ms for the encoder's six); a
+    sentence's label needs its gist, not each wordpiece. The lower states are frozen, so this is no part of
+    what is trained, and the same function runs at training and at indexing time."""
+    torch = _torch()
+    B, T, _ = hidden.shape
+    on = valid.detach().cpu().numpy()
+    members: list[list[tuple[int, int]]] = []  # per row, per new position: the [start, end) of old tokens
+    new_spans: list[list[tuple[int, int]]] = []
+    for i, row in enumerate(spans):
+        groups: list[tuple[int, int]] = [(0, 1)] if on[i, 0] else []
+        row_spans = []
+        for a, b in row:
+            if b <= a:
+                row_spans.append((0, 0))
+                continue
+            first = len(groups)
+            groups.extend((s, min(s + stride, b)) for s in range(a, b, stride))
+            row_spans.append((first, len(groups)))
+        where = np.flatnonzero(on[i])
+        last = int(where[-1]) if len(where) else 0
+        if last > 0 and all(not (a <= last < b) for a, b in row):
+            groups.append((last, last + 1))
+        members.append(groups)
+        new_spans.append(row_spans)
+    width = max(1, max((len(g) for g in members), default=1))
+    weights = np.zeros((B, width, T), dtype=np.float32)
+    new_valid = np.zeros((B, width), dtype=np.bool_)
+    for i, groups in enumerate(members):
+        new_valid[i, : len(groups)] = True
+        for j, (a, b) in enumerate(groups):
+            weights[i, j, a:b] = 1.0 / (b - a)
+    grouped = torch.bmm(torch.from_numpy(weights).to(hidden.device, hidden.dtype), hidden)
+    return grouped, torch.from_numpy(new_valid).to(valid.device), new_spans
 
 
 def _mean_pool_numpy(x, spans: Sequence[Sequence[tuple[int, int]]]) -> list:
