@@ -253,20 +253,36 @@ class Encoder:
                     bar.update(1)
                     finished += 1
             if on_batch is not None:
-                on_batch(EncodedBatch(hidden_states, enc["attention_mask"], spans, [rows[r] for r in batch]))
+                emit(EncodedBatch(hidden_states, enc["attention_mask"], spans, [rows[r] for r in batch]))
             if on_progress is not None and finished:
                 on_progress(finished)  # papers whose every window is encoded, once per encoder batch
                 finished = 0
 
         batch_starts = range(0, len(order), self.batch_size)
         workers = int(getattr(self._runner, "workers", 1)) if len(batch_starts) > 1 else 1
+        listening: deque = deque()  # the listener's calls under way, on its own thread (rows side by side only)
+        listener_pool = None
+
+        def emit(encoded: EncodedBatch) -> None:
+            assert on_batch is not None
+            if listener_pool is None:
+                on_batch(encoded)
+                return
+            # the listener (the tagger's copied layers) runs on a thread of its own, in batch order: on this thread
+            # it held back tokenising and pooling, so the encoder's rows waited (+17% wall for +4% CPU: issue 22);
+            # at most two batches wait for it, so a slow listener bounds the hidden states held
+            listening.append(listener_pool.submit(on_batch, encoded))
+            while len(listening) > 2 or (listening and listening[0].done()):
+                listening.popleft().result()
+
         if workers > 1:
             # batches run `workers` at a time on one-thread sessions (OnnxRunner.run_one); this thread tokenises the
             # next batch meanwhile (the tokenizer is not shared between threads) and pools the finished ones in
             # order, so listeners see the batches in the order of the serial loop
             from concurrent.futures import ThreadPoolExecutor
 
-            with torch_threads(1), ThreadPoolExecutor(workers, thread_name_prefix="esqbe-onnx") as pool:
+            with torch_threads(1), ThreadPoolExecutor(workers, thread_name_prefix="esqbe-onnx") as pool, \
+                    ThreadPoolExecutor(1, thread_name_prefix="esqbe-listener") as listener_pool:
                 running: deque = deque()
                 for start in batch_starts:
                     deadline.check()
@@ -278,6 +294,8 @@ class Encoder:
                 while running:
                     batch, enc, offsets, job = running.popleft()
                     finish(batch, enc, offsets, *job.result())
+                while listening:
+                    listening.popleft().result()
         else:
             for start in batch_starts:
                 deadline.check()
