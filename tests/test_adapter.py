@@ -259,3 +259,68 @@ def test_frozen_dropout_cannot_be_cached(tmp_path):
     r = CliRunner().invoke(main, ["train-encoder", "--citances", str(_pack(tmp_path)), "--out", str(tmp_path / "x"),
                                   "--frozen-dropout"])
     assert r.exit_code != 0 and "cannot be cached" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_grouped_guidance_loss_is_the_unbatched_loss_of_each_slice(encoder):
+    """Issue 25, grouped citances: a batch holding two citing sentences per paper (each abstract encoded once) has the
+    loss of the unbatched recipe run on each slice of one citing sentence per paper, averaged: the same in-batch
+    negatives (the other papers), the same hard negatives (the cited abstract's other sentences)."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from esqbe.encode.citations import CitedPaper, CitingSentence
+    from esqbe.encode.identity import model_info
+    from esqbe.encode.train import TrainConfig, _grouped_guidance_loss, _guidance_loss, _Pooler
+
+    source = model_info(None).source
+    model = AutoModel.from_pretrained(source, local_files_only=True).eval()
+    pool = _Pooler(model, AutoTokenizer.from_pretrained(source, local_files_only=True), TrainConfig())
+    papers = {pid: CitedPaper(pid, title, sents, [str(i + 1) for i in range(len(sents))])
+              for pid, (title, sents) in PAPERS.items()}
+    cites = {pid: [CitingSentence(pid, f"X{i}", t, [str(2 - i % 2)]) for i, t in enumerate(texts)]
+             for pid, texts in CITING.items()}
+    grouped = [(cites[pid], papers[pid]) for pid in PAPERS]
+    slices = [[(cites[pid][g], papers[pid]) for pid in PAPERS] for g in range(2)]
+    with torch.no_grad():
+        got = _grouped_guidance_loss(pool, grouped, 0.05)
+        want = (_guidance_loss(pool, slices[0], 0.05) + _guidance_loss(pool, slices[1], 0.05)) / 2
+        one = _grouped_guidance_loss(pool, [([c], p) for c, p in slices[0]], 0.05)  # groups of one: the unbatched loss
+        assert float(one) == pytest.approx(float(_guidance_loss(pool, slices[0], 0.05)), abs=1e-6)
+    assert float(got) == pytest.approx(float(want), abs=1e-5) and float(got) > 0
+
+
+def test_grouped_batches_keep_papers_distinct_and_train_the_same_with_the_cache(tmp_path):
+    """Grouped citances: each batch's groups are of distinct papers, no citing sentence twice in a pass, no group
+    over the size; with the cache the grouped recipe trains the same losses and adapter as without it, in fewer
+    guidance batches than one citing sentence per paper."""
+    import random
+
+    from safetensors.torch import load_file
+
+    from esqbe.encode.citations import read_citations
+    from esqbe.encode.identity import model_info
+    from esqbe.encode.train import TrainConfig, _batches, _groups, train_encoder
+
+    pack = _pack(tmp_path)
+    papers, sentences = read_citations(pack)
+    guided = [(c, papers[c.cited]) for c in sentences]
+    batches = _batches(_groups(guided, 2, random.Random(0)), 3, lambda x: x[1].paper_id, random.Random(0))
+    seen = [id(c) for b in batches for group, _ in b for c in group]
+    assert len(seen) == len(set(seen)) >= len(guided) - 2 and all(len(g) <= 2 for b in batches for g, _ in b)
+    assert all(len({p.paper_id for _, p in b}) == len(b) >= 2 for b in batches)
+    info = model_info(None)
+    runs = {}
+    for name, cache, group in (("cached", True, 2), ("full", False, 2), ("ungrouped", True, 1)):
+        out = tmp_path / name
+        runs[name] = train_encoder(str(pack), str(out), encoder_source=info.source, base_name=info.name,
+                                   base_fingerprint=info.fingerprint, log=lambda m: None,
+                                   cfg=TrainConfig(citances=0, epochs=2, batch=4, threads=1, cache=cache, lr=1e-3,
+                                                   group=group))
+        runs[name]["weights"] = load_file(str(out / "adapter_model.safetensors"))
+    cached, full = runs["cached"], runs["full"]
+    assert cached["config"]["group"] == 2 and cached["guidance_batches"] < runs["ungrouped"]["guidance_batches"]
+    assert cached["steps"] == full["steps"] and len(cached["losses"]["guide"]) == cached["guidance_batches"] >= 2
+    for kind in ("guide", "cocite"):
+        assert np.allclose(cached["losses"][kind], full["losses"][kind], atol=1e-4), kind
+    assert all(np.allclose(cached["weights"][k].numpy(), full["weights"][k].numpy(), atol=1e-5) for k in cached["weights"])
+    assert any(float(v.abs().sum()) > 0 for k, v in cached["weights"].items() if "lora_B" in k)

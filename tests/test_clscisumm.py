@@ -505,3 +505,33 @@ def test_eval_clscisumm_without_gold_writes_the_run_and_says_so(mini_data, mini_
     assert r.exit_code == 0, r.output
     entry = json.loads(r.stdout)["splits"]["mine"]
     assert entry["scores"] is None and entry["scored"] is False and Path(entry["run"]).is_file()
+
+
+def test_eval_clscisumm_prints_a_command_that_reproduces_the_run(mini_data, tmp_path):
+    """Issue 25: the printed command (and run name) of `esqbe eval clscisumm` left out the runtime flags that made
+    the run (--encoder-backend torch, --encoder-mode, --batch-size): run as printed, it ranked with another encoder
+    runtime (onnx-int8 under `auto` on CPU) under the same name. The printed command, run again on a fresh index,
+    gives the same name and the same figures."""
+    import shlex
+
+    flags = ["--encoder-backend", "torch", "--encoder-mode", "independent", "--batch-size", "8"]
+    base = ["eval", "clscisumm", "--data", str(mini_data), "--param", "method=bm25", "--param", "bm25_weight=0.5"]
+
+    def run(args, where):
+        out = tmp_path / f"out-{where}"
+        r = CliRunner().invoke(main, args + ["--index-path", str(tmp_path / f"index-{where}"), "--out", str(out)],
+                               catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        (name, entry), = json.loads((out / "results.json").read_text()).items()
+        return r.output, name, entry
+
+    text, name, entry = run(base + flags, "first")
+    for flag, value in zip(flags[::2], flags[1::2]):
+        assert f"{flag} {value}" in entry["command"], entry["command"]
+    assert "backend-torch" in name and "independent" in name, name
+    assert f"{name} ({entry['command']})" in text, text
+    printed = shlex.split(entry["command"])
+    assert printed[:3] == ["esqbe", "eval", "clscisumm"]
+    _, again_name, again = run(printed[1:], "again")
+    assert again_name == name and again["command"] == entry["command"]
+    assert again["splits"]["train"]["scores"] == entry["splits"]["train"]["scores"]

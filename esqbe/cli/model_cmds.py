@@ -139,10 +139,11 @@ def train_words_cmd(sources, out_path, index_path, dim, min_count, window, epoch
 @click.option("--cache/--no-cache", "cache", default=True, show_default=True, help="Run the frozen layers below the adapter once per text, not every step (the same adapter, several times faster).")
 @click.option("--frozen-dropout", is_flag=True, help="Dropout in the frozen layers too, as the first shipped adapter (citations-minilm) was trained; needs --no-cache.")
 @click.option("--batch", type=click.IntRange(min=2), help="Papers per batch (in-batch negatives).")
+@click.option("--group", type=click.IntRange(min=1), help="Citing sentences of one paper per batch, its abstract encoded once for them (default 1: one each).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="CPU threads (the same seed and threads give the same weights).")
 @handle_errors
-def train_encoder_cmd(citances_tar, out_dir, model, citances, epochs, cache, frozen_dropout, batch, seed, threads):
+def train_encoder_cmd(citances_tar, out_dir, model, citances, epochs, cache, frozen_dropout, batch, group, seed, threads):
     """Train an encoder adapter (LoRA) on citation contexts: citing sentence <-> the cited abstract's sentences,
     and co-cited papers, with in-batch and hard negatives (esqbe/encode/train.py says how).
 
@@ -158,7 +159,7 @@ def train_encoder_cmd(citances_tar, out_dir, model, citances, epochs, cache, fro
 
     info = model_info(model)
     cfg = replace(TrainConfig(), seed=seed, threads=threads, cache=cache, frozen_dropout=frozen_dropout,
-                  **{k: v for k, v in {"citances": citances, "epochs": epochs, "batch": batch}.items() if v is not None})
+                  **{k: v for k, v in {"citances": citances, "epochs": epochs, "batch": batch, "group": group}.items() if v is not None})
     summary = train_encoder(citances_tar or DEFAULT_CITANCES, out_dir, encoder_source=info.source, base_name=info.name,
                             base_fingerprint=info.fingerprint, cfg=cfg, log=lambda m: click.echo(m, err=True))
     click.echo(json.dumps(summary, indent=2))

@@ -19,7 +19,15 @@ changes: with `cache` (the default) each text's hidden state at the adapter's fi
 training, and every step runs only the top `layers` layers over it (~3x cheaper per step for MiniLM's 6 layers,
 ~6x for MPNet's 12); `cache=False` runs the whole model every step and trains the same adapter (float tolerance;
 tests/test_adapter.py checks). Deterministic on CPU for a seed and a thread count
-(`torch.use_deterministic_algorithms`)."""
+(`torch.use_deterministic_algorithms`).
+
+**Grouped citances** (`group` > 1, issue 25): a paper has 3-20 citing sentences in the pack (median 17), and the
+abstract is the expensive text to encode. With `group` G, each paper's citing sentences are split (seeded) into
+groups of up to G, and a guidance batch holds `batch` groups of distinct papers: every abstract is encoded once per
+batch for up to G citances. Each citing sentence is contrasted with the batch's papers as before (its cited paper
+against the other `batch` - 1, max-sim), so the in-batch negatives are still the other papers of the batch; the
+hard negatives are still the cited abstract's other sentences; the loss is the mean over the batch's citing
+sentences. `group=1` is the unbatched recipe, unchanged (the same batches, losses and weights)."""
 from __future__ import annotations
 
 import json
@@ -55,6 +63,7 @@ class TrainConfig:
     threads: int = 2
     cache: bool = True  # compute the frozen lower layers once per text (see the module's docstring)
     frozen_dropout: bool = False  # dropout in the frozen layers too (the first shipped adapter's recipe; no cache)
+    group: int = 1  # citing sentences of one paper per guidance batch (1: the unbatched recipe; see the docstring)
 
 
 def _targets(model, layers: int) -> list[str]:
@@ -215,6 +224,43 @@ def _guidance_loss(pool: _Pooler, batch: list[tuple[CitingSentence, CitedPaper]]
     return loss
 
 
+def _grouped_guidance_loss(pool: _Pooler, batch: list[tuple[list[CitingSentence], CitedPaper]], t: float):
+    """The guidance loss of a batch of (citing sentences, their cited paper), one group per paper: each citing
+    sentence against every paper of the batch (max-sim), cross-entropy toward its own, plus the hard-negative term
+    over its paper's sentences; both averaged over the batch's citing sentences."""
+    torch = pool.torch
+    owner = [j for j, (group, _) in enumerate(batch) for _ in group]
+    cites = [c for group, _ in batch for c in group]
+    cit = pool.texts([c.text for c in cites])  # (N, d)
+    sents = pool.papers([p for _, p in batch])  # each abstract once
+    scores = torch.stack([torch.stack([(s @ cit[i]).max() if len(s) else cit[i].sum() * 0 for s in sents])
+                          for i in range(len(cites))])  # (N, B): citance i vs paper j, max-sim
+    loss = torch.nn.functional.cross_entropy(scores / t, torch.tensor(owner))
+    hard = []
+    for i, (c, j) in enumerate(zip(cites, owner)):
+        p = batch[j][1]
+        idx = [k for k, sid in enumerate(p.sids[: len(sents[j])]) if sid in c.span_sids]
+        if idx and len(sents[j]) > 1:
+            logits = (sents[j] @ cit[i]) / t
+            hard.append(torch.logsumexp(logits, 0) - torch.logsumexp(logits[idx], 0))
+    if hard:
+        loss = loss + torch.stack(hard).mean()
+    return loss
+
+
+def _groups(guided: list[tuple[CitingSentence, CitedPaper]], size: int,
+            rng: random.Random) -> list[tuple[list[CitingSentence], CitedPaper]]:
+    """Each paper's citing sentences in a seeded order, cut into groups of up to `size` (papers in first-seen order)."""
+    by_paper: dict[str, tuple[list[CitingSentence], CitedPaper]] = {}
+    for c, p in guided:
+        by_paper.setdefault(p.paper_id, ([], p))[0].append(c)
+    out = []
+    for cites, p in by_paper.values():
+        rng.shuffle(cites)
+        out += [(cites[i : i + size], p) for i in range(0, len(cites), size)]
+    return out
+
+
 def _cocite_loss(pool: _Pooler, batch: list[tuple[str, CitedPaper, CitedPaper]], t: float):
     torch = pool.torch
     cit = pool.texts([text for text, _, _ in batch])
@@ -265,9 +311,10 @@ def train_encoder(citances_tar: str, out_dir: str, *, encoder_source: str, base_
     if cfg.cache and cfg.frozen_dropout:
         raise ParameterError("frozen_dropout makes the frozen layers' output change every step: it cannot be cached "
                              "(train with cache off)")
-    if (cfg.citances and cfg.citances < cfg.batch) or cfg.batch < 2 or cfg.epochs < 1:
-        raise ParameterError(f"need at least 2 per batch, as many citances as a batch (0: all) and 1 epoch (got batch "
-                             f"{cfg.batch}, citances {cfg.citances}, epochs {cfg.epochs})")
+    if (cfg.citances and cfg.citances < cfg.batch) or cfg.batch < 2 or cfg.epochs < 1 or cfg.group < 1:
+        raise ParameterError(f"need at least 2 per batch, as many citances as a batch (0: all), 1 epoch and groups of "
+                             f"at least 1 (got batch {cfg.batch}, citances {cfg.citances}, epochs {cfg.epochs}, "
+                             f"group {cfg.group})")
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(cfg.threads)
     torch.use_deterministic_algorithms(True)
@@ -312,28 +359,42 @@ def _train(citances_tar, out_dir, cfg: TrainConfig, exclude, encoder_source, bas
         for layer in pool.base.encoder.layer[: pool.split]:
             layer.eval()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
-    gb = _batches(guided, cfg.batch, lambda x: x[1].paper_id, rng)
+    kind_g = "guide" if cfg.group == 1 else "grouped"
+
+    def guidance_batches() -> list[list]:
+        items = guided if cfg.group == 1 else _groups(guided, cfg.group, rng)
+        return _batches(items, cfg.batch, lambda x: x[1].paper_id, rng)
+
+    gb = guidance_batches()
     cb = _batches(pairs, cfg.batch, lambda x: (x[1].paper_id, x[2].paper_id), rng) if cfg.cocite_every else []
     plan: list[tuple[str, list]] = []
     ci = 0
     for epoch in range(cfg.epochs):
         if epoch:  # each pass its own seeded order
-            gb = _batches(guided, cfg.batch, lambda x: x[1].paper_id, rng)
+            gb = guidance_batches()
         for i, b in enumerate(gb, 1):
-            plan.append(("guide", b))
+            plan.append((kind_g, b))
             if cfg.cocite_every and i % cfg.cocite_every == 0 and cb:
                 plan.append(("cocite", cb[ci % len(cb)]))
                 ci += 1
+    n_guide = sum(1 for kind, _ in plan if kind != "cocite")
+    n_cites = sum(len(item[0]) if kind == "grouped" else 1 for kind, b in plan if kind != "cocite" for item in b)
+    log(f"{len(plan)} steps: {n_guide} guidance batches ({n_cites / max(1, n_guide):.1f} citing sentences each), "
+        f"{len(plan) - n_guide} co-citation batches")
     if cfg.cache:
         used = [p for _, b in plan for item in b for p in item[1:]]
-        texts = [item[0].text if kind == "guide" else item[0] for kind, b in plan for item in b]
+        texts = [t for kind, b in plan for item in b for t in
+                 ([item[0].text] if kind == "guide" else [c.text for c in item[0]] if kind == "grouped" else [item[0]])]
         pool.fill_cache(list({p.paper_id: p for p in used}.values()), texts, log=log)
     total = len(plan)
     warmup = max(1, total // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, (total - s) / total))
     losses: dict[str, list[float]] = {"guide": [], "cocite": []}
     for step, (kind, batch) in enumerate(plan, 1):
-        loss = _guidance_loss(pool, batch, cfg.temperature) if kind == "guide" else _cocite_loss(pool, batch, cfg.temperature)
+        loss = (_guidance_loss(pool, batch, cfg.temperature) if kind == "guide" else
+                _grouped_guidance_loss(pool, batch, cfg.temperature) if kind == "grouped" else
+                _cocite_loss(pool, batch, cfg.temperature))
+        kind = "guide" if kind == "grouped" else kind
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -347,7 +408,7 @@ def _train(citances_tar, out_dir, cfg: TrainConfig, exclude, encoder_source, bas
     model.save_pretrained(str(out))
     summary = {"base_model": base_name, "excluded_papers": len(exclude), "base_fingerprint": base_fingerprint,
                "config": asdict(cfg),
-               "cited_papers": len(papers), "citing_sentences": len(sentences), "steps": total,
+               "cited_papers": len(papers), "citing_sentences": len(sentences), "steps": total, "guidance_batches": n_guide,
                "co_cited_pairs": len(pairs), "first_guidance_loss": losses["guide"][:1],
                "guidance_loss_curve": [round(sum(c) / len(c), 4) for c in
                                        (losses["guide"][i : i + 50] for i in range(0, len(losses["guide"]), 50))],

