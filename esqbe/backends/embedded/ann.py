@@ -16,9 +16,16 @@ import numpy as np
 from ...domain import FACET_LABELS
 from .host import EmbeddedHost
 from .layout import _FACET_CODES, _chunks, _State
-from .recall import calibrate_nprobe
+from .recall import REFINE_LADDER, calibrate_nprobe
 
 _POOL = None
+#: the IVF codes a writer builds (the manifest entry's "structure"; an entry without one is an IVF-SQ8, as every
+#: index built before session 8): 4-bit PQ fast-scan, two dimensions per sub-quantizer (dim / 2 bytes a row, against
+#: dim for SQ8), ~6x faster to scan per list on the hard corpus at equal recall (docs/performance.md, session 8),
+#: its coarser scores made up by re-scoring more papers exactly (the calibrated `refine`)
+ANN_PQ_FASTSCAN = "ivf-pq4fs"
+ANN_SQ8 = "ivf-sq8"
+_PQ_MIN_ROWS = 1_000  # fewer rows (a forced tiny ANN) get SQ8: PQ's 16-centroid sub-quantizers need >= 624 samples
 _ANN_POOL = None
 
 
@@ -49,14 +56,18 @@ class AnnMixin(EmbeddedHost):
             if progress:
                 progress(f"building the {label} ANN index ({n_total} sentence rows{', training' if retrain else ''})")
             name, size, trained_on, index = self._build_ann(st, label, code, None if retrain else entry)
-            manifest[label] = {"file": name, "rows": st.rows, "size": size, "trained_on": trained_on}
-            # the nprobe that holds the recall target on this IVF, measured on the facet's own rows (issue 23)
+            structure = _structure_of(index)
+            manifest[label] = {"file": name, "rows": st.rows, "size": size, "trained_on": trained_on,
+                               "structure": structure}
+            # the nprobe (and, for PQ fast-scan, the papers re-scored) that hold the recall target on this IVF,
+            # measured on the facet's own rows (issue 23)
             if progress:
                 progress(f"calibrating the {label} ANN index for recall@100 ({self.recall_statistic}) >= {self.recall_target}")
-            manifest[label]["calibration"] = calibrate_nprobe(st, code, index, target=self.recall_target,
-                                                              oversample=int(params["oversample"]),
-                                                              statistic=self.recall_statistic)
+            manifest[label]["calibration"] = calibrate_nprobe(
+                st, code, index, target=self.recall_target, oversample=int(params["oversample"]),
+                statistic=self.recall_statistic, refines=REFINE_LADDER if structure == ANN_PQ_FASTSCAN else (2,))
             manifest[label]["nprobe"] = manifest[label]["calibration"]["nprobe"]
+            manifest[label]["refine"] = manifest[label]["calibration"]["refine"]
             del index
             with self._tx():
                 self._set("ann", manifest)
@@ -77,11 +88,13 @@ class AnnMixin(EmbeddedHost):
             rng = np.random.default_rng(0)
             sample = np.sort(rng.choice(len(rows), size=min(len(rows), 40 * nlist), replace=False))
             train = np.asarray(st.vec[rows[sample]], dtype=np.float32)
-            ivf = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, nlist, faiss.ScalarQuantizer.QT_8bit,
-                                                faiss.METRIC_INNER_PRODUCT)
-            ivf.cp.niter = 10
-            ivf.train(train)
-            index: faiss.Index = ivf
+            if dim % 2 == 0 and len(rows) >= _PQ_MIN_ROWS:
+                index: faiss.Index = faiss.index_factory(dim, f"IVF{nlist},PQ{dim // 2}x4fs", faiss.METRIC_INNER_PRODUCT)
+            else:
+                index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, nlist, faiss.ScalarQuantizer.QT_8bit,
+                                                      faiss.METRIC_INNER_PRODUCT)
+            faiss.extract_index_ivf(index).cp.niter = 10
+            index.train(train)
             trained_on = len(rows)
         else:
             index = faiss.read_index(str(self.path / "ann" / entry["file"]))
@@ -159,6 +172,13 @@ class AnnMixin(EmbeddedHost):
         self._ann_cache = {k: v for k, v in self._ann_cache.items() if k in {e["file"] for e in st.manifest.values()}}
         self._ann_cache[name] = (index, cached is not None)  # (index, in memory)
         return index
+
+
+def _structure_of(index) -> str:
+    """The manifest's name of an ANN index's structure."""
+    import faiss
+
+    return ANN_PQ_FASTSCAN if isinstance(index, faiss.IndexIVFPQFastScan) else ANN_SQ8
 
 
 def _first_stage_pool():

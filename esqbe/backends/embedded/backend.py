@@ -52,7 +52,7 @@ from ...domain import (
 )
 from ...errors import BackendError, StorageError
 from ..base import Backend
-from .ann import AnnMixin, _first_stage_pool
+from .ann import ANN_PQ_FASTSCAN, ANN_SQ8, AnnMixin, _first_stage_pool
 from .knn import KnnMixin
 from .layout import (
     _FACET_CODES,
@@ -140,6 +140,12 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         entry = (st or self._state()).manifest.get(facet) or {}
         return int(entry.get("nprobe", KNN_DEFAULTS["nprobe"]))
 
+    def refine_for(self, facet: str, st: _State | None = None) -> int:
+        """Papers re-scored exactly per query sentence, as a multiple of k: the value calibrated with the facet's IVF
+        (a PQ fast-scan IVF's), else 2 (an IVF-SQ8's, and every index built before session 8)."""
+        entry = (st or self._state()).manifest.get(facet) or {}
+        return int(entry.get("refine", 2))
+
     def exact_knn(self, vectors: np.ndarray, k: int, *, facet: str | None = None,
                   exclude: frozenset[str] = frozenset()) -> dict[str, float]:
         """Brute force over every live row of the facet, streamed in chunks (no copy of the facet)."""
@@ -152,7 +158,7 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
             return "exact"
         fixed = "nprobe" in self._overrides or "nprobe" in self._setting("knn_params", {})
         how = "fixed" if fixed else "calibrated" if "calibration" in entry else "default"
-        return f"ivf nprobe {self.nprobe_for(facet, st)} ({how})"
+        return f"ivf nprobe {self.nprobe_for(facet, st)}{_refine_words(entry)} ({how})"
 
     def configure(self, **params) -> None:
         """Store first-stage parameters in the index (kNN: exact_threshold, merge_threshold, nprobe, oversample;
@@ -270,9 +276,10 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
                 cal = entry.get("calibration")
                 how = ("fixed" if "nprobe" in self._overrides or "nprobe" in self._setting("knn_params", {})
                        else f"calibrated: recall@100 {_stat_name(cal)}{cal['recall']} >= {cal['target']}" if cal else "default")
-                knn[f] = (f"ivf-sq8 ({entry['size']} rows) + exact delta ({delta} rows), "
-                          f"nprobe {self.nprobe_for(f, st)} ({how})")
-                calibration[f] = {"nprobe": self.nprobe_for(f, st), "setting": how.split(":")[0], **(cal or {})}
+                knn[f] = (f"{entry.get('structure', ANN_SQ8)} ({entry['size']} rows) + exact delta ({delta} rows), "
+                          f"nprobe {self.nprobe_for(f, st)}{_refine_words(entry)} ({how})")
+                calibration[f] = {"nprobe": self.nprobe_for(f, st), "refine": self.refine_for(f, st),
+                                  "structure": entry.get("structure", ANN_SQ8), "setting": how.split(":")[0], **(cal or {})}
             elif counts[c]:
                 knn[f] = "exact"
         return {
@@ -370,6 +377,11 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
             self._db.close()
             self._db = None  # type: ignore[assignment]  # closed: nothing reads it after close()
             self._release_write()
+
+
+def _refine_words(entry: dict) -> str:
+    """How `stats` and `check recall` name a PQ fast-scan IVF's re-scored papers (nothing for an IVF-SQ8's 2k)."""
+    return f" refine {int(entry.get('refine', 2))}" if entry.get("structure") == ANN_PQ_FASTSCAN else ""
 
 
 def _stat_name(cal: dict) -> str:

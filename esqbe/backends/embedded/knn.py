@@ -9,12 +9,12 @@ from ...domain import FACET_LABELS
 from .ann import _search_one_thread
 from .host import EmbeddedHost
 from .layout import _FACET_CODES, _State
-from .recall import ann_candidates
+from .recall import ann_candidates, ann_hits
 
 
 class KnnMixin(EmbeddedHost):
     """kNN (mixed into EmbeddedBackend). Uses the backend's `_state`, `_ann`, `_delta` (AnnMixin), `knn_params`,
-    `nprobe_for`,
+    `nprobe_for`, `refine_for`,
     `pnos`, `_ids_of` and `_read_rows`."""
 
     def _exact_best(self, st: _State, pnos: np.ndarray, codes: list[int] | None, q: np.ndarray, keep: int | None = None):
@@ -81,11 +81,13 @@ class KnnMixin(EmbeddedHost):
         if exact:
             return self._top_papers(*self._brute_force(st, codes, banned, q, k), k)
         cand = []
-        kk = params["oversample"] * k + 16
         for code in codes:
             index = self._ann(st, code)
             if index is not None:
                 import faiss
+
+                refine = self.refine_for(FACET_LABELS[code], st)
+                kk = ann_hits(k, int(params["oversample"]), refine)
 
                 if allowed is not None:
                     mask = np.zeros(len(st.dead), dtype=bool)
@@ -99,9 +101,9 @@ class KnnMixin(EmbeddedHost):
                     sel = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))
                     sp.sel = sel
                 sims, ids = _search_one_thread(index, q, kk, sp)
-                # the 2k papers with the best approximate sentence score go to exact re-scoring (the same rule the
-                # recall calibration counts with)
-                cand.extend(ann_candidates(ids[:m], sims[:m], k))
+                # the refine * k papers with the best approximate sentence score go to exact re-scoring (the same
+                # rule the recall calibration counts with; 2k for an IVF-SQ8)
+                cand.extend(ann_candidates(ids[:m], sims[:m], k, refine))
             idx, mat = self._delta(st, code)
             if len(idx):
                 sims = mat @ q.T

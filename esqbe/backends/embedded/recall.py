@@ -10,7 +10,14 @@ facet's live rows, and the chosen `nprobe` is the smallest of a fixed ladder who
 target: its mean (`statistic="mean"`) or its 10th percentile (`"p10"`: nine in ten query sentences at least at the
 target, not just the average; docs/performance.md measures what that costs). Cost: one exact pass over the facet's
 rows for the sample (float16 rows read in chunks) and a batched faiss search per rung tried; the sample shrinks for
-large facets so that the exact pass stays under ~4e11 multiply-adds (docs/performance.md gives the time at 1M papers)."""
+large facets so that the exact pass stays under ~4e11 multiply-adds (docs/performance.md gives the time at 1M papers).
+
+An IVF of 4-bit PQ fast-scan codes (the writer's structure since session 8, `ann.ANN_PQ_FASTSCAN`) has a second knob,
+`refine`: per query sentence the ANN's hits are folded to the `refine * k` best papers (`2k` above), asking it for
+`oversample * k * refine / 2 + 16` hits, all re-scored exactly from the stored vectors; its coarser scores need more
+than 2k papers to hold recall. Its calibration tries `REFINE_LADDER` in order and keeps the first refine whose nprobe
+reaching the target scans at most an eighth of the lists (`_SCAN_SHARE`), else the refine reaching it with the
+fewest lists: the scan and the exact re-score both cost, and this keeps each bounded."""
 from __future__ import annotations
 
 import time
@@ -25,6 +32,9 @@ NPROBE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 38
 CALIBRATION_QUERIES = 256
 _EXACT_BUDGET = 4e11  # multiply-adds of the calibration's exact pass
 _CHUNK_ROWS = 131_072
+#: papers re-scored per query sentence, as multiples of k, that calibration tries for a PQ fast-scan IVF, in order
+REFINE_LADDER = (2, 3, 4, 6, 8)
+_SCAN_SHARE = 8  # a refine is kept when its nprobe is at most nlist / _SCAN_SHARE
 #: what the target bounds: the sample's mean recall, or its 10th percentile
 RECALL_STATISTICS = ("mean", "p10")
 
@@ -73,8 +83,13 @@ def exact_top_papers(st: _State, rows: np.ndarray, q: np.ndarray, k: int, own: n
     return best_p, best_s
 
 
-def ann_candidates(ids: np.ndarray, sims: np.ndarray, k: int) -> list[np.ndarray]:
-    """Per query, the papers the first stage re-scores exactly from the ANN's sentence hits: the 2k best by
+def ann_hits(k: int, oversample: int, refine: int = 2) -> int:
+    """Sentence hits the first stage asks the ANN for per query sentence (`oversample * k + 16` at refine 2)."""
+    return oversample * k * refine // 2 + 16
+
+
+def ann_candidates(ids: np.ndarray, sims: np.ndarray, k: int, refine: int = 2) -> list[np.ndarray]:
+    """Per query, the papers the first stage re-scores exactly from the ANN's sentence hits: the `refine * k` best by
     approximate score (`KnnMixin.knn` keeps them with this very function)."""
     out = []
     for hit_ids, hit_sims in zip(ids, sims):
@@ -84,8 +99,8 @@ def ann_candidates(ids: np.ndarray, sims: np.ndarray, k: int) -> list[np.ndarray
         hit_ids, hit_sims = hit_ids[order], hit_sims[order]
         first = np.r_[True, hit_ids[1:] != hit_ids[:-1]]
         hit_ids, hit_sims = hit_ids[first], hit_sims[first]
-        if len(hit_ids) > 2 * k:
-            hit_ids = hit_ids[np.argpartition(-hit_sims, 2 * k - 1)[: 2 * k]]
+        if len(hit_ids) > refine * k:
+            hit_ids = hit_ids[np.argpartition(-hit_sims, refine * k - 1)[: refine * k]]
         out.append(hit_ids)
     return out
 
@@ -101,11 +116,14 @@ def recall_of(found: list[np.ndarray], truth: np.ndarray) -> np.ndarray:
 
 
 def calibrate_nprobe(st: _State, code: int, index, *, target: float, oversample: int, k: int = 100,
-                     seed: int = 0, queries: int = CALIBRATION_QUERIES, statistic: str = "mean") -> dict:
+                     seed: int = 0, queries: int = CALIBRATION_QUERIES, statistic: str = "mean",
+                     refines: tuple[int, ...] = (2,)) -> dict:
     """The smallest `nprobe` of the ladder whose recall@k (papers) on a seeded sample of the facet's own sentences
     reaches `target` by `statistic` (the sample's mean, or its 10th percentile; the IVF's list count, every list,
-    if none below it does). Returns {"nprobe", "recall" (the statistic at that nprobe), "statistic", "mean",
-    "p10", "target", "queries", "seconds"}."""
+    if none below it does), for the first of `refines` that reaches it within an eighth of the lists, else for the
+    one that reaches it with the fewest lists (the smaller on a tie); `refines` = (2,), today's rule, for an
+    IVF-SQ8. Returns {"nprobe", "refine", "recall" (the statistic at
+    that nprobe), "statistic", "mean", "p10", "target", "queries", "seconds"}."""
     import faiss
 
     if statistic not in RECALL_STATISTICS:
@@ -113,8 +131,8 @@ def calibrate_nprobe(st: _State, code: int, index, *, target: float, oversample:
     started = time.perf_counter()
     rows = facet_rows(st, code)
     if len(rows) < 2:  # nothing to measure (every row retired, or one): every list, as exact as the IVF gets
-        return {"nprobe": int(index.nlist), "recall": 1.0, "statistic": statistic, "mean": 1.0, "p10": 1.0,
-                "target": target, "queries": 0, "seconds": 0.0}
+        return {"nprobe": int(index.nlist), "refine": int(refines[-1]), "recall": 1.0, "statistic": statistic,
+                "mean": 1.0, "p10": 1.0, "target": target, "queries": 0, "seconds": 0.0}
     n_q = int(np.clip(_EXACT_BUDGET / max(1, len(rows) * st.dim), 32, queries))
     rng = np.random.default_rng(seed)
     picked = np.sort(rng.choice(len(rows), size=min(n_q, len(rows)), replace=False))
@@ -125,21 +143,31 @@ def calibrate_nprobe(st: _State, code: int, index, *, target: float, oversample:
     ladder = [p for p in NPROBE_LADDER if p < nlist] + [nlist]
     bits = st.ok_bits()
     sel = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits)) if bits is not None else None
-    kk = oversample * k + 16
-    chosen, per_query = nlist, np.ones(1)
-    for nprobe in ladder:
-        sp = faiss.SearchParametersIVF(nprobe=int(nprobe))  # type: ignore[call-arg]
-        if sel is not None:
-            sp.sel = sel
-        sims, ids = index.search(q, kk, params=sp)
-        found = [c[c != o] for c, o in zip(ann_candidates(ids, sims, k), own)]
-        per_query = recall_of(found, truth)
-        if _statistic(per_query, statistic) >= target:
-            chosen = nprobe
-            break
-    return {"nprobe": int(chosen), "recall": round(_statistic(per_query, statistic), 4), "statistic": statistic,
-            "mean": round(_statistic(per_query, "mean"), 4), "p10": round(_statistic(per_query, "p10"), 4),
-            "target": target, "queries": int(len(q)), "seconds": round(time.perf_counter() - started, 2)}
+    cap = max(1, nlist // _SCAN_SHARE)
+    best: tuple[int, int, np.ndarray] | None = None  # (nprobe, refine, per-query recall) of the fewest lists so far
+    last_seen = (nlist, int(refines[-1]), np.ones(1))
+    for refine in refines:
+        kk = ann_hits(k, oversample, refine)
+        for nprobe in ladder:
+            if best is not None and nprobe >= best[0]:
+                break  # a larger refine is worth its re-scoring only with fewer lists
+            sp = faiss.SearchParametersIVF(nprobe=int(nprobe))  # type: ignore[call-arg]
+            if sel is not None:
+                sp.sel = sel
+            sims, ids = index.search(q, kk, params=sp)
+            found = [c[c != o] for c, o in zip(ann_candidates(ids, sims, k, refine), own)]
+            per_query = recall_of(found, truth)
+            last_seen = (int(nprobe), int(refine), per_query)
+            if _statistic(per_query, statistic) >= target:
+                best = (int(nprobe), int(refine), per_query)
+                break
+        if best is not None and best[0] <= cap:
+            break  # the smallest refine scanning at most an eighth of the lists
+    chosen, refine, per_query = best if best is not None else last_seen
+    return {"nprobe": int(chosen), "refine": int(refine), "recall": round(_statistic(per_query, statistic), 4),
+            "statistic": statistic, "mean": round(_statistic(per_query, "mean"), 4),
+            "p10": round(_statistic(per_query, "p10"), 4), "target": target, "queries": int(len(q)),
+            "seconds": round(time.perf_counter() - started, 2)}
 
 
 def _statistic(per_query: np.ndarray, statistic: str) -> float:

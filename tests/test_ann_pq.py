@@ -1,0 +1,124 @@
+"""The writer's 4-bit PQ fast-scan IVF (issue 23, session 8) on real vectors: CSFCube dev abstracts encoded by the
+real default model, the ANN forced on (a low exact_threshold). Facets with enough rows get an IVF-PQ fast-scan whose
+calibration tunes nprobe and the papers re-scored exactly (refine) to the recall target, `check recall` agrees with
+an independent numpy computation, `stats` names the structure and its knobs; a facet entry as the writer stored it
+before (IVF-SQ8, no structure or refine in the manifest) still queries as it did."""
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+
+import numpy as np
+import pytest
+
+from tests.conftest import shared_path
+from tests.test_recall import _cli, _numpy_truth
+
+N_PAPERS = 700  # ~4,800 rows: background and method past the PQ's minimum (1,000 rows), result and other below it
+QUERIES = 30
+
+
+@pytest.fixture(scope="module")
+def csfcube_pq(tmp_path_factory, encoder):
+    import esqbe
+
+    src = shared_path("data", "csfcube-dev", "abstracts-csfcube-preds.jsonl")
+    base = tmp_path_factory.mktemp("csfcube-pq")
+    papers = base / "papers.jsonl"
+    with open(src) as f:
+        papers.write_text("".join(line for _, line in zip(range(N_PAPERS), f)))
+    path = base / "index"
+    with esqbe.open_index(str(path), encoder=encoder, config=None, exact_threshold=100) as index:
+        assert index.index_files([str(papers)]).indexed == N_PAPERS
+    return path
+
+
+def test_writer_builds_pq_fastscan_calibrated_for_nprobe_and_refine(csfcube_pq):
+    from esqbe.backends.embedded.recall import REFINE_LADDER
+
+    stats = json.loads(_cli("stats", "--path", str(csfcube_pq), "--json"))
+    cal, knn = stats["knn_calibration"], stats["knn"]
+    for facet in ("background", "method"):
+        c = cal[facet]
+        assert c["structure"] == "ivf-pq4fs" and knn[facet].startswith("ivf-pq4fs"), (facet, knn[facet])
+        assert c["setting"] == "calibrated" and c["recall"] >= 0.95 and c["refine"] in REFINE_LADDER, c
+        assert f"nprobe {c['nprobe']} refine {c['refine']} (calibrated" in knn[facet]
+    # a facet below the PQ's minimum keeps the IVF-SQ8 and its 2k re-scored papers
+    assert cal["result"]["structure"] == "ivf-sq8" and cal["result"]["refine"] == 2
+    assert knn["result"].startswith("ivf-sq8") and "refine" not in knn["result"]
+
+
+def test_check_recall_on_pq_agrees_with_numpy_and_meets_the_target(csfcube_pq):
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+    from esqbe.domain import FirstStageRequest
+
+    cal = json.loads(_cli("stats", "--path", str(csfcube_pq), "--json"))["knn_calibration"]
+    report = json.loads(_cli("check", "recall", "--path", str(csfcube_pq), "--queries", str(QUERIES), "--json"))
+    by_facet = {f["facet"]: f for f in report["facets"]}
+    with EmbeddedBackend(csfcube_pq, create=False) as b:
+        everything = b.get(b.paper_ids())
+        ids, _ = b.sample_papers(QUERIES, 0)
+        for facet in ("background", "method"):
+            c = cal[facet]
+            assert by_facet[facet]["setting"] == f"ivf nprobe {c['nprobe']} refine {c['refine']} (calibrated)"
+            recalls = []
+            for pid in ids:
+                query = everything[pid]
+                if not query.paper.facet_indices(facet):
+                    continue
+                truth = _numpy_truth(everything, query, facet, 100)
+                q = query.vectors[query.paper.facet_indices(facet)]
+                found = b.first_stage(FirstStageRequest(text="", vectors=q, facet=facet, k=100, knn_k=100, bm25_k=0,
+                                                        exclude=frozenset({pid}), fusion="knn", with_papers=False))
+                recalls.append(len(set(truth) & {c.paper_id for c in found}) / len(truth))
+            mean = by_facet[facet]["recall"]["@100"]["mean"]
+            assert abs(mean - np.mean(recalls)) <= 0.02, (facet, mean, np.mean(recalls))
+            assert mean >= 0.95, by_facet[facet]
+
+
+def test_refine_is_what_holds_recall_on_pq(csfcube_pq):
+    """The writer stored what calibration chooses, and a refine above 2 is chosen only where it reaches the target
+    scanning fewer lists than re-scoring 2k papers needs."""
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+    from esqbe.backends.embedded.layout import _FACET_CODES
+    from esqbe.backends.embedded.recall import calibrate_nprobe
+
+    with EmbeddedBackend(csfcube_pq, create=False) as b:
+        st = b._state()
+        code = _FACET_CODES["background"]
+        index = b._ann(st, code)
+        pq = calibrate_nprobe(st, code, index, target=0.95, oversample=4, refines=(2, 3, 4, 6, 8))
+        two = calibrate_nprobe(st, code, index, target=0.95, oversample=4, refines=(2,))
+    entry = st.manifest["background"]
+    assert (pq["nprobe"], pq["refine"]) == (entry["nprobe"], entry["refine"])  # what the writer stored
+    assert two["refine"] == 2
+    assert pq["recall"] >= 0.95 and two["recall"] >= 0.95
+    if pq["refine"] > 2:  # more papers re-scored only where that reaches the target with fewer lists
+        assert two["nprobe"] > pq["nprobe"]
+
+
+def test_an_ivf_sq8_entry_written_before_pq_still_queries(csfcube_pq, tmp_path):
+    """The manifest entry the writer stored before session 8 (IVF-SQ8 file, no "structure", no "refine"): read as an
+    IVF-SQ8 re-scoring 2k papers, named as before by `check recall`, and its recall holds."""
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+
+    path = tmp_path / "old"
+    shutil.copytree(csfcube_pq, path)
+    db = sqlite3.connect(path / "papers.sqlite")
+    manifest = json.loads(db.execute("SELECT value FROM settings WHERE key = 'ann'").fetchone()[0])
+    old = {k: v for k, v in manifest["result"].items() if k not in ("structure", "refine")}
+    old["calibration"] = {k: v for k, v in old["calibration"].items() if k != "refine"}
+    manifest["result"] = old
+    db.execute("UPDATE settings SET value = ? WHERE key = 'ann'", (json.dumps(manifest),))
+    db.commit()
+    db.close()
+    stats = json.loads(_cli("stats", "--path", str(path), "--json"))
+    assert stats["knn"]["result"].startswith("ivf-sq8") and "refine" not in stats["knn"]["result"]
+    assert stats["knn_calibration"]["result"]["refine"] == 2
+    report = json.loads(_cli("check", "recall", "--path", str(path), "--queries", str(QUERIES), "--facet", "result",
+                             "--json"))["facets"][0]
+    assert report["setting"] == f"ivf nprobe {old['nprobe']} (calibrated)"
+    assert report["recall"]["@100"]["mean"] >= 0.95, report
+    with EmbeddedBackend(path, create=False) as b:
+        assert b.refine_for("result") == 2 and b.refine_for("background") == manifest["background"]["refine"]
