@@ -28,23 +28,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def candidates(ids: np.ndarray, sims: np.ndarray, n_papers: int) -> list[np.ndarray]:
-    """Per query, the `n_papers` best papers by their best approximate sentence score (ann_candidates' rule with
-    2k replaced by n_papers)."""
-    out = []
-    for hit_ids, hit_sims in zip(ids, sims):
-        ok = hit_ids >= 0
-        hit_ids, hit_sims = hit_ids[ok], hit_sims[ok]
-        order = np.lexsort((-hit_sims, hit_ids))
-        hit_ids, hit_sims = hit_ids[order], hit_sims[order]
-        first = np.r_[True, hit_ids[1:] != hit_ids[:-1]]
-        hit_ids, hit_sims = hit_ids[first], hit_sims[first]
-        if len(hit_ids) > n_papers:
-            hit_ids = hit_ids[np.argpartition(-hit_sims, n_papers - 1)[:n_papers]]
-        out.append(hit_ids)
-    return out
-
-
 def build(option: str, vec: np.ndarray, pnos: np.ndarray, index_dir: Path, existing: Path | None):
     import faiss
 
@@ -91,6 +74,7 @@ def main():
         _EXACT_BUDGET,
         CALIBRATION_QUERIES,
         NPROBE_LADDER,
+        ann_candidates,
         exact_top_papers,
         facet_rows,
         recall_of,
@@ -142,7 +126,7 @@ def main():
             for nprobe in ladder:
                 sp = faiss.SearchParametersIVF(nprobe=int(nprobe))  # type: ignore[call-arg]
                 sims, ids = index.search(q, kk, params=sp)
-                found = [c[c != o] for c, o in zip(candidates(ids, sims, r * k), own)]
+                found = [c[c != o] for c, o in zip(ann_candidates(ids, sims, k, r), own)]
                 per_query = recall_of(found, truth)
                 if per_query.mean() >= args.target:
                     chosen = (nprobe, per_query)

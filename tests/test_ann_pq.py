@@ -12,8 +12,7 @@ import sqlite3
 import numpy as np
 import pytest
 
-from tests.conftest import shared_path
-from tests.test_recall import _cli, _numpy_truth
+from tests.test_recall import _cli, _numpy_truth, csfcube_index
 
 N_PAPERS = 700  # ~4,800 rows: background and method past the PQ's minimum (1,000 rows), result and other below it
 QUERIES = 30
@@ -21,17 +20,7 @@ QUERIES = 30
 
 @pytest.fixture(scope="module")
 def csfcube_pq(tmp_path_factory, encoder):
-    import esqbe
-
-    src = shared_path("data", "csfcube-dev", "abstracts-csfcube-preds.jsonl")
-    base = tmp_path_factory.mktemp("csfcube-pq")
-    papers = base / "papers.jsonl"
-    with open(src) as f:
-        papers.write_text("".join(line for _, line in zip(range(N_PAPERS), f)))
-    path = base / "index"
-    with esqbe.open_index(str(path), encoder=encoder, config=None, exact_threshold=100) as index:
-        assert index.index_files([str(papers)]).indexed == N_PAPERS
-    return path
+    return csfcube_index(tmp_path_factory.mktemp("csfcube-pq"), encoder, N_PAPERS, exact_threshold=100)
 
 
 def test_writer_builds_pq_fastscan_calibrated_for_nprobe_and_refine(csfcube_pq):

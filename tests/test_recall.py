@@ -19,20 +19,25 @@ QUERIES = 40
 EXACT_THRESHOLD = 100
 
 
-@pytest.fixture(scope="session")
-def csfcube_ivf(tmp_path_factory, encoder):
-    """A real embedded index of the first N_PAPERS CSFCube dev abstracts, every facet behind an IVF."""
+def csfcube_index(base, encoder, n_papers: int, exact_threshold: int):
+    """A real embedded index under `base` of the first `n_papers` CSFCube dev abstracts (the collection's labels),
+    facets past `exact_threshold` rows behind an ANN."""
     import esqbe
 
     src = shared_path("data", "csfcube-dev", "abstracts-csfcube-preds.jsonl")
-    base = tmp_path_factory.mktemp("csfcube-ivf")
     papers = base / "papers.jsonl"
     with open(src) as f:
-        papers.write_text("".join(line for _, line in zip(range(N_PAPERS), f)))
+        papers.write_text("".join(line for _, line in zip(range(n_papers), f)))
     path = base / "index"
-    with esqbe.open_index(str(path), encoder=encoder, config=None, exact_threshold=EXACT_THRESHOLD) as index:
-        assert index.index_files([str(papers)]).indexed == N_PAPERS
+    with esqbe.open_index(str(path), encoder=encoder, config=None, exact_threshold=exact_threshold) as index:
+        assert index.index_files([str(papers)]).indexed == n_papers
     return path
+
+
+@pytest.fixture(scope="session")
+def csfcube_ivf(tmp_path_factory, encoder):
+    """A real embedded index of the first N_PAPERS CSFCube dev abstracts, every facet behind an IVF."""
+    return csfcube_index(tmp_path_factory.mktemp("csfcube-ivf"), encoder, N_PAPERS, EXACT_THRESHOLD)
 
 
 def _cli(*args, env=None):
