@@ -206,22 +206,9 @@ def _swapped(base, layers, embeddings):
 
 
 def _guidance_loss(pool: _Pooler, batch: list[tuple[CitingSentence, CitedPaper]], t: float):
-    torch = pool.torch
-    cit = pool.texts([c.text for c, _ in batch])  # (B, d)
-    sents = pool.papers([p for _, p in batch])
-    scores = torch.stack([torch.stack([(s @ cit[i]).max() if len(s) else cit[i].sum() * 0 for s in sents])
-                          for i in range(len(batch))])  # (B, B): citance i vs paper j, max-sim
-    labels = torch.arange(len(batch))
-    loss = torch.nn.functional.cross_entropy(scores / t, labels)
-    hard = []  # labelled sentence vs the abstract's other sentences
-    for i, (c, p) in enumerate(batch):
-        idx = [k for k, sid in enumerate(p.sids[: len(sents[i])]) if sid in c.span_sids]
-        if idx and len(sents[i]) > 1:
-            logits = (sents[i] @ cit[i]) / t
-            hard.append(torch.logsumexp(logits, 0) - torch.logsumexp(logits[idx], 0))
-    if hard:
-        loss = loss + torch.stack(hard).mean()
-    return loss
+    """The guidance loss of a batch of (citing sentence, its cited paper): the grouped loss with groups of one (each
+    citance against every paper of the batch, max-sim, plus the hard-negative term over its own paper's sentences)."""
+    return _grouped_guidance_loss(pool, [([c], p) for c, p in batch], t)
 
 
 def _grouped_guidance_loss(pool: _Pooler, batch: list[tuple[list[CitingSentence], CitedPaper]], t: float):
