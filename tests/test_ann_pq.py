@@ -12,7 +12,7 @@ import sqlite3
 import numpy as np
 import pytest
 
-from tests.test_recall import _cli, _numpy_truth, csfcube_index
+from tests.test_recall import _cli, csfcube_index, first_stage_recalls
 
 N_PAPERS = 700  # ~4,800 rows: background and method past the PQ's minimum (1,000 rows), result and other below it
 QUERIES = 30
@@ -40,7 +40,6 @@ def test_writer_builds_pq_fastscan_calibrated_for_nprobe_and_refine(csfcube_pq):
 
 def test_check_recall_on_pq_agrees_with_numpy_and_meets_the_target(csfcube_pq):
     from esqbe.backends.embedded.backend import EmbeddedBackend
-    from esqbe.domain import FirstStageRequest
 
     cal = json.loads(_cli("stats", "--path", str(csfcube_pq), "--json"))["knn_calibration"]
     report = json.loads(_cli("check", "recall", "--path", str(csfcube_pq), "--queries", str(QUERIES), "--json"))
@@ -51,16 +50,7 @@ def test_check_recall_on_pq_agrees_with_numpy_and_meets_the_target(csfcube_pq):
         for facet in ("background", "method"):
             c = cal[facet]
             assert by_facet[facet]["setting"] == f"ivf nprobe {c['nprobe']} refine {c['refine']} (calibrated)"
-            recalls = []
-            for pid in ids:
-                query = everything[pid]
-                if not query.paper.facet_indices(facet):
-                    continue
-                truth = _numpy_truth(everything, query, facet, 100)
-                q = query.vectors[query.paper.facet_indices(facet)]
-                found = b.first_stage(FirstStageRequest(text="", vectors=q, facet=facet, k=100, knn_k=100, bm25_k=0,
-                                                        exclude=frozenset({pid}), fusion="knn", with_papers=False))
-                recalls.append(len(set(truth) & {c.paper_id for c in found}) / len(truth))
+            recalls = first_stage_recalls(b, everything, ids, facet)
             mean = by_facet[facet]["recall"]["@100"]["mean"]
             assert abs(mean - np.mean(recalls)) <= 0.02, (facet, mean, np.mean(recalls))
             assert mean >= 0.95, by_facet[facet]

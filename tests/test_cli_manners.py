@@ -100,3 +100,15 @@ def test_the_score_column_is_called_a_score_and_the_position_is_said_to_be_one(p
     assert "score: what this query sorted by" in r.output and "the number before each hit is its position" in r.output
     rows = re.findall(r"^\s+(\d+)\. sim (\S+)\s+score (\S+)\s", r.output, flags=re.M)
     assert [int(n) for n, _, _ in rows] == [1, 2, 3] and " rank " not in r.output
+
+
+@pytest.mark.parametrize("args", [["train-tagger", "--token-stride", "100000"], ["train-tagger", "--token-stride", "0"],
+                                  ["train-encoder", "--group", "100000"], ["train-encoder", "--group", "0"]])
+def test_training_sizes_are_bounded_before_any_work(args):
+    # --token-stride and --group (session 8) are bounded integers: a usage error (exit 2), nothing loaded or trained
+    from click.testing import CliRunner
+
+    from cli import main
+
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and "is not in the range" in r.output and "Traceback" not in r.output

@@ -40,6 +40,23 @@ def csfcube_ivf(tmp_path_factory, encoder):
     return csfcube_index(tmp_path_factory.mktemp("csfcube-ivf"), encoder, N_PAPERS, EXACT_THRESHOLD)
 
 
+def first_stage_recalls(b, everything, ids, facet: str) -> list[float]:
+    """recall@100 of the first stage's facet kNN against numpy's exact truth, per sample paper with that facet."""
+    from esqbe.domain import FirstStageRequest
+
+    recalls = []
+    for pid in ids:
+        query = everything[pid]
+        if not query.paper.facet_indices(facet):
+            continue
+        truth = _numpy_truth(everything, query, facet, 100)
+        q = query.vectors[query.paper.facet_indices(facet)]
+        found = b.first_stage(FirstStageRequest(text="", vectors=q, facet=facet, k=100, knn_k=100, bm25_k=0,
+                                                exclude=frozenset({pid}), fusion="knn", with_papers=False))
+        recalls.append(len(set(truth) & {c.paper_id for c in found}) / len(truth))
+    return recalls
+
+
 def _cli(*args, env=None):
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ESQBE_")}
     run = subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, capture_output=True, text=True,
@@ -70,7 +87,6 @@ def _numpy_truth(everything, query, facet: str, k: int) -> list[str]:
 
 def test_check_recall_agrees_with_numpy_over_the_stored_vectors(csfcube_ivf):
     from esqbe.backends.embedded.backend import EmbeddedBackend
-    from esqbe.domain import FirstStageRequest
 
     report = json.loads(_cli("check", "recall", "--path", str(csfcube_ivf), "--queries", str(QUERIES), "--json"))
     by_facet = {f["facet"]: f for f in report["facets"]}
@@ -80,16 +96,7 @@ def test_check_recall_agrees_with_numpy_over_the_stored_vectors(csfcube_ivf):
         ids, _ = b.sample_papers(QUERIES, 0)  # the same seeded sample the command drew
         for facet in ("background", "method", "result"):
             assert by_facet[facet]["setting"].startswith("ivf nprobe"), by_facet[facet]  # the ANN, not exact
-            recalls = []
-            for pid in ids:
-                query = everything[pid]
-                if not query.paper.facet_indices(facet):
-                    continue
-                truth = _numpy_truth(everything, query, facet, 100)
-                q = query.vectors[query.paper.facet_indices(facet)]
-                found = b.first_stage(FirstStageRequest(text="", vectors=q, facet=facet, k=100, knn_k=100, bm25_k=0,
-                                                        exclude=frozenset({pid}), fusion="knn", with_papers=False))
-                recalls.append(len(set(truth) & {c.paper_id for c in found}) / len(truth))
+            recalls = first_stage_recalls(b, everything, ids, facet)
             assert by_facet[facet]["queries"] == len(recalls)
             assert abs(by_facet[facet]["recall"]["@100"]["mean"] - np.mean(recalls)) <= 0.02, (facet, np.mean(recalls))
 

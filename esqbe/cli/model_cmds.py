@@ -54,7 +54,7 @@ def _summary_line(summary: dict) -> str:
 @click.option("--tuned-layers", type=click.IntRange(min=0), help="Top encoder layers the tagger copies and fine-tunes "
               "(default: the shipped MiniLM tagger's, 2; 0: a head over the encoder's final states, for non-BERT models such as MPNet).")
 @click.option("--pool", type=click.Choice(["mean", "mean+attn"]), help="How a sentence's tokens are pooled (default: mean).")
-@click.option("--token-stride", "stride", type=click.IntRange(min=1), help="Average each sentence's tokens in groups of "
+@click.option("--token-stride", "stride", type=click.IntRange(1, 64), help="Average each sentence's tokens in groups of "
               "this many before the copied layers: shorter rows, cheaper tagging (default: the shipped MiniLM tagger's, 4; 1: every token).")
 @click_options("train-tagger")
 @handle_errors
@@ -139,7 +139,7 @@ def train_words_cmd(sources, out_path, index_path, dim, min_count, window, epoch
 @click.option("--cache/--no-cache", "cache", default=True, show_default=True, help="Run the frozen layers below the adapter once per text, not every step (the same adapter, several times faster).")
 @click.option("--frozen-dropout", is_flag=True, help="Dropout in the frozen layers too, as the first shipped adapter (citations-minilm) was trained; needs --no-cache.")
 @click.option("--batch", type=click.IntRange(min=2), help="Papers per batch (in-batch negatives).")
-@click.option("--group", type=click.IntRange(min=1), help="Citing sentences of one paper per batch, its abstract encoded once for them (default 1: one each).")
+@click.option("--group", type=click.IntRange(1, 1024), help="Citing sentences of one paper per batch, its abstract encoded once for them (default 1: one each).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="CPU threads (the same seed and threads give the same weights).")
 @handle_errors
