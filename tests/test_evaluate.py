@@ -80,3 +80,49 @@ def test_eval_checks_the_collections_sample_run(tmp_path):
     with pytest.raises(ValueError, match="method MAP"):
         check_conformance(str(copy))
     assert check_conformance(str(tmp_path)) is None  # no conformance/ folder: nothing to check
+
+
+def test_eval_names_and_commands_the_encoder_runtime(tmp_path, mini_release):
+    """`esqbe eval csfcube --encoder-backend torch` ranks with another runtime's vectors than a fresh `auto` run
+    (onnx-int8 on CPU): its run was named `default` and its printed command left the flag out, so the two runs
+    overwrote each other in results.json and the command, run as printed, ranked with the other runtime (and,
+    naming ../shared/data/csfcube-dev whatever --data was, another collection). Now the run is named and commanded
+    by its runtime and data, and the printed command, run again on a fresh index, gives the same name, command and
+    figures."""
+    import shlex
+
+    from esqbe.evaluation.evaluate import backend_flag, resolved_backend
+    from esqbe.settings.config import Settings
+
+    if backend_flag(Settings(), "torch") is None:
+        pytest.skip(f"auto picks torch here ({resolved_backend(Settings())}): nothing to name")
+
+    def run(args, where):
+        out = tmp_path / f"out-{where}"
+        r = CliRunner().invoke(main, args + ["--index-path", str(tmp_path / f"ix-{where}"), "--out", str(out)],
+                               catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        return r.output, json.loads((out / "results.json").read_text())
+
+    text, results = run(["eval", "csfcube", "--data", str(mini_release), "--encoder-backend", "torch"], "first")
+    (name, entry), = results.items()
+    assert name == "backend-torch" and entry["config"]["encoder_backend"] == "torch"
+    assert entry["command"].endswith("--encoder-backend torch"), entry["command"]
+    assert f"{name} — split dev" in text
+    printed = shlex.split(entry["command"])
+    assert printed[:3] == ["esqbe", "eval", "csfcube"]
+    _, again = run(printed[1:], "again")
+    assert list(again) == [name] and again[name]["command"] == entry["command"]
+    assert again[name]["splits"] == entry["splits"]
+
+
+def test_clscisumm_default_index_is_the_runtimes_own():
+    """`esqbe eval clscisumm`'s default index path ignored the runtime: a `--encoder-backend torch` run found the
+    `auto` run's index (other vectors) at the same path. Each runtime now has its own default index."""
+    from esqbe.evaluation.clscisumm import default_index_path
+    from esqbe.evaluation.evaluate import backend_flag
+    from esqbe.settings.config import Settings
+
+    other = "torch" if backend_flag(Settings(), "torch") else "onnx-int8"
+    assert default_index_path(Settings()) != default_index_path(Settings(encoder_backend=other))
+    assert default_index_path(Settings()) == default_index_path(Settings(encoder_backend="auto"))

