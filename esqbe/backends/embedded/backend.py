@@ -225,13 +225,14 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         if self._vec_fd is None:
             self._vec_fd = os.open(self.path / "vectors.f16", os.O_RDONLY)
         width = st.dim * out.itemsize
-        at = 0
-        for start, n in zip(np.asarray(starts, dtype=np.int64).tolist(), lengths.tolist()):
-            if n:
-                # numpy's stubs do not declare the buffer protocol arrays have
-                if os.preadv(self._vec_fd, [out[at : at + n]], start * width) != n * width:  # type: ignore[list-item]
+        # byte slices of a memoryview: cheaper per read than array slices (numpy's stubs miss the buffer protocol)
+        buf = memoryview(out).cast("B")  # type: ignore[arg-type]
+        fd, at = self._vec_fd, 0
+        for offset, size in zip((np.asarray(starts, dtype=np.int64) * width).tolist(), (lengths * width).tolist()):
+            if size:
+                if os.preadv(fd, [buf[at : at + size]], offset) != size:
                     raise StorageError(f"{self.path / 'vectors.f16'} is shorter than the index's committed rows")
-                at += n
+                at += size
         return out
 
     def pnos(self, paper_ids: Iterable[str]) -> np.ndarray:

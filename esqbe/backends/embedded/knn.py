@@ -37,16 +37,20 @@ class KnnMixin(EmbeddedHost):
         if lengths.sum() == 0:
             return np.zeros(0, dtype=np.int64), np.zeros((0, len(q)), dtype=np.float32)
         rows = np.repeat(starts - np.cumsum(np.r_[0, lengths[:-1]]), lengths) + np.arange(lengths.sum())
-        vectors = self._read_rows(st, starts, lengths)  # every row of the papers, one read per paper
-        if codes is not None:
-            of_facets = np.isin(np.asarray(st.facet[rows]), codes)
-            rows, vectors = rows[of_facets], vectors[of_facets]
+        papers = np.repeat(pnos.astype(np.int64), lengths)  # the paper of each row, from its range
+        if codes is not None:  # only the facet's rows are read (about half a paper's rows)
+            facet = np.asarray(st.facet[rows])
+            of_facets = facet == codes[0] if len(codes) == 1 else np.isin(facet, codes)
+            rows, papers = rows[of_facets], papers[of_facets]
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros((0, len(q)), dtype=np.float32)
-        sims = vectors.astype(np.float32) @ q.T
-        papers = np.asarray(st.pno[rows])
+        runs = np.flatnonzero(np.r_[True, np.diff(rows) != 1])  # a paper's facet rows are one run or a few
+        vectors = self._read_rows(st, rows[runs], np.diff(np.r_[runs, len(rows)]))
+        # q.T made contiguous: OpenBLAS multiplies (rows, dim) by a contiguous (dim, m) ~3-10x faster than by a
+        # transposed view on this machine (docs/performance.md, session 9), with the same products
+        sims = vectors.astype(np.float32) @ np.ascontiguousarray(q.T)
         first = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
-        return papers[first].astype(np.int64), np.maximum.reduceat(sims, first, axis=0)
+        return papers[first], np.maximum.reduceat(sims, first, axis=0)
 
     def knn(self, vectors: np.ndarray, k: int, *, facet: str | None = None, exclude: frozenset[str] = frozenset(),
             restrict_to: frozenset[str] | None = None, allowed: np.ndarray | None = None,
