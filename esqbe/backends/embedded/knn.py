@@ -9,7 +9,7 @@ from ...domain import FACET_LABELS
 from .ann import _search_one_thread
 from .host import EmbeddedHost
 from .layout import _FACET_CODES, _State
-from .recall import ann_candidates, ann_hits
+from .recall import ann_candidate_scores, ann_hits, capped_union
 
 
 class KnnMixin(EmbeddedHost):
@@ -84,7 +84,8 @@ class KnnMixin(EmbeddedHost):
                 return self._top_papers(papers, best, k)
         if exact:
             return self._top_papers(*self._brute_force(st, codes, banned, q, k), k)
-        cand = []
+        cand, ann_cand = [], []
+        floor = 0  # the cap never keeps fewer papers than one query sentence re-scores (refine * k)
         for code in codes:
             index = self._ann(st, code)
             if index is not None:
@@ -106,8 +107,9 @@ class KnnMixin(EmbeddedHost):
                     sp.sel = sel
                 sims, ids = _search_one_thread(index, q, kk, sp)
                 # the refine * k papers with the best approximate sentence score go to exact re-scoring (the same
-                # rule the recall calibration counts with; 2k for an IVF-SQ8)
-                cand.extend(ann_candidates(ids[:m], sims[:m], k, refine))
+                # rule the recall calibration counts with; 2k for an IVF-SQ8), their union capped below
+                ann_cand.extend(ann_candidate_scores(ids[:m], sims[:m], k, refine))
+                floor = max(floor, refine * k)
             idx, mat = self._delta(st, code)
             if len(idx):
                 sims = mat @ q.T
@@ -126,6 +128,11 @@ class KnnMixin(EmbeddedHost):
                     kd = min(k, len(pp))
                     top = np.argpartition(-best, kd - 1, axis=0)[:kd]  # (kd, m)
                     cand.append(pp[top.ravel()])
+        if ann_cand:
+            # a many-sentence query re-scores at most `exact_cap` papers (those best by summed approximate score):
+            # m sentences x refine * k papers made p99 grow with m (docs/performance.md, session 9)
+            cap = int(params["exact_cap"])
+            cand.append(capped_union(ann_cand, max(cap, floor) if cap > 0 else 0))
         if not cand:
             return {}
         pool = np.unique(np.concatenate(cand).astype(np.int64))
