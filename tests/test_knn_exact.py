@@ -64,3 +64,30 @@ def test_exact_rescore_of_no_rows(small_index):
         st = b._state()
         papers, best = b._exact_best(st, np.zeros(0, dtype=np.int64), [0], np.ones((2, st.dim), dtype=np.float32))
     assert papers.shape == (0,) and best.shape == (0, 2)
+
+
+def test_paper_ids_of_numbers_read_from_a_covering_index(index_dir_30, tmp_path):
+    """The kNN's hits are named from the index (pno, paper_id) alone, not the papers' rows (issue 23); an index
+    written before that index gets it from its next writer."""
+    import shutil
+    import sqlite3
+
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+
+    path = tmp_path / "index"
+    shutil.copytree(index_dir_30, path)
+    db = sqlite3.connect(path / "papers.sqlite")
+    db.execute("DROP INDEX IF EXISTS papers_pno_id")  # as an index made before it
+    db.commit()
+    db.close()
+    with EmbeddedBackend(path, create=False) as b:
+        pnos = b.pnos(b.paper_ids()[:5])
+        ids = b._ids_of(pnos)
+        assert sorted(ids.values()) == sorted(b.paper_ids()[:5])
+        b.configure(nprobe=8)  # a writer
+        traced: list[str] = []
+        b._db.set_trace_callback(traced.append)
+        assert b._ids_of(pnos) == ids
+        b._db.set_trace_callback(None)
+        plan = b._db.execute("EXPLAIN QUERY PLAN " + traced[-1]).fetchall()
+    assert "COVERING INDEX papers_pno_id" in str(plan), plan

@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS papers (
     facets TEXT NOT NULL, metadata TEXT NOT NULL, content_hash TEXT NOT NULL, token_counts TEXT,
     row_start INTEGER NOT NULL, n_rows INTEGER NOT NULL, text_indexed INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS papers_pending ON papers(text_indexed) WHERE text_indexed = 0;
+CREATE INDEX IF NOT EXISTS papers_pno_id ON papers(pno, paper_id);
 CREATE TABLE IF NOT EXISTS dead (pno INTEGER PRIMARY KEY, row_start INTEGER NOT NULL, n_rows INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS text_deletes (paper_id TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS token_counts (token TEXT PRIMARY KEY, count INTEGER NOT NULL);
