@@ -132,7 +132,8 @@ class KnnMixin(EmbeddedHost):
             # a many-sentence query re-scores at most `exact_cap` papers (those best by summed approximate score):
             # m sentences x refine * k papers made p99 grow with m (docs/performance.md, session 9)
             cap = int(params["exact_cap"])
-            cand.append(capped_union(ann_cand, max(cap, floor) if cap > 0 else 0))
+            cand.append(capped_union(ann_cand, max(cap, floor) if cap > 0 else 0,
+                                     lambda p: ~st.dead[p] & ~np.isin(p, banned)))  # a retired or excluded paper takes no place
         if not cand:
             return {}
         pool = np.unique(np.concatenate(cand).astype(np.int64))

@@ -111,16 +111,19 @@ def ann_candidate_scores(ids: np.ndarray, sims: np.ndarray, k: int, refine: int 
     return out
 
 
-def capped_union(candidates: list[tuple[np.ndarray, np.ndarray]], cap: int) -> np.ndarray:
-    """The papers of all query sentences' candidates (sorted), at most `cap` of them (0: no cap): those with the
-    highest sum over query sentences of their approximate score, the sentences whose candidates they are not
-    counting 0, as the nested-kNN score counts a sentence whose top k a paper is not in."""
+def capped_union(candidates: list[tuple[np.ndarray, np.ndarray]], cap: int, live=None) -> np.ndarray:
+    """The papers of all query sentences' candidates (sorted), those `live(papers)` (a mask) keeps, at most `cap` of them
+    (0: no cap): those with the highest sum over query sentences of their approximate score, a sentence whose
+    candidates a paper is not among counting 0, as the nested-kNN score counts a sentence whose top k it is not in."""
     if not candidates:
         return np.zeros(0, dtype=np.int64)
     papers, inverse = np.unique(np.concatenate([c[0] for c in candidates]).astype(np.int64), return_inverse=True)
+    total = np.bincount(inverse, weights=np.concatenate([c[1] for c in candidates]), minlength=len(papers))
+    if live is not None:
+        ok = live(papers)
+        papers, total = papers[ok], total[ok]
     if cap <= 0 or len(papers) <= cap:
         return papers
-    total = np.bincount(inverse, weights=np.concatenate([c[1] for c in candidates]), minlength=len(papers))
     return np.sort(papers[np.argpartition(-total, cap - 1)[:cap]])
 
 
