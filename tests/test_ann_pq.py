@@ -101,3 +101,49 @@ def test_an_ivf_sq8_entry_written_before_pq_still_queries(csfcube_pq, tmp_path):
     assert report["recall"]["@100"]["mean"] >= 0.95, report
     with EmbeddedBackend(path, create=False) as b:
         assert b.refine_for("result") == 2 and b.refine_for("background") == manifest["background"]["refine"]
+
+
+def test_exact_cap_bounds_the_papers_a_many_sentence_query_rescores(csfcube_pq, tmp_path):
+    """`exact_cap` (issue 23, session 9): a query of many sentences re-scores at most max(exact_cap, refine * k) of the
+    ANN's papers, those with the best approximate score summed over its sentences; 0 re-scores the union of every
+    sentence's refine * k, as before session 9. The default (2,000) is past any union of this small index."""
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+
+    path = tmp_path / "capped"
+    shutil.copytree(csfcube_pq, path)
+    with EmbeddedBackend(path, create=False) as b:
+        everything = b.get(b.paper_ids())
+        queries = sorted(everything, key=lambda p: (-len(everything[p].paper.facet_indices("background")), p))[:4]
+        refine = b.refine_for("background")
+        rescored: list[int] = []
+        orig = b._exact_best
+
+        def counting(st, pnos, *a, **kw):
+            rescored.append(len(np.unique(pnos)))
+            return orig(st, pnos, *a, **kw)
+
+        b._exact_best = counting
+        got = {}
+        for cap in (0, 1, 10_000):  # 1 is raised to refine * k; 10,000 is past any union here
+            b.configure(exact_cap=cap)
+            rescored.clear()
+            got[cap] = []
+            for pid in queries:
+                q = everything[pid].vectors[everything[pid].paper.facet_indices("background")]
+                got[cap].append(b.knn(q, 100, facet="background", exclude=frozenset({pid})))
+            counts = list(rescored)
+            if cap == 0:
+                union = counts
+                assert min(counts) > refine * 100, counts  # these queries' unions are past one sentence's papers
+            elif cap == 1:
+                assert counts == [refine * 100] * len(queries), counts  # the query paper itself takes no place
+            else:
+                assert counts == union and got[cap] == got[0]  # a cap past the union changes nothing
+        # the capped queries keep most of the uncapped top 10 (the papers best on many sentences)
+        kept = [len(set(_top10(a)) & set(_top10(c))) / 10 for a, c in zip(got[0], got[1])]
+        assert np.mean(kept) >= 0.8, kept
+    assert json.loads(_cli("stats", "--path", str(path), "--json"))["knn_params"]["exact_cap"] == 10_000
+
+
+def _top10(scores: dict[str, float]) -> list[str]:
+    return sorted(scores, key=lambda p: (-scores[p], p))[:10]

@@ -95,6 +95,7 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         self._ann_cache: dict[str, tuple[object, bool]] = {}  # ANN file -> (faiss index, read into memory)
         self._vec_fd: int | None = None  # vectors.f16, read with pread by queries (_read_rows)
         self._meta_cols: tuple[int, MetadataColumns] | None = None  # (generation, columns) for filters
+        self._pno_index = False  # papers_pno_id seen in this index (_ids_of)
         db = self.path / "papers.sqlite"
         if not self.path.exists():
             if not create:
@@ -225,13 +226,14 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         if self._vec_fd is None:
             self._vec_fd = os.open(self.path / "vectors.f16", os.O_RDONLY)
         width = st.dim * out.itemsize
-        at = 0
-        for start, n in zip(np.asarray(starts, dtype=np.int64).tolist(), lengths.tolist()):
-            if n:
-                # numpy's stubs do not declare the buffer protocol arrays have
-                if os.preadv(self._vec_fd, [out[at : at + n]], start * width) != n * width:  # type: ignore[list-item]
+        # byte slices of a memoryview: cheaper per read than array slices (numpy's stubs miss the buffer protocol)
+        buf = memoryview(out).cast("B")  # type: ignore[arg-type]
+        fd, at = self._vec_fd, 0
+        for offset, size in zip((np.asarray(starts, dtype=np.int64) * width).tolist(), (lengths * width).tolist()):
+            if size:
+                if os.preadv(fd, [buf[at : at + size]], offset) != size:
                     raise StorageError(f"{self.path / 'vectors.f16'} is shorter than the index's committed rows")
-                at += n
+                at += size
         return out
 
     def pnos(self, paper_ids: Iterable[str]) -> np.ndarray:
@@ -243,9 +245,15 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         return np.unique(np.asarray(out, dtype=np.int64))
 
     def _ids_of(self, pnos: np.ndarray) -> dict[int, str]:
+        """Paper ids of paper numbers, read from the covering index papers_pno_id where the index has it (a writer adds
+        it to an index made before it): the kNN's few hundred hits per query, ~0.7 ms at 1M papers against ~5 ms
+        through the papers' rows (SQLite's planner picks the unique pno index, hence INDEXED BY)."""
+        if not self._pno_index:
+            self._pno_index = bool(self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'papers_pno_id'").fetchone())
+        table = "papers INDEXED BY papers_pno_id" if self._pno_index else "papers"
         out = {}
         for chunk in _chunks([int(p) for p in pnos], 900):
-            q = f"SELECT pno, paper_id FROM papers WHERE pno IN ({','.join('?' * len(chunk))})"
+            q = f"SELECT pno, paper_id FROM {table} WHERE pno IN ({','.join('?' * len(chunk))})"
             out.update(dict(self._db.execute(q, chunk).fetchall()))
         return out
 

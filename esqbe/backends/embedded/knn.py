@@ -9,7 +9,7 @@ from ...domain import FACET_LABELS
 from .ann import _search_one_thread
 from .host import EmbeddedHost
 from .layout import _FACET_CODES, _State
-from .recall import ann_candidates, ann_hits
+from .recall import ann_candidate_scores, ann_hits, capped_union
 
 
 class KnnMixin(EmbeddedHost):
@@ -37,16 +37,20 @@ class KnnMixin(EmbeddedHost):
         if lengths.sum() == 0:
             return np.zeros(0, dtype=np.int64), np.zeros((0, len(q)), dtype=np.float32)
         rows = np.repeat(starts - np.cumsum(np.r_[0, lengths[:-1]]), lengths) + np.arange(lengths.sum())
-        vectors = self._read_rows(st, starts, lengths)  # every row of the papers, one read per paper
-        if codes is not None:
-            of_facets = np.isin(np.asarray(st.facet[rows]), codes)
-            rows, vectors = rows[of_facets], vectors[of_facets]
+        papers = np.repeat(pnos.astype(np.int64), lengths)  # the paper of each row, from its range
+        if codes is not None:  # only the facet's rows are read (about half a paper's rows)
+            facet = np.asarray(st.facet[rows])
+            of_facets = facet == codes[0] if len(codes) == 1 else np.isin(facet, codes)
+            rows, papers = rows[of_facets], papers[of_facets]
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros((0, len(q)), dtype=np.float32)
-        sims = vectors.astype(np.float32) @ q.T
-        papers = np.asarray(st.pno[rows])
+        runs = np.flatnonzero(np.r_[True, np.diff(rows) != 1])  # a paper's facet rows are one run or a few
+        vectors = self._read_rows(st, rows[runs], np.diff(np.r_[runs, len(rows)]))
+        # q.T made contiguous: OpenBLAS multiplies (rows, dim) by a contiguous (dim, m) ~3-10x faster than by a
+        # transposed view on this machine (docs/performance.md, session 9), with the same products
+        sims = vectors.astype(np.float32) @ np.ascontiguousarray(q.T)
         first = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
-        return papers[first].astype(np.int64), np.maximum.reduceat(sims, first, axis=0)
+        return papers[first], np.maximum.reduceat(sims, first, axis=0)
 
     def knn(self, vectors: np.ndarray, k: int, *, facet: str | None = None, exclude: frozenset[str] = frozenset(),
             restrict_to: frozenset[str] | None = None, allowed: np.ndarray | None = None,
@@ -80,7 +84,8 @@ class KnnMixin(EmbeddedHost):
                 return self._top_papers(papers, best, k)
         if exact:
             return self._top_papers(*self._brute_force(st, codes, banned, q, k), k)
-        cand = []
+        cand, ann_cand = [], []
+        floor = 0  # the cap never keeps fewer papers than one query sentence re-scores (refine * k)
         for code in codes:
             index = self._ann(st, code)
             if index is not None:
@@ -102,8 +107,9 @@ class KnnMixin(EmbeddedHost):
                     sp.sel = sel
                 sims, ids = _search_one_thread(index, q, kk, sp)
                 # the refine * k papers with the best approximate sentence score go to exact re-scoring (the same
-                # rule the recall calibration counts with; 2k for an IVF-SQ8)
-                cand.extend(ann_candidates(ids[:m], sims[:m], k, refine))
+                # rule the recall calibration counts with; 2k for an IVF-SQ8), their union capped below
+                ann_cand.extend(ann_candidate_scores(ids[:m], sims[:m], k, refine))
+                floor = max(floor, refine * k)
             idx, mat = self._delta(st, code)
             if len(idx):
                 sims = mat @ q.T
@@ -122,6 +128,14 @@ class KnnMixin(EmbeddedHost):
                     kd = min(k, len(pp))
                     top = np.argpartition(-best, kd - 1, axis=0)[:kd]  # (kd, m)
                     cand.append(pp[top.ravel()])
+        if ann_cand:
+            # a many-sentence query re-scores at most `exact_cap` papers (those best by summed approximate score):
+            # m sentences x refine * k papers made p99 grow with m. A tighter cap distorts the nested-kNN score (a
+            # paper outside a sentence's true top k enters the top k of the fewer re-scored): at hard 1M a cap of
+            # 1,000 took recall@100 from 0.98 to 0.94, 1,500 to 0.976, 2,000 kept 0.980 (docs/performance.md)
+            cap = int(params["exact_cap"])
+            cand.append(capped_union(ann_cand, max(cap, floor) if cap > 0 else 0,
+                                     lambda p: ~st.dead[p] & ~np.isin(p, banned)))  # a retired or excluded paper takes no place
         if not cand:
             return {}
         pool = np.unique(np.concatenate(cand).astype(np.int64))

@@ -20,6 +20,9 @@ KNN_DEFAULTS = {
     "merge_threshold": 20_000,  # a writer folds a facet's delta into its ANN once the delta is past this
     "nprobe": 32,  # IVF lists visited per query sentence
     "oversample": 4,  # ANN sentence hits asked per query sentence, as a multiple of k
+    # papers from the ANN re-scored exactly per query, at most (0: all; never below refine * k): bounds a many-sentence
+    # query's re-score (12 sentences x 300 papers at refine 3) with recall@100 unchanged at hard 1M (docs/performance.md)
+    "exact_cap": 2_000,
     "bm25_max_df": 0.2,  # BM25 query terms in more than this fraction of the documents are dropped; see bm25()
 }
 _FACET_CODES = {f: i for i, f in enumerate(FACET_LABELS)}
@@ -30,6 +33,7 @@ CREATE TABLE IF NOT EXISTS papers (
     facets TEXT NOT NULL, metadata TEXT NOT NULL, content_hash TEXT NOT NULL, token_counts TEXT,
     row_start INTEGER NOT NULL, n_rows INTEGER NOT NULL, text_indexed INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS papers_pending ON papers(text_indexed) WHERE text_indexed = 0;
+CREATE INDEX IF NOT EXISTS papers_pno_id ON papers(pno, paper_id);
 CREATE TABLE IF NOT EXISTS dead (pno INTEGER PRIMARY KEY, row_start INTEGER NOT NULL, n_rows INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS text_deletes (paper_id TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS token_counts (token TEXT PRIMARY KEY, count INTEGER NOT NULL);

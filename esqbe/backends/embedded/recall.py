@@ -90,7 +90,12 @@ def ann_hits(k: int, oversample: int, refine: int = 2) -> int:
 
 def ann_candidates(ids: np.ndarray, sims: np.ndarray, k: int, refine: int = 2) -> list[np.ndarray]:
     """Per query, the papers the first stage re-scores exactly from the ANN's sentence hits: the `refine * k` best by
-    approximate score (`KnnMixin.knn` keeps them with this very function)."""
+    approximate score (`KnnMixin.knn` keeps them with this very rule, `ann_candidate_scores`)."""
+    return [papers for papers, _ in ann_candidate_scores(ids, sims, k, refine)]
+
+
+def ann_candidate_scores(ids: np.ndarray, sims: np.ndarray, k: int, refine: int = 2) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`ann_candidates` with each paper's best approximate score: per query, (papers, scores)."""
     out = []
     for hit_ids, hit_sims in zip(ids, sims):
         ok = hit_ids >= 0
@@ -100,9 +105,26 @@ def ann_candidates(ids: np.ndarray, sims: np.ndarray, k: int, refine: int = 2) -
         first = np.r_[True, hit_ids[1:] != hit_ids[:-1]]
         hit_ids, hit_sims = hit_ids[first], hit_sims[first]
         if len(hit_ids) > refine * k:
-            hit_ids = hit_ids[np.argpartition(-hit_sims, refine * k - 1)[: refine * k]]
-        out.append(hit_ids)
+            top = np.argpartition(-hit_sims, refine * k - 1)[: refine * k]
+            hit_ids, hit_sims = hit_ids[top], hit_sims[top]
+        out.append((hit_ids, hit_sims))
     return out
+
+
+def capped_union(candidates: list[tuple[np.ndarray, np.ndarray]], cap: int, live=None) -> np.ndarray:
+    """The papers of all query sentences' candidates (sorted), those `live(papers)` (a mask) keeps, at most `cap` of them
+    (0: no cap): those with the highest sum over query sentences of their approximate score, a sentence whose
+    candidates a paper is not among counting 0, as the nested-kNN score counts a sentence whose top k it is not in."""
+    if not candidates:
+        return np.zeros(0, dtype=np.int64)
+    papers, inverse = np.unique(np.concatenate([c[0] for c in candidates]).astype(np.int64), return_inverse=True)
+    total = np.bincount(inverse, weights=np.concatenate([c[1] for c in candidates]), minlength=len(papers))
+    if live is not None:
+        ok = live(papers)
+        papers, total = papers[ok], total[ok]
+    if cap <= 0 or len(papers) <= cap:
+        return papers
+    return np.sort(papers[np.argpartition(-total, cap - 1)[:cap]])
 
 
 def recall_of(found: list[np.ndarray], truth: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from ...domain import IndexedPaper, UpsertResult, paper_problem
-from ...errors import BackendError, StorageError
+from ...errors import BackendError
 from .host import EmbeddedHost
 from .layout import _FACET_CODES, VECTOR_DTYPE, _chunks
 
@@ -103,8 +103,8 @@ class WritesMixin(EmbeddedHost):
             if rows > start:
                 try:
                     self._append_rows(start, np.concatenate(vecs), np.concatenate(pnos), np.concatenate(facets))
-                except OSError as e:
-                    raise StorageError(f"cannot write vectors to {self.path}: {e.strerror}") from None
+                except OSError as e:  # an OSError still, so that the index run words it as any other (disk full, read-only)
+                    raise OSError(e.errno, f"cannot write vectors to {self.path}: {e.strerror}") from None
             if inserts or retired:
                 self._set("rows", rows)
                 self._set("next_pno", next_pno)

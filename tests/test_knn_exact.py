@@ -1,0 +1,93 @@
+"""The exact re-score of the kNN's candidate papers (`KnnMixin._exact_best`, issue 23) on a real index: the best
+cosine per (paper, query sentence) over the papers' rows of the facet, as numpy computes it from the stored vectors,
+reading only those rows from the vector file."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def _truth(everything, pids, facet, q):
+    """Per paper with rows of `facet` (all rows if None), in paper-number order: its best cosine per query row."""
+    out = {}
+    for pid in pids:
+        p = everything[pid]
+        idx = list(range(len(p.paper.sentences))) if facet is None else p.paper.facet_indices(facet)
+        if idx:
+            out[pid] = (p.vectors[idx].astype(np.float64) @ q.T.astype(np.float64)).max(axis=0)
+    return out
+
+
+@pytest.mark.parametrize("facet", ["background", "method", "result", None])
+def test_exact_rescore_is_numpys_best_cosine_and_reads_only_the_facets_rows(small_index, facet):
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+    from esqbe.backends.embedded.layout import _FACET_CODES
+
+    with EmbeddedBackend(small_index.backend.path, create=False) as b:
+        _check_exact_best(b, _FACET_CODES, facet)
+
+
+def _check_exact_best(b, facet_codes, facet):
+    st = b._state()
+    everything = b.get(b.paper_ids())
+    pids = sorted(everything)[::2] + ["no-such-paper"]  # every other paper; an id with no number is dropped
+    pnos = b.pnos(pids)
+    q = np.stack([everything[pids[0]].vectors[0], everything[pids[1]].vectors[-1], everything[pids[2]].vectors[1]])
+    read = []
+    orig = b._read_rows
+
+    def counting(st_, starts, lengths):
+        read.append(int(np.sum(lengths)))
+        return orig(st_, starts, lengths)
+
+    b._read_rows = counting
+    try:
+        codes = None if facet is None else [facet_codes[facet]]
+        papers, best = b._exact_best(st, np.r_[pnos, pnos[:3]], codes, q)  # repeats are one paper
+    finally:
+        del b._read_rows
+    truth = _truth(everything, pids[:-1], facet, q)
+    ids = b._ids_of(papers)
+    assert [ids[int(p)] for p in papers] == sorted(truth, key=lambda pid: int(b.pnos([pid])[0]))
+    for p, row in zip(papers, best):
+        np.testing.assert_allclose(row, truth[ids[int(p)]], rtol=0, atol=2e-6)
+    # the vector file is read for the facet's rows only (all of a paper's rows when no facet is asked)
+    n_rows = sum(len(everything[pid].paper.sentences if facet is None else everything[pid].paper.facet_indices(facet))
+                 for pid in pids[:-1])
+    assert sum(read) == n_rows, (sum(read), n_rows)
+
+
+def test_exact_rescore_of_no_rows(small_index):
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+
+    with EmbeddedBackend(small_index.backend.path, create=False) as b:
+        st = b._state()
+        papers, best = b._exact_best(st, np.zeros(0, dtype=np.int64), [0], np.ones((2, st.dim), dtype=np.float32))
+    assert papers.shape == (0,) and best.shape == (0, 2)
+
+
+def test_paper_ids_of_numbers_read_from_a_covering_index(index_dir_30, tmp_path):
+    """The kNN's hits are named from the index (pno, paper_id) alone, not the papers' rows (issue 23); an index
+    written before that index gets it from its next writer."""
+    import shutil
+    import sqlite3
+
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+
+    path = tmp_path / "index"
+    shutil.copytree(index_dir_30, path)
+    db = sqlite3.connect(path / "papers.sqlite")
+    db.execute("DROP INDEX IF EXISTS papers_pno_id")  # as an index made before it
+    db.commit()
+    db.close()
+    with EmbeddedBackend(path, create=False) as b:
+        pnos = b.pnos(b.paper_ids()[:5])
+        ids = b._ids_of(pnos)
+        assert sorted(ids.values()) == sorted(b.paper_ids()[:5])
+        b.configure(nprobe=8)  # a writer
+        traced: list[str] = []
+        b._db.set_trace_callback(traced.append)
+        assert b._ids_of(pnos) == ids
+        b._db.set_trace_callback(None)
+        plan = b._db.execute("EXPLAIN QUERY PLAN " + traced[-1]).fetchall()
+    assert "COVERING INDEX papers_pno_id" in str(plan), plan
