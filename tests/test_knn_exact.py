@@ -91,3 +91,22 @@ def test_paper_ids_of_numbers_read_from_a_covering_index(index_dir_30, tmp_path)
         b._db.set_trace_callback(None)
         plan = b._db.execute("EXPLAIN QUERY PLAN " + traced[-1]).fetchall()
     assert "COVERING INDEX papers_pno_id" in str(plan), plan
+
+
+@pytest.mark.parametrize("params", [{"exact_cap": -1}, {"exact_cap": float("nan")}, {"nprobe": 0}, {"nprobe": 2.5},
+                                    {"oversample": True}, {"exact_cap": "2000"}, {"bm25_max_df": 0.0},
+                                    {"bm25_max_df": float("inf")}, {"merge_threshold": 10**12}])
+def test_first_stage_parameters_are_bounded(tmp_path, params):
+    """`configure` stored whatever `type(default)(value)` made of a value: -1, NaN (a ValueError traceback), "2000",
+    True, 2.5 (truncated to 2). Each is now refused with the parameter's range, and nothing is stored."""
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+    from esqbe.errors import BackendError
+
+    b = EmbeddedBackend(tmp_path / "ix")
+    before = b.knn_params()
+    with pytest.raises(BackendError, match=f"kNN parameter {next(iter(params))} must be"):
+        b.configure(**params)
+    assert b.knn_params() == before
+    b.configure(exact_cap=1500, bm25_max_df=1.0, nprobe=np.int64(64))  # in range, numpy integers too
+    assert (b.knn_params()["exact_cap"], b.knn_params()["nprobe"]) == (1500, 64)
+    b.close()

@@ -32,6 +32,8 @@ read-only directory. A second writer waits for the first, saying so on stderr.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import wait as futures_wait
@@ -58,6 +60,7 @@ from .layout import (
     _FACET_CODES,
     FORMAT_VERSION,
     KNN_DEFAULTS,
+    KNN_LIMITS,
     VECTOR_DTYPE,
     _chunks,
     _dir_size,
@@ -67,6 +70,18 @@ from .layout import (
 from .lock import WriteLockMixin
 from .textindex import TextIndexMixin, _query_terms
 from .writes import WritesMixin
+
+
+def _knn_param(name: str, value) -> int | float:
+    """A first-stage parameter checked: a finite number of the default's type, within `KNN_LIMITS`."""
+    kind, (low, high) = type(KNN_DEFAULTS[name]), KNN_LIMITS[name]
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and kind is int and value != int(value):
+        ok = False
+    if not ok or not low <= value <= high:
+        raise BackendError(f"kNN parameter {name} must be {'an integer' if kind is int else 'a number'} "
+                           f"from {low:g} to {high:g} (got {value!r})")
+    return kind(value)
 
 
 class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, KnnMixin, Backend):
@@ -167,10 +182,10 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         unknown = set(params) - set(KNN_DEFAULTS)
         if unknown:
             raise BackendError(f"unknown kNN parameter(s) {', '.join(sorted(unknown))}; known: {', '.join(KNN_DEFAULTS)}")
+        checked = {k: _knn_param(k, v) for k, v in params.items()}
         self._acquire_write()
         with self._tx():
-            self._set("knn_params", {**self._setting("knn_params", {}),
-                                     **{k: type(KNN_DEFAULTS[k])(v) for k, v in params.items()}})
+            self._set("knn_params", {**self._setting("knn_params", {}), **checked})
             self._bump_generation()
 
     def meta(self) -> IndexMeta | None:

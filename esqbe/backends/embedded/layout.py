@@ -25,6 +25,9 @@ KNN_DEFAULTS = {
     "exact_cap": 2_000,
     "bm25_max_df": 0.2,  # BM25 query terms in more than this fraction of the documents are dropped; see bm25()
 }
+#: the range each first-stage parameter may take (`EmbeddedBackend.configure` refuses others)
+KNN_LIMITS = {"exact_threshold": (0, 10**9), "merge_threshold": (1, 10**9), "nprobe": (1, 1 << 20),
+              "oversample": (1, 64), "exact_cap": (0, 10**7), "bm25_max_df": (1e-6, 1.0)}
 _FACET_CODES = {f: i for i, f in enumerate(FACET_LABELS)}
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
