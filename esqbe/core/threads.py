@@ -3,7 +3,8 @@
 A query's maths is small matrices (a few thousand sentence rows by 384) and a faiss search of a few vectors: a
 second BLAS or OpenMP thread gains nothing there, and its spinning takes a core from the first stage's other work
 (BM25 runs beside the kNN). At 1M papers on 2 cores one BLAS thread takes the warm query p50 from ~22 to ~13 ms
-(docs/performance.md). The library itself never changes these settings; the processes esqbe owns do:
+on the synthetic corpus, and from 36.6 to 26.5 ms on the hard one (docs/performance.md). The library itself never
+changes these settings; the processes esqbe owns do:
 - a worker thread that answers queries: `ThreadPoolExecutor(..., initializer=init_query_thread)`;
 - a process that answers queries (`esqbe query`, `esqbe serve`): `limit_for_query()` once at start.
 """
@@ -26,6 +27,16 @@ def limit_for_query() -> None:
     process, so this is process-wide: a library caller sets its own limits (threadpoolctl) instead."""
     from threadpoolctl import threadpool_limits
 
+    # threadpoolctl limits the BLAS libraries loaded when it is called. numpy and faiss each bring their own
+    # OpenBLAS (faiss's computes the PQ look-up tables of every ANN search), and a process that limits itself at
+    # start has often loaded neither yet: load them first, or faiss's stays at the host's count and its second
+    # thread spins beside BM25 (at hard 1M: warm p50 36.6 -> 26.5 ms with both limited, docs/performance.md)
+    import numpy  # noqa: F401
+
+    try:
+        import faiss  # noqa: F401
+    except ImportError:  # no faiss: its BLAS is not there to limit
+        pass
     threadpool_limits(limits=1, user_api="blas")
     init_query_thread()
 
