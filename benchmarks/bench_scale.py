@@ -4,6 +4,7 @@
     PYTHONPATH=. .venv/bin/python benchmarks/bench_scale.py --sizes 1000000 --work /tmp/esqbe-scale
     PYTHONPATH=. .venv/bin/python benchmarks/bench_scale.py --corpus hard --sizes 100000,1000000 --keep --work W
     PYTHONPATH=. .venv/bin/python benchmarks/bench_scale.py _query W/1000000/index 200 ""   # warm queries again, alone
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_scale.py _query W/1000000/index 200 "" host  # ... host threads
 
 For each size: a seeded synthetic corpus written as pre-encoded Parquet (the `esqbe encode`
 schema): ~7.5 real sentences per paper (3..12, drawn with their facet labels from the CSAbstruct and
@@ -13,8 +14,9 @@ topic per paper (N/500 topics, cosine to the topic ~0.6), stored as float16-exac
 - load: `esqbe index PARQUET...` as a fresh process (wall time incl. the ANN build at the end, peak RSS)
 - disk: bytes of the index directory, and per paper
 - cold query: `esqbe query --paper ID --facet F --json` as a fresh process (median / max wall of 5)
-- warm query: `Index.query(paper, facet)` in one process (no thread settings in its environment), after
-  two warm-up queries per facet, default rescorer (summax), 100 rescored: p50 / p99 over the queries;
+- warm query: `Index.query(paper, facet)` in one process limited as `esqbe serve` limits itself
+  (`esqbe.core.threads.limit_for_query`: one BLAS thread in numpy and in faiss; `_query ... host` keeps the
+  host's thread counts, as a library caller that sets none), after two warm-up queries per facet, default rescorer (summax), 100 rescored: p50 / p99 over the queries;
   peak RSS of that process
 - recall@100: first-stage kNN (papers) at the default setting against exact brute force, same run, in a
   process of its own (the exact pass maps the whole vector file; its peak RSS is reported apart)
@@ -316,6 +318,10 @@ def fmt_row(r: dict) -> str:
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "_query":
         path, nq, upsert = sys.argv[2:5]
+        if sys.argv[5:6] != ["host"]:  # as `esqbe serve` answers queries
+            from esqbe.core.threads import limit_for_query
+
+            limit_for_query()
         print(json.dumps(query_worker(path, int(nq), 7, upsert)))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "_recall":

@@ -6,7 +6,9 @@
 Parts per query (ms): `first_stage` and `rescore` (the query's own timings), inside the first stage `knn` (the
 whole kNN call), `ann_search` (faiss searches, summed over facets), `delta` (each facet's exact delta), `exact`
 (the exact re-score of the ANN's candidates: `_exact_best`) of which `read_rows` (pread of their float16 rows), and
-`bm25` (the BM25 worker, which runs beside the kNN on the other core). Also per query: the query sentences (m), the
+`bm25` (the BM25 worker, which runs beside the kNN on the other core), `get` (the stored papers the first stage
+hands to rescoring, and any other `get`). The process limits its threads as `esqbe serve` does (`--host-threads`:
+the host's counts, as a library caller). Also per query: the query sentences (m), the
 facet, the candidate papers re-scored. The last pass is reported (the earlier ones warm the page cache); the
 report gives, for all queries and for the slowest 5% / 1%, the mean of each part, and the correlation of the total
 with m. The timers are the benchmark's instrumentation: the library code runs unchanged.
@@ -54,6 +56,7 @@ def instrument(backend, parts: dict):
     backend._delta = timer("delta_rows", backend._delta)
     backend._bm25 = timer("bm25", backend._bm25)
     backend.knn = timer("knn", backend.knn)
+    backend.get = timer("get", backend.get)
 
 
 def main():
@@ -66,7 +69,13 @@ def main():
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--host-threads", action="store_true",
+                    help="keep the host's BLAS thread counts (a library caller); default: limited as `esqbe serve` is")
     args = ap.parse_args()
+    if not args.host_threads:
+        from esqbe.core.threads import limit_for_query
+
+        limit_for_query()
     index = esqbe.open_index(args.index)
     backend = index.backend
     queries = bench_scale._queries(backend, backend.stats()["papers"], args.queries + 40, 7)
@@ -84,8 +93,9 @@ def main():
             t0 = time.perf_counter()
             res = index.query(pid, facet=facet)
             total = 1000 * (time.perf_counter() - t0)
+            timed = dict(parts)
             m = sum(1 for f in backend.get([pid])[pid].paper.facets if f == facet)
-            rows.append({"paper": pid, "facet": facet, "m": m, "total": total, **dict(parts),
+            rows.append({"paper": pid, "facet": facet, "m": m, "total": total, **timed,
                          "first_stage": res.timings.get("first_stage", 0.0), "rescore": res.timings.get("rescore", 0.0)})
     report = summarise(rows)
     print(json.dumps(report, indent=1))
@@ -94,7 +104,7 @@ def main():
 
 
 def summarise(rows: list[dict]) -> dict:
-    keys = ["total", "first_stage", "knn", "ann_search", "exact", "read_rows", "delta_rows", "bm25", "rescore", "m",
+    keys = ["total", "first_stage", "knn", "ann_search", "exact", "read_rows", "delta_rows", "bm25", "get", "rescore", "m",
             "candidates"]
     tot = np.array([r["total"] for r in rows])
     order = np.argsort(-tot)

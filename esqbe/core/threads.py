@@ -25,13 +25,12 @@ def limit_for_query() -> None:
     """Once, in a process esqbe owns that answers queries (the CLI's `query`, the server's start): numpy's BLAS on
     one thread, and this thread set up as `init_query_thread` does. OpenBLAS keeps one thread count for the whole
     process, so this is process-wide: a library caller sets its own limits (threadpoolctl) instead."""
-    from threadpoolctl import threadpool_limits
-
     # threadpoolctl limits the BLAS libraries loaded when it is called. numpy and faiss each bring their own
     # OpenBLAS (faiss's computes the PQ look-up tables of every ANN search), and a process that limits itself at
     # start has often loaded neither yet: load them first, or faiss's stays at the host's count and its second
     # thread spins beside BM25 (at hard 1M: warm p50 36.6 -> 26.5 ms with both limited, docs/performance.md)
     import numpy  # noqa: F401
+    from threadpoolctl import threadpool_limits
 
     try:
         import faiss  # noqa: F401

@@ -66,6 +66,7 @@ from .layout import (
     _dir_size,
     _load_metadata,
     _State,
+    f16_to_f32,
 )
 from .lock import WriteLockMixin
 from .textindex import TextIndexMixin, _query_terms
@@ -221,7 +222,7 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
             if not found:
                 continue
             st = self._state(max(r[5] + r[6] for r in found))
-            rows = self._read_rows(st, np.array([r[5] for r in found]), np.array([r[6] for r in found])).astype(np.float32)
+            rows = f16_to_f32(self._read_rows(st, np.array([r[5] for r in found]), np.array([r[6] for r in found])))
             at = 0
             for pid, title, sentences, facets, metadata, _start, n in found:
                 paper = Paper(pid, title, json.loads(sentences), json.loads(facets), _load_metadata(metadata))

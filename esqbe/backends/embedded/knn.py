@@ -8,7 +8,7 @@ import numpy as np
 from ...domain import FACET_LABELS
 from .ann import _search_one_thread
 from .host import EmbeddedHost
-from .layout import _FACET_CODES, _State
+from .layout import _FACET_CODES, _State, f16_to_f32
 from .recall import ann_candidate_scores, ann_hits, capped_union
 
 
@@ -48,7 +48,7 @@ class KnnMixin(EmbeddedHost):
         vectors = self._read_rows(st, rows[runs], np.diff(np.r_[runs, len(rows)]))
         # q.T made contiguous: OpenBLAS multiplies (rows, dim) by a contiguous (dim, m) ~3-10x faster than by a
         # transposed view on this machine (docs/performance.md, session 9), with the same products
-        sims = vectors.astype(np.float32) @ np.ascontiguousarray(q.T)
+        sims = f16_to_f32(vectors) @ np.ascontiguousarray(q.T)
         first = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
         return papers[first], np.maximum.reduceat(sims, first, axis=0)
 
@@ -159,7 +159,7 @@ class KnnMixin(EmbeddedHost):
             rows, papers = rows[ok], papers[ok]
             if not len(rows):
                 continue
-            sims = np.asarray(st.vec[rows], dtype=np.float32) @ q.T
+            sims = f16_to_f32(st.vec[rows]) @ q.T
             first = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
             best, pp = np.maximum.reduceat(sims, first, axis=0), papers[first]
             if len(pp) > k:

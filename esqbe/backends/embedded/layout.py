@@ -43,6 +43,24 @@ CREATE TABLE IF NOT EXISTS token_counts (token TEXT PRIMARY KEY, count INTEGER N
 """
 
 
+def f16_to_f32(h: np.ndarray) -> np.ndarray:
+    """Stored float16 rows as float32, bit for bit what `h.astype(np.float32)` gives for every finite value, in
+    ~0.9 ms for 4,800 x 384 against numpy's 3.1 ms (its half cast is scalar; docs/performance.md, session 10): the
+    half's bits moved into a float32's (sign kept, exponent and mantissa shifted down three bits) and the float32
+    scaled by 2^112, the difference of the two exponent biases; the scaling is exact, and it makes subnormal halves
+    come out right too. An infinity or NaN would come out finite: the writer refuses non-finite vectors, so stored
+    rows have none."""
+    u = np.asarray(h).view(np.uint16).astype(np.int32)
+    u <<= 16  # the half's sign in bit 31
+    sign = u & np.int32(-(2**31))
+    u >>= 3  # arithmetic shift: exponent and mantissa in bits 13..27 (the sign copied into 28..31, cleared next)
+    u &= 0x0FFF_FFFF
+    u |= sign
+    out = u.view(np.float32)
+    out *= np.float32(2.0**112)
+    return out
+
+
 class _State:
     """What a reader sees at one generation: memory-mapped rows, retired papers, ANN files, deltas."""
 
