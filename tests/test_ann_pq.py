@@ -147,3 +147,42 @@ def test_exact_cap_bounds_the_papers_a_many_sentence_query_rescores(csfcube_pq, 
 
 def _top10(scores: dict[str, float]) -> list[str]:
     return sorted(scores, key=lambda p: (-scores[p], p))[:10]
+
+
+def test_calibration_counts_what_the_first_stage_returns(csfcube_pq):
+    """Calibration's simulation of a query (recall.first_stage_top, over the ANN's candidates at a rung) returns the
+    very papers `knn()` returns at that rung, for query papers of several sentences, at the stored setting and at a
+    cheaper one with a tight exact_cap: what calibration counts is what queries and `check recall` get."""
+    import faiss
+
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+    from esqbe.backends.embedded.layout import _FACET_CODES
+    from esqbe.backends.embedded.recall import ann_candidate_scores, ann_hits, first_stage_top
+
+    with EmbeddedBackend(csfcube_pq, create=False) as b:
+        everything = b.get(b.paper_ids())
+        st = b._state()
+        code = _FACET_CODES["background"]
+        index = b._ann(st, code)
+        entry = st.manifest["background"]
+        ids, _ = b.sample_papers(12, 3)
+        pno_of = {pid: int(b.pnos([pid])[0]) for pid in ids}
+        compared = 0
+        for nprobe, refine, cap in ((entry["nprobe"], entry["refine"], 2_000), (2, 2, 250)):
+            b._overrides.update(nprobe=nprobe, exact_cap=cap)
+            b.refine_for = lambda facet, st=None, r=refine: r
+            for pid in ids:
+                rows = everything[pid].paper.facet_indices("background")
+                if not rows:
+                    continue
+                q = np.ascontiguousarray(everything[pid].vectors[rows], dtype=np.float32)
+                got = b.knn(q, 100, facet="background", exclude=frozenset({pid}))
+                sp = faiss.SearchParametersIVF(nprobe=nprobe)
+                sims, hits = index.search(q, ann_hits(100, int(b.knn_params()["oversample"]), refine), params=sp)
+                top = first_stage_top(st, code, ann_candidate_scores(hits, sims, 100, refine), q, pno_of[pid], 100,
+                                      max(cap, refine * 100))
+                names = b._ids_of(top[top >= 0])
+                want = [pid for pid, _ in sorted(got.items(), key=lambda kv: (-kv[1], kv[0]))[:100]]
+                assert set(names.values()) == set(want), (pid, nprobe, refine, cap)
+                compared += len(rows) > 1
+        assert compared >= 4  # queries of several sentences were among them

@@ -65,7 +65,8 @@ class AnnMixin(EmbeddedHost):
                 progress(f"calibrating the {label} ANN index for recall@100 ({self.recall_statistic}) >= {self.recall_target}")
             manifest[label]["calibration"] = calibrate_nprobe(
                 st, code, index, target=self.recall_target, oversample=int(params["oversample"]),
-                statistic=self.recall_statistic, refines=REFINE_LADDER if structure == ANN_PQ_FASTSCAN else (2,))
+                statistic=self.recall_statistic, refines=REFINE_LADDER if structure == ANN_PQ_FASTSCAN else (2,),
+                exact_cap=int(params["exact_cap"]))
             manifest[label]["nprobe"] = manifest[label]["calibration"]["nprobe"]
             manifest[label]["refine"] = manifest[label]["calibration"]["refine"]
             del index

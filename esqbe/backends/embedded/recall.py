@@ -2,22 +2,25 @@
 streamed over its rows (bounded memory at any size: one chunk of rows at a time, no copy of the facet), and the
 writer's calibration of `nprobe` for a recall target.
 
-Calibration counts recall as the first stage does (`KnnMixin.knn`): papers, k = 100, per query sentence the ANN's
-`oversample * k + 16` sentence hits folded to the `2k` best papers, which are re-scored exactly, so a true top-k
-paper is found exactly when it is among those `2k`. The queries are stored sentence vectors of the facet (a seeded
-sample, each query's own paper left out of both sides, as a query paper is), the truth is brute force over the
-facet's live rows, and the chosen `nprobe` is the smallest of a fixed ladder whose recall@k on the sample reaches the
-target: its mean (`statistic="mean"`) or its 10th percentile (`"p10"`: nine in ten query sentences at least at the
-target, not just the average; docs/performance.md measures what that costs). Cost: one exact pass over the facet's
-rows for the sample (float16 rows read in chunks) and a batched faiss search per rung tried; the sample shrinks for
-large facets so that the exact pass stays under ~4e11 multiply-adds (docs/performance.md gives the time at 1M papers).
+Calibration counts recall as `esqbe check recall` does, on what the first stage returns (`KnnMixin.knn`): papers,
+k = 100, each query a paper of the facet (a seeded sample, its own paper left out of both sides, as a query paper is)
+asking with all its sentences of the facet; per query sentence the ANN's hits are folded to the best papers, whose
+union is re-scored exactly, and the paper score is each sentence's best cosine summed over the sentences whose k best
+papers it is among. The truth is the same score over all the facet's live rows (brute force), and the chosen `nprobe`
+is the smallest of a fixed ladder whose recall@k on the sample reaches the target: its mean (`statistic="mean"`) or
+its 10th percentile (`"p10"`: nine in ten query papers at least at the target, not just the average;
+docs/performance.md measures what that costs). Cost: one exact pass over the facet's rows for the sample's sentences
+(float16 rows read in chunks), then per rung tried a batched faiss search and each query's exact re-score; the
+sample shrinks for large facets so that the exact pass stays under ~4e11 multiply-adds (docs/performance.md gives
+the time at 1M papers).
 
 An IVF of 4-bit PQ fast-scan codes (the writer's structure since session 8, `ann.ANN_PQ_FASTSCAN`) has a second knob,
-`refine`: per query sentence the ANN's hits are folded to the `refine * k` best papers (`2k` above), asking it for
+`refine`: per query sentence the ANN's hits are folded to the `refine * k` best papers (`2k` for an IVF-SQ8), asking it for
 `oversample * k * refine / 2 + 16` hits, all re-scored exactly from the stored vectors; its coarser scores need more
-than 2k papers to hold recall. Its calibration tries `REFINE_LADDER` in order and keeps the first refine whose nprobe
-reaching the target scans at most an eighth of the lists (`_SCAN_SHARE`), else the refine reaching it with the
-fewest lists: the scan and the exact re-score both cost, and this keeps each bounded."""
+than 2k papers to hold recall. Its calibration finds, for each refine of `REFINE_LADDER`, the fewest lists reaching
+the target, and keeps the pair the first stage does fastest by a cost model of the two (`SCAN_NS_PER_CODE`,
+`RESCORE_NS_PER_ROW`: lists x codes per list against papers x rows per paper). Until session 10 it kept the first
+refine reaching the target within an eighth of the lists."""
 from __future__ import annotations
 
 import time
@@ -34,7 +37,11 @@ _EXACT_BUDGET = 4e11  # multiply-adds of the calibration's exact pass
 _CHUNK_ROWS = 131_072
 #: papers re-scored per query sentence, as multiples of k, that calibration tries for a PQ fast-scan IVF, in order
 REFINE_LADDER = (2, 3, 4, 6, 8)
-_SCAN_SHARE = 8  # a refine is kept when its nprobe is at most nlist / _SCAN_SHARE
+#: the first stage's cost per query sentence, for choosing between (nprobe, refine) pairs that both reach the target:
+#: faiss scanning one PQ fast-scan code, and re-scoring one stored row exactly (pread, float16 -> float32, product);
+#: measured in the warm query at hard 1M on the 2-core reference machine (docs/performance.md, session 10)
+SCAN_NS_PER_CODE = 5.8
+RESCORE_NS_PER_ROW = 2_800.0
 #: what the target bounds: the sample's mean recall, or its 10th percentile
 RECALL_STATISTICS = ("mean", "p10")
 
@@ -139,57 +146,141 @@ def recall_of(found: list[np.ndarray], truth: np.ndarray) -> np.ndarray:
 
 def calibrate_nprobe(st: _State, code: int, index, *, target: float, oversample: int, k: int = 100,
                      seed: int = 0, queries: int = CALIBRATION_QUERIES, statistic: str = "mean",
-                     refines: tuple[int, ...] = (2,)) -> dict:
-    """The smallest `nprobe` of the ladder whose recall@k (papers) on a seeded sample of the facet's own sentences
-    reaches `target` by `statistic` (the sample's mean, or its 10th percentile; the IVF's list count, every list,
-    if none below it does), for the first of `refines` that reaches it within an eighth of the lists, else for the
-    one that reaches it with the fewest lists (the smaller on a tie); `refines` = (2,), today's rule, for an
-    IVF-SQ8. Returns {"nprobe", "refine", "recall" (the statistic at
-    that nprobe), "statistic", "mean", "p10", "target", "queries", "seconds"}."""
+                     refines: tuple[int, ...] = (2,), exact_cap: int = 0) -> dict:
+    """The smallest `nprobe` of the ladder whose recall@k (papers) on a seeded sample of the facet's own papers,
+    each queried with all its sentences of the facet as a query does, reaches `target` by `statistic` (the sample's
+    mean, or its 10th percentile; the IVF's list count, every list, if none below it does), for the one of `refines`
+    whose pair is the cheapest by the cost model (the first on a tie); `refines` = (2,) for an IVF-SQ8. `exact_cap`
+    is the first stage's (`KNN_DEFAULTS`).
+    Returns {"nprobe", "refine", "recall" (the statistic at that nprobe), "statistic", "mean", "p10", "target",
+    "queries" (query papers), "sentences", "unit": "papers", "seconds"}.
+
+    Recall is counted as `esqbe check recall` counts it, on what the first stage returns (`KnnMixin.knn`): per query
+    sentence the ANN's hits folded to the `refine * k` best papers, their union (capped at `exact_cap`) re-scored
+    exactly, each sentence's k best of those summed into the paper's score, the top k against the same score over
+    every row. Until session 9 calibration counted each sentence alone; a query of several sentences recovers from
+    one sentence's miss, so that held recall@100 at ~0.98 for a 0.95 target at hard 1M (docs/performance.md)."""
     import faiss
 
     if statistic not in RECALL_STATISTICS:
         raise ValueError(f"statistic must be one of {', '.join(RECALL_STATISTICS)} (got {statistic!r})")
     started = time.perf_counter()
     rows = facet_rows(st, code)
-    if len(rows) < 2:  # nothing to measure (every row retired, or one): every list, as exact as the IVF gets
+    pnos = np.asarray(st.pno[rows]).astype(np.int64)
+    papers, first_row, counts = np.unique(pnos, return_index=True, return_counts=True)
+    if len(papers) < 2:  # nothing to measure (every paper retired, or one): every list, as exact as the IVF gets
         return {"nprobe": int(index.nlist), "refine": int(refines[-1]), "recall": 1.0, "statistic": statistic,
-                "mean": 1.0, "p10": 1.0, "target": target, "queries": 0, "seconds": 0.0}
-    n_q = int(np.clip(_EXACT_BUDGET / max(1, len(rows) * st.dim), 32, queries))
+                "mean": 1.0, "p10": 1.0, "target": target, "queries": 0, "sentences": 0, "unit": "papers",
+                "seconds": 0.0}
+    # query papers in a seeded order until their sentences fill the exact pass's budget
+    budget = int(np.clip(_EXACT_BUDGET / max(1, len(rows) * st.dim), 32, queries))
     rng = np.random.default_rng(seed)
-    picked = np.sort(rng.choice(len(rows), size=min(n_q, len(rows)), replace=False))
-    q = np.ascontiguousarray(np.asarray(st.vec[rows[picked]], dtype=np.float32))
-    own = np.asarray(st.pno[rows[picked]]).astype(np.int64)
-    truth, _ = exact_top_papers(st, rows, q, k, own)
+    order = rng.permutation(len(papers))
+    take = order[: max(1, int(np.searchsorted(np.cumsum(counts[order]), budget, side="right")))]
+    take = np.sort(take)
+    q_rows = np.concatenate([rows[first_row[i] : first_row[i] + counts[i]] for i in take])
+    owner = np.repeat(np.arange(len(take)), counts[take])  # each query sentence's query paper
+    own = np.repeat(papers[take], counts[take])
+    q = np.ascontiguousarray(f16_to_f32(st.vec[q_rows]))
+    truth_p, truth_s = exact_top_papers(st, rows, q, k, own)
+    truth = [_paper_top(truth_p[owner == i], truth_s[owner == i], k) for i in range(len(take))]
     nlist = int(index.nlist)
     ladder = [p for p in NPROBE_LADDER if p < nlist] + [nlist]
     bits = st.ok_bits()
     sel = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits)) if bits is not None else None
-    cap = max(1, nlist // _SCAN_SHARE)
-    best: tuple[int, int, np.ndarray] | None = None  # (nprobe, refine, per-query recall) of the fewest lists so far
+    list_rows = len(rows) / nlist  # codes scanned per list visited
+    paper_rows = len(rows) / len(papers)  # rows re-scored per paper
+
+    def cost(nprobe: int, refine: int) -> float:
+        """Estimated ns per query sentence: the lists scanned and the papers re-scored."""
+        return nprobe * list_rows * SCAN_NS_PER_CODE + refine * k * paper_rows * RESCORE_NS_PER_ROW
+    limit_of = {r: max(exact_cap, r * k) if exact_cap > 0 else 0 for r in refines}
+
+    def recall_at(nprobe: int, refine: int) -> np.ndarray:
+        """Per query paper, recall@k of the first stage at this rung."""
+        sp = faiss.SearchParametersIVF(nprobe=int(nprobe))  # type: ignore[call-arg]
+        if sel is not None:
+            sp.sel = sel
+        sims, ids = index.search(q, ann_hits(k, oversample, refine), params=sp)
+        cands = ann_candidate_scores(ids, sims, k, refine)
+        out = np.ones(len(take))
+        for i, paper in enumerate(papers[take]):
+            mine = np.flatnonzero(owner == i)
+            found = first_stage_top(st, code, [cands[j] for j in mine], q[mine], int(paper), k, limit_of[refine])
+            out[i] = recall_of([found], truth[i][None, :])[0]
+        return out
+
+    best: tuple[int, int, np.ndarray] | None = None  # (nprobe, refine, per-query recall) of the cheapest so far
+    fewest = nlist + 1  # the fewest lists any refine so far reached the target with
     last_seen = (nlist, int(refines[-1]), np.ones(1))
     for refine in refines:
-        kk = ann_hits(k, oversample, refine)
-        for nprobe in ladder:
-            if best is not None and nprobe >= best[0]:
-                break  # a larger refine is worth its re-scoring only with fewer lists
-            sp = faiss.SearchParametersIVF(nprobe=int(nprobe))  # type: ignore[call-arg]
-            if sel is not None:
-                sp.sel = sel
-            sims, ids = index.search(q, kk, params=sp)
-            found = [c[c != o] for c, o in zip(ann_candidates(ids, sims, k, refine), own)]
-            per_query = recall_of(found, truth)
-            last_seen = (int(nprobe), int(refine), per_query)
+        # the first rung reaching the target, by bisection (recall grows with nprobe), among those scanning fewer
+        # lists than a smaller refine needed: a larger refine with as many lists re-scores more for nothing
+        rungs = [p for p in ladder if p < fewest]
+        lo, hi = 0, len(rungs)
+        found: tuple[int, int, np.ndarray] | None = None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            per_query = recall_at(rungs[mid], refine)
+            last_seen = (int(rungs[mid]), int(refine), per_query)
             if _statistic(per_query, statistic) >= target:
-                best = (int(nprobe), int(refine), per_query)
-                break
-        if best is not None and best[0] <= cap:
-            break  # the smallest refine scanning at most an eighth of the lists
+                found, hi = (int(rungs[mid]), int(refine), per_query), mid
+            else:
+                lo = mid + 1
+        if found is not None:
+            fewest = found[0]
+            if best is None or cost(found[0], found[1]) < cost(best[0], best[1]):
+                best = found
     chosen, refine, per_query = best if best is not None else last_seen
     return {"nprobe": int(chosen), "refine": int(refine), "recall": round(_statistic(per_query, statistic), 4),
             "statistic": statistic, "mean": round(_statistic(per_query, "mean"), 4),
-            "p10": round(_statistic(per_query, "p10"), 4), "target": target, "queries": int(len(q)),
-            "seconds": round(time.perf_counter() - started, 2)}
+            "p10": round(_statistic(per_query, "p10"), 4), "target": target, "queries": int(len(take)),
+            "sentences": int(len(q)), "unit": "papers", "seconds": round(time.perf_counter() - started, 2)}
+
+
+def first_stage_top(st: _State, code: int, candidates: list[tuple[np.ndarray, np.ndarray]], q: np.ndarray, own: int,
+                    k: int, cap: int) -> np.ndarray:
+    """The k papers the first stage's kNN returns for one query paper (`own`, left out) from its sentences' ANN
+    candidates (`ann_candidate_scores`): their union capped at `cap` (`capped_union`), re-scored exactly over the
+    facet's rows, each sentence's k best summed (`KnnMixin.knn` / `_top_papers`); -1 padded."""
+    pool = capped_union(candidates, cap, lambda p: (p != own) & ~st.dead[p])
+    return _paper_top(*_rescore(st, pool, code, q, k), k)
+
+
+def _rescore(st: _State, pool: np.ndarray, code: int, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The exact re-score of a query's pooled papers over their rows of the facet, as the first stage's
+    (`KnnMixin._exact_best`), read through the memory map (a writer's short pass): per query sentence its k best
+    papers of the pool, (papers (m, k'), cosines (m, k')) -1 / -inf padded."""
+    m = len(q)
+    if len(pool) == 0:
+        return np.full((m, 1), -1, dtype=np.int64), np.full((m, 1), -np.inf, dtype=np.float32)
+    starts, ends = st.row_ranges(pool)
+    lengths = ends - starts
+    r = np.repeat(starts - np.cumsum(np.r_[0, lengths[:-1]]), lengths) + np.arange(lengths.sum())
+    owner = np.repeat(pool.astype(np.int64), lengths)
+    mine = np.asarray(st.facet[r]) == code
+    r, owner = r[mine], owner[mine]
+    if len(r) == 0:
+        return np.full((m, 1), -1, dtype=np.int64), np.full((m, 1), -np.inf, dtype=np.float32)
+    sims = q @ f16_to_f32(st.vec[r]).T  # (m, rows)
+    first = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    best, pp = np.maximum.reduceat(sims, first, axis=1), owner[first]  # (m, P)
+    kk = min(k, len(pp))
+    top = np.argpartition(-best, kk - 1, axis=1)[:, :kk]
+    return pp[top], np.take_along_axis(best, top, axis=1)
+
+
+def _paper_top(papers: np.ndarray, cosines: np.ndarray, k: int) -> np.ndarray:
+    """The first stage's paper score from each query sentence's best papers (rows of `papers` / `cosines`, -1 /
+    -inf padded): a paper's cosines summed over the sentences whose best it is among; the k best papers, -1 padded
+    (`KnnMixin._top_papers`)."""
+    ok = (papers >= 0) & np.isfinite(cosines)
+    if not ok.any():
+        return np.full(k, -1, dtype=np.int64)
+    ids, inverse = np.unique(papers[ok], return_inverse=True)
+    total = np.bincount(inverse, weights=cosines[ok].astype(np.float64), minlength=len(ids))
+    order = np.lexsort((ids, -total))[:k]
+    return np.r_[ids[order], np.full(k - len(order), -1, dtype=np.int64)]
 
 
 def _statistic(per_query: np.ndarray, statistic: str) -> float:
