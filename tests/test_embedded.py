@@ -258,3 +258,41 @@ def test_first_stage_fuses_and_carries_papers(backend):
     assert [c.score for c in cands] == sorted((c.score for c in cands), reverse=True)
     knn_only = backend.first_stage(FirstStageRequest(text="", vectors=papers[0].vectors[:1], k=3, fusion="knn"))
     assert knn_only[0].paper_id == "p000"  # a paper's own sentence is its nearest neighbour
+
+
+def test_first_stage_reads_the_knn_papers_while_bm25_runs(backend):
+    """While BM25 is still running, the first stage reads the kNN's best papers early (issue 23): the candidates, their
+    scores and the papers they carry are exactly those read after BM25, and the fused top k are all carried."""
+    import time
+
+    papers = _papers(40)
+    backend.upsert(papers)
+    by_id = {p.paper.paper_id: p for p in papers}
+    req = FirstStageRequest(text="graph parser study", vectors=papers[3].vectors[:2], k=12, exclude=frozenset({"p003"}))
+    fast = backend.first_stage(req)
+    reads: list[list[str]] = []
+    real_bm25, real_get = backend._bm25, backend.get
+
+    def slow_bm25(*a, **kw):  # the real BM25, finishing after the kNN
+        time.sleep(0.3)
+        return real_bm25(*a, **kw)
+
+    def counting_get(ids):
+        reads.append(list(ids))
+        return real_get(ids)
+
+    backend._bm25, backend.get = slow_bm25, counting_get
+    try:
+        slow = backend.first_stage(req)
+    finally:
+        del backend._bm25, backend.get
+    from esqbe.core.fusion import top_k
+
+    knn = backend.knn(req.vectors, req.knn_k, exclude=req.exclude)
+    assert reads[0] == [pid for pid, _ in top_k(knn, 12)]  # the kNN's 12 best, read before BM25 ended
+    assert reads[0] != [c.paper_id for c in fast]  # (not the fused list that is read after BM25)
+    assert [(c.paper_id, c.score, c.bm25, c.knn) for c in slow] == [(c.paper_id, c.score, c.bm25, c.knn) for c in fast]
+    for c in slow:
+        assert c.paper is not None and c.paper.paper.sentences == by_id[c.paper_id].paper.sentences
+        assert np.array_equal(c.paper.vectors, by_id[c.paper_id].vectors.astype(np.float16).astype(np.float32))
+    assert {c.paper_id for c in slow} <= {pid for ids in reads for pid in ids}

@@ -374,16 +374,24 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         terms = _query_terms(request.text)
         bm25_job = _first_stage_pool().submit(self._bm25, terms, request.bm25_k, request.exclude | deny,
                                               None if deny else restrict, fields) if terms and request.bm25_k > 0 else None
+        early: dict[str, IndexedPaper] = {}
         try:
             # kNN only ever sees the allowed papers: exact over a small allowed set, the ANN with an id bitmap otherwise
             knn = self.knn(request.vectors, request.knn_k, facet=request.facet, exclude=request.exclude,
                            restrict_to=restrict)
+            if request.with_papers and knn and bm25_job is not None and not bm25_job.done():
+                # BM25 is still running on the other core: read the kNN's best papers meanwhile (most of the fused
+                # top k), so that only BM25's own are left to read after it (~3 ms of the warm query at 1M papers)
+                early = self.get([pid for pid, _ in top_k(knn, request.k)])
         finally:  # never leave the BM25 running past this query (a kNN error is raised, not hidden by BM25's)
             if bm25_job is not None:
                 futures_wait([bm25_job])
         bm25 = bm25_job.result() if bm25_job is not None else {}
         fused = top_k(fuse(bm25, knn, request.fusion, request.bm25_weight), request.k)
-        papers = self.get([pid for pid, _ in fused]) if request.with_papers else {}
+        papers: dict[str, IndexedPaper] = {}
+        if request.with_papers:
+            missing = [pid for pid, _ in fused if pid not in early]
+            papers = {**early, **(self.get(missing) if missing else {})}
         return [Candidate(pid, score, bm25.get(pid, 0.0), knn.get(pid, 0.0), papers.get(pid)) for pid, score in fused]
 
     def close(self) -> None:
