@@ -179,8 +179,8 @@ SETTINGS: tuple[Setting, ...] = (
             high=1.0, env="ESQBE_KNN_RECALL_TARGET", flag="--knn-recall-target",
             commands=frozenset({"index", "attach", "check recall"}), group="indexing"),
     Setting("knn_recall_statistic", str, "mean", "What knn_recall_target bounds when the writer calibrates: the mean "
-            "recall@100 of its sample of query sentences, or their 10th percentile (p10: nine in ten at least at the "
-            "target; more lists per query, docs/performance.md).", choices=("mean", "p10"),
+            "recall@100 of its sample of query papers (each asking with its facet sentences), or their 10th percentile "
+            "(p10: nine in ten at least at the target; more lists per query, docs/performance.md).", choices=("mean", "p10"),
             env="ESQBE_KNN_RECALL_STATISTIC", flag="--knn-recall-statistic",
             commands=frozenset({"index", "attach", "check recall"}), group="indexing"),
 )
