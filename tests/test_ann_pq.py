@@ -105,8 +105,8 @@ def test_an_ivf_sq8_entry_written_before_pq_still_queries(csfcube_pq, tmp_path):
 
 def test_exact_cap_bounds_the_papers_a_many_sentence_query_rescores(csfcube_pq, tmp_path):
     """`exact_cap` (issue 23, session 9): a query of many sentences re-scores at most max(exact_cap, refine * k) of the
-    ANN's papers, those with the best approximate score summed over its sentences; 0 re-scores the union of every
-    sentence's refine * k, as before session 9. The default (2,000) is past any union of this small index."""
+    ANN's papers, each sentence's best candidates first (session 10); 0 re-scores the union of every sentence's
+    refine * k, as before session 9. The default (1,000) is past any union of this small index (700 papers)."""
     from esqbe.backends.embedded.backend import EmbeddedBackend
 
     path = tmp_path / "capped"

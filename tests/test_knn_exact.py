@@ -127,3 +127,22 @@ def test_f16_to_f32_is_numpys_cast_for_every_finite_half():
     rows = np.resize(halves, (len(halves) // 384, 384))
     assert np.array_equal(f16_to_f32(rows).view(np.uint32), rows.astype(np.float32).view(np.uint32))
     assert f16_to_f32(rows).shape == rows.shape
+
+
+def test_the_cap_keeps_each_sentences_best_candidates():
+    """`capped_union` under a cap keeps every query sentence's best candidates (by rank within that sentence), not
+    the papers with the best score summed over sentences: a sentence whose approximate scores are all lower than
+    another's still has its top candidates re-scored."""
+    from esqbe.backends.embedded.recall import capped_union
+
+    strong = (np.arange(100, 200), np.linspace(0.9, 0.6, 100))  # sentence A: papers 100..199, high scores
+    weak = (np.array([7, 8, 9, 150, 151]), np.array([0.5, 0.45, 0.4, 0.3, 0.2]))  # sentence B: lower scores
+    kept = capped_union([strong, weak], 10)
+    assert len(kept) == 10 and list(kept) == sorted(kept)
+    assert {7, 8, 9} <= set(kept)  # B's best three (summed scores would have kept A's 0.9..0.87 instead)
+    assert {100, 101, 102} <= set(kept)  # and A's best
+    assert 150 in kept  # A's rank 50 and B's rank 3: its best rank is 3
+    # a paper `live` drops takes no place, and no cap keeps the whole union
+    assert 7 not in capped_union([strong, weak], 10, lambda p: p != 7)
+    assert len(capped_union([strong, weak], 10, lambda p: p != 7)) == 10
+    assert len(capped_union([strong, weak], 0)) == 103

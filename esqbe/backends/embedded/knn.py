@@ -129,10 +129,9 @@ class KnnMixin(EmbeddedHost):
                     top = np.argpartition(-best, kd - 1, axis=0)[:kd]  # (kd, m)
                     cand.append(pp[top.ravel()])
         if ann_cand:
-            # a many-sentence query re-scores at most `exact_cap` papers (those best by summed approximate score):
-            # m sentences x refine * k papers made p99 grow with m. A tighter cap distorts the nested-kNN score (a
-            # paper outside a sentence's true top k enters the top k of the fewer re-scored): at hard 1M a cap of
-            # 1,000 took recall@100 from 0.98 to 0.94, 1,500 to 0.976, 2,000 kept 0.980 (docs/performance.md)
+            # a many-sentence query re-scores at most `exact_cap` papers, each sentence's best candidates first
+            # (capped_union): m sentences x refine * k papers made p99 grow with m. Calibration counts the cap; at hard
+            # 1M a cap of 1,000 held recall@100 0.966 against 0.969 uncapped (docs/performance.md, session 10)
             cap = int(params["exact_cap"])
             cand.append(capped_union(ann_cand, max(cap, floor) if cap > 0 else 0,
                                      lambda p: ~st.dead[p] & ~np.isin(p, banned)))  # a retired or excluded paper takes no place

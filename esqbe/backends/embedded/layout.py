@@ -20,9 +20,10 @@ KNN_DEFAULTS = {
     "merge_threshold": 20_000,  # a writer folds a facet's delta into its ANN once the delta is past this
     "nprobe": 32,  # IVF lists visited per query sentence
     "oversample": 4,  # ANN sentence hits asked per query sentence, as a multiple of k
-    # papers from the ANN re-scored exactly per query, at most (0: all; never below refine * k): bounds a many-sentence
-    # query's re-score (12 sentences x 300 papers at refine 3) with recall@100 unchanged at hard 1M (docs/performance.md)
-    "exact_cap": 2_000,
+    # papers from the ANN re-scored exactly per query, at most (0: all; never below refine * k), each sentence's best
+    # candidates first: bounds a many-sentence query's re-score (12 sentences x 300 papers at refine 3); at hard 1M
+    # recall@100 0.966 against 0.969 uncapped, 0.947 for queries of 6+ sentences (docs/performance.md, session 10)
+    "exact_cap": 1_000,
     "bm25_max_df": 0.2,  # BM25 query terms in more than this fraction of the documents are dropped; see bm25()
 }
 #: the range each first-stage parameter may take (`EmbeddedBackend.configure` refuses others)

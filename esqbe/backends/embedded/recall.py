@@ -120,18 +120,26 @@ def ann_candidate_scores(ids: np.ndarray, sims: np.ndarray, k: int, refine: int 
 
 def capped_union(candidates: list[tuple[np.ndarray, np.ndarray]], cap: int, live=None) -> np.ndarray:
     """The papers of all query sentences' candidates (sorted), those `live(papers)` (a mask) keeps, at most `cap` of them
-    (0: no cap): those with the highest sum over query sentences of their approximate score, a sentence whose
-    candidates a paper is not among counting 0, as the nested-kNN score counts a sentence whose top k it is not in."""
+    (0: no cap): each sentence's best candidates first, i.e. the papers whose best rank in any sentence's candidates
+    (by approximate score) is highest, ties by their approximate score summed over the sentences. Every sentence
+    keeps its own top candidates, so its k best of the re-scored are its true k best as far as the ANN found them;
+    until session 10 the cap kept the best summed scores, which favoured papers near many sentences and left a
+    sentence's own best out (at hard 1M a cap of 1,000 held recall@100 0.61 for queries of 6+ sentences against 0.95
+    this way; docs/performance.md)."""
     if not candidates:
         return np.zeros(0, dtype=np.int64)
     papers, inverse = np.unique(np.concatenate([c[0] for c in candidates]).astype(np.int64), return_inverse=True)
     total = np.bincount(inverse, weights=np.concatenate([c[1] for c in candidates]), minlength=len(papers))
+    # each candidate's rank among its sentence's candidates (0 = that sentence's best approximate score)
+    ranks = np.concatenate([np.argsort(np.argsort(-c[1], kind="stable"), kind="stable") for c in candidates])
+    best = np.full(len(papers), np.iinfo(np.int64).max)
+    np.minimum.at(best, inverse, ranks)
     if live is not None:
         ok = live(papers)
-        papers, total = papers[ok], total[ok]
+        papers, total, best = papers[ok], total[ok], best[ok]
     if cap <= 0 or len(papers) <= cap:
         return papers
-    return np.sort(papers[np.argpartition(-total, cap - 1)[:cap]])
+    return np.sort(papers[np.lexsort((-total, best))[:cap]])
 
 
 def recall_of(found: list[np.ndarray], truth: np.ndarray) -> np.ndarray:
