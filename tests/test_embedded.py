@@ -151,6 +151,11 @@ def test_bm25_scores_as_the_query_parser_less_the_commonest_terms(backend):
     # too few selective terms: the rarest common ones are kept up to BM25_MIN_TERMS (alpha, then study)
     few = rare[: BM25_MIN_TERMS - 2]
     assert same(backend.bm25("study part alpha " + " ".join(few), 50), parser([*few, "alpha", "study"]))
+    # bm25_max_terms: a long query keeps its most selective terms only (ties in the text's order)
+    backend.configure(bm25_max_df=1.0, bm25_max_terms=BM25_MIN_TERMS)
+    assert same(backend.bm25(text, 50), parser(rare[:BM25_MIN_TERMS]))
+    backend.configure(bm25_max_df=0.2, bm25_max_terms=0)
+    assert same(backend.bm25(text, 50), parser(rare))
     # a short query keeps everything
     assert same(backend.bm25("study part alpha", 50), parser(["study", "part", "alpha"]))
 

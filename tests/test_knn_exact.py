@@ -94,7 +94,7 @@ def test_paper_ids_of_numbers_read_from_a_covering_index(index_dir_30, tmp_path)
 
 
 @pytest.mark.parametrize("params", [{"exact_cap": -1}, {"exact_cap": float("nan")}, {"nprobe": 0}, {"nprobe": 2.5},
-                                    {"oversample": True}, {"exact_cap": "2000"}, {"bm25_max_df": 0.0},
+                                    {"oversample": True}, {"exact_cap": "2000"}, {"bm25_max_df": 0.0}, {"bm25_max_terms": -1},
                                     {"bm25_max_df": float("inf")}, {"merge_threshold": 10**12}])
 def test_first_stage_parameters_are_bounded(tmp_path, params):
     """`configure` stored whatever `type(default)(value)` made of a value: -1, NaN (a ValueError traceback), "2000",

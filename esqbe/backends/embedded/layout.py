@@ -25,10 +25,14 @@ KNN_DEFAULTS = {
     # recall@100 0.966 against 0.969 uncapped, 0.947 for queries of 6+ sentences (docs/performance.md, session 10)
     "exact_cap": 1_000,
     "bm25_max_df": 0.2,  # BM25 query terms in more than this fraction of the documents are dropped; see bm25()
+    # BM25 keeps at most this many query terms, the most selective (0: all); see bm25(): BM25's p99 at hard 1M 36-43 ->
+    # 18 ms, CSFCube dev 62.01 / 42.68 -> 61.98 / 42.62 (64 terms: unchanged, p99 27 ms; docs/performance.md, session 10)
+    "bm25_max_terms": 48,
 }
 #: the range each first-stage parameter may take (`EmbeddedBackend.configure` refuses others)
 KNN_LIMITS = {"exact_threshold": (0, 10**9), "merge_threshold": (1, 10**9), "nprobe": (1, 1 << 20),
-              "oversample": (1, 64), "exact_cap": (0, 10**7), "bm25_max_df": (1e-6, 1.0)}
+              "oversample": (1, 64), "exact_cap": (0, 10**7), "bm25_max_df": (1e-6, 1.0),
+              "bm25_max_terms": (0, 10**6)}
 _FACET_CODES = {f: i for i, f in enumerate(FACET_LABELS)}
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
