@@ -132,6 +132,8 @@ def test_calibration_follows_the_target(csfcube_ivf):
         low, high = (calibrate_nprobe(st, _FACET_CODES["background"], index, target=t, oversample=4)
                      for t in (0.6, 0.99))
     assert low["recall"] >= 0.6 and high["recall"] >= 0.99
+    assert low["lower_bound"] >= 0.6  # the mean is held with 90% confidence, not just reached by the sample
+    assert low["lower_bound"] <= low["mean"] and low["queries"] >= 2
     assert low["nprobe"] < high["nprobe"]
 
 
