@@ -31,6 +31,10 @@ async function api(path, options = {}, asked = false) {
   if (token) headers.Authorization = `Bearer ${token}`;
   const resp = await fetch(path, { headers, ...options });
   if (resp.status === 401) {
+    // calls made together all get 401 before the token is given: the one asked first keeps it, the others retry
+    // with it instead of forgetting it and asking again
+    const now = sessionStorage.getItem(TOKEN_KEY);
+    if (now && now !== token) return api(path, options, asked);
     sessionStorage.removeItem(TOKEN_KEY);
     const given = asked ? null : window.prompt("This library is private. Its access token:");
     if (given && given.trim()) {
