@@ -32,16 +32,7 @@ class KnnMixin(EmbeddedHost):
                 out_p.append(papers)
                 out_b.append(best)
             return np.concatenate(out_p), np.concatenate(out_b)
-        starts, ends = st.row_ranges(pnos)
-        lengths = ends - starts
-        if lengths.sum() == 0:
-            return np.zeros(0, dtype=np.int64), np.zeros((0, len(q)), dtype=np.float32)
-        rows = np.repeat(starts - np.cumsum(np.r_[0, lengths[:-1]]), lengths) + np.arange(lengths.sum())
-        papers = np.repeat(pnos.astype(np.int64), lengths)  # the paper of each row, from its range
-        if codes is not None:  # only the facet's rows are read (about half a paper's rows)
-            facet = np.asarray(st.facet[rows])
-            of_facets = facet == codes[0] if len(codes) == 1 else np.isin(facet, codes)
-            rows, papers = rows[of_facets], papers[of_facets]
+        rows, papers = st.rows_of(pnos, codes)  # only the facet's rows are read (about half a paper's rows)
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros((0, len(q)), dtype=np.float32)
         runs = np.flatnonzero(np.r_[True, np.diff(rows) != 1])  # a paper's facet rows are one run or a few

@@ -94,6 +94,19 @@ class _State:
         keys = np.asarray(pnos, dtype=self.pno.dtype)
         return np.searchsorted(self.pno, keys, side="left"), np.searchsorted(self.pno, keys, side="right")
 
+    def rows_of(self, pnos: np.ndarray, codes: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The row numbers of the given papers (sorted, unique paper numbers), only those of the facets `codes` if
+        given, and each row's paper (from its range, not the pno column): (rows, papers), both in row order."""
+        starts, ends = self.row_ranges(pnos)
+        lengths = ends - starts
+        rows = np.repeat(starts - np.cumsum(np.r_[0, lengths[:-1]]), lengths) + np.arange(lengths.sum())
+        papers = np.repeat(np.asarray(pnos, dtype=np.int64), lengths)
+        if codes is not None and len(rows):
+            facet = np.asarray(self.facet[rows])
+            of_facets = facet == codes[0] if len(codes) == 1 else np.isin(facet, codes)
+            rows, papers = rows[of_facets], papers[of_facets]
+        return rows, papers
+
     def ok_bits(self):
         """Bitmap over paper numbers of live papers (for faiss's IDSelectorBitmap), or None if all are live."""
         if self.n_dead == 0:

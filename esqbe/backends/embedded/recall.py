@@ -160,16 +160,15 @@ def calibrate_nprobe(st: _State, code: int, index, *, target: float, oversample:
     """The smallest `nprobe` of the ladder whose recall@k (papers) on a seeded sample of the facet's own papers,
     each queried with all its sentences of the facet as a query does, reaches `target` by `statistic` (the sample's
     mean, held with 90% confidence: its lower bound `_lower_bound`; or its 10th percentile; the IVF's list count,
-    every list, if none below it does), for the one of `refines`
-    whose pair is the cheapest by the cost model (the first on a tie); `refines` = (2,) for an IVF-SQ8. `exact_cap`
-    is the first stage's (`KNN_DEFAULTS`).
+    every list, if none below it does), for the one of `refines` whose pair is the cheapest by the cost model (the
+    first on a tie); `refines` = (2,) for an IVF-SQ8. `exact_cap` is the first stage's (`KNN_DEFAULTS`).
     Returns {"nprobe", "refine", "recall" (the statistic at that nprobe), "statistic", "mean", "p10", "lower_bound",
     "target", "queries" (query papers), "sentences", "unit": "papers", "seconds"}.
 
     Recall is counted as `esqbe check recall` counts it, on what the first stage returns (`KnnMixin.knn`): per query
     sentence the ANN's hits folded to the `refine * k` best papers, their union (capped at `exact_cap`) re-scored
     exactly, each sentence's k best of those summed into the paper's score, the top k against the same score over
-    every row. Until session 9 calibration counted each sentence alone; a query of several sentences recovers from
+    every row. Until session 10 calibration counted each sentence alone; a query of several sentences recovers from
     one sentence's miss, so that held recall@100 at ~0.98 for a 0.95 target at hard 1M (docs/performance.md)."""
     import faiss
 
@@ -266,12 +265,7 @@ def _rescore(st: _State, pool: np.ndarray, code: int, q: np.ndarray, k: int) -> 
     m = len(q)
     if len(pool) == 0:
         return np.full((m, 1), -1, dtype=np.int64), np.full((m, 1), -np.inf, dtype=np.float32)
-    starts, ends = st.row_ranges(pool)
-    lengths = ends - starts
-    r = np.repeat(starts - np.cumsum(np.r_[0, lengths[:-1]]), lengths) + np.arange(lengths.sum())
-    owner = np.repeat(pool.astype(np.int64), lengths)
-    mine = np.asarray(st.facet[r]) == code
-    r, owner = r[mine], owner[mine]
+    r, owner = st.rows_of(pool, [code])
     if len(r) == 0:
         return np.full((m, 1), -1, dtype=np.int64), np.full((m, 1), -np.inf, dtype=np.float32)
     sims = q @ f16_to_f32(st.vec[r]).T  # (m, rows)
