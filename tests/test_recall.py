@@ -177,3 +177,37 @@ def test_recall_statistic_setting_reaches_the_writer(tmp_path, sample_lines):
     cal = stats["knn_calibration"]["background"]
     assert cal["statistic"] == "p10" and cal["recall"] == cal["p10"] >= 0.95, cal
     assert "recall@100 p10 " in stats["knn"]["background"]
+
+
+def test_a_new_target_recalibrates_the_built_ivfs_without_rebuilding_them(tmp_path, sample_lines):
+    """An `esqbe index` run with another knn_recall_target re-calibrates the IVFs built for the old one (no paper
+    changed, nothing rebuilt); `esqbe check recall --calibrate` does it on demand and says what it stored."""
+    src = tmp_path / "papers.jsonl"
+    src.write_text("\n".join(sample_lines[:30]) + "\n")
+    path = tmp_path / "ix"
+    env = {"ESQBE_EXACT_THRESHOLD": "10"}
+    _cli("index", "--path", str(path), "-q", str(src), env=env)
+    files = sorted(p.name for p in (path / "ann").iterdir())
+
+    def calibrations():
+        return json.loads(_cli("stats", "--path", str(path), "--json"))["knn_calibration"]
+
+    first = calibrations()
+    assert first and all(c["target"] == 0.95 for c in first.values()), first
+    _cli("index", "--path", str(path), "-q", str(src), env={**env, "ESQBE_KNN_RECALL_TARGET": "0.6"})
+    low = calibrations()
+    assert set(low) == set(first) and all(c["target"] == 0.6 and c["recall"] >= 0.6 for c in low.values()), low
+    assert sorted(p.name for p in (path / "ann").iterdir()) == files  # calibrated again, not rebuilt
+    out = json.loads(_cli("check", "recall", "--path", str(path), "--queries", "10", "--calibrate",
+                          "--knn-recall-target", "0.99", "--json", env=env))
+    assert set(out["calibrated"]) == set(first)
+    high = calibrations()
+    for facet, c in high.items():
+        assert c["target"] == 0.99 and c["recall"] >= 0.99 and c == {**c, **out["calibrated"][facet]}, (facet, c)
+        assert c["nprobe"] >= low[facet]["nprobe"]
+    # the same target again: nothing due, nothing stored anew
+    _cli("index", "--path", str(path), "-q", str(src), env={**env, "ESQBE_KNN_RECALL_TARGET": "0.99"})
+    assert calibrations() == high
+    text = _cli("check", "recall", "--path", str(path), "--queries", "5", "--calibrate", "--knn-recall-target", "0.9",
+                env=env)
+    assert all(f"calibrated {facet}: nprobe " in text for facet in first), text

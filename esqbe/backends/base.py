@@ -100,8 +100,9 @@ class Backend(ABC):
         raise BackendError(f"the {self.name} backend cannot search exactly")
 
     def calibrate_knn(self, target: float, statistic: str = "mean", *, force: bool = False) -> dict | None:
-        """Calibrate the approximate kNN for recall@100 >= `target` where the backend does so after writes (the
-        engines: num_candidates; the embedded index calibrates each IVF as it builds it). None: nothing done."""
+        """Calibrate the approximate kNN for recall@100 >= `target` (by `statistic`) where it is due or `force`d (the
+        engines: num_candidates; the embedded index: each IVF's nprobe, as it also does when it builds one).
+        Returns what was stored; None: nothing done."""
         return None
 
     def knn_setting(self, facet: str) -> str:

@@ -186,6 +186,17 @@ class Index(IngestMixin):
         except _STORAGE_ERRORS as e:
             raise StorageError(f"cannot read the index at {self._where()}: {_reason(e, self.settings.path)}") from e
 
+    def calibrate_knn(self, *, force: bool = False) -> dict | None:
+        """Calibrate the approximate kNN for the settings' `knn_recall_target` / `knn_recall_statistic` where its
+        stored calibration is for another target or statistic (`force`: every facet, as `esqbe check recall
+        --calibrate` does). Embedded: each IVF's nprobe and re-scored papers, without rebuilding it; engines:
+        num_candidates (ef_search). Returns {facet: calibration} of what was stored, None when nothing was done."""
+        try:
+            return self.backend.calibrate_knn(self.settings.knn_recall_target, self.settings.knn_recall_statistic,
+                                              force=force)
+        except _STORAGE_ERRORS as e:
+            raise StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}") from e
+
     # --- querying -------------------------------------------------------------------------------
     def query(self, paper_id: str | None = None, *, facet: str | None = None, sentences: Sequence[int] | None = None,
               text: str | Sequence[str] | None = None, title: str = "", restrict_to: Sequence[str] | None = None,

@@ -238,13 +238,14 @@ class IngestMixin:
         finally:
             if bar is not None:
                 bar.close()
-        self._calibrate_knn(report)
+        self._calibrate_knn()
         return report
 
-    def _calibrate_knn(self, report) -> None:
-        """After a write: an engine calibrates its kNN's num_candidates for knn_recall_target when due (issue 23)."""
-        if report.indexed or report.replaced:
-            self.backend.calibrate_knn(self.settings.knn_recall_target, self.settings.knn_recall_statistic)
+    def _calibrate_knn(self) -> None:
+        """After an index run: the kNN is calibrated for knn_recall_target when due (issue 23), even when no paper
+        changed: a run with another target (or statistic) re-calibrates what was built for the old one (an engine's
+        num_candidates, the embedded IVFs' nprobe); one with the same target finds nothing due."""
+        self.backend.calibrate_knn(self.settings.knn_recall_target, self.settings.knn_recall_statistic)
 
     def _index_sources(self, sources, problems, format, strict, facets, bar, report) -> None:
         done_bytes = 0

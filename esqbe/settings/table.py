@@ -175,7 +175,8 @@ SETTINGS: tuple[Setting, ...] = (
             env="ESQBE_NPROBE", flag="--nprobe", commands=frozenset({"query", "cite", "serve", "check recall"}),
             group="indexing"),
     Setting("knn_recall_target", float, 0.95, "kNN recall@100 (papers) the writer calibrates the ANN for when it "
-            "builds or merges it: the embedded IVF's nprobe, an engine's num_candidates / ef_search.", low=0.01,
+            "builds or merges it: the embedded IVF's nprobe, an engine's num_candidates / ef_search. An index run with "
+            "another target re-calibrates what was built for the old one; `check recall --calibrate` does it now.", low=0.01,
             high=1.0, env="ESQBE_KNN_RECALL_TARGET", flag="--knn-recall-target",
             commands=frozenset({"index", "attach", "check recall"}), group="indexing"),
     Setting("knn_recall_statistic", str, "mean", "What knn_recall_target bounds when the writer calibrates: the mean "

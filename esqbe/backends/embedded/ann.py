@@ -61,14 +61,8 @@ class AnnMixin(EmbeddedHost):
                                "structure": structure}
             # the nprobe (and, for PQ fast-scan, the papers re-scored) that hold the recall target on this IVF,
             # measured on the facet's own rows (issue 23)
-            if progress:
-                progress(f"calibrating the {label} ANN index for recall@100 ({self.recall_statistic}) >= {self.recall_target}")
-            manifest[label]["calibration"] = calibrate_nprobe(
-                st, code, index, target=self.recall_target, oversample=int(params["oversample"]),
-                statistic=self.recall_statistic, refines=REFINE_LADDER if structure == ANN_PQ_FASTSCAN else (2,),
-                exact_cap=int(params["exact_cap"]))
-            manifest[label]["nprobe"] = manifest[label]["calibration"]["nprobe"]
-            manifest[label]["refine"] = manifest[label]["calibration"]["refine"]
+            manifest[label] = self._calibrated(st, label, code, index, manifest[label], self.recall_target,
+                                               self.recall_statistic, progress)
             del index
             with self._tx():
                 self._set("ann", manifest)
@@ -77,6 +71,45 @@ class AnnMixin(EmbeddedHost):
                 (self.path / "ann" / entry["file"]).unlink(missing_ok=True)
             built[label] = manifest[label]
         return built
+
+    def calibrate_knn(self, target: float, statistic: str = "mean", *, force: bool = False,
+                      progress=None) -> dict | None:
+        """Re-calibrate each facet's IVF (nprobe, and for PQ fast-scan the papers re-scored) for recall@100 >= `target`
+        by `statistic`, without rebuilding it, where its stored calibration is for another target or statistic, or
+        was counted by an older rule (per sentence, before "unit": "papers"), or `force`. The writer calibrates each
+        IVF as it builds it; this is for an IVF built before the target changed. Takes the write lock only when
+        something is due. Returns {facet: calibration} of what was stored, None when nothing was due."""
+        def due(manifest: dict) -> list[str]:
+            return [label for label, entry in manifest.items()
+                    if force or _calibration_due(entry.get("calibration"), target, statistic)]
+
+        if not due(self._setting("ann", {})):
+            return None
+        self._acquire_write()
+        st = self._state()
+        manifest = dict(st.manifest)  # as the write lock found it (another writer may have calibrated meanwhile)
+        done = {}
+        for label in due(manifest):
+            index = self._ann(st, _FACET_CODES[label])
+            manifest[label] = self._calibrated(st, label, _FACET_CODES[label], index, manifest[label], target,
+                                               statistic, progress)
+            done[label] = manifest[label]["calibration"]
+        if done:
+            with self._tx():
+                self._set("ann", manifest)
+                self._bump_generation()
+        return done or None
+
+    def _calibrated(self, st: _State, label: str, code: int, index, entry: dict, target: float, statistic: str,
+                    progress=None) -> dict:
+        """The manifest entry of a facet's IVF with its calibration for `target` (recall@100 by `statistic`)."""
+        if progress:
+            progress(f"calibrating the {label} ANN index for recall@100 ({statistic}) >= {target}")
+        params = self.knn_params()
+        cal = calibrate_nprobe(st, code, index, target=target, oversample=int(params["oversample"]), statistic=statistic,
+                               refines=REFINE_LADDER if entry.get("structure") == ANN_PQ_FASTSCAN else (2,),
+                               exact_cap=int(params["exact_cap"]))
+        return {**entry, "calibration": cal, "nprobe": cal["nprobe"], "refine": cal["refine"]}
 
     def _build_ann(self, st: _State, label: str, code: int, entry: dict | None) -> tuple[str, int, int, object]:
         import faiss
@@ -173,6 +206,13 @@ class AnnMixin(EmbeddedHost):
         self._ann_cache = {k: v for k, v in self._ann_cache.items() if k in {e["file"] for e in st.manifest.values()}}
         self._ann_cache[name] = (index, cached is not None)  # (index, in memory)
         return index
+
+
+def _calibration_due(cal: dict | None, target: float, statistic: str) -> bool:
+    """Whether a stored IVF calibration no longer answers for `target` / `statistic`: none, another target or
+    statistic, or one counted per sentence by an esqbe before recall was counted per query paper."""
+    return (not cal or cal.get("unit") != "papers" or float(cal.get("target", -1)) != float(target)
+            or cal.get("statistic", "mean") != statistic)
 
 
 def _structure_of(index) -> str:
