@@ -193,7 +193,11 @@ def test_a_new_target_recalibrates_the_built_ivfs_without_rebuilding_them(tmp_pa
         return json.loads(_cli("stats", "--path", str(path), "--json"))["knn_calibration"]
 
     first = calibrations()
-    assert first and all(c["target"] == 0.95 for c in first.values()), first
+    assert first and all(c["target"] == 0.95 and not c["due"] for c in first.values()), first
+    # stats under another target says the calibration is not for it, and how to re-calibrate
+    other = json.loads(_cli("stats", "--path", str(path), "--json", env={"ESQBE_KNN_RECALL_TARGET": "0.6"}))
+    assert all(c["due"] for c in other["knn_calibration"].values())
+    assert all("check recall --calibrate" in words for words in other["knn"].values() if "ivf" in words), other["knn"]
     _cli("index", "--path", str(path), "-q", str(src), env={**env, "ESQBE_KNN_RECALL_TARGET": "0.6"})
     low = calibrations()
     assert set(low) == set(first) and all(c["target"] == 0.6 and c["recall"] >= 0.6 for c in low.values()), low

@@ -54,7 +54,7 @@ from ...domain import (
 )
 from ...errors import BackendError, StorageError
 from ..base import Backend
-from .ann import ANN_PQ_FASTSCAN, ANN_SQ8, AnnMixin, _first_stage_pool
+from .ann import ANN_PQ_FASTSCAN, ANN_SQ8, AnnMixin, _calibration_due, _first_stage_pool
 from .knn import KnnMixin
 from .layout import (
     _FACET_CODES,
@@ -300,10 +300,16 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
                 cal = entry.get("calibration")
                 how = ("fixed" if "nprobe" in self._overrides or "nprobe" in self._setting("knn_params", {})
                        else f"calibrated: recall@100 {_stat_name(cal)}{cal['recall']} >= {cal['target']}" if cal else "default")
+                # a calibration made for another target or statistic than this handle's settings (or by the older
+                # per-sentence rule): the next index run re-calibrates it, `check recall --calibrate` does it now
+                due = _calibration_due(cal, self.recall_target, self.recall_statistic)
+                stale = (f"; not for knn_recall_target {self.recall_target:g} ({self.recall_statistic}): "
+                         "`esqbe check recall --calibrate`" if due and cal else "")
                 knn[f] = (f"{entry.get('structure', ANN_SQ8)} ({entry['size']} rows) + exact delta ({delta} rows), "
-                          f"nprobe {self.nprobe_for(f, st)}{_refine_words(entry)} ({how})")
+                          f"nprobe {self.nprobe_for(f, st)}{_refine_words(entry)} ({how}{stale})")
                 calibration[f] = {"nprobe": self.nprobe_for(f, st), "refine": self.refine_for(f, st),
-                                  "structure": entry.get("structure", ANN_SQ8), "setting": how.split(":")[0], **(cal or {})}
+                                  "structure": entry.get("structure", ANN_SQ8), "setting": how.split(":")[0], **(cal or {}),
+                                  "due": due}
             elif counts[c]:
                 knn[f] = "exact"
         return {
