@@ -238,14 +238,16 @@ class IngestMixin:
         finally:
             if bar is not None:
                 bar.close()
-        self._calibrate_knn()
+        self._calibrate_knn(report)
         return report
 
-    def _calibrate_knn(self) -> None:
-        """After an index run: the kNN is calibrated for knn_recall_target when due (issue 23), even when no paper
-        changed: a run with another target (or statistic) re-calibrates what was built for the old one (an engine's
-        num_candidates, the embedded IVFs' nprobe); one with the same target finds nothing due."""
-        self.backend.calibrate_knn(self.settings.knn_recall_target, self.settings.knn_recall_statistic)
+    def _calibrate_knn(self, report) -> None:
+        """After an index run that found the index holding papers: the kNN is calibrated for knn_recall_target when
+        due (issue 23), even when no paper changed: a run with another target (or statistic) re-calibrates what was
+        built for the old one (an engine's num_candidates, the embedded IVFs' nprobe); one with the same target finds
+        nothing due. A run that read nothing touches no index (none is created)."""
+        if report.indexed or report.replaced or report.unchanged:
+            self.backend.calibrate_knn(self.settings.knn_recall_target, self.settings.knn_recall_statistic)
 
     def _index_sources(self, sources, problems, format, strict, facets, bar, report) -> None:
         done_bytes = 0
