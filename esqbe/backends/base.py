@@ -7,7 +7,7 @@ engine-specific crosses this line.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -99,10 +99,11 @@ class Backend(ABC):
         query sentence did not reach the paper among its k). The reference `esqbe check recall` measures against."""
         raise BackendError(f"the {self.name} backend cannot search exactly")
 
-    def calibrate_knn(self, target: float, statistic: str = "mean", *, force: bool = False) -> dict | None:
+    def calibrate_knn(self, target: float, statistic: str = "mean", *, force: bool = False,
+                      progress: Callable[[str], None] | None = None) -> dict | None:
         """Calibrate the approximate kNN for recall@100 >= `target` (by `statistic`) where it is due or `force`d (the
-        engines: num_candidates; the embedded index: each IVF's nprobe, as it also does when it builds one).
-        Returns what was stored; None: nothing done."""
+        engines: num_candidates; the embedded index: each IVF's nprobe, as it also does when it builds one), telling
+        `progress` what it calibrates (minutes at a million papers). Returns what was stored; None: nothing done."""
         return None
 
     def knn_setting(self, facet: str) -> str:

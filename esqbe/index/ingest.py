@@ -3,6 +3,7 @@ read input files and pre-encoded Parquet, and write encoded shards. `Index` comp
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -238,16 +239,17 @@ class IngestMixin:
         finally:
             if bar is not None:
                 bar.close()
-        self._calibrate_knn(report)
+        self._calibrate_knn(report, progress=bool(progress))
         return report
 
-    def _calibrate_knn(self, report) -> None:
+    def _calibrate_knn(self, report, *, progress: bool = False) -> None:
         """After an index run that found the index holding papers: the kNN is calibrated for knn_recall_target when
         due (issue 23), even when no paper changed: a run with another target (or statistic) re-calibrates what was
         built for the old one (an engine's num_candidates, the embedded IVFs' nprobe); one with the same target finds
         nothing due. A run that read nothing touches no index (none is created)."""
         if report.indexed or report.replaced or report.unchanged:
-            self.backend.calibrate_knn(self.settings.knn_recall_target, self.settings.knn_recall_statistic)
+            self.backend.calibrate_knn(self.settings.knn_recall_target, self.settings.knn_recall_statistic,
+                                       progress=_say if progress else None)
 
     def _index_sources(self, sources, problems, format, strict, facets, bar, report) -> None:
         done_bytes = 0
@@ -447,3 +449,7 @@ def _bytes_done(papers, reader_report: ReadReport, bar: Progress, before: int):
 
     return noted(), position
 
+
+def _say(message: str) -> None:
+    """A step of a long index run, on stderr (what the progress lines go to)."""
+    print(f"esqbe: {message}...", file=sys.stderr, flush=True)

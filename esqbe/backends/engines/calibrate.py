@@ -139,11 +139,14 @@ class CalibrationMixin:
         factor, how = self.candidates_factor(facet)
         return f"num_candidates {factor} x k ({how})"
 
-    def calibrate_knn(self, target: float, statistic: str = "mean", *, force: bool = False) -> dict | None:
+    def calibrate_knn(self, target: float, statistic: str = "mean", *, force: bool = False,
+                      progress=None) -> dict | None:
         """Calibrate and store the factor when due (see `due`) or `force`d; returns what was stored, else None."""
         papers = int(self.stats()["papers"])  # type: ignore[attr-defined]
         if not (force or due(self._calibration_home(), papers, target, statistic)):
             return None
+        if progress:
+            progress(f"calibrating the kNN's num_candidates for recall@100 ({statistic}) >= {target}")
         cal = calibrate(self, target=target, statistic=statistic)
         if not cal:
             return None
