@@ -219,3 +219,44 @@ def test_a_new_target_recalibrates_the_built_ivfs_without_rebuilding_them(tmp_pa
     text = _cli("check", "recall", "--path", str(path), "--queries", "5", "--calibrate", "--knn-recall-target", "0.9",
                 env=env)
     assert all(f"calibrated {facet}: nprobe " in text for facet in first), text
+
+
+def test_calibrate_refuses_hostile_targets_and_repairs_a_damaged_calibration(tmp_path, sample_lines):
+    """`check recall --calibrate` with a target that is not a number in 0.01..1 is refused before anything is
+    written (no traceback); a damaged stored calibration (not a dict, a target that is not a number) reads as due in
+    stats instead of failing, and `--calibrate` writes a good one, saying per facet on stderr what it calibrates."""
+    import sqlite3
+
+    src = tmp_path / "papers.jsonl"
+    src.write_text("\n".join(sample_lines[:30]) + "\n")
+    path = tmp_path / "ix"
+    env = {"ESQBE_EXACT_THRESHOLD": "10"}
+    _cli("index", "--path", str(path), "-q", str(src), env=env)
+    before = json.loads(_cli("stats", "--path", str(path), "--json"))["knn_calibration"]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ESQBE_")}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, capture_output=True, text=True,
+                              env={**environ, **env}, timeout=600)
+
+    for bad in ("nan", "inf", "-inf", "2", "0", "1e309", "x"):
+        run = cli("check", "recall", "--path", str(path), "--queries", "2", "--calibrate", "--knn-recall-target", bad)
+        assert run.returncode != 0 and "knn-recall-target" in run.stderr.lower().replace("_", "-"), (bad, run.stderr)
+        assert "Traceback" not in run.stderr + run.stdout, bad
+    assert json.loads(_cli("stats", "--path", str(path), "--json"))["knn_calibration"] == before
+
+    db = sqlite3.connect(path / "papers.sqlite")
+    manifest = json.loads(db.execute("SELECT value FROM settings WHERE key = 'ann'").fetchone()[0])
+    damaged = sorted(manifest)[:2]
+    manifest[damaged[0]]["calibration"] = "not a calibration"
+    manifest[damaged[1]]["calibration"] = {**manifest[damaged[1]]["calibration"], "target": "0.95"}
+    db.execute("UPDATE settings SET value = ? WHERE key = 'ann'", (json.dumps(manifest),))
+    db.commit()
+    db.close()
+    stats = json.loads(_cli("stats", "--path", str(path), "--json"))["knn_calibration"]
+    assert all(stats[f]["due"] for f in damaged) and not any(c["due"] for f, c in stats.items() if f not in damaged)
+    run = cli("check", "recall", "--path", str(path), "--queries", "2", "--calibrate")
+    assert run.returncode == 0, run.stderr
+    assert all(f"calibrating the {f} ANN index for recall@100 (mean) >= 0.95" in run.stderr for f in before), run.stderr
+    repaired = json.loads(_cli("stats", "--path", str(path), "--json"))["knn_calibration"]
+    assert all(c["target"] == 0.95 and not c["due"] for c in repaired.values()), repaired

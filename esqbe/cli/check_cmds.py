@@ -42,10 +42,7 @@ def check_recall_cmd(queries, facet, seed, calibrate, as_json, **kw):
     with _open(kw, "check recall", create=False) as index:
         calibrated = None
         if calibrate:
-            s = index.settings
-            click.echo(f"esqbe: calibrating the kNN for recall@100 ({s.knn_recall_statistic}) >= "
-                       f"{s.knn_recall_target:g}...", err=True)
-            calibrated = index.calibrate_knn(force=True) or {}
+            calibrated = index.calibrate_knn(force=True, progress=lambda m: click.echo(f"esqbe: {m}...", err=True)) or {}
         report = index.check_recall(queries=queries, facet=facet, seed=seed)
     if as_json:
         out = report.to_dict()

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -186,14 +186,15 @@ class Index(IngestMixin):
         except _STORAGE_ERRORS as e:
             raise StorageError(f"cannot read the index at {self._where()}: {_reason(e, self.settings.path)}") from e
 
-    def calibrate_knn(self, *, force: bool = False) -> dict | None:
+    def calibrate_knn(self, *, force: bool = False, progress: Callable[[str], None] | None = None) -> dict | None:
         """Calibrate the approximate kNN for the settings' `knn_recall_target` / `knn_recall_statistic` where its
         stored calibration is for another target or statistic (`force`: every facet, as `esqbe check recall
         --calibrate` does). Embedded: each IVF's nprobe and re-scored papers, without rebuilding it; engines:
-        num_candidates (ef_search). Returns {facet: calibration} of what was stored, None when nothing was done."""
+        num_candidates (ef_search); `progress` is told what is being calibrated. Returns {facet: calibration} of
+        what was stored, None when nothing was done."""
         try:
             return self.backend.calibrate_knn(self.settings.knn_recall_target, self.settings.knn_recall_statistic,
-                                              force=force)
+                                              force=force, progress=progress)
         except _STORAGE_ERRORS as e:
             raise StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}") from e
 

@@ -208,11 +208,14 @@ class AnnMixin(EmbeddedHost):
         return index
 
 
-def _calibration_due(cal: dict | None, target: float, statistic: str) -> bool:
+def _calibration_due(cal, target: float, statistic: str) -> bool:
     """Whether a stored IVF calibration no longer answers for `target` / `statistic`: none, another target or
-    statistic, or one counted per sentence by an esqbe before recall was counted per query paper."""
-    return (not cal or cal.get("unit") != "papers" or float(cal.get("target", -1)) != float(target)
-            or cal.get("statistic", "mean") != statistic)
+    statistic, one counted per sentence by an esqbe before recall was counted per query paper, or one that is not
+    a calibration at all (a damaged manifest entry: re-calibrating writes a good one)."""
+    if not isinstance(cal, dict) or cal.get("unit") != "papers" or cal.get("statistic", "mean") != statistic:
+        return True
+    stored = cal.get("target")
+    return not isinstance(stored, (int, float)) or isinstance(stored, bool) or float(stored) != float(target)
 
 
 def _structure_of(index) -> str:

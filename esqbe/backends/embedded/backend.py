@@ -298,6 +298,8 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
             if entry:
                 delta = int(np.count_nonzero(st.facet[entry["rows"]:] == c))
                 cal = entry.get("calibration")
+                if not (isinstance(cal, dict) and {"recall", "target"} <= cal.keys()):
+                    cal = None  # none, or a damaged entry: shown as the default nprobe, and due for re-calibration
                 how = ("fixed" if "nprobe" in self._overrides or "nprobe" in self._setting("knn_params", {})
                        else f"calibrated: recall@100 {_stat_name(cal)}{cal['recall']} >= {cal['target']}" if cal else "default")
                 # a calibration made for another target or statistic than this handle's settings (or by the older
