@@ -43,8 +43,8 @@ def instrument(backend, parts: dict):
                 parts[name] += 1000 * (time.perf_counter() - t0)
         return wrapped
 
-    orig_search = knn_mod._search_one_thread
-    knn_mod._search_one_thread = timer("ann_search", orig_search)
+    orig_search = knn_mod._search_ann_threads
+    knn_mod._search_ann_threads = timer("ann_search", orig_search)
     orig_exact = backend._exact_best
 
     def exact_best(st, pnos, *a, **kw):

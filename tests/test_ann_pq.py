@@ -186,3 +186,38 @@ def test_calibration_counts_what_the_first_stage_returns(csfcube_pq):
                 assert set(names.values()) == set(want), (pid, nprobe, refine, cap)
                 compared += len(rows) > 1
         assert compared >= 4  # queries of several sentences were among them
+
+
+def test_a_many_sentence_query_searches_the_ann_in_parts_with_the_same_hits(csfcube_pq, monkeypatch):
+    """A query of more than `ANN_SPLIT_SENTENCES` sentences has its ANN search split over the ANN threads (session 12:
+    the p99 queries left the other core idle); each query sentence is searched on its own, so the kNN is the same as
+    one search of all the sentences gives. Real vectors: the papers' own sentences, stacked into long queries."""
+    from esqbe.backends.embedded import ann as ann_mod
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+
+    with EmbeddedBackend(csfcube_pq, create=False) as b:
+        everything = b.get(b.paper_ids())
+        ids = sorted(everything)
+        parts: list[int] = []
+        pool = ann_mod._ann_pool()
+        real_submit = pool.submit
+
+        def counting(fn, q, *a, **kw):
+            parts.append(len(q))
+            return real_submit(fn, q, *a, **kw)
+
+        monkeypatch.setattr(pool, "submit", counting)
+        for i, m in enumerate((ann_mod.ANN_SPLIT_SENTENCES + 1, 9, 13)):
+            rows = [everything[p].vectors[j] for p in ids[i * 40:(i + 1) * 40] for j in everything[p].paper.facet_indices("background")]
+            q = np.stack(rows[:m])
+            parts.clear()
+            split = b.knn(q, 100, facet="background")
+            assert len(parts) == min(ann_mod._ann_threads(), -(-m // ann_mod.ANN_SPLIT_SENTENCES)) > 1, parts
+            assert sum(parts) == m and max(parts) - min(parts) <= 1, parts  # parts of nearly equal size
+            monkeypatch.setattr(ann_mod, "ANN_SPLIT_SENTENCES", 10**6)
+            parts.clear()
+            whole = b.knn(q, 100, facet="background")
+            assert parts == [m]
+            monkeypatch.undo()
+            monkeypatch.setattr(pool, "submit", counting)
+            assert split == whole and len(whole) >= 100  # each sentence's 100 best papers

@@ -3,7 +3,8 @@ swapped in through the manifest), a reader's view of the rows (`_state`) with ea
 threads faiss searches run on.
 
 faiss searches on one OpenMP thread: a query's few vectors split poorly over threads, and BM25 runs on the
-other core meanwhile (first_stage); faiss's spare threads spinning between searches slow both. OpenMP's thread
+other core meanwhile (first_stage); faiss's spare threads spinning between searches slow both. A query of many
+sentences has its search split into parts instead, one per ANN thread (`_search_ann_threads`). OpenMP's thread
 count is a per-thread setting, so the searches run in threads of esqbe's own (`_ann_pool`) whose count is set
 once, when each starts (`_one_omp_thread`): the threads of the application that calls esqbe keep theirs."""
 from __future__ import annotations
@@ -245,9 +246,13 @@ def _ann_pool() -> ThreadPoolExecutor:
     cores, so that concurrent queries search at once as they did on their own threads."""
     global _ANN_POOL
     if _ANN_POOL is None:
-        _ANN_POOL = ThreadPoolExecutor(max(2, os.cpu_count() or 1), thread_name_prefix="esqbe-ann",
-                                       initializer=_one_omp_thread)
+        _ANN_POOL = ThreadPoolExecutor(_ann_threads(), thread_name_prefix="esqbe-ann", initializer=_one_omp_thread)
     return _ANN_POOL
+
+
+def _ann_threads() -> int:
+    """How many ANN threads `_ann_pool` has."""
+    return max(2, os.cpu_count() or 1)
 
 
 def _forget_pool() -> None:  # a forked child has no worker threads: it makes its own pools
@@ -259,7 +264,22 @@ def _forget_pool() -> None:  # a forked child has no worker threads: it makes it
 os.register_at_fork(after_in_child=_forget_pool)
 
 
-def _search_one_thread(index, q: np.ndarray, k: int, params):
-    """faiss search on one OpenMP thread (see the module docstring): handed to an ANN thread, which holds that
-    setting from its start; the caller waits (faiss releases the GIL, so BM25 runs meanwhile)."""
-    return _ann_pool().submit(index.search, q, k, params=params).result()
+#: a query of more sentences than this has its ANN search split over the ANN threads, into one part per this many
+#: sentences, one part per thread at most (the hits are the same: each query sentence is searched on its own). A
+#: query's BM25 ends long before the ANN search of a many-sentence query, which left the other core idle: at hard 1M
+#: the background queries of 8-12 sentences (the p99) spent 30-40 ms in faiss on one core (docs/performance.md,
+#: session 12)
+ANN_SPLIT_SENTENCES = 4
+
+
+def _search_ann_threads(index, q: np.ndarray, k: int, params):
+    """faiss search on one OpenMP thread per part (see the module docstring): handed to the ANN threads, which hold
+    that setting from their start, in ceil(m / `ANN_SPLIT_SENTENCES`) parts of nearly equal size for m query
+    sentences, one per ANN thread at most; the caller waits (faiss releases the GIL, so BM25 runs meanwhile)."""
+    pool = _ann_pool()
+    parts = min(_ann_threads(), -(-len(q) // ANN_SPLIT_SENTENCES))
+    if parts <= 1:
+        return pool.submit(index.search, q, k, params=params).result()
+    futures = [pool.submit(index.search, part, k, params=params) for part in np.array_split(q, parts)]
+    results = [f.result() for f in futures]
+    return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...domain import FACET_LABELS
-from .ann import _search_one_thread
+from .ann import _search_ann_threads
 from .host import EmbeddedHost
 from .layout import _FACET_CODES, _State, f16_to_f32
 from .recall import ann_candidate_scores, ann_hits, capped_union
@@ -96,7 +96,7 @@ class KnnMixin(EmbeddedHost):
                 if bits is not None:
                     sel = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))
                     sp.sel = sel
-                sims, ids = _search_one_thread(index, q, kk, sp)
+                sims, ids = _search_ann_threads(index, q, kk, sp)
                 # the refine * k papers with the best approximate sentence score go to exact re-scoring (the same
                 # rule the recall calibration counts with; 2k for an IVF-SQ8), their union capped below
                 ann_cand.extend(ann_candidate_scores(ids[:m], sims[:m], k, refine))
