@@ -208,16 +208,16 @@ def test_a_many_sentence_query_searches_the_ann_in_parts_with_the_same_hits(csfc
 
         monkeypatch.setattr(pool, "submit", counting)
         for i, m in enumerate((ann_mod.ANN_SPLIT_SENTENCES + 1, 9, 13)):
-            rows = [everything[p].vectors[j] for p in ids[i * 40:(i + 1) * 40] for j in everything[p].paper.facet_indices("background")]
+            rows = [everything[p].vectors[j] for p in ids[i * 40:(i + 1) * 40]
+                    for j in everything[p].paper.facet_indices("background")]
             q = np.stack(rows[:m])
             parts.clear()
             split = b.knn(q, 100, facet="background")
             assert len(parts) == min(ann_mod._ann_threads(), -(-m // ann_mod.ANN_SPLIT_SENTENCES)) > 1, parts
             assert sum(parts) == m and max(parts) - min(parts) <= 1, parts  # parts of nearly equal size
-            monkeypatch.setattr(ann_mod, "ANN_SPLIT_SENTENCES", 10**6)
             parts.clear()
-            whole = b.knn(q, 100, facet="background")
+            with monkeypatch.context() as never_split:
+                never_split.setattr(ann_mod, "ANN_SPLIT_SENTENCES", 10**6)
+                whole = b.knn(q, 100, facet="background")
             assert parts == [m]
-            monkeypatch.undo()
-            monkeypatch.setattr(pool, "submit", counting)
             assert split == whole and len(whole) >= 100  # each sentence's 100 best papers
