@@ -19,7 +19,7 @@ import pytest
 
 from esqbe.core.textsafe import printable, printable_tree
 
-from .conftest import REPO, TERMINAL_PAYLOADS, LiveServer
+from .conftest import REPO, TERMINAL_PAYLOADS
 
 #: what a terminal obeys, but the tab and the line feed (the pty's output processing is off: no \r added)
 _OBEYED = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -114,14 +114,9 @@ def test_stats_of_an_index_with_a_hostile_path(hostile_index_dir, tmp_path):
     _assert_nothing_obeyed(text, "ix" + _ESCAPED[0] + _ESCAPED[3], "papers: 10")
 
 
-def test_query_answered_by_a_server(hostile_index_dir, encoder):
+def test_query_answered_by_a_server(hostile_server):
     """A server's answer is as hostile as an index: the same result printed, nothing obeyed."""
-    from esqbe.server.app import create_app
-    from esqbe.server.options import ServeOptions
-
-    app = create_app(str(hostile_index_dir), config=None, options=ServeOptions(host="127.0.0.1"), encoder=encoder)
-    with LiveServer(app) as url:
-        rc, text = _on_pty("query", "--server", url, "--paper", "paper-5", "--sentences", "0,1", "-k", "9")
+    rc, text = _on_pty("query", "--server", hostile_server, "--paper", "paper-5", "--sentences", "0,1", "-k", "9")
     assert rc == 0, text
     _assert_nothing_obeyed(text, *_ESCAPED, "answered by", "paper-0")
 
