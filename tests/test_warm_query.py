@@ -153,11 +153,16 @@ def test_settings_that_differ_are_not_answered_by_the_server(served, tmp_path):
     assert r.returncode == 0 and _answered_by(r.stderr, served.url) and len(json.loads(r.stdout)["hits"]) == 2
 
 
-def _record(folder: Path, url: str, pid: int, ident: str, settings, mode=0o600, name="127.0.0.1_1.json") -> Path:
+SECRET = "5e" * 32
+
+
+def _record(folder: Path, url: str, pid: int, ident: str, settings, mode=0o600, name="127.0.0.1_1.json",
+            secret=SECRET) -> Path:
     folder.mkdir(mode=0o700, exist_ok=True)
     path = folder / name
-    path.write_text(json.dumps({"version": 1, "url": url, "pid": pid, "index_id": ident, "index": "x",
-                                "settings": discovery.settings_digests(settings), "started": 0}))
+    path.write_text(json.dumps({"version": discovery.RECORD_VERSION, "url": url, "pid": pid, "index_id": ident,
+                                "index": "x", "settings": discovery.settings_digests(settings), "started": 0,
+                                "secret": secret}))
     path.chmod(mode)
     return path
 
@@ -196,14 +201,17 @@ def test_records_of_another_index_or_writable_by_others_are_not_used(served, tmp
     r = cli("query", "--path", copy, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
     assert r.returncode == 0 and "server" not in r.stderr, r.stderr
     assert served.queries_answered() == before
-    # a record of this user whose server answers for another index (its X-Esqbe-Index): the answer is not used
+    # a record of this user naming a live esqbe server of another index, which cannot prove it wrote this record
+    # (its secret and index differ): not asked, the record removed
     open_to_all.chmod(0o600)
     r = cli("query", "--path", copy, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
-    assert r.returncode == 0 and "answers for another index" in r.stderr and "paper " + QID in r.stdout, r.stderr
+    assert r.returncode == 0 and "paper " + QID in r.stdout, r.stderr
+    assert "did not prove it is the esqbe serve that wrote the discovery record" in r.stderr, r.stderr
+    assert "its answer to the challenge is not the record's proof" in r.stderr, r.stderr
+    assert served.queries_answered() == before and not open_to_all.exists()
     # a record naming a server that is not on loopback is not used
     remote = _record(copy / discovery.RECORD_DIR, "http://192.0.2.1:8000", served.proc.pid, ident, settings,
                      name="remote.json")
-    open_to_all.unlink()
     r = cli("query", "--path", copy, "--paper", QID, "--facet", "method", "-k", "2", "--server-timeout", "2",
             cwd=tmp_path)
     assert r.returncode == 0 and "server" not in r.stderr, r.stderr
@@ -211,11 +219,26 @@ def test_records_of_another_index_or_writable_by_others_are_not_used(served, tmp
 
 
 class _Broken(http.server.BaseHTTPRequestHandler):
-    """A server that fails every query (500), or never answers (`slow`)."""
+    """A server that fails every query (500), or never answers (`slow`); it holds the record's secret (`index_id`:
+    the index it proves it serves), as a genuine server that then fails would."""
 
     slow = False
+    index_id = ""
+    protocol_version = "HTTP/1.1"  # keep-alive: the query follows the proof on one connection
+
+    def do_GET(self):  # noqa: N802
+        from urllib.parse import parse_qs, urlsplit
+
+        nonce = parse_qs(urlsplit(self.path).query).get("nonce", [""])[0]
+        body = json.dumps({"proof": discovery.proof(SECRET, nonce, self.index_id)}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.slow:
             time.sleep(5)
         body = json.dumps({"error": {"status": 500, "message": "something broke"}}).encode()
@@ -246,6 +269,7 @@ def test_a_found_server_that_fails_leaves_the_query_here(index_dir_30, tmp_path,
     path = tmp_path / "index"
     shutil.copytree(index_dir_30, path)
     settings = load_settings(None).replace(path=str(path))
+    _Broken.index_id = discovery.index_id(settings)
     _record(path / discovery.RECORD_DIR, broken, os.getpid(), discovery.index_id(settings), settings)
     r = cli("query", "--path", path, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -287,12 +311,12 @@ def test_a_record_only_for_a_server_this_machine_may_query_by_loopback(index_dir
     shutil.copytree(index_dir_30, path)
     settings = load_settings(None).replace(path=str(path))
     token = "t" * 32
-    assert _record(settings, ServeOptions(host="127.0.0.1", port=9, private=True, token=token)) is None
-    assert _record(settings, ServeOptions(host="192.0.2.1", port=9, token=token)) is None
+    assert _record(settings, ServeOptions(host="127.0.0.1", port=9, private=True, token=token), SECRET) is None
+    assert _record(settings, ServeOptions(host="192.0.2.1", port=9, token=token), SECRET) is None
     assert not (path / discovery.RECORD_DIR).exists()
-    written = _record(settings, ServeOptions(host="0.0.0.0", port=9, token=token))
+    written = _record(settings, ServeOptions(host="0.0.0.0", port=9, token=token), SECRET)
     record = json.loads(written.read_text())
-    assert record["url"] == "http://127.0.0.1:9" and record["pid"] == os.getpid()
+    assert record["url"] == "http://127.0.0.1:9" and record["pid"] == os.getpid() and record["secret"] == SECRET
     assert record["index_id"] == discovery.index_id(settings) and "index" in record
     assert written.stat().st_mode & 0o777 == 0o600 and written.parent.stat().st_mode & 0o777 == 0o700
     assert not any(v in written.read_text() for v in ("summax", "rrf"))  # digests, not the settings' values
@@ -311,7 +335,7 @@ def test_an_engine_index_keeps_its_records_in_the_users_cache_keyed_by_url_and_i
     assert folder.parent == tmp_path / "cache" / "esqbe" / "servers"
     assert discovery.record_dir(with_creds) == folder != discovery.record_dir(other)
     assert discovery.index_id(with_creds) == discovery.index_id(base) != discovery.index_id(other)
-    written = discovery.write_record(with_creds, "http://127.0.0.1:9")
+    written = discovery.write_record(with_creds, "http://127.0.0.1:9", SECRET)
     assert written.parent == folder and "s3cret" not in written.read_text()
     assert json.loads(written.read_text())["index"] == "http://localhost:9200/papers"
     found, _ = discovery.find_servers(base)
