@@ -358,3 +358,83 @@ def test_server_flag_sends_the_token_to_a_private_server(index_dir_30, encoder, 
         r = cli("query", "--server", url, "--paper", QID, "--facet", "method", "-k", "2", "--json", cwd=tmp_path,
                 env={"ESQBE_TOKEN": token})
         assert r.returncode == 0 and _answered_by(r.stderr, url) and len(json.loads(r.stdout)["hits"]) == 2, r.stderr
+
+
+#: a process of another user that binds a dead server's port: answers everything with a fake result (a proof that is
+#: not one, the index's id, which anyone who can stat the index directory can compute) and logs what it receives
+IMPOSTOR = r'''
+import http.server, json, sys
+port, log, ident = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+FAKE = {"version": 1, "query": {"paper_id": None, "facet": "method", "sentences": []}, "rescorer": "summax",
+        "rescorer_params": {}, "similarity": "s", "match_weight": "w", "timings_ms": {}, "proof": "0" * 64,
+        "hits": [{"rank": 1, "paper_id": "IMPOSTOR-1", "title": "IMPOSTOR HIT", "similarity": 1.0, "score": 1.0,
+                  "first_stage_score": 1.0, "bm25": 1.0, "knn": 1.0, "matches": []}]}
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def answer(self):
+        data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with open(log, "ab") as f:
+            f.write(self.requestline.encode() + b"\n" + bytes(self.headers) + data + b"\n")
+        out = json.dumps(FAKE).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.send_header("X-Esqbe-Index", ident)
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = answer
+
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+
+def test_a_process_that_took_a_dead_servers_port_gets_no_query(index_dir_30, tmp_path):
+    """Issue 40, item 3: a real `esqbe serve` answers, is killed (SIGKILL: its record stays), and another process
+    binds its port, its pid being the record's (pids are recycled: the test writes the impostor's pid into the
+    record instead of forking ~20 s until the pid comes round). The query's text never reaches it, its answer is
+    not printed, the record is removed and the query is answered here, saying why on stderr."""
+    path = tmp_path / "index"
+    shutil.copytree(index_dir_30, path)
+    server = Served(path, tmp_path)
+    try:
+        (record,) = discovery.records(server.settings)
+        held = json.loads(record.read_text())
+        assert record.stat().st_mode & 0o777 == 0o600 and len(held["secret"]) == 64
+        # the genuine server proves itself and answers
+        r = cli("query", "--path", path, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
+        assert r.returncode == 0 and _answered_by(r.stderr, server.url), r.stderr
+    finally:
+        server.proc.kill()
+        server.proc.wait(timeout=30)
+    assert record.exists()  # SIGKILL: no clean shutdown took it away
+    log = tmp_path / "impostor.log"
+    impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, str(server.port), str(log), held["index_id"]])
+    try:
+        deadline = time.time() + 30
+        while True:  # until it listens on the port
+            try:
+                socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+                break
+            except OSError:
+                assert impostor.poll() is None and time.time() < deadline
+                time.sleep(0.1)
+        log.unlink(missing_ok=True)  # (the probe above)
+        record.write_text(json.dumps({**held, "pid": impostor.pid}))  # the recycled pid
+        secret_text = "CONFIDENTIAL merger plan. " + TEXT
+        r = cli("query", "--path", path, "--text", secret_text, "--facet", "method", "-k", "2", cwd=tmp_path)
+        received = log.read_bytes() if log.exists() else b""
+    finally:
+        impostor.kill()
+        impostor.wait(timeout=30)
+    assert b"GET /proof?nonce=" in received  # it was challenged ...
+    assert b"CONFIDENTIAL" not in received and b"POST" not in received, received  # ... and sent nothing else
+    assert r.returncode == 0, r.stderr
+    assert "IMPOSTOR" not in r.stdout and "query text, facet method" in r.stdout, r.stdout  # answered here
+    assert not _answered_by(r.stderr, server.url)
+    assert (f"the process listening at {server.url} did not prove it is the esqbe serve that wrote the discovery "
+            "record (its answer to the challenge is not the record's proof): the query was not sent to it, its "
+            "record is removed; answering here") in r.stderr, r.stderr
+    assert not record.exists()
