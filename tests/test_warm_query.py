@@ -438,3 +438,28 @@ def test_a_process_that_took_a_dead_servers_port_gets_no_query(index_dir_30, tmp
             "record (its answer to the challenge is not the record's proof): the query was not sent to it, its "
             "record is removed; answering here") in r.stderr, r.stderr
     assert not record.exists()
+
+
+def test_proof_endpoint(index_dir_30, encoder):
+    """GET /proof answers a well-formed nonce with the HMAC a client checks, only on a server that left a record
+    (its secret); an app without one (mounted, embedded) says 404, a malformed nonce 422."""
+    import httpx
+
+    from esqbe.server.app import create_app
+    from esqbe.server.options import ServeOptions
+
+    from .conftest import LiveServer
+
+    app = create_app(str(index_dir_30), config=None, encoder=encoder, options=ServeOptions(host="127.0.0.1"))
+    ident = discovery.index_id(load_settings(None).replace(path=str(index_dir_30)))
+    nonce = discovery.new_nonce()
+    with LiveServer(app) as url:
+        assert httpx.get(f"{url}/proof", params={"nonce": nonce}).status_code == 404
+        app.state.record_secret = SECRET  # what serve() sets when it writes a record
+        r = httpx.get(f"{url}/proof", params={"nonce": nonce})
+        assert r.status_code == 200 and r.headers[discovery.INDEX_HEADER] == ident
+        assert discovery.proof_holds(SECRET, nonce, ident, r.json()["proof"])
+        assert not discovery.proof_holds("00" * 32, nonce, ident, r.json()["proof"])  # another secret's proof
+        assert not discovery.proof_holds(SECRET, discovery.new_nonce(), ident, r.json()["proof"])  # another nonce's
+        for bad in ("", "xyz", nonce.upper(), nonce + "0"):
+            assert httpx.get(f"{url}/proof", params={"nonce": bad}).status_code == 422

@@ -206,7 +206,8 @@ def _metadata_line(meta: dict) -> str:
     authors = author_names(meta)
     if authors:
         parts.append(", ".join(authors[:3]) + (" et al." if len(authors) > 3 else ""))
-    ids = meta.get("external_ids") if isinstance(meta.get("external_ids"), dict) else {}  # (any shape may come)
+    ids = meta.get("external_ids")
+    ids = ids if isinstance(ids, dict) else {}  # (metadata is free-form: any shape may come)
     for key, label in (("doi", "doi:"), ("arxiv", "arXiv:"), ("acl", "ACL:")):
         if ids.get(key):
             parts.append(f"{label}{ids[key]}")

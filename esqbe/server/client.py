@@ -41,7 +41,7 @@ DEFAULT_TIMEOUT_S = 60.0
 #: (its metadata is at most 1 MB, esqbe.domain.LIMITS; its title and matched sentences), and at most MAX_ANSWER_BYTES
 ANSWER_BASE_BYTES = 16 << 20
 ANSWER_HIT_BYTES = 2 << 20
-MAX_ANSWER_BYTES = 512 << 20
+MAX_ANSWER_BYTES = 256 << 20
 #: the bytes read of an error's body or of a proof
 SMALL_ANSWER_BYTES = 64 << 10
 _CHUNK = 64 << 10
@@ -127,10 +127,10 @@ def _shown(text: object, n: int = 200) -> str:
 
 def _proxy(parts: urllib.parse.SplitResult) -> urllib.parse.SplitResult | None:
     """The environment's proxy for a URL that is not on loopback, as urllib would choose it (None: direct)."""
-    if is_loopback_url(urllib.parse.urlunsplit(parts)):
+    if is_loopback_url(urllib.parse.urlunsplit(("http", parts.netloc, "", "", ""))):  # (https too)
         return None
     found = urllib.request.getproxies().get(parts.scheme)
-    if not found or urllib.request.proxy_bypass(parts.netloc):
+    if not found or urllib.request.proxy_bypass(parts.netloc.rpartition("@")[2]):
         return None
     proxy = urllib.parse.urlsplit(found if "://" in found else f"http://{found}")
     return proxy if proxy.hostname else None
@@ -198,7 +198,7 @@ class _Connection:
         return ServerUnavailableError(f"the server at {self.url} did not answer within {self.timeout:g} s")
 
     def exchange(self, method: str, path: str, *, body: bytes | None = None, headers: dict[str, str],
-                 cap: int) -> tuple[int, dict[str, str], bytes]:
+                 cap: int) -> tuple[int, dict[str, str], bytes | bytearray]:
         """One request and its whole answer: (status, headers with names in lower case, body), the body of a
         non-2xx answer cut at SMALL_ANSWER_BYTES; a 2xx body past `cap` bytes is the server's fault."""
         try:
@@ -231,8 +231,8 @@ class _Connection:
                 del data[limit:]
                 self.conn.close()  # the rest is never read: this connection carries nothing more
             elif not answer.isclosed() or answer.length:  # cut short (a Content-Length not reached)
-                raise http.client.IncompleteRead(bytes(data))
-            return status, got, bytes(data)
+                raise http.client.IncompleteRead(b"")
+            return status, got, data  # (not copied: it may be most of the cap)
         except ServerUnavailableError:
             raise
         except (TimeoutError, OSError, http.client.HTTPException, ValueError) as e:
@@ -296,7 +296,7 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not a finite number")
 
 
-def _result(url: str, payload: bytes) -> dict:
+def _result(url: str, payload: bytes | bytearray) -> dict:
     """The answer as the API's response model (models.QueryResponse) has it, or the server's fault."""
     from pydantic import ValidationError
 
@@ -334,7 +334,7 @@ def _deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-def _error_message(payload: bytes) -> str:
+def _error_message(payload: bytes | bytearray) -> str:
     """The message of an esqbe error body ({"error": {"message"}}), one short line; "" when there is none."""
     try:
         return _shown(json.loads(payload)["error"]["message"], 300)
