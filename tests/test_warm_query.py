@@ -223,6 +223,8 @@ class _Broken(http.server.BaseHTTPRequestHandler):
     the index it proves it serves), as a genuine server that then fails would."""
 
     slow = False
+    close_after_proof = False
+    posts = 0
     index_id = ""
     protocol_version = "HTTP/1.1"  # keep-alive: the query follows the proof on one connection
 
@@ -234,10 +236,13 @@ class _Broken(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        if self.close_after_proof:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
     def do_POST(self):  # noqa: N802
+        type(self).posts += 1
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.slow:
             time.sleep(5)
@@ -262,7 +267,8 @@ def broken():
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
     httpd.server_close()
-    _Broken.slow = False
+    _Broken.slow = _Broken.close_after_proof = False
+    _Broken.posts = 0
 
 
 def test_a_found_server_that_fails_leaves_the_query_here(index_dir_30, tmp_path, broken):
@@ -276,6 +282,20 @@ def test_a_found_server_that_fails_leaves_the_query_here(index_dir_30, tmp_path,
     warnings = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(warnings) == 1 and "failed (500): something broke; answering here" in warnings[0], r.stderr
     assert "paper " + QID in r.stdout
+
+
+def test_the_query_goes_over_the_connection_the_proof_came_on(index_dir_30, tmp_path, broken):
+    """A listener that proves itself and then closes the connection gets no query: the client does not open another
+    (which whoever holds the port then could answer)."""
+    path = tmp_path / "index"
+    shutil.copytree(index_dir_30, path)
+    settings = load_settings(None).replace(path=str(path))
+    _Broken.index_id, _Broken.close_after_proof = discovery.index_id(settings), True
+    _record(path / discovery.RECORD_DIR, broken, os.getpid(), discovery.index_id(settings), settings)
+    r = cli("query", "--path", path, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
+    assert r.returncode == 0 and "paper " + QID in r.stdout, r.stderr
+    assert f"the server at {broken} closed the connection it proved itself on; answering here" in r.stderr, r.stderr
+    assert _Broken.posts == 0
 
 
 def test_server_flag(served, tmp_path, broken):

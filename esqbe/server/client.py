@@ -202,9 +202,11 @@ class _Connection:
         """One request and its whole answer: (status, headers with names in lower case, body), the body of a
         non-2xx answer cut at SMALL_ANSWER_BYTES; a 2xx body past `cap` bytes is the server's fault."""
         try:
-            if self.conn.sock is None and self.conn.auto_open:
+            if self.conn.sock is None and not self.conn.auto_open:
+                raise ServerUnavailableError(f"the server at {self.url} closed the connection it proved itself on")
+            if self.conn.sock is None:
                 self.conn.connect()
-                self.conn.auto_open = 0  # every later request goes over this connection or fails (NotConnected)
+                self.conn.auto_open = 0  # every later request goes over this connection or fails
             if self.expired:
                 raise self._late()
             self.conn.request(method, self.base + path, body=body, headers={**headers, **self.proxy_headers})
