@@ -29,6 +29,25 @@ def _valid(**hit) -> dict:
                       "first_stage_score": 1.0, "bm25": 1.0, "knn": 0.5, "matches": [], "metadata": {}, **hit}]}
 
 
+def _read_request(conn) -> bytes:
+    """A request's head and body, read whole (a socket closed with bytes unread resets the connection)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        piece = conn.recv(65536)
+        if not piece:
+            return data
+        data += piece
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        piece = conn.recv(65536)
+        if not piece:
+            break
+        body += piece
+    return head + b"\r\n\r\n" + body
+
+
 class Raw:
     """A TCP server on 127.0.0.1 running `handle(conn, request)` for each connection on a thread of its own
     (`request`: the bytes of the request's head and body); `seen` lists each connection's request."""
@@ -50,23 +69,10 @@ class Raw:
     def _run(self, conn):
         with conn:
             conn.settimeout(30)
-            data = b""
             try:
-                while b"\r\n\r\n" not in data:
-                    piece = conn.recv(65536)
-                    if not piece:
-                        break
-                    data += piece
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                while len(body) < length:
-                    piece = conn.recv(65536)
-                    if not piece:
-                        break
-                    body += piece
-                self.seen.append(head + b"\r\n\r\n" + body)
-                self.handle(conn, head + b"\r\n\r\n" + body)
+                request = _read_request(conn)
+                self.seen.append(request)
+                self.handle(conn, request)
             except OSError:
                 pass
 
@@ -212,3 +218,54 @@ def test_a_proxy_from_the_environment_carries_a_query_to_another_host(raw, tmp_p
     r = _query("http://esqbe.example:8000", tmp_path, "--json", env=env)
     assert r.returncode == 0 and json.loads(r.stdout)["hits"][0]["paper_id"] == "h1", r.stderr
     assert proxy.seen[0].startswith(b"POST http://esqbe.example:8000/query HTTP/1.1\r\n")
+
+
+def test_https(tmp_path):
+    """An https:// server: its certificate is checked (here one the test makes and trusts by SSL_CERT_FILE), and the
+    one deadline also ends a drip over TLS."""
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a certificate with")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    url = f"https://127.0.0.1:{listener.getsockname()[1]}"
+    mode = {"drip": False}
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                with context.wrap_socket(conn, server_side=True) as tls:
+                    _read_request(tls)
+                    if mode["drip"]:
+                        tls.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                        for _ in range(120):
+                            tls.sendall(b"a")
+                            time.sleep(0.5)
+                    else:
+                        _send(tls, "200 OK", json.dumps(_valid()).encode())
+            except OSError:
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        trusted = {"SSL_CERT_FILE": str(cert)}
+        r = _query(url, tmp_path, "--json", env=trusted)
+        assert r.returncode == 0 and json.loads(r.stdout)["hits"][0]["paper_id"] == "h1", r.stderr
+        r = _query(url, tmp_path, "--json", env={"SSL_CERT_FILE": str(tmp_path / "none.pem")})
+        _one_line_failure(r, f"the server at {url} cannot be reached: [SSL: CERTIFICATE_VERIFY_FAILED]")
+        mode["drip"] = True
+        r = _query(url, tmp_path, "--server-timeout", "2", env=trusted)
+        _one_line_failure(r, f"the server at {url} did not answer within 2 s")
+    finally:
+        listener.close()

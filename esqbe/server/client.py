@@ -23,7 +23,6 @@ import json
 import socket
 import ssl
 import threading
-import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
@@ -169,7 +168,6 @@ class _Connection:
                 self.base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, self.base, "", ""))
                 self.proxy_headers = auth
         self.expired = False
-        self._started = time.monotonic()
         self._timer = threading.Timer(timeout, self._expire)
         self._timer.daemon = True
         self._timer.start()
@@ -201,11 +199,14 @@ class _Connection:
                  cap: int) -> tuple[int, dict[str, str], bytes | bytearray]:
         """One request and its whole answer: (status, headers with names in lower case, body), the body of a
         non-2xx answer cut at SMALL_ANSWER_BYTES; a 2xx body past `cap` bytes is the server's fault."""
+        connecting = False
         try:
             if self.conn.sock is None and not self.conn.auto_open:
                 raise ServerUnavailableError(f"the server at {self.url} closed the connection it proved itself on")
             if self.conn.sock is None:
+                connecting = True  # (TLS included: a certificate refused is a server that cannot be reached)
                 self.conn.connect()
+                connecting = False
                 self.conn.auto_open = 0  # every later request goes over this connection or fails
             if self.expired:
                 raise self._late()
@@ -241,7 +242,7 @@ class _Connection:
             if self.expired or isinstance(e, TimeoutError):
                 raise self._late() from None
             refused = isinstance(e, ConnectionRefusedError)
-            why = "cannot be reached" if refused or self.conn.sock is None else "broke off its answer"
+            why = "cannot be reached" if connecting else "broke off the exchange"
             raise ServerUnavailableError(f"the server at {self.url} {why}: {_shown(e) or type(e).__name__}",
                                          connection_refused=refused) from None
 
