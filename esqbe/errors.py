@@ -22,8 +22,9 @@ EXIT_MEANINGS = {
     EXIT_USAGE: "command-line usage: unknown option, a value out of its range (`-k 0`, `--bm25-weight 5`)",
     EXIT_STORAGE: "the index or the machine failed: disk full, read-only index, I/O error (what was committed "
                   "before it stays)",
-    EXIT_SERVER: "`esqbe query --server URL`: that server cannot be reached, timed out or failed (5xx); "
-                 "a server the query found by itself falls back to answering locally instead",
+    EXIT_SERVER: "`esqbe query --server URL`: that server cannot be reached, timed out, failed (5xx), redirected "
+                 "or answered something that is not a query result; a server the query found by itself falls back "
+                 "to answering locally instead",
     EXIT_INTERNAL: "an internal error, a bug in esqbe: the traceback is printed; please report it",
 }
 

@@ -153,11 +153,16 @@ def test_settings_that_differ_are_not_answered_by_the_server(served, tmp_path):
     assert r.returncode == 0 and _answered_by(r.stderr, served.url) and len(json.loads(r.stdout)["hits"]) == 2
 
 
-def _record(folder: Path, url: str, pid: int, ident: str, settings, mode=0o600, name="127.0.0.1_1.json") -> Path:
+SECRET = "5e" * 32
+
+
+def _record(folder: Path, url: str, pid: int, ident: str, settings, mode=0o600, name="127.0.0.1_1.json",
+            secret=SECRET) -> Path:
     folder.mkdir(mode=0o700, exist_ok=True)
     path = folder / name
-    path.write_text(json.dumps({"version": 1, "url": url, "pid": pid, "index_id": ident, "index": "x",
-                                "settings": discovery.settings_digests(settings), "started": 0}))
+    path.write_text(json.dumps({"version": discovery.RECORD_VERSION, "url": url, "pid": pid, "index_id": ident,
+                                "index": "x", "settings": discovery.settings_digests(settings), "started": 0,
+                                "secret": secret}))
     path.chmod(mode)
     return path
 
@@ -196,14 +201,17 @@ def test_records_of_another_index_or_writable_by_others_are_not_used(served, tmp
     r = cli("query", "--path", copy, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
     assert r.returncode == 0 and "server" not in r.stderr, r.stderr
     assert served.queries_answered() == before
-    # a record of this user whose server answers for another index (its X-Esqbe-Index): the answer is not used
+    # a record of this user naming a live esqbe server of another index, which cannot prove it wrote this record
+    # (its secret and index differ): not asked, the record removed
     open_to_all.chmod(0o600)
     r = cli("query", "--path", copy, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
-    assert r.returncode == 0 and "answers for another index" in r.stderr and "paper " + QID in r.stdout, r.stderr
+    assert r.returncode == 0 and "paper " + QID in r.stdout, r.stderr
+    assert "did not prove it is the esqbe serve that wrote the discovery record" in r.stderr, r.stderr
+    assert "its answer to the challenge is not the record's proof" in r.stderr, r.stderr
+    assert served.queries_answered() == before and not open_to_all.exists()
     # a record naming a server that is not on loopback is not used
     remote = _record(copy / discovery.RECORD_DIR, "http://192.0.2.1:8000", served.proc.pid, ident, settings,
                      name="remote.json")
-    open_to_all.unlink()
     r = cli("query", "--path", copy, "--paper", QID, "--facet", "method", "-k", "2", "--server-timeout", "2",
             cwd=tmp_path)
     assert r.returncode == 0 and "server" not in r.stderr, r.stderr
@@ -211,11 +219,31 @@ def test_records_of_another_index_or_writable_by_others_are_not_used(served, tmp
 
 
 class _Broken(http.server.BaseHTTPRequestHandler):
-    """A server that fails every query (500), or never answers (`slow`)."""
+    """A server that fails every query (500), or never answers (`slow`); it holds the record's secret (`index_id`:
+    the index it proves it serves), as a genuine server that then fails would."""
 
     slow = False
+    close_after_proof = False
+    posts = 0
+    index_id = ""
+    protocol_version = "HTTP/1.1"  # keep-alive: the query follows the proof on one connection
+
+    def do_GET(self):  # noqa: N802
+        from urllib.parse import parse_qs, urlsplit
+
+        nonce = parse_qs(urlsplit(self.path).query).get("nonce", [""])[0]
+        body = json.dumps({"proof": discovery.proof(SECRET, nonce, self.index_id)}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if self.close_after_proof:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
 
     def do_POST(self):  # noqa: N802
+        type(self).posts += 1
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.slow:
             time.sleep(5)
         body = json.dumps({"error": {"status": 500, "message": "something broke"}}).encode()
@@ -239,19 +267,35 @@ def broken():
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
     httpd.server_close()
-    _Broken.slow = False
+    _Broken.slow = _Broken.close_after_proof = False
+    _Broken.posts = 0
 
 
 def test_a_found_server_that_fails_leaves_the_query_here(index_dir_30, tmp_path, broken):
     path = tmp_path / "index"
     shutil.copytree(index_dir_30, path)
     settings = load_settings(None).replace(path=str(path))
+    _Broken.index_id = discovery.index_id(settings)
     _record(path / discovery.RECORD_DIR, broken, os.getpid(), discovery.index_id(settings), settings)
     r = cli("query", "--path", path, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(warnings) == 1 and "failed (500): something broke; answering here" in warnings[0], r.stderr
     assert "paper " + QID in r.stdout
+
+
+def test_the_query_goes_over_the_connection_the_proof_came_on(index_dir_30, tmp_path, broken):
+    """A listener that proves itself and then closes the connection gets no query: the client does not open another
+    (which whoever holds the port then could answer)."""
+    path = tmp_path / "index"
+    shutil.copytree(index_dir_30, path)
+    settings = load_settings(None).replace(path=str(path))
+    _Broken.index_id, _Broken.close_after_proof = discovery.index_id(settings), True
+    _record(path / discovery.RECORD_DIR, broken, os.getpid(), discovery.index_id(settings), settings)
+    r = cli("query", "--path", path, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
+    assert r.returncode == 0 and "paper " + QID in r.stdout, r.stderr
+    assert f"the server at {broken} closed the connection it proved itself on; answering here" in r.stderr, r.stderr
+    assert _Broken.posts == 0
 
 
 def test_server_flag(served, tmp_path, broken):
@@ -287,12 +331,12 @@ def test_a_record_only_for_a_server_this_machine_may_query_by_loopback(index_dir
     shutil.copytree(index_dir_30, path)
     settings = load_settings(None).replace(path=str(path))
     token = "t" * 32
-    assert _record(settings, ServeOptions(host="127.0.0.1", port=9, private=True, token=token)) is None
-    assert _record(settings, ServeOptions(host="192.0.2.1", port=9, token=token)) is None
+    assert _record(settings, ServeOptions(host="127.0.0.1", port=9, private=True, token=token), SECRET) is None
+    assert _record(settings, ServeOptions(host="192.0.2.1", port=9, token=token), SECRET) is None
     assert not (path / discovery.RECORD_DIR).exists()
-    written = _record(settings, ServeOptions(host="0.0.0.0", port=9, token=token))
+    written = _record(settings, ServeOptions(host="0.0.0.0", port=9, token=token), SECRET)
     record = json.loads(written.read_text())
-    assert record["url"] == "http://127.0.0.1:9" and record["pid"] == os.getpid()
+    assert record["url"] == "http://127.0.0.1:9" and record["pid"] == os.getpid() and record["secret"] == SECRET
     assert record["index_id"] == discovery.index_id(settings) and "index" in record
     assert written.stat().st_mode & 0o777 == 0o600 and written.parent.stat().st_mode & 0o777 == 0o700
     assert not any(v in written.read_text() for v in ("summax", "rrf"))  # digests, not the settings' values
@@ -311,7 +355,7 @@ def test_an_engine_index_keeps_its_records_in_the_users_cache_keyed_by_url_and_i
     assert folder.parent == tmp_path / "cache" / "esqbe" / "servers"
     assert discovery.record_dir(with_creds) == folder != discovery.record_dir(other)
     assert discovery.index_id(with_creds) == discovery.index_id(base) != discovery.index_id(other)
-    written = discovery.write_record(with_creds, "http://127.0.0.1:9")
+    written = discovery.write_record(with_creds, "http://127.0.0.1:9", SECRET)
     assert written.parent == folder and "s3cret" not in written.read_text()
     assert json.loads(written.read_text())["index"] == "http://localhost:9200/papers"
     found, _ = discovery.find_servers(base)
@@ -334,3 +378,108 @@ def test_server_flag_sends_the_token_to_a_private_server(index_dir_30, encoder, 
         r = cli("query", "--server", url, "--paper", QID, "--facet", "method", "-k", "2", "--json", cwd=tmp_path,
                 env={"ESQBE_TOKEN": token})
         assert r.returncode == 0 and _answered_by(r.stderr, url) and len(json.loads(r.stdout)["hits"]) == 2, r.stderr
+
+
+#: a process of another user that binds a dead server's port: answers everything with a fake result (a proof that is
+#: not one, the index's id, which anyone who can stat the index directory can compute) and logs what it receives
+IMPOSTOR = r'''
+import http.server, json, sys
+port, log, ident = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+FAKE = {"version": 1, "query": {"paper_id": None, "facet": "method", "sentences": []}, "rescorer": "summax",
+        "rescorer_params": {}, "similarity": "s", "match_weight": "w", "timings_ms": {}, "proof": "0" * 64,
+        "hits": [{"rank": 1, "paper_id": "IMPOSTOR-1", "title": "IMPOSTOR HIT", "similarity": 1.0, "score": 1.0,
+                  "first_stage_score": 1.0, "bm25": 1.0, "knn": 1.0, "matches": []}]}
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def answer(self):
+        data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with open(log, "ab") as f:
+            f.write(self.requestline.encode() + b"\n" + bytes(self.headers) + data + b"\n")
+        out = json.dumps(FAKE).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.send_header("X-Esqbe-Index", ident)
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = answer
+
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+
+def test_a_process_that_took_a_dead_servers_port_gets_no_query(index_dir_30, tmp_path):
+    """Issue 40, item 3: a real `esqbe serve` answers, is killed (SIGKILL: its record stays), and another process
+    binds its port, its pid being the record's (pids are recycled: the test writes the impostor's pid into the
+    record instead of forking ~20 s until the pid comes round). The query's text never reaches it, its answer is
+    not printed, the record is removed and the query is answered here, saying why on stderr."""
+    path = tmp_path / "index"
+    shutil.copytree(index_dir_30, path)
+    server = Served(path, tmp_path)
+    try:
+        (record,) = discovery.records(server.settings)
+        held = json.loads(record.read_text())
+        assert record.stat().st_mode & 0o777 == 0o600 and len(held["secret"]) == 64
+        # the genuine server proves itself and answers
+        r = cli("query", "--path", path, "--paper", QID, "--facet", "method", "-k", "2", cwd=tmp_path)
+        assert r.returncode == 0 and _answered_by(r.stderr, server.url), r.stderr
+    finally:
+        server.proc.kill()
+        server.proc.wait(timeout=30)
+    assert record.exists()  # SIGKILL: no clean shutdown took it away
+    log = tmp_path / "impostor.log"
+    impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, str(server.port), str(log), held["index_id"]])
+    try:
+        deadline = time.time() + 30
+        while True:  # until it listens on the port
+            try:
+                socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+                break
+            except OSError:
+                assert impostor.poll() is None and time.time() < deadline
+                time.sleep(0.1)
+        log.unlink(missing_ok=True)  # (the probe above)
+        record.write_text(json.dumps({**held, "pid": impostor.pid}))  # the recycled pid
+        secret_text = "CONFIDENTIAL merger plan. " + TEXT
+        r = cli("query", "--path", path, "--text", secret_text, "--facet", "method", "-k", "2", cwd=tmp_path)
+        received = log.read_bytes() if log.exists() else b""
+    finally:
+        impostor.kill()
+        impostor.wait(timeout=30)
+    assert b"GET /proof?nonce=" in received  # it was challenged ...
+    assert b"CONFIDENTIAL" not in received and b"POST" not in received, received  # ... and sent nothing else
+    assert r.returncode == 0, r.stderr
+    assert "IMPOSTOR" not in r.stdout and "query text, facet method" in r.stdout, r.stdout  # answered here
+    assert not _answered_by(r.stderr, server.url)
+    assert (f"the process listening at {server.url} did not prove it is the esqbe serve that wrote the discovery "
+            "record (its answer to the challenge is not the record's proof): the query was not sent to it, its "
+            "record is removed; answering here") in r.stderr, r.stderr
+    assert not record.exists()
+
+
+def test_proof_endpoint(index_dir_30, encoder):
+    """GET /proof answers a well-formed nonce with the HMAC a client checks, only on a server that left a record
+    (its secret); an app without one (mounted, embedded) says 404, a malformed nonce 422."""
+    import httpx
+
+    from esqbe.server.app import create_app
+    from esqbe.server.options import ServeOptions
+
+    from .conftest import LiveServer
+
+    app = create_app(str(index_dir_30), config=None, encoder=encoder, options=ServeOptions(host="127.0.0.1"))
+    ident = discovery.index_id(load_settings(None).replace(path=str(index_dir_30)))
+    nonce = discovery.new_nonce()
+    with LiveServer(app) as url:
+        assert httpx.get(f"{url}/proof", params={"nonce": nonce}).status_code == 404
+        app.state.record_secret = SECRET  # what serve() sets when it writes a record
+        r = httpx.get(f"{url}/proof", params={"nonce": nonce})
+        assert r.status_code == 200 and r.headers[discovery.INDEX_HEADER] == ident
+        assert discovery.proof_holds(SECRET, nonce, ident, r.json()["proof"])
+        assert not discovery.proof_holds("00" * 32, nonce, ident, r.json()["proof"])  # another secret's proof
+        assert not discovery.proof_holds(SECRET, discovery.new_nonce(), ident, r.json()["proof"])  # another nonce's
+        for bad in ("", "xyz", nonce.upper(), nonce + "0"):
+            assert httpx.get(f"{url}/proof", params={"nonce": bad}).status_code == 422

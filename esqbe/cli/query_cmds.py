@@ -59,7 +59,7 @@ def _single_threaded_math():
                    "(its model is warm: no loading), else the query runs here.")
 @click.option("--no-server", is_flag=True, help="Answer here, even when an `esqbe serve` runs on this index.")
 @click.option("--server-timeout", type=click.FloatRange(0, 3600, min_open=True), default=60, show_default=True,
-              help="Seconds to wait for a server's answer.")
+              help="Seconds the whole exchange with a server may take (connecting, its proof, the answer), however it drips.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not say on stderr that a server answered.")
 @click_options("query")
 @config_option
@@ -209,7 +209,8 @@ def _metadata_line(meta: dict) -> str:
     authors = author_names(meta)
     if authors:
         parts.append(", ".join(authors[:3]) + (" et al." if len(authors) > 3 else ""))
-    ids = meta.get("external_ids") or {}
+    ids = meta.get("external_ids")
+    ids = ids if isinstance(ids, dict) else {}  # (metadata is free-form: any shape may come)
     for key, label in (("doi", "doi:"), ("arxiv", "arXiv:"), ("acl", "ACL:")):
         if ids.get(key):
             parts.append(f"{label}{ids[key]}")

@@ -40,7 +40,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from ..settings.config import ConfigError, Settings, load_settings
-from .discovery import loopback_url, remove_record, write_record
+from .discovery import loopback_url, new_secret, remove_record, write_record
 from .errors import install_error_handlers
 from .middleware import _BodyLimit, _Perimeter
 from .options import (
@@ -129,12 +129,13 @@ def serve(settings: Settings, options: ServeOptions, *, log_level: str = "info")
     check_exposure(options)
     limit_for_query()  # this process answers queries: small matrices, one BLAS thread (esqbe.core.threads)
     app = create_app(settings=settings, options=options)
+    secret = app.state.record_secret = new_secret()  # what GET /proof proves this process wrote its record with
     for line in exposure_notes(options):
         print(f"esqbe: {line}", file=sys.stderr, flush=True)
     app.state.service.start()  # open the index and load the model now: a failure is one clear error, not a traceback
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=log_level, proxy_headers=False,
                             server_header=False, timeout_graceful_shutdown=10)
-    server = _recorded_server(config, lambda: _record(settings, options))
+    server = _recorded_server(config, lambda: _record(settings, options, secret))
     try:
         server.run()
     except KeyboardInterrupt:  # as uvicorn.run: the signal that stopped a clean shutdown
@@ -167,14 +168,14 @@ def _recorded_server(config, make_record):
     return Recorded(config)
 
 
-def _record(settings: Settings, options: ServeOptions):
+def _record(settings: Settings, options: ServeOptions, secret: str):
     """Write the discovery record of a server this machine reaches by loopback and any local user may query
-    (not a private one); say so on stderr. Its path, or None."""
+    (not a private one), with the `secret` it proves itself by (GET /proof); say so on stderr. Its path, or None."""
     url = loopback_url(options.host, options.port)
     if url is None or options.private:
         return None
     try:
-        path = write_record(settings, url)
+        path = write_record(settings, url, secret)
     except OSError as e:
         print(f"esqbe: no discovery record ({e}): `esqbe query` uses this server only with --server {url}",
               file=sys.stderr, flush=True)

@@ -1,10 +1,10 @@
 """Discovery records: a running `esqbe serve` says where it answers, so that `esqbe query` on the same index can
 use its warm model instead of loading one (10-13 s for a `--text` query).
 
-A record is one small JSON file, written atomically once the server listens and removed when it shuts down:
+A record is one small JSON file (0600), written atomically once the server listens and removed when it shuts down:
 
-    {"version": 1, "url": "http://127.0.0.1:8000", "pid": 4242, "index_id": "...", "index": "/abs/esqbe-index",
-     "settings": {"rescorer": "<digest>", ...}, "started": 1764000000.0}
+    {"version": 2, "url": "http://127.0.0.1:8000", "pid": 4242, "index_id": "...", "index": "/abs/esqbe-index",
+     "settings": {"rescorer": "<digest>", ...}, "started": 1764000000.0, "secret": "<64 hex digits>"}
 
 It lives where the index's owner controls it: inside the index directory (`servers/`) for the embedded backend,
 in the user's cache directory (`$XDG_CACHE_HOME/esqbe/servers/<url+index digest>/`) for an engine index.
@@ -14,26 +14,41 @@ process and this index's `index_id`; the server's answer must then carry the sam
 header). A record of a dead process or of a copied index directory is removed; one of another user, or that
 cannot be read, is left alone and ignored.
 
+A live pid proves nothing about who listens at the URL: once a server died (killed, its record left), any local
+user may bind its port, and pids are recycled. So the server proves it wrote the record before a query is sent to
+it: the record holds a random `secret` only its user can read (and the server keeps in memory); the client sends a
+fresh random nonce (`GET /proof?nonce=...`) and the server answers `proof(secret, nonce, index_id)`, an HMAC-SHA256
+the client checks, and the query then goes over that same connection (esqbe.server.client). A listener that
+cannot prove it gets no query, and its record is removed.
+
 `settings` holds a digest of each setting that changes a query's answer, so that a command line with other
 settings (a config file, environment variables) does not get the server's answer for its own."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
+import re
+import secrets
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from ..settings.config import Settings
 from ..settings.table import SETTINGS
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: with the secret a server proves itself by (a record of version 1 is not trusted)
 #: the response header that names the index a server answered from
 INDEX_HEADER = "X-Esqbe-Index"
+#: the endpoint a server answers a nonce at, with its proof
+PROOF_PATH = "/proof"
+#: a record's secret and a client's nonce: 32 random bytes, as hex
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+NONCE_PATTERN = "^[0-9a-f]{64}$"
 #: the embedded index's subdirectory of records
 RECORD_DIR = "servers"
 #: settings that do not change what a query answers (or say where the index is: `index_id` covers those)
@@ -117,9 +132,33 @@ def is_loopback_url(url: str) -> bool:
         return False
 
 
+# ------------------------------------------------------------------------------------------------------ the proof
+def new_secret() -> str:
+    """A server's secret for its record: 32 random bytes, as hex."""
+    return secrets.token_hex(32)
+
+
+def new_nonce() -> str:
+    """A client's challenge: 32 random bytes, as hex (a fresh one for every server asked)."""
+    return secrets.token_hex(32)
+
+
+def proof(secret: str, nonce: str, ident: str) -> str:
+    """What the server that holds `secret` answers to `nonce` for the index `ident`: HMAC-SHA256, as hex."""
+    message = f"esqbe discovery proof\0{ident}\0{nonce}".encode()
+    return hmac.new(bytes.fromhex(secret), message, hashlib.sha256).hexdigest()
+
+
+def proof_holds(secret: str, nonce: str, ident: str, answered: object) -> bool:
+    """Whether `answered` is the proof for `nonce` (compared in constant time)."""
+    return (isinstance(answered, str) and _HEX64.fullmatch(answered) is not None
+            and hmac.compare_digest(proof(secret, nonce, ident), answered))
+
+
 # ---------------------------------------------------------------------------------------------------- the server
-def write_record(settings: Settings, url: str) -> Path:
-    """Write this process's record (atomically: a private temporary file renamed into place); its path."""
+def write_record(settings: Settings, url: str, secret: str) -> Path:
+    """Write this process's record with the `secret` it proves itself by (atomically: a private temporary file
+    renamed into place); its path."""
     ident = index_id(settings)
     if ident is None:
         raise OSError(f"no index at {index_where(settings)}")
@@ -128,7 +167,8 @@ def write_record(settings: Settings, url: str) -> Path:
     parts = urlsplit(url)
     path = folder / f"{(parts.hostname or 'host').replace(':', '_')}_{parts.port}.json"
     body = {"version": RECORD_VERSION, "url": url, "pid": os.getpid(), "index_id": ident,
-            "index": index_where(settings), "settings": settings_digests(settings), "started": time.time()}
+            "index": index_where(settings), "settings": settings_digests(settings), "started": time.time(),
+            "secret": secret}
     tmp = folder / f".{path.name}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -157,12 +197,14 @@ def remove_record(path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------- the client
 @dataclass(frozen=True)
 class Server:
-    """A server found for an index: where it answers, its process and the index id it must answer with."""
+    """A server found for an index: where it answers, its process, the index id it must answer with and the
+    secret it must prove it holds."""
 
     url: str
     pid: int
     index_id: str
     record: Path
+    secret: str = field(default="", repr=False)
 
 
 def _private(st: os.stat_result, kind) -> bool:
@@ -202,9 +244,10 @@ def find_servers(settings: Settings) -> tuple[list[Server], list[str]]:
         record = _read(path)
         if record is None:
             continue
-        url, pid = record.get("url"), record.get("pid")
+        url, pid, secret = record.get("url"), record.get("pid"), record.get("secret")
         if not (isinstance(url, str) and isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
-                and is_loopback_url(url)):  # (pid 0 or -1 would ask a whole process group whether it lives)
+                and is_loopback_url(url)  # (pid 0 or -1 would ask a whole process group whether it lives)
+                and isinstance(secret, str) and _HEX64.fullmatch(secret)):
             continue
         if not _alive(pid) or record.get("index_id") != ident:  # a dead server, or a record copied with the index
             path.unlink(missing_ok=True)
@@ -214,7 +257,7 @@ def find_servers(settings: Settings) -> tuple[list[Server], list[str]]:
         if differ:
             notes.append(f"the server at {url} runs with other settings ({', '.join(differ)}): answering here")
             continue
-        found.append(Server(url=url, pid=pid, index_id=ident, record=path))
+        found.append(Server(url=url, pid=pid, index_id=ident, record=path, secret=secret))
     return found, notes
 
 
@@ -232,9 +275,14 @@ def _read(path: Path) -> dict | None:
     return record
 
 
-def forget(server: Server) -> None:
-    """A record whose server did not answer at all (its port is closed): removed."""
-    server.record.unlink(missing_ok=True)
+def forget(server: Server) -> bool:
+    """A record whose server did not answer at all (its port is closed), or could not prove it wrote the record:
+    removed (trusted records are this user's own, in a directory of this user). Whether it is gone."""
+    try:
+        server.record.unlink(missing_ok=True)
+    except OSError:  # a read-only index directory, say
+        return False
+    return True
 
 
 def records(settings: Settings) -> Iterator[Path]:

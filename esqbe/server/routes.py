@@ -1,4 +1,4 @@
-"""The HTTP routes: `make_router(service, options)` answers `/`, `/health`, `/stats`, `/query`, `/papers/{id}`,
+"""The HTTP routes: `make_router(service, options)` answers `/`, `/health`, `/proof`, `/stats`, `/query`, `/papers/{id}`,
 `/search`, `POST /papers` and `DELETE /papers/{id}` by handing the work (esqbe.server.work) to the service's
 threads; `create_app` includes the router."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..core.filters import FilterError
 from ..errors import EsqbeError
 from ..query.export import EXPORT_FORMATS, export_hits, file_name, media_type
 from ..query.search import query_sentences
-from .discovery import INDEX_HEADER
+from .discovery import INDEX_HEADER, NONCE_PATTERN, PROOF_PATH, proof
 from .errors import ApiError, _clean_validation, _errors, _public, api_error
 from .middleware import _PAGE_HEADERS, JSON_LINES_TYPES, _token_ok, _type_message
 from .models import (
@@ -105,6 +105,15 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         if service.warm_error:
             detail = f"{detail}; warming up failed: {_public(200, service.warm_error)}"
         return {"status": "ok", "backend": backend, "detail": detail}
+
+    @router.get(PROOF_PATH, include_in_schema=False)
+    async def prove(request: Request, nonce: str = Query(..., pattern=NONCE_PATTERN)):
+        """`esqbe query`'s challenge before it sends a query to a server it found by a discovery record: the proof
+        that this process holds the record's secret (esqbe.server.discovery). 404 where this server left none."""
+        secret = getattr(request.app.state, "record_secret", None)
+        if not secret or not service.index_id:
+            raise ApiError(404, "this server left no discovery record")
+        return JSONResponse({"proof": proof(secret, nonce, service.index_id)}, headers={INDEX_HEADER: service.index_id})
 
     @router.get("/stats", responses=_errors(503), tags=["service"])
     async def stats() -> dict[str, Any]:
