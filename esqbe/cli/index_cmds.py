@@ -16,18 +16,21 @@ from .options import _open, click_options, config_option
 @click.argument("files", nargs=-1, required=True, type=str)
 @click.option("--format", "fmt", type=click.Choice(INDEX_FORMATS), help="Input format (default: detected per file; *.parquet is pre-encoded input).")
 @click.option("--strict", is_flag=True, help="Stop at the first malformed line or unreadable file (exit status 1), keeping the papers read before it, instead of reporting it and going on.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (every skipped record in `skipped_records`).")
+@click.option("--skipped", "skipped_path", type=click.Path(dir_okay=False, writable=True),
+              help="Write every skipped record (file, line, id, title, reason) to this file as JSON Lines.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress (a bar on a terminal, else a line every 10 s).")
 @click_options("index")
 @config_option
 @handle_errors
-def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
+def index_cmd(files, fmt, strict, facets, as_json, skipped_path, quiet, **kw):
     """Index papers from FILES (JSONL, .gz, or - for stdin); re-indexing the same file changes nothing.
 
     \b
     Formats (detected per file): S2ORC metadata, Semantic Scholar Datasets `abstracts` and `s2orc`,
     the CSFCube release, CSAbstruct, and plain JSONL {"id", "title", "abstract", "facets"?}.
-    Records without an abstract are skipped and counted; malformed lines and missing files are
+    Records without an abstract are skipped and named (file:line, id, reason: the first 10, all with --json or
+    --skipped FILE); malformed lines and missing files are
     reported as file:line: field: reason and the run goes on (unless --strict). Exit status: 0 done,
     1 bad input/settings or nothing could be indexed, 2 usage, 3 the index could not be written.
     FILE.parquet is pre-encoded input (`esqbe encode`): loaded without running a model, its
@@ -36,6 +39,13 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
     from esqbe.index.api import StorageError
     from esqbe.ingest.readers import InputError
 
+    if skipped_path is not None:  # found before an hour of indexing, not after
+        import os
+
+        folder = os.path.dirname(os.path.abspath(skipped_path))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise click.BadParameter(f"cannot write {skipped_path}: {folder} is not a writable directory",
+                                     param_hint="--skipped")
     index = _open(kw, "index")
     try:
         try:
@@ -58,6 +68,8 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
             pass  # the error on its way out says what went wrong
         raise
     _print_index_report(report, as_json)  # always: what went in, even when the run stopped
+    if skipped_path is not None:
+        _write_skipped(skipped_path, report)
     if isinstance(stopped, StorageError):
         click.echo(f"error: {stopped}", err=True)
         sys.exit(EXIT_STORAGE)
@@ -85,6 +97,21 @@ def _print_index_report(report, as_json: bool) -> None:
         + (f", tagged {report.tagged}" if report.tagged else "")
         + f" in {report.seconds:.1f}s"
     )
+    for line in report.skipped_lines(10):
+        click.echo(f"  skipped {line}" if not line.startswith("and ") else
+                   f"  {line} (all of them: --json, or --skipped FILE)")
+
+
+def _write_skipped(path: str, report) -> None:
+    """Every skipped record of the run as JSON Lines (an empty file when none was skipped)."""
+    from esqbe.errors import StorageError
+
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            for record in report.skipped_records:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    except OSError as e:
+        raise StorageError(f"cannot write --skipped {path}: {e.strerror or e}") from e
 
 
 @click.command("encode")

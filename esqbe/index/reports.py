@@ -39,6 +39,8 @@ class IndexReport:
     not_read: list[str] = field(default_factory=list)
     #: `file:line: id: ...` for each record whose id repeats an earlier line of its file (the later one wins)
     repeated: list[str] = field(default_factory=list)
+    #: one {"file", "line", "id", "title", "reason"} per skipped record, in the order read (see `skipped_lines`)
+    skipped_records: list[dict] = field(default_factory=list)
 
     @property
     def stored(self) -> int:
@@ -79,7 +81,23 @@ class IndexReport:
             "not_read": list(self.not_read),
             "failed": self.failure_message() or None,
             "repeated": list(self.repeated),
+            "skipped_records": list(self.skipped_records),
         }
+
+    def skipped_lines(self, first: int = 10) -> list[str]:
+        """The first `first` skipped records as `file:line: id "title": reason`, then `and N more` if there are more."""
+        lines = [skipped_line(r) for r in self.skipped_records[:first]]
+        if len(self.skipped_records) > first:
+            lines.append(f"and {len(self.skipped_records) - first} more")
+        return lines
+
+
+def skipped_line(record: dict) -> str:
+    """One skipped record in words: where it is, what it is called, why it was skipped."""
+    where = f"{record.get('file')}:{record['line']}" if record.get("line") else str(record.get("file"))
+    name = " ".join(x for x in (record.get("id") or "", f'"{record["title"]}"' if record.get("title") else "") if x)
+    text = f"{where}: {name or '(no id or title)'}: {record.get('reason')}"
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)  # no terminal control from a file
 
 
 @dataclass
