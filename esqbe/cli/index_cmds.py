@@ -1,14 +1,16 @@
 """Commands that write or inspect an index: index, encode, attach, delete, stats."""
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
 
 import click
 
 from esqbe.settings.table import FORMATS, INDEX_FORMATS
 
-from .errors import EXIT_ERROR, EXIT_STORAGE, handle_errors
+from .errors import EXIT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, EXIT_STORAGE, handle_errors
 from .options import _open, click_options, config_option
 
 
@@ -37,7 +39,6 @@ def index_cmd(files, fmt, strict, facets, as_json, skipped_path, quiet, **kw):
     `esqbe` metadata (model, dim, encoder mode) checked against the index.
     """
     from esqbe.index.api import StorageError
-    from esqbe.ingest.readers import InputError
 
     if skipped_path is not None:  # found before an hour of indexing, not after
         import os
@@ -46,30 +47,19 @@ def index_cmd(files, fmt, strict, facets, as_json, skipped_path, quiet, **kw):
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             raise click.BadParameter(f"cannot write {skipped_path}: {folder} is not a writable directory",
                                      param_hint="--skipped")
-    index = _open(kw, "index")
     try:
-        try:
-            report = index.index_files(list(files), format=fmt, strict=strict, facets=facets,
-                                       progress=not quiet and not as_json)
-            stopped = None
-        except (InputError, StorageError) as e:
-            if e.report is None:
-                raise
-            report, stopped = e.report, e
-        try:
-            index.close()  # closing writes too (the ANN fold-in, the checkpoint)
-        except StorageError as e:
-            if stopped is None:  # else the error already in hand says what went wrong
-                stopped = e
-    except BaseException:
-        try:
-            index.close()
-        except Exception:
-            pass  # the error on its way out says what went wrong
-        raise
+        report, stopped, held = _run_index(kw, files, fmt, strict, facets, as_json, quiet)
+    except KeyboardInterrupt as e:  # a second signal: stopped where it was; SQLite rolled the open transaction back
+        name = str(e) or "SIGINT"
+        click.echo(f"esqbe: {name} again: stopped at once, without a summary; what was committed stays "
+                   "(`esqbe stats` counts it), run the same command again to index the rest", err=True)
+        sys.exit(EXIT_SIGTERM if name == "SIGTERM" else EXIT_SIGINT)
     _print_index_report(report, as_json)  # always: what went in, even when the run stopped
     if skipped_path is not None:
         _write_skipped(skipped_path, report)
+    if report.interrupted and stopped is None:
+        click.echo(report.interrupt_message(held), err=True)
+        sys.exit(EXIT_SIGTERM if report.interrupted == "SIGTERM" else EXIT_SIGINT)
     if isinstance(stopped, StorageError):
         click.echo(f"error: {stopped}", err=True)
         sys.exit(EXIT_STORAGE)
@@ -79,6 +69,74 @@ def index_cmd(files, fmt, strict, facets, as_json, skipped_path, quiet, **kw):
     if report.failed:
         click.echo(f"error: {report.failure_message()}", err=True)
         sys.exit(EXIT_ERROR)
+
+
+def _run_index(kw, files, fmt, strict, facets, as_json, quiet):
+    """(the run's report, the error it stopped at or None, the papers the index holds after an interrupt or None)."""
+    from esqbe.index.api import StorageError
+    from esqbe.ingest.readers import InputError
+
+    with _interrupts() as token:
+        index = _open(kw, "index")
+        held = None
+        try:
+            try:
+                report = index.index_files(list(files), format=fmt, strict=strict, facets=facets,
+                                           progress=not quiet and not as_json, stop=token)
+                stopped = None
+            except (InputError, StorageError) as e:
+                if e.report is None:
+                    raise
+                report, stopped = e.report, e
+            if token.cancelled and stopped is None:
+                report.interrupted = token.cancelled  # a signal after the last batch: all of it is in
+                held = _papers_held(index)
+            try:
+                index.close()  # closing writes too (the ANN fold-in, the checkpoint)
+            except StorageError as e:
+                if stopped is None:  # else the error already in hand says what went wrong
+                    stopped = e
+        except BaseException:
+            try:
+                index.close()
+            except Exception:
+                pass  # the error on its way out says what went wrong
+            raise
+    return report, stopped, held
+
+
+@contextlib.contextmanager
+def _interrupts():
+    """A cancellation token that SIGINT and SIGTERM cancel (with the signal's name) while the block runs: the index
+    run stops after the batch being written; a second signal stops at once (KeyboardInterrupt: SQLite rolls back
+    the transaction it interrupts). The handlers before are put back after."""
+    from esqbe.core.deadline import Deadline
+
+    token = Deadline()
+
+    def on_signal(signum, frame):
+        name = signal.Signals(signum).name
+        if token.cancelled:
+            raise KeyboardInterrupt(name)
+        token.cancel(name)
+        print(f"esqbe: {name}: stopping after the batch being written (again: stop at once)", file=sys.stderr,
+              flush=True)
+
+    before = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield token
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _papers_held(index) -> int | None:
+    """How many papers the index holds now, for an interrupted run's summary (None: it cannot say)."""
+    try:
+        papers = index.stats().get("papers")
+    except Exception:  # noqa: BLE001  # the summary goes on without the total
+        return None
+    return papers if isinstance(papers, int) else None
 
 
 def _print_index_report(report, as_json: bool) -> None:
