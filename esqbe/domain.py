@@ -14,6 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 from .core.filters import MetadataFilter
+from .core.textsafe import CONTROLS_AND_BREAKS
 from .errors import DataError, ModelMismatchError, ParameterError
 
 #: facets a user can query by (CSFCube's three; `objective` is folded into `background`)
@@ -123,6 +124,10 @@ def paper_problem(paper: Paper, labels: tuple[str, ...] = FACET_LABELS) -> tuple
         return "paper_id", "missing or empty"
     if len(pid) > LIMITS["id_chars"]:
         return "paper_id", f"{len(pid)} characters; at most {LIMITS['id_chars']}"
+    bad = CONTROLS_AND_BREAKS.search(pid)
+    if bad:  # an id is one line of text everywhere it goes: an export's record, a terminal, a TSV listing
+        return "paper_id", (f"control character U+{ord(bad.group()):04X} at position {bad.start()}; an id is one "
+                            "line of printable text")
     if not isinstance(paper.title, str):
         return "title", f"expected a string, got {type(paper.title).__name__}"
     if len(paper.title) > LIMITS["title_chars"]:

@@ -141,3 +141,49 @@ def browser():
     b = _browser()
     yield b
     b.quit()
+
+
+# --- hostile text in an index (issue 40, items 4 to 6: exports, ids, the terminal) -----------------------------
+#: what a terminal would obey: the window title (OSC 0), a screen clear (CSI), a disguised link (OSC 8), their
+#: 8-bit C1 forms, BEL, DEL, backspaces
+TERMINAL_PAYLOADS = ("\x1b]0;pwned-title\x07", "\x1b[2J\x1b[3J\x1bc",
+                     "\x1b]8;;http://evil.example/\x1b\\docs.python.org\x1b]8;;\x1b\\", "\x9b2J\x9d0;c1-title\x9c",
+                     "\x07\x7f\x08\x08")
+#: what a spreadsheet would run (OWASP's CSV injection starts), and a text year that forges RIS records
+FORMULA_PAYLOADS = ('=HYPERLINK("http://evil.example","x")', "+cmd|' /C calc'!A0", "-2+3+cmd|' /C calc'!A0",
+                    "@SUM(1+1)*cmd|' /C calc'!A0", "\t=1+1", "\r=1+1", " =1+1")
+RIS_FORGING_YEAR = "2019\r\nER  - \r\n\r\nTY  - JOUR\r\nUR  - http://evil.example\r\nER  - \r\n\r\nTY  - JOUR"
+
+
+def hostile_records(sample_lines: list[str], n: int = 10) -> list[dict]:
+    """`n` sample abstracts (ids `paper-0`..), every one after the first with hostile text in each place a person
+    reads: title, a sentence, venue, authors, a metadata key and value, a text year; the first is the clean query."""
+    out = []
+    for i, line in enumerate(sample_lines[:n]):
+        rec = json.loads(line)
+        rec = {"id": f"paper-{i}", "abstract": rec["sentences"], "facets": rec["labels"]}
+        if i == 0:
+            out.append({**rec, "title": "The clean query paper", "metadata": {"year": 2020}})
+            continue
+        t, f = TERMINAL_PAYLOADS[i % len(TERMINAL_PAYLOADS)], FORMULA_PAYLOADS[i % len(FORMULA_PAYLOADS)]
+        rec["title"] = f + " study " + t + " of things"
+        rec["abstract"] = [rec["abstract"][0] + " " + t + "done", *rec["abstract"][1:]]
+        rec["metadata"] = {"year": RIS_FORGING_YEAR if i % 2 else 2000 + i, "venue": f + t,
+                           "authors": [f, "Ada " + t + "Lovelace"], "key" + t: "value " + t,
+                           "external_ids": {"doi": "10.1/" + t}}
+        out.append(rec)
+    return out
+
+
+@pytest.fixture(scope="session")
+def hostile_index_dir(tmp_path_factory, encoder, sample_lines):
+    """A real embedded index directory of `hostile_records` (10 papers, given labels), closed after building;
+    shared read-only by the export and terminal tests."""
+    import esqbe
+
+    path = tmp_path_factory.mktemp("hostile-text") / "index"
+    src = path.parent / "papers.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in hostile_records(sample_lines)))
+    with esqbe.open_index(str(path), encoder=encoder, config=None) as index:
+        assert index.index_files([str(src)]).indexed == 10
+    return path

@@ -3,7 +3,8 @@
 
 It takes the result's one JSON shape (`esqbe.query.result_json`), so the CLI and the server export the
 same thing. BibTeX is written by hand (a field per line, braces balanced, LaTeX specials escaped) and RIS
-by rispy; both parse back with bibtexparser / rispy (tests/test_export.py).
+by rispy; both parse back with bibtexparser / rispy (tests/test_export.py). Whatever a paper's metadata holds,
+every exported value is one line and no CSV cell is a formula (`esqbe.core.textsafe`: tests/test_export_hostile.py).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import csv
 import io
 import re
 
+from ..core.textsafe import csv_cell, one_line
 from ..errors import ParameterError
 
 #: the export formats, each with its media type and file extension
@@ -59,13 +61,13 @@ def _fields(hit: dict) -> dict:
 
 def _csv(hits: list[dict]) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180
+    writer = csv.writer(out, lineterminator="\r\n", quoting=csv.QUOTE_ALL)  # RFC 4180; every cell quoted (OWASP)
     writer.writerow(CSV_COLUMNS)
     for h in hits:
         row = {**h, "authors": "; ".join(str(a["name"]) for a in h["authors"]),
                "score": "" if h["score"] is None else f"{h['score']:.6g}",
                "similarity": "" if h["similarity"] is None else f"{h['similarity']:.6g}"}
-        writer.writerow([row[c] for c in CSV_COLUMNS])
+        writer.writerow([csv_cell(row[c]) for c in CSV_COLUMNS])  # one line, no formula (esqbe.core.textsafe)
     return out.getvalue()
 
 
@@ -96,7 +98,7 @@ _LATEX_SPECIALS = re.compile(r"([&%$#_])")
 
 def _bib_value(text: str) -> str:
     """A field value safe inside `{...}`: braces cannot unbalance it, LaTeX specials are escaped."""
-    text = " ".join(str(text).split()).replace("\\", "/").replace("{", "(").replace("}", ")")
+    text = " ".join(one_line(text).split()).replace("\\", "/").replace("{", "(").replace("}", ")")
     return _LATEX_SPECIALS.sub(r"\\\1", text)
 
 
@@ -145,4 +147,9 @@ def _ris(hits: list[dict]) -> str:
             record["urls"] = [h["url"]]
         record["notes"] = [f"esqbe rank {h['rank']}"]
         records.append(record)
-    return rispy.dumps(records) if records else ""
+    return rispy.dumps([_one_line_values(r) for r in records]) if records else ""
+
+
+def _one_line_values(record: dict) -> dict:
+    """An RIS record whose every value is one line: a line break in a value would start a forged tag or record."""
+    return {k: [one_line(x) for x in v] if isinstance(v, list) else one_line(v) for k, v in record.items()}
