@@ -39,7 +39,8 @@ def _run_query(index: Index, req: QueryRequest, text, overrides: dict) -> dict:
     filters = [f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in req.filters or []]
     result = index.query(req.paper_id, facet=req.facet, sentences=req.sentences, text=text, title=req.title,
                          filters=filters or None, engine_filter=req.engine_filter, **overrides)
-    papers = index.get([h.paper_id for h in result.hits]) if req.with_sentences else None
+    exporting = req.format != "json"  # an export carries each hit's abstract
+    papers = index.get([h.paper_id for h in result.hits]) if req.with_sentences or exporting else None
     out = result.to_dict(papers)
     out["rescorer_params"] = _named_words(out["rescorer_params"], req)
     out["timings_ms"]["total"] = round(1000 * (time.perf_counter() - t0), 2)

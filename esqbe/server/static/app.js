@@ -300,7 +300,7 @@ function adoptTextSentences(res) {
   syncSelection();
 }
 
-// Download the hits of the last query (POST /query with "format": csv, bibtex or ris).
+// Download the hits of the last query (POST /query with "format": csv, bibtex, ris or csl-json).
 async function download(format) {
   if (!state.lastQuery) return;
   showError(null);
@@ -316,7 +316,7 @@ async function download(format) {
     }
     const blob = await resp.blob();
     const named = /filename="?([^";]+)"?/.exec(resp.headers.get("Content-Disposition") || "");
-    const ext = { csv: "csv", bibtex: "bib", ris: "ris" }[format];
+    const ext = { csv: "csv", bibtex: "bib", ris: "ris", "csl-json": "json" }[format];
     const a = el("a", { href: URL.createObjectURL(blob), download: named ? named[1] : `esqbe-hits.${ext}` });
     document.body.append(a); a.click(); a.remove();
     setTimeout(() => URL.revokeObjectURL(a.href), 10000);
