@@ -187,3 +187,15 @@ def hostile_index_dir(tmp_path_factory, encoder, sample_lines):
     with esqbe.open_index(str(path), encoder=encoder, config=None) as index:
         assert index.index_files([str(src)]).indexed == 10
     return path
+
+
+@pytest.fixture(scope="session")
+def hostile_server(hostile_index_dir, encoder):
+    """A real server on 127.0.0.1 over `hostile_index_dir` (read-only use), shared by the export, page and
+    `--server` terminal tests."""
+    from esqbe.server.app import create_app
+    from esqbe.server.options import ServeOptions
+
+    with LiveServer(create_app(str(hostile_index_dir), config=None, options=ServeOptions(host="127.0.0.1"),
+                               encoder=encoder)) as url:
+        yield url

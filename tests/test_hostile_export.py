@@ -85,20 +85,37 @@ def test_cli_exports_of_hostile_papers(hostile_index_dir):
     _check_bibtex(_export(hostile_index_dir, "bibtex"), hits)
 
 
-def test_http_exports_of_hostile_papers(hostile_index_dir, encoder):
+def test_http_exports_of_hostile_papers(hostile_server):
     """POST /query with `format` (the page's CSV / BibTeX / RIS download is this request)."""
-    from esqbe.server.app import create_app
-    from esqbe.server.options import ServeOptions
+    body = {"paper_id": "paper-0", "k": 9}
+    hits = httpx.post(hostile_server + "/query", json=body, timeout=60).json()["hits"]
+    assert len(hits) == 9
+    for fmt, check in (("csv", _check_csv), ("ris", _check_ris), ("bibtex", _check_bibtex)):
+        r = httpx.post(hostile_server + "/query", json={**body, "format": fmt}, timeout=60)
+        assert r.status_code == 200, r.text
+        check(r.text, hits)
 
-    app = create_app(str(hostile_index_dir), config=None, options=ServeOptions(host="127.0.0.1"), encoder=encoder)
-    with LiveServer(app) as url:
-        body = {"paper_id": "paper-0", "k": 9}
-        hits = httpx.post(url + "/query", json=body, timeout=60).json()["hits"]
-        assert len(hits) == 9
-        for fmt, check in (("csv", _check_csv), ("ris", _check_ris), ("bibtex", _check_bibtex)):
-            r = httpx.post(url + "/query", json={**body, "format": fmt}, timeout=60)
-            assert r.status_code == 200, r.text
-            check(r.text, hits)
+
+def test_page_downloads_of_hostile_papers(hostile_server, browser, tmp_path):
+    """The page's CSV and RIS buttons (real Chromium) save what POST /query answers, neutralised: the page builds
+    no CSV of its own, so the server's one writer is the page's too."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path)})
+    browser.get(hostile_server + "/#paper=paper-0&sentences=0,1&k=9")
+    WebDriverWait(browser, 60).until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#hits .hit")) == 9)
+    body = browser.execute_script("return state.lastQuery")
+    hits = httpx.post(hostile_server + "/query", json=body, timeout=60).json()["hits"]
+    for fmt, check in (("csv", _check_csv), ("ris", _check_ris)):
+        before = set(tmp_path.iterdir())
+        browser.find_element(By.CSS_SELECTOR, f'.export-btn[data-format="{fmt}"]').click()
+
+        def saved(_, before=before):
+            return [p for p in set(tmp_path.iterdir()) - before if not p.name.endswith((".crdownload", ".tmp"))]
+
+        WebDriverWait(browser, 30).until(saved)
+        check(saved(None)[0].read_bytes().decode(), hits)
 
 
 def _hit(rank, title, score=0.5, similarity=0.25, **meta) -> dict:

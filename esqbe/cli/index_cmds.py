@@ -8,10 +8,12 @@ import sys
 
 import click
 
+from esqbe.core.textsafe import printable, printable_tree
 from esqbe.settings.table import FORMATS, INDEX_FORMATS
 
 from .errors import EXIT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, EXIT_STORAGE, handle_errors
 from .options import _open, click_options, config_option
+from .output import say
 
 
 @click.command("index")
@@ -51,23 +53,23 @@ def index_cmd(files, fmt, strict, facets, as_json, skipped_path, quiet, **kw):
         report, stopped, held = _run_index(kw, files, fmt, strict, facets, as_json, quiet)
     except KeyboardInterrupt as e:  # a second signal: stopped where it was; SQLite rolled the open transaction back
         name = str(e) or "SIGINT"
-        click.echo(f"esqbe: {name} again: stopped at once, without a summary; what was committed stays "
-                   "(`esqbe stats` counts it), run the same command again to index the rest", err=True)
+        say(f"esqbe: {name} again: stopped at once, without a summary; what was committed stays "
+            "(`esqbe stats` counts it), run the same command again to index the rest", err=True)
         sys.exit(EXIT_SIGTERM if name == "SIGTERM" else EXIT_SIGINT)
     _print_index_report(report, as_json)  # always: what went in, even when the run stopped
     if skipped_path is not None:
         _write_skipped(skipped_path, report)
     if report.interrupted and stopped is None:
-        click.echo(report.interrupt_message(held), err=True)
+        say(printable(report.interrupt_message(held)), err=True)
         sys.exit(EXIT_SIGTERM if report.interrupted == "SIGTERM" else EXIT_SIGINT)
     if isinstance(stopped, StorageError):
-        click.echo(f"error: {stopped}", err=True)
+        say(f"error: {stopped}", err=True)
         sys.exit(EXIT_STORAGE)
     if stopped is not None:
-        click.echo(f"error: {stopped}\n({report.stop_message()})", err=True)
+        say(f"error: {stopped}\n({report.stop_message()})", err=True)
         sys.exit(EXIT_ERROR)
     if report.failed:
-        click.echo(f"error: {report.failure_message()}", err=True)
+        say(f"error: {report.failure_message()}", err=True)
         sys.exit(EXIT_ERROR)
 
 
@@ -145,19 +147,18 @@ def _print_index_report(report, as_json: bool) -> None:
         return
     for err in report.errors:
         if err != report.stopped:
-            click.echo(f"warning: {err}", err=True)
+            say(f"warning: {printable(err)}", err=True)
     for note in report.repeated:
-        click.echo(f"warning: {note}", err=True)
+        say(f"warning: {note}", err=True)
     skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items())) or "none"
-    click.echo(
+    say(
         f"read {report.read}, indexed {report.indexed}, replaced {report.replaced}, unchanged {report.unchanged}, "
         f"skipped {sum(report.skipped.values())} ({skipped}), errors {len(report.errors)}"
         + (f", tagged {report.tagged}" if report.tagged else "")
         + f" in {report.seconds:.1f}s"
     )
     for line in report.skipped_lines(10):
-        click.echo(f"  skipped {line}" if not line.startswith("and ") else
-                   f"  {line} (all of them: --json, or --skipped FILE)")
+        say(f"  skipped {line}" if not line.startswith("and ") else f"  {line} (all of them: --json, or --skipped FILE)")
 
 
 def _write_skipped(path: str, report) -> None:
@@ -208,15 +209,15 @@ def encode_cmd(files, out_dir, shard, fmt, strict, facets, as_json, quiet, confi
         report = index.encode_files(list(files), out_dir, shard=(i, n), format=fmt, strict=strict, facets=facets,
                                     progress=not quiet and not as_json and sys.stderr.isatty())
     except InputError as e:
-        click.echo(f"error: {e} (--strict: stopped; nothing was written)", err=True)
+        say(f"error: {e} (--strict: stopped; nothing was written)", err=True)
         sys.exit(1)
     summary = report.summary()
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
     for err in report.errors:
-        click.echo(f"warning: {err}", err=True)
-    click.echo(f"read {report.read}, encoded {report.encoded} into {report.path}, skipped {sum(report.skipped.values())}, "
+        say(f"warning: {printable(err)}", err=True)
+    say(f"read {report.read}, encoded {report.encoded} into {report.path}, skipped {sum(report.skipped.values())}, "
                f"errors {len(report.errors)}" + (f", tagged {report.tagged}" if report.tagged else "") + f" in {report.seconds:.1f}s")
 
 
@@ -254,13 +255,13 @@ def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
         click.echo(json.dumps(report.summary(), indent=2))
         return
     for err in report.errors:
-        click.echo(f"warning: {err}", err=True)
+        say(f"warning: {printable(err)}", err=True)
     if report.reindex:
         r = report.reindex
-        click.echo(f"copied {r['from']} into {r['created']}" + (" and moved the alias to it" if r["alias_moved"] else
+        say(f"copied {r['from']} into {r['created']}" + (" and moved the alias to it" if r["alias_moved"] else
                    f"; to keep using the old name: delete {r['from']} and add alias {r['from']} -> {r['created']}"))
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())) or "none"
-    click.echo(f"{report.index}: {report.documents} documents, attached {report.indexed}, updated {report.replaced}, "
+    say(f"{report.index}: {report.documents} documents, attached {report.indexed}, updated {report.replaced}, "
                f"unchanged {report.unchanged}, skipped {sum(report.skipped.values())} ({skipped}), errors {len(report.errors)}"
                + (f", tagged {report.tagged}" if report.tagged else "") + f" in {report.seconds:.1f}s")
 
@@ -274,8 +275,8 @@ def delete_cmd(paper_ids, **kw):
     """Delete papers by id (ids that are not in the index are named; the exit status stays 0)."""
     with _open(kw, "delete", create=False) as index:
         deleted, missing = index.delete_papers(paper_ids)
-    click.echo(f"deleted {len(deleted)} of {len(deleted) + len(missing)}"
-               + (f"; not in the index: {', '.join(missing)}" if missing else ""))
+    say(f"deleted {len(deleted)} of {len(deleted) + len(missing)}"
+               + (f"; not in the index: {printable(', '.join(missing))}" if missing else ""))
 
 
 @click.command("stats")
@@ -290,7 +291,7 @@ def stats_cmd(as_json, **kw):
     if as_json:
         click.echo(json.dumps(stats, indent=2))
         return
-    for key, value in stats.items():
+    for key, value in printable_tree(stats).items():  # a path, a model name: one line each, controls shown
         if isinstance(value, dict):
             value = ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
-        click.echo(f"{key:>20}: {value}")
+        say(f"{key:>20}: {value}")

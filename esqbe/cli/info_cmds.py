@@ -6,12 +6,11 @@ import json
 
 import click
 
+from esqbe.core.textsafe import printable, printable_tree
+
 from .errors import handle_errors
 from .options import _open, click_options, config_option
-
-
-def _echo_json(data) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+from .output import echo_json, say
 
 
 def _check_filters(filters) -> None:
@@ -43,13 +42,13 @@ def search_cmd(words, k, as_json, **kw):
     with _open(kw, "stats", create=False) as index:
         hits = search_papers(index, " ".join(words), k)
     if as_json:
-        _echo_json({"query": " ".join(words), "hits": hits})
+        echo_json({"query": " ".join(words), "hits": hits})
         return
     if not hits:
-        click.echo("no papers match")
-    for i, h in enumerate(hits, start=1):
+        say("no papers match")
+    for i, h in enumerate(printable_tree(hits), start=1):  # titles and sentences shown, their controls not obeyed
         score = "id" if h["match"] == "id" else f"{h['score']:.2f}"
-        click.echo(f"{i:>3}. {score:>6}  {h['paper_id']}  {h['title'] or _short(h['first_sentence'], 100)}")
+        say(f"{i:>3}. {score:>6}  {h['paper_id']}  {h['title'] or _short(h['first_sentence'], 100)}")
 
 
 @click.command("show")
@@ -66,18 +65,18 @@ def show_cmd(paper_id, as_json, **kw):
     with _open(kw, "stats", create=False) as index:
         view = show_paper(index, paper_id)
     if as_json:
-        _echo_json(view)
+        echo_json(view)
         return
-    click.echo(f"{view['paper_id']}  {view['title']}")
+    say(f"{printable(view['paper_id'])}  {printable(view['title'])}")  # each value one line, controls shown
     how = "predicted by esqbe's tagger (probability of the label)" if view["facets_predicted"] else "as given"
-    click.echo(f"facet labels {how}:")
+    say(f"facet labels {how}:")
     for s in view["sentences"]:
         prob = f" {s['probability']:.2f}" if s["probability"] is not None else ""
-        click.echo(f"  [{s['index']}] {s['facet']}{prob}: {s['text']}")
+        say(f"  [{s['index']}] {printable(s['facet'])}{prob}: {printable(s['text'])}")
     if view["metadata"]:
-        click.echo("metadata:")
+        say("metadata:")
         for key, text in metadata_text(view["metadata"]):
-            click.echo(f"  {key}: {text}")
+            say(f"  {printable(key)}: {printable(text)}")
 
 
 @click.command("list")
@@ -97,12 +96,13 @@ def list_cmd(filters, limit, as_json, **kw):
     with _open(kw, "stats", create=False) as index:
         papers, total = list_papers(index, list(filters) or None, limit)
     if as_json:
-        _echo_json({"total": total, "papers": papers})
+        echo_json({"total": total, "papers": papers})
         return
-    for p in papers:
-        click.echo(f"{p['paper_id']}\t{p['year'] if p['year'] is not None else '-'}\t{p['title']}")
+    for p in papers:  # one line a paper, tab-separated: no value's tab, line feed or escape in it
+        cells = (p["paper_id"], "-" if p["year"] is None else p["year"], p["title"])
+        say("\t".join(printable(c).replace("\t", " ") for c in cells))
     shown = f"{len(papers)} of {total}" if total > len(papers) else str(total)
-    click.echo(f"{shown} paper(s)" + (" matching the filters" if filters else ""), err=not as_json)
+    say(f"{shown} paper(s)" + (" matching the filters" if filters else ""), err=not as_json)
 
 
 @click.command("config")
@@ -119,12 +119,12 @@ def config_cmd(as_json, **kw):
     config = kw.pop("config", None)
     rows = explain_settings(config, **overrides_from_click(kw, "query"))
     if as_json:
-        _echo_json(rows)
+        echo_json(rows)
         return
     width = max(len(r["name"]) for r in rows)
     for r in rows:
         where = r["source"] + (f" {r['from']}" if r["from"] else "")
-        click.echo(f"{r['name']:<{width}}  {json.dumps(r['value'], ensure_ascii=False):<24}  {where}")
+        say(f"{r['name']:<{width}}  {printable(json.dumps(r['value'], ensure_ascii=False)):<24}  {printable(where)}")
 
 
 def _short(s: str, n: int) -> str:

@@ -10,6 +10,7 @@ from esqbe.settings.table import RECORD_FORMATS
 
 from .errors import handle_errors
 from .options import click_options
+from .output import say
 
 
 @click.command("tag")
@@ -121,7 +122,7 @@ def train_words_cmd(sources, out_path, index_path, dim, min_count, window, epoch
         report = train_words(list(sources), out_path, papers=papers, dim=dim, min_count=min_count, window=window,
                              epochs=epochs, cased=cased, markers=not keep_markers, workers=workers, seed=seed)
     except WordsError as e:
-        click.echo(f"error: {e}", err=True)
+        say(f"error: {e}", err=True)
         sys.exit(1)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

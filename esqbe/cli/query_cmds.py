@@ -2,12 +2,12 @@
 refers to)."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import click
 
+from esqbe.core.textsafe import printable, printable_tree
 from esqbe.query.export import EXPORT_FORMATS
 
 from .errors import handle_errors
@@ -20,6 +20,7 @@ from .options import (
     open_settings,
     overrides_from_click,
 )
+from .output import echo_json, say
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -140,14 +141,15 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
     elif export_format:
         _abstracts_from_here(result, settings)
     if as_json:
-        click.echo(json.dumps(result, indent=2, ensure_ascii=False))
+        echo_json(result)
         return
     if export_format:
         from esqbe.query.export import export_hits
 
         click.echo(export_hits(result, export_format, with_scores=with_scores), nl=False)
         return
-    _print_result(result, chosen=chosen is not None, filters=filters, engine_filter=engine_filter)
+    _print_result(printable_tree(result), chosen=chosen is not None, filters=printable_tree(list(filters)),
+                  engine_filter=printable(engine_filter) if engine_filter else None)
 
 
 def _abstracts_from_here(result: dict, settings) -> None:
@@ -162,8 +164,8 @@ def _abstracts_from_here(result: dict, settings) -> None:
         with esqbe.open_index(settings=settings, create=False) as index:
             papers = index.get(wanted)
     except Exception:  # noqa: BLE001  # not readable here (a server elsewhere): no abstracts, said on stderr
-        click.echo("esqbe: warning: the hits' abstracts cannot be read from this machine's index; the export has none",
-                   err=True)
+        say("esqbe: warning: the hits' abstracts cannot be read from this machine's index; the export has none",
+            err=True)
         return
     from esqbe.query.result_json import sentences_json
 
@@ -182,47 +184,48 @@ def _from_server(settings, url, timeout, quiet, **query) -> dict | None:
                             token=os.environ.get("ESQBE_TOKEN") if url is not None else None, **query)
     except NotSendable as e:  # only with --server: what the command line asks cannot go over HTTP
         raise click.UsageError(f"--server: this query cannot be sent to a server: {e} (leave out --server)") from None
-    for line in answer.warnings:
-        click.echo(f"esqbe: warning: {line}", err=True)
+    for line in answer.warnings:  # a server's words: shown, never obeyed
+        say(f"esqbe: warning: {printable(line)}", err=True)
     for line in ([] if quiet else [*answer.notes, *([answer.served] if answer.served else [])]):
-        click.echo(f"esqbe: {line}", err=True)
+        say(f"esqbe: {printable(line)}", err=True)
     return answer.result
 
 
 def _print_result(result: dict, *, chosen: bool, filters, engine_filter) -> None:
-    """A query's result (its one JSON shape, esqbe.query.result_json, from here or from a server) for people."""
+    """A query's result (its one JSON shape, esqbe.query.result_json, from here or from a server) for people;
+    every string in it already `printable_tree` (one line each, no control character)."""
     query = result["query"]
     facet = query["facet"]
     who = f"paper {query['paper_id']}" if query["paper_id"] else "query text"
     what = f"facet {facet}" if facet else "chosen sentences" if chosen else "all sentences"
-    click.echo(f"{who}, {what}, rescorer {result['rescorer']}:")
+    say(f"{who}, {what}, rescorer {result['rescorer']}:")
     if query.get("selection") is not None:
-        click.echo(f"  query = {query['selection']['rule']}:")
+        say(f"  query = {query['selection']['rule']}:")
         for q in query["sentences"]:
             soft = q.get("probabilities") or {}
             p = f", p({facet}) {q['probability']:.2f}" if q["probability"] is not None else \
                 f", p {soft[q['facet']]:.2f}" if q["facet"] in soft else ""  # the tagger's label, how sure it was
-            click.echo(f"  [{q['index']}] ({q['facet']}{p}) {q['text']}")
+            say(f"  [{q['index']}] ({q['facet']}{p}) {q['text']}")
     else:
         for q in query["sentences"]:
-            click.echo(f"  [{q['index']}] {q['text']}")
+            say(f"  [{q['index']}] {q['text']}")
     if filters or engine_filter:
-        click.echo("  filtered: " + "; ".join([*filters, *([f"engine {engine_filter}"] if engine_filter else [])]))
+        say("  filtered: " + "; ".join([*filters, *([f"engine {engine_filter}"] if engine_filter else [])]))
     hits = result["hits"]
     if not hits:
-        click.echo("no hits" + (" (no paper satisfies the filters)" if filters or engine_filter else ""))
+        say("no hits" + (" (no paper satisfies the filters)" if filters or engine_filter else ""))
     else:
-        click.echo("\nsim: the rescorer's similarity (comparable across queries); score: what this query sorted by "
-                   "(the rescorer fused with BM25); the number before each hit is its position")
+        say("\nsim: the rescorer's similarity (comparable across queries); score: what this query sorted by "
+            "(the rescorer fused with BM25); the number before each hit is its position")
     for hit in hits:
         sim = "   -  " if hit["similarity"] is None else f"{hit['similarity']:.4f}"
-        click.echo(f"\n{hit['rank']:>3}. sim {sim}  score {hit['score']:.4f}  {hit['paper_id']}  {hit['title']}")
+        say(f"\n{hit['rank']:>3}. sim {sim}  score {hit['score']:.4f}  {hit['paper_id']}  {hit['title']}")
         line = _metadata_line(hit["metadata"])
         if line:
-            click.echo(f"       {line}")
+            say(f"       {line}")
         for m in hit["matches"][:2]:
-            click.echo(f"       query [{m['query_index']}] ~ [{m['candidate_index']}] ({m['candidate_facet']}, "
-                       f"{m['weight']:.3f}): {_short(m['candidate_sentence'])}")
+            say(f"       query [{m['query_index']}] ~ [{m['candidate_index']}] ({m['candidate_facet']}, "
+                f"{m['weight']:.3f}): {_short(m['candidate_sentence'])}")
 
 
 def _metadata_line(meta: dict) -> str:
@@ -279,18 +282,19 @@ def cite_cmd(paper_id, text, text_file, k, params, as_json, **kw):
     with _open(kw, "cite", create=False) as index:
         result = index.cite(paper_id, " ".join(text.split()), k=k, **_parse_params(params))
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+        echo_json(result.to_dict())
         return
-    click.echo(f"paper {result.paper_id}, method {result.method}: sentences cited by\n  {_short(result.text, 300)}")
+    say(f"paper {printable(result.paper_id)}, method {result.method}: sentences cited by\n  "
+        f"{_short(printable(result.text), 300)}")
     bm25 = result.method == "bm25"
-    click.echo("score: the sentence's " + ("BM25 score for the citing words" if bm25 else
-               f"{result.method} match score"), nl=False)
-    click.echo("; matched: the citing words it shares" if bm25 else
-               "; matched: citing word ~ its closest word in the sentence (cosine, weight: the citing word's share)")
+    say("score: the sentence's " + ("BM25 score for the citing words" if bm25 else
+        f"{result.method} match score"), nl=False)
+    say("; matched: the citing words it shares" if bm25 else
+        "; matched: citing word ~ its closest word in the sentence (cosine, weight: the citing word's share)")
     for hit in result.hits:
-        click.echo(f"\n{hit.rank:>3}. score {hit.score:.4f}  sentence {hit.sentence_id}: {_short(hit.text, 300)}")
+        say(f"\n{hit.rank:>3}. score {hit.score:.4f}  sentence {hit.sentence_id}: {_short(printable(hit.text), 300)}")
         if hit.matches:
-            click.echo("       matched: " + ", ".join(
+            say("       matched: " + printable(", ".join(
                 m.query_word if bm25 else
                 f"{m.query_word}" + (f"~{m.matched_word}" if m.matched_word != m.query_word else "")
-                + f" ({m.cosine:.2f}, w {m.weight:.2f})" for m in hit.matches))
+                + f" ({m.cosine:.2f}, w {m.weight:.2f})" for m in hit.matches)))

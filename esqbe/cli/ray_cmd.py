@@ -7,10 +7,12 @@ import sys
 
 import click
 
+from esqbe.core.textsafe import printable
 from esqbe.settings.table import FORMATS
 
 from .errors import EXIT_ERROR, handle_errors
 from .options import click_options
+from .output import say
 
 
 @click.command("ray-encode")
@@ -55,7 +57,7 @@ def ray_encode_cmd(files, out_dir, address, actors, cpus_per_actor, gpus_per_act
         click.echo(json.dumps(report.summary(), indent=2))
     else:
         for err in report.errors:
-            click.echo(f"warning: {err}", err=True)
+            say(f"warning: {printable(err)}", err=True)
         click.echo(f"read {report.read}, encoded {report.encoded} into {len(report.files)} file(s) in {report.path}, "
                    f"skipped {sum(report.skipped.values())}, errors {len(report.errors)}"
                    + (f", tagged {report.tagged}" if report.tagged else "") + f" in {report.seconds:.1f}s")

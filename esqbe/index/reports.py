@@ -7,6 +7,8 @@ import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..core.textsafe import printable
+
 
 def _reason(e: BaseException, path: str | None = None) -> str:
     """A storage failure in words (sqlite says 'unable to open database file' for a read-only directory)."""
@@ -110,8 +112,7 @@ def skipped_line(record: dict) -> str:
     """One skipped record in words: where it is, what it is called, why it was skipped."""
     where = f"{record.get('file')}:{record['line']}" if record.get("line") else str(record.get("file"))
     name = " ".join(x for x in (record.get("id") or "", f'"{record["title"]}"' if record.get("title") else "") if x)
-    text = f"{where}: {name or '(no id or title)'}: {record.get('reason')}"
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)  # no terminal control from a file
+    return printable(f"{where}: {name or '(no id or title)'}: {record.get('reason')}")  # a file's controls shown, not obeyed
 
 
 @dataclass

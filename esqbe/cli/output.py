@@ -1,0 +1,30 @@
+"""What the commands print: text for people with its control characters shown, not obeyed; JSON with none raw.
+
+A title, a venue, a sentence, a metadata key, an error quoting an id, a server's note: any of it may carry an
+escape sequence (a window title, a screen clear, a disguised link). `say` is the one way human-readable text
+reaches the terminal: C0 and C1 controls and DEL written out (`\\x1b`) by `esqbe.core.textsafe.printable`,
+tabs and the text's own line feeds kept; a value printed inside one line is made `printable` (or the whole
+result `printable_tree`) first, so that a line break in it cannot forge a line either. `echo_json` is
+`json.dumps`, which escapes C0 controls, with DEL and the C1 controls escaped too (still the same JSON).
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import click
+
+from esqbe.core.textsafe import printable
+
+_RAW_IN_JSON = re.compile("[\x7f-\x9f]")
+
+
+def say(text: str = "", *, err: bool = False, nl: bool = True) -> None:
+    """`click.echo` of human-readable text, its control characters (but tabs and line feeds) escaped."""
+    click.echo(printable(text, newlines=True), err=err, nl=nl)
+
+
+def echo_json(data, *, indent: int | None = 2) -> None:
+    """`data` as JSON on stdout: non-ASCII text as it is, but no control character raw (`\\u009b`)."""
+    text = json.dumps(data, indent=indent, ensure_ascii=False)
+    click.echo(_RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
