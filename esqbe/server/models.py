@@ -240,7 +240,7 @@ class SearchHit(BaseModel):
     paper_id: str
     title: str
     score: float = Field(description="BM25 over title and abstract")
-    match: Literal["id", "words"]
+    match: Literal["id", "identifier", "author", "words"]
     sentences: int
     first_sentence: str
 

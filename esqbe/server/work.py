@@ -54,18 +54,13 @@ def _named_words(params: dict, req: QueryRequest) -> dict:
 
 
 def _search(index: Index, q: str, k: int) -> dict:
-    hits = []
-    exact = index.get([q.strip()]) if q.strip() else {}
-    for paper in exact.values():
-        hits.append({"paper_id": paper.paper_id, "title": paper.title, "score": 0.0, "match": "id",
-                     "sentences": len(paper.sentences), "first_sentence": paper.sentences[0] if paper.sentences else ""})
-    for paper, score in index.search(q, k):
-        if paper.paper_id in exact:
-            continue
-        hits.append({"paper_id": paper.paper_id, "title": paper.title, "score": _finite(score) or 0.0,
-                     "match": "words", "sentences": len(paper.sentences),
-                     "first_sentence": paper.sentences[0] if paper.sentences else ""})
-    return {"query": q, "hits": hits[:k]}
+    """`esqbe search`'s hits (esqbe.index.browse.search_papers): an id, an identifier, an author, then words."""
+    from ..index.browse import search_papers
+
+    hits = search_papers(index, q, k)
+    for h in hits:
+        h["score"] = _finite(h["score"]) or 0.0
+    return {"query": q, "hits": hits}
 
 
 def _read_records(lines: list, fmt: str | None) -> tuple[list, list[dict]]:

@@ -354,6 +354,9 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
             raise BackendError("an engine query filter (--engine-filter) needs the elasticsearch or opensearch backend")
         return self._metadata_columns().allowed(flt.conditions)
 
+    def ids_where(self, path: str, test) -> list[str]:
+        return self._metadata_columns().ids_where(path, test)
+
     def check_filter(self, flt: MetadataFilter | None) -> None:
         """A key no paper has (a typo) or a value no paper has for its key: said, with near values, not "no hits"."""
         if flt:

@@ -85,7 +85,7 @@ async function find(q) {
       const button = el("button", { type: "button", class: "finder-hit", "data-paper-id": hit.paper_id,
         onclick: () => { location.hash = `paper=${encodeURIComponent(hit.paper_id)}`; } },
         el("strong", { text: hit.title || hit.first_sentence.slice(0, 90) || hit.paper_id }),
-        el("span", { class: "pid", text: hit.paper_id + (hit.match === "id" ? " (exact id)" : "") }),
+        el("span", { class: "pid", text: hit.paper_id + ({ id: " (exact id)", identifier: " (its identifier)", author: " (by this author)" }[hit.match] || "") }),
         el("span", { class: "first", text: hit.first_sentence }));
       list.append(el("li", {}, button));
     }
