@@ -83,3 +83,17 @@ def test_interrupted_runs_say_what_the_index_holds_and_a_rerun_loses_nothing(tmp
     assert (read, indexed, unchanged) == (N, N - held_before, held_before)
     expected = {r["paper_id"]: r.get("title") or "" for r in map(json.loads, SAMPLE.read_text().splitlines()[:N])}
     assert _held(path) == expected  # nothing lost, nothing doubled
+
+
+def test_a_signal_before_the_first_batch_reads_nothing_and_says_so(tmp_path, encoder):
+    """The token cancelled before the run: no source read, each named as not read, no index written."""
+    from esqbe.core.deadline import Deadline
+
+    src = tmp_path / "papers.jsonl"
+    src.write_text("\n".join(SAMPLE.read_text().splitlines()[:3]) + "\n")
+    token = Deadline()
+    token.cancel("SIGTERM")
+    with esqbe.open_index(str(tmp_path / "ix"), encoder=encoder, config=None) as index:
+        report = index.index_files([str(src), str(src)], stop=token)
+    assert (report.interrupted, report.read, report.stored, report.not_read) == ("SIGTERM", 0, 0, [str(src)] * 2)
+    assert "interrupted (SIGTERM): the 0 paper(s) counted above are committed" in report.interrupt_message(0)

@@ -296,7 +296,8 @@ class IngestMixin:
                 if format in (None, "parquet") and is_parquet(source) or format == "parquet":
                     if bar is not None:
                         bar.position = lambda d=done_bytes: d + reader_report.position  # noqa: B023 (this source's)
-                    self.add_encoded(source, strict=strict, report=report, reader_report=reader_report, progress=bar)
+                    self.add_encoded(source, strict=strict, report=report, reader_report=reader_report, progress=bar,
+                                     stop=stop)
                     continue
                 self.add_papers(papers, facets=facets, report=report, progress=bar, stop=stop)
             except InputError as e:
@@ -325,11 +326,12 @@ class IngestMixin:
 
     def add_encoded(self, source: str, *, strict: bool = False, report: IndexReport | None = None,
                     reader_report: ReadReport | None = None, progress: bool = False,
-                    batch_size: int | None = None) -> IndexReport:
+                    batch_size: int | None = None, stop: Deadline | None = None) -> IndexReport:
         """Load pre-encoded papers from a Parquet file (see esqbe.ingest.encoded) without running a model.
 
         The file's `esqbe` metadata must match the index (and the model named in the settings, if any);
-        papers are committed every `batch_size` rows (default max(commit_every, 16384)); unchanged papers are skipped."""
+        papers are committed every `batch_size` rows (default max(commit_every, 16384)); unchanged papers are skipped.
+        Once `stop` is cancelled no further batch is written (`report.interrupted`)."""
         from ..ingest.encoded import read_encoded, read_meta
 
         report = report if report is not None else IndexReport()
@@ -352,6 +354,9 @@ class IngestMixin:
         try:
             for batch in read_encoded(source, batch_size=batch_size or max(16384, int(self.settings.commit_every)), strict=strict,
                                       report=reader_report):
+                if stop is not None and stop.cancelled:
+                    report.interrupted = stop.cancelled
+                    break
                 hashes = self.backend.content_hashes(p.paper_id for p in batch)
                 fresh = [p for p in batch if hashes.get(p.paper_id) != p.paper.content_hash()]
                 report.unchanged += len(batch) - len(fresh)
