@@ -54,7 +54,8 @@ class Progress:
         if self._bar is not None:
             if done is not None and done >= self._bar.n:
                 self._bar.update(done - self._bar.n)
-            self._bar.set_postfix_str(f"{self.papers} papers", refresh=True)
+            committed = f", {self.committed} committed" if self.committed is not None else ""
+            self._bar.set_postfix_str(f"{self.papers} papers{committed}", refresh=True)
             return
         now = time.monotonic()
         if now - self._last >= self.interval:
