@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_STORAGE, EXIT_INTERNAL = 0, 1, 2, 3, 70
 EXIT_SERVER = 4  # `esqbe query --server URL`: that server did not answer
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # `esqbe index` interrupted: 128 + the signal's number, as shells report it
 
 #: what each exit status means (README "Bad input, faults and exit statuses" is generated from it)
 EXIT_MEANINGS = {
@@ -25,6 +26,9 @@ EXIT_MEANINGS = {
     EXIT_SERVER: "`esqbe query --server URL`: that server cannot be reached, timed out, failed (5xx), redirected "
                  "or answered something that is not a query result; a server the query found by itself falls back "
                  "to answering locally instead",
+    EXIT_SIGINT: "`esqbe index` interrupted by SIGINT (Ctrl-C): the batch being written was finished or rolled back, "
+                 "and the summary says what is committed and searchable; the same command again indexes the rest",
+    EXIT_SIGTERM: "`esqbe index` stopped by SIGTERM: as for SIGINT",
     EXIT_INTERNAL: "an internal error, a bug in esqbe: the traceback is printed; please report it",
 }
 

@@ -59,10 +59,12 @@ def test_cli_bibtex_parses_back(ix):
     library = bibtexparser.parse_string(r.stdout, append_middleware=[LatexDecodingMiddleware()])
     assert not library.failed_blocks
     assert len(library.entries) == len(hits) == 8
-    by_note = {e.fields_dict["note"].value: e for e in library.entries}
-    for h in hits:
-        entry = by_note[f"esqbe rank {h['rank']}, paper id {h['paper_id']}"]
-        assert entry.fields_dict["title"].value == h["title"].replace("{", "(").replace("}", ")")
+    keys = [e.key for e in library.entries]
+    assert keys == [h["paper_id"].replace(" ", "_") for h in hits]  # the ids as keys (a space is no key's)
+    for h, entry in zip(hits, library.entries):
+        assert "note" not in entry.fields_dict  # esqbe's rank only with --with-scores
+        assert entry.fields_dict["title"].value.replace("{", "").replace("}", "") == \
+            h["title"].replace("{", "(").replace("}", ")")
         meta = h["metadata"]
         assert entry.fields_dict["year"].value == str(meta["year"])
         if meta.get("authors"):
@@ -86,7 +88,8 @@ def test_cli_ris_and_csv(ix):
     rows = list(csv.DictReader(io.StringIO(_query(ix, "--format", "csv").stdout)))
     assert tuple(rows[0]) == CSV_COLUMNS
     assert [r["paper_id"] for r in rows] == [h["paper_id"] for h in hits]
-    assert [int(r["rank"]) for r in rows] == list(range(1, 9))
+    rows_scored = list(csv.DictReader(io.StringIO(_query(ix, "--format", "csv", "--with-scores").stdout)))
+    assert [int(r["rank"]) for r in rows_scored] == list(range(1, 9))
     row = next(r for r in rows if r["paper_id"] in ("p 2", "p 4"))
     assert row["authors"] == "Jörg Müller; Ada Lovelace" and row["doi"] == "10.1/x_y%z"
 
@@ -99,6 +102,7 @@ def test_cli_json_and_format_together_is_a_usage_error(ix):
 def test_no_hits_exports_a_header_or_nothing():
     assert list(csv.reader(io.StringIO(export_hits({"hits": []}, "csv")))) == [list(CSV_COLUMNS)]
     assert export_hits({"hits": []}, "bibtex") == "" and export_hits({"hits": []}, "ris") == ""
+    assert export_hits({"hits": []}, "csl-json") == "[]\n"
 
 
 def test_http_query_format_is_a_download(ix, encoder):
@@ -114,8 +118,7 @@ def test_http_query_format_is_a_download(ix, encoder):
         assert r.headers["content-type"].startswith("application/x-bibtex")
         assert r.headers["content-disposition"] == 'attachment; filename="esqbe-hits.bib"'
         entries = bibtexparser.parse_string(r.text).entries
-        assert [e.fields_dict["note"].value.split("paper id ")[1] for e in entries] == [
-            h["paper_id"] for h in as_json["hits"]]
+        assert [e.key for e in entries] == [h["paper_id"].replace(" ", "_") for h in as_json["hits"]]
         r = httpx.post(url + "/query", json={**body, "format": "ris"}, timeout=60)
         assert r.headers["content-disposition"].endswith('filename="esqbe-hits.ris"')
         assert [x["id"] for x in rispy.loads(r.text)] == [h["paper_id"] for h in as_json["hits"]]

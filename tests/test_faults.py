@@ -525,7 +525,7 @@ def test_progress_has_a_total_moves_per_encoder_batch_and_prints_lines_off_a_ter
     counts = [int(line.split(": ")[1].split(" papers")[0]) for line in lines]
     assert len(lines) >= 3 + 1  # one line per encoder batch of 4 (commit_every is 256), and a last one
     assert counts == sorted(counts) and counts[0] < 12 and counts[-1] == 12
-    assert f"of {src.stat().st_size / 1024:.1f} KB" in lines[-1] and "(100%)" in lines[-1] and "done in" in lines[-1]
+    assert f"of {src.stat().st_size / 1024:.1f} KB" in lines[-1] and "(100%)" in lines[-1] and "all read in" in lines[-1]
     # issue 24: the share is of the papers done, not of the bytes read ahead (the reader runs a batch ahead), with
     # the time left; before, the first line already said 100% and the last counted the file twice
     shares = [int(line.split("(")[1].split("%)")[0]) for line in lines]
@@ -551,4 +551,4 @@ def test_cli_prints_progress_lines_when_stderr_is_not_a_terminal(tmp_path, sampl
                           env={**os.environ, "PYTHONPATH": str(REPO), "ESQBE_PROGRESS_SECONDS": "0"},
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert "indexing: 3 papers" in done.stderr and "done in" in done.stderr
+    assert "indexing: 3 papers" in done.stderr and "all read in" in done.stderr

@@ -296,7 +296,7 @@ def test_the_hits_download_as_csv_bibtex_and_ris(server, browser, tmp_path):
     browser.get(server + f"/#paper={P0}&facet=method")
     _wait(browser).until(lambda b: _hits(b))
     body = browser.execute_script("return state.lastQuery")
-    for fmt in ("csv", "bibtex", "ris"):
+    for fmt in ("csv", "bibtex", "ris", "csl-json"):
         before = set(tmp_path.iterdir())
         browser.find_element(By.CSS_SELECTOR, f'.export-btn[data-format="{fmt}"]').click()
         def new_files(_, before=before):

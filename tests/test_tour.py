@@ -59,6 +59,11 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     assert not bib.failed_blocks and len(bib.entries) == 10
     assert all(e.key.startswith("paper") for e in bib.entries)
     assert "{Some Lab}" in (tmp_path / "like-its-method.bib").read_text()  # an organisation stays one name
+    # the finds go back whole (issue 38): CSL-JSON for Zotero, and the BibTeX export indexed again as the same papers
+    items = json.loads((tmp_path / "like-its-method.json").read_text())
+    assert [i["id"] for i in items] == [e.key for e in bib.entries] and all(i.get("abstract") for i in items)
+    assert "read 10, indexed 10, replaced 0, unchanged 0, skipped 0 (none), errors 0" in out
+    assert re.search(r"^  skipped my-library\.bib:\d+: mueller2019 .*: no abstract$", out, flags=re.M), out
     ris = rispy.loads((tmp_path / "like-this.ris").read_text())
     assert len(ris) == 10 and all(r["authors"] == ["Doe, Jane", "Some Lab"] or r["id"] == "vaswani2017attention"
                                   for r in ris)

@@ -95,7 +95,8 @@ def _answered_by(stderr: str, url: str) -> bool:
     return f"answered by the server at {url}" in stderr
 
 
-@pytest.mark.parametrize("extra", [(), ("--json",), ("--format", "bibtex"), ("--format", "csv"), ("--format", "ris")])
+@pytest.mark.parametrize("extra", [(), ("--json",), ("--format", "bibtex"), ("--format", "csv"), ("--format", "ris"),
+                                   ("--format", "csl-json", "--with-scores")])
 def test_a_running_server_answers_paper_queries_with_the_same_output(served, extra):
     args = ("query", "--path", served.path, "--paper", QID, "--facet", "method", "-k", "5", *extra)
     before = served.queries_answered()

@@ -76,6 +76,12 @@ class Backend(ABC):
                                     bm25_k=k, fusion="bm25", with_papers=False)
         return [(c.paper_id, c.bm25) for c in self.first_stage(request) if c.bm25 > 0]
 
+    def ids_where(self, path: str, test) -> list[str]:
+        """Ids of the papers with a text value at metadata `path` (or under it) whose folded form (case and accents
+        ignored: `esqbe.core.filters.fold`) passes `test`: `esqbe search` by author or identifier. [] where the
+        backend cannot tell cheaply (the engines: their search finds words)."""
+        return []
+
     def check_filter(self, flt) -> None:  # noqa: B027 (optional: a backend that cannot tell keeps this)
         """Raise FilterError when a filter cannot match as written (a key no paper has, a value no paper has
         for its key), where the backend can tell cheaply; the embedded backend does (esqbe.core.filter_check)."""

@@ -14,11 +14,12 @@ import traceback
 import click
 
 from esqbe.core.textsafe import printable
-from esqbe.errors import EXIT_ERROR, EXIT_INTERNAL, EXIT_STORAGE, EXIT_USAGE, EsqbeError
+from esqbe.errors import EXIT_ERROR, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, EXIT_STORAGE, EXIT_USAGE, EsqbeError
 
 from .output import say
 
-__all__ = ["EXIT_ERROR", "EXIT_INTERNAL", "EXIT_STORAGE", "EXIT_USAGE", "exit_status", "handle_errors"]
+__all__ = ["EXIT_ERROR", "EXIT_INTERNAL", "EXIT_SIGINT", "EXIT_SIGTERM", "EXIT_STORAGE", "EXIT_USAGE", "exit_status",
+           "handle_errors"]
 
 
 def exit_status(e: BaseException) -> int:

@@ -1,7 +1,9 @@
 """Commands that write or inspect an index: index, encode, attach, delete, stats."""
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
 
 import click
@@ -9,7 +11,7 @@ import click
 from esqbe.core.textsafe import printable, printable_tree
 from esqbe.settings.table import FORMATS, INDEX_FORMATS
 
-from .errors import EXIT_ERROR, EXIT_STORAGE, handle_errors
+from .errors import EXIT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, EXIT_STORAGE, handle_errors
 from .options import _open, click_options, config_option
 from .output import say
 
@@ -18,48 +20,48 @@ from .output import say
 @click.argument("files", nargs=-1, required=True, type=str)
 @click.option("--format", "fmt", type=click.Choice(INDEX_FORMATS), help="Input format (default: detected per file; *.parquet is pre-encoded input).")
 @click.option("--strict", is_flag=True, help="Stop at the first malformed line or unreadable file (exit status 1), keeping the papers read before it, instead of reporting it and going on.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (every skipped record in `skipped_records`).")
+@click.option("--skipped", "skipped_path", type=click.Path(dir_okay=False, writable=True),
+              help="Write every skipped record (file, line, id, title, reason) to this file as JSON Lines.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress (a bar on a terminal, else a line every 10 s).")
 @click_options("index")
 @config_option
 @handle_errors
-def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
+def index_cmd(files, fmt, strict, facets, as_json, skipped_path, quiet, **kw):
     """Index papers from FILES (JSONL, .gz, or - for stdin); re-indexing the same file changes nothing.
 
     \b
     Formats (detected per file): S2ORC metadata, Semantic Scholar Datasets `abstracts` and `s2orc`,
     the CSFCube release, CSAbstruct, and plain JSONL {"id", "title", "abstract", "facets"?}.
-    Records without an abstract are skipped and counted; malformed lines and missing files are
+    Records without an abstract are skipped and named (file:line, id, reason: the first 10, all with --json or
+    --skipped FILE); malformed lines and missing files are
     reported as file:line: field: reason and the run goes on (unless --strict). Exit status: 0 done,
     1 bad input/settings or nothing could be indexed, 2 usage, 3 the index could not be written.
     FILE.parquet is pre-encoded input (`esqbe encode`): loaded without running a model, its
     `esqbe` metadata (model, dim, encoder mode) checked against the index.
     """
     from esqbe.index.api import StorageError
-    from esqbe.ingest.readers import InputError
 
-    index = _open(kw, "index")
+    if skipped_path is not None:  # found before an hour of indexing, not after
+        import os
+
+        folder = os.path.dirname(os.path.abspath(skipped_path))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise click.BadParameter(f"cannot write {skipped_path}: {folder} is not a writable directory",
+                                     param_hint="--skipped")
     try:
-        try:
-            report = index.index_files(list(files), format=fmt, strict=strict, facets=facets,
-                                       progress=not quiet and not as_json)
-            stopped = None
-        except (InputError, StorageError) as e:
-            if e.report is None:
-                raise
-            report, stopped = e.report, e
-        try:
-            index.close()  # closing writes too (the ANN fold-in, the checkpoint)
-        except StorageError as e:
-            if stopped is None:  # else the error already in hand says what went wrong
-                stopped = e
-    except BaseException:
-        try:
-            index.close()
-        except Exception:
-            pass  # the error on its way out says what went wrong
-        raise
+        report, stopped, held = _run_index(kw, files, fmt, strict, facets, as_json, quiet)
+    except KeyboardInterrupt as e:  # a second signal: stopped where it was; SQLite rolled the open transaction back
+        name = str(e) or "SIGINT"
+        say(f"esqbe: {name} again: stopped at once, without a summary; what was committed stays "
+            "(`esqbe stats` counts it), run the same command again to index the rest", err=True)
+        sys.exit(EXIT_SIGTERM if name == "SIGTERM" else EXIT_SIGINT)
     _print_index_report(report, as_json)  # always: what went in, even when the run stopped
+    if skipped_path is not None:
+        _write_skipped(skipped_path, report)
+    if report.interrupted and stopped is None:
+        say(printable(report.interrupt_message(held)), err=True)
+        sys.exit(EXIT_SIGTERM if report.interrupted == "SIGTERM" else EXIT_SIGINT)
     if isinstance(stopped, StorageError):
         say(f"error: {stopped}", err=True)
         sys.exit(EXIT_STORAGE)
@@ -69,6 +71,74 @@ def index_cmd(files, fmt, strict, facets, as_json, quiet, **kw):
     if report.failed:
         say(f"error: {report.failure_message()}", err=True)
         sys.exit(EXIT_ERROR)
+
+
+def _run_index(kw, files, fmt, strict, facets, as_json, quiet):
+    """(the run's report, the error it stopped at or None, the papers the index holds after an interrupt or None)."""
+    from esqbe.index.api import StorageError
+    from esqbe.ingest.readers import InputError
+
+    with _interrupts() as token:
+        index = _open(kw, "index")
+        held = None
+        try:
+            try:
+                report = index.index_files(list(files), format=fmt, strict=strict, facets=facets,
+                                           progress=not quiet and not as_json, stop=token)
+                stopped = None
+            except (InputError, StorageError) as e:
+                if e.report is None:
+                    raise
+                report, stopped = e.report, e
+            if token.cancelled and stopped is None:
+                report.interrupted = token.cancelled  # a signal after the last batch: all of it is in
+                held = _papers_held(index)
+            try:
+                index.close()  # closing writes too (the ANN fold-in, the checkpoint)
+            except StorageError as e:
+                if stopped is None:  # else the error already in hand says what went wrong
+                    stopped = e
+        except BaseException:
+            try:
+                index.close()
+            except Exception:
+                pass  # the error on its way out says what went wrong
+            raise
+    return report, stopped, held
+
+
+@contextlib.contextmanager
+def _interrupts():
+    """A cancellation token that SIGINT and SIGTERM cancel (with the signal's name) while the block runs: the index
+    run stops after the batch being written; a second signal stops at once (KeyboardInterrupt: SQLite rolls back
+    the transaction it interrupts). The handlers before are put back after."""
+    from esqbe.core.deadline import Deadline
+
+    token = Deadline()
+
+    def on_signal(signum, frame):
+        name = signal.Signals(signum).name
+        if token.cancelled:
+            raise KeyboardInterrupt(name)
+        token.cancel(name)
+        print(f"esqbe: {name}: stopping after the batch being written (again: stop at once)", file=sys.stderr,
+              flush=True)
+
+    before = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield token
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _papers_held(index) -> int | None:
+    """How many papers the index holds now, for an interrupted run's summary (None: it cannot say)."""
+    try:
+        papers = index.stats().get("papers")
+    except Exception:  # noqa: BLE001  # the summary goes on without the total
+        return None
+    return papers if isinstance(papers, int) else None
 
 
 def _print_index_report(report, as_json: bool) -> None:
@@ -87,6 +157,20 @@ def _print_index_report(report, as_json: bool) -> None:
         + (f", tagged {report.tagged}" if report.tagged else "")
         + f" in {report.seconds:.1f}s"
     )
+    for line in report.skipped_lines(10):
+        say(f"  skipped {line}" if not line.startswith("and ") else f"  {line} (all of them: --json, or --skipped FILE)")
+
+
+def _write_skipped(path: str, report) -> None:
+    """Every skipped record of the run as JSON Lines (an empty file when none was skipped)."""
+    from esqbe.errors import StorageError
+
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            for record in report.skipped_records:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    except OSError as e:
+        raise StorageError(f"cannot write --skipped {path}: {e.strerror or e}") from e
 
 
 @click.command("encode")

@@ -31,11 +31,14 @@ def _check_filters(filters) -> None:
 @config_option
 @handle_errors
 def search_cmd(words, k, as_json, **kw):
-    """Find papers to query by: an exact paper id, else BM25 over title and abstract words (as GET /search).
+    """Find papers to query by: an exact paper id, an identifier (DOI, arXiv id), an author's name (case and
+    accents ignored), then BM25 over title and abstract words (as GET /search).
 
     \b
       esqbe search optimal transport sentence embeddings
       esqbe search 1791179            # an id: is it in the index?
+      esqbe search 10.18653/v1/N19-1423 ; esqbe search arXiv:1706.03762v5
+      esqbe search garcia-mateo       # Carmen García-Mateo's papers
     """
     from esqbe.index.browse import search_papers
 
@@ -47,7 +50,7 @@ def search_cmd(words, k, as_json, **kw):
     if not hits:
         say("no papers match")
     for i, h in enumerate(printable_tree(hits), start=1):  # titles and sentences shown, their controls not obeyed
-        score = "id" if h["match"] == "id" else f"{h['score']:.2f}"
+        score = f"{h['score']:.2f}" if h["match"] == "words" else h["match"]
         say(f"{i:>3}. {score:>6}  {h['paper_id']}  {h['title'] or _short(h['first_sentence'], 100)}")
 
 

@@ -50,8 +50,12 @@ def _single_threaded_math():
 @click.option("--engine-filter", metavar="JSON", help="Elasticsearch/OpenSearch only: a query DSL clause the papers must also match, e.g. '{\"term\": {\"lang\": \"en\"}}'.")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
 @click.option("--format", "export_format", type=click.Choice(tuple(EXPORT_FORMATS)),
-              help="Print the hits as CSV, BibTeX or RIS (from their metadata: authors, year, venue, DOI) to save "
-                   "or import, e.g. --format bibtex > similar.bib.")
+              help="Print the hits as CSV, BibTeX, RIS or CSL-JSON (each with its abstract, authors, year, venue, DOI, "
+                   "the entry type and citation key it came with) to import into a reference manager, e.g. "
+                   "--format bibtex > similar.bib.")
+@click.option("--with-scores", is_flag=True,
+              help="--format: write each hit's rank, score and similarity too (a BibTeX/RIS note, CSL-JSON custom, "
+                   "CSV columns); left out by default, as a reference manager keeps them as notes.")
 @click.option("--server", "server_url", metavar="URL",
               help="Ask the `esqbe serve` at URL (its index, its settings and your flags; a private one gets the token "
                    "in ESQBE_TOKEN); fails if it cannot answer. "
@@ -65,7 +69,7 @@ def _single_threaded_math():
 @config_option
 @handle_errors
 def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engine_filter, as_json, export_format,
-              server_url, no_server, server_timeout, quiet, **kw):
+              with_scores, server_url, no_server, server_timeout, quiet, **kw):
     """Papers most similar to one paper in one aspect, with the sentences that matched.
 
     \b
@@ -79,6 +83,8 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
     """
     if as_json and export_format:
         raise click.UsageError("give --json or --format, not both")
+    if with_scores and not export_format:
+        raise click.UsageError("--with-scores goes with --format (the text and --json show the scores anyway)")
     if server_url is not None and no_server:
         raise click.UsageError("give --server URL or --no-server, not both")
     if kw.get("rescorer") is not None:  # a usage error (2), like --facet's choices, not a failed run
@@ -127,19 +133,45 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
         import esqbe
 
         with esqbe.open_index(settings=settings, create=False) as index:
-            result = index.query(paper_id, facet=facet, sentences=chosen, text=text, title=title,
+            answer = index.query(paper_id, facet=facet, sentences=chosen, text=text, title=title,
                                  filters=list(flt.conditions) if flt else None,
-                                 engine_filter=flt.engine_query if flt else None, **overrides).to_dict()
+                                 engine_filter=flt.engine_query if flt else None, **overrides)
+            # an export carries each hit's abstract: its sentences
+            result = answer.to_dict(index.get([h.paper_id for h in answer.hits]) if export_format else None)
+    elif export_format:
+        _abstracts_from_here(result, settings)
     if as_json:
         echo_json(result)
         return
     if export_format:
         from esqbe.query.export import export_hits
 
-        click.echo(export_hits(result, export_format), nl=False)
+        click.echo(export_hits(result, export_format, with_scores=with_scores), nl=False)
         return
     _print_result(printable_tree(result), chosen=chosen is not None, filters=printable_tree(list(filters)),
                   engine_filter=printable(engine_filter) if engine_filter else None)
+
+
+def _abstracts_from_here(result: dict, settings) -> None:
+    """A server's result has no hit's sentences: each hit's from this index (the one the server answered for, a
+    discovery record says so), where it can be read here; else the export goes without those abstracts."""
+    import esqbe
+
+    wanted = [h["paper_id"] for h in result.get("hits") or [] if h.get("sentences") is None]
+    if not wanted:
+        return
+    try:
+        with esqbe.open_index(settings=settings, create=False) as index:
+            papers = index.get(wanted)
+    except Exception:  # noqa: BLE001  # not readable here (a server elsewhere): no abstracts, said on stderr
+        say("esqbe: warning: the hits' abstracts cannot be read from this machine's index; the export has none",
+            err=True)
+        return
+    from esqbe.query.result_json import sentences_json
+
+    for h in result["hits"]:
+        if h.get("sentences") is None and h["paper_id"] in papers:
+            h["sentences"] = sentences_json(papers[h["paper_id"]])
 
 
 def _from_server(settings, url, timeout, quiet, **query) -> dict | None:

@@ -7,6 +7,7 @@ operators that would match them (`~=` any case, `^=` prefix). Checked over an in
 some papers but none together still answer "no hits"."""
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from .filters import (
@@ -17,6 +18,7 @@ from .filters import (
     MetadataColumns,
     _as_number,
     _as_text,
+    fold,
 )
 
 #: the operators whose value must match something (negations and ranges may rightly match nothing)
@@ -74,29 +76,54 @@ def _no_value_message(c: Condition, columns: MetadataColumns) -> str:
         shown = ", ".join(repr(s) for s in suggestions[:_MAX_SUGGESTIONS])
         msg += f"; near values in the index: {shown}"
         w = _as_text(wanted[0])
-        if any(s.lower() == w.lower() for s in suggestions):
+        if any(fold(s) == fold(w) for s in suggestions):
             msg += f" (any case: {c.key}~={_quoted(w)})"
-        elif any(s.lower().startswith(w.lower()) for s in suggestions):
+        elif any(fold(s).startswith(fold(w)) for s in suggestions):
             msg += f" (a prefix, any case: {c.key}^={_quoted(w)})"
     elif c.path in columns.num and all(_as_number(w) is not None for w in wanted):
         vals = columns.num[c.path][1]
         msg += f" (its values run from {_as_text(float(vals.min()))} to {_as_text(float(vals.max()))})"
+    elif texts and len(texts) <= 2 * _MAX_SUGGESTIONS:  # a few values: all of them; many: none is near, say so
+        msg += f" (its values: {', '.join(repr(t) for t in texts)})"
     elif texts:
-        msg += f" (e.g. {', '.join(repr(t) for t in texts[:_MAX_SUGGESTIONS])})"
+        msg += f" (none of its {len(texts)} values is near it)"
     return msg
 
 
 def near_values(value: str, stored: Sequence[str]) -> list[str]:
-    """Stored texts near `value`: the same but for case, then those starting with it, then those with a
-    word starting with it (all ignoring case); at most a few of each."""
-    v = value.lower().strip()
+    """Stored texts near `value`, nearest first: the same but for case and accents (`fold`), then those starting
+    with it, then those with a word starting with it, then those a few edits away (a typo: `Garcia-Mato`); at most
+    a few of each, never values merely first in alphabetical order."""
+    v = fold(value.strip())
     if not v:
         return []
-    same = [s for s in stored if s.lower() == v]
-    prefix = [s for s in stored if s.lower().startswith(v) and s not in same]
-    word = [s for s in stored if s not in same and s not in prefix
-            and any(part.startswith(v) for part in s.lower().replace("-", " ").split())]
-    return (same + prefix[:_MAX_SUGGESTIONS] + word[:_MAX_SUGGESTIONS])[: 2 * _MAX_SUGGESTIONS]
+    folded = [(s, fold(s)) for s in stored]
+    same = [s for s, f in folded if f == v]
+    prefix = [s for s, f in folded if f.startswith(v) and f != v]
+    taken = set(same) | set(prefix)
+    word = [s for s, f in folded if s not in taken and any(part.startswith(v) for part in _WORDS.split(f))]
+    taken |= set(word)
+    limit = max(1, min(3, len(v) // 4))  # edits allowed: 1 for a short value, up to 3 for a long one
+    close = sorted((d, s) for s, f in folded if s not in taken and abs(len(f) - len(v)) <= limit
+                   and (f[:1] == v[:1] or f[-1:] == v[-1:]) and (d := _edits(f, v, limit)) <= limit)
+    return (same + prefix[:_MAX_SUGGESTIONS] + word[:_MAX_SUGGESTIONS]
+            + [s for _, s in close[:_MAX_SUGGESTIONS]])[: 2 * _MAX_SUGGESTIONS]
+
+
+_WORDS = re.compile(r"[\s\-]+")
+
+
+def _edits(a: str, b: str, limit: int) -> int:
+    """Levenshtein distance of `a` and `b`, or `limit + 1` as soon as it must exceed `limit`."""
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, start=1):
+        current = [i]
+        for j, cb in enumerate(b, start=1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        if min(current) > limit:
+            return limit + 1
+        previous = current
+    return previous[-1]
 
 
 def _quoted(value: str) -> str:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -392,9 +393,15 @@ def condition_matches(metadata: dict, c: Condition) -> bool:
     return (n is not None and any(cmp(x, n) for x in nums)) or any(cmp(x, t) for x in texts)
 
 
+def fold(text: str) -> str:
+    """Text as people compare it: case and accents ignored (`García-Mateo` and `garcia-mateo` are one)."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold()
+
+
 def text_op_matches(op: str, stored: str, value: str) -> bool:
-    """`~=` / `^=` on one stored text (lower-cased on both sides, as the engines' case_insensitive does)."""
-    return stored.lower() == value.lower() if op == "~=" else stored.lower().startswith(value.lower())
+    """`~=` / `^=` on one stored text, case and accents folded on both sides (`fold`; the engines fold case only)."""
+    return fold(stored) == fold(value) if op == "~=" else fold(stored).startswith(fold(value))
 
 
 def matches(metadata: dict, conditions: Sequence[Condition]) -> bool:
@@ -430,6 +437,14 @@ class MetadataColumns:
         self.kw = {p: (np.asarray(r, dtype=np.int64), np.asarray(v, dtype=object)) for p, (r, v) in kw.items()}
         self._kw_index: dict[str, dict[str, np.ndarray]] = {}
         self._kw_sorted: dict[str, list[str]] = {}
+        self._kw_folded: dict[str, list[tuple[str, np.ndarray]]] = {}
+
+    def _folded(self, path: str) -> list[tuple[str, np.ndarray]]:
+        """(a distinct text value at `path` folded, its rows), built once per path."""
+        if path not in self._kw_folded:
+            self._text_rows(path, "")  # builds the value index
+            self._kw_folded[path] = [(fold(v), rows) for v, rows in self._kw_index[path].items()]
+        return self._kw_folded[path]
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -457,10 +472,9 @@ class MetadataColumns:
             return out if c.op == "exists" else ~out
         if c.op in TEXT_OPS:
             if path in self.kw:
-                self._text_rows(path, "")  # builds the value index
-                value = _as_text(c.value)
-                for stored, rows in self._kw_index[path].items():
-                    if text_op_matches(c.op, stored, value):
+                value = fold(_as_text(c.value))
+                for folded, rows in self._folded(path):  # text_op_matches, each stored value folded once per index
+                    if (folded == value) if c.op == "~=" else folded.startswith(value):
                         out[rows] = True
             return out
         if c.op in ("=", "!=", "in", "not in"):
@@ -496,6 +510,18 @@ class MetadataColumns:
         for c in conditions:
             keep &= self.mask(c)
         return frozenset(self.ids[i] for i in np.flatnonzero(keep))
+
+    def ids_where(self, path: str, test: Callable[[str], bool]) -> list[str]:
+        """Ids of the papers with a text value at `path` (or a path under it: `external_ids`) whose folded form
+        (`fold`) passes `test`, in the index's order; `test` runs once per distinct value."""
+        prefix = path + "."
+        keep = np.zeros(len(self.ids), dtype=bool)
+        for p in list(self.kw):
+            if p == path or p.startswith(prefix):
+                for folded, rows in self._folded(p):
+                    if test(folded):
+                        keep[rows] = True
+        return [self.ids[i] for i in np.flatnonzero(keep)]
 
 
 # ---------------------------------------------------------------------------- engines

@@ -28,6 +28,7 @@ class Progress:
         self.interval = interval
         self.desc = desc
         self.papers = 0
+        self.committed: int | None = None  # papers written to the index for good so far (None: not told)
         self.position: Callable[[], int] | None = None  # bytes of input consumed so far
         self._start = self._last = time.monotonic()
         self._lines = 0
@@ -53,17 +54,20 @@ class Progress:
         if self._bar is not None:
             if done is not None and done >= self._bar.n:
                 self._bar.update(done - self._bar.n)
-            self._bar.set_postfix_str(f"{self.papers} papers", refresh=True)
+            committed = f", {self.committed} committed" if self.committed is not None else ""
+            self._bar.set_postfix_str(f"{self.papers} papers{committed}", refresh=True)
             return
         now = time.monotonic()
         if now - self._last >= self.interval:
             self._last = now
             self._print(now)
 
-    def _print(self, now: float, final: bool = False) -> None:
+    def _print(self, now: float, final: bool = False, stopped: str | None = None) -> None:
         elapsed = max(now - self._start, 1e-9)
         parts = [f"{self.desc}: {self.papers} papers"]
-        done = self._bytes()
+        if self.committed is not None:  # encoded runs ahead of written: both, so neither is taken for the other
+            parts.append(f"{self.committed} committed")
+        done = None if stopped else self._bytes()  # cut short: the bytes read say nothing of what is in
         if done is not None and self.total_bytes:
             share = 100 * min(done, self.total_bytes) / self.total_bytes
             parts.append(f"{_size(min(done, self.total_bytes))} of {_size(self.total_bytes)} ({share:.0f}%)")
@@ -72,17 +76,21 @@ class Progress:
         elif done is not None:
             parts.append(f"{_size(done)} read")
         parts.append(f"{self.papers / elapsed:.1f} papers/s")
-        parts.append(f"{'done in ' if final else ''}{elapsed:.0f}s")
+        # the input read and encoded, not the run done (what is committed is the run's summary to say)
+        parts.append(f"{f'interrupted ({stopped}) after ' if stopped else 'all read in ' if final else ''}{elapsed:.0f}s")
         self.stream.write(", ".join(parts) + "\n")
         self.stream.flush()
         self._lines += 1
 
-    def close(self) -> None:
+    def close(self, stopped: str | None = None) -> None:
+        """The end of the work (`stopped`: the reason it was cut short, e.g. "SIGINT")."""
         if self._bar is not None:
+            if stopped:
+                self._bar.set_postfix_str(f"{self.papers} papers, interrupted ({stopped})", refresh=True)
             self._bar.close()
             self._bar = None
-        elif self._lines:  # a run long enough to have reported progress also reports its end
-            self._print(time.monotonic(), final=True)
+        elif self._lines or stopped:  # a run long enough to have reported progress also reports its end
+            self._print(time.monotonic(), final=True, stopped=stopped)
             self._lines = 0
 
 

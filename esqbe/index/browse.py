@@ -3,10 +3,11 @@ sentences with facet labels and probabilities, the papers matching words (BM25, 
 papers of an index (ids, titles) with metadata filters. Plain data, the same for the CLI and a script."""
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..core.filters import coerce_filters, matches
+from ..core.filters import coerce_filters, fold, matches
 from ..domain import Paper
 from ..query.result_json import jsonable, public_metadata
 from ..query.search import SOFT_FACET_ORDER, PaperNotFoundError, has_soft_labels
@@ -73,11 +74,22 @@ def show_paper(index: Index, paper_id: str) -> dict:
 
 
 def search_papers(index: Index, text: str, k: int = 10) -> list[dict]:
-    """An exact paper id first, then BM25 over title and abstract words: `{"paper_id", "title", "score",
-    "match": "id" | "words", "sentences", "first_sentence"}` (GET /search's hits)."""
-    exact = index.get([text.strip()]) if text.strip() else {}
+    """An exact paper id first, then the papers an identifier names (a DOI, with or without `https://doi.org/`; an
+    arXiv id, with or without `arXiv:` or its version; any other external id), then those with an author whose name
+    has every word of `text` (case and accents ignored: `garcia-mateo` finds "Carmen García-Mateo"), then BM25 over
+    title and abstract words: `{"paper_id", "title", "score", "match": "id" | "identifier" | "author" | "words",
+    "sentences", "first_sentence"}` (GET /search's hits). Identifiers and authors: on the embedded backend."""
+    q = text.strip()
+    exact = index.get([q]) if q else {}
     found = [(p, 0.0, "id") for p in exact.values()]
-    found += [(p, s, "words") for p, s in index.search(text, k) if p.paper_id not in exact]
+    seen = set(exact)
+    for how, ids in (("identifier", _by_identifier(index, q)), ("author", _by_author(index, q))):
+        ids = [pid for pid in ids if pid not in seen][:k]
+        papers = index.get(ids) if ids else {}
+        found += [(papers[pid], 0.0, how) for pid in ids if pid in papers]
+        seen.update(ids)
+    if len(found) < k:
+        found += [(p, s, "words") for p, s in index.search(text, k) if p.paper_id not in seen]
     return [{"paper_id": p.paper_id, "title": p.title, "score": round(float(s), 4), "match": how,
              "sentences": len(p.sentences), "first_sentence": p.sentences[0] if p.sentences else ""}
             for p, s, how in found[:k]]
@@ -100,3 +112,33 @@ def list_papers(index: Index, filters: Sequence | None = None, limit: int | None
                 out.append({"paper_id": pid, "title": paper.title, "year": (paper.metadata or {}).get("year"),
                             "sentences": len(paper.sentences)})
     return out, total
+
+
+_DOI = re.compile(r"(?:https?://(?:dx\.)?doi\.org/|doi:\s*)?(10\.\d{4,9}/\S+)", re.IGNORECASE)
+_ARXIV = re.compile(r"(?:arxiv:\s*|https?://arxiv\.org/abs/)?(\d{4}\.\d{4,5}|[a-z][a-z.\-]*/\d{7})(?:v\d+)?",
+                    re.IGNORECASE)
+_VERSION = re.compile(r"v\d+$")
+_NAME_WORDS = re.compile(r"[\s\-]+")
+
+
+def _by_identifier(index: Index, q: str) -> list[str]:
+    """Papers whose DOI, arXiv id or another external id is `q` (compared folded; a DOI's case never matters)."""
+    if not q or len(q) > 300 or " " in q:
+        return []
+    doi, arxiv = _DOI.fullmatch(q), _ARXIV.fullmatch(q)
+    if doi:
+        want = fold(doi.group(1)).rstrip(".")
+        return index.backend.ids_where("external_ids.doi", lambda s: s == want)
+    if arxiv:
+        want = fold(arxiv.group(1))
+        return index.backend.ids_where("external_ids.arxiv", lambda s: _VERSION.sub("", s) == want)
+    want = fold(q)
+    return index.backend.ids_where("external_ids", lambda s: s == want)
+
+
+def _by_author(index: Index, q: str) -> list[str]:
+    """Papers with an author whose name has every word of `q` (`García-Mateo`, `carmen garcia mateo`)."""
+    words = [w for w in _NAME_WORDS.split(fold(q)) if w]
+    if not words or len(words) > 8:
+        return []
+    return index.backend.ids_where("authors.name", lambda name: all(w in _NAME_WORDS.split(name) for w in words))

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import Backend
+from ..core.deadline import Cancelled, Deadline
 from ..core.progress import Progress
 from ..domain import IndexedPaper, IndexMeta, Paper, normalize_label
 from ..errors import ParameterError, StorageError
@@ -110,11 +111,14 @@ class IngestMixin:
         self.backend.ensure(requested)
 
     def add_papers(self, papers: Iterable[Paper], *, facets: str | None = None, report: IndexReport | None = None,
-                   progress: bool = False) -> IndexReport:
+                   progress: bool = False, stop: Deadline | None = None) -> IndexReport:
         """Upsert papers by id: unchanged papers are skipped before encoding; each batch is committed.
 
         The model is loaded (and the index created) only when a batch has papers to encode. A failing
-        store (disk full, read-only) raises StorageError with `.report`: what was committed before it."""
+        store (disk full, read-only) raises StorageError with `.report`: what was committed before it.
+        Once `stop` is cancelled (`esqbe index` on SIGINT/SIGTERM) no further batch is read, the batch being
+        encoded is abandoned (nothing of it written), a batch being written is finished, and the run returns with
+        `report.interrupted` set to the token's reason: the report counts exactly what is committed."""
         facets = facets or self.settings.facets
         if facets not in FACET_MODES:
             raise ParameterError(f"facets must be one of {', '.join(FACET_MODES)} (got {facets!r})")
@@ -122,14 +126,14 @@ class IngestMixin:
         start = time.perf_counter()
         self.check_model()  # before any weights are loaded
         bar = progress if isinstance(progress, Progress) else Progress() if progress else None
-        stop: list[InputError] = []
+        bad_line: list[InputError] = []
         ensured = False
 
         def until_bad_line(items):  # a --strict reader raises at a bad line: index the batch read before it first
             try:
                 yield from items
             except InputError as e:
-                stop.append(e)
+                bad_line.append(e)
 
         def storage_error(e: BaseException) -> StorageError:
             error = StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}; "
@@ -138,10 +142,16 @@ class IngestMixin:
 
         def store(pending) -> None:
             """Write one encoded batch (waiting for its encoding) and count it."""
-            encoding, n_batch, n_fresh = pending
+            encoding, n_batch, n_fresh, n_repeated = pending
             try:
                 if encoding is not None:
-                    indexed, tagged = encoding.result()  # an encoder error surfaces here
+                    try:
+                        indexed, tagged = encoding.result()  # an encoder error surfaces here
+                    except Cancelled:
+                        if stop is None or not stop.cancelled:
+                            raise
+                        return  # interrupted while encoding: nothing of this batch is written, none counted
+                    report.replaced += n_repeated
                     result = self.backend.upsert(indexed)
                     centering.written(self.backend, result.added + result.replaced)
                     report.tagged += tagged
@@ -149,6 +159,10 @@ class IngestMixin:
                     report.replaced += result.replaced
                     report.unchanged += result.unchanged
                     report.errors.extend(result.errors)
+                else:
+                    report.replaced += n_repeated
+                if bar is not None:
+                    bar.committed = report.stored
             except _STORAGE_ERRORS as e:
                 raise storage_error(e) from e
             if bar is not None:
@@ -160,8 +174,9 @@ class IngestMixin:
         pending = None
         try:
             for batch in _batches(until_bad_line(papers), max(1, int(self.settings.commit_every))):
+                if stop is not None and stop.cancelled:
+                    break  # the batch just read is not indexed (counted as read: the summary says so)
                 latest = {p.paper_id: p for p in batch}  # an id repeated within a batch: the last one wins
-                report.replaced += len(batch) - len(latest)
                 try:
                     fresh = self._fresh(latest, facets, report)
                     if fresh and not ensured:
@@ -171,11 +186,12 @@ class IngestMixin:
                     raise storage_error(e) from e
                 encoding = None
                 if fresh:
-                    args = (fresh, facets, bar.update if bar is not None else None)
-                    encoding = worker.submit(self._encode, *args) if worker is not None else _Done(self._encode(*args))
+                    args = (fresh, facets, bar.update if bar is not None else None, stop)
+                    encoding = worker.submit(self._encode_until, *args) if worker is not None else \
+                        _Done.of(self._encode_until, *args)
                 if pending is not None:
                     store(pending)
-                pending = (encoding, len(batch), len(fresh))
+                pending = (encoding, len(batch), len(fresh), len(batch) - len(latest))
             if pending is not None:
                 store(pending)
                 pending = None
@@ -185,9 +201,18 @@ class IngestMixin:
             if bar is not None and bar is not progress:
                 bar.close()
             report.seconds += time.perf_counter() - start
-        if stop:
-            raise stop[0]
+            if stop is not None and stop.cancelled:
+                report.interrupted = stop.cancelled
+        if bad_line:
+            raise bad_line[0]
         return report
+
+    def _encode_until(self, papers: list[Paper], facets: str, on_progress, stop: Deadline | None):
+        """`_encode`, abandoned (Cancelled) between the encoder's batches once `stop` is cancelled."""
+        if stop is None:
+            return self._encode(papers, facets, on_progress)
+        with stop:  # the encoder checks the token of its thread between its batches
+            return self._encode(papers, facets, on_progress)
 
     def _fresh(self, latest: dict[str, Paper], facets: str, report: IndexReport) -> list[Paper]:
         """The papers of a batch that need encoding; the others are counted as unchanged."""
@@ -210,13 +235,14 @@ class IngestMixin:
         return fresh
 
     def index_files(self, sources: Sequence[str], *, format: str | None = None, strict: bool = False,
-                    facets: str | None = None, progress: bool = False) -> IndexReport:
+                    facets: str | None = None, progress: bool = False, stop: Deadline | None = None) -> IndexReport:
         """Read each source (path, .gz, or '-') and upsert its papers; bad lines are reported, not fatal.
 
         Every source is checked before anything is loaded: a missing file (or a directory) is reported
         like a bad line and the others are read. With `strict` the first problem stops the run: every
         paper read before a bad line is committed, and the InputError propagates with `.report` (this
-        IndexReport: what was indexed, `stopped`, `not_read`); a StorageError carries `.report` too."""
+        IndexReport: what was indexed, `stopped`, `not_read`); a StorageError carries `.report` too. `stop`: see
+        `add_papers`; the sources after the one interrupted are listed in `not_read` and no calibration runs."""
         report = IndexReport()
         sources = list(sources)
         problems = {i: e for i, s in enumerate(sources) if (e := check_source(s)) is not None}
@@ -235,10 +261,13 @@ class IngestMixin:
                      for i, s in enumerate(sources) if i not in problems]
             bar = Progress(total_bytes=None if None in sizes else sum(s for s in sizes if s is not None))
         try:
-            self._index_sources(sources, problems, format, strict, facets, bar, report)
+            self._index_sources(sources, problems, format, strict, facets, bar, report, stop)
         finally:
             if bar is not None:
-                bar.close()
+                bar.close(stopped=stop.cancelled if stop is not None else None)
+        if stop is not None and stop.cancelled:
+            report.interrupted = stop.cancelled
+            return report  # the calibration is due on the next run (it finds the index holding papers)
         self._calibrate_knn(report, progress=bool(progress))
         return report
 
@@ -251,11 +280,14 @@ class IngestMixin:
             self.backend.calibrate_knn(self.settings.knn_recall_target, self.settings.knn_recall_statistic,
                                        progress=_say if progress else None)
 
-    def _index_sources(self, sources, problems, format, strict, facets, bar, report) -> None:
+    def _index_sources(self, sources, problems, format, strict, facets, bar, report, stop=None) -> None:
         done_bytes = 0
         for i, source in enumerate(sources):
             if i in problems:
                 continue
+            if stop is not None and stop.cancelled:
+                report.not_read.extend(str(s) for j, s in enumerate(sources) if j >= i and j not in problems)
+                return
             reader_report = ReadReport()
             papers = read_papers(source, format, strict=strict, report=reader_report)
             if bar is not None:  # bytes of the papers done, not of those read ahead into the next batches
@@ -264,9 +296,10 @@ class IngestMixin:
                 if format in (None, "parquet") and is_parquet(source) or format == "parquet":
                     if bar is not None:
                         bar.position = lambda d=done_bytes: d + reader_report.position  # noqa: B023 (this source's)
-                    self.add_encoded(source, strict=strict, report=report, reader_report=reader_report, progress=bar)
+                    self.add_encoded(source, strict=strict, report=report, reader_report=reader_report, progress=bar,
+                                     stop=stop)
                     continue
-                self.add_papers(papers, facets=facets, report=report, progress=bar)
+                self.add_papers(papers, facets=facets, report=report, progress=bar, stop=stop)
             except InputError as e:
                 report.errors.append(str(e))
                 if not strict:  # not a line-level problem the reader could report and pass over
@@ -286,17 +319,19 @@ class IngestMixin:
                 report.skipped.update(reader_report.skipped)
                 report.errors.extend(str(e) for e in reader_report.errors)
                 report.repeated.extend(reader_report.repeated)
+                report.skipped_records.extend(reader_report.skipped_records)
                 done_bytes += reader_report.position
                 if bar is not None:
                     bar.position = lambda d=done_bytes: d  # this source is done: counted once
 
     def add_encoded(self, source: str, *, strict: bool = False, report: IndexReport | None = None,
                     reader_report: ReadReport | None = None, progress: bool = False,
-                    batch_size: int | None = None) -> IndexReport:
+                    batch_size: int | None = None, stop: Deadline | None = None) -> IndexReport:
         """Load pre-encoded papers from a Parquet file (see esqbe.ingest.encoded) without running a model.
 
         The file's `esqbe` metadata must match the index (and the model named in the settings, if any);
-        papers are committed every `batch_size` rows (default max(commit_every, 16384)); unchanged papers are skipped."""
+        papers are committed every `batch_size` rows (default max(commit_every, 16384)); unchanged papers are skipped.
+        Once `stop` is cancelled no further batch is written (`report.interrupted`)."""
         from ..ingest.encoded import read_encoded, read_meta
 
         report = report if report is not None else IndexReport()
@@ -319,6 +354,9 @@ class IngestMixin:
         try:
             for batch in read_encoded(source, batch_size=batch_size or max(16384, int(self.settings.commit_every)), strict=strict,
                                       report=reader_report):
+                if stop is not None and stop.cancelled:
+                    report.interrupted = stop.cancelled
+                    break
                 hashes = self.backend.content_hashes(p.paper_id for p in batch)
                 fresh = [p for p in batch if hashes.get(p.paper_id) != p.paper.content_hash()]
                 report.unchanged += len(batch) - len(fresh)
@@ -342,6 +380,7 @@ class IngestMixin:
             if own_reader_report:
                 report.read += reader_report.read
                 report.skipped.update(reader_report.skipped)
+                report.skipped_records.extend(reader_report.skipped_records)
                 report.errors.extend(str(e) for e in reader_report.errors)
         return report
 
@@ -408,10 +447,19 @@ class IngestMixin:
 class _Done:
     """A result computed in place, with the interface of a Future (the serial indexing loop)."""
 
-    def __init__(self, value):
-        self.value = value
+    def __init__(self, value, error: BaseException | None = None):
+        self.value, self.error = value, error
+
+    @classmethod
+    def of(cls, fn, *args) -> _Done:
+        try:
+            return cls(fn(*args))
+        except Cancelled as e:  # raised by result(), as a Future would
+            return cls(None, e)
 
     def result(self):
+        if self.error is not None:
+            raise self.error
         return self.value
 
 

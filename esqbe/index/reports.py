@@ -7,6 +7,8 @@ import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..core.textsafe import printable
+
 
 def _reason(e: BaseException, path: str | None = None) -> str:
     """A storage failure in words (sqlite says 'unable to open database file' for a read-only directory)."""
@@ -39,6 +41,10 @@ class IndexReport:
     not_read: list[str] = field(default_factory=list)
     #: `file:line: id: ...` for each record whose id repeats an earlier line of its file (the later one wins)
     repeated: list[str] = field(default_factory=list)
+    #: the run was interrupted (its reason: "SIGINT", "SIGTERM"): what it counts is what was committed before
+    interrupted: str | None = None
+    #: one {"file", "line", "id", "title", "reason"} per skipped record, in the order read (see `skipped_lines`)
+    skipped_records: list[dict] = field(default_factory=list)
 
     @property
     def stored(self) -> int:
@@ -65,6 +71,17 @@ class IndexReport:
         return (f"--strict: stopped at {self.stopped.split(': ')[0]}; the {self.stored} paper(s) read before it are in "
                 f"the index ({self.indexed} indexed, {self.replaced} replaced, {self.unchanged} unchanged){rest}")
 
+    def interrupt_message(self, held: int | None = None) -> str:
+        """What an interrupted run left, in words: what is committed and searchable, and how to go on."""
+        if self.interrupted is None:
+            return ""
+        rest = f"; not read: {', '.join(self.not_read)}" if self.not_read else ""
+        total = f"; the index holds {held} paper(s) in all" if held is not None else ""
+        return (f"interrupted ({self.interrupted}): the {self.stored} paper(s) counted above are committed and "
+                f"searchable ({self.indexed} indexed, {self.replaced} replaced, {self.unchanged} unchanged){total}; "
+                f"records read after the last commit were not indexed{rest}. Run the same command again to index the "
+                f"rest (what is in already is skipped as unchanged)")
+
     def summary(self) -> dict:
         return {
             "read": self.read,
@@ -79,7 +96,23 @@ class IndexReport:
             "not_read": list(self.not_read),
             "failed": self.failure_message() or None,
             "repeated": list(self.repeated),
+            "skipped_records": list(self.skipped_records),
+            "interrupted": self.interrupted,
         }
+
+    def skipped_lines(self, first: int = 10) -> list[str]:
+        """The first `first` skipped records as `file:line: id "title": reason`, then `and N more` if there are more."""
+        lines = [skipped_line(r) for r in self.skipped_records[:first]]
+        if len(self.skipped_records) > first:
+            lines.append(f"and {len(self.skipped_records) - first} more")
+        return lines
+
+
+def skipped_line(record: dict) -> str:
+    """One skipped record in words: where it is, what it is called, why it was skipped."""
+    where = f"{record.get('file')}:{record['line']}" if record.get("line") else str(record.get("file"))
+    name = " ".join(x for x in (record.get("id") or "", f'"{record["title"]}"' if record.get("title") else "") if x)
+    return printable(f"{where}: {name or '(no id or title)'}: {record.get('reason')}")  # a file's controls shown, not obeyed
 
 
 @dataclass

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..domain import IndexedPaper, IndexMeta, Paper, paper_problem
-from .readers import InputError, ReadReport
+from .readers import InputError, ReadReport, skipped_record
 
 META_KEY = b"esqbe"
 COLUMNS = ("paper_id", "title", "sentences", "facets", "vectors")
@@ -222,6 +222,7 @@ def read_encoded(path: str | Path, *, batch_size: int = 4096, strict: bool = Fal
                 error = InputError(name, line, "paper_id", "missing or empty")
             elif not sentences[i]:
                 report.skipped["no abstract"] += 1
+                report.skipped_records.append(skipped_record(name, line, {"id": ids[i], "title": titles[i]}, "no abstract"))
                 continue
             elif facets[i] is None or len(facets[i]) != len(sentences[i]):
                 error = InputError(name, line, "facets", f"{len(facets[i] or [])} labels for {len(sentences[i])} sentences")

@@ -268,7 +268,9 @@ def _from_csl(record: dict) -> Paper:
     ident = record.get("id")
     if ident is None or isinstance(ident, bool) or not isinstance(ident, (str, int)) or not str(ident).strip():
         raise _Invalid("id", "missing" if ident is None else f"expected a string or integer, got {_type_name(ident)}")
-    paper_id = str(ident).strip().rstrip("/").rsplit("/", 1)[-1]  # Zotero: http://zotero.org/users/1/items/ABCD
+    paper_id = str(ident).strip()
+    if "://" in paper_id:  # Zotero: http://zotero.org/users/1/items/ABCD; an id such as a DOI keeps its slashes
+        paper_id = paper_id.rstrip("/").rsplit("/", 1)[-1]
     title = _plain(record.get("title"))
     if record.get("abstract") is not None and not isinstance(record.get("abstract"), str):
         raise _Invalid("abstract", f"expected a string, got {_type_name(record.get('abstract'))}")

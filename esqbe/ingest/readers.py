@@ -83,6 +83,8 @@ class ReadReport:
     errors: list[InputError] = field(default_factory=list)
     #: `file:line: id: ...` for each record whose id repeats an earlier line of the same source
     repeated: list[str] = field(default_factory=list)
+    #: one {"file", "line", "id", "title", "reason"} per skipped record (`skipped_record`), so each can be named
+    skipped_records: list[dict] = field(default_factory=list)
     #: bytes of the source consumed so far (for progress; 0 for stdin and streams)
     position: int = 0
 
@@ -323,6 +325,7 @@ class _State:
             return None
         except _Skip as e:
             self.report.skipped[e.reason] += 1
+            self.report.skipped_records.append(skipped_record(self.name, lineno, record, e.reason))
             return None
         if paper.paper_id in self.seen:
             self.report.repeated.append(f"{self.name}:{lineno}: id: {paper.paper_id!r} repeats line "
@@ -342,3 +345,19 @@ class _State:
                 reason += (f" (the format was detected as {self.fmt} from line {self.detected_at}; this record looks "
                            f"like {looks_like}: split the file by format, or pass --format)")
         return reason
+
+
+#: the keys a record's own id or citation key is under, by format (BibTeX's key, RIS `ID`/`DO`, CSL-JSON, JSON Lines)
+_ID_KEYS = ("ID", "id", "paper_id", "corpusid", "corpusId", "doi", "DOI")
+
+
+def skipped_record(source: str, line: int | None, record, reason: str) -> dict:
+    """A skipped record named so that a user can find and fix it: file, line, its id or key, its title, why."""
+    ident = title = None
+    if isinstance(record, dict):
+        ident = next((str(record[k]).strip() for k in _ID_KEYS
+                      if isinstance(record.get(k), (str, int)) and str(record[k]).strip()), None)
+        title = next((" ".join(record[k].split()) for k in ("title", "primary_title")
+                      if isinstance(record.get(k), str) and record[k].strip()), None)
+    return {"file": source, "line": line, "id": ident[:200] if ident else None,
+            "title": title[:200] if title else None, "reason": reason}

@@ -98,9 +98,10 @@ class _QueryRequestBase(BaseModel):
         None, description='rescorer parameters, e.g. {"tau": 0.5} for ot or {"d": 4} for asym')
     first_stage: FirstStageOptions = Field(None, description="first-stage options")
     with_sentences: bool = Field(False, description="include every sentence (and facet) of each hit")
-    format: Literal["json", "csv", "bibtex", "ris"] = Field(
-        "json", description="json (default): the result; csv, bibtex or ris: the hits as a file to download "
-                            "(Content-Disposition: attachment), from their metadata")
+    format: Literal["json", "csv", "bibtex", "ris", "csl-json"] = Field(
+        "json", description="json (default): the result; csv, bibtex, ris or csl-json: the hits as a file to download "
+                            "(Content-Disposition: attachment), from their metadata and abstracts")
+    with_scores: bool = Field(False, description="an export (`format`) with each hit's rank, score and similarity")
     filters: list[Annotated[str, Field(min_length=1, max_length=1000)] | FilterCondition] = Field(
         None, max_length=64, description="metadata conditions the candidates must all satisfy, applied before ranking: "
                                          "grammar strings ('year>=2019', 'venue in (ACL, EMNLP)') or {key, op, value} objects")
@@ -239,7 +240,7 @@ class SearchHit(BaseModel):
     paper_id: str
     title: str
     score: float = Field(description="BM25 over title and abstract")
-    match: Literal["id", "words"]
+    match: Literal["id", "identifier", "author", "words"]
     sentences: int
     first_sentence: str
 

@@ -157,7 +157,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         # which index answered: `esqbe query` checks it against the index a discovery record promised
         which = {INDEX_HEADER: service.index_id} if service.index_id else {}
         if req.format in EXPORT_FORMATS:  # the hits as a file (the page's download button)
-            return Response(export_hits(out, req.format), media_type=media_type(req.format),
+            return Response(export_hits(out, req.format, with_scores=req.with_scores), media_type=media_type(req.format),
                             headers={"Content-Disposition": f'attachment; filename="{file_name(req.format)}"', **which})
         response.headers.update(which)
         return out

@@ -39,7 +39,8 @@ def _run_query(index: Index, req: QueryRequest, text, overrides: dict) -> dict:
     filters = [f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in req.filters or []]
     result = index.query(req.paper_id, facet=req.facet, sentences=req.sentences, text=text, title=req.title,
                          filters=filters or None, engine_filter=req.engine_filter, **overrides)
-    papers = index.get([h.paper_id for h in result.hits]) if req.with_sentences else None
+    exporting = req.format != "json"  # an export carries each hit's abstract
+    papers = index.get([h.paper_id for h in result.hits]) if req.with_sentences or exporting else None
     out = result.to_dict(papers)
     out["rescorer_params"] = _named_words(out["rescorer_params"], req)
     out["timings_ms"]["total"] = round(1000 * (time.perf_counter() - t0), 2)
@@ -53,18 +54,13 @@ def _named_words(params: dict, req: QueryRequest) -> dict:
 
 
 def _search(index: Index, q: str, k: int) -> dict:
-    hits = []
-    exact = index.get([q.strip()]) if q.strip() else {}
-    for paper in exact.values():
-        hits.append({"paper_id": paper.paper_id, "title": paper.title, "score": 0.0, "match": "id",
-                     "sentences": len(paper.sentences), "first_sentence": paper.sentences[0] if paper.sentences else ""})
-    for paper, score in index.search(q, k):
-        if paper.paper_id in exact:
-            continue
-        hits.append({"paper_id": paper.paper_id, "title": paper.title, "score": _finite(score) or 0.0,
-                     "match": "words", "sentences": len(paper.sentences),
-                     "first_sentence": paper.sentences[0] if paper.sentences else ""})
-    return {"query": q, "hits": hits[:k]}
+    """`esqbe search`'s hits (esqbe.index.browse.search_papers): an id, an identifier, an author, then words."""
+    from ..index.browse import search_papers
+
+    hits = search_papers(index, q, k)
+    for h in hits:
+        h["score"] = _finite(h["score"]) or 0.0
+    return {"query": q, "hits": hits}
 
 
 def _read_records(lines: list, fmt: str | None) -> tuple[list, list[dict]]:

@@ -354,6 +354,16 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
             raise BackendError("an engine query filter (--engine-filter) needs the elasticsearch or opensearch backend")
         return self._metadata_columns().allowed(flt.conditions)
 
+    #: `ids_where` builds the metadata columns (every paper's metadata read) for at most this many papers; a larger
+    #: index answers it only once a filter has built them (a server's reader keeps them per generation)
+    IDS_WHERE_MAX_PAPERS = 100_000
+
+    def ids_where(self, path: str, test) -> list[str]:
+        built = self._meta_cols is not None and self._meta_cols[0] == self._generation()
+        if not built and self._db.execute("SELECT COUNT(*) FROM papers").fetchone()[0] > self.IDS_WHERE_MAX_PAPERS:
+            return []  # `esqbe search` must not read a million papers' metadata to look for an author
+        return self._metadata_columns().ids_where(path, test)
+
     def check_filter(self, flt: MetadataFilter | None) -> None:
         """A key no paper has (a typo) or a value no paper has for its key: said, with near values, not "no hits"."""
         if flt:

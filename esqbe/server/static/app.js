@@ -85,7 +85,7 @@ async function find(q) {
       const button = el("button", { type: "button", class: "finder-hit", "data-paper-id": hit.paper_id,
         onclick: () => { location.hash = `paper=${encodeURIComponent(hit.paper_id)}`; } },
         el("strong", { text: hit.title || hit.first_sentence.slice(0, 90) || hit.paper_id }),
-        el("span", { class: "pid", text: hit.paper_id + (hit.match === "id" ? " (exact id)" : "") }),
+        el("span", { class: "pid", text: hit.paper_id + ({ id: " (exact id)", identifier: " (its identifier)", author: " (by this author)" }[hit.match] || "") }),
         el("span", { class: "first", text: hit.first_sentence }));
       list.append(el("li", {}, button));
     }
@@ -300,7 +300,7 @@ function adoptTextSentences(res) {
   syncSelection();
 }
 
-// Download the hits of the last query (POST /query with "format": csv, bibtex or ris).
+// Download the hits of the last query (POST /query with "format": csv, bibtex, ris or csl-json).
 async function download(format) {
   if (!state.lastQuery) return;
   showError(null);
@@ -316,7 +316,7 @@ async function download(format) {
     }
     const blob = await resp.blob();
     const named = /filename="?([^";]+)"?/.exec(resp.headers.get("Content-Disposition") || "");
-    const ext = { csv: "csv", bibtex: "bib", ris: "ris" }[format];
+    const ext = { csv: "csv", bibtex: "bib", ris: "ris", "csl-json": "json" }[format];
     const a = el("a", { href: URL.createObjectURL(blob), download: named ? named[1] : `esqbe-hits.${ext}` });
     document.body.append(a); a.click(); a.remove();
     setTimeout(() => URL.revokeObjectURL(a.href), 10000);
