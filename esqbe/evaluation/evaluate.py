@@ -26,7 +26,8 @@ from .metrics import METRICS, aggregate, evaluate_run, write_trec_run
 #: the settings that change a ranking: a run's name and results are keyed by them
 RANKING_KEYS = ("encoder_mode", "candidate_facet", "fusion", "fusion_bm25_weight", "rescorer", "rescorer_params",
                 "final_bm25_weight", "rescore_depth", "knn_k", "bm25_k", "abstract_weight", "facet_settings", "facet_penalty",
-                "bm25_text", "query_facet_threshold", "vector_centering", "prf_docs", "prf_weight")
+                "bm25_text", "query_facet_threshold", "vector_centering", "prf_docs", "prf_weight",
+                "example_aggregate", "avoid_rule", "avoid_weight")
 
 
 @dataclass
