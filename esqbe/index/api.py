@@ -401,12 +401,12 @@ def check_examples(specs: Sequence, avoid: Sequence) -> None:
         raise QueryError(f"{len(avoid)} papers to avoid; at most {MAX_AVOID} per query")
     if any(x.paper_id is None for x in avoid):
         raise QueryError("a paper to avoid is a paper id of the index, not a text")
-    for what, group in (("example", specs), ("paper to avoid", avoid)):
+    for what, group in (("examples", specs), ("papers to avoid", avoid)):
         ids = [x.paper_id for x in group if x.paper_id is not None]
         twice = sorted({i for i in ids if ids.count(i) > 1})
         if twice:
             raise QueryError(f"{'papers' if len(twice) > 1 else 'paper'} {', '.join(twice)} given twice as "
-                             f"{what}s; give each paper once (one facet or sentence list per paper)")
+                             f"{what}; give each paper once (one facet or sentence list per paper)")
     both = sorted({x.paper_id for x in specs if x.paper_id is not None} & {x.paper_id for x in avoid})
     if both:
         raise QueryError(f"{'papers' if len(both) > 1 else 'paper'} {', '.join(both)} both an example and to avoid; "

@@ -161,6 +161,17 @@ class MatchedPair(BaseModel):
     candidate_sentence: str
     candidate_facet: str
     weight: float = Field(description="how strongly they match (see the response's match_weight)")
+    example: int = Field(0, description="which of the query's examples the query sentence is of (0-based)")
+
+
+class AvoidedMatch(BaseModel):
+    paper_id: str = Field(description="a paper the query asked to avoid")
+    similarity: float | None = Field(description="the rescorer's similarity of the hit to it")
+    penalty: float = Field(description="what it took off the hit's score before fusion (0: nothing)")
+    avoid_index: int | None = Field(None, description="the avoided paper's sentence the hit resembles most")
+    avoid_sentence: str | None = None
+    candidate_index: int | None = Field(None, description="the hit's sentence that resembles it")
+    candidate_sentence: str | None = None
 
 
 class Hit(BaseModel):
@@ -175,6 +186,10 @@ class Hit(BaseModel):
     bm25: float
     knn: float = Field(description="first stage: mean over query sentences of the best cosine the kNN found")
     matches: list[MatchedPair]
+    example_similarities: list[float | None] = Field(
+        default_factory=list, description="per example of the query (in order), the hit's similarity to it")
+    avoided: list[AvoidedMatch] = Field(default_factory=list,
+                                        description="per paper to avoid, how much it pulled the hit down")
     metadata: dict[str, Any] = Field(default_factory=dict,
                                      description="the paper's stored metadata (year, venue, authors, ids, ...)")
     sentences: list[LabelledSentence] | None = None
@@ -198,6 +213,14 @@ class QuerySelection(BaseModel):
     threshold: float | None = Field(None, description="query_facet_threshold, where it chose them")
 
 
+class QueryExample(BaseModel):
+    paper_id: str | None = Field(description="the example's paper (null: a pasted text)")
+    title: str
+    facet: str | None = Field(description="the facet its sentences speak for (null: chosen sentences, or all)")
+    sentences: list[Sentence]
+    selection: QuerySelection | None = None
+
+
 class QueryInfo(BaseModel):
     paper_id: str | None
     title: str | None = None
@@ -206,6 +229,9 @@ class QueryInfo(BaseModel):
                                           description="the metadata conditions applied, as {key, op, value}")
     sentences: list[QuerySentence] = Field(description="exactly the sentences that form the query, and why")
     selection: QuerySelection | None = None
+    examples: list[QueryExample] = Field(default_factory=list, description="the query's examples (the first is "
+                                         "the query paper above) and their sentences")
+    avoid: list[QueryExample] = Field(default_factory=list, description="the papers the hits were kept unlike")
 
 
 class QueryResponse(BaseModel):
