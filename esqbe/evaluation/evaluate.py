@@ -75,6 +75,11 @@ def config_name(settings: Settings, facets: str) -> str:
         parts.append(f"prf{d['prf_docs']}w{d['prf_weight']:g}")
     if d.get("adapter"):
         parts.append(f"adapter-{_adapter_name(settings)}")
+    default = Settings()
+    if d["example_aggregate"] != default.example_aggregate:
+        parts.append(f"examples-{d['example_aggregate']}")
+    if (d["avoid_rule"], d["avoid_weight"]) != (default.avoid_rule, default.avoid_weight):
+        parts.append(f"avoid-{d['avoid_rule']}{d['avoid_weight']:g}")
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(str(p) for p in parts))
 
 

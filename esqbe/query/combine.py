@@ -5,8 +5,10 @@ example and nothing to avoid).
                   every example and avoided paper excluded
     rescoring     the candidates batched once per facet view; the rescorer scores them against each example's
                   sentences and each avoided paper's: similarity s_e (example e), a_j (avoided paper j)
-    combination   s = aggregate_e(s_e)  (example_aggregate: mean, max, or rrf over the per-example rankings)
-                  rocchio: s - avoid_weight x mean_j a_j;  margin: s - avoid_weight x max(0, max_j a_j - s)
+    combination   s = aggregate_e(s_e)  (example_aggregate: mean or max)
+                  margin (the default): s - avoid_weight x max(0, max_j a_j - s), only a candidate closer to an
+                  avoided paper than to the examples loses; rocchio: s - avoid_weight x mean_j a_j
+                  (chosen on CSFCube fold1_dev with `esqbe eval csfcube --feedback`: docs/results.md)
     fusion        with BM25 (final_bm25_weight) and the abstract similarity (abstract_weight), as for one example
 
 Each hit keeps, per example, its similarity and the sentence pairs that matched (`MatchedPair.example`), and per
@@ -114,9 +116,6 @@ def aggregate(sims: np.ndarray, rule: str) -> np.ndarray:
         return sims[0]
     if rule == "max":
         return sims.max(axis=0)
-    if rule == "rrf":  # scale-free: each example's ranking counts, not its cosine scale
-        ranks = np.argsort(np.argsort(-sims, axis=1, kind="stable"), axis=1) + 1
-        return (1.0 / (60.0 + ranks)).sum(axis=0)
     return sims.mean(axis=0)
 
 

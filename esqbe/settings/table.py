@@ -26,7 +26,7 @@ CANDIDATE_FACET_MODES = ("auto", "same", "all", "soft")
 BM25_TEXTS = ("abstract", "facet")
 CENTRING_MODES = ("none", "mean", "top1", "top2", "top3", "top4")
 #: how a query of several examples combines each example's similarity (esqbe.query.combine)
-EXAMPLE_AGGREGATES = ("mean", "max", "rrf")
+EXAMPLE_AGGREGATES = ("mean", "max")
 #: how papers to avoid lower a candidate (esqbe.query.combine): Rocchio's subtraction or a margin
 AVOID_RULES = ("rocchio", "margin")
 #: `esqbe index` also reads pre-encoded Parquet (`esqbe encode`'s output)
@@ -171,9 +171,9 @@ SETTINGS: tuple[Setting, ...] = (
             low=0.0, high=1.0, flag="--prf-weight", commands=_RANK),
     # a query of several examples and papers to avoid (issue 36; esqbe/query/combine.py)
     Setting("example_aggregate", str, "mean", "A query of several examples: how each example's similarity to a "
-            "candidate combines (mean, max, or rrf: reciprocal ranks).", choices=EXAMPLE_AGGREGATES,
+            "candidate combines (mean or max; docs/results.md, issue 36).", choices=EXAMPLE_AGGREGATES,
             flag="--example-aggregate", http="example_aggregate", commands=_RANK),
-    Setting("avoid_rule", str, "rocchio", "Papers to avoid: rocchio subtracts avoid_weight x the candidate's "
+    Setting("avoid_rule", str, "margin", "Papers to avoid: rocchio subtracts avoid_weight x the candidate's "
             "similarity to them; margin subtracts avoid_weight x how far it is closer to them than to the examples.",
             choices=AVOID_RULES, flag="--avoid-rule", http="avoid_rule", commands=_RANK),
     Setting("avoid_weight", float, 0.5, "Papers to avoid: how much a candidate's similarity to them lowers it.",
