@@ -117,3 +117,25 @@ def test_the_examples_sentences_together_are_bounded(small_index):
     with pytest.raises(QueryTooLargeError, match=f"at most {MAX_EXAMPLE_SENTENCES}"):
         small_index.query(examples=ids)
     assert small_index.query(examples=ids[:4], facet="method", k=3).hits  # within the cap: answered
+
+
+def test_one_first_stage_request_and_one_candidate_batch_per_query(small_index, monkeypatch):
+    """The cost stays bounded: the examples' sentences go to the first stage in one request (their union), and the
+    candidates are batched once per facet view, whatever the number of examples and avoided papers."""
+    import esqbe.query.combine as combine
+
+    requests, batches = [], []
+    first_stage, from_papers = small_index.backend.first_stage, combine.CandidateBatch.from_papers
+    monkeypatch.setattr(small_index.backend, "first_stage", lambda req: requests.append(req) or first_stage(req))
+    monkeypatch.setattr(combine.CandidateBatch, "from_papers",
+                        staticmethod(lambda *a, **kw: batches.append(1) or from_papers(*a, **kw)))
+    ids = [f"csabstruct-train-{i:04d}" for i in range(6)]
+    result = small_index.query(examples=ids[:5], avoid=ids[5:], facet="method", k=5)
+    assert len(requests) == 1 and len(batches) == 1
+    union = sum(len(e.indices) for e in result.examples)
+    assert requests[0].vectors.shape[0] == union and request_excludes(requests[0], ids)
+    assert requests[0].facet == "method"
+
+
+def request_excludes(request, ids) -> bool:
+    return set(ids) <= set(request.exclude)

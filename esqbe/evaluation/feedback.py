@@ -146,7 +146,8 @@ def evaluate_feedback(data_dir: str, settings: Settings, feedback: tuple[int, in
     else:
         qrels = residual
     per_base, per_fed = evaluate_run(baseline, qrels), evaluate_run(fed, qrels)
-    by_split, wins = {}, {}
+    by_split: dict = {}
+    wins: dict = {}
     for s in splits:
         b = aggregate(per_base, cube.splits, s, rounded=False)
         f = aggregate(per_fed, cube.splits, s, rounded=False)

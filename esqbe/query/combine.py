@@ -208,7 +208,7 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
         def batch_for(view_facet: str | None):
             if view_facet not in batches:
                 views, bias = _candidate_views(candidates, view_facet, settings)
-                if settings.vector_centering != "none":
+                if directions is not None:
                     views = [(IndexedPaper(v.paper, directions.apply(v.vectors)), keep) for v, keep in views]
                 batches[view_facet] = (CandidateBatch.from_papers([v for v, _ in views], bias=bias), views)
             return batches[view_facet]
@@ -217,8 +217,8 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
         if settings.vector_centering != "none":  # the rescorer compares centred vectors (esqbe.query.centering)
             try:
                 directions = corpus_directions(backend, settings.vector_centering)
-            except ValueError as e:
-                raise QueryError(str(e)) from None
+            except ValueError as err:
+                raise QueryError(str(err)) from None
 
         def score(part: Example, feedback: bool):
             vectors = part.paper.vectors[part.indices]
@@ -232,18 +232,18 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
                 vectors = feedback_queries(vectors, batch, np.asarray(result.scores, dtype=np.float64),
                                            docs=int(settings.prf_docs), weight=float(settings.prf_weight))
                 result = rescorer(QueryBatch(vectors, part.sentences), batch)
-            pairs = [[(qi, views[c][1][ci], w) for qi, ci, w in ms if ci < len(views[c][1]) and np.isfinite(w)]
-                     for c, ms in enumerate(result.matches)] if result.matches else [[] for _ in candidates]
+            pairs = [[(qi, views[n_][1][ci], w) for qi, ci, w in ms if ci < len(views[n_][1]) and np.isfinite(w)]
+                     for n_, ms in enumerate(result.matches)] if result.matches else [[] for _ in candidates]
             return np.asarray(result.scores, dtype=np.float64), pairs
 
-        for e, ex in enumerate(examples):
-            per_example[e], pairs = score(ex, True)
-            for c in range(n):
-                matches[c] += [(e, qi, ci, w) for qi, ci, w in pairs[c]]
+        for x, ex in enumerate(examples):
+            per_example[x], pairs = score(ex, True)
+            for m in range(n):
+                matches[m] += [(x, qi, ci, w) for qi, ci, w in pairs[m]]
         for j, av in enumerate(avoid):
             avoided_sims[j], pairs = score(av, False)
-            for c in range(n):
-                avoided_pairs[j][c] = (pairs[c][0][0], pairs[c][0][1]) if pairs[c] else None
+            for m in range(n):
+                avoided_pairs[j][m] = (pairs[m][0][0], pairs[m][0][1]) if pairs[m] else None
         finite = np.isfinite(per_example).all(axis=0)
         scores = aggregate(_finite_rows(per_example), settings.example_aggregate)
         similarity = np.where(finite, scores, np.nan)
@@ -277,18 +277,18 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
     for rank, i in enumerate(order[:limit], start=1):
         c = candidates[i]
         pairs = []
-        for e, qi, ci, wt in matches[i]:
+        for x, qi, ci, wt in matches[i]:
             assert c.paper is not None  # a candidate with matches was rescored: it carries its paper
-            ex = examples[e]
+            ex = examples[x]
             pairs.append(MatchedPair(ex.indices[qi], ex.sentences[qi], ci, c.paper.paper.sentences[ci],
-                                     c.paper.paper.facets[ci], float(wt), example=e))
+                                     c.paper.paper.facets[ci], float(wt), example=x))
         if not pairs and c.paper is not None and len(c.paper.paper.sentences):
             # first-stage order only: still show the best sentence pair, by cosine
-            for e, ex in enumerate(examples):
+            for x, ex in enumerate(examples):
                 sims = ex.paper.vectors[ex.indices] @ c.paper.vectors.T
                 qi, ci = map(int, np.unravel_index(int(np.argmax(sims)), sims.shape))
                 pairs.append(MatchedPair(ex.indices[qi], ex.sentences[qi], ci, c.paper.paper.sentences[ci],
-                                         c.paper.paper.facets[ci], float(sims[qi, ci]), example=e))
+                                         c.paper.paper.facets[ci], float(sims[qi, ci]), example=x))
         avoided = []
         for j, av in enumerate(avoid):
             pair = avoided_pairs[j][i]

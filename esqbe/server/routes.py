@@ -141,10 +141,12 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
                 raise ApiError(413, f"the query text has {len(text)} sentences; at most {limit} per query")
         if req.sentences is not None and len(set(req.sentences)) > limit:
             raise ApiError(413, f"{len(set(req.sentences))} sentences chosen; at most {limit} per query")
+        examples = None
         if req.examples is not None:  # a query of several: each text split (capped) here, the counts bounded
-            text = await examples_checked(req, limit)
+            examples = await examples_checked(req, limit)
         try:
-            out = await service.read(_run_query, req, text, overrides, deadline=deadline, request=request)
+            out = await service.read(_run_query, req, examples if examples is not None else text, overrides,
+                                     deadline=deadline, request=request)
         except EsqbeError as e:
             raise api_error(e) from None
         # which index answered: `esqbe query` checks it against the index a discovery record promised
