@@ -28,8 +28,9 @@ def test_several_papers_with_facets_sentences_a_text_and_one_to_avoid(index_dir_
     assert len(ids) == 27 and not {A, B, C} & set(ids)
     assert all(len(h["example_similarities"]) == 3 and h["avoided"][0]["paper_id"] == C for h in data["hits"])
 
-    # --facet is every example's and every avoided paper's without its own; the page for people names them
-    r = run(index_dir_30, "--paper", A, "--paper", B, "--facet", "method", "--not", C)
+    # --facet is every example's and every avoided paper's without its own; the output for people names them, and
+    # what the avoided paper took off (Rocchio's rule: every hit loses something)
+    r = run(index_dir_30, "--paper", A, "--paper", B, "--facet", "method", "--not", C, "--avoid-rule", "rocchio")
     assert r.exit_code == 0, r.output
     assert f"examples: 1. {A} (method: sentences" in r.stdout and f"2. {B} (method" in r.stdout
     assert f"not like: {C} (method" in r.stdout and "pulled down" in r.stdout and f"by {C} [" in r.stdout
