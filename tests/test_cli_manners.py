@@ -41,8 +41,8 @@ def test_usage_errors_exit_2(predicted_ix):
     assert r.exit_code == 2 and "Invalid value for --rescorer" in r.output and "summax" in r.output
     r = run("query", "--path", predicted_ix)
     assert r.exit_code == 2 and "give --paper ID" in r.output
-    r = run("query", "--path", predicted_ix, "--paper", QID, "--text", "We do things.")
-    assert r.exit_code == 2 and "not both" in r.output
+    r = run("query", "--path", predicted_ix, "--paper", QID, "--paper", QID)  # (--paper with --text: two examples)
+    assert r.exit_code == 2 and "given twice" in r.output
     assert run("query", "--path", predicted_ix, "--paper", QID, "--facet", "methods").exit_code == 2
 
 

@@ -996,3 +996,25 @@ def test_engine_length_filter_counts_utf16_units_and_differs_from_tantivy_on_non
     index.reload()
     found = {w for w in (cyrillic, a39, a40) if index.searcher().search(tantivy.Query.term_query(schema, "t", w), 1).count}
     assert found == {a39}  # tantivy: the 50-byte Cyrillic token is gone, the engines keep it
+
+
+@pytest.mark.parametrize("engine,version", [ENGINE_VERSIONS[0], ENGINE_VERSIONS[-1]])
+def test_a_query_of_several_examples_is_one_msearch_over_their_sentences(engine, version):
+    """Issue 36: the examples' sentences together go to the engine in one _msearch (a kNN search per sentence,
+    one BM25 search), every example and avoided paper excluded; the bodies pass the spec as any other."""
+    from esqbe.index.api import Index
+    from esqbe.settings.config import Settings
+
+    papers = make_papers()
+    backend, canned = ready_backend(engine, version, papers)
+    before = len(canned.sent("_msearch"))
+    result = Index(backend, Settings()).query(examples=["p0", "p1"], avoid=["p2"], facet="method", k=3)
+    (sent,) = canned.sent("_msearch")[before:]
+    bodies = sent["lines"][1::2]
+    for body in bodies:
+        assert_valid(engine, "search", body)
+    union = sum(1 for p in papers[:2] for f in p.paper.facets if f == "method")
+    assert len([b for b in bodies if not _is_bm25(b)]) == union == sum(len(e.indices) for e in result.examples)
+    (bm25,) = [b for b in bodies if _is_bm25(b)]
+    assert {"p0", "p1", "p2"} <= set(re.findall(r"p\d", json.dumps(bm25["query"]["bool"]["must_not"])))
+    assert not {"p0", "p1", "p2"} & {h.paper_id for h in result.hits}

@@ -19,9 +19,13 @@ from .options import _parse_params, click_options, overrides_from_click
 @click.option("--labels", "facets", type=click.Choice([m for m in FACET_MODES if m != "none"]), default="keep", show_default=True, help="keep: the collection's sentence labels; predict: every paper's labels replaced by esqbe's tagger.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="YAML settings file.")
+@click.option("--feedback", "feedback", metavar="P,N", help="Relevance feedback on the residual collection: a user marks "
+              "up to P relevant (grade >= 2) and N non-relevant (grade 0) of the first 10 hits; the query of those "
+              "examples is scored against the baseline over the pool less the marked papers (OUT: "
+              "baseline-residual.run, feedback.run, residual-qrels/). Usually 2,1.")
 @click_options("eval csfcube")
 @handle_errors
-def eval_csfcube_cmd(data_dir, out, index_path, facets, as_json, config, **kw):
+def eval_csfcube_cmd(data_dir, out, index_path, facets, as_json, config, feedback, **kw):
     """Re-rank every CSFCube query's pool through esqbe's query path and print the collection's metrics.
 
     \b
@@ -29,6 +33,7 @@ def eval_csfcube_cmd(data_dir, out, index_path, facets, as_json, config, **kw):
     queries are all judged (fold1_dev for ../shared/data/csfcube-dev; dev and test for the full release).
     Each configuration is one command, e.g.:
       esqbe eval csfcube --data DIR --rescorer ot --param tau=0.5 --out runs/
+    With --feedback P,N: the residual-collection feedback runs instead (esqbe/evaluation/feedback.py).
     """
     from esqbe.evaluation.evaluate import (
         check_conformance,
@@ -39,6 +44,19 @@ def eval_csfcube_cmd(data_dir, out, index_path, facets, as_json, config, **kw):
 
     overrides = overrides_from_click(kw, "eval csfcube")
     settings = load_settings(config, **overrides)
+    if feedback is not None:
+        from esqbe.errors import ParameterError
+        from esqbe.evaluation.feedback import evaluate_feedback, format_feedback, parse_feedback
+
+        try:
+            counts = parse_feedback(feedback)
+        except ParameterError as e:
+            raise click.BadParameter(str(e), param_hint="--feedback") from None
+        fed = evaluate_feedback(data_dir, settings, counts, facets=facets, index_path=index_path, out=out,
+                                progress=sys.stderr.isatty())
+        click.echo(json.dumps({k: v for k, v in fed.to_dict().items() if k != "per_query"}, indent=2) if as_json
+                   else format_feedback(fed))
+        return
     conformance = check_conformance(data_dir)
     result = evaluate_csfcube(data_dir, settings, facets=facets, index_path=index_path, out=out,
                               progress=sys.stderr.isatty(), config_file=config)

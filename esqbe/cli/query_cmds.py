@@ -35,7 +35,12 @@ def _single_threaded_math():
 
 
 @click.command("query")
-@click.option("--paper", "paper_id", help="Query paper id (must be in the index).")
+@click.option("--paper", "paper_ids", multiple=True, metavar="ID[:FACET|:sentences=I,J]",
+              help="Query paper id (must be in the index). Repeat it for a query of several examples, each with its own "
+                   "facet (ID:method) or sentences (ID:sentences=1,3), else --facet's.")
+@click.option("--not", "avoid", multiple=True, metavar="ID[:FACET]",
+              help="A paper the hits should not resemble (repeatable; its --facet sentences, or ID:FACET's). It and "
+                   "the examples are never hits.")
 @click.option("--facet", type=click.Choice(FACET_CHOICES), help="Use the query paper's sentences labelled with this facet.")
 @click.option("--sentences", help="Use these sentences of the query paper or --text instead (0-based indices, e.g. 0,2).")
 @click.option("--text", help="Query with this abstract text (a paper not in the index).")
@@ -68,8 +73,8 @@ def _single_threaded_math():
 @click_options("query")
 @config_option
 @handle_errors
-def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engine_filter, as_json, export_format,
-              with_scores, server_url, no_server, server_timeout, quiet, **kw):
+def query_cmd(paper_ids, avoid, facet, sentences, text, text_file, title, filters, engine_filter, as_json,
+              export_format, with_scores, server_url, no_server, server_timeout, quiet, **kw):
     """Papers most similar to one paper in one aspect, with the sentences that matched.
 
     \b
@@ -78,6 +83,8 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
     esqbe query --text "We propose ..." --facet result  # a paper not in the index
     esqbe query --paper 1791179 --facet method --filter 'year>=2019' --filter 'venue in (ACL, EMNLP)'
     esqbe query --paper 1791179 --facet method --format bibtex > similar.bib   # or csv, ris
+    esqbe query --paper A --paper B --facet method --not C   # like A and B in their method, unlike C's
+    esqbe query --paper A:method --paper B:sentences=1,3 --text "We propose ..." --not C:result
     While `esqbe serve` runs on the same index, it answers (its model is loaded: a --text query does not
     wait ~10 s for loading); --no-server answers here, --server URL asks another server.
     """
@@ -109,11 +116,19 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
         if text is not None:
             raise click.UsageError("give --text or --file, not both")
         text = text_file.read()
-    if (paper_id is None) == (text is None):
+    examples = _examples(paper_ids, avoid, sentences, text, title)
+    paper_id = paper_ids[0] if paper_ids else None
+    if examples is not None:
+        if server_url is not None:
+            raise click.UsageError("--server: a query of several examples or with --not is answered here "
+                                   "(leave out --server)")
+        no_server = True
+        paper_id = text = None
+    elif (paper_id is None) == (text is None):
         raise click.UsageError("give --paper ID (a paper in the index) or --text/--file (a paper that is not), "
                                "not both" if paper_id is not None else
                                "give --paper ID (a paper in the index) or --text/--file (a paper that is not)")
-    if text is None:
+    if text is None and not (examples and any("text" in e for e in examples[0])):
         _single_threaded_math()  # --paper: no encoder runs in this process
     chosen = None
     if sentences is not None:
@@ -133,7 +148,8 @@ def query_cmd(paper_id, facet, sentences, text, text_file, title, filters, engin
         import esqbe
 
         with esqbe.open_index(settings=settings, create=False) as index:
-            answer = index.query(paper_id, facet=facet, sentences=chosen, text=text, title=title,
+            answer = index.query(paper_id, facet=facet, sentences=None if examples else chosen, text=text, title=title,
+                                 examples=examples[0] if examples else None, avoid=examples[1] if examples else None,
                                  filters=list(flt.conditions) if flt else None,
                                  engine_filter=flt.engine_query if flt else None, **overrides)
             # an export carries each hit's abstract: its sentences
@@ -174,6 +190,54 @@ def _abstracts_from_here(result: dict, settings) -> None:
             h["sentences"] = sentences_json(papers[h["paper_id"]])
 
 
+def _example(value: str, option: str, sentences_allowed: bool = True) -> dict:
+    """`ID`, `ID:FACET` or `ID:sentences=1,3` as an example mapping (a paper id may hold colons: only a known
+    suffix is read as the facet or the sentences)."""
+    pid, _, suffix = value.rpartition(":")
+    if pid and suffix in FACET_CHOICES:
+        return {"paper_id": pid, "facet": suffix}
+    if pid and suffix.startswith("sentences="):
+        if not sentences_allowed:
+            raise click.BadParameter(f"{value}: a paper to avoid takes a facet (ID:method), not sentences",
+                                     param_hint=option)
+        try:
+            chosen = [int(x) for x in suffix[len("sentences="):].split(",") if x.strip()]
+        except ValueError:
+            chosen = []
+        if not chosen:
+            raise click.BadParameter(f"{value}: expected ID:sentences=I,J with 0-based indices, e.g. {pid}:sentences=0,2",
+                                     param_hint=option)
+        return {"paper_id": pid, "sentences": chosen}
+    if not value.strip():
+        raise click.BadParameter("an empty paper id", param_hint=option)
+    return {"paper_id": value}
+
+
+def _examples(paper_ids, avoid, sentences, text, title) -> tuple[list[dict], list[dict]] | None:
+    """The examples and papers to avoid of a query of several (None: the single-paper query), checked as usage."""
+    if len(paper_ids) <= 1 and not avoid and not (paper_ids and text is not None):
+        if paper_ids and ":" in paper_ids[0]:  # ID:FACET on its own is a query of one example too
+            one = _example(paper_ids[0], "--paper")
+            if len(one) > 1:
+                return [one], []
+        return None
+    if sentences is not None:
+        raise click.UsageError("with several --paper (or --not), choose sentences per paper: --paper ID:sentences=1,3")
+    examples = [_example(v, "--paper") for v in paper_ids]
+    if text is not None:
+        examples.append({"text": text, "title": title})
+    avoided = [_example(v, "--not", sentences_allowed=False) for v in avoid]
+    from esqbe.index.api import check_examples
+    from esqbe.query.combine import ExampleSpec
+    from esqbe.query.search import QueryError
+
+    try:
+        check_examples([ExampleSpec.of(e) for e in examples], [ExampleSpec.of(a) for a in avoided])
+    except QueryError as e:
+        raise click.UsageError(str(e)) from None
+    return examples, avoided
+
+
 def _from_server(settings, url, timeout, quiet, **query) -> dict | None:
     """The result from a running `esqbe serve` (esqbe.server.client.ask_server): the one named by `url`, else one
     serving this index with these settings; None to answer here. Says on stderr which answered, or why none did."""
@@ -209,6 +273,10 @@ def _print_result(result: dict, *, chosen: bool, filters, engine_filter) -> None
     else:
         for q in query["sentences"]:
             say(f"  [{q['index']}] {q['text']}")
+    if len(query.get("examples") or []) > 1 or query.get("avoid"):
+        say("  examples: " + "; ".join(_example_line(n, e) for n, e in enumerate(query["examples"])))
+        if query.get("avoid"):
+            say("  not like: " + "; ".join(_example_line(None, e) for e in query["avoid"]))
     if filters or engine_filter:
         say("  filtered: " + "; ".join([*filters, *([f"engine {engine_filter}"] if engine_filter else [])]))
     hits = result["hits"]
@@ -223,9 +291,23 @@ def _print_result(result: dict, *, chosen: bool, filters, engine_filter) -> None
         line = _metadata_line(hit["metadata"])
         if line:
             say(f"       {line}")
+        several = len(query.get("examples") or []) > 1
         for m in hit["matches"][:2]:
-            say(f"       query [{m['query_index']}] ~ [{m['candidate_index']}] ({m['candidate_facet']}, "
+            ex = f"example {m.get('example', 0) + 1} " if several else ""
+            say(f"       {ex}query [{m['query_index']}] ~ [{m['candidate_index']}] ({m['candidate_facet']}, "
                 f"{m['weight']:.3f}): {_short(m['candidate_sentence'])}")
+        for a in hit.get("avoided") or []:
+            if a["penalty"] > 0 and a["candidate_index"] is not None:
+                say(f"       pulled down {a['penalty']:.3f} by {a['paper_id']} [{a['avoid_index']}] ~ "
+                    f"[{a['candidate_index']}]: {_short(a['candidate_sentence'] or '')}")
+
+
+def _example_line(n: int | None, example: dict) -> str:
+    """`1. A (method: sentences 2, 3)` for the list of a query's examples (or papers to avoid)."""
+    what = example["facet"] or "sentences"
+    name = example["paper_id"] if example["paper_id"] is not None else "the text"
+    head = f"{n + 1}. " if n is not None else ""
+    return f"{head}{name} ({what}: sentences {', '.join(str(s['index']) for s in example['sentences'])})"
 
 
 def _metadata_line(meta: dict) -> str:

@@ -16,3 +16,9 @@ ENCODE_CHARS_PER_TOKEN = 16
 #: `esqbe serve`: seconds a query may take, waiting for a reader included, before it is abandoned (504)
 REQUEST_TIMEOUT_S = 30.0
 MAX_REQUEST_TIMEOUT_S = 3600.0
+
+#: a query of several examples (esqbe.query.combine): at most this many examples, this many papers to avoid, and
+#: this many query sentences, all examples together (the first stage runs one kNN per sentence)
+MAX_EXAMPLES = 16
+MAX_AVOID = 16
+MAX_EXAMPLE_SENTENCES = 64

@@ -26,7 +26,8 @@ from .metrics import METRICS, aggregate, evaluate_run, write_trec_run
 #: the settings that change a ranking: a run's name and results are keyed by them
 RANKING_KEYS = ("encoder_mode", "candidate_facet", "fusion", "fusion_bm25_weight", "rescorer", "rescorer_params",
                 "final_bm25_weight", "rescore_depth", "knn_k", "bm25_k", "abstract_weight", "facet_settings", "facet_penalty",
-                "bm25_text", "query_facet_threshold", "vector_centering", "prf_docs", "prf_weight")
+                "bm25_text", "query_facet_threshold", "vector_centering", "prf_docs", "prf_weight",
+                "example_aggregate", "avoid_rule", "avoid_weight")
 
 
 @dataclass
@@ -74,6 +75,11 @@ def config_name(settings: Settings, facets: str) -> str:
         parts.append(f"prf{d['prf_docs']}w{d['prf_weight']:g}")
     if d.get("adapter"):
         parts.append(f"adapter-{_adapter_name(settings)}")
+    default = Settings()
+    if d["example_aggregate"] != default.example_aggregate:
+        parts.append(f"examples-{d['example_aggregate']}")
+    if (d["avoid_rule"], d["avoid_weight"]) != (default.avoid_rule, default.avoid_weight):
+        parts.append(f"avoid-{d['avoid_rule']}{d['avoid_weight']:g}")
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(str(p) for p in parts))
 
 

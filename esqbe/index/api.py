@@ -18,21 +18,23 @@ from typing import Any
 from ..backends.base import Backend
 from ..core import deadline
 from ..core.filters import FilterError
+from ..core.limits import MAX_AVOID, MAX_EXAMPLE_SENTENCES, MAX_EXAMPLES
 from ..domain import IndexedPaper, IndexMeta, Paper, normalize_label
 from ..errors import BackendError, ModelMismatchError, StorageError
 from ..ingest.readers import InputError
 from ..query import centering
+from ..query.combine import run_examples
 from ..query.result_json import soft_probabilities
 from ..query.search import (
     EmptyIndexError,
     PaperNotFoundError,
     QueryError,
     QueryResult,
+    QueryTooLargeError,
     explain_selection,
     facet_probability,
     numbered_sentences,
     query_sentences,
-    run_query,
     select_query_sentences,
     settings_for_facet,
 )
@@ -201,20 +203,43 @@ class Index(IngestMixin):
     # --- querying -------------------------------------------------------------------------------
     def query(self, paper_id: str | None = None, *, facet: str | None = None, sentences: Sequence[int] | None = None,
               text: str | Sequence[str] | None = None, title: str = "", restrict_to: Sequence[str] | None = None,
-              filters=None, engine_filter: dict | str | None = None, **overrides) -> QueryResult:
-        """Papers most similar to a paper's facet (or chosen sentences).
+              filters=None, engine_filter: dict | str | None = None, examples: Sequence | None = None,
+              avoid: Sequence | None = None, **overrides) -> QueryResult:
+        """Papers most similar to a paper's facet (or chosen sentences), or to several examples and unlike others.
 
         The query paper is `paper_id` (from the index; its stored vectors are reused) or `text`
         (an abstract string or a list of sentences, encoded now; facet labels predicted if a facet
         is asked for). `overrides` are Settings fields (k, rescorer, rescorer_params, ...); they win over
         the settings' `facet_settings` entry for the facet, which wins over the general settings.
 
+        `examples` instead of one paper: several, each a paper id, a `{"paper_id" | "text", "facet" | "sentences",
+        "title"}` mapping or an `esqbe.query.combine.ExampleSpec`; `avoid`: papers the hits should not resemble
+        (ids or mappings). An example or avoided paper without its own facet or sentences takes `facet` (neither:
+        every sentence). The single-paper query is the query of one example (esqbe.query.combine); examples and
+        avoided papers are never hits.
+
         `filters` restricts the candidates by their metadata before ranking: a grammar string
         ("year>=2019"), a {"key", "op", "value"} dict, or a list of them, all of which must hold
         (esqbe.core.filters). `engine_filter` (Elasticsearch/OpenSearch only) is a query DSL clause, or its
         JSON text, that the candidates must also match, e.g. {"term": {"lang": "en"}}.
         """
-        settings = settings_for_facet(self.settings, facet).replace(**overrides)
+        from ..query.combine import ExampleSpec
+
+        if examples is not None or avoid:
+            if paper_id is not None or text is not None or sentences is not None:
+                raise QueryError("give the query as examples, or as one paper id or text, not both")
+            specs = [ExampleSpec.of(x) for x in (examples or [])]
+            avoid_specs = [ExampleSpec.of(x) for x in (avoid or [])]
+        else:
+            if (paper_id is None) == (text is None):
+                raise QueryError("give exactly one of a paper id or a query text")
+            specs = [ExampleSpec(None if paper_id is None else str(paper_id), facet,
+                                 None if sentences is None else tuple(sentences),
+                                 text if text is None or isinstance(text, str) else tuple(text), title)]
+            avoid_specs = []
+        check_examples(specs, avoid_specs)
+        shared = {normalize_label(x.facet or facet) for x in specs if x.sentences is None and (x.facet or facet)}
+        settings = settings_for_facet(self.settings, shared.pop() if len(shared) == 1 else None).replace(**overrides)
         flt = make_filter(filters, engine_filter)
         meta = self.backend.meta()
         if meta is None:
@@ -222,55 +247,68 @@ class Index(IngestMixin):
         self.check_model(query=True)
         if flt:
             self.backend.check_filter(flt)  # an unknown key or a value no paper has: an error, not "no hits"
-        if (paper_id is None) == (text is None):
-            raise QueryError("give exactly one of a paper id or a query text")
-        if paper_id is not None:
-            found = self.backend.get([str(paper_id)])
-            if str(paper_id) not in found:
-                raise PaperNotFoundError(f"paper {paper_id} is not in the index")
-            query = found[str(paper_id)]
-        else:
-            assert text is not None  # exactly one of the two, checked above
-            sents = query_sentences(text)  # refused past esqbe.core.limits' caps, before any tokenizing
-            if not sents:
-                raise QueryError("the query text has no sentences")
-            deadline.check()
-            t_encode = time.perf_counter()  # labels predicted and vectors encoded for this text
-            paper = Paper("query", title, sents)
-            if self.tagger is not None:  # labels shown for every text query, used by a facet query
-                labels, probs = self.tagger.tag_with_probabilities([paper])
-                paper.facets = [normalize_label(x) for x in labels[0]]
-                # as for an indexed paper the tagger labelled: its probabilities choose the query's sentences
-                # (query_facet_threshold), so a facet the hard labels miss can still be asked for
-                paper.metadata = {**(paper.metadata or {}), "facet_probs": probs[0]}
-            likely = facet is not None and bool(settings.query_facet_threshold) and "facet_probs" in (paper.metadata or {}) \
-                and bool((facet_probability(paper, normalize_label(facet)) >= float(settings.query_facet_threshold)).any())
-            if facet is not None and normalize_label(facet) not in paper.facets and not likely:
-                labelled = sorted(set(paper.facets) - {"unlabeled"})
-                raise QueryError(
-                    f"the query text has no {facet} sentence: "
-                    + (f"the tagger labels its {len(sents)} sentence(s) {', '.join(labelled)}" if labelled
-                       else "no facet tagger is available to label it")
-                    + f"; its sentences: {numbered_sentences(paper, normalize_label(facet))}; choose sentences by index "
-                    "instead (--sentences 0,2 on the command line, \"sentences\": [0, 2] in JSON), ask for another "
-                    "facet, or leave the facet out to query with every sentence")
-            deadline.check()
-            vectors = self.encoder.sentence_vectors([paper], meta.encoder_mode)[0]
-            query = IndexedPaper(paper, vectors)
-            encode_ms = round(1000 * (time.perf_counter() - t_encode), 2)
-        indices = select_query_sentences(query, facet, sentences, settings.query_facet_threshold)
+        ids = [x.paper_id for x in (*specs, *avoid_specs) if x.paper_id is not None]
+        found = self.backend.get(ids) if ids else {}
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise PaperNotFoundError(f"paper{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                                     f"{'are' if len(missing) > 1 else 'is'} not in the index")
+        parts, encode_ms = [], None
+        for x in (*specs, *avoid_specs):  # every example chosen before anything is encoded or ranked
+            own = x.facet if x.facet is not None or x.sentences is not None else facet
+            if x.paper_id is not None:
+                paper = found[x.paper_id]
+            else:
+                paper, encode_ms = self._text_example(x, own, meta, settings)
+            indices = select_query_sentences(paper, own, x.sentences, settings.query_facet_threshold)
+            parts.append(_example(paper, indices, own, x, settings))
+        total = sum(len(p.indices) for p in parts[: len(specs)])
+        if len(specs) > 1 and total > MAX_EXAMPLE_SENTENCES:
+            raise QueryTooLargeError(f"the {len(specs)} examples have {total} query sentences together; at most "
+                                     f"{MAX_EXAMPLE_SENTENCES} per query (choose a facet or fewer sentences per example)")
         from ..rescore.batches import RescoreContext
 
         context = RescoreContext(encoder=_LazyEncoder(self), backend=self.backend)
-        result = run_query(self.backend, query, indices, settings, facet=facet, restrict_to=restrict_to, context=context,
-                           filter=flt)
-        result.selection = explain_selection(query.paper, facet, sentences, settings.query_facet_threshold, indices)
-        soft = soft_probabilities(query.paper)
-        result.query_probabilities = [soft[i] for i in indices] if soft else None
-        if paper_id is None:
+        result = run_examples(self.backend, parts[: len(specs)], parts[len(specs):], settings, restrict_to=restrict_to,
+                              context=context, filter=flt)
+        head = parts[0]
+        result.selection = head.selection
+        soft = soft_probabilities(head.paper.paper)
+        result.query_probabilities = [soft[i] for i in head.indices] if soft else None
+        if not head.indexed:
             result.query_paper_id = None
+        if encode_ms is not None:
             result.timings = {"encode": encode_ms, **result.timings}
         return result
+
+    def _text_example(self, spec, facet: str | None, meta: IndexMeta, settings: Settings) -> tuple[IndexedPaper, float]:
+        """A pasted text as an example: split (refused past the caps), labelled by the tagger, encoded."""
+        sents = query_sentences(spec.text if isinstance(spec.text, str) else list(spec.text))  # before any tokenizing
+        if not sents:
+            raise QueryError("the query text has no sentences")
+        deadline.check()
+        t_encode = time.perf_counter()  # labels predicted and vectors encoded for this text
+        paper = Paper("query", spec.title, sents)
+        if self.tagger is not None:  # labels shown for every text query, used by a facet query
+            labels, probs = self.tagger.tag_with_probabilities([paper])
+            paper.facets = [normalize_label(x) for x in labels[0]]
+            # as for an indexed paper the tagger labelled: its probabilities choose the query's sentences
+            # (query_facet_threshold), so a facet the hard labels miss can still be asked for
+            paper.metadata = {**(paper.metadata or {}), "facet_probs": probs[0]}
+        likely = facet is not None and bool(settings.query_facet_threshold) and "facet_probs" in (paper.metadata or {}) \
+            and bool((facet_probability(paper, normalize_label(facet)) >= float(settings.query_facet_threshold)).any())
+        if facet is not None and normalize_label(facet) not in paper.facets and not likely:
+            labelled = sorted(set(paper.facets) - {"unlabeled"})
+            raise QueryError(
+                f"the query text has no {facet} sentence: "
+                + (f"the tagger labels its {len(sents)} sentence(s) {', '.join(labelled)}" if labelled
+                   else "no facet tagger is available to label it")
+                + f"; its sentences: {numbered_sentences(paper, normalize_label(facet))}; choose sentences by index "
+                "instead (--sentences 0,2 on the command line, \"sentences\": [0, 2] in JSON), ask for another "
+                "facet, or leave the facet out to query with every sentence")
+        deadline.check()
+        vectors = self.encoder.sentence_vectors([paper], meta.encoder_mode)[0]
+        return IndexedPaper(paper, vectors), round(1000 * (time.perf_counter() - t_encode), 2)
 
     def get(self, paper_ids: Sequence[str]) -> dict[str, Paper]:
         """Stored papers by id (sentences, facet labels, metadata); missing ids are absent."""
@@ -350,6 +388,40 @@ class Index(IngestMixin):
                 raise
             # an error is already on its way out and says what went wrong (a full disk, say); closing
             # fails for the same reason, and must not hide it
+
+
+def check_examples(specs: Sequence, avoid: Sequence) -> None:
+    """The examples and papers to avoid as asked, checked before anything is fetched: at least one example, within
+    the bounds (esqbe.core.limits), no paper twice, none both an example and avoided."""
+    if not specs:
+        raise QueryError("a query needs at least one example (a paper id or a text)")
+    if len(specs) > MAX_EXAMPLES:
+        raise QueryError(f"{len(specs)} examples; at most {MAX_EXAMPLES} per query")
+    if len(avoid) > MAX_AVOID:
+        raise QueryError(f"{len(avoid)} papers to avoid; at most {MAX_AVOID} per query")
+    if any(x.paper_id is None for x in avoid):
+        raise QueryError("a paper to avoid is a paper id of the index, not a text")
+    for what, group in (("examples", specs), ("papers to avoid", avoid)):
+        ids = [x.paper_id for x in group if x.paper_id is not None]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise QueryError(f"{'papers' if len(twice) > 1 else 'paper'} {', '.join(twice)} given twice as "
+                             f"{what}; give each paper once (one facet or sentence list per paper)")
+    both = sorted({x.paper_id for x in specs if x.paper_id is not None} & {x.paper_id for x in avoid})
+    if both:
+        raise QueryError(f"{'papers' if len(both) > 1 else 'paper'} {', '.join(both)} both an example and to avoid; "
+                         "give each either way, not both")
+
+
+def _example(paper: IndexedPaper, indices: list[int], facet: str | None, spec, settings: Settings):
+    """An example (or paper to avoid) ready to rank with: its chosen sentences, the facet they speak for, and why."""
+    from ..query.combine import Example
+
+    ex = Example(paper, indices, normalize_label(facet) if facet and spec.sentences is None else None,
+                 indexed=spec.paper_id is not None)
+    ex.selection = explain_selection(paper.paper, facet if spec.sentences is None else None, spec.sentences,
+                                     settings.query_facet_threshold, indices)
+    return ex
 
 
 class _LazyEncoder:

@@ -7,12 +7,18 @@ or 0.0 (the other scores), metadata goes through a JSON round trip.
                "sentences": [{index, text, facet (its label), probability (the tagger's p(query facet), or null),
                               why ("label", "probability", "most_probable", "chosen", "all"),
                               probabilities ({facet: p} where the tagger labelled it, or null)}],
-               "selection": {"by" ("facet", "sentences", "all"), "rule" (in words), "threshold" (or null)}},
+               "selection": {"by" ("facet", "sentences", "all"), "rule" (in words), "threshold" (or null)},
+               "examples": [{paper_id (null: a text), title, facet, sentences: [{index, text, facet}], selection}],
+               "avoid": [the same, for the papers to avoid]},
      "rescorer", "rescorer_params", "similarity" (what a hit's similarity is), "match_weight" (what a pair's
      weight is),
      "hits": [{"rank", "paper_id", "title", "similarity", "score", "first_stage_score", "bm25", "knn",
                "matches": [{query_index, query_sentence, candidate_index, candidate_sentence, candidate_facet,
-                            weight}], "metadata", "sentences" (null unless the papers are given)}],
+                            weight, example (which example the query sentence is of)}],
+               "example_similarities" (per example, its similarity to the hit),
+               "avoided": [{paper_id, similarity, penalty (taken off the score), avoid_index, avoid_sentence,
+                            candidate_index, candidate_sentence}],
+               "metadata", "sentences" (null unless the papers are given)}],
      "timings_ms": {stage: milliseconds}}
 
 `version` changes when a key is renamed or removed (not when one is added)."""
@@ -89,6 +95,14 @@ def sentences_json(paper: Paper) -> list[dict]:
             for i, (s, f) in enumerate(zip(paper.sentences, paper.facets))]
 
 
+def _example_json(example) -> dict:
+    """One example of the query (or paper to avoid, esqbe.query.combine.Example): which sentences, and why."""
+    paper, sel = example.paper.paper, example.selection
+    return {"paper_id": paper.paper_id if example.indexed else None, "title": paper.title, "facet": example.facet,
+            "sentences": [{"index": i, "text": paper.sentences[i], "facet": paper.facets[i]} for i in example.indices],
+            "selection": {"by": sel.by, "rule": sel.rule, "threshold": sel.threshold} if sel else None}
+
+
 def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) -> dict:
     """The JSON of a query result; with `papers` (paper id -> Paper), each hit among them gets its sentences."""
     hits = []
@@ -99,7 +113,13 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
             "bm25": finite(h.bm25) or 0.0, "knn": finite(h.knn) or 0.0,
             "matches": [dict(query_index=m.query_index, query_sentence=m.query_sentence,
                              candidate_index=m.candidate_index, candidate_sentence=m.candidate_sentence,
-                             candidate_facet=m.candidate_facet, weight=finite(m.weight) or 0.0) for m in h.matches],
+                             candidate_facet=m.candidate_facet, weight=finite(m.weight) or 0.0, example=m.example)
+                        for m in h.matches],
+            "example_similarities": [finite(x) for x in h.example_similarities],
+            "avoided": [dict(paper_id=a.paper_id, similarity=finite(a.similarity), penalty=finite(a.penalty) or 0.0,
+                             avoid_index=a.avoid_index, avoid_sentence=a.avoid_sentence,
+                             candidate_index=a.candidate_index, candidate_sentence=a.candidate_sentence)
+                        for a in h.avoided],
             "metadata": jsonable(public_metadata(h.metadata)),
             "sentences": sentences_json(papers[h.paper_id]) if papers and h.paper_id in papers else None,
         })
@@ -122,7 +142,9 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
                   "facet": result.facet,
                   "filters": list(result.filters),
                   "sentences": sentences,
-                  "selection": {"by": sel.by, "rule": sel.rule, "threshold": sel.threshold} if sel else None},
+                  "selection": {"by": sel.by, "rule": sel.rule, "threshold": sel.threshold} if sel else None,
+                  "examples": [_example_json(e) for e in result.examples],
+                  "avoid": [_example_json(e) for e in result.avoid]},
         "rescorer": rescorer,
         "rescorer_params": jsonable(result.rescorer_params or {}) if rescorer != "none" else {},
         "similarity": SIMILARITY.get(rescorer, "the rescorer's score"),

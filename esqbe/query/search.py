@@ -5,32 +5,28 @@ sentences labelled with it) or chosen sentence indices (Definition 2: no labels 
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from ..backends.base import Backend
-from ..core import deadline
 from ..core.filters import MetadataFilter
 from ..domain import (
     QUERY_FACETS,
-    Candidate,
-    FirstStageRequest,
     IndexedPaper,
     Paper,
     normalize_label,
 )
 from ..errors import UserError
 from ..ingest.sentences import split_sentences
-from ..rescore.batches import CandidateBatch, QueryBatch, RescoreContext
-from ..rescore.registry import make_rescorer
+from ..rescore.batches import RescoreContext
 from ..settings.config import Settings
-from ..settings.table import BM25_TEXTS, CANDIDATE_FACET_MODES  # noqa: E402
-from .centering import corpus_directions
 from .result_json import result_json
+
+if TYPE_CHECKING:
+    from .combine import Example
 
 #: the class order of the tagger's soft labels (`Paper.metadata["facet_probs"]`)
 SOFT_FACET_ORDER = ("background", "method", "result", "other")
@@ -87,6 +83,23 @@ class MatchedPair:
     candidate_sentence: str
     candidate_facet: str
     weight: float
+    #: which example of the query the query sentence is of (0: the first, the only one of a single-paper query)
+    example: int = 0
+
+
+@dataclass
+class AvoidedMatch:
+    """How much one paper to avoid pulled a hit down, and the sentence pair that made the hit resemble it."""
+
+    paper_id: str
+    #: the rescorer's similarity of the hit to the avoided paper (None: nothing to compare)
+    similarity: float | None
+    #: what it took off the hit's score before fusion (esqbe.query.combine; 0: nothing)
+    penalty: float
+    avoid_index: int | None = None
+    avoid_sentence: str | None = None
+    candidate_index: int | None = None
+    candidate_sentence: str | None = None
 
 
 @dataclass
@@ -111,6 +124,10 @@ class Hit:
     #: the paper's stored metadata (year, venue, authors, external ids, ...; see esqbe.ingest.readers)
     metadata: dict = field(default_factory=dict)
     similarity: float | None = None
+    #: per example of the query, the rescorer's similarity of this hit to it (same order as `QueryResult.examples`)
+    example_similarities: list[float | None] = field(default_factory=list)
+    #: per paper to avoid, how much it pulled this hit down (same order as `QueryResult.avoid`)
+    avoided: list[AvoidedMatch] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -167,6 +184,9 @@ class QueryResult:
     #: each query sentence's probability of every facet where esqbe's tagger labelled it (same order as
     #: `query_sentences`; set by `Index.query`; None where the labels were given)
     query_probabilities: list[dict[str, float]] | None = None
+    #: the query's examples (esqbe.query.combine.Example; the first is `query_paper_id`'s) and the papers to avoid
+    examples: list[Example] = field(default_factory=list)
+    avoid: list[Example] = field(default_factory=list)
 
     def to_dict(self, papers: Mapping[str, Paper] | None = None) -> dict:
         """The one JSON shape of a query result, `esqbe query --json`'s and HTTP POST /query's (esqbe.query.result_json);
@@ -403,109 +423,8 @@ def run_query(
 def _run_query(backend: Backend, query: IndexedPaper, indices: list[int], settings: Settings, *, facet: str | None,
                exclude: Sequence[str], restrict_to: Sequence[str] | None, context: RescoreContext | None,
                filter: MetadataFilter | None) -> QueryResult:
-    if settings.candidate_facet not in CANDIDATE_FACET_MODES:
-        raise QueryError(f"candidate_facet must be one of {', '.join(CANDIDATE_FACET_MODES)}")
-    if settings.bm25_text not in BM25_TEXTS:
-        raise QueryError(f"bm25_text must be one of {', '.join(BM25_TEXTS)} (got {settings.bm25_text!r})")
-    timings = {}
-    t0 = time.perf_counter()
-    q_sentences = [query.paper.sentences[i] for i in indices]
-    q_vectors = query.vectors[indices]
-    restrict = frozenset(map(str, restrict_to)) if restrict_to is not None else None
-    depth = max(settings.rescore_depth, settings.k)
-    if restrict is not None:
-        depth = max(depth, len(restrict))  # re-ranking a given pool: every member gets rescored
-    request = FirstStageRequest(
-        text=" ".join(q_sentences),
-        vectors=q_vectors,
-        facet=normalize_label(facet) if (facet and settings.candidate_facet in ("same", "auto")) else None,
-        k=depth,
-        knn_k=max(settings.knn_k, depth if restrict is not None else 0),
-        bm25_k=max(settings.bm25_k, depth if restrict is not None else 0),
-        exclude=frozenset({query.paper_id, *map(str, exclude)}),
-        restrict_to=restrict,
-        fusion=settings.fusion,
-        bm25_weight=settings.fusion_bm25_weight,
-        filter=filter if filter else None,
-        bm25_facet=normalize_label(facet) if (facet and settings.bm25_text == "facet" and backend.facet_text) else None,
-    )
-    candidates = backend.first_stage(request)
-    if restrict is not None:
-        # re-ranking a pool: members neither BM25 nor kNN reached still get ranked (below the rest)
-        missing = sorted(restrict - {c.paper_id for c in candidates} - request.exclude)
-        floor = min((c.score for c in candidates), default=0.0) - 1.0
-        if request.filter is not None and request.filter.engine_query is not None:
-            missing = []  # the engine alone can tell which pool members its query allows
-        found = backend.get(missing) if missing else {}
-        if request.filter is not None:  # pool members the filter rules out stay out
-            found = {pid: ip for pid, ip in found.items() if request.filter.matches(ip.paper.metadata)}
-        candidates += [Candidate(pid, floor, 0.0, 0.0, found[pid]) for pid in missing if pid in found]
-    timings["first_stage"] = round(1000 * (time.perf_counter() - t0), 2)
-    deadline.check()  # a request past its deadline does not go on to rescoring
+    """The single-paper query: the query of several examples (esqbe.query.combine) with one example."""
+    from .combine import Example, run_examples
 
-    t1 = time.perf_counter()
-    rescorer = make_rescorer(settings.rescorer, context or RescoreContext(backend=backend), **(settings.rescorer_params or {}))
-    first = np.array([c.score for c in candidates], dtype=np.float64)
-    matches: list[list[tuple[int, int, float]]] = [[] for _ in candidates]
-    similarity = np.full(len(candidates), np.nan)  # the rescorer's own score, before any fusion
-    if rescorer is not None and candidates:
-        views, bias = _candidate_views(candidates, facet, settings)
-        q_rescore = q_vectors
-        if settings.vector_centering != "none":  # the rescorer compares centred vectors (esqbe.query.centering)
-            try:
-                directions = corpus_directions(backend, settings.vector_centering)
-            except ValueError as e:
-                raise QueryError(str(e)) from None
-            q_rescore = directions.apply(q_vectors)
-            views = [(IndexedPaper(v.paper, directions.apply(v.vectors)), keep) for v, keep in views]
-        batch = CandidateBatch.from_papers([v for v, _ in views], bias=bias)
-        result = rescorer(QueryBatch(q_rescore, q_sentences), batch)
-        if settings.prf_docs and settings.prf_weight:  # Rocchio feedback from the first ranking's top papers
-            from .prf import feedback_queries
-
-            q_rescore = feedback_queries(q_rescore, batch, np.asarray(result.scores, dtype=np.float64),
-                                         docs=int(settings.prf_docs), weight=float(settings.prf_weight))
-            result = rescorer(QueryBatch(q_rescore, q_sentences), batch)
-        scores = np.asarray(result.scores, dtype=np.float64)
-        finite = np.isfinite(scores)
-        similarity = np.where(finite, scores, np.nan)
-        if not finite.all():  # candidates with nothing to match (no sentences) go last
-            scores = np.where(finite, scores, (scores[finite].min() if finite.any() else 0.0) - 1.0)
-        if result.matches:  # back to the candidates' own sentence numbers
-            matches = [[(qi, views[n][1][ci], w) for qi, ci, w in ms if ci < len(views[n][1]) and np.isfinite(w)]
-                       for n, ms in enumerate(result.matches)]
-    else:
-        scores = first.copy()
-    w, a = _final_weights(settings)
-    if (w or a) and candidates:
-        bm25 = np.array([c.bm25 for c in candidates], dtype=np.float64)
-        fused = (1 - w - a) * _minmax(scores) + w * _minmax(bm25)
-        if a:
-            fused += a * _minmax(abstract_similarity(q_vectors, [c.paper for c in candidates]))
-        scores = fused
-    timings["rescore"] = round(1000 * (time.perf_counter() - t1), 2)
-
-    order = sorted(range(len(candidates)), key=lambda i: (-scores[i], candidates[i].paper_id))
-    hits = []
-    limit = len(order) if restrict is not None else settings.k
-    for rank, i in enumerate(order[:limit], start=1):
-        c = candidates[i]
-        pairs = []
-        for qi, ci, w in matches[i]:
-            assert c.paper is not None  # a candidate with matches was rescored: it carries its paper
-            pairs.append(MatchedPair(indices[qi], q_sentences[qi], ci, c.paper.paper.sentences[ci], c.paper.paper.facets[ci],
-                                     float(w)))
-        if not pairs and c.paper is not None and len(c.paper.paper.sentences):
-            # first-stage order only: still show the best sentence pair, by cosine
-            sims = q_vectors @ c.paper.vectors.T
-            qi, ci = map(int, np.unravel_index(int(np.argmax(sims)), sims.shape))
-            pairs.append(MatchedPair(indices[qi], q_sentences[qi], ci, c.paper.paper.sentences[ci], c.paper.paper.facets[ci],
-                                     float(sims[qi, ci])))
-        sim = float(similarity[i]) if np.isfinite(similarity[i]) else None
-        hits.append(Hit(rank, c.paper_id, c.paper.paper.title if c.paper else "", float(scores[i]), c.score, c.bm25, c.knn, pairs,
-                        dict(c.paper.paper.metadata) if c.paper else {}, similarity=sim))
-    return QueryResult(query.paper_id, normalize_label(facet) if facet else None, list(zip(indices, q_sentences)), hits,
-                       settings.rescorer or "none", timings,
-                       [c.to_dict() for c in filter.conditions] if filter else [],
-                       query_facets=[query.paper.facets[i] for i in indices], query_title=query.paper.title,
-                       rescorer_params=dict(settings.rescorer_params or {}))
+    return run_examples(backend, [Example(query, list(indices), facet)], [], settings, exclude=exclude,
+                        restrict_to=restrict_to, context=context, filter=filter)

@@ -6,6 +6,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from ..core.limits import (
+    MAX_AVOID,
+    MAX_EXAMPLE_SENTENCES,
+    MAX_EXAMPLES,
+    MAX_QUERY_CHARS,
+    MAX_QUERY_SENTENCE_CHARS,
+)
 from ..query.search import QueryError
 from ..rescore.rescorers import available_rescorers, rescorer_params
 from ..settings.generate import http_fields, overrides_from_http
@@ -71,18 +78,55 @@ def _rescorer_params_model() -> type[BaseModel]:
 RescorerParams = _rescorer_params_model()
 
 
+class ExampleRequest(BaseModel):
+    """One example of a query of several: a paper of the index or a pasted text, and its facet or chosen sentences
+    (neither: the request's `facet`, else every sentence)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "oneOf": [{"required": ["paper_id"]}, {"required": ["text"]}], "not": {"required": ["facet", "sentences"]}})
+
+    paper_id: str = Field(None, min_length=1, max_length=512, description="a paper in the index")
+    text: Annotated[str, Field(max_length=MAX_QUERY_CHARS)] | Annotated[
+        list[Annotated[str, Field(max_length=MAX_QUERY_SENTENCE_CHARS)]], Field(max_length=MAX_EXAMPLE_SENTENCES)] = Field(
+        None, description="a paper not in the index: its abstract, or its sentences")
+    title: str = Field("", max_length=2000, description="title of the `text` paper")
+    facet: Literal["background", "method", "result"] = Field(None, description="use its sentences of this facet")
+    sentences: list[Annotated[int, Field(ge=0, le=100_000)]] = Field(
+        None, min_length=1, max_length=MAX_EXAMPLE_SENTENCES, description="use these of its sentences (0-based)")
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.paper_id is None) == (self.text is None):
+            raise ValueError("an example is exactly one of paper_id or text")
+        if self.facet is not None and self.sentences is not None:
+            raise ValueError("an example gives either facet or sentences, not both")
+        return self
+
+
+class AvoidRequest(BaseModel):
+    """A paper the hits should not resemble: its sentences of `facet` (else the request's facet, else all)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    paper_id: str = Field(..., min_length=1, max_length=512, description="a paper in the index")
+    facet: Literal["background", "method", "result"] = Field(None, description="compare with its sentences of this facet")
+
+
 class _QueryRequestBase(BaseModel):
     """A query: a paper from the index (`paper_id`) or a text, and which of its sentences form the query
     (a `facet`, chosen `sentences`, or all of them)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         # exactly one of paper_id / text; facet and sentences exclude each other
-        "oneOf": [{"required": ["paper_id"]}, {"required": ["text"]}],
+        "oneOf": [{"required": ["paper_id"]}, {"required": ["text"]}, {"required": ["examples"]}],
         "not": {"required": ["facet", "sentences"]},
         "examples": [
             {"paper_id": "csabstruct-train-0000", "facet": "method", "k": 10},
             {"paper_id": "csabstruct-train-0000", "sentences": [0, 2], "rescorer": "ot"},
             {"text": "We propose a parser. It is evaluated on treebanks.", "title": "A parser", "facet": "method"},
+            {"examples": [{"paper_id": "csabstruct-train-0000"}, {"paper_id": "csabstruct-train-0001",
+                                                                 "sentences": [1, 3]}],
+             "avoid": [{"paper_id": "csabstruct-train-0002"}], "facet": "method"},
         ]})
 
     paper_id: str = Field(None, min_length=1, max_length=512, description="a paper in the index")
@@ -94,6 +138,12 @@ class _QueryRequestBase(BaseModel):
         None, description="use the query paper's sentences labelled with this facet")
     sentences: list[Annotated[int, Field(ge=0)]] = Field(
         None, min_length=1, description="use these sentences of the query paper or text (0-based)")
+    examples: list[ExampleRequest] = Field(
+        None, min_length=1, max_length=MAX_EXAMPLES, description="a query of several examples instead of one paper "
+        "or text (the request's facet is the default of each); none of them is a hit")
+    avoid: list[AvoidRequest] = Field(
+        None, max_length=MAX_AVOID, description="papers the hits should not resemble (never hits themselves); "
+        "see avoid_rule and avoid_weight")
     rescorer_params: RescorerParams = Field(
         None, description='rescorer parameters, e.g. {"tau": 0.5} for ot or {"d": 4} for asym')
     first_stage: FirstStageOptions = Field(None, description="first-stage options")
@@ -111,8 +161,12 @@ class _QueryRequestBase(BaseModel):
 
     @model_validator(mode="after")
     def _one_query(self):
+        if self.examples is not None:
+            if self.paper_id is not None or self.text is not None or self.sentences is not None:
+                raise ValueError("give examples, or paper_id or text (with sentences), not both")
+            return self
         if (self.paper_id is None) == (self.text is None):
-            raise ValueError("give exactly one of paper_id or text")
+            raise ValueError("give exactly one of paper_id, text or examples")
         if self.facet is not None and self.sentences is not None:
             raise ValueError("give either facet or sentences, not both")
         return self
@@ -162,6 +216,17 @@ class MatchedPair(BaseModel):
     candidate_sentence: str
     candidate_facet: str
     weight: float = Field(description="how strongly they match (see the response's match_weight)")
+    example: int = Field(0, description="which of the query's examples the query sentence is of (0-based)")
+
+
+class AvoidedMatch(BaseModel):
+    paper_id: str = Field(description="a paper the query asked to avoid")
+    similarity: float | None = Field(description="the rescorer's similarity of the hit to it")
+    penalty: float = Field(description="what it took off the hit's score before fusion (0: nothing)")
+    avoid_index: int | None = Field(None, description="the avoided paper's sentence the hit resembles most")
+    avoid_sentence: str | None = None
+    candidate_index: int | None = Field(None, description="the hit's sentence that resembles it")
+    candidate_sentence: str | None = None
 
 
 class Hit(BaseModel):
@@ -176,6 +241,10 @@ class Hit(BaseModel):
     bm25: float
     knn: float = Field(description="first stage: mean over query sentences of the best cosine the kNN found")
     matches: list[MatchedPair]
+    example_similarities: list[float | None] = Field(
+        default_factory=list, description="per example of the query (in order), the hit's similarity to it")
+    avoided: list[AvoidedMatch] = Field(default_factory=list,
+                                        description="per paper to avoid, how much it pulled the hit down")
     metadata: dict[str, Any] = Field(default_factory=dict,
                                      description="the paper's stored metadata (year, venue, authors, ids, ...)")
     sentences: list[LabelledSentence] | None = None
@@ -199,6 +268,14 @@ class QuerySelection(BaseModel):
     threshold: float | None = Field(None, description="query_facet_threshold, where it chose them")
 
 
+class QueryExample(BaseModel):
+    paper_id: str | None = Field(description="the example's paper (null: a pasted text)")
+    title: str
+    facet: str | None = Field(description="the facet its sentences speak for (null: chosen sentences, or all)")
+    sentences: list[Sentence]
+    selection: QuerySelection | None = None
+
+
 class QueryInfo(BaseModel):
     paper_id: str | None
     title: str | None = None
@@ -207,6 +284,9 @@ class QueryInfo(BaseModel):
                                           description="the metadata conditions applied, as {key, op, value}")
     sentences: list[QuerySentence] = Field(description="exactly the sentences that form the query, and why")
     selection: QuerySelection | None = None
+    examples: list[QueryExample] = Field(default_factory=list, description="the query's examples (the first is "
+                                         "the query paper above) and their sentences")
+    avoid: list[QueryExample] = Field(default_factory=list, description="the papers the hits were kept unlike")
 
 
 class QueryResponse(BaseModel):

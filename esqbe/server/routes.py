@@ -150,8 +150,12 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
                 raise ApiError(413, f"the query text has {len(text)} sentences; at most {limit} per query")
         if req.sentences is not None and len(set(req.sentences)) > limit:
             raise ApiError(413, f"{len(set(req.sentences))} sentences chosen; at most {limit} per query")
+        examples = None
+        if req.examples is not None:  # a query of several: each text split (capped) here, the counts bounded
+            examples = await examples_checked(req, limit)
         try:
-            out = await service.read(_run_query, req, text, overrides, deadline=deadline, request=request)
+            out = await service.read(_run_query, req, examples if examples is not None else text, overrides,
+                                     deadline=deadline, request=request)
         except EsqbeError as e:
             raise api_error(e) from None
         # which index answered: `esqbe query` checks it against the index a discovery record promised
@@ -160,6 +164,26 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
             return Response(export_hits(out, req.format, with_scores=req.with_scores), media_type=media_type(req.format),
                             headers={"Content-Disposition": f'attachment; filename="{file_name(req.format)}"', **which})
         response.headers.update(which)
+        return out
+
+    async def examples_checked(req: QueryRequest, limit: int) -> list[dict]:
+        """The request's examples with each text as its sentences (past the caps: 413), the examples' sentences
+        known before any work bounded by `limit` together (413)."""
+        out, known = [], 0
+        for e in req.examples or []:
+            item = e.model_dump(exclude_none=True)
+            if e.text is not None:
+                try:
+                    item["text"] = query_sentences(e.text)
+                except EsqbeError as err:
+                    raise api_error(err) from None
+                if not item["text"]:
+                    raise ApiError(400, "an example's text has no sentences")
+                known += len(item["text"]) if e.sentences is None else 0
+            known += len(set(e.sentences or []))
+            out.append(item)
+        if known > limit:
+            raise ApiError(413, f"the examples have {known} query sentences together; at most {limit} per query")
         return out
 
     @router.get("/papers/{paper_id:path}", response_model=Paper, responses=_errors(404, 503), tags=["papers"])

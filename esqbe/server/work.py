@@ -37,8 +37,16 @@ def _run_query(index: Index, req: QueryRequest, text, overrides: dict) -> dict:
     with the total time."""
     t0 = time.perf_counter()
     filters = [f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in req.filters or []]
-    result = index.query(req.paper_id, facet=req.facet, sentences=req.sentences, text=text, title=req.title,
-                         filters=filters or None, engine_filter=req.engine_filter, **overrides)
+    if req.examples is not None or req.avoid:  # a query of several examples (texts already split: `text`)
+        examples = text if req.examples is not None else [
+            {"paper_id": req.paper_id, "facet": req.facet, "sentences": req.sentences}
+            if req.paper_id is not None else {"text": text, "title": req.title, "facet": req.facet, "sentences": req.sentences}]
+        avoid = [a.model_dump(exclude_none=True) for a in req.avoid or []]
+        result = index.query(examples=[{k: v for k, v in e.items() if v is not None} for e in examples], avoid=avoid,
+                             facet=req.facet, filters=filters or None, engine_filter=req.engine_filter, **overrides)
+    else:
+        result = index.query(req.paper_id, facet=req.facet, sentences=req.sentences, text=text, title=req.title,
+                             filters=filters or None, engine_filter=req.engine_filter, **overrides)
     exporting = req.format != "json"  # an export carries each hit's abstract
     papers = index.get([h.paper_id for h in result.hits]) if req.with_sentences or exporting else None
     out = result.to_dict(papers)

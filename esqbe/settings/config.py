@@ -72,6 +72,11 @@ class Settings:
     adapter: str = "none"  # encoder adapter: none | a shipped name (esqbe/data/adapters/) | a local directory
     prf_docs: int = 0  # pseudo-relevance feedback: top papers the query sentences move toward; 0 = off
     prf_weight: float = 0.5  # with prf_docs: q' = normalise(q + prf_weight x centroid)
+    # a query of several examples and papers to avoid (esqbe.query.combine)
+    example_aggregate: str = "mean"  # each example's similarity combined: mean | max
+    avoid_rule: str = "margin"  # margin: minus avoid_weight x how far closer to the avoided than to the examples
+    #   | rocchio: minus avoid_weight x the mean similarity to the avoided
+    avoid_weight: float = 0.5  # how much similarity to an avoided paper lowers a candidate
     # the embedded index's ANN (None: the index's own) and the recall the writer calibrates it for (issue 23)
     exact_threshold: int | None = None  # facets (and filtered queries) at most this many rows: exact search
     nprobe: int | None = None  # IVF lists per query sentence, fixed; None = the calibrated value

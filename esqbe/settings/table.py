@@ -25,6 +25,10 @@ FACET_MODES = ("keep", "predict", "none")
 CANDIDATE_FACET_MODES = ("auto", "same", "all", "soft")
 BM25_TEXTS = ("abstract", "facet")
 CENTRING_MODES = ("none", "mean", "top1", "top2", "top3", "top4")
+#: how a query of several examples combines each example's similarity (esqbe.query.combine)
+EXAMPLE_AGGREGATES = ("mean", "max")
+#: how papers to avoid lower a candidate (esqbe.query.combine): Rocchio's subtraction or a margin
+AVOID_RULES = ("rocchio", "margin")
 #: `esqbe index` also reads pre-encoded Parquet (`esqbe encode`'s output)
 INDEX_FORMATS = (*FORMATS, "parquet")
 
@@ -165,6 +169,15 @@ SETTINGS: tuple[Setting, ...] = (
             flag="--prf-docs", commands=_RANK),
     Setting("prf_weight", float, 0.5, "With prf_docs: how far the query sentences move (q + w x centroid, normalised).",
             low=0.0, high=1.0, flag="--prf-weight", commands=_RANK),
+    # a query of several examples and papers to avoid (issue 36; esqbe/query/combine.py)
+    Setting("example_aggregate", str, "mean", "A query of several examples: how each example's similarity to a "
+            "candidate combines (mean or max; docs/results.md, issue 36).", choices=EXAMPLE_AGGREGATES,
+            flag="--example-aggregate", http="example_aggregate", commands=_RANK),
+    Setting("avoid_rule", str, "margin", "Papers to avoid: rocchio subtracts avoid_weight x the candidate's "
+            "similarity to them; margin subtracts avoid_weight x how far it is closer to them than to the examples.",
+            choices=AVOID_RULES, flag="--avoid-rule", http="avoid_rule", commands=_RANK),
+    Setting("avoid_weight", float, 0.5, "Papers to avoid: how much a candidate's similarity to them lowers it.",
+            low=0.0, high=4.0, flag="--avoid-weight", http="avoid_weight", commands=_RANK),
     # the embedded index's ANN and the recall it is held at (issue 23; docs/performance.md)
     Setting("exact_threshold", int, None, "Embedded index: a facet with at most this many sentence rows, and a filtered "
             "query allowing at most this many, is searched exactly; above it an IVF answers (default: the index's own, "

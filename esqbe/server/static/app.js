@@ -4,7 +4,8 @@
 
 // One thing at a time: `gen` counts what the page was asked last (a paper loaded, a query run); an answer to an
 // older request is dropped, so hits of an old query never show under a new query paper.
-const state = { paper: null, facet: null, chosen: new Set(), lastQuery: null, result: null, gen: 0 };
+// `also` / `avoid`: papers added from the hits as more examples or as "not like this" (in the address as also= / not=).
+const state = { paper: null, facet: null, chosen: new Set(), lastQuery: null, result: null, gen: 0, also: [], avoid: [] };
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs = {}, ...children) {
@@ -239,10 +240,13 @@ function filterConditions() {
 
 // The address of a query: opening it again (a bookmark, a link sent to a colleague) runs the same query: the
 // paper or the pasted text (and its title), the facet or the sentences, the filters, the rescorer and k.
-function queryHash({ paper = null, text = null, title = "", facet = null, sentences = [], filters = [], rescorer = null, k = 10 }) {
+function queryHash({ paper = null, text = null, title = "", facet = null, sentences = [], filters = [], rescorer = null, k = 10,
+  also = [], avoid = [] }) {
   const params = new URLSearchParams();
   if (text !== null) { params.set("text", text); if (title) params.set("title", title); } else params.set("paper", paper);
   if (facet) params.set("facet", facet); else if (sentences.length) params.set("sentences", sentences.join(","));
+  for (const id of also) params.append("also", id);
+  for (const id of avoid) params.append("not", id);
   if (filters.length) params.set("filters", filters.join("; "));
   if (rescorer) params.set("rescorer", rescorer);
   if (k !== 10) params.set("k", String(k));
@@ -259,14 +263,23 @@ async function runQuery() {
   const k = Math.max(1, Math.min(100, parseInt($("k").value, 10) || 10));
   const rescorer = $("rescorer").value;
   const body = { k, rescorer, with_sentences: true };
-  if (p.isText) { body.text = p.text; if (p.title) body.title = p.title; } else body.paper_id = p.paper_id;
-  if (state.facet) body.facet = state.facet; else if (indices.length) body.sentences = indices;
+  if (state.also.length || state.avoid.length) {  // a query of several examples: this paper first, then the added ones
+    const first = p.isText ? { text: p.text, ...(p.title ? { title: p.title } : {}) } : { paper_id: p.paper_id };
+    if (!state.facet && indices.length) first.sentences = indices;
+    body.examples = [first, ...state.also.map((id) => ({ paper_id: id }))];
+    if (state.avoid.length) body.avoid = state.avoid.map((id) => ({ paper_id: id }));
+    if (state.facet) body.facet = state.facet;
+  } else {
+    if (p.isText) { body.text = p.text; if (p.title) body.title = p.title; } else body.paper_id = p.paper_id;
+    if (state.facet) body.facet = state.facet; else if (indices.length) body.sentences = indices;
+  }
   const filters = filterConditions();
   if (filters.length) body.filters = filters;
   state.lastQuery = body;
   const hash = queryHash({ paper: p.paper_id, text: p.isText ? p.text : null, title: p.title, facet: state.facet,
-    sentences: state.facet ? [] : indices, filters, rescorer, k });
+    sentences: state.facet ? [] : indices, filters, rescorer, k, also: state.also, avoid: state.avoid });
   if (location.hash.slice(1) !== hash) history.replaceState(null, "", `#${hash}`);
+  renderSet();
   clearResults("Searching…");
   $("run-query").disabled = true;
   try {
@@ -323,6 +336,25 @@ async function download(format) {
   } catch (e) {
     showError(`The download failed: ${e.message}`);
   }
+}
+
+// The query's set: the papers added as examples and as "not like this", each removable; a change reruns the query.
+function renderSet() {
+  const box = $("query-set");
+  box.hidden = !(state.also.length || state.avoid.length);
+  const row = (ids, listId, kind) => $(listId).replaceChildren(...ids.map((id) => el("li", { "data-paper-id": id },
+    el("span", { class: "pid", text: id }),
+    el("button", { type: "button", class: "set-remove", "aria-label": `Remove ${id} from ${kind}`,
+      onclick: () => { state[kind] = state[kind].filter((x) => x !== id); runQuery(); } }, "×"))));
+  row(state.also, "also-list", "also");
+  row(state.avoid, "avoid-list", "avoid");
+}
+
+function addToSet(kind, id) {
+  const other = kind === "also" ? "avoid" : "also";
+  state[other] = state[other].filter((x) => x !== id);
+  if (!state[kind].includes(id)) state[kind] = [...state[kind], id];
+  runQuery();
 }
 
 function linkQuerySentences(indices, on) {
@@ -446,7 +478,14 @@ function renderHits(res) {
       hitMeta(hit.metadata || {}),
       table,
       hit.sentences ? el("details", { class: "abstract" }, el("summary", { text: "Whole abstract, matched sentences marked" }), abstract) : null,
+      hit.avoided && hit.avoided.some((a) => a.penalty > 0) ? el("p", { class: "avoided muted",
+        text: "Pulled down by " + hit.avoided.filter((a) => a.penalty > 0).map((a) =>
+          `${a.paper_id} (−${fmt(a.penalty)}: its [${a.avoid_index}] ~ [${a.candidate_index}] here)`).join(", ") }) : null,
       el("div", { class: "hit-actions" },
+        el("button", { type: "button", class: "add-example", "data-paper-id": hit.paper_id,
+          onclick: () => addToSet("also", hit.paper_id) }, "+ More like this"),
+        el("button", { type: "button", class: "add-avoid", "data-paper-id": hit.paper_id,
+          onclick: () => addToSet("avoid", hit.paper_id) }, "Not like this"),
         el("a", { href: `#${nextHash}`, class: "query-next" }, res.query.facet ? `Query by this paper's ${res.query.facet}` :
           matchedC.length ? `Query by this paper's matched sentences [${matchedC.join(", ")}]` : "Query by this paper")));
     item.addEventListener("mouseenter", () => { if (state.result === res) linkQuerySentences(matchedQ, true); });
@@ -477,6 +516,8 @@ function route() {
   if (rescorer) $("rescorer").value = rescorer;
   $("k").value = params.get("k") || "10";  // what the address says, so that it reproduces the query
   $("filters").value = params.get("filters") || "";
+  state.also = params.getAll("also").filter(Boolean);
+  state.avoid = params.getAll("not").filter(Boolean);
   const sentences = params.get("sentences");
   const chosen = sentences ? sentences.split(",").map(Number).filter((n) => Number.isInteger(n)) : null;
   if (text !== null) {  // a pasted text: shown in its box, and queried as the address says

@@ -1,0 +1,88 @@
+"""A query of 5 example papers with 1 paper to avoid against the single-paper query, side by side in one run on
+the index given (issue 36, item 4: at most 2x the single-paper query's warm p50 and p99).
+
+    .venv/bin/python benchmarks/bench_examples.py PATH [--facet method] [--queries 50] [--seed 0] [--k 10]
+
+Seeded query papers that have sentences of the facet; each composed query takes the paper and 4 others that
+have the facet as examples and a sixth to avoid. Both kinds run interleaved (one of each per round, order
+alternating), after a warm-up round, each through `Index.query` in this process. Prints per kind p50, p99 and
+the mean, each stage's median (`QueryResult.timings`), the ratios, and the first-stage requests each kind made (one per query for both: the union of the
+examples' sentences goes in one request).
+"""
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import esqbe  # noqa: E402
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("path")
+    ap.add_argument("--facet", default="method", choices=("background", "method", "result"))
+    ap.add_argument("--queries", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--k", type=int, default=10)
+    args = ap.parse_args()
+    from esqbe.core.threads import limit_for_query
+
+    limit_for_query()  # as `esqbe serve` and `esqbe query` answer: one BLAS thread
+    with esqbe.open_index(args.path, create=False) as index:
+        ids = index.backend.paper_ids()
+        rng = random.Random(args.seed)
+        rng.shuffle(ids)
+        have = []
+        for start in range(0, len(ids), 256):  # papers with sentences of the facet
+            found = index.get(ids[start:start + 256])
+            have += [p for p in ids[start:start + 256] if p in found and args.facet in found[p].facets]
+            if len(have) >= 6 * (args.queries + 1):
+                break
+        if len(have) < 6 * (args.queries + 1):
+            sys.exit(f"{args.path}: {len(have)} papers with {args.facet} sentences; need {6 * (args.queries + 1)}")
+        calls = {"single": 0, "examples": 0}
+        kind = ["single"]
+        first_stage = index.backend.first_stage
+
+        def counted(request):  # the real first stage, counted
+            calls[kind[0]] += 1
+            return first_stage(request)
+
+        index.backend.first_stage = counted  # type: ignore[method-assign]
+        times: dict[str, list[float]] = {"single": [], "examples": []}
+        stages: dict[str, dict[str, list[float]]] = {"single": {}, "examples": {}}
+        for r in range(args.queries + 1):
+            group = have[6 * r: 6 * r + 6]
+            runs = [("single", dict(paper_id=group[0])),
+                    ("examples", dict(examples=group[:5], avoid=group[5:]))]
+            for name, q in runs if r % 2 else runs[::-1]:
+                kind[0] = name
+                t = time.perf_counter()
+                result = index.query(facet=args.facet, k=args.k, **q)
+                if r:  # round 0 warms up
+                    times[name].append(1000 * (time.perf_counter() - t))
+                    for stage, ms in result.timings.items():
+                        stages[name].setdefault(stage, []).append(ms)
+    n = len(times["single"])
+    print(f"{args.path}: {len(ids):,} papers, facet {args.facet}, {n} queries of each kind, k {args.k}")
+    print(f"{'query':<28}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}{'first-stage requests':>22}")
+    for name, label in (("single", "1 paper"), ("examples", "5 examples + 1 avoided")):
+        t = times[name]
+        print(f"{label:<28}{pct(t, 50):>9.1f}{pct(t, 99):>9.1f}{statistics.mean(t):>9.1f}{calls[name] / (n + 1):>22.2f}")
+    for name in times:
+        print(f"  {name}: median ms per stage " + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in stages[name].items()))
+    print(f"ratio (5+1 / 1): p50 {pct(times['examples'], 50) / pct(times['single'], 50):.2f}x, "
+          f"p99 {pct(times['examples'], 99) / pct(times['single'], 99):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

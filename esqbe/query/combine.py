@@ -1,0 +1,311 @@
+"""A query of several examples, and papers to avoid: the one query pipeline (the single-paper query is it with one
+example and nothing to avoid).
+
+    first stage   one request over the union of the examples' sentences (BM25 on their text, kNN per sentence),
+                  every example and avoided paper excluded
+    rescoring     the candidates batched once per facet view; the rescorer scores them against each example's
+                  sentences and each avoided paper's: similarity s_e (example e), a_j (avoided paper j)
+    combination   s = aggregate_e(s_e)  (example_aggregate: mean or max)
+                  margin (the default): s - avoid_weight x max(0, max_j a_j - s), only a candidate closer to an
+                  avoided paper than to the examples loses; rocchio: s - avoid_weight x mean_j a_j
+                  (chosen on CSFCube fold1_dev with `esqbe eval csfcube --feedback`: docs/results.md)
+    fusion        with BM25 (final_bm25_weight) and the abstract similarity (abstract_weight), as for one example
+
+Each hit keeps, per example, its similarity and the sentence pairs that matched (`MatchedPair.example`), and per
+avoided paper its similarity, what it took off the score and the closest sentence pair (`AvoidedMatch`)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backends.base import Backend
+from ..core import deadline
+from ..core.filters import MetadataFilter
+from ..domain import Candidate, FirstStageRequest, IndexedPaper, normalize_label
+from ..rescore.batches import CandidateBatch, QueryBatch, RescoreContext
+from ..rescore.registry import make_rescorer
+from ..settings.config import Settings
+from ..settings.table import AVOID_RULES, BM25_TEXTS, CANDIDATE_FACET_MODES, EXAMPLE_AGGREGATES
+from .centering import corpus_directions
+from .search import (
+    AvoidedMatch,
+    Hit,
+    MatchedPair,
+    QueryError,
+    QueryResult,
+    QuerySelection,
+    _candidate_views,
+    _final_weights,
+    _minmax,
+    abstract_similarity,
+)
+
+
+@dataclass
+class Example:
+    """One example of a query (or one paper to avoid): a paper and which of its sentences speak for it."""
+
+    paper: IndexedPaper
+    indices: list[int]
+    #: the facet its sentences were chosen by, which also chooses the candidates' sentences it is matched with
+    facet: str | None = None
+    #: why those sentences (set by `Index.query`)
+    selection: QuerySelection | None = None
+    #: False for a pasted text (its paper id is not an id in the index)
+    indexed: bool = True
+
+    @property
+    def paper_id(self) -> str:
+        return self.paper.paper_id
+
+    @property
+    def sentences(self) -> list[str]:
+        return [self.paper.paper.sentences[i] for i in self.indices]
+
+
+@dataclass(frozen=True)
+class ExampleSpec:
+    """An example as asked for (`Index.query(examples=[...], avoid=[...])`): a paper in the index (`paper_id`) or a
+    pasted `text`, and its `facet` or chosen `sentences` (neither: the query's facet, else every sentence)."""
+
+    paper_id: str | None = None
+    facet: str | None = None
+    sentences: tuple[int, ...] | None = None
+    text: str | tuple[str, ...] | None = None
+    title: str = ""
+
+    @classmethod
+    def of(cls, value) -> ExampleSpec:
+        """A spec from a paper id (str), a mapping of the fields, or a spec."""
+        if isinstance(value, ExampleSpec):
+            spec = value
+        elif isinstance(value, str):
+            spec = cls(paper_id=value)
+        elif isinstance(value, dict):
+            unknown = sorted(set(value) - {"paper_id", "facet", "sentences", "text", "title"})
+            if unknown:
+                raise QueryError(f"an example has unknown field(s) {', '.join(map(str, unknown))}; "
+                                 "fields: paper_id, facet, sentences, text, title")
+            sents = value.get("sentences")
+            text = value.get("text")
+            spec = cls(None if value.get("paper_id") is None else str(value["paper_id"]), value.get("facet"),
+                       None if sents is None else tuple(int(i) for i in sents),
+                       text if text is None or isinstance(text, str) else tuple(str(t) for t in text),
+                       str(value.get("title") or ""))
+        else:
+            raise QueryError(f"an example is a paper id, a mapping or an ExampleSpec (got {type(value).__name__})")
+        if (spec.paper_id is None) == (spec.text is None):
+            raise QueryError("an example is exactly one of a paper id or a text")
+        if spec.facet is not None and spec.sentences is not None:
+            raise QueryError(f"example {spec.name}: give either a facet or sentence indices, not both")
+        return spec
+
+    @property
+    def name(self) -> str:
+        return self.paper_id if self.paper_id is not None else "(text)"
+
+
+def aggregate(sims: np.ndarray, rule: str) -> np.ndarray:
+    """(E, n) per-example similarities (finite) -> (n,) one per candidate. One example: itself, whatever the rule."""
+    if rule not in EXAMPLE_AGGREGATES:
+        raise QueryError(f"example_aggregate must be one of {', '.join(EXAMPLE_AGGREGATES)} (got {rule!r})")
+    if len(sims) == 1:
+        return sims[0]
+    if rule == "max":
+        return sims.max(axis=0)
+    return sims.mean(axis=0)
+
+
+def avoid_penalty(score: np.ndarray, avoided: np.ndarray, rule: str, weight: float) -> np.ndarray:
+    """(n,) what the avoided papers take off `score`; `avoided` (A, n) the similarities to each avoided paper."""
+    if rule not in AVOID_RULES:
+        raise QueryError(f"avoid_rule must be one of {', '.join(AVOID_RULES)} (got {rule!r})")
+    if not (np.isfinite(weight) and weight >= 0):
+        raise QueryError(f"avoid_weight must be a number >= 0 (got {weight!r})")
+    if len(avoided) == 0 or weight == 0:
+        return np.zeros_like(score)
+    if rule == "margin":
+        return weight * np.maximum(0.0, avoided.max(axis=0) - score)
+    return weight * avoided.mean(axis=0)
+
+
+def _finite_rows(x: np.ndarray) -> np.ndarray:
+    """Non-finite similarities (a candidate with nothing to match) set one below the row's lowest finite one."""
+    out = x.copy()
+    for row in out:
+        ok = np.isfinite(row)
+        if not ok.all():
+            row[~ok] = (row[ok].min() if ok.any() else 0.0) - 1.0
+    return out
+
+
+def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[Example], settings: Settings, *,
+                 exclude: Sequence[str] = (), restrict_to: Sequence[str] | None = None,
+                 context: RescoreContext | None = None, filter: MetadataFilter | None = None) -> QueryResult:
+    """Rank papers by similarity to the `examples` (each its chosen sentences), less their similarity to `avoid`."""
+    if not examples:
+        raise QueryError("a query needs at least one example")
+    if settings.candidate_facet not in CANDIDATE_FACET_MODES:
+        raise QueryError(f"candidate_facet must be one of {', '.join(CANDIDATE_FACET_MODES)}")
+    if settings.bm25_text not in BM25_TEXTS:
+        raise QueryError(f"bm25_text must be one of {', '.join(BM25_TEXTS)} (got {settings.bm25_text!r})")
+    aggregate(np.zeros((2, 0)), settings.example_aggregate)  # the rules checked before any work
+    avoid_penalty(np.zeros(0), np.zeros((1, 0)), settings.avoid_rule, float(settings.avoid_weight))
+    timings = {}
+    t0 = time.perf_counter()
+    q_sentences = [s for e in examples for s in e.sentences]
+    q_vectors = np.concatenate([e.paper.vectors[e.indices] for e in examples])
+    facets = {normalize_label(e.facet) if e.facet else None for e in examples}
+    facet = facets.pop() if len(facets) == 1 else None  # one facet for all: the first stage keeps to it
+    restrict = frozenset(map(str, restrict_to)) if restrict_to is not None else None
+    depth = max(settings.rescore_depth, settings.k)
+    if restrict is not None:
+        depth = max(depth, len(restrict))  # re-ranking a given pool: every member gets rescored
+    request = FirstStageRequest(
+        text=" ".join(q_sentences),
+        vectors=q_vectors,
+        facet=facet if (facet and settings.candidate_facet in ("same", "auto")) else None,
+        k=depth,
+        knn_k=max(settings.knn_k, depth if restrict is not None else 0),
+        bm25_k=max(settings.bm25_k, depth if restrict is not None else 0),
+        exclude=frozenset({*(e.paper_id for e in (*examples, *avoid)), *map(str, exclude)}),
+        restrict_to=restrict,
+        fusion=settings.fusion,
+        bm25_weight=settings.fusion_bm25_weight,
+        filter=filter if filter else None,
+        bm25_facet=facet if (facet and settings.bm25_text == "facet" and backend.facet_text) else None,
+    )
+    candidates = backend.first_stage(request)
+    if restrict is not None:
+        # re-ranking a pool: members neither BM25 nor kNN reached still get ranked (below the rest)
+        missing = sorted(restrict - {c.paper_id for c in candidates} - request.exclude)
+        floor = min((c.score for c in candidates), default=0.0) - 1.0
+        if request.filter is not None and request.filter.engine_query is not None:
+            missing = []  # the engine alone can tell which pool members its query allows
+        found = backend.get(missing) if missing else {}
+        if request.filter is not None:  # pool members the filter rules out stay out
+            found = {pid: ip for pid, ip in found.items() if request.filter.matches(ip.paper.metadata)}
+        candidates += [Candidate(pid, floor, 0.0, 0.0, found[pid]) for pid in missing if pid in found]
+    timings["first_stage"] = round(1000 * (time.perf_counter() - t0), 2)
+    deadline.check()  # a request past its deadline does not go on to rescoring
+
+    t1 = time.perf_counter()
+    rescorer = make_rescorer(settings.rescorer, context or RescoreContext(backend=backend), **(settings.rescorer_params or {}))
+    n = len(candidates)
+    first = np.array([c.score for c in candidates], dtype=np.float64)
+    # per example: (example, query sentence, candidate sentence, weight) of each candidate
+    matches: list[list[tuple[int, int, int, float]]] = [[] for _ in candidates]
+    similarity = np.full(n, np.nan)  # the rescorer's own score, before any fusion
+    per_example = np.full((len(examples), n), np.nan)
+    avoided_sims = np.full((len(avoid), n), np.nan)
+    avoided_pairs: list[list[tuple[int, int] | None]] = [[None] * n for _ in avoid]
+    if rescorer is not None and candidates:
+        batches: dict = {}  # the candidates as one batch per facet view: built once, scored against every example
+
+        def batch_for(view_facet: str | None):
+            if view_facet not in batches:
+                views, bias = _candidate_views(candidates, view_facet, settings)
+                if directions is not None:
+                    views = [(IndexedPaper(v.paper, directions.apply(v.vectors)), keep) for v, keep in views]
+                batches[view_facet] = (CandidateBatch.from_papers([v for v, _ in views], bias=bias), views)
+            return batches[view_facet]
+
+        directions = None
+        if settings.vector_centering != "none":  # the rescorer compares centred vectors (esqbe.query.centering)
+            try:
+                directions = corpus_directions(backend, settings.vector_centering)
+            except ValueError as err:
+                raise QueryError(str(err)) from None
+
+        def score(part: Example, feedback: bool):
+            vectors = part.paper.vectors[part.indices]
+            if directions is not None:
+                vectors = directions.apply(vectors)
+            batch, views = batch_for(part.facet)
+            result = rescorer(QueryBatch(vectors, part.sentences), batch)
+            if feedback and settings.prf_docs and settings.prf_weight:  # Rocchio feedback from the top papers
+                from .prf import feedback_queries
+
+                vectors = feedback_queries(vectors, batch, np.asarray(result.scores, dtype=np.float64),
+                                           docs=int(settings.prf_docs), weight=float(settings.prf_weight))
+                result = rescorer(QueryBatch(vectors, part.sentences), batch)
+            pairs = [[(qi, views[n_][1][ci], w) for qi, ci, w in ms if ci < len(views[n_][1]) and np.isfinite(w)]
+                     for n_, ms in enumerate(result.matches)] if result.matches else [[] for _ in candidates]
+            return np.asarray(result.scores, dtype=np.float64), pairs
+
+        for x, ex in enumerate(examples):
+            per_example[x], pairs = score(ex, True)
+            for m in range(n):
+                matches[m] += [(x, qi, ci, w) for qi, ci, w in pairs[m]]
+        for j, av in enumerate(avoid):
+            avoided_sims[j], pairs = score(av, False)
+            for m in range(n):
+                avoided_pairs[j][m] = (pairs[m][0][0], pairs[m][0][1]) if pairs[m] else None
+        finite = np.isfinite(per_example).all(axis=0)
+        scores = aggregate(_finite_rows(per_example), settings.example_aggregate)
+        similarity = np.where(finite, scores, np.nan)
+        if len(examples) > 1:  # strongest pairs first, whichever example they belong to
+            matches = [sorted(ms, key=lambda m: -m[3]) for ms in matches]
+    else:
+        scores = first.copy()
+    penalty = np.zeros((len(avoid), n))
+    if avoid and n:
+        sims = _finite_rows(avoided_sims) if rescorer is not None else np.zeros((len(avoid), n))
+        total = avoid_penalty(scores, sims, settings.avoid_rule, float(settings.avoid_weight))
+        # each avoided paper's share of what was taken off: in proportion to how close the candidate is to it
+        share = np.maximum(sims - sims.min(axis=0, keepdims=True), 0) if len(avoid) > 1 else np.ones_like(sims)
+        share = np.where(share.sum(axis=0, keepdims=True) > 0, share / np.maximum(share.sum(axis=0, keepdims=True), 1e-12),
+                         1.0 / len(avoid))
+        penalty = share * total
+        scores = scores - total
+        similarity = np.where(np.isfinite(similarity), scores, np.nan) if rescorer is not None else similarity
+    w, a = _final_weights(settings)
+    if (w or a) and candidates:
+        bm25 = np.array([c.bm25 for c in candidates], dtype=np.float64)
+        fused = (1 - w - a) * _minmax(scores) + w * _minmax(bm25)
+        if a:
+            fused += a * _minmax(abstract_similarity(q_vectors, [c.paper for c in candidates]))
+        scores = fused
+    timings["rescore"] = round(1000 * (time.perf_counter() - t1), 2)
+
+    order = sorted(range(n), key=lambda i: (-scores[i], candidates[i].paper_id))
+    hits = []
+    limit = len(order) if restrict is not None else settings.k
+    for rank, i in enumerate(order[:limit], start=1):
+        c = candidates[i]
+        pairs = []
+        for x, qi, ci, wt in matches[i]:
+            assert c.paper is not None  # a candidate with matches was rescored: it carries its paper
+            ex = examples[x]
+            pairs.append(MatchedPair(ex.indices[qi], ex.sentences[qi], ci, c.paper.paper.sentences[ci],
+                                     c.paper.paper.facets[ci], float(wt), example=x))
+        if not pairs and c.paper is not None and len(c.paper.paper.sentences):
+            # first-stage order only: still show the best sentence pair, by cosine
+            for x, ex in enumerate(examples):
+                sims = ex.paper.vectors[ex.indices] @ c.paper.vectors.T
+                qi, ci = map(int, np.unravel_index(int(np.argmax(sims)), sims.shape))
+                pairs.append(MatchedPair(ex.indices[qi], ex.sentences[qi], ci, c.paper.paper.sentences[ci],
+                                         c.paper.paper.facets[ci], float(sims[qi, ci]), example=x))
+        avoided = []
+        for j, av in enumerate(avoid):
+            pair = avoided_pairs[j][i]
+            avoided.append(AvoidedMatch(
+                av.paper_id, float(avoided_sims[j][i]) if np.isfinite(avoided_sims[j][i]) else None,
+                float(penalty[j][i]),
+                av.indices[pair[0]] if pair else None, av.sentences[pair[0]] if pair else None,
+                pair[1] if pair else None,
+                c.paper.paper.sentences[pair[1]] if pair and c.paper is not None else None))
+        sim = float(similarity[i]) if np.isfinite(similarity[i]) else None
+        per = [float(x) if np.isfinite(x) else None for x in per_example[:, i]]
+        hits.append(Hit(rank, c.paper_id, c.paper.paper.title if c.paper else "", float(scores[i]), c.score, c.bm25, c.knn,
+                        pairs, dict(c.paper.paper.metadata) if c.paper else {}, similarity=sim,
+                        example_similarities=per, avoided=avoided))
+    head = examples[0]
+    return QueryResult(head.paper_id, normalize_label(head.facet) if head.facet else None,
+                       list(zip(head.indices, head.sentences)), hits, settings.rescorer or "none", timings,
+                       [c.to_dict() for c in filter.conditions] if filter else [],
+                       query_facets=[head.paper.paper.facets[i] for i in head.indices], query_title=head.paper.paper.title,
+                       rescorer_params=dict(settings.rescorer_params or {}), examples=list(examples), avoid=list(avoid))
