@@ -152,6 +152,8 @@ def _parse_json(line: str) -> dict:
         raise _Invalid("json", f"{e.msg} (column {e.pos + 1})") from None
     except RecursionError:  # Python's parser recurses per level of nesting
         raise _Invalid("json", "nested too deeply") from None
+    except ValueError as e:  # an integer past Python's 4,300-digit limit for int(str)
+        raise _Invalid("json", " ".join(str(e).split("; use sys.set_int_max_str_digits")[0].split())[:200]) from None
     if not isinstance(record, dict):
         raise _Invalid("record", f"expected a JSON object, got {_type_name(record)}")
     if _SURROGATE_ESCAPE.search(line):  # valid JSON, but a lone surrogate is not text that can be stored
@@ -323,6 +325,9 @@ class _State:
             return None
         except _Skip as e:
             self.report.skipped[e.reason] += 1
+            return None
+        except RecursionError:  # a record nested deeper than a parser's recursion (each bounds its own depth)
+            self.error(InputError(self.name, lineno, "record", "nested too deeply"))
             return None
         if paper.paper_id in self.seen:
             self.report.repeated.append(f"{self.name}:{lineno}: id: {paper.paper_id!r} repeats line "
