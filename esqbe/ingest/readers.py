@@ -171,19 +171,25 @@ def read_papers(
     strict: bool = False,
     raw_labels: bool = False,
     report: ReadReport | None = None,
+    whole_files: bool = True,
 ) -> Iterator[Paper]:
     """Yield the papers of one source, filling `report` with what was read, skipped or wrong.
 
     An unknown `format` raises ValueError at once; a line whose format cannot be detected (before any
     line could be) is an InputError like any bad line, and detection goes on with the next line. `raw_labels=True` keeps
     `objective` apart from `background`, for training the facet tagger on the five CSAbstruct labels.
+    `whole_files=False` reads JSON Lines only: a first line like BibTeX's `@...` or CSL-JSON's `[{...` is not
+    taken for that format (POST /papers: one JSON object a record, whatever its text looks like).
     """
     if format is not None and format not in FORMATS:
         raise ParameterError(f"unknown input format {format!r}; valid formats: {', '.join(FORMATS)}")
-    return _read(source, format, strict, raw_labels, report if report is not None else ReadReport())
+    if format in WHOLE_FILE_FORMATS and not whole_files:
+        raise ParameterError(f"{format} is read as a whole file, not a record at a time")
+    return _read(source, format, strict, raw_labels, report if report is not None else ReadReport(), whole_files)
 
 
-def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport) -> Iterator[Paper]:
+def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport,
+          whole_files: bool = True) -> Iterator[Paper]:
     with ExitStack() as stack:
         try:
             name, lines = _open_source(source, stack)
@@ -195,7 +201,7 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
             return
         tell = getattr(stack, "tell", None)
         first, lines = _first_line(lines)
-        if fmt is None and first is not None:
+        if fmt is None and first is not None and whole_files:
             fmt = sniff_format(first.decode("utf-8", "replace") if isinstance(first, bytes) else str(first))
         state = _State(name, fmt, strict, raw_labels, report)
         read_before, errors_before = report.read, len(report.errors)
