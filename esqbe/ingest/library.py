@@ -281,6 +281,9 @@ def _from_ris(record: dict) -> Paper:
     doi = _doi(record.get("doi"))
     paper_id = _plain(record.get("id")) or doi or _derived_id("ris", title, record.get("year"))
     abstract = record.get("abstract") or record.get("notes_abstract")
+    if isinstance(abstract, str) and len(abstract) > _LATEX_SLACK * LIMITS["abstract_chars"]:  # before it is cleaned
+        raise _Invalid("AB", f"{len(abstract)} characters as written; at most {_LATEX_SLACK * LIMITS['abstract_chars']}"
+                             f" (the text at most {LIMITS['abstract_chars']})")
     sentences = _split_text_abstract(_plain(abstract) or None, "AB")
     authors = [*(record.get("authors") or []), *(record.get("first_authors") or [])]
     # RIS writes `Last, First`; a name without a comma is taken as written (an organisation): kept whole
