@@ -161,7 +161,7 @@ class _BracedAuthors(str):
     names: list[tuple[str, bool]]
 
     def __new__(cls, decoded: str, raw: str):
-        from pylatexenc.latex2text import LatexNodes2Text  # type: ignore[import-untyped]  # bibtexparser's decoder
+        from pylatexenc.latex2text import LatexNodes2Text  # bibtexparser's decoder
 
         self = super().__new__(cls, decoded)
         decoder = LatexNodes2Text()

@@ -93,10 +93,9 @@ def _parse_papers(ctype: str, body: bytes, fmt: str | None, mode: str | None, ma
             raise ApiError(422, "invalid request: " + "; ".join(
                 f"{'.'.join(str(x) for x in err.get('loc', ())) or 'body'}: {err.get('msg')}" for err in errors),
                 _clean_validation(errors)) from None
-        if len(req.records) <= max_records:
-            lines = [json.dumps(r, ensure_ascii=False) for r in req.records]
-        else:
-            lines = req.records  # counted, never read
+        if len(req.records) > max_records:
+            raise ApiError(413, f"{len(req.records)} records; at most {max_records} per request")
+        lines = [json.dumps(r, ensure_ascii=False) for r in req.records]
         fmt, mode = req.format or fmt, req.facets or mode
     if len(lines) > max_records:
         raise ApiError(413, f"{len(lines)} records; at most {max_records} per request")
