@@ -259,3 +259,16 @@ def test_health_answers_while_a_post_is_being_read(index_dir_30, encoder, tmp_pa
     assert {o["field"] for o in r.json()["records"]} == {"sentences"}
     assert len(latencies) >= 2, (latencies, done["seconds"])
     assert max(latencies) < done["seconds"] / 3, (latencies, done["seconds"])
+
+
+def test_reading_a_batch_stops_at_the_request_deadline(index_dir_30, encoder, tmp_path_factory):
+    """The same batch under a 0.2 s request timeout: 504 at the deadline (the reader stops before its next
+    record), and the server goes on answering."""
+    path = _copy(index_dir_30, tmp_path_factory, "hostile-readers-deadline")
+    body = "\n".join(json.dumps({"id": f"big-{i}", "abstract": "Word word word. " * 6_000})
+                     for i in range(160)).encode()
+    with _serve(path, encoder, request_timeout=0.2) as url:
+        r = httpx.post(url + "/papers", content=body, headers=NDJSON, timeout=300)
+        assert r.status_code == 504, r.text[:500]
+        assert "reading the records took longer than this server's 0.2 s request timeout" in r.json()["error"]["message"]
+        assert httpx.get(url + "/health", timeout=60).status_code == 200

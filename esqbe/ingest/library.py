@@ -76,7 +76,11 @@ def _bibtex_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
     from bibtexparser import model
 
     logging.getLogger("bibtexparser").setLevel(logging.CRITICAL)  # its failures are reported as ours, per record
-    library = bibtexparser.parse_string(text, parse_stack=[])  # as written: no @string expansion, braces kept
+    try:
+        library = bibtexparser.parse_string(text, parse_stack=[])  # as written: no @string expansion, braces kept
+    except Exception as e:  # noqa: BLE001 (its splitter reports entries it cannot read as blocks; anything else)
+        yield 1, _Invalid("file", f"not a BibTeX file bibtexparser can split: {' '.join(str(e).split())[:200]}")
+        return
     strings = {key.lower(): s.value for key, s in library.strings_dict.items() if isinstance(s.value, str)}
     budget = [2 * len(text) + 100_000]  # characters @string references may still expand to in this file
     decode = _latex_decoder()
@@ -121,17 +125,17 @@ def _bibtex_record(entry, strings: dict[str, str], budget: list[int], decode, de
                 raise _Invalid(name, "@string references in this file expand to more than twice its size; "
                                      "write the text in the entries instead")
         raw = _strip_enclosing(value)
-        if expanded is not None and raw in decoded_strings:
-            text = decoded_strings[raw]
-        else:
-            try:
+        try:
+            if expanded is not None and raw in decoded_strings:
+                text = decoded_strings[raw]
+            else:
                 text = decode(raw)
-            except Exception as e:  # noqa: BLE001 (pylatexenc raises anything; a RecursionError on deep braces)
-                reason = " ".join(str(e).split())[:200] or type(e).__name__
-                raise _Invalid(name, f"cannot decode its LaTeX: {reason}") from None
-            if expanded is not None:
-                decoded_strings[raw] = text
-        record[name] = _BracedAuthors(text, raw) if name == "author" else text
+                if expanded is not None:
+                    decoded_strings[raw] = text
+            record[name] = _BracedAuthors(text, raw) if name == "author" else text
+        except Exception as e:  # noqa: BLE001 (pylatexenc raises anything; a RecursionError on deep braces)
+            reason = " ".join(str(e).split())[:200] or type(e).__name__
+            raise _Invalid(name, f"cannot decode its LaTeX: {reason}") from None
     record["ENTRYTYPE"], record["ID"] = entry.entry_type.lower(), entry.key
     return record
 
