@@ -141,10 +141,37 @@ def _bibtex_record(entry, strings: dict[str, str], budget: list[int], decode, de
 
 
 def _strip_enclosing(value: str) -> str:
-    """A field's value without the braces or quotes around it (bibtexparser's own rule)."""
-    from bibtexparser.middlewares.enclosing import RemoveEnclosingMiddleware
+    """A field's value without the braces or quotes around it: `{...}` whose first brace closes at its end (not
+    `{a} # {b}`), or `"..."` (bibtexparser's rule; escaped braces are not counted)."""
+    value = value.strip()
+    if len(value) >= 2 and value[0] == "{" and value[-1] == "}" and _first_brace_closes_at_end(value):
+        return value[1:-1]
+    if len(value) >= 2 and value[0] == value[-1] == '"' and _quote_encloses(value):
+        return value[1:-1]
+    return value
 
-    return RemoveEnclosingMiddleware._strip_enclosing(value)[0]
+
+_BRACE = re.compile(r"(?<!\\)[{}]")
+
+
+def _first_brace_closes_at_end(value: str) -> bool:
+    depth = 0
+    for match in _BRACE.finditer(value):
+        depth += 1 if match.group() == "{" else -1
+        if depth <= 0:
+            return depth == 0 and match.start() == len(value) - 1
+    return False
+
+
+def _quote_encloses(value: str) -> bool:
+    """`"..."` with no quote outside braces in between (`"a" # "b"` is a concatenation, not one value)."""
+    depth = 0
+    for match in re.finditer(r'(?<!\\)[{}"]', value[1:-1]):
+        char = match.group()
+        depth = depth + 1 if char == "{" else max(depth - 1, 0) if char == "}" else depth
+        if char == '"' and depth == 0:
+            return False
+    return True
 
 
 def _latex_decoder():
