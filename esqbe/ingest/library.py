@@ -84,7 +84,7 @@ def _bibtex_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
     strings = {key.lower(): s.value for key, s in library.strings_dict.items() if isinstance(s.value, str)}
     budget = [2 * len(text) + 100_000]  # characters @string references may still expand to in this file
     decode = _latex_decoder()
-    decoded_strings: dict[str, str] = {}
+    decoded_strings: dict[tuple[str, str], str] = {}  # an @string's value as decoded (once, however often used)
     for block in library.blocks:
         line = (block.start_line or 0) + 1
         if isinstance(block, model.ParsingFailedBlock):
@@ -98,7 +98,7 @@ def _bibtex_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
                 yield line, e
 
 
-def _bibtex_record(entry, strings: dict[str, str], budget: list[int], decode, decoded_strings: dict[str, str]) -> dict:
+def _bibtex_record(entry, strings: dict[str, str], budget: list[int], decode, decoded_strings: dict) -> dict:
     record: dict = {}
     metadata_chars = 0
     for field in entry.fields:
@@ -125,14 +125,15 @@ def _bibtex_record(entry, strings: dict[str, str], budget: list[int], decode, de
                 raise _Invalid(name, "@string references in this file expand to more than twice its size; "
                                      "write the text in the entries instead")
         raw = _strip_enclosing(value)
+        cache_key = ("author" if name == "author" else "", raw)  # an author list is also split into names
         try:
-            if expanded is not None and raw in decoded_strings:
-                text = decoded_strings[raw]
+            if expanded is not None and cache_key in decoded_strings:
+                record[name] = decoded_strings[cache_key]
             else:
                 text = decode(raw)
+                record[name] = _BracedAuthors(text, raw) if name == "author" else text
                 if expanded is not None:
-                    decoded_strings[raw] = text
-            record[name] = _BracedAuthors(text, raw) if name == "author" else text
+                    decoded_strings[cache_key] = record[name]
         except Exception as e:  # noqa: BLE001 (pylatexenc raises anything; a RecursionError on deep braces)
             reason = " ".join(str(e).split())[:200] or type(e).__name__
             raise _Invalid(name, f"cannot decode its LaTeX: {reason}") from None
