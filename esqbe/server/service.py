@@ -177,12 +177,17 @@ class Service:
         self.parsing += 1
         work = self._parser.submit(_parse_under, deadline, fn, *args)
         remaining = deadline.remaining()
+        late = Cancelled(f"reading the records took longer than this server's {deadline.seconds:g} s request "
+                         "timeout and was abandoned", timed_out=True)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(work), None if remaining is None else max(remaining, 0.0))
         except TimeoutError:
             deadline.cancel("past its deadline")  # running: it stops before its next record; queued: it never starts
-            raise Cancelled(f"reading the records took longer than this server's {deadline.seconds:g} s request "
-                            "timeout and was abandoned", timed_out=True) from None
+            raise late from None
+        except Cancelled as e:  # the work saw the deadline pass first (at a check between records)
+            if e.timed_out:
+                raise late from None
+            raise
         except asyncio.CancelledError:  # the client went away, a shutdown
             deadline.cancel("the request was cancelled")
             raise
