@@ -166,16 +166,19 @@ _EXTERNAL_IDS = {
 }
 
 
-def _clean(value):
-    """Drop empty strings/lists/dicts and None, recursively; strip strings."""
+def _clean(value, depth: int = 1):
+    """Drop empty strings/lists/dicts and None, recursively; strip strings. Below LIMITS' metadata depth a value is
+    left as it is, for `paper_problem` to refuse with its path (and no record can recurse this past Python's limit)."""
+    if depth > LIMITS["metadata_depth"]:
+        return value
     if isinstance(value, str):
         value = " ".join(value.split())
         return value or None
     if isinstance(value, dict):
-        out = {k: c for k, c in ((k, _clean(v)) for k, v in value.items()) if c is not None}
+        out = {k: c for k, c in ((k, _clean(v, depth + 1)) for k, v in value.items()) if c is not None}
         return out or None
     if isinstance(value, list):
-        kept = [c for c in (_clean(v) for v in value) if c is not None]
+        kept = [c for c in (_clean(v, depth + 1) for v in value) if c is not None]
         return kept or None
     return value
 
@@ -297,15 +300,31 @@ def _spans(annotations: dict, name: str, text: str) -> list[tuple[int, int]]:
             raise _Invalid(key, f"not a JSON span list ({e.msg})") from None
     if not isinstance(value, list):
         raise _Invalid(key, f"expected a list of spans, got {_type_name(value)}")
-    spans = []
+    spans: dict[tuple[int, int], None] = {}  # in order, each once (a set beside a list: linear in the spans)
     for span in value:
         start = span.get("start") if isinstance(span, dict) else None
         end = span.get("end") if isinstance(span, dict) else None
         if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= len(text)):
-            raise _Invalid(key, f"bad span {span!r} for a text of {len(text)} characters")
-        if (start, end) not in spans:
-            spans.append((start, end))
-    return spans
+            raise _Invalid(key, f"bad span {str(span)[:80]} for a text of {len(text)} characters")
+        spans[(start, end)] = None
+    return list(spans)
+
+
+def _span_texts(annotations: dict, name: str, text: str, key: str, limit: int) -> list[str]:
+    """The distinct texts of one annotation's spans, whitespace kept; past `limit` characters together (counted
+    before a span is copied out of the text) the record is refused: many spans over one long text would
+    otherwise copy it once per span."""
+    out: dict[str, None] = {}
+    total = 0
+    for start, end in _spans(annotations, name, text):
+        total += end - start
+        if total > limit:
+            raise _Invalid(f"content.annotations.{name}", f"its spans cover over {limit} characters; at most {limit}"
+                           f" ({key})")
+        part = text[start:end].strip()
+        if part:
+            out[part] = None
+    return list(out)
 
 
 def _from_s2ag_s2orc(record: dict, raw_labels: bool) -> Paper:
@@ -331,12 +350,12 @@ def _from_s2ag_s2orc(record: dict, raw_labels: bool) -> Paper:
 
     # Grobid repeats the title and abstract (same or different offsets): keep each distinct text once.
     title_spans = _spans(annotations, "title", text)
-    title = " ".join(text[title_spans[0][0] : title_spans[0][1]].split()) if title_spans else ""
-    parts: list[str] = []
-    for start, end in _spans(annotations, "abstract", text):
-        part = text[start:end].strip()
-        if part and part not in parts:
-            parts.append(part)
+    title_span = title_spans[0] if title_spans else (0, 0)
+    if title_span[1] - title_span[0] > 4 * LIMITS["title_chars"]:  # whitespace runs count: refused before copied
+        raise _Invalid("content.annotations.title", f"a span of {title_span[1] - title_span[0]} characters; at most "
+                                                    f"{4 * LIMITS['title_chars']}")
+    title = " ".join(text[title_span[0]:title_span[1]].split())
+    parts = _span_texts(annotations, "abstract", text, "abstract_chars", 2 * LIMITS["abstract_chars"])
     sentences = _split_text_abstract(" ".join(parts), "content.annotations.abstract")
     common = _s2ag_common(record)
     source = _lower_keys(content.get("source") or {}) if isinstance(content.get("source"), dict) else {}
@@ -355,12 +374,8 @@ def _from_s2ag_s2orc(record: dict, raw_labels: bool) -> Paper:
 
 
 def _distinct_span_texts(annotations: dict, name: str, text: str) -> list[str]:
-    out: list[str] = []
-    for start, end in _spans(annotations, name, text):
-        part = " ".join(text[start:end].split())
-        if part and part not in out:
-            out.append(part)
-    return out
+    parts = _span_texts(annotations, name, text, "metadata_bytes", LIMITS["metadata_bytes"])
+    return list(dict.fromkeys(" ".join(p.split()) for p in parts))
 
 
 def _from_csfcube(record: dict, raw_labels: bool) -> Paper:
@@ -470,12 +485,24 @@ def _inverted_abstract(value) -> str | None:
         return None
     if not isinstance(value, dict):
         raise _Invalid("abstract_inverted_index", f"expected an object of word -> positions, got {_type_name(value)}")
+    # bounded before anything is built: the text it rebuilds is sum(len(word) + 1 for each position), so one long
+    # word with many positions (or a far position) would ask for gigabytes from a small record
+    limit = LIMITS["abstract_chars"]
+    chars = 0
+    for word, positions in value.items():
+        if not isinstance(positions, list):
+            raise _Invalid("abstract_inverted_index", f"word {str(word)[:40]!r}: expected a list of positions, got "
+                                                      f"{_type_name(positions)}")
+        chars += (len(word) + 1) * len(positions)
+        if chars > limit + 1:
+            raise _Invalid("abstract_inverted_index", f"rebuilds to over {limit} characters of abstract (word length "
+                                                      f"x positions); at most {limit}")
     at: dict[int, str] = {}
     for word, positions in value.items():
-        if not isinstance(positions, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0
-                                                      for p in positions):
-            raise _Invalid("abstract_inverted_index", f"word {word!r}: expected a list of positions, got {positions!r:.60}")
         for p in positions:
+            if not isinstance(p, int) or isinstance(p, bool) or not 0 <= p <= limit:
+                raise _Invalid("abstract_inverted_index", f"word {str(word)[:40]!r}: position {str(p)[:40]} is not "
+                                                          f"an integer from 0 to {limit}")
             at[p] = word
     return " ".join(at[p] for p in sorted(at))
 

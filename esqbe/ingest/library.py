@@ -13,7 +13,7 @@ import logging
 import re
 from collections.abc import Iterator
 
-from ..domain import Paper
+from ..domain import LIMITS, Paper
 from .formats import _authors, _Invalid, _metadata, _split_text_abstract, _type_name
 
 #: formats read as a whole file rather than line by line
@@ -52,29 +52,138 @@ def parse(fmt: str, record: dict, raw_labels: bool = False) -> Paper:
 # ---------------------------------------------------------------- BibTeX
 
 
+#: the fields esqbe reads from an entry (`_from_bibtex`); no other field is expanded or decoded
+_BIBTEX_FIELDS = frozenset({"title", "abstract", "author", "journal", "booktitle", "journaltitle", "year", "date", "doi",
+                            "publisher", "url", "volume", "pages", "archiveprefix", "eprinttype", "eprint"})
+#: a field's LaTeX as written may be longer than its decoded text (`{\'e}` is `é`): the raw text may be this many
+#: times its bound in LIMITS before it is refused without decoding; the decoded text is then held to the bound itself
+_LATEX_SLACK = 2
+
+
+def _raw_bound(name: str) -> tuple[int, str]:
+    """(characters of LaTeX `name` may hold before it is decoded, the LIMITS key behind it)."""
+    key = {"title": "title_chars", "abstract": "abstract_chars"}.get(name, "metadata_bytes")
+    return _LATEX_SLACK * LIMITS[key], key
+
+
 def _bibtex_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
+    """The entries of a BibTeX file. bibtexparser splits it (linear); esqbe then resolves `@string` references and
+    decodes the LaTeX of the fields it reads itself, each bounded BEFORE it is expanded or decoded: a field past
+    twice its LIMITS bound, an entry whose metadata fields together are, or `@string` expansions past twice the
+    file's size (a 90 KB string used by a thousand entries would be 90 MB of text to decode) are refused as that
+    entry's error. Each distinct expanded value is decoded once, however often it is used."""
     import bibtexparser
     from bibtexparser import model
-    from bibtexparser.middlewares import LatexDecodingMiddleware
 
     logging.getLogger("bibtexparser").setLevel(logging.CRITICAL)  # its failures are reported as ours, per record
-    library = bibtexparser.parse_string(text)
-    # the author lists as written: a name braced whole ({Google AI Language}) is one name, and decoding drops the braces
-    raw_authors = [block.fields_dict["author"].value if isinstance(block, model.Entry) and "author" in block.fields_dict
-                   else None for block in library.blocks]
-    library = LatexDecodingMiddleware().transform(library)
-    for block, raw in zip(library.blocks, raw_authors):
+    try:
+        library = bibtexparser.parse_string(text, parse_stack=[])  # as written: no @string expansion, braces kept
+    except Exception as e:  # noqa: BLE001 (its splitter reports entries it cannot read as blocks; anything else)
+        yield 1, _Invalid("file", f"not a BibTeX file bibtexparser can split: {' '.join(str(e).split())[:200]}")
+        return
+    strings = {key.lower(): s.value for key, s in library.strings_dict.items() if isinstance(s.value, str)}
+    budget = [2 * len(text) + 100_000]  # characters @string references may still expand to in this file
+    decode = _latex_decoder()
+    decoded_strings: dict[tuple[str, str], str] = {}  # an @string's value as decoded (once, however often used)
+    for block in library.blocks:
         line = (block.start_line or 0) + 1
         if isinstance(block, model.ParsingFailedBlock):
             error = block.error
             reason = getattr(error, "abort_reason", None) or " ".join(str(error).split()) or type(error).__name__
             yield line, _Invalid("entry", f"not a valid BibTeX entry: {reason}")
         elif isinstance(block, model.Entry):
-            record = {name.lower(): field.value for name, field in block.fields_dict.items()}
-            record["ENTRYTYPE"], record["ID"] = block.entry_type.lower(), block.key
-            if isinstance(raw, str) and isinstance(record.get("author"), str):
-                record["author"] = _BracedAuthors(record["author"], raw)
-            yield line, record
+            try:
+                yield line, _bibtex_record(block, strings, budget, decode, decoded_strings)
+            except _Invalid as e:
+                yield line, e
+
+
+def _bibtex_record(entry, strings: dict[str, str], budget: list[int], decode, decoded_strings: dict) -> dict:
+    record: dict = {}
+    metadata_chars = 0
+    for field in entry.fields:
+        name = field.key.lower()
+        if name not in _BIBTEX_FIELDS or not isinstance(field.value, str):
+            continue
+        value = field.value.strip()
+        expanded = strings.get(value.lower()) if value and value[0] not in "{\"" and not value.isdigit() else None
+        if expanded is not None:  # a reference to an @string: its length is known before it is copied or decoded
+            value = expanded.strip()
+        bound, key = _raw_bound(name)
+        if len(value) > bound:
+            via = " (after @string expansion)" if expanded is not None else ""
+            raise _Invalid(name, f"{len(value)} characters of LaTeX{via}; at most {bound} before decoding "
+                                 f"(the decoded text at most {LIMITS[key]})")
+        if key == "metadata_bytes":
+            metadata_chars += len(value)
+            if metadata_chars > bound:
+                raise _Invalid(name, f"the entry's metadata fields hold over {bound} characters of LaTeX; at most "
+                                     f"{bound} before decoding (as JSON at most {LIMITS[key]} bytes)")
+        if expanded is not None:
+            budget[0] -= len(value)
+            if budget[0] < 0:
+                raise _Invalid(name, "@string references in this file expand to more than twice its size; "
+                                     "write the text in the entries instead")
+        raw = _strip_enclosing(value)
+        cache_key = ("author" if name == "author" else "", raw)  # an author list is also split into names
+        try:
+            if expanded is not None and cache_key in decoded_strings:
+                record[name] = decoded_strings[cache_key]
+            else:
+                text = decode(raw)
+                record[name] = _BracedAuthors(text, raw) if name == "author" else text
+                if expanded is not None:
+                    decoded_strings[cache_key] = record[name]
+        except Exception as e:  # noqa: BLE001 (pylatexenc raises anything; a RecursionError on deep braces)
+            reason = " ".join(str(e).split())[:200] or type(e).__name__
+            raise _Invalid(name, f"cannot decode its LaTeX: {reason}") from None
+    record["ENTRYTYPE"], record["ID"] = entry.entry_type.lower(), entry.key
+    return record
+
+
+def _strip_enclosing(value: str) -> str:
+    """A field's value without the braces or quotes around it: `{...}` whose first brace closes at its end (not
+    `{a} # {b}`), or `"..."` (bibtexparser's rule; escaped braces are not counted)."""
+    value = value.strip()
+    if len(value) >= 2 and value[0] == "{" and value[-1] == "}" and _first_brace_closes_at_end(value):
+        return value[1:-1]
+    if len(value) >= 2 and value[0] == value[-1] == '"' and _quote_encloses(value):
+        return value[1:-1]
+    return value
+
+
+_BRACE = re.compile(r"(?<!\\)[{}]")
+
+
+def _first_brace_closes_at_end(value: str) -> bool:
+    depth = 0
+    for match in _BRACE.finditer(value):
+        depth += 1 if match.group() == "{" else -1
+        if depth <= 0:
+            return depth == 0 and match.start() == len(value) - 1
+    return False
+
+
+def _quote_encloses(value: str) -> bool:
+    """`"..."` with no quote outside braces in between (`"a" # "b"` is a concatenation, not one value)."""
+    depth = 0
+    for match in re.finditer(r'(?<!\\)[{}"]', value[1:-1]):
+        char = match.group()
+        depth = depth + 1 if char == "{" else max(depth - 1, 0) if char == "}" else depth
+        if char == '"' and depth == 0:
+            return False
+    return True
+
+
+def _latex_decoder():
+    """LaTeX to text, as bibtexparser's LatexDecodingMiddleware decodes (braces dropped, math kept, `\\url` bare)."""
+    import pylatexenc.latex2text  # type: ignore[import-untyped]
+    from pylatexenc.latex2text import LatexNodes2Text, MacroTextSpec
+
+    context = pylatexenc.latex2text.get_default_latex_context_db()
+    context.add_context_category("bibtexparse-default-context", prepend=True,
+                                 macros=[MacroTextSpec("url", simplify_repl="%s")])
+    return LatexNodes2Text(latex_context=context, keep_braced_groups=False, math_mode="verbatim").latex_to_text
 
 
 class _BracedAuthors(str):
@@ -84,7 +193,7 @@ class _BracedAuthors(str):
     names: list[tuple[str, bool]]
 
     def __new__(cls, decoded: str, raw: str):
-        from pylatexenc.latex2text import LatexNodes2Text  # type: ignore[import-untyped]  # bibtexparser's decoder
+        from pylatexenc.latex2text import LatexNodes2Text  # bibtexparser's decoder
 
         self = super().__new__(cls, decoded)
         decoder = LatexNodes2Text()
@@ -204,6 +313,9 @@ def _from_ris(record: dict) -> Paper:
     doi = _doi(record.get("doi"))
     paper_id = _plain(record.get("id")) or doi or _derived_id("ris", title, record.get("year"))
     abstract = record.get("abstract") or record.get("notes_abstract")
+    if isinstance(abstract, str) and len(abstract) > _LATEX_SLACK * LIMITS["abstract_chars"]:  # before it is cleaned
+        raise _Invalid("AB", f"{len(abstract)} characters as written; at most {_LATEX_SLACK * LIMITS['abstract_chars']}"
+                             f" (the text at most {LIMITS['abstract_chars']})")
     sentences = _split_text_abstract(_plain(abstract) or None, "AB")
     authors = [*(record.get("authors") or []), *(record.get("first_authors") or [])]
     # RIS writes `Last, First`; a name without a comma is taken as written (an organisation): kept whole
@@ -227,31 +339,69 @@ def _from_ris(record: dict) -> Paper:
 
 
 def _csl_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
-    """The items of a CSL-JSON array, decoded one by one so that each has its own line."""
+    """The items of a CSL-JSON array, decoded one by one so that each has its own line (counted on from the item
+    before: linear in the file). An item Python's JSON decoder cannot take (nested past its recursion limit, an
+    integer of thousands of digits) is that item's error, and reading goes on after it."""
     decoder = json.JSONDecoder()
+    line = _LineCounter(text)
     pos = _skip_ws(text, 0)
     if text[pos:pos + 1] != "[":
-        yield _line(text, pos), _Invalid("json", "a CSL-JSON file is one JSON array of items")
+        yield line(pos), _Invalid("json", "a CSL-JSON file is one JSON array of items")
         return
     pos = _skip_ws(text, pos + 1)
     n = 0
     while pos < len(text) and text[pos] != "]":
-        line = _line(text, pos)
+        at = line(pos)
+        item: object
         try:
             item, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as e:
-            yield _line(text, e.pos), _Invalid("json", f"item {n}: {e.msg} (column {e.colno}); the rest is not read")
+            yield line(e.pos), _Invalid("json", f"item {n}: {e.msg} (column {e.colno}); the rest is not read")
             return
-        yield line, item if isinstance(item, dict) else _Invalid("item", f"item {n}: expected an object, got {_type_name(item)}")
+        except (RecursionError, ValueError) as e:  # too deep, or an int past Python's digit limit: skip the item
+            end = _json_value_end(text, pos)
+            if end is None:
+                yield at, _Invalid("json", f"item {n}: {_decoder_refusal(e)}; its end cannot be found, the rest is "
+                                           "not read")
+                return
+            item, pos = _Invalid("json", f"item {n}: {_decoder_refusal(e)}"), end
+        yield at, item if isinstance(item, (dict, _Invalid)) else _Invalid(
+            "item", f"item {n}: expected an object, got {_type_name(item)}")
         n += 1
         pos = _skip_ws(text, pos)
         if text[pos:pos + 1] == ",":
             pos = _skip_ws(text, pos + 1)
         elif text[pos:pos + 1] != "]":
-            yield _line(text, pos), _Invalid("json", f"expected ',' or ']' after item {n - 1}; the rest is not read")
+            yield line(pos), _Invalid("json", f"expected ',' or ']' after item {n - 1}; the rest is not read")
             return
     if pos >= len(text):
-        yield _line(text, pos), _Invalid("json", "the array is not closed with ']'")
+        yield line(pos), _Invalid("json", "the array is not closed with ']'")
+
+
+def _decoder_refusal(e: Exception) -> str:
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return " ".join(str(e).split("; use sys.set_int_max_str_digits")[0].split())[:200]
+
+
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def _json_value_end(text: str, pos: int) -> int | None:
+    """Where the JSON object or array starting at `pos` ends (its brackets counted, strings skipped), without
+    decoding it; None if it does not start with a bracket or is not closed."""
+    if text[pos:pos + 1] not in ("{", "["):
+        return None
+    depth = 0
+    for match in _JSON_TOKEN.finditer(text, pos):
+        token = match.group()
+        if token in ("{", "["):
+            depth += 1
+        elif token in ("}", "]"):
+            depth -= 1
+            if depth == 0:
+                return match.end()
+    return None
 
 
 def _skip_ws(text: str, pos: int) -> int:
@@ -260,8 +410,18 @@ def _skip_ws(text: str, pos: int) -> int:
     return pos
 
 
-def _line(text: str, pos: int) -> int:
-    return text.count("\n", 0, pos) + 1
+class _LineCounter:
+    """`line(pos)`: the 1-based line of `pos`, counting only the text since the position asked before."""
+
+    def __init__(self, text: str):
+        self.text, self.pos, self.line = text, 0, 1
+
+    def __call__(self, pos: int) -> int:
+        if pos < self.pos:  # not met in order: counted from the start (once, for an error)
+            return self.text.count("\n", 0, pos) + 1
+        self.line += self.text.count("\n", self.pos, pos)
+        self.pos = pos
+        return self.line
 
 
 def _from_csl(record: dict) -> Paper:

@@ -154,6 +154,8 @@ def _parse_json(line: str) -> dict:
         raise _Invalid("json", f"{e.msg} (column {e.pos + 1})") from None
     except RecursionError:  # Python's parser recurses per level of nesting
         raise _Invalid("json", "nested too deeply") from None
+    except ValueError as e:  # an integer past Python's 4,300-digit limit for int(str)
+        raise _Invalid("json", " ".join(str(e).split("; use sys.set_int_max_str_digits")[0].split())[:200]) from None
     if not isinstance(record, dict):
         raise _Invalid("record", f"expected a JSON object, got {_type_name(record)}")
     if _SURROGATE_ESCAPE.search(line):  # valid JSON, but a lone surrogate is not text that can be stored
@@ -171,19 +173,25 @@ def read_papers(
     strict: bool = False,
     raw_labels: bool = False,
     report: ReadReport | None = None,
+    whole_files: bool = True,
 ) -> Iterator[Paper]:
     """Yield the papers of one source, filling `report` with what was read, skipped or wrong.
 
     An unknown `format` raises ValueError at once; a line whose format cannot be detected (before any
     line could be) is an InputError like any bad line, and detection goes on with the next line. `raw_labels=True` keeps
     `objective` apart from `background`, for training the facet tagger on the five CSAbstruct labels.
+    `whole_files=False` reads JSON Lines only: a first line like BibTeX's `@...` or CSL-JSON's `[{...` is not
+    taken for that format (POST /papers: one JSON object a record, whatever its text looks like).
     """
     if format is not None and format not in FORMATS:
         raise ParameterError(f"unknown input format {format!r}; valid formats: {', '.join(FORMATS)}")
-    return _read(source, format, strict, raw_labels, report if report is not None else ReadReport())
+    if format in WHOLE_FILE_FORMATS and not whole_files:
+        raise ParameterError(f"{format} is read as a whole file, not a record at a time")
+    return _read(source, format, strict, raw_labels, report if report is not None else ReadReport(), whole_files)
 
 
-def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport) -> Iterator[Paper]:
+def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport,
+          whole_files: bool = True) -> Iterator[Paper]:
     with ExitStack() as stack:
         try:
             name, lines = _open_source(source, stack)
@@ -195,7 +203,7 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
             return
         tell = getattr(stack, "tell", None)
         first, lines = _first_line(lines)
-        if fmt is None and first is not None:
+        if fmt is None and first is not None and whole_files:
             fmt = sniff_format(first.decode("utf-8", "replace") if isinstance(first, bytes) else str(first))
         state = _State(name, fmt, strict, raw_labels, report)
         read_before, errors_before = report.read, len(report.errors)
@@ -326,6 +334,9 @@ class _State:
         except _Skip as e:
             self.report.skipped[e.reason] += 1
             self.report.skipped_records.append(skipped_record(self.name, lineno, record, e.reason))
+            return None
+        except RecursionError:  # a record nested deeper than a parser's recursion (each bounds its own depth)
+            self.error(InputError(self.name, lineno, "record", "nested too deeply"))
             return None
         if paper.paper_id in self.seen:
             self.report.repeated.append(f"{self.name}:{lineno}: id: {paper.paper_id!r} repeats line "

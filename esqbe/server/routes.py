@@ -4,14 +4,12 @@ threads; `create_app` includes the router."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
-from pydantic import ValidationError
 
 from ..backends.engines.filters import check_safe_clause
 from ..core.deadline import Deadline
@@ -20,7 +18,7 @@ from ..errors import EsqbeError
 from ..query.export import EXPORT_FORMATS, export_hits, file_name, media_type
 from ..query.search import query_sentences
 from .discovery import INDEX_HEADER, NONCE_PATTERN, PROOF_PATH, proof
-from .errors import ApiError, _clean_validation, _errors, _public, api_error
+from .errors import ApiError, _errors, _public, api_error
 from .middleware import _PAGE_HEADERS, JSON_LINES_TYPES, _token_ok, _type_message
 from .models import (
     DeleteResponse,
@@ -40,7 +38,7 @@ from .work import (
     _delete,
     _health,
     _paper_page,
-    _read_records,
+    _parse_papers,
     _run_query,
     _search,
     _stats,
@@ -216,29 +214,15 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         Body: `{"records": [...], "format"?, "facets"?}` as JSON, or JSON Lines
         (`Content-Type: application/x-ndjson`, format and facets as query parameters)."""
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        body = await request.body()
-        if ctype in JSON_LINES_TYPES:
-            lines: list[bytes | str] = [line for line in body.split(b"\n") if line.strip()]  # bytes or str: json reads both
-            if not lines:
-                raise ApiError(422, "the body has no records")
-            fmt, mode = format, facets
-        elif ctype == "application/json":
-            try:
-                req = PapersRequest.model_validate_json(body)
-            except ValidationError as e:
-                errors = e.errors()
-                if any(x.get("type") == "json_invalid" for x in errors):
-                    raise ApiError(400, "the request body is not valid JSON") from None
-                raise ApiError(422, "invalid request: " + "; ".join(
-                    f"{'.'.join(str(x) for x in err.get('loc', ())) or 'body'}: {err.get('msg')}" for err in errors),
-                    _clean_validation(errors)) from None
-            lines = [json.dumps(r, ensure_ascii=False) for r in req.records]
-            fmt, mode = req.format or format, req.facets or facets
-        else:  # the perimeter refuses other types before the body is read
+        if ctype not in (*JSON_LINES_TYPES, "application/json"):  # the perimeter refuses them before the body is read
             raise ApiError(415, _type_message(ctype))
-        if len(lines) > options.max_batch_records:
-            raise ApiError(413, f"{len(lines)} records; at most {options.max_batch_records} per request")
-        papers, outcomes = _read_records(lines, fmt)
+        body = await request.body()
+        deadline = Deadline(options.request_timeout)
+        try:  # parsed off the event loop, under the request's deadline: /health and queries answer meanwhile
+            papers, outcomes, mode = await service.parse(_parse_papers, ctype, body, format, facets,
+                                                         options.max_batch_records, deadline=deadline)
+        except EsqbeError as e:
+            raise api_error(e) from None
         return await writes(_write_papers, papers, outcomes, mode)
 
     @router.delete("/papers/{paper_id:path}", response_model=DeleteResponse,

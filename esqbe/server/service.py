@@ -75,6 +75,9 @@ class Service:
         #: the index's identity (esqbe.server.discovery.index_id), known once the index is open: the X-Esqbe-Index
         #: header of each query's answer, so a client that found this server by its record can check it
         self.index_id: str | None = None
+        #: request bodies parsed into papers (POST /papers): off the event loop, beside the index's own threads
+        self._parser = ThreadPoolExecutor(2, thread_name_prefix="esqbe-parse")
+        self.parsing = 0  # bodies handed to the parser and not yet parsed
 
     @property
     def n_readers(self) -> int:
@@ -164,6 +167,33 @@ class Service:
         raise Cancelled(f"the query took longer than this server's {deadline.seconds:g} s request timeout "
                         "and was abandoned", timed_out=True)
 
+    async def parse(self, fn: Callable, *args, deadline: Deadline):
+        """`fn(*args)` (no index: reading a request's records) on the parser's threads, never on the event loop, under
+        `deadline`: the work checks it between records and is given up at it (504). At most `max_queued_writes` bodies
+        wait to be parsed (503 past it), as many as may wait to be written."""
+        if self.parsing >= self.options.max_queued_writes:
+            raise ApiError(503, f"the server is busy reading {self.parsing} batches of papers; retry shortly",
+                           headers={"Retry-After": "5"})
+        self.parsing += 1
+        work = self._parser.submit(_parse_under, deadline, fn, *args)
+        remaining = deadline.remaining()
+        late = Cancelled(f"reading the records took longer than this server's {deadline.seconds:g} s request "
+                         "timeout and was abandoned", timed_out=True)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(work), None if remaining is None else max(remaining, 0.0))
+        except TimeoutError:
+            deadline.cancel("past its deadline")  # running: it stops before its next record; queued: it never starts
+            raise late from None
+        except Cancelled as e:  # the work saw the deadline pass first (at a check between records)
+            if e.timed_out:
+                raise late from None
+            raise
+        except asyncio.CancelledError:  # the client went away, a shutdown
+            deadline.cancel("the request was cancelled")
+            raise
+        finally:
+            self.parsing -= 1
+
     async def write(self, fn: Callable, *args):
         self.start()
         assert self.writer is not None  # start() made it
@@ -199,6 +229,7 @@ class Service:
                 except Exception as e:  # closing must not fail the shutdown
                     log.warning("closing %s: %s", slot.name, e)
             self.readers, self.writer = [], None
+            self._parser.shutdown(wait=False, cancel_futures=True)
 
 
 def _where(settings: Settings) -> str:
@@ -233,6 +264,11 @@ def _warm(index: Index) -> None:
 
 def _warm_writer(index: Index) -> None:
     _ = index.tagger
+
+
+def _parse_under(deadline: Deadline, fn: Callable, *args):
+    with deadline:
+        return fn(*args)
 
 
 def _under(index: Index, deadline: Deadline, fn: Callable, *args):

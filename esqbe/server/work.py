@@ -3,16 +3,23 @@ and writing records, deletes, stats and health, as JSON-ready dicts."""
 from __future__ import annotations
 
 import io
+import json
 import time
 from dataclasses import asdict
 
+from pydantic import ValidationError
+
+from ..core.deadline import check
 from ..index.api import Index
+from ..ingest.library import sniff_format
 from ..ingest.readers import ReadReport, read_papers
 from ..query.result_json import finite as _finite
 from ..query.result_json import jsonable as _jsonable
 from ..query.result_json import sentences_json as _sentences
 from ..query.search import facet_selections
-from .models import QueryRequest
+from .errors import ApiError, _clean_validation
+from .middleware import JSON_LINES_TYPES
+from .models import PapersRequest, QueryRequest
 
 
 def _paper_out(paper) -> dict:
@@ -71,15 +78,47 @@ def _search(index: Index, q: str, k: int) -> dict:
     return {"query": q, "hits": hits}
 
 
+def _parse_papers(ctype: str, body: bytes, fmt: str | None, mode: str | None, max_records: int) -> tuple[list, list, str | None]:
+    """A POST /papers body as (papers with their record number, outcomes, facet mode), run off the event loop (under
+    the request's deadline: checked between records). One record is one JSON object and gives at most one paper:
+    its text is never sniffed for BibTeX (`@...`) or CSL-JSON (`[{...`), which would let one line carry a whole
+    library past `--max-batch-records`; the records are counted before any is read, the papers again after."""
+    if ctype in JSON_LINES_TYPES:
+        lines: list[bytes | str] = [line for line in body.split(b"\n") if line.strip()]  # bytes or str: json reads both
+        if not lines:
+            raise ApiError(422, "the body has no records")
+    else:
+        try:
+            req = PapersRequest.model_validate_json(body)
+        except ValidationError as e:
+            errors = e.errors()
+            if any(x.get("type") == "json_invalid" for x in errors):
+                raise ApiError(400, "the request body is not valid JSON") from None
+            raise ApiError(422, "invalid request: " + "; ".join(
+                f"{'.'.join(str(x) for x in err.get('loc', ())) or 'body'}: {err.get('msg')}" for err in errors),
+                _clean_validation(errors)) from None
+        if len(req.records) > max_records:
+            raise ApiError(413, f"{len(req.records)} records; at most {max_records} per request")
+        lines = [json.dumps(r, ensure_ascii=False) for r in req.records]
+        fmt, mode = req.format or fmt, req.facets or mode
+    if len(lines) > max_records:
+        raise ApiError(413, f"{len(lines)} records; at most {max_records} per request")
+    papers, outcomes = _read_records(lines, fmt)
+    if len(papers) > max_records:  # one record is one paper: a reader that gave more must not widen the bound
+        raise ApiError(413, f"{len(papers)} papers; at most {max_records} per request")
+    return papers, outcomes, mode
+
+
 def _read_records(lines: list, fmt: str | None) -> tuple[list, list[dict]]:
     """Each record read on its own, so each gets its own outcome: (papers with their record number, outcomes)."""
     papers, outcomes = [], []
     for n, line in enumerate(lines):
+        check()  # past the request's deadline: the records left are not read
         report = ReadReport()
         stream = io.StringIO(line if isinstance(line, str) else line.decode("utf-8", errors="replace"))
         stream.name = f"record {n}"
         try:
-            got = list(read_papers(stream, fmt, report=report))
+            got = list(read_papers(stream, fmt, report=report, whole_files=False))
         except Exception as e:  # format detection failing is raised at once: this record's error
             field_name = getattr(e, "field", None)
             outcomes.append({"record": n, "paper_id": None, "status": "error", "field": field_name,
@@ -87,8 +126,11 @@ def _read_records(lines: list, fmt: str | None) -> tuple[list, list[dict]]:
             continue
         if report.errors:
             first = report.errors[0]
+            reason = first.reason
+            if first.field == "json" and sniff_format(stream.getvalue()[:200]):
+                reason += " (a record is one JSON object; BibTeX, RIS and CSL-JSON files are read by `esqbe index`)"
             outcomes.append({"record": n, "paper_id": None, "status": "error", "field": first.field,
-                             "reason": first.reason})
+                             "reason": reason})
         elif report.skipped:
             outcomes.append({"record": n, "paper_id": None, "status": "skipped", "reason": ", ".join(report.skipped)})
         for p in got:
