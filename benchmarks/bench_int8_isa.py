@@ -16,6 +16,7 @@ class would run). The variants of the int8 model (the default model's cached fus
   AVX2 / AVX-512 without VNNI; no effect with VNNI)
 - `u8u8-pc` — uint8 weights per channel (U8U8 kernels: 16-bit products widened before they are summed)
 - `u8s8-pt` — per-tensor weight scales (ONNX Runtime's default; earlier measured ~0.94 cosine to fp32)
+- `onnx-fp32` — the fused fp32 export itself (the `onnx` runtime), one row per call like the others here
 
 For each view and variant: the cosine of its sentence vectors to the exact fp32 PyTorch vectors of the same papers
 (mean, min, 1st percentile; deterministic: the load on the machine does not change it), and the encoder's papers/s
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-VARIANTS = ("u8s8-pc", "u8s8-pc-7bit", "u8s8-pc+x64prec", "u8u8-pc", "u8s8-pt")
+VARIANTS = ("u8s8-pc", "u8s8-pc-7bit", "u8s8-pc+x64prec", "u8u8-pc", "u8s8-pt", "onnx-fp32")
 VIEWS = {"native": None, "vnni": "amx", "avx2": "all"}
 
 
@@ -59,7 +60,7 @@ def build_variants(work: Path) -> dict[str, Path]:
 
     shipped = Path(Encoder.load(backend="onnx-int8", device="cpu")._runner.path)
     fused = shipped.parent / "model-fused.onnx"
-    files = {"u8s8-pc": shipped, "u8s8-pc+x64prec": shipped}
+    files = {"u8s8-pc": shipped, "u8s8-pc+x64prec": shipped, "onnx-fp32": fused}
     for name, kw in (("u8s8-pc-7bit", {"weight_type": QuantType.QInt8, "per_channel": True, "reduce_range": True}),
                      ("u8u8-pc", {"weight_type": QuantType.QUInt8, "per_channel": True}),
                      ("u8s8-pt", {"weight_type": QuantType.QInt8, "per_channel": False})):
@@ -108,19 +109,22 @@ def measure(files: dict[str, str], papers_n: int, rounds: int, profile_rows: int
         encoders[name] = enc
     out: dict = {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "variants": {}}
     rates: dict[str, list[float]] = {n: [] for n in files}
+    cpu: dict[str, list[float]] = {n: [] for n in files}  # CPU-ms per paper, all threads: steadier than wall under load
     vectors = {}
     for name, enc in encoders.items():  # warm-up, and the vectors (the same every round: deterministic)
         vectors[name] = np.concatenate(enc.contextual_sentence_vectors(papers))
     for _ in range(rounds):
         for name, enc in encoders.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             enc.contextual_sentence_vectors(papers)
             rates[name].append(len(papers) / (time.perf_counter() - t0))
+            cpu[name].append((time.process_time() - c0) * 1000 / len(papers))
     for name in files:
         cos = (vectors[name] * ref).sum(1)
         out["variants"][name] = {"cos_mean": round(float(cos.mean()), 5), "cos_min": round(float(cos.min()), 5),
                                  "cos_p1": round(float(np.percentile(cos, 1)), 5),
                                  "papers_per_s": round(statistics.median(rates[name]), 2),
+                                 "cpu_ms_per_paper": round(statistics.median(cpu[name]), 1),
                                  "rounds": [round(r, 2) for r in rates[name]]}
     out["sentences"] = int(len(ref))
     out["vectors"] = {}
@@ -130,6 +134,8 @@ def measure(files: dict[str, str], papers_n: int, rounds: int, profile_rows: int
         out["vectors"][name] = str(path)
     if profile_rows:
         out["profile"] = profile(files["u8s8-pc"], papers[:profile_rows], encoders["u8s8-pc"])
+        if "onnx-fp32" in files:
+            out["profile_fp32"] = profile(files["onnx-fp32"], papers[:profile_rows], encoders["onnx-fp32"])
     return out
 
 
@@ -215,17 +221,18 @@ def main() -> None:
     for view, r in results.items():
         print(f"\n## view {view} (torch: {r['torch_cpu_capability']}); {args.papers} CSAbstruct abstracts, "
               f"{r['sentences']} sentences; papers/s median of {args.rounds} rounds")
-        print("| variant | cos to fp32 mean | min | p1 | vs the native view's vectors: mean / min | papers/s |\n"
-              "|---|---|---|---|---|---|")
+        print("| variant | cos to fp32 mean | min | p1 | vs the native view's vectors: mean / min | papers/s | CPU-ms a paper |\n"
+              "|---|---|---|---|---|---|---|")
         for name, v in r["variants"].items():
             vs = v.get("vs_native")
             same = "—" if vs is None else "identical" if vs["identical"] else f"{vs['cos_mean']:.4f} / {vs['cos_min']:.4f}"
             print(f"| {name} | {v['cos_mean']:.4f} | {v['cos_min']:.4f} | {v['cos_p1']:.4f} | {same} | "
-                  f"{v['papers_per_s']:.1f} |")
-        if "profile" in r:
-            p = r["profile"]
-            top = ", ".join(f"{k} {v * 100:.0f}%" for k, v in list(p["per_op_share"].items())[:8])
-            print(f"profile ({p['rows']} rows, one thread, {p['total_ms']:.0f} ms in kernels): {top}")
+                  f"{v['papers_per_s']:.1f} | {v['cpu_ms_per_paper']:.0f} |")
+        for key in ("profile", "profile_fp32"):
+            if key in r:
+                p = r[key]
+                top = ", ".join(f"{k} {v:.0f} ms" for k, v in list(p["per_op_ms"].items())[:8])
+                print(f"{key} ({p['rows']} rows, one thread, {p['total_ms']:.0f} ms in kernels): {top}")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def int8_kernel_class(flags: dict[str, bool], arch: str) -> str:
 
 def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, set[str]]:
     """(model name, flags) of the first CPU listed in /proc/cpuinfo; ("", empty) where there is none."""
-    name, flags = "", set()
+    name, flags = "", set[str]()
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:

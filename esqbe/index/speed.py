@@ -214,7 +214,9 @@ def _default_run(abstracts, work: Path, budget: float, cap: int, say: Callable[[
     from .api import open_index
 
     rate = Rate("esqbe index (default settings: tagging, encoding, writing)", None, "")
-    indexed, tagged, asked = [], [], []
+    indexed: list[int] = []
+    tagged: list[int] = []
+    asked: list[int] = []
     start = time.perf_counter()
     with open_index(str(work / "index"), settings=Settings()) as index:
         index.encoder  # noqa: B018  # loaded (the ONNX export made on a first run) before the clock starts
