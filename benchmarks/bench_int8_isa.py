@@ -3,7 +3,7 @@ int8 variants as this CPU runs them, as it runs them with AMX hidden (AVX-512 VN
 AVX-512, every VNNI and AMX hidden (the kernels of an AVX2-only CPU, e.g. an AMD EPYC before Zen 4).
 
     HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python benchmarks/bench_int8_isa.py [--papers 60] [--rounds 2]
-        [--views native,vnni,avx2] [--profile-rows 40] [--work DIR] [--json]
+        [--views native,vnni,avx2] [--profile-rows 40] [--rows-only] [--work DIR] [--json]
 
 The views: `native` (this CPU as it is), `vnni` (AMX hidden), `avx2` (AVX-512, VNNI and AMX hidden), each a
 subprocess of this script under benchmarks/avx2_view.c (an LD_PRELOAD shim, built here with gcc, that uses Linux's
@@ -22,7 +22,8 @@ For each view and variant: the cosine of its sentence vectors to the exact fp32 
 (mean, min, 1st percentile; deterministic: the load on the machine does not change it), and the encoder's papers/s
 (`Encoder.contextual_sentence_vectors`, rows side by side as indexing runs them; median of --rounds interleaved
 rounds: a timing, so run it on a quiet machine for figures). `--profile-rows N`: ONNX Runtime's own profile of
-the shipped variant over N rows, the time per operator type (where an int8 pass goes, by kernel)."""
+the shipped variant over N rows, the time per operator type (where an int8 pass goes, by kernel). First on each
+view: the CPU-ms of one one-thread run on one 256-token row, shipped int8 and fp32 (`--rows-only`: just that)."""
 from __future__ import annotations
 
 import argparse
@@ -89,7 +90,8 @@ class _Ort:
         return opts
 
 
-def measure(files: dict[str, str], papers_n: int, rounds: int, profile_rows: int, work: Path) -> dict:
+def measure(files: dict[str, str], papers_n: int, rounds: int, profile_rows: int, work: Path,
+            rows_only: bool = False) -> dict:
     """In this process (whatever CPU view it was started with): cosines and rates of every variant."""
     import numpy as np
     import torch
@@ -97,6 +99,10 @@ def measure(files: dict[str, str], papers_n: int, rounds: int, profile_rows: int
     from esqbe.encode.encoder import Encoder
     from esqbe.ingest.readers import read_papers
 
+    out: dict = {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                 "row_cost": {n: row_cost(files[n]) for n in ("u8s8-pc", "onnx-fp32") if n in files}}
+    if rows_only:
+        return out
     papers = list(read_papers(str(ROOT / "samples" / "csabstruct-sample.jsonl")))[:papers_n]
     ref = np.concatenate(Encoder.load(backend="torch", device="cpu").contextual_sentence_vectors(papers))
     encoders = {}
@@ -107,7 +113,7 @@ def measure(files: dict[str, str], papers_n: int, rounds: int, profile_rows: int
         if name.endswith("+x64prec"):
             runner._ort = _Ort(runner._ort, {"session.x64quantprecision": "1"})
         encoders[name] = enc
-    out: dict = {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "variants": {}}
+    out["variants"] = {}
     rates: dict[str, list[float]] = {n: [] for n in files}
     cpu: dict[str, list[float]] = {n: [] for n in files}  # CPU-ms per paper, all threads: steadier than wall under load
     vectors = {}
@@ -137,6 +143,31 @@ def measure(files: dict[str, str], papers_n: int, rounds: int, profile_rows: int
         if "onnx-fp32" in files:
             out["profile_fp32"] = profile(files["onnx-fp32"], papers[:profile_rows], encoders["onnx-fp32"])
     return out
+
+
+def row_cost(path, tokens: int = 256, runs: int = 10, repeats: int = 5) -> dict:
+    """CPU-ms of one one-thread run of the model on one row of `tokens` tokens (seeded ids): the kernels' own cost,
+    without tokenising or pooling; CPU time, so other processes on the machine move it less than wall time."""
+    import numpy as np
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = 1, 1
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    ids = np.random.default_rng(0).integers(1000, 20000, (1, tokens))
+    feed = {n: (ids if n == "input_ids" else np.zeros((1, tokens)) if n == "token_type_ids" else np.ones((1, tokens)))
+            .astype(np.int64) for n in names}
+    out = [sess.get_outputs()[-1].name]
+    for _ in range(3):
+        sess.run(out, feed)
+    per = []
+    for _ in range(repeats):
+        c = time.process_time()
+        for _ in range(runs):
+            sess.run(out, feed)
+        per.append((time.process_time() - c) * 1000 / runs)
+    return {"tokens": tokens, "cpu_ms_min": round(min(per), 2), "cpu_ms_median": round(statistics.median(per), 2)}
 
 
 def profile(path, papers, enc) -> dict:
@@ -179,12 +210,15 @@ def main() -> None:
     ap.add_argument("--views", default="native,vnni,avx2")
     ap.add_argument("--profile-rows", type=int, default=40)
     ap.add_argument("--work", help="where the variants and the shim go (default: a temporary directory)")
+    ap.add_argument("--rows-only", action="store_true",
+                    help="only the kernels' CPU-ms per 256-token row (shipped int8 and fp32) on each view: ~1 minute")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: measure in this process, files as JSON
     args = ap.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        print(json.dumps(measure(spec["files"], args.papers, args.rounds, args.profile_rows, Path(spec["work"]))))
+        print(json.dumps(measure(spec["files"], args.papers, args.rounds, args.profile_rows, Path(spec["work"]),
+                                 spec.get("rows_only", False))))
         return
     work = Path(args.work or tempfile.mkdtemp(prefix="esqbe-isa-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -199,7 +233,7 @@ def main() -> None:
                 env["AVX2_VIEW_HIDE"] = "amx"
         done = subprocess.run([sys.executable, __file__, "--papers", str(args.papers), "--rounds", str(args.rounds),
                                "--profile-rows", str(args.profile_rows),
-                               "--child", json.dumps({"files": files, "work": str(work)})],
+                               "--child", json.dumps({"files": files, "work": str(work), "rows_only": args.rows_only})],
                               env=env, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"view {view} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -209,6 +243,8 @@ def main() -> None:
 
     native = results.get("native")
     for view, r in results.items():  # each variant's vectors on this view against the same variant's native ones
+        if args.rows_only:
+            break
         if native is not None and view != "native":
             for name, v in r["variants"].items():
                 a, b = np.load(native["vectors"][name]), np.load(r["vectors"][name])
@@ -217,6 +253,14 @@ def main() -> None:
                                   "identical": bool(np.array_equal(a, b))}
     if args.json:
         print(json.dumps(results, indent=2))
+        return
+    print("| view | torch sees | int8 (shipped) CPU-ms per 256-token row, min / median | fp32 CPU-ms per row |\n|---|---|---|---|")
+    for view, r in results.items():
+        rc = r["row_cost"]
+        print(f"| {view} | {r['torch_cpu_capability']} | {rc['u8s8-pc']['cpu_ms_min']:.1f} / "
+              f"{rc['u8s8-pc']['cpu_ms_median']:.1f} | {rc['onnx-fp32']['cpu_ms_min']:.1f} / "
+              f"{rc['onnx-fp32']['cpu_ms_median']:.1f} |")
+    if args.rows_only:
         return
     for view, r in results.items():
         print(f"\n## view {view} (torch: {r['torch_cpu_capability']}); {args.papers} CSAbstruct abstracts, "
