@@ -76,7 +76,8 @@ def test_check_speed_reports_every_runtime_consistently_and_leaves_nothing(tmp_p
     assert "encoder alone" not in text.stdout and _ours(tmp) == []
 
 
-def test_ctrl_c_during_the_default_run_removes_its_index(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_during_the_default_run_removes_its_index(tmp_path, sig):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "cli", "check", "speed", "--seconds", "600", "--papers", "300", "--no-runtimes"],
@@ -89,7 +90,7 @@ def test_ctrl_c_during_the_default_run_removes_its_index(tmp_path):
         else:
             pytest.fail("the default run never started")
         assert len(_ours(tmp)) == 1
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

@@ -95,16 +95,24 @@ def check_speed_cmd(seconds, papers, no_runtimes, as_json):
     GPU when there is one). Printed: papers/s, the ratio to the fp32 forward pass, hours per million papers,
     and the CPU features that decide them (AVX2, AVX-512, VNNI, AMX, BF16; the GPU's name). Progress goes to
     stderr. Exit status 0 when measured (a runtime this machine cannot run is listed as skipped), an error's
-    own status when the reference or the default run could not be measured, 130 on Ctrl-C.
+    own status when the reference or the default run could not be measured, 130 on Ctrl-C or SIGTERM.
     """
+    import signal
+
     from esqbe.index.speed import check_speed
 
+    def terminated(signum, _frame):  # SIGTERM (a job killed): unwind as Ctrl-C does, so the temporary index goes too
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminated)
     try:
         report = check_speed(seconds=seconds, papers=papers, runtimes=not no_runtimes,
                              progress=lambda m: click.echo(f"esqbe: {m}", err=True))
     except KeyboardInterrupt:  # the temporary index is gone (check_speed removes it on the way out)
         click.echo("interrupted: nothing measured, the temporary index removed", err=True)
         sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
         return
