@@ -1,7 +1,7 @@
 """Raw unlabelled JSONL -> queryable index, end to end, with the default settings, as a user runs it (issue 22).
 
     HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python benchmarks/bench_index_e2e.py [--limit N] [--workdir DIR]
-        [--no-tagging] [--json]
+        [--no-tagging] [--json]          # ESQBE_SHARED=DIR: the shared/ directory, if not ../shared
 
 1. The corpus: every real abstract in ../shared/data, written once to one JSONL without labels
    (`{"id", "title", "abstract"}`), deduplicated by text: CSFCube dev (4,205), CSAbstruct train/dev/test,
@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-DATA = ROOT / ".." / "shared" / "data"
+DATA = Path(os.environ.get("ESQBE_SHARED") or ROOT.parent / "shared") / "data"  # as tests/conftest.py: a worktree names it
 
 
 def _records():
@@ -161,6 +161,8 @@ def main() -> None:
     corpus = work / "corpus.jsonl"
     counts = write_corpus(corpus, args.limit)
     n = sum(counts.values())
+    if not n:
+        raise SystemExit(f"no abstracts under {DATA} (set ESQBE_SHARED to the shared/ directory)")
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), "HF_HUB_OFFLINE": "1"}
     warm = work / "warm.jsonl"
     warm.write_text("".join(corpus.read_text(encoding="utf-8").splitlines(keepends=True)[:2]), encoding="utf-8")

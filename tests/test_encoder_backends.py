@@ -9,7 +9,14 @@ import pytest
 
 import esqbe
 from esqbe.encode.encoder import Encoder
-from esqbe.encode.identity import ENCODER_BACKENDS, EncoderBackendError, model_info, resolve_backend
+from esqbe.encode.identity import (
+    ENCODER_BACKENDS,
+    VECTOR_BOUNDS,
+    EncoderBackendError,
+    model_info,
+    resolve_backend,
+    runtime_name,
+)
 from esqbe.ingest.readers import read_papers
 
 from .conftest import SAMPLE
@@ -28,9 +35,9 @@ def fp32(papers):
     return enc, np.concatenate(vecs), states
 
 
-@pytest.mark.parametrize("backend,mean_cos,min_cos", [("onnx", 0.9999, 0.9995), ("onnx-int8", 0.98, 0.95),
-                                                      ("torch-int8", 0.96, 0.90)])
-def test_backend_vectors_and_hidden_states_match_fp32(papers, fp32, backend, mean_cos, min_cos):
+@pytest.mark.parametrize("backend", ["onnx", "onnx-int8", "torch-int8"])
+def test_backend_vectors_and_hidden_states_match_fp32(papers, fp32, backend):
+    mean_cos, min_cos = VECTOR_BOUNDS[runtime_name(backend)]
     ref_encoder, ref, ref_states = fp32
     enc = Encoder.load(backend=backend, device="cpu", batch_size=8)
     assert enc.backend == backend and enc.name == ref_encoder.name and enc.dim == ref_encoder.dim
@@ -152,3 +159,57 @@ def test_cli_rejects_an_unknown_backend(tmp_path):
 
     result = CliRunner().invoke(cli.main, ["index", str(SAMPLE), "--path", str(tmp_path / "ix"), "--encoder-backend", "fast"])
     assert result.exit_code == 2 and "fast" in result.output
+
+
+_CHILD = """
+import sys, numpy as np, torch
+from esqbe.encode.encoder import Encoder
+from esqbe.ingest.readers import read_papers
+papers = list(read_papers(sys.argv[1]))[: int(sys.argv[2])]
+np.save(sys.argv[3], np.concatenate(Encoder.load(backend="onnx-int8", device="cpu").contextual_sentence_vectors(papers)))
+print(torch.backends.cpu.get_cpu_capability())
+"""
+
+
+def test_int8_vectors_hold_the_bound_on_this_cpu_and_on_its_avx2_kernels(tmp_path):
+    """Issue 41: dynamic int8 kernels differ between CPU classes (VNNI / AMX sum in 32 bits, AVX2 alone in saturating
+    16-bit pairs), so the same papers' int8 vectors differ a little from one class to another. On the CPU that runs
+    the tests, they agree with the exact fp32 vectors within the runtime's recorded bound (`VECTOR_BOUNDS`); where
+    this CPU has VNNI or AMX and Linux can fault CPUID, they are encoded again with those hidden
+    (benchmarks/avx2_view.c: ONNX Runtime then runs the AVX2 kernels) and must hold the same bound."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from esqbe.encode.hardware import machine
+
+    from .conftest import REPO
+
+    n = 40
+    papers = list(read_papers(str(SAMPLE)))[:n]
+    ref = np.concatenate(Encoder.load(backend="torch", device="cpu").contextual_sentence_vectors(papers))
+    here = machine(gpu=False)
+    mean_cos, min_cos = VECTOR_BOUNDS["onnx-int8"]
+    native = np.concatenate(Encoder.load(backend="onnx-int8", device="cpu").contextual_sentence_vectors(papers))
+    cos = (native * ref).sum(1)
+    assert cos.mean() >= mean_cos and cos.min() >= min_cos, (here.int8_kernels, cos.mean(), cos.min())
+
+    with open("/proc/cpuinfo") as f:
+        faultable = "cpuid_fault" in f.read()
+    if not (here.vnni and faultable and shutil.which("gcc")):
+        pytest.skip(f"this CPU's int8 kernels ({here.int8_kernels}) checked; the AVX2 view needs VNNI or AMX to hide, "
+                    "CPUID faulting and gcc")
+    shim = tmp_path / "avx2_view.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(shim), str(REPO / "benchmarks" / "avx2_view.c")], check=True)
+    out = tmp_path / "avx2.npy"
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(SAMPLE), str(n), str(out)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
+                               "LD_PRELOAD": str(shim), "AVX2_VIEW_REQUIRED": "1"}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "AVX2"  # the view took: PyTorch itself sees an AVX2-only CPU
+    avx2 = np.load(out)
+    assert avx2.shape == native.shape
+    assert not np.array_equal(avx2, native)  # ONNX Runtime ran other kernels (else this proves nothing)
+    cos = (avx2 * ref).sum(1)
+    assert cos.mean() >= mean_cos and cos.min() >= min_cos, ("AVX2 kernels", cos.mean(), cos.min())

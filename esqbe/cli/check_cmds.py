@@ -1,9 +1,13 @@
-"""`esqbe check`: measurements of the user's own index. `check recall`: the first stage's kNN against exact search."""
+"""`esqbe check`: measurements of the user's own index and machine. `check recall`: the first stage's kNN against
+exact search; `check speed`: what indexing costs on this machine (esqbe.index.speed)."""
 from __future__ import annotations
 
 import json
+import sys
 
 import click
+
+from esqbe.index.speed import PAPERS_MAX, PAPERS_MIN, SECONDS_DEFAULT, SECONDS_MAX, SECONDS_MIN
 
 from .errors import handle_errors
 from .options import FACET_CHOICES, _open, click_options, config_option
@@ -11,7 +15,7 @@ from .options import FACET_CHOICES, _open, click_options, config_option
 
 @click.group("check")
 def check_group():
-    """Measure what an index does (recall of its approximate kNN)."""
+    """Measure what an index does (recall of its approximate kNN) and what indexing costs here (speed)."""
 
 
 @check_group.command("recall")
@@ -71,3 +75,60 @@ def _calibration_words(cal: dict) -> str:
     statistic = cal.get("statistic", "mean")
     return (f"{setting or 'stored'} (recall@100 {statistic} {cal.get('recall', cal.get(statistic, '?'))} >= "
             f"{cal.get('target')}, {cal.get('queries', '?')} query papers)")
+
+
+@check_group.command("speed")
+@click.option("--seconds", type=click.IntRange(SECONDS_MIN, SECONDS_MAX), default=SECONDS_DEFAULT, show_default=True,
+              help="Time the measurements share (loading the models comes on top: a few seconds each).")
+@click.option("--papers", type=click.IntRange(PAPERS_MIN, PAPERS_MAX),
+              help="At most this many papers per measurement (default: as many as its share of --seconds allows).")
+@click.option("--no-runtimes", is_flag=True, help="Measure only the fp32 forward pass and the default run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@handle_errors
+def check_speed_cmd(seconds, papers, no_runtimes, as_json):
+    """Papers/s of `esqbe index` on this machine, and of each encoder runtime here, against an fp32 forward pass.
+
+    \b
+    On 300 real abstracts shipped with esqbe (CSAbstruct, labels removed): a plain fp32 PyTorch forward pass
+    (the reference), the default `esqbe index` run (tagging, encoding, writing into a temporary index that is
+    removed), and the encoder alone on each runtime here (torch, torch-int8, onnx, onnx-int8; torch on a CUDA
+    GPU when there is one). Printed: papers/s, the ratio to the fp32 forward pass, hours per million papers,
+    and the CPU features that decide them (AVX2, AVX-512, VNNI, AMX, BF16; the GPU's name). Progress goes to
+    stderr. Exit status 0 when measured (a runtime this machine cannot run is listed as skipped), an error's
+    own status when the reference or the default run could not be measured, 130 on Ctrl-C or SIGTERM.
+    """
+    import signal
+
+    from esqbe.index.speed import check_speed
+
+    def terminated(signum, _frame):  # SIGTERM (a job killed): unwind as Ctrl-C does, so the temporary index goes too
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        report = check_speed(seconds=seconds, papers=papers, runtimes=not no_runtimes,
+                             progress=lambda m: click.echo(f"esqbe: {m}", err=True))
+    except KeyboardInterrupt:  # the temporary index is gone (check_speed removes it on the way out)
+        click.echo("interrupted: nothing measured, the temporary index removed", err=True)
+        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    m = report.machine
+    flags = ", ".join(f for f, on in m["flags"].items() if on) or "unknown"
+    click.echo(f"CPU: {m['cpu']} ({m['arch']}, {m['cores']} cores; {flags})")
+    click.echo(f"int8 kernels: {m['int8_kernels']}" + (f"; GPU: {m['gpu']}" if m["gpu"] else "; no GPU"))
+    click.echo(f"{report.sample['papers']} abstracts ({report.sample['source']}); {report.threads} threads; "
+               f"{report.seconds:.0f} s in all")
+    for rate in [report.fp32_forward, report.default, *report.runtimes]:
+        click.echo(_rate_line(rate))
+
+
+def _rate_line(rate) -> str:
+    if rate.skipped:
+        return f"{rate.name:>58}: skipped ({rate.skipped})"
+    ratio = f"{rate.ratio_to_fp32_forward:.2f}x" if rate.ratio_to_fp32_forward is not None else "1.00x (reference)"
+    return (f"{rate.name:>58}: {rate.papers_per_s:7.1f} papers/s  {ratio:>17} the fp32 forward pass  "
+            f"{rate.hours_per_million:6.1f} h per million  [{rate.papers} papers in {rate.seconds:.1f} s]")

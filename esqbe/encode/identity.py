@@ -27,6 +27,14 @@ ENCODER_BACKENDS = tuple(b for b in ENCODER_BACKEND_CHOICES if b != "auto")
 AUTO_CPU_BACKEND = "onnx-int8"
 
 
+#: how close each approximate runtime's sentence vectors must stay to the exact fp32 ones (cosine per sentence,
+#: (mean, min) over the papers a test encodes), on whatever CPU runs it: int8 kernels differ between CPU classes
+#: (VNNI and AMX sum in 32 bits, AVX2 alone in saturating 16-bit pairs), and every class must hold its runtime's
+#: bound. onnx-int8 measured 0.9946 / 0.9862 on a VNNI CPU (96 CSFCube abstracts) and 0.992 / 0.98 on AVX2 kernels
+#: (docs/performance.md, issue 41); CSFCube dev NDCG%20 stayed within 0.3 of fp32 on both classes.
+VECTOR_BOUNDS = {"onnx-fp32": (0.9999, 0.9995), "onnx-int8": (0.98, 0.95), "torch-int8": (0.96, 0.90)}
+
+
 def runtime_name(backend: str, autocast: str | None = None) -> str:
     """The runtime a resolved backend runs as (stored in an index's meta): the backend and its precision
     (`autocast`: fp16 or bf16 on CUDA; torch on a CPU is fp32)."""
