@@ -79,6 +79,25 @@ def index_dir_30(tmp_path_factory, encoder, sample_lines):
     return path
 
 
+@pytest.fixture(scope="module")
+def index_copy(index_dir_30, tmp_path_factory) -> Path:
+    """A copy of `index_dir_30` of the test module's own, to write to or serve."""
+    path = tmp_path_factory.mktemp("index-copy") / "index"
+    shutil.copytree(index_dir_30, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def page_server(index_copy, encoder):
+    """A real server on 127.0.0.1 over the module's `index_copy`, for the page in a real browser: its URL."""
+    from esqbe.server.app import create_app
+    from esqbe.server.options import ServeOptions
+
+    with LiveServer(create_app(str(index_copy), config=None, encoder=encoder,
+                               options=ServeOptions(host="127.0.0.1"))) as url:
+        yield url
+
+
 class LiveServer:
     """A real uvicorn server on a free loopback port, in a thread of this process (`with LiveServer(app) as url:`)."""
 

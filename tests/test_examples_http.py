@@ -2,8 +2,6 @@
 the Python API, every refusal with its status, and every bound in the OpenAPI schema."""
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 import esqbe
@@ -15,25 +13,18 @@ A, B, C, NO_RESULT = "csabstruct-train-0000", "csabstruct-train-0001", "csabstru
 
 
 @pytest.fixture(scope="module")
-def index_path(index_dir_30, tmp_path_factory):
-    path = tmp_path_factory.mktemp("serve-examples") / "index"
-    shutil.copytree(index_dir_30, path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def client(index_path, encoder):
-    with _client(index_path, encoder, max_query_sentences=8) as c:
+def client(index_copy, encoder):
+    with _client(index_copy, encoder, max_query_sentences=8) as c:
         yield _ready(c)
 
 
-def test_examples_and_avoid_rank_as_the_python_api(client, index_path, encoder):
+def test_examples_and_avoid_rank_as_the_python_api(client, index_copy, encoder):
     body = {"examples": [{"paper_id": A}, {"paper_id": B, "sentences": [0, 2]}], "avoid": [{"paper_id": C}],
             "facet": "method", "k": 30}
     r = client.post("/query", json=body)
     assert r.status_code == 200, r.text
     data = r.json()
-    with esqbe.open_index(str(index_path), encoder=encoder, config=None, create=False) as index:
+    with esqbe.open_index(str(index_copy), encoder=encoder, config=None, create=False) as index:
         direct = index.query(examples=[A, {"paper_id": B, "sentences": [0, 2]}], avoid=[C], facet="method", k=30)
     assert [(h["paper_id"], round(h["score"], 6)) for h in data["hits"]] == \
         [(h.paper_id, round(h.score, 6)) for h in direct.hits]

@@ -4,29 +4,17 @@ address holds it (opening it again gives the same ranking)."""
 from __future__ import annotations
 
 import json
-import shutil
 from urllib.parse import parse_qs
 
 import httpx
-import pytest
 
-from esqbe.server.app import create_app
-from esqbe.server.options import ServeOptions
-
-from .conftest import SAMPLE, LiveServer
+from .conftest import SAMPLE
 
 QID = json.loads(SAMPLE.read_text().splitlines()[0])["paper_id"]
 
 
-@pytest.fixture(scope="module")
-def server(index_dir_30, encoder, tmp_path_factory):
-    path = tmp_path_factory.mktemp("page-examples") / "index"
-    shutil.copytree(index_dir_30, path)
-    with LiveServer(create_app(str(path), config=None, encoder=encoder, options=ServeOptions(host="127.0.0.1"))) as url:
-        yield url
-
-
-def test_two_hits_as_examples_and_one_not_like_this(server, browser):
+def test_two_hits_as_examples_and_one_not_like_this(page_server, browser):
+    server = page_server
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
