@@ -72,7 +72,8 @@ class WatchStoreMixin(EmbeddedHost):
         return True
 
     def watch_matches(self, name: str, limit: int) -> list[tuple[str, float, dict]]:
-        """What a watch found, newest first (one run's in rank order), at most `limit`: (paper id, when found, the hit as it was then)."""
+        """What a watch found, newest first (one run's in rank order), at most `limit`: (paper id, when found, the
+        hit as it was then)."""
         if not self._watch_tables():
             return []
         rows = self._db.execute("SELECT paper_id, found, hit FROM watch_matches WHERE name = ? "
