@@ -21,6 +21,7 @@ from ..query.export import EXPORT_FORMATS, export_hits, file_name, media_type
 from ..query.search import query_sentences
 from .discovery import INDEX_HEADER, NONCE_PATTERN, PROOF_PATH, proof
 from .errors import ApiError, _clean_validation, _errors, _public, api_error
+from .feeds import FEED_ENTRIES, MAX_FEED_ENTRIES, atom_feed, feed_data
 from .middleware import _PAGE_HEADERS, JSON_LINES_TYPES, _token_ok, _type_message
 from .models import (
     DeleteResponse,
@@ -216,6 +217,28 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
             raise ApiError(413, f"{len(lines)} records; at most {options.max_batch_records} per request")
         papers, outcomes = _read_records(lines, fmt)
         return await writes(_write_papers, papers, outcomes, mode)
+
+    @router.get("/watches/{name}.atom", response_class=Response, responses=_errors(401, 404, 503), tags=["watches"])
+    async def watch_feed(name: str, request: Request, key: str | None = Query(None, max_length=200),
+                         limit: int = Query(FEED_ENTRIES, ge=1, le=MAX_FEED_ENTRIES)):
+        """A watch's matches as an Atom 1.0 feed, newest first (`esqbe watch run` finds them). On a private server
+        the feed's secret URL (`?key=`, from `esqbe watch show NAME`) or the bearer token; an unknown watch is
+        refused alike."""
+        from ..index.watches import WatchNotFoundError, feed_key_ok
+
+        try:
+            watch, matches = await service.read(feed_data, name, limit)
+        except WatchNotFoundError:
+            if options.private:
+                raise ApiError(401, "this feed needs its secret URL or the bearer token") from None
+            raise ApiError(404, f"no watch named {name}") from None
+        except EsqbeError as e:
+            raise api_error(e) from None
+        if options.private and not (feed_key_ok(watch, key) or _token_ok(request.headers.get("authorization"),
+                                                                          options.token or "")):
+            raise ApiError(401, "this feed needs its secret URL or the bearer token")
+        return Response(atom_feed(watch, matches, self_url=str(request.url)),
+                        media_type="application/atom+xml; charset=utf-8")
 
     @router.delete("/papers/{paper_id:path}", response_model=DeleteResponse,
                 responses=_errors(401, 404, 503), tags=["papers"])

@@ -1,0 +1,138 @@
+"""A watch's Atom feed (issue 37, item 3) from a real server on 127.0.0.1, parsed by a real feed parser (feedparser):
+every field checked, whatever markup, control characters or XML-invalid characters the papers hold; on a private
+server the feed's secret URL works, is revocable, and never reaches the access log."""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import httpx
+import pytest
+
+import esqbe
+from esqbe.index.watches import add_watch, get_watch, revoke_feed_key, run_watches
+from esqbe.server.app import create_app
+from esqbe.server.options import ServeOptions
+
+from .conftest import SAMPLE, LiveServer
+
+feedparser = pytest.importorskip("feedparser")
+
+QUERY = "csabstruct-train-0000"
+TITLES = [
+    "<script>alert('x')</script> & <b>bold</b> ]]> &amp; a study",
+    "control \x1b[31mred\x1b[0m, a bell \x07, a nul \x00 and C1 \x9b2J in a title",
+    "invalid XML: \ufffe \uffff \x0b \x0c \ud7ff\ue000 kept around them",
+    "Plain title with unicode: Schrödinger's λ-calculus — 数学",
+    "",  # no title: the entry is titled by its id
+]
+
+
+def _new_records(n: int) -> list[dict]:
+    out = []
+    for i, line in enumerate(SAMPLE.read_text().splitlines()[30 : 30 + n]):
+        src = json.loads(line)
+        rec = {"id": f"new-{i}", "title": TITLES[i % len(TITLES)], "abstract": src["sentences"], "facets": src["labels"]}
+        rec.update(metadata={
+            "year": 2020 + i, "venue": f"Venue <{i}> & \x1b co",
+            "authors": [{"name": f"Ada <b>{i}</b> Lovelace\x07"}, "Alan Turing"],
+            "external_ids": {"doi": f"10.1234/abc{i} <x>", "arxiv": f"2401.0000{i}"},
+            "open_access_url": "javascript:alert(1)" if i % 2 else f"https://example.org/paper/{i}.pdf"})
+        out.append(rec)
+    return out
+
+
+def _clean(text: str) -> str:
+    from esqbe.server.feeds import xml_text
+
+    return xml_text(text).strip()
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory, index_dir_30, encoder):
+    """A copy of the 30-paper index with watch `feed` (min_sim -1, k 100: every new paper matches), two runs: three
+    new papers found at t=1000, two at t=2000."""
+    path = tmp_path_factory.mktemp("feeds") / "ix"
+    shutil.copytree(index_dir_30, path)
+    records = _new_records(5)
+    with esqbe.open_index(str(path), encoder=encoder, config=None) as index:
+        add_watch(index, "feed", paper_id=QUERY, facet="method", min_sim=-1.0, k=100)
+        for start, stop, when in ((0, 3, 1000.0), (3, 5, 2000.0)):
+            src = path.parent / f"new{start}.jsonl"
+            src.write_text("".join(json.dumps(r) + "\n" for r in records[start:stop]))
+            assert index.index_files([str(src)]).indexed == stop - start
+            assert len(run_watches(index, now=when)[0].matches) == stop - start
+    return path, records
+
+
+def test_the_feed_parses_and_says_every_field(watched, encoder):
+    path, records = watched
+    by_id = {r["id"]: r for r in records}
+    with LiveServer(create_app(str(path), config=None, options=ServeOptions(host="127.0.0.1"), encoder=encoder)) as url:
+        r = httpx.get(url + "/watches/feed.atom")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/atom+xml")
+        assert httpx.get(url + "/watches/nope.atom").status_code == 404
+        assert len(feedparser.parse(httpx.get(url + "/watches/feed.atom?limit=2").content).entries) == 2
+        assert httpx.get(url + "/watches/feed.atom?limit=100000").status_code == 422
+    with esqbe.open_index(str(path), config=None, create=False) as index:
+        stored = {pid: p.title for pid, p in index.get(list(by_id)).items()}
+    assert "<script>" in stored["new-0"] and "\x1b" in stored["new-1"] and "\ufffe" in stored["new-2"]
+    feed = feedparser.parse(r.content)
+    assert not feed.bozo, feed.get("bozo_exception")
+    assert feed.version == "atom10" and feed.feed.title == "esqbe watch feed"
+    assert [e.updated_parsed.tm_year for e in feed.entries] == [1970] * 5
+    found = [e.id.rsplit(":", 1)[1] for e in feed.entries]
+    assert set(found[:2]) == {"new-3", "new-4"} and set(found[2:]) == {"new-0", "new-1", "new-2"}  # newest first
+    assert [e.updated for e in feed.entries] == ["1970-01-01T00:33:20Z"] * 2 + ["1970-01-01T00:16:40Z"] * 3
+    for entry, pid in zip(feed.entries, found):
+        rec = by_id[pid]
+        assert entry.title == (_clean(stored[pid]) or pid)
+        assert "\x1b" not in entry.title and "\x00" not in entry.title
+        assert [a.name for a in entry.authors] == [_clean(f"Ada <b>{pid[-1]}</b> Lovelace\x07"), "Alan Turing"]
+        hrefs = {link.title: link.href for link in entry.links}
+        assert hrefs["DOI"] == f"https://doi.org/10.1234/abc{pid[-1]}%20%3Cx%3E"
+        assert hrefs["arXiv"] == f"https://arxiv.org/abs/2401.0000{pid[-1]}"
+        assert ("open access" in hrefs) == (int(pid[-1]) % 2 == 0)  # a javascript: URL is never a link
+        assert not any(h.startswith("javascript") for h in hrefs.values())
+        assert entry.tags[0].term == _clean(f"Venue <{pid[-1]}> & \x1b co")
+        summary = entry.summary
+        assert summary.startswith(f"{2020 + int(pid[-1])} · Venue <{pid[-1]}>") and "similarity " in summary
+        assert "query [" in summary and "~ [" in summary
+        assert any(_clean(s)[:40] in summary for s in rec["abstract"])  # a matched sentence of the paper
+
+
+def test_a_private_feed_has_a_secret_url_that_is_revocable_and_never_logged(watched, encoder):
+    path, _ = watched
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    access = logging.getLogger("uvicorn.access")
+    handler = Keep()
+    options = ServeOptions(host="127.0.0.1", token="the-bearer-token", private=True)
+    with LiveServer(create_app(str(path), config=None, options=options, encoder=encoder)) as url:
+        access.setLevel(logging.INFO)
+        access.addHandler(handler)
+        try:
+            with esqbe.open_index(str(path), config=None, create=False) as index:
+                key = get_watch(index, "feed").feed_key
+            assert httpx.get(url + "/watches/feed.atom").status_code == 401
+            assert httpx.get(url + "/watches/feed.atom?key=wrong").status_code == 401
+            assert httpx.get(url + f"/watches/nope.atom?key={key}").status_code == 401  # no telling which exist
+            assert httpx.get(url + "/query").status_code in (401, 405)  # the rest stays behind the token
+            ok = httpx.get(url + f"/watches/feed.atom?key={key}")
+            assert ok.status_code == 200 and not feedparser.parse(ok.content).bozo
+            assert httpx.get(url + "/watches/feed.atom",
+                             headers={"Authorization": "Bearer the-bearer-token"}).status_code == 200
+            with esqbe.open_index(str(path), config=None, create=False) as index:
+                new = revoke_feed_key(index, "feed")
+            assert httpx.get(url + f"/watches/feed.atom?key={key}").status_code == 401
+            assert httpx.get(url + f"/watches/feed.atom?key={new}").status_code == 200
+        finally:
+            access.removeHandler(handler)
+    feed_lines = [line for line in lines if "/watches/feed.atom" in line]
+    assert len(feed_lines) >= 6, lines
+    assert not any(key in line or new in line for line in lines)
