@@ -150,6 +150,8 @@ class WatchRun:
 
     name: str
     new_papers: int = 0
+    #: new papers at or over the threshold (each then checked for its rank over the whole index)
+    passed: int = 0
     matches: list[dict] = field(default_factory=list)
     mark_from: int = 0
     mark_to: int = 0
@@ -157,8 +159,8 @@ class WatchRun:
     refused: str | None = None
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "new_papers": self.new_papers, "matches": self.matches, "mark_from": self.mark_from,
-                "mark_to": self.mark_to, "advanced": self.advanced, "refused": self.refused}
+        return {"name": self.name, "new_papers": self.new_papers, "passed": self.passed, "matches": self.matches,
+                "mark_from": self.mark_from, "mark_to": self.mark_to, "advanced": self.advanced, "refused": self.refused}
 
     def as_result(self) -> dict:
         """The matches in a query result's JSON shape (hits), what esqbe.query.export writes."""
@@ -299,8 +301,9 @@ def _query_of(watch: Watch) -> tuple[IndexedPaper, list[int]]:
     return IndexedPaper(paper, watch.vectors), list(range(len(sents)))
 
 
-def _run_one(index, watch: Watch, new: list[tuple[int, str, dict]], context) -> list[dict]:
-    """The new papers (number, id, metadata) that `watch` reports now, as hits' JSON, best rank first."""
+def _run_one(index, watch: Watch, new: list[tuple[int, str, dict]], context) -> tuple[list[dict], int]:
+    """The new papers (number, id, metadata) that `watch` reports now, as hits' JSON, best rank first, and how many
+    new papers passed its threshold."""
     backend = index.backend
     settings = settings_for_facet(index.settings, watch.query["facet"]).replace(**watch.settings)
     try:
@@ -311,7 +314,7 @@ def _run_one(index, watch: Watch, new: list[tuple[int, str, dict]], context) -> 
     reported = backend.watch_reported(watch.name, candidates)
     candidates = [pid for pid in candidates if pid not in reported]
     if not candidates:
-        return []
+        return [], 0
     query, indices = _query_of(watch)
     facet = watch.query["facet"]
     exclude = (watch.query["paper_id"],) if watch.query["paper_id"] else ()
@@ -322,7 +325,7 @@ def _run_one(index, watch: Watch, new: list[tuple[int, str, dict]], context) -> 
                            context=context)
         passing.update(h.paper_id for h in scored.hits if h.similarity is not None and h.similarity >= watch.min_sim)
     if not passing:
-        return []
+        return [], 0
     # the rank as it is now: the same query over the whole index (its filters too), as `esqbe query` would answer
     full = run_query(backend, query, indices, settings, facet=facet, exclude=exclude, context=context, filter=flt)
     out = []
@@ -332,7 +335,7 @@ def _run_one(index, watch: Watch, new: list[tuple[int, str, dict]], context) -> 
             for m in hit.matches:  # the query sentences' own numbers in the example paper
                 m.query_index = original[m.query_index] if 0 <= m.query_index < len(original) else m.query_index
             out.append(hit.to_dict())
-    return out
+    return out, len(passing)
 
 
 def run_watches(index, names: Sequence[str] | None = None, *, dry_run: bool = False,
@@ -366,7 +369,8 @@ def run_watches(index, names: Sequence[str] | None = None, *, dry_run: bool = Fa
             new = [p for p in new_all if p[0] >= w.mark]
             run.new_papers = len(new)
             try:
-                run.matches = [{**m, "found": when} for m in _run_one(index, w, new, context)]
+                found, run.passed = _run_one(index, w, new, context)
+                run.matches = [{**m, "found": when} for m in found]
             except QueryError as e:
                 run.refused = f"watch {w.name}: its query no longer runs: {e}"
         if run.refused is None:
