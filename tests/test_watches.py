@@ -226,3 +226,28 @@ def test_watch_commands_print_text_json_and_exports(tmp_path, index_dir_30):
     bad = _esqbe("watch", "add", "w2", *base, "--paper", QUERY, "--facet", "method", "--min-sim", "nan")
     out, err = bad.communicate(timeout=120)
     assert bad.returncode != 0 and "Traceback" not in err and "min_sim must be a finite number" in err, err
+
+
+def test_watch_run_waits_for_another_writer_while_readers_go_on(tmp_path, index_dir_30, encoder):
+    import select
+
+    path = tmp_path / "ix"
+    shutil.copytree(index_dir_30, path)
+    with esqbe.open_index(str(path), encoder=encoder, config=None) as index:
+        add_watch(index, "w", paper_id=QUERY, facet="method", min_sim=0.1)
+    writer = esqbe.open_index(str(path), encoder=encoder, config=None)
+    writer.backend.begin_write()  # what `esqbe index` holds while it runs
+    try:
+        proc = _esqbe("watch", "run", "--path", path)
+        said, deadline = "", time.monotonic() + 120
+        while "waiting" not in said and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stderr], [], [], 1.0)[0]:
+                said += proc.stderr.readline()
+        assert "is writing to" in said and "waiting for it to finish" in said, said
+        with esqbe.open_index(str(path), config=None, create=False) as reader:  # a reader meanwhile: not blocked
+            assert reader.query(QUERY, facet="method", k=3).hits
+        assert proc.poll() is None  # still waiting for the writer
+    finally:
+        writer.close()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "watch w: 0 new paper(s)" in out, (out, err)
