@@ -251,3 +251,14 @@ def test_watch_run_waits_for_another_writer_while_readers_go_on(tmp_path, index_
         writer.close()
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0 and "watch w: 0 new paper(s)" in out, (out, err)
+
+
+def test_an_engine_index_says_it_does_not_keep_watches_yet():
+    from esqbe.index.watches import WatchesUnsupportedError
+
+    # a real Elasticsearch backend object (nothing listens on port 9: the refusal comes before any request)
+    index = esqbe.open_index(backend="elasticsearch", url="http://127.0.0.1:9", config=None, create=False)
+    with pytest.raises(WatchesUnsupportedError, match="not yet kept on the elasticsearch backend"):
+        add_watch(index, "w", paper_id=QUERY, facet="method", min_sim=0.5)
+    with pytest.raises(WatchesUnsupportedError):
+        run_watches(index)
