@@ -26,6 +26,11 @@ def xml_text(value, limit: int = _TITLE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _dict(value) -> dict:
+    """`value` if it is a mapping, else an empty one (metadata is free-form: any shape may come)."""
+    return value if isinstance(value, dict) else {}
+
+
 def _rfc3339(t: float) -> str:
     return datetime.datetime.fromtimestamp(float(t), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -38,8 +43,8 @@ def _http_url(value) -> str | None:
 
 def entry_links(metadata: dict) -> list[tuple[str, str]]:
     """(title, URL) of each place to read the paper: DOI, arXiv, Semantic Scholar, open access (those it has)."""
-    meta = metadata if isinstance(metadata, dict) else {}
-    ids = meta.get("external_ids") if isinstance(meta.get("external_ids"), dict) else {}
+    meta = _dict(metadata)
+    ids = _dict(meta.get("external_ids"))
     links = []
     if ids.get("doi"):
         links.append(("DOI", "https://doi.org/" + quote(xml_text(ids["doi"], 300).strip(), safe="/:;()._-")))
@@ -57,7 +62,7 @@ def entry_links(metadata: dict) -> list[tuple[str, str]]:
 
 
 def _summary(hit: dict) -> str:
-    meta = hit.get("metadata") if isinstance(hit.get("metadata"), dict) else {}
+    meta = _dict(hit.get("metadata"))
     head = " · ".join(str(x) for x in (meta.get("year"), meta.get("venue") or meta.get("journal")) if x not in (None, ""))
     lines = [head] if head else []
     sim = hit.get("similarity")
@@ -103,7 +108,7 @@ def atom_feed(watch, matches: list[dict], *, self_url: str) -> bytes:
     author = sub(feed, "author")
     sub(author, "name", "esqbe")
     for hit in matches:
-        meta = hit.get("metadata") if isinstance(hit.get("metadata"), dict) else {}
+        meta = _dict(hit.get("metadata"))
         entry = sub(feed, "entry")
         sub(entry, "id", "urn:esqbe:watch:" + watch.name + ":" + quote(xml_text(hit.get("paper_id"), 500), safe=""))
         sub(entry, "title", xml_text(hit.get("title")).strip() or xml_text(hit.get("paper_id")), type="text")
