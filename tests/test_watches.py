@@ -262,3 +262,18 @@ def test_an_engine_index_says_it_does_not_keep_watches_yet():
         add_watch(index, "w", paper_id=QUERY, facet="method", min_sim=0.5)
     with pytest.raises(WatchesUnsupportedError):
         run_watches(index)
+
+
+def test_a_watch_keeps_its_filters_and_applies_them_to_new_papers(index, tmp_path):
+    def with_year(recs, first):
+        return [{"id": f"y-{first + i}", "title": f"paper {first + i}", "abstract": r["sentences"], "facets": r["labels"],
+                 "metadata": {"year": 2020 + (first + i) % 5}} for i, r in enumerate(recs)]
+
+    index.index_files([_write(tmp_path / "a.jsonl", with_year(_records(30, 3), 0))])  # the key exists: it can be asked
+    watch, _ = add_watch(index, "recent", paper_id=QUERY, facet="method", min_sim=-1.0, k=100,
+                         filters=["year>=2022"])
+    assert watch.filters == [{"key": "year", "op": ">=", "value": "2022"}]  # as the grammar parsed it
+    index.index_files([_write(tmp_path / "b.jsonl", with_year(_records(33, 7), 3))])
+    found = {m["paper_id"]: m["metadata"]["year"] for m in run_watches(index)[0].matches}
+    assert found and all(year >= 2022 for year in found.values())
+    assert set(found) == {f"y-{i}" for i in range(3, 10) if 2020 + i % 5 >= 2022}
