@@ -136,3 +136,36 @@ def test_a_private_feed_has_a_secret_url_that_is_revocable_and_never_logged(watc
     feed_lines = [line for line in lines if "/watches/feed.atom" in line]
     assert len(feed_lines) >= 6, lines
     assert not any(key in line or new in line for line in lines)
+
+
+def test_the_page_lists_the_watches_and_their_latest_matches_in_chromium(watched, encoder, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    path, _ = watched
+    with esqbe.open_index(str(path), config=None, create=False) as index:
+        stored = {pid: p.title for pid, p in index.get([f"new-{i}" for i in range(5)]).items()}
+    with LiveServer(create_app(str(path), config=None, options=ServeOptions(host="127.0.0.1"), encoder=encoder)) as url:
+        listing = httpx.get(url + "/watches?latest=3").json()
+        assert [w["name"] for w in listing] == ["feed"] and len(listing[0]["latest"]) == 3
+        assert "feed_key" not in listing[0] and listing[0]["feed"] == "watches/feed.atom"
+        wait = WebDriverWait(browser, 60)
+        browser.get(url + "/")
+        wait.until(EC.visibility_of_element_located((By.ID, "watch-panel")))
+        watch = browser.find_element(By.CSS_SELECTOR, '#watch-list .watch[data-watch="feed"]')
+        link = watch.find_element(By.CSS_SELECTOR, "a.watch-name")
+        assert link.text == "feed" and link.get_attribute("href") == url + "/watches/feed.atom"
+        assert "paper " + QUERY in watch.text and "5 found" in watch.text and "sim ≥ -1" in watch.text
+        items = watch.find_elements(By.CSS_SELECTOR, ".watch-match")
+        assert len(items) == 5  # the page asks for the latest five: the newest first
+        assert {i.get_attribute("data-paper-id") for i in items[:2]} == {"new-3", "new-4"}
+        for item in items:  # hostile titles shown as text, never as markup
+            pid = item.get_attribute("data-paper-id")
+            a = item.find_element(By.TAG_NAME, "a")
+            assert a.get_attribute("textContent") == (stored[pid] or pid)
+            assert not item.find_elements(By.TAG_NAME, "script") and not item.find_elements(By.TAG_NAME, "b")
+        first = items[0]
+        first.find_element(By.TAG_NAME, "a").click()  # a match is a query paper a click away
+        wait.until(EC.text_to_be_present_in_element((By.ID, "paper-id"), first.get_attribute("data-paper-id")))
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]

@@ -146,3 +146,20 @@ def feed_data(index, name: str, limit: int):
     from ..index.watches import get_watch, watch_matches
 
     return get_watch(index, name), watch_matches(index, name, limit)
+
+
+def watch_list(index, latest: int) -> list[dict]:
+    """The index's watches for the page (GET /watches): each one's query, threshold, last run, count, its feed's path
+    (never its secret) and its `latest` newest matches; none on a backend that keeps no watches."""
+    from ..index.watches import WatchesUnsupportedError, list_watches, watch_matches
+
+    try:
+        watches = list_watches(index)
+    except WatchesUnsupportedError:
+        return []
+    out = []
+    for w in watches:
+        found = watch_matches(index, w.name, latest) if latest else []
+        out.append({**w.to_dict(), "feed": f"watches/{w.name}.atom",
+                    "latest": [{k: m.get(k) for k in ("paper_id", "title", "similarity", "found")} for m in found]})
+    return out

@@ -21,7 +21,7 @@ from ..query.export import EXPORT_FORMATS, export_hits, file_name, media_type
 from ..query.search import query_sentences
 from .discovery import INDEX_HEADER, NONCE_PATTERN, PROOF_PATH, proof
 from .errors import ApiError, _clean_validation, _errors, _public, api_error
-from .feeds import FEED_ENTRIES, MAX_FEED_ENTRIES, atom_feed, feed_data
+from .feeds import FEED_ENTRIES, MAX_FEED_ENTRIES, atom_feed, feed_data, watch_list
 from .middleware import _PAGE_HEADERS, JSON_LINES_TYPES, _token_ok, _type_message
 from .models import (
     DeleteResponse,
@@ -217,6 +217,12 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
             raise ApiError(413, f"{len(lines)} records; at most {options.max_batch_records} per request")
         papers, outcomes = _read_records(lines, fmt)
         return await writes(_write_papers, papers, outcomes, mode)
+
+    @router.get("/watches", responses=_errors(503), tags=["watches"])
+    async def watches(latest: int = Query(5, ge=0, le=50)) -> list[dict[str, Any]]:
+        """The index's watches (`esqbe watch add`), each with its `latest` matches and its feed's path (never its
+        secret); an empty list on a backend that keeps none."""
+        return await reads(watch_list, latest)
 
     @router.get("/watches/{name}.atom", response_class=Response, responses=_errors(401, 404, 503), tags=["watches"])
     async def watch_feed(name: str, request: Request, key: str | None = Query(None, max_length=200),

@@ -504,6 +504,36 @@ async function showIndexInfo() {
   }
 }
 
+// The index's watches (GET /watches): each name links to its Atom feed, each match to a query by it. A server
+// without watches (or an older one) shows no panel.
+function utcDate(seconds, n = 10) {
+  return new Date(seconds * 1000).toISOString().slice(0, n).replace("T", " ");
+}
+
+async function showWatches() {
+  let list = null;
+  try { list = await api("watches?latest=5"); } catch (e) { list = null; }
+  const panel = $("watch-panel"), ol = $("watch-list");
+  ol.replaceChildren();
+  if (!Array.isArray(list) || !list.length) { panel.hidden = true; return; }
+  for (const w of list) {
+    const q = w.query || {};
+    const what = q.paper_id ? `paper ${q.paper_id}` : `text “${q.title || "untitled"}”`;
+    const run = w.last_run ? `last run ${utcDate(w.last_run, 16)} UTC` : "never run";
+    const matches = (w.latest || []).map((m) => el("li", { class: "watch-match", "data-paper-id": m.paper_id },
+      el("a", { href: `#paper=${encodeURIComponent(m.paper_id)}`, text: m.title || m.paper_id }),
+      el("span", { class: "muted", text: ` sim ${typeof m.similarity === "number" ? m.similarity.toFixed(3) : "-"}`
+        + ` · found ${utcDate(m.found)}` })));
+    ol.append(el("li", { class: "watch", "data-watch": w.name },
+      el("a", { href: w.feed, class: "watch-name", text: w.name, title: "its Atom feed" }),
+      el("span", { class: "muted", text: ` ${what}${q.facet ? ", " + q.facet : ""}, sim ≥ ${w.min_sim} · `
+        + `${w.found} found · ${run}` }),
+      matches.length ? el("ol", { class: "watch-matches" }, ...matches)
+        : el("p", { class: "muted", text: "nothing found yet" })));
+  }
+  panel.hidden = false;
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   $("find-form").addEventListener("submit", (e) => {
     e.preventDefault();
@@ -522,6 +552,6 @@ document.addEventListener("DOMContentLoaded", () => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); runQuery(); }
   });
   window.addEventListener("hashchange", route);
-  showIndexInfo();
+  showIndexInfo().then(showWatches);
   route();
 });
