@@ -131,6 +131,10 @@ def test_a_watch_made_with_another_model_is_refused_with_the_reason(index, tmp_p
     run = run_watches(index)[0]
     assert run.refused and "'all-mpnet-base-v2'" in run.refused and "not re-encoded" in run.refused
     assert not run.advanced and get_watch(index, "m").mark == run.mark_from  # the mark stays
+    index.close()  # the command line says it too: on stderr, with exit status 1 (cron mails it)
+    proc = _esqbe("watch", "run", "--path", index.settings.path, "--json")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and json.loads(out)[0]["refused"] == run.refused and "watch m refused" in err, err
 
 
 # ------------------------------------------------------------------------ the command line, real processes

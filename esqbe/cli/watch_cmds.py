@@ -188,6 +188,7 @@ def watch_run_cmd(names, dry_run, as_json, export_format, **kw):
     within its k against the index now, with the matched sentences; then its mark moves on (not with --dry-run).
 
     Takes the index's write lock like `esqbe index` (queries go on meanwhile). Run it after each `esqbe index`.
+    A watch refused (its vectors are of another model) is said, the others still run, and the exit status is 1.
     """
     if as_json and export_format:
         raise click.UsageError("give --json or --format, not both")
@@ -195,13 +196,18 @@ def watch_run_cmd(names, dry_run, as_json, export_format, **kw):
 
     with _open(kw, "watch run", create=False) as index:
         runs = run_watches(index, list(names), dry_run=dry_run)
-    if as_json:
-        echo_json([r.to_dict() for r in runs])
-        return
-    if export_format:
-        from esqbe.query.export import export_hits
+    if as_json or export_format:
+        if as_json:
+            echo_json([r.to_dict() for r in runs])
+        else:
+            from esqbe.query.export import export_hits
 
-        click.echo(export_hits({"hits": [m for r in runs for m in r.matches]}, export_format), nl=False)
+            click.echo(export_hits({"hits": [m for r in runs for m in r.matches]}, export_format), nl=False)
+        for r in runs:  # the others ran; a refused one is said on stderr, and the exit status is 1
+            if r.refused:
+                say(f"esqbe: watch {r.name} refused: {r.refused}", err=True)
+        if any(r.refused for r in runs):
+            raise SystemExit(1)
         return
     if not runs:
         say("no watches (`esqbe watch add` makes one)")
