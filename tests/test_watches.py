@@ -52,7 +52,7 @@ def index(tmp_path, index_dir_30, encoder):
         yield ix
 
 
-def test_a_run_reports_new_papers_that_pass_and_rank_within_k_once(index, tmp_path):
+def test_a_run_reports_new_papers_that_pass_and_rank_within_k_once(index, tmp_path, monkeypatch):
     watch, now = add_watch(index, "methods", paper_id=QUERY, facet="method", min_sim=0.1, k=8)
     assert [s for _, s in watch.query["sentences"]] == [s for _, s in now.query_sentences]
     assert watch.vectors.shape == (len(now.query_sentences), 384)
@@ -62,6 +62,12 @@ def test_a_run_reports_new_papers_that_pass_and_rank_within_k_once(index, tmp_pa
     index.index_files([_write(tmp_path / "new.jsonl", new)])
     dry = run_watches(index, dry_run=True)[0]
     assert dry.new_papers == 10 and not dry.advanced
+    import esqbe.index.watches as watches_module
+
+    monkeypatch.setattr(watches_module, "NEW_PAPERS_PER_PASS", 3)  # the new papers read in slices: the same answer
+    sliced = run_watches(index, dry_run=True)[0]
+    assert sliced.new_papers == 10 and [m["paper_id"] for m in sliced.matches] == [m["paper_id"] for m in dry.matches]
+    monkeypatch.undo()
     run = run_watches(index, ["methods"], now=1000.0)[0]
     assert run.advanced and run.mark_to > run.mark_from
     assert [m["paper_id"] for m in run.matches] == [m["paper_id"] for m in dry.matches]  # a dry run changed nothing

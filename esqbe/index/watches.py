@@ -301,48 +301,68 @@ def _query_of(watch: Watch) -> tuple[IndexedPaper, list[int]]:
     return IndexedPaper(paper, watch.vectors), list(range(len(sents)))
 
 
-def _run_one(index, watch: Watch, new: list[tuple[int, str, dict]], context) -> tuple[list[dict], int]:
-    """The new papers (number, id, metadata) that `watch` reports now, as hits' JSON, best rank first, and how many
-    new papers passed its threshold."""
-    backend = index.backend
-    settings = settings_for_facet(index.settings, watch.query["facet"]).replace(**watch.settings)
-    try:
-        flt = make_filter(watch.filters or None)
-    except FilterError as e:
-        raise WatchError(f"watch {watch.name}: its filters no longer parse: {e}") from None
-    candidates = [pid for _, pid, meta in new if flt is None or flt.matches(meta)]
-    reported = backend.watch_reported(watch.name, candidates)
+class _Plan:
+    """One watch's query as a run uses it: settings, filter, the stored query paper, what it leaves out."""
+
+    def __init__(self, index, watch: Watch):
+        self.watch = watch
+        self.settings = settings_for_facet(index.settings, watch.query["facet"]).replace(**watch.settings)
+        try:
+            self.filter = make_filter(watch.filters or None)
+        except FilterError as e:
+            raise QueryError(f"its filters no longer parse: {e}") from None
+        self.query, self.indices = _query_of(watch)
+        self.facet = watch.query["facet"]
+        self.exclude = (watch.query["paper_id"],) if watch.query["paper_id"] else ()
+
+
+def _passing(index, plan: _Plan, new: list[tuple[int, str, dict]], context) -> set[str]:
+    """Of one slice of new papers (number, id, metadata), those the watch has not reported that its filters allow
+    and its stored query, rescored against them alone, finds at or over its threshold."""
+    w = plan.watch
+    candidates = [pid for _, pid, meta in new if plan.filter is None or plan.filter.matches(meta)]
+    reported = index.backend.watch_reported(w.name, candidates)
     candidates = [pid for pid in candidates if pid not in reported]
     if not candidates:
-        return [], 0
-    query, indices = _query_of(watch)
-    facet = watch.query["facet"]
-    exclude = (watch.query["paper_id"],) if watch.query["paper_id"] else ()
-    passing: set[str] = set()
-    for i in range(0, len(candidates), NEW_PAPERS_PER_PASS):  # the stored query against the new papers alone
-        pool = candidates[i : i + NEW_PAPERS_PER_PASS]
-        scored = run_query(backend, query, indices, settings, facet=facet, exclude=exclude, restrict_to=pool,
-                           context=context)
-        passing.update(h.paper_id for h in scored.hits if h.similarity is not None and h.similarity >= watch.min_sim)
-    if not passing:
-        return [], 0
-    # the rank as it is now: the same query over the whole index (its filters too), as `esqbe query` would answer
-    full = run_query(backend, query, indices, settings, facet=facet, exclude=exclude, context=context, filter=flt)
+        return set()
+    scored = run_query(index.backend, plan.query, plan.indices, plan.settings, facet=plan.facet, exclude=plan.exclude,
+                       restrict_to=candidates, context=context)
+    return {h.paper_id for h in scored.hits if h.similarity is not None and h.similarity >= w.min_sim}
+
+
+def _ranked(index, plan: _Plan, passing: set[str], context) -> list[dict]:
+    """The passing papers that rank within the watch's k over the whole index as it is now (the same query, its
+    filters too, as `esqbe query` would answer), as hits' JSON, best first."""
+    w = plan.watch
+    full = run_query(index.backend, plan.query, plan.indices, plan.settings, facet=plan.facet, exclude=plan.exclude,
+                     context=context, filter=plan.filter)
     out = []
-    original = [int(i) for i, _ in watch.query["sentences"]]
+    original = [int(i) for i, _ in w.query["sentences"]]
     for hit in full.hits:
-        if hit.paper_id in passing and hit.similarity is not None and hit.similarity >= watch.min_sim:
+        if hit.paper_id in passing and hit.similarity is not None and hit.similarity >= w.min_sim:
             for m in hit.matches:  # the query sentences' own numbers in the example paper
                 m.query_index = original[m.query_index] if 0 <= m.query_index < len(original) else m.query_index
             out.append(hit.to_dict())
-    return out, len(passing)
+    return out
+
+
+def _new_slices(store, mark: int, end: int):
+    """The papers numbered in [mark, end), NEW_PAPERS_PER_PASS at a time (whatever arrived since a mark, memory
+    stays bounded)."""
+    while mark < end:
+        rows = store.papers_since(mark, end, NEW_PAPERS_PER_PASS)
+        if not rows:
+            return
+        yield rows
+        mark = rows[-1][0] + 1
 
 
 def run_watches(index, names: Sequence[str] | None = None, *, dry_run: bool = False,
                 now: float | None = None) -> list[WatchRun]:
     """Run the named watches (all, if none named): per watch, the papers indexed since its mark that pass its
     threshold and rank within its k against the index now. Unless `dry_run`, each watch's matches and new mark are
-    stored in one transaction, under the write lock (taken first, so no paper arrives mid-run)."""
+    stored in one transaction, under the write lock (taken first, so no paper arrives mid-run). The new papers are
+    read in slices, each slice rescored against every watch, so a run after a bulk load needs no more memory."""
     from ..rescore.batches import RescoreContext
     from .api import _LazyEncoder
 
@@ -359,24 +379,38 @@ def run_watches(index, names: Sequence[str] | None = None, *, dry_run: bool = Fa
     meta = index.backend.meta()
     end = store.next_paper_number()
     when = time.time() if now is None else float(now)
-    new_all = store.papers_since(min((w.mark for w in watches), default=end), end) if watches else []
     context = RescoreContext(encoder=_LazyEncoder(index), backend=index.backend)
-    runs = []
+    runs = {w.name: WatchRun(w.name, mark_from=w.mark, mark_to=w.mark) for w in watches}
+    plans: dict[str, _Plan] = {}
     for w in watches:
-        run = WatchRun(w.name, mark_from=w.mark, mark_to=w.mark)
-        run.refused = model_problem(w, meta)
-        if run.refused is None:
-            new = [p for p in new_all if p[0] >= w.mark]
-            run.new_papers = len(new)
+        runs[w.name].refused = model_problem(w, meta)
+        if runs[w.name].refused is None:
             try:
-                found, run.passed = _run_one(index, w, new, context)
-                run.matches = [{**m, "found": when} for m in found]
+                plans[w.name] = _Plan(index, w)
+            except UserError as e:  # its filters or settings no longer valid
+                runs[w.name].refused = f"watch {w.name}: its query no longer runs: {e}"
+    passing: dict[str, set[str]] = {name: set() for name in plans}
+    first = min((plan.watch.mark for plan in plans.values()), default=end)
+    for chunk in _new_slices(store, first, end):
+        for name, plan in list(plans.items()):
+            new = [p for p in chunk if p[0] >= plan.watch.mark]
+            runs[name].new_papers += len(new)
+            try:
+                passing[name] |= _passing(index, plan, new, context) if new else set()
             except QueryError as e:
-                run.refused = f"watch {w.name}: its query no longer runs: {e}"
-        if run.refused is None:
-            run.mark_to = end
-            if not dry_run:
-                run.advanced = store.watch_record(w.name, end, when, [
-                    (m["paper_id"], json.dumps(m, ensure_ascii=False, allow_nan=False)) for m in run.matches])
-        runs.append(run)
-    return runs
+                runs[name].refused = f"watch {name}: its query no longer runs: {e}"
+                del plans[name]
+    for name, plan in plans.items():
+        run = runs[name]
+        run.passed = len(passing[name])
+        try:
+            found = _ranked(index, plan, passing[name], context) if passing[name] else []
+        except QueryError as e:
+            run.refused = f"watch {name}: its query no longer runs: {e}"
+            continue
+        run.matches = [{**m, "found": when} for m in found]
+        run.mark_to = end
+        if not dry_run:
+            run.advanced = store.watch_record(name, end, when, [
+                (m["paper_id"], json.dumps(m, ensure_ascii=False, allow_nan=False)) for m in run.matches])
+    return [runs[w.name] for w in watches]

@@ -93,9 +93,9 @@ class WatchStoreMixin(EmbeddedHost):
         """The number the next paper indexed will get: a mark that every later paper is at or past."""
         return int(self._setting("next_pno", 0))
 
-    def papers_since(self, mark: int, end: int) -> list[tuple[int, str, dict]]:
-        """The live papers numbered in [mark, end) (indexed since `mark`), in number order: (number, id, metadata).
-        A range scan of the paper-number index: its cost grows with the new papers, not with the index."""
-        rows = self._db.execute("SELECT pno, paper_id, metadata FROM papers WHERE pno >= ? AND pno < ? ORDER BY pno",
-                                (int(mark), int(end))).fetchall()
+    def papers_since(self, mark: int, end: int, limit: int) -> list[tuple[int, str, dict]]:
+        """The first `limit` live papers numbered in [mark, end) (indexed since `mark`), in number order: (number, id,
+        metadata). A range scan of the paper-number index: its cost grows with the new papers, not with the index."""
+        rows = self._db.execute("SELECT pno, paper_id, metadata FROM papers WHERE pno >= ? AND pno < ? ORDER BY pno "
+                                "LIMIT ?", (int(mark), int(end), int(limit))).fetchall()
         return [(int(r[0]), r[1], _load_metadata(r[2])) for r in rows]
