@@ -169,3 +169,42 @@ def test_the_page_lists_the_watches_and_their_latest_matches_in_chromium(watched
         first.find_element(By.TAG_NAME, "a").click()  # a match is a query paper a click away
         wait.until(EC.text_to_be_present_in_element((By.ID, "paper-id"), first.get_attribute("data-paper-id")))
         assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_watch_this_query_on_the_page_saves_a_watch_in_chromium(tmp_path, index_dir_30, encoder, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    path = tmp_path / "ix"
+    shutil.copytree(index_dir_30, path)
+    with LiveServer(create_app(str(path), config=None, options=ServeOptions(host="127.0.0.1"), encoder=encoder)) as url:
+        bad = httpx.post(url + "/watches", json={"paper_id": QUERY, "facet": "method", "name": "../x", "min_sim": 0.5})
+        assert bad.status_code == 422
+        nan = httpx.post(url + "/watches", content=b'{"paper_id": "%s", "name": "x", "min_sim": NaN}' % QUERY.encode(),
+                         headers={"Content-Type": "application/json"})
+        assert nan.status_code == 422
+        wait = WebDriverWait(browser, 60)
+        browser.get(url + f"/#paper={QUERY}&facet=method&k=5")
+        wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#hits li")))
+        assert browser.find_element(By.ID, "watch-panel").get_attribute("hidden") is not None  # no watches yet
+        browser.find_element(By.ID, "watch-query").click()
+        wait.until(EC.alert_is_present()).send_keys("page-watch")
+        browser.switch_to.alert.accept()
+        wait.until(EC.alert_is_present()).send_keys("0.25")
+        browser.switch_to.alert.accept()
+        listed = wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, '#watch-list .watch[data-watch="page-watch"]')))
+        assert "paper " + QUERY in listed.text and "method" in listed.text and "sim ≥ 0.25" in listed.text
+        assert "nothing found yet" in listed.text
+        info = browser.find_element(By.ID, "watch-info")
+        assert "page-watch" in info.text and "watches/page-watch.atom?key=" in info.find_element(
+            By.TAG_NAME, "a").get_attribute("href")
+        browser.find_element(By.ID, "watch-query").click()  # the same name again: said, not saved twice
+        wait.until(EC.alert_is_present()).send_keys("page-watch")
+        browser.switch_to.alert.accept()
+        wait.until(EC.alert_is_present()).accept()
+        wait.until(EC.text_to_be_present_in_element((By.ID, "error"), "exists already"))
+    with esqbe.open_index(str(path), config=None, create=False) as index:
+        watch = get_watch(index, "page-watch")
+    assert watch.min_sim == 0.25 and watch.query["facet"] == "method" and watch.settings["k"] == 5
+    assert watch.query["paper_id"] == QUERY and watch.vectors.shape[0] == len(watch.query["sentences"])

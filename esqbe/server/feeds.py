@@ -163,3 +163,14 @@ def watch_list(index, latest: int) -> list[dict]:
         out.append({**w.to_dict(), "feed": f"watches/{w.name}.atom",
                     "latest": [{k: m.get(k) for k in ("paper_id", "title", "similarity", "found")} for m in found]})
     return out
+
+
+def add_watch_work(index, req, text, overrides: dict) -> dict:
+    """POST /watches on the writer's thread: the query saved as a watch; its feed's path with its secret (the
+    requester may write, so may hold it)."""
+    from ..index.watches import add_watch
+
+    filters = [f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in req.filters or []]
+    watch, _ = add_watch(index, req.name, paper_id=req.paper_id, facet=req.facet, sentences=req.sentences, text=text,
+                         title=req.title, filters=filters or None, min_sim=req.min_sim, **overrides)
+    return {**watch.to_dict(), "feed": f"watches/{watch.name}.atom?key={watch.feed_key}"}

@@ -299,3 +299,14 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+#: POST /watches: a query as POST /query takes it, saved as a watch (`esqbe watch add`) with its name and threshold
+WatchRequest = create_model(
+    "WatchRequest", __base__=QueryRequest, __module__=__name__,
+    __doc__="A query (as POST /query takes it) saved as a watch: papers indexed from now on that reach `min_sim` and "
+            "rank within its k are what `esqbe watch run` reports.",
+    name=(str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+                     description="the watch's name: letters, digits, _ and -; its feed is /watches/NAME.atom")),
+    min_sim=(float, Field(ge=-1.0, le=1.0, allow_inf_nan=False,
+                          description="report a new paper when the rescorer's similarity is at least this")))

@@ -21,7 +21,7 @@ from ..query.export import EXPORT_FORMATS, export_hits, file_name, media_type
 from ..query.search import query_sentences
 from .discovery import INDEX_HEADER, NONCE_PATTERN, PROOF_PATH, proof
 from .errors import ApiError, _clean_validation, _errors, _public, api_error
-from .feeds import FEED_ENTRIES, MAX_FEED_ENTRIES, atom_feed, feed_data, watch_list
+from .feeds import FEED_ENTRIES, MAX_FEED_ENTRIES, add_watch_work, atom_feed, feed_data, watch_list
 from .middleware import _PAGE_HEADERS, JSON_LINES_TYPES, _token_ok, _type_message
 from .models import (
     DeleteResponse,
@@ -34,6 +34,7 @@ from .models import (
     QueryRequest,
     QueryResponse,
     SearchResponse,
+    WatchRequest,
 )
 from .options import ServeOptions
 from .service import Service
@@ -223,6 +224,21 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         """The index's watches (`esqbe watch add`), each with its `latest` matches and its feed's path (never its
         secret); an empty list on a backend that keeps none."""
         return await reads(watch_list, latest)
+
+    @router.post("/watches", responses=_errors(400, 404, 409, 413, 422, 503), tags=["watches"])
+    async def add_watch(req: WatchRequest) -> dict[str, Any]:
+        """Save a query (what POST /query takes) as a watch named `name` with the threshold `min_sim`; answers the
+        watch and its feed's path with its secret. A write: the token where the server has one."""
+        text = req.text
+        try:
+            if text is not None:
+                text = query_sentences(text)  # the caps of POST /query, before any encoding
+            overrides = req.overrides(options.words)
+        except EsqbeError as e:
+            raise api_error(e) from None
+        if text is not None and len(text) > options.max_query_sentences:
+            raise ApiError(413, f"the query text has {len(text)} sentences; at most {options.max_query_sentences}")
+        return await writes(add_watch_work, req, text, overrides)
 
     @router.get("/watches/{name}.atom", response_class=Response, responses=_errors(401, 404, 503), tags=["watches"])
     async def watch_feed(name: str, request: Request, key: str | None = Query(None, max_length=200),

@@ -504,6 +504,31 @@ async function showIndexInfo() {
   }
 }
 
+// "Watch this query": the last query saved as a watch (POST /watches, a write) under a name and a threshold the
+// reader gives; new papers that reach it show in the Watches list and the watch's Atom feed.
+async function watchQuery() {
+  if (!state.lastQuery) return;
+  const name = window.prompt("Name of the watch (letters, digits, _ and -):");
+  if (!name || !name.trim()) return;
+  const sims = ((state.result && state.result.hits) || []).map((h) => h.similarity).filter((x) => typeof x === "number");
+  const given = window.prompt("Report new papers whose similarity is at least:",
+    sims.length ? Math.min(...sims).toFixed(2) : "0.5");
+  if (given === null) return;
+  const { with_sentences, format, ...query } = state.lastQuery;
+  showError(null);
+  try {
+    const w = await api("watches", { method: "POST",
+      body: JSON.stringify({ ...query, name: name.trim(), min_sim: Number(given) }) });
+    const info = $("watch-info");
+    info.replaceChildren(`Watching as “${w.name}” (similarity ≥ ${w.min_sim}); its feed: `,
+      el("a", { href: w.feed, text: `watches/${w.name}.atom` }));
+    info.hidden = false;
+    showWatches();
+  } catch (e) {
+    showError(`The watch was not saved: ${e.message}`);
+  }
+}
+
 // The index's watches (GET /watches): each name links to its Atom feed, each match to a query by it. A server
 // without watches (or an older one) shows no panel.
 function utcDate(seconds, n = 10) {
@@ -543,6 +568,7 @@ document.addEventListener("DOMContentLoaded", () => {
   for (const b of document.querySelectorAll(".facet-btn")) b.addEventListener("click", () => chooseFacet(b.dataset.facet));
   $("run-query").addEventListener("click", runQuery);
   $("use-text").addEventListener("click", useText);
+  $("watch-query").addEventListener("click", watchQuery);
   for (const b of document.querySelectorAll(".export-btn")) b.addEventListener("click", () => download(b.dataset.format));
   $("filters").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); runQuery(); } });
   $("rescorer").addEventListener("change", () => { if (state.lastQuery) runQuery(); });
