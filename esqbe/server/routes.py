@@ -240,7 +240,9 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
             raise ApiError(413, f"the query text has {len(text)} sentences; at most {options.max_query_sentences}")
         return await writes(add_watch_work, req, text, overrides)
 
-    @router.get("/watches/{name}.atom", response_class=Response, responses=_errors(401, 404, 503), tags=["watches"])
+    @router.get("/watches/{name}.atom", response_class=Response, tags=["watches"],
+                responses={**_errors(400, 401, 404, 422, 503),
+                           200: {"content": {"application/atom+xml": {"schema": {"type": "string"}}}}})
     async def watch_feed(name: str, request: Request, key: str | None = Query(None, max_length=200),
                          limit: int = Query(FEED_ENTRIES, ge=1, le=MAX_FEED_ENTRIES)):
         """A watch's matches as an Atom 1.0 feed, newest first (`esqbe watch run` finds them). On a private server
