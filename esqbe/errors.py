@@ -116,7 +116,7 @@ _DEFINING_MODULES = (
     "esqbe.backends.base", "esqbe.core.deadline", "esqbe.core.filters", "esqbe.distributed.raydata", "esqbe.encode.identity",
     "esqbe.encode.adapter", "esqbe.encode.citations",
     "esqbe.evaluation.clscisumm_data", "esqbe.evaluation.csfcube", "esqbe.ingest.readers", "esqbe.query.search",
-    "esqbe.rescore.words", "esqbe.settings.config", "esqbe.tagger.net", "esqbe.server.client",
+    "esqbe.rescore.words", "esqbe.settings.config", "esqbe.tagger.net", "esqbe.server.client", "esqbe.index.watches",
 )
 
 

@@ -17,6 +17,7 @@ from .model_cmds import tag_cmd, train_encoder_cmd, train_tagger_cmd, train_word
 from .query_cmds import cite_cmd, query_cmd
 from .ray_cmd import ray_encode_cmd
 from .serve_cmd import serve_cmd
+from .watch_cmds import watch_group
 
 
 def _process_env() -> None:
@@ -70,6 +71,7 @@ main.add_command(eval_group)
 eval_group.add_command(eval_csfcube_cmd)
 eval_group.add_command(eval_clscisumm_cmd)
 main.add_command(check_group)
+main.add_command(watch_group)  # issue 37: saved queries that keep looking
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from fastapi.staticfiles import StaticFiles
 from ..settings.config import ConfigError, Settings, load_settings
 from .discovery import loopback_url, new_secret, remove_record, write_record
 from .errors import install_error_handlers
+from .feeds import redact_access_log
 from .middleware import _BodyLimit, _Perimeter
 from .options import (
     ServeOptions,
@@ -95,6 +96,7 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
         lifespan=lifespan,
     )
     app.state.service = service
+    redact_access_log()  # a feed's secret URL is never written to the access log
 
     install_error_handlers(app)
     app.include_router(make_router(service, options))

@@ -3,6 +3,7 @@ token and the body type (`_Perimeter`), the body size limit (`_BodyLimit`), and 
 from __future__ import annotations
 
 import hmac
+import re
 
 from fastapi.responses import JSONResponse
 
@@ -17,6 +18,9 @@ WRITE_TYPES = ("application/json", *JSON_LINES_TYPES)
 
 
 _OPEN_PATHS = frozenset({"/", "/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+#: a watch's Atom feed: a feed reader cannot send a bearer token, so on a private server the route checks the feed's
+#: own secret (`?key=`, esqbe.server.feeds) instead
+_FEED_PATH = re.compile(r"/watches/[^/]+\.atom")
 
 
 def _token_ok(authorization: str | None, token: str) -> bool:
@@ -82,6 +86,7 @@ class _Perimeter:
                                         "server's origin nor a --cors-origin")
         token = self.options.token
         private = self.options.private and method != "OPTIONS" and path not in _OPEN_PATHS and not path.startswith("/static/")
+        private = private and not (method in ("GET", "HEAD") and _FEED_PATH.fullmatch(path))
         if token and (write or private) and not _token_ok(headers.get("authorization"), token):
             return _error_response(401, "this endpoint needs Authorization: Bearer <token>" if "authorization" not in headers
                                    else "wrong bearer token", headers={"WWW-Authenticate": 'Bearer realm="esqbe"'})

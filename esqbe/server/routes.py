@@ -19,6 +19,7 @@ from ..query.export import EXPORT_FORMATS, export_hits, file_name, media_type
 from ..query.search import query_sentences
 from .discovery import INDEX_HEADER, NONCE_PATTERN, PROOF_PATH, proof
 from .errors import ApiError, _errors, _public, api_error
+from .feeds import FEED_ENTRIES, MAX_FEED_ENTRIES, add_watch_work, atom_feed, feed_data, watch_list
 from .middleware import _PAGE_HEADERS, JSON_LINES_TYPES, _token_ok, _type_message
 from .models import (
     DeleteResponse,
@@ -31,6 +32,7 @@ from .models import (
     QueryRequest,
     QueryResponse,
     SearchResponse,
+    WatchRequest,
 )
 from .options import ServeOptions
 from .service import Service
@@ -224,6 +226,51 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         except EsqbeError as e:
             raise api_error(e) from None
         return await writes(_write_papers, papers, outcomes, mode)
+
+    @router.get("/watches", responses=_errors(503), tags=["watches"])
+    async def watches(latest: int = Query(5, ge=0, le=50)) -> list[dict[str, Any]]:
+        """The index's watches (`esqbe watch add`), each with its `latest` matches and its feed's path (never its
+        secret); an empty list on a backend that keeps none."""
+        return await reads(watch_list, latest)
+
+    @router.post("/watches", responses=_errors(400, 404, 409, 413, 422, 503), tags=["watches"])
+    async def add_watch(req: WatchRequest) -> dict[str, Any]:
+        """Save a query (what POST /query takes) as a watch named `name` with the threshold `min_sim`; answers the
+        watch and its feed's path with its secret. A write: the token where the server has one."""
+        text = req.text
+        try:
+            if text is not None:
+                text = query_sentences(text)  # the caps of POST /query, before any encoding
+            overrides = req.overrides(options.words)
+        except EsqbeError as e:
+            raise api_error(e) from None
+        if text is not None and len(text) > options.max_query_sentences:
+            raise ApiError(413, f"the query text has {len(text)} sentences; at most {options.max_query_sentences}")
+        return await writes(add_watch_work, req, text, overrides)
+
+    @router.get("/watches/{name}.atom", response_class=Response, tags=["watches"],
+                responses={**_errors(400, 401, 404, 422, 503),
+                           200: {"content": {"application/atom+xml": {"schema": {"type": "string"}}}}})
+    async def watch_feed(name: str, request: Request, key: str | None = Query(None, max_length=200),
+                         limit: int = Query(FEED_ENTRIES, ge=1, le=MAX_FEED_ENTRIES)):
+        """A watch's matches as an Atom 1.0 feed, newest first (`esqbe watch run` finds them). On a private server
+        the feed's secret URL (`?key=`, from `esqbe watch show NAME`) or the bearer token; an unknown watch is
+        refused alike."""
+        from ..index.watches import WatchNotFoundError, feed_key_ok
+
+        try:
+            watch, matches = await service.read(feed_data, name, limit)
+        except WatchNotFoundError:
+            if options.private:
+                raise ApiError(401, "this feed needs its secret URL or the bearer token") from None
+            raise ApiError(404, f"no watch named {name}") from None
+        except EsqbeError as e:
+            raise api_error(e) from None
+        if options.private and not (feed_key_ok(watch, key) or _token_ok(request.headers.get("authorization"),
+                                                                          options.token or "")):
+            raise ApiError(401, "this feed needs its secret URL or the bearer token")
+        return Response(atom_feed(watch, matches, self_url=str(request.url)),
+                        media_type="application/atom+xml; charset=utf-8")
 
     @router.delete("/papers/{paper_id:path}", response_model=DeleteResponse,
                 responses=_errors(401, 404, 503), tags=["papers"])

@@ -82,6 +82,7 @@ class Settings:
     nprobe: int | None = None  # IVF lists per query sentence, fixed; None = the calibrated value
     knn_recall_target: float = 0.95  # recall@100 (papers) the IVF's nprobe / the engines' candidates are calibrated for
     knn_recall_statistic: str = "mean"  # what the target bounds: the calibration sample's mean recall, or its p10
+    max_watches: int = 100  # saved queries (`esqbe watch add`) an index may hold
 
     def replace(self, _source: str | None = None, **changes) -> Settings:
         """A copy with `changes` (None = not given) coerced and validated; `_source` (a config file,

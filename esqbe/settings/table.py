@@ -69,10 +69,13 @@ class Setting:
 
 
 _OPEN = frozenset({"index", "attach", "delete", "stats", "query", "cite", "serve", "check recall"})  # commands that open an index
+#: the `esqbe watch` commands (issue 37): each opens an index; `watch add` takes what `query` ranks with
+_WATCH = frozenset({"watch add", "watch run", "watch list", "watch show", "watch remove", "watch revoke-url"})
+_OPEN = _OPEN | _WATCH
 _MODEL = frozenset({"index", "encode", "attach", "query", "cite", "serve", "eval csfcube", "eval clscisumm", "tag",
                     "train-tagger"})
 _ENCODE = _MODEL - {"cite", "tag", "train-tagger"}
-_RANK = frozenset({"query", "eval csfcube"})
+_RANK = frozenset({"query", "eval csfcube", "watch add"})
 
 SETTINGS: tuple[Setting, ...] = (
     # where the index lives
@@ -124,7 +127,7 @@ SETTINGS: tuple[Setting, ...] = (
             "batch); also how many papers the encoder length-sorts at once.", low=1, high=1_000_000, group="indexing"),
     # querying
     Setting("k", int, 10, "Number of hits.", low=1, high=MAX_K, flag="--k", short="-k", http="k", http_max=HTTP_MAX_K,
-            commands=frozenset({"query"})),
+            commands=frozenset({"query", "watch add"})),
     Setting("rescorer", str, "summax", "The second stage: how the first stage's candidates are rescored.",
             choices=rescorer_names, flag="--rescorer", http="rescorer", commands=_RANK),
     Setting("rescorer_params", dict, {}, "Rescorer parameters (each rescorer declares its own: "
@@ -197,6 +200,9 @@ SETTINGS: tuple[Setting, ...] = (
             "(p10: nine in ten at least at the target; more lists per query, docs/performance.md).", choices=("mean", "p10"),
             env="ESQBE_KNN_RECALL_STATISTIC", flag="--knn-recall-statistic",
             commands=frozenset({"index", "attach", "check recall"}), group="indexing"),
+    # saved queries (issue 37: esqbe watch, esqbe.index.watches)
+    Setting("max_watches", int, 100, "Saved queries (`esqbe watch add`) an index may hold; `watch add` past it is "
+            "refused.", low=1, high=10_000, env="ESQBE_MAX_WATCHES", group="indexing"),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

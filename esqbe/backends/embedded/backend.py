@@ -70,6 +70,7 @@ from .layout import (
 )
 from .lock import WriteLockMixin
 from .textindex import TextIndexMixin, _query_terms
+from .watchstore import WatchStoreMixin
 from .writes import WritesMixin
 
 
@@ -85,7 +86,7 @@ def _knn_param(name: str, value) -> int | float:
     return kind(value)
 
 
-class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, KnnMixin, Backend):
+class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, KnnMixin, WatchStoreMixin, Backend):
     """A local index directory (see module docstring)."""
 
     name = "embedded"

@@ -45,7 +45,16 @@ CREATE INDEX IF NOT EXISTS papers_pno_id ON papers(pno, paper_id);
 CREATE TABLE IF NOT EXISTS dead (pno INTEGER PRIMARY KEY, row_start INTEGER NOT NULL, n_rows INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS text_deletes (paper_id TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS token_counts (token TEXT PRIMARY KEY, count INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS watches (
+    name TEXT PRIMARY KEY, spec TEXT NOT NULL, vectors BLOB NOT NULL, mark INTEGER NOT NULL, created REAL NOT NULL,
+    last_run REAL, feed_key TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS watch_matches (
+    name TEXT NOT NULL, paper_id TEXT NOT NULL, found REAL NOT NULL, hit TEXT NOT NULL, PRIMARY KEY (name, paper_id));
+CREATE INDEX IF NOT EXISTS watch_matches_found ON watch_matches(name, found);
 """
+#: the saved queries (`esqbe watch`, esqbe.index.watches) and what they found: tables added by CREATE ... IF NOT EXISTS
+#: like the rest, so a writer adds them to an index made before them (same format); a reader of such an index sees
+#: no watches (esqbe.backends.embedded.watchstore)
 
 
 def f16_to_f32(h: np.ndarray) -> np.ndarray:

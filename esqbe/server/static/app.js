@@ -545,6 +545,61 @@ async function showIndexInfo() {
   }
 }
 
+// "Watch this query": the last query saved as a watch (POST /watches, a write) under a name and a threshold the
+// reader gives; new papers that reach it show in the Watches list and the watch's Atom feed.
+async function watchQuery() {
+  if (!state.lastQuery) return;
+  const name = window.prompt("Name of the watch (letters, digits, _ and -):");
+  if (!name || !name.trim()) return;
+  const sims = ((state.result && state.result.hits) || []).map((h) => h.similarity).filter((x) => typeof x === "number");
+  const given = window.prompt("Report new papers whose similarity is at least:",
+    sims.length ? Math.min(...sims).toFixed(2) : "0.5");
+  if (given === null) return;
+  const { with_sentences, format, ...query } = state.lastQuery;
+  showError(null);
+  try {
+    const w = await api("watches", { method: "POST",
+      body: JSON.stringify({ ...query, name: name.trim(), min_sim: Number(given) }) });
+    const info = $("watch-info");
+    info.replaceChildren(`Watching as “${w.name}” (similarity ≥ ${w.min_sim}); its feed: `,
+      el("a", { href: w.feed, text: `watches/${w.name}.atom` }));
+    info.hidden = false;
+    showWatches();
+  } catch (e) {
+    showError(`The watch was not saved: ${e.message}`);
+  }
+}
+
+// The index's watches (GET /watches): each name links to its Atom feed, each match to a query by it. A server
+// without watches (or an older one) shows no panel.
+function utcDate(seconds, n = 10) {
+  return new Date(seconds * 1000).toISOString().slice(0, n).replace("T", " ");
+}
+
+async function showWatches() {
+  let list = null;
+  try { list = await api("watches?latest=5"); } catch (e) { list = null; }
+  const panel = $("watch-panel"), ol = $("watch-list");
+  ol.replaceChildren();
+  if (!Array.isArray(list) || !list.length) { panel.hidden = true; return; }
+  for (const w of list) {
+    const q = w.query || {};
+    const what = q.paper_id ? `paper ${q.paper_id}` : `text “${q.title || "untitled"}”`;
+    const run = w.last_run ? `last run ${utcDate(w.last_run, 16)} UTC` : "never run";
+    const matches = (w.latest || []).map((m) => el("li", { class: "watch-match", "data-paper-id": m.paper_id },
+      el("a", { href: `#paper=${encodeURIComponent(m.paper_id)}`, text: m.title || m.paper_id }),
+      el("span", { class: "muted", text: ` sim ${typeof m.similarity === "number" ? m.similarity.toFixed(3) : "-"}`
+        + ` · found ${utcDate(m.found)}` })));
+    ol.append(el("li", { class: "watch", "data-watch": w.name },
+      el("a", { href: w.feed, class: "watch-name", text: w.name, title: "its Atom feed" }),
+      el("span", { class: "muted", text: ` ${what}${q.facet ? ", " + q.facet : ""}, sim ≥ ${w.min_sim} · `
+        + `${w.found} found · ${run}` }),
+      matches.length ? el("ol", { class: "watch-matches" }, ...matches)
+        : el("p", { class: "muted", text: "nothing found yet" })));
+  }
+  panel.hidden = false;
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   $("find-form").addEventListener("submit", (e) => {
     e.preventDefault();
@@ -554,6 +609,7 @@ document.addEventListener("DOMContentLoaded", () => {
   for (const b of document.querySelectorAll(".facet-btn")) b.addEventListener("click", () => chooseFacet(b.dataset.facet));
   $("run-query").addEventListener("click", runQuery);
   $("use-text").addEventListener("click", useText);
+  $("watch-query").addEventListener("click", watchQuery);
   for (const b of document.querySelectorAll(".export-btn")) b.addEventListener("click", () => download(b.dataset.format));
   $("filters").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); runQuery(); } });
   $("rescorer").addEventListener("change", () => { if (state.lastQuery) runQuery(); });
@@ -563,6 +619,6 @@ document.addEventListener("DOMContentLoaded", () => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); runQuery(); }
   });
   window.addEventListener("hashchange", route);
-  showIndexInfo();
+  showIndexInfo().then(showWatches);
   route();
 });

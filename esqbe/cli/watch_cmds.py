@@ -1,0 +1,227 @@
+"""`esqbe watch`: saved queries that keep looking (add, list, show, remove, revoke-url, run); a thin skin over
+esqbe.index.watches."""
+from __future__ import annotations
+
+import datetime
+
+import click
+
+from esqbe.core.textsafe import printable, printable_tree
+from esqbe.query.export import EXPORT_FORMATS
+
+from .errors import handle_errors
+from .options import FACET_CHOICES, _open, click_options, config_option, open_settings, overrides_from_click
+from .output import echo_json, say
+
+
+@click.group("watch")
+def watch_group():
+    """Saved queries that keep looking: each run reports the papers indexed since the last one that match.
+
+    \b
+    esqbe watch add lstm-methods --paper 1791179 --facet method --min-sim 0.6
+    esqbe index today.jsonl && esqbe watch run        # the new papers that match, per watch
+    esqbe serve                                       # GET /watches/lstm-methods.atom: a feed
+    """
+
+
+def _when(t: float | None) -> str:
+    return "never" if t is None else datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _feed_path(watch) -> str:
+    return f"/watches/{watch.name}.atom?key={watch.feed_key}"
+
+
+@watch_group.command("add")
+@click.argument("name")
+@click.option("--min-sim", type=float, required=True,
+              help="Report a new paper only when the rescorer's similarity (the `sim` hits print) is at least this "
+                   "(-1..1).")
+@click.option("--paper", "paper_id", help="Query paper id (must be in the index; the watch keeps its own copy).")
+@click.option("--facet", type=click.Choice(FACET_CHOICES), help="Use the query paper's sentences labelled with this facet.")
+@click.option("--sentences", help="Use these sentences of the query paper or --text (0-based indices, e.g. 0,2).")
+@click.option("--text", help="Query with this abstract text (a paper not in the index).")
+@click.option("--file", "text_file", type=click.File("r"), help="Query with the abstract in this file (- for stdin).")
+@click.option("--title", default="", help="Title of the --text/--file paper.")
+@click.option("--filter", "filters", multiple=True, metavar="COND",
+              help="Only papers whose metadata satisfies COND (repeatable; the grammar of `esqbe query --filter`).")
+@click.option("--json", "as_json", is_flag=True, help="Print the watch as JSON.")
+@click_options("watch add")
+@config_option
+@handle_errors
+def watch_add_cmd(name, min_sim, paper_id, facet, sentences, text, text_file, title, filters, as_json, **kw):
+    """Save a query (what `esqbe query` takes) as watch NAME, with a threshold.
+
+    Papers indexed from now on are new to it; `esqbe watch run` reports those that pass --min-sim and rank
+    within its k. It keeps its own copy of the query sentences and their vectors (re-indexing or deleting the
+    example paper changes nothing).
+    """
+    from esqbe.index.watches import add_watch
+
+    if text_file is not None:
+        if text is not None:
+            raise click.UsageError("give --text or --file, not both")
+        text = text_file.read()
+    if (paper_id is None) == (text is None):
+        raise click.UsageError("give --paper ID (a paper in the index) or --text/--file (a paper that is not)")
+    chosen = None
+    if sentences is not None:
+        try:
+            chosen = [int(x) for x in sentences.split(",") if x.strip()]
+        except ValueError:
+            raise click.BadParameter("expected comma-separated sentence indices, e.g. 0,2", param_hint="--sentences") from None
+    overrides = overrides_from_click(kw, "watch add", ("query",))
+    settings = open_settings(kw, "watch add")
+    import esqbe
+
+    with esqbe.open_index(settings=settings, create=False) as index:
+        watch, result = add_watch(index, name, paper_id=paper_id, facet=facet, sentences=chosen, text=text,
+                                  title=title, filters=list(filters) or None, min_sim=min_sim, **overrides)
+    if as_json:
+        echo_json({**watch.to_dict(with_key=True), "feed": _feed_path(watch)})
+        return
+    say(f"watch {watch.name}: {len(watch.query['sentences'])} query sentence(s) kept with it; papers indexed from now "
+        f"on are new to it (min sim {watch.min_sim:g})")
+    passing = [h for h in result.hits if h.similarity is not None and h.similarity >= watch.min_sim]
+    say(f"  of today's top {len(result.hits)} hits, {len(passing)} pass its threshold (they are not new: not reported)")
+    say(f"  feed: {_feed_path(watch)} on `esqbe serve` (the key is needed on a --private server)")
+
+
+@watch_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the watches as JSON.")
+@click_options("watch list")
+@config_option
+@handle_errors
+def watch_list_cmd(as_json, **kw):
+    """The index's watches: name, query, threshold, last run, papers found."""
+    from esqbe.index.watches import list_watches
+
+    with _open(kw, "watch list", create=False) as index:
+        watches = list_watches(index)
+    if as_json:
+        echo_json([w.to_dict() for w in watches])
+        return
+    if not watches:
+        say("no watches (`esqbe watch add NAME --paper ID --facet method --min-sim 0.6` makes one)")
+    for w in watches:
+        q = w.query
+        what = f"paper {q['paper_id']}" if q["paper_id"] else "text"
+        how = f"facet {q['facet']}" if q["facet"] else "chosen sentences" if q["chosen"] is not None else "all sentences"
+        say(f"{w.name}: {printable(what)}, {how}, min sim {w.min_sim:g}; last run {_when(w.last_run)}; found {w.found}")
+
+
+@watch_group.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the watch and its latest matches as JSON.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True, help="Latest matches shown.")
+@click_options("watch show")
+@config_option
+@handle_errors
+def watch_show_cmd(name, as_json, limit, **kw):
+    """A watch: its query (its own copy of the sentences), settings, threshold, model, feed URL, latest matches."""
+    from esqbe.index.watches import get_watch, watch_matches
+
+    with _open(kw, "watch show", create=False) as index:
+        watch = get_watch(index, name)
+        found = watch_matches(index, name, limit)
+    if as_json:
+        echo_json({**watch.to_dict(with_key=True), "feed": _feed_path(watch), "matches": found})
+        return
+    w = printable_tree(watch.to_dict())
+    q = w["query"]
+    say(f"watch {w['name']}: " + (f"paper {q['paper_id']}" if q["paper_id"] else f"text {q['title']!r}")
+        + (f", facet {q['facet']}" if q["facet"] else "") + f", min sim {w['min_sim']:g}")
+    for (i, s), f in zip(q["sentences"], q["facets"]):
+        say(f"  [{i}] ({f}) {s}")
+    if w["filters"]:
+        say("  filters: " + "; ".join(f"{c['key']} {c['op']} {c.get('value', '')}".rstrip() for c in w["filters"]))
+    if w["settings"]:
+        say("  settings: " + ", ".join(f"{k}={v}" for k, v in w["settings"].items()))
+    m = w["model"]
+    say(f"  model: {m['model']} ({m['dim']}-d, {m['encoder_mode']})")
+    say(f"  last run {_when(watch.last_run)}; found {watch.found}; feed: {_feed_path(watch)}")
+    for hit in printable_tree(found):
+        say(f"  {_when(hit['found'])}  sim {hit['similarity']:.4f}  {hit['paper_id']}  {hit['title']}")
+
+
+@watch_group.command("remove")
+@click.argument("name")
+@click_options("watch remove")
+@config_option
+@handle_errors
+def watch_remove_cmd(name, **kw):
+    """Remove a watch and what it found."""
+    from esqbe.index.watches import remove_watch
+
+    with _open(kw, "watch remove", create=False) as index:
+        remove_watch(index, name)
+    say(f"removed watch {name}")
+
+
+@watch_group.command("revoke-url")
+@click.argument("name")
+@click_options("watch revoke-url")
+@config_option
+@handle_errors
+def watch_revoke_cmd(name, **kw):
+    """Give a watch's feed a new secret URL: the old one stops working on a --private server."""
+    from esqbe.index.watches import get_watch, revoke_feed_key
+
+    with _open(kw, "watch revoke-url", create=False) as index:
+        revoke_feed_key(index, name)
+        watch = get_watch(index, name)
+    say(f"watch {name}: new feed URL {_feed_path(watch)} (the old one is refused)")
+
+
+@watch_group.command("run")
+@click.argument("names", nargs=-1)
+@click.option("--dry-run", is_flag=True, help="Report, but do not advance the watches' marks.")
+@click.option("--json", "as_json", is_flag=True, help="Print each watch's run as JSON.")
+@click.option("--format", "export_format", type=click.Choice(tuple(EXPORT_FORMATS)),
+              help="Print the new matches (all watches together) as CSV, BibTeX or RIS.")
+@click_options("watch run")
+@config_option
+@handle_errors
+def watch_run_cmd(names, dry_run, as_json, export_format, **kw):
+    """Per watch (all, or those NAMEd), the papers indexed since its last run that pass its threshold and rank
+    within its k against the index now, with the matched sentences; then its mark moves on (not with --dry-run).
+
+    Takes the index's write lock like `esqbe index` (queries go on meanwhile). Run it after each `esqbe index`.
+    A watch refused (its vectors are of another model) is said, the others still run, and the exit status is 1.
+    """
+    if as_json and export_format:
+        raise click.UsageError("give --json or --format, not both")
+    from esqbe.index.watches import run_watches
+
+    with _open(kw, "watch run", create=False) as index:
+        runs = run_watches(index, list(names), dry_run=dry_run)
+    if as_json or export_format:
+        if as_json:
+            echo_json([r.to_dict() for r in runs])
+        else:
+            from esqbe.query.export import export_hits
+
+            click.echo(export_hits({"hits": [m for r in runs for m in r.matches]}, export_format), nl=False)
+        for r in runs:  # the others ran; a refused one is said on stderr, and the exit status is 1
+            if r.refused:
+                say(f"esqbe: watch {r.name} refused: {r.refused}", err=True)
+        if any(r.refused for r in runs):
+            raise SystemExit(1)
+        return
+    if not runs:
+        say("no watches (`esqbe watch add` makes one)")
+    for r in runs:
+        if r.refused:
+            say(f"watch {r.name}: refused: {r.refused}")
+            continue
+        say(f"watch {r.name}: {r.new_papers} new paper(s), {len(r.matches)} match(es)"
+            + ("" if r.advanced else " (dry run: mark not moved)" if dry_run else ""))
+        for hit in printable_tree(r.matches):
+            say(f"  {hit['rank']:>3}. sim {hit['similarity']:.4f}  {hit['paper_id']}  {hit['title']}")
+            for m in hit["matches"][:2]:
+                say(f"       query [{m['query_index']}] {m['query_sentence'][:80]}")
+                say(f"         ~ [{m['candidate_index']}] ({m['candidate_facet']}, {m['weight']:.3f}) "
+                    f"{m['candidate_sentence'][:160]}")
+    if any(r.refused for r in runs):
+        raise SystemExit(1)

@@ -1,0 +1,416 @@
+"""Watches: saved faceted queries that keep looking (issue 37; `esqbe watch`, GET /watches/NAME.atom).
+
+A watch is a query as `Index.query` takes it (a paper and a facet, chosen sentences or a text; filters, rescorer,
+k and the other ranking settings) plus a threshold on the rescorer's similarity (`min_sim`). It keeps its own copy
+of the query's sentences and their vectors and the model identity they were made with, so re-indexing or deleting
+the example paper changes nothing, and a model change refuses the watch with the reason (never re-encodes it).
+
+A run (`run_watches`) looks only at the papers indexed since the watch's mark (paper numbers only grow, so they are
+a range of the paper-number index): the stored query is rescored against those papers alone; only when one of them
+passes the threshold is the query run against the whole index as it is now (one ordinary query), and a new paper is
+reported when it is among that query's k hits with its similarity at or over `min_sim`. Its cost grows with the new
+papers (and the watches that any of them passes), not with the index. Each watch's matches and new mark are written
+in one transaction under the index's write lock (readers never wait: SQLite WAL); a paper a watch has reported is
+not reported again (re-indexed, it is a new number but the same id).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..core.filters import FilterError
+from ..domain import IndexedPaper, Paper, normalize_label
+from ..errors import ModelError, ParameterError, UserError
+from ..query.search import QueryError, QueryResult, run_query, settings_for_facet
+from .open import make_filter
+
+#: a watch's name: letters, digits, `_` and `-`, starting with a letter or digit (no path, no markup, no dot: the
+#: feed is NAME.atom), at most this long
+MAX_NAME_CHARS = 64
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+#: the similarity a threshold may ask for: the rescorers' similarities are cosine-like, in -1..1
+MIN_SIM_RANGE = (-1.0, 1.0)
+#: new papers rescored against a watch at once (a run after a big `esqbe index` goes through them in such slices)
+NEW_PAPERS_PER_PASS = 2000
+#: the settings a watch may keep (what a query ranks with; `esqbe watch add` takes the flags of `esqbe query`)
+WATCH_SETTING_KEYS = ("k", "rescorer", "rescorer_params", "rescore_depth", "knn_k", "bm25_k", "fusion",
+                      "fusion_bm25_weight", "candidate_facet", "facet_penalty", "query_facet_threshold",
+                      "final_bm25_weight", "bm25_text", "abstract_weight", "vector_centering", "prf_docs", "prf_weight")
+
+
+class WatchError(UserError, ValueError):
+    """A watch cannot be made or used as asked."""
+
+
+class WatchNameError(ParameterError):
+    """A watch name outside the safe set (letters, digits, `_`, `-`; bounded length)."""
+
+
+class WatchNotFoundError(WatchError):
+    """No watch of that name in this index."""
+
+    http_status: ClassVar[int] = 404
+
+
+class WatchExistsError(WatchError):
+    """A watch of that name exists already."""
+
+    http_status: ClassVar[int] = 409
+
+
+class WatchLimitError(WatchError):
+    """The index holds `max_watches` watches already."""
+
+    http_status: ClassVar[int] = 409
+
+
+class WatchModelError(ModelError):
+    """The index's model is not the one the watch's vectors were made with: the watch is refused, not re-encoded."""
+
+    http_status: ClassVar[int] = 409
+
+
+class WatchesUnsupportedError(WatchError):
+    """This backend does not keep watches yet."""
+
+    http_status: ClassVar[int] = 501
+
+
+def check_name(name: str) -> str:
+    """`name` if it is a valid watch name, else WatchNameError saying why."""
+    if not isinstance(name, str) or not name:
+        raise WatchNameError("a watch needs a name")
+    if len(name) > MAX_NAME_CHARS:
+        raise WatchNameError(f"watch name has {len(name)} characters; at most {MAX_NAME_CHARS}")
+    if not _NAME.fullmatch(name):
+        bad = next((c for c in name if not (c.isascii() and (c.isalnum() or c in "_-"))), name[0])
+        raise WatchNameError(f"watch name {ascii(name)}: {ascii(bad)} is not allowed; use letters, digits, '_' and "
+                             "'-', starting with a letter or digit")
+    return name
+
+
+def check_min_sim(value: Any) -> float:
+    """A threshold: a finite number in MIN_SIM_RANGE, else WatchError saying so."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise WatchError(f"min_sim must be a number (got {value!r})") from None
+    lo, hi = MIN_SIM_RANGE
+    if not math.isfinite(x) or not lo <= x <= hi:
+        raise WatchError(f"min_sim must be a finite number in {lo:g}..{hi:g}, the rescorer's similarity (got {value!r})")
+    return x
+
+
+@dataclass
+class Watch:
+    """A saved query as stored with the index."""
+
+    name: str
+    #: the query: paper_id (None for a text), title, facet, chosen (the sentence indices asked, or None), and the
+    #: query's own copy of its sentences: [[index, text], ...] and their facet labels
+    query: dict
+    #: the ranking settings given when it was made (the index's settings give the rest at each run)
+    settings: dict
+    #: the metadata filter's conditions, as dicts (esqbe.core.filters)
+    filters: list
+    min_sim: float
+    #: the model identity the vectors were made with: model, dim, encoder_mode, fingerprint, adapter
+    model: dict
+    #: the paper number from which papers are new to it
+    mark: int
+    created: float
+    last_run: float | None
+    #: the secret in its feed's URL on a private server (`?key=`)
+    feed_key: str
+    #: how many papers it has found
+    found: int = 0
+    vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32), repr=False)
+
+    def to_dict(self, *, with_key: bool = False) -> dict:
+        d = {"name": self.name, "query": self.query, "settings": self.settings, "filters": self.filters,
+             "min_sim": self.min_sim, "model": self.model, "mark": self.mark, "created": self.created,
+             "last_run": self.last_run, "found": self.found}
+        if with_key:
+            d["feed_key"] = self.feed_key
+        return d
+
+
+@dataclass
+class WatchRun:
+    """What one run of one watch found: the new papers it looked at, the matches (each a hit's JSON with
+    `found`, the time esqbe found it), and whether the mark moved; `refused` says why a watch could not run."""
+
+    name: str
+    new_papers: int = 0
+    #: new papers at or over the threshold (each then checked for its rank over the whole index)
+    passed: int = 0
+    matches: list[dict] = field(default_factory=list)
+    mark_from: int = 0
+    mark_to: int = 0
+    advanced: bool = False
+    refused: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "new_papers": self.new_papers, "passed": self.passed, "matches": self.matches,
+                "mark_from": self.mark_from, "mark_to": self.mark_to, "advanced": self.advanced, "refused": self.refused}
+
+    def as_result(self) -> dict:
+        """The matches in a query result's JSON shape (hits), what esqbe.query.export writes."""
+        return {"hits": self.matches}
+
+
+def _store(index):
+    backend = index.backend
+    if not getattr(backend, "keeps_watches", False):
+        raise WatchesUnsupportedError(f"watches are not yet kept on the {index.settings.backend} backend; "
+                                      "they need the embedded index")
+    return backend
+
+
+def _model_identity(meta) -> dict:
+    return {"model": meta.model, "dim": meta.dim, "encoder_mode": meta.encoder_mode, "fingerprint": meta.fingerprint,
+            "adapter": meta.adapter}
+
+
+def _watch(row: dict) -> Watch:
+    spec = row["spec"]
+    dim = int(spec["model"]["dim"])
+    vectors = np.frombuffer(row["vectors"], dtype=np.float32).reshape(-1, dim) if dim else np.zeros((0, 0), np.float32)
+    return Watch(row["name"], spec["query"], spec["settings"], spec["filters"], float(spec["min_sim"]), spec["model"],
+                 row["mark"], row["created"], row["last_run"], row["feed_key"], row["found"], vectors)
+
+
+def model_problem(watch: Watch, meta) -> str | None:
+    """Why `watch` cannot run on an index of `meta` (its vectors are of another model), or None."""
+    if meta is None:
+        return "the index is empty"
+    now, then = _model_identity(meta), watch.model
+    same = (now["fingerprint"] == then["fingerprint"]) if now["fingerprint"] and then["fingerprint"] \
+        else now["model"] == then["model"]
+    if same and (now["dim"], now["encoder_mode"], now["adapter"]) == (then["dim"], then["encoder_mode"], then["adapter"]):
+        return None
+    return (f"watch {watch.name}'s query vectors were made with model {then['model']!r} ({then['dim']}-d, "
+            f"{then['encoder_mode']}, adapter {then['adapter'] or 'none'}); the index is now {now['model']!r} "
+            f"({now['dim']}-d, {now['encoder_mode']}, adapter {now['adapter'] or 'none'}): it is not re-encoded; "
+            f"remove it and add it again (`esqbe watch remove {watch.name}`, then `esqbe watch add {watch.name} ...`)")
+
+
+def list_watches(index) -> list[Watch]:
+    """The index's watches, by name."""
+    return [_watch(r) for r in _store(index).watch_rows()]
+
+
+def get_watch(index, name: str) -> Watch:
+    rows = _store(index).watch_rows(check_name(name))
+    if not rows:
+        raise WatchNotFoundError(f"no watch named {name} in this index (`esqbe watch list` lists them)")
+    return _watch(rows[0])
+
+
+def add_watch(index, name: str, *, paper_id: str | None = None, facet: str | None = None,
+              sentences: Sequence[int] | None = None, text: str | Sequence[str] | None = None, title: str = "",
+              filters=None, min_sim: float, now: float | None = None, **overrides) -> tuple[Watch, QueryResult]:
+    """Save a query as watch `name` (what `Index.query` takes, `overrides` among WATCH_SETTING_KEYS) with the
+    threshold `min_sim`; papers indexed from now on are new to it. Returns the watch and the query's result now (the
+    hits it would match if they were new). Written in one transaction; refused past the `max_watches` setting."""
+    check_name(name)
+    min_sim = check_min_sim(min_sim)
+    store = _store(index)
+    unknown = sorted(set(overrides) - set(WATCH_SETTING_KEYS))
+    if unknown:
+        raise WatchError(f"a watch cannot keep {', '.join(unknown)}; it keeps {', '.join(WATCH_SETTING_KEYS)}")
+    settings = settings_for_facet(index.settings, facet).replace(**overrides)
+    if not settings.rescorer or settings.rescorer == "none":
+        raise WatchError("a watch's threshold is on the rescorer's similarity: rescorer none gives none; choose a "
+                         "rescorer (e.g. summax)")
+    if store.watch_rows(name):
+        raise WatchExistsError(f"a watch named {name} exists already (`esqbe watch remove {name}` first)")
+    try:
+        flt = make_filter(filters)
+    except FilterError as e:
+        raise WatchError(str(e)) from None
+    conditions = [c.to_dict() for c in flt.conditions] if flt else []
+    result = index.query(paper_id, facet=facet, sentences=sentences, text=text, title=title,
+                         filters=conditions or None, **overrides)  # every part checked as a query is
+    meta = index.backend.meta()
+    indices = [i for i, _ in result.query_sentences]
+    if paper_id is not None:
+        vectors = index.backend.get([str(paper_id)])[str(paper_id)].vectors[indices]
+    else:
+        from ..query.search import query_sentences
+
+        paper = Paper("query", title, query_sentences(text))  # type: ignore[arg-type]  # a text: checked by query
+        vectors = index.encoder.sentence_vectors([paper], meta.encoder_mode)[0][indices]
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    spec = {
+        "query": {"paper_id": str(paper_id) if paper_id is not None else None, "title": result.query_title or title,
+                  "facet": normalize_label(facet) if facet else None,
+                  "chosen": list(map(int, sentences)) if sentences is not None else None,
+                  "sentences": [[int(i), s] for i, s in result.query_sentences], "facets": list(result.query_facets)},
+        "settings": dict(overrides), "filters": conditions, "min_sim": min_sim, "model": _model_identity(meta),
+    }
+    created = time.time() if now is None else float(now)
+    row = {"name": name, "spec": spec, "vectors": vectors.tobytes(), "mark": store.next_paper_number(),
+           "created": created, "feed_key": secrets.token_urlsafe(24)}
+    reason = store.watch_insert(row, int(index.settings.max_watches))
+    if reason == "exists":
+        raise WatchExistsError(f"a watch named {name} exists already (`esqbe watch remove {name}` first)")
+    if reason == "full":
+        raise WatchLimitError(f"the index holds {index.settings.max_watches} watches, its limit (the max_watches "
+                              "setting, ESQBE_MAX_WATCHES); remove one first")
+    return get_watch(index, name), result
+
+
+def remove_watch(index, name: str) -> None:
+    if not _store(index).watch_delete(check_name(name)):
+        raise WatchNotFoundError(f"no watch named {name} in this index (`esqbe watch list` lists them)")
+
+
+def revoke_feed_key(index, name: str) -> str:
+    """Give watch `name` a new feed secret (the old URL stops working); returns the new one."""
+    key = secrets.token_urlsafe(24)
+    if not _store(index).watch_set_key(check_name(name), key):
+        raise WatchNotFoundError(f"no watch named {name} in this index (`esqbe watch list` lists them)")
+    return key
+
+
+def feed_key_ok(watch: Watch, given: str | None) -> bool:
+    """Whether `given` is the watch's feed secret (compared in constant time)."""
+    return bool(given) and secrets.compare_digest(str(given).encode(), watch.feed_key.encode())
+
+
+def watch_matches(index, name: str, limit: int) -> list[dict]:
+    """What watch `name` found, newest first, at most `limit`: each a hit's JSON with `found` (when)."""
+    get_watch(index, name)
+    return [{**hit, "found": found} for _pid, found, hit in _store(index).watch_matches(name, limit)]
+
+
+def _query_of(watch: Watch) -> tuple[IndexedPaper, list[int]]:
+    """The watch's own copy of its query, as a paper whose sentences are the query sentences."""
+    q = watch.query
+    sents = [s for _, s in q["sentences"]]
+    paper = Paper(q["paper_id"] or f"watch:{watch.name}", q.get("title") or "", sents, list(q["facets"]))
+    return IndexedPaper(paper, watch.vectors), list(range(len(sents)))
+
+
+class _Plan:
+    """One watch's query as a run uses it: settings, filter, the stored query paper, what it leaves out."""
+
+    def __init__(self, index, watch: Watch):
+        self.watch = watch
+        self.settings = settings_for_facet(index.settings, watch.query["facet"]).replace(**watch.settings)
+        try:
+            self.filter = make_filter(watch.filters or None)
+        except FilterError as e:
+            raise QueryError(f"its filters no longer parse: {e}") from None
+        self.query, self.indices = _query_of(watch)
+        self.facet = watch.query["facet"]
+        self.exclude = (watch.query["paper_id"],) if watch.query["paper_id"] else ()
+
+
+def _passing(index, plan: _Plan, new: list[tuple[int, str, dict]], context) -> set[str]:
+    """Of one slice of new papers (number, id, metadata), those the watch has not reported that its filters allow
+    and its stored query, rescored against them alone, finds at or over its threshold."""
+    w = plan.watch
+    candidates = [pid for _, pid, meta in new if plan.filter is None or plan.filter.matches(meta)]
+    reported = index.backend.watch_reported(w.name, candidates)
+    candidates = [pid for pid in candidates if pid not in reported]
+    if not candidates:
+        return set()
+    scored = run_query(index.backend, plan.query, plan.indices, plan.settings, facet=plan.facet, exclude=plan.exclude,
+                       restrict_to=candidates, context=context)
+    return {h.paper_id for h in scored.hits if h.similarity is not None and h.similarity >= w.min_sim}
+
+
+def _ranked(index, plan: _Plan, passing: set[str], context) -> list[dict]:
+    """The passing papers that rank within the watch's k over the whole index as it is now (the same query, its
+    filters too, as `esqbe query` would answer), as hits' JSON, best first."""
+    w = plan.watch
+    full = run_query(index.backend, plan.query, plan.indices, plan.settings, facet=plan.facet, exclude=plan.exclude,
+                     context=context, filter=plan.filter)
+    out = []
+    original = [int(i) for i, _ in w.query["sentences"]]
+    for hit in full.hits:
+        if hit.paper_id in passing and hit.similarity is not None and hit.similarity >= w.min_sim:
+            for m in hit.matches:  # the query sentences' own numbers in the example paper
+                m.query_index = original[m.query_index] if 0 <= m.query_index < len(original) else m.query_index
+            out.append(hit.to_dict())
+    return out
+
+
+def _new_slices(store, mark: int, end: int):
+    """The papers numbered in [mark, end), NEW_PAPERS_PER_PASS at a time (whatever arrived since a mark, memory
+    stays bounded)."""
+    while mark < end:
+        rows = store.papers_since(mark, end, NEW_PAPERS_PER_PASS)
+        if not rows:
+            return
+        yield rows
+        mark = rows[-1][0] + 1
+
+
+def run_watches(index, names: Sequence[str] | None = None, *, dry_run: bool = False,
+                now: float | None = None) -> list[WatchRun]:
+    """Run the named watches (all, if none named): per watch, the papers indexed since its mark that pass its
+    threshold and rank within its k against the index now. Unless `dry_run`, each watch's matches and new mark are
+    stored in one transaction, under the write lock (taken first, so no paper arrives mid-run). The new papers are
+    read in slices, each slice rescored against every watch, so a run after a bulk load needs no more memory."""
+    from ..rescore.batches import RescoreContext
+    from .api import _LazyEncoder
+
+    store = _store(index)
+    wanted = [check_name(n) for n in dict.fromkeys(names or ())]
+    if not dry_run:
+        store.begin_write()  # like any writer: waits for `esqbe index`; readers go on (WAL)
+    watches = list_watches(index)
+    if wanted:
+        missing = [n for n in wanted if n not in {w.name for w in watches}]
+        if missing:
+            raise WatchNotFoundError(f"no watch named {', '.join(missing)} in this index (`esqbe watch list`)")
+        watches = [w for w in watches if w.name in wanted]
+    meta = index.backend.meta()
+    end = store.next_paper_number()
+    when = time.time() if now is None else float(now)
+    context = RescoreContext(encoder=_LazyEncoder(index), backend=index.backend)
+    runs = {w.name: WatchRun(w.name, mark_from=w.mark, mark_to=w.mark) for w in watches}
+    plans: dict[str, _Plan] = {}
+    for w in watches:
+        runs[w.name].refused = model_problem(w, meta)
+        if runs[w.name].refused is None:
+            try:
+                plans[w.name] = _Plan(index, w)
+            except UserError as e:  # its filters or settings no longer valid
+                runs[w.name].refused = f"watch {w.name}: its query no longer runs: {e}"
+    passing: dict[str, set[str]] = {name: set() for name in plans}
+    first = min((plan.watch.mark for plan in plans.values()), default=end)
+    for chunk in _new_slices(store, first, end):
+        for name, plan in list(plans.items()):
+            new = [p for p in chunk if p[0] >= plan.watch.mark]
+            runs[name].new_papers += len(new)
+            try:
+                passing[name] |= _passing(index, plan, new, context) if new else set()
+            except QueryError as e:
+                runs[name].refused = f"watch {name}: its query no longer runs: {e}"
+                del plans[name]
+    for name, plan in plans.items():
+        run = runs[name]
+        run.passed = len(passing[name])
+        try:
+            found = _ranked(index, plan, passing[name], context) if passing[name] else []
+        except QueryError as e:
+            run.refused = f"watch {name}: its query no longer runs: {e}"
+            continue
+        run.matches = [{**m, "found": when} for m in found]
+        run.mark_to = end
+        if not dry_run:
+            run.advanced = store.watch_record(name, end, when, [
+                (m["paper_id"], json.dumps(m, ensure_ascii=False, allow_nan=False)) for m in run.matches])
+    return [runs[w.name] for w in watches]
