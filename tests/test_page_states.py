@@ -91,6 +91,7 @@ def _no_severe_log(browser):
 
 
 def test_query_by_a_hit_replaces_the_hits_and_hover_lights_only_the_new_querys_sentences(server, browser):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
@@ -108,9 +109,13 @@ def test_query_by_a_hit_replaces_the_hits_and_hover_lights_only_the_new_querys_s
     # from the click on, no hit of the old query is on screen: only the new query's, once they come
     deadline = time.time() + 60
     while True:
-        shown = [h.get_attribute("data-query-paper") for h in _hits(browser)]
+        try:
+            shown = [h.get_attribute("data-query-paper") for h in _hits(browser)]
+            ready = browser.find_element(By.ID, "paper-id").text.startswith(target_id)
+        except StaleElementReferenceException:  # the page re-drew the list while it was read: read it again
+            continue
         assert set(shown) <= {target_id}, "hits of the old query under the new query paper"
-        if shown and browser.find_element(By.ID, "paper-id").text.startswith(target_id):
+        if shown and ready:
             break
         assert time.time() < deadline
         time.sleep(0.05)
