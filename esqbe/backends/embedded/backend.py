@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...core.filter_check import check_conditions
+from ...core.filter_check import check_conditions, listed_key
 from ...core.filters import MetadataColumns, MetadataFilter
 from ...core.fusion import fuse, top_k
 from ...domain import (
@@ -328,9 +328,9 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
             # per facet with an IVF: the nprobe queries use, and how it was chosen (calibrated for knn_recall_target)
             "knn_calibration": calibration,
             # top-level metadata keys and how many papers have each: what `--filter` can name
-            "metadata_keys": dict(self._db.execute(
+            "metadata_keys": {key: n for key, n in self._db.execute(
                 "SELECT key, COUNT(*) FROM (SELECT metadata FROM papers WHERE json_valid(metadata)) AS p, json_each(p.metadata) "
-                "WHERE type != 'null' GROUP BY key ORDER BY key")),  # json_valid: NaN stored by an older esqbe
+                "WHERE type != 'null' GROUP BY key ORDER BY key") if listed_key(key)},  # json_valid: NaN stored by an older esqbe
             "bytes_on_disk": size,
             "bytes_per_paper": round(size / papers) if papers else None,
         }
