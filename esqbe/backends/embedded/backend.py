@@ -54,6 +54,7 @@ from ...domain import (
 )
 from ...errors import BackendError, StorageError
 from ..base import Backend
+from .aliases import AliasesMixin
 from .ann import ANN_PQ_FASTSCAN, ANN_SQ8, AnnMixin, _calibration_due, _first_stage_pool
 from .knn import KnnMixin
 from .layout import (
@@ -85,7 +86,7 @@ def _knn_param(name: str, value) -> int | float:
     return kind(value)
 
 
-class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, KnnMixin, Backend):
+class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AliasesMixin, AnnMixin, KnnMixin, Backend):
     """A local index directory (see module docstring)."""
 
     name = "embedded"
@@ -211,9 +212,12 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         assert stored is not None  # written just above
         stored.check(meta)
 
-    def get(self, paper_ids: Sequence[str]) -> dict[str, IndexedPaper]:
+    def get(self, paper_ids: Sequence[str], *, resolve: bool = True) -> dict[str, IndexedPaper]:
+        """The papers stored under these ids; an id merged into another paper (esqbe.index.merge) gives that paper,
+        under the id asked for (`resolve`)."""
         out = {}
-        for chunk in _chunks(list(dict.fromkeys(map(str, paper_ids))), 500):
+        ids = list(dict.fromkeys(map(str, paper_ids)))
+        for chunk in _chunks(ids, 500):
             q = (
                 "SELECT paper_id, title, sentences, facets, metadata, row_start, n_rows FROM papers "
                 f"WHERE paper_id IN ({','.join('?' * len(chunk))})"
@@ -228,6 +232,10 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
                 paper = Paper(pid, title, json.loads(sentences), json.loads(facets), _load_metadata(metadata))
                 out[pid] = IndexedPaper(paper, rows[at : at + n])
                 at += n
+        merged = self.resolve_ids([pid for pid in ids if pid not in out]) if resolve and len(out) < len(ids) else {}
+        if merged:
+            got = self.get(sorted(set(merged.values())), resolve=False)
+            out.update({asked: got[pid] for asked, pid in merged.items() if pid in got})
         return out
 
     def _read_rows(self, st: _State, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -45,7 +45,11 @@ CREATE INDEX IF NOT EXISTS papers_pno_id ON papers(pno, paper_id);
 CREATE TABLE IF NOT EXISTS dead (pno INTEGER PRIMARY KEY, row_start INTEGER NOT NULL, n_rows INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS text_deletes (paper_id TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS token_counts (token TEXT PRIMARY KEY, count INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS aliases (key TEXT PRIMARY KEY, paper_id TEXT NOT NULL);
 """
+#: the `settings` key set once `aliases` holds the identifiers of every paper (an index from before the table gets
+#: them from its papers' metadata when a writer first opens it: esqbe.backends.embedded.aliases)
+ALIASES_FILLED = "aliases_filled"
 
 
 def f16_to_f32(h: np.ndarray) -> np.ndarray:
