@@ -108,6 +108,10 @@ def test_every_reference_format_indexes_again_as_the_same_papers(library, tmp_pa
     for pid, paper in papers.items():
         assert _described(again[pid]) == _described(paper), pid
         assert again[pid].metadata["format"] == fmt
+        # a plain url stays a plain url; nothing read back from a reference format claims open access (item 8)
+        assert again[pid].metadata.get("url") == (paper.metadata.get("url") or paper.metadata.get("open_access_url")), pid
+        assert "open_access_url" not in again[pid].metadata, pid
+    assert {papers[p].metadata["url"] for p in ("vaswani2017attention", "ABCD2345", "10.1109/CVPR.2016.90")}
     own = {"bibtex": {"vaswani2017attention": "inproceedings", "garcia2021asr": "inproceedings",
                       "roe2019thesis": "phdthesis", "smith2020conf": "inproceedings", "ABCD2345": "article"},
            "ris": {"smith2020conf": "CONF", "garcia2021asr": "CONF", "roe2019thesis": "THES", "ABCD2345": "JOUR"},

@@ -100,6 +100,23 @@ def test_s2ag_papers_shape_fields_are_kept(tmp_path):
     assert matches(p.metadata, [parse_filter("author_id=42"), parse_filter("venue in (ACL, EMNLP)")])
 
 
+def test_s2_api_open_access_pdf_is_open_access_and_its_url_the_s2_page(tmp_path):
+    """An S2 Graph API paper (`/graph/v1/paper/...?fields=...,url,openAccessPdf`): `openAccessPdf` says the paper is
+    open, so it is `open_access_url`; the record's `url` is its Semantic Scholar page (issue 38, item 8)."""
+    rec = {"paperId": "204e3073870fae3d05bcbc2f6a8e263d9b72e776", "corpusId": 13756489,
+           "url": "https://www.semanticscholar.org/paper/204e3073870fae3d05bcbc2f6a8e263d9b72e776",
+           "title": "Attention is All you Need", "abstract": "We propose the Transformer. It is fast.", "year": 2017,
+           "openAccessPdf": {"url": "https://arxiv.org/pdf/1706.03762", "status": "GREEN"}}
+    closed = {**rec, "corpusId": 1, "openAccessPdf": None}
+    path = tmp_path / "s2.jsonl"
+    path.write_text(json.dumps(rec) + "\n" + json.dumps(closed) + "\n")
+    p, q = read_papers(path)
+    assert p.metadata["open_access_url"] == "https://arxiv.org/pdf/1706.03762"
+    assert p.metadata["open_access_status"] == "GREEN"
+    assert p.metadata["s2_url"] == rec["url"] and "url" not in p.metadata
+    assert "open_access_url" not in q.metadata and "open_access_status" not in q.metadata
+
+
 def test_plain_jsonl_keeps_extra_keys_and_metadata_object(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text(

@@ -36,6 +36,10 @@ def _record(i: int, r: dict) -> dict:
            "abstract": " ".join(r["sentences"]), "year": 2010 + i % 12, "venue": VENUES[i % 3],
            "authors": [f"Ada Author{i}", f"Bo Writer{i}", "Cy Third", "Di Fourth"],
            "external_ids": {"doi": f"10.1000/esqbe.{i}", "arxiv": f"2101.{i:05d}", "corpus_id": str(1000 + i)}}
+    if i % 5 == 1:  # a reference manager's plain `url`: a link, never "open access" (issue 38, item 8)
+        rec["url"] = f"https://example.org/paper/{i}"
+    elif i % 5 == 2:  # the record says it is open (S2, OpenAlex, arXiv)
+        rec["open_access_url"] = f"https://example.org/oa/{i}.pdf"
     if r["paper_id"] == HOSTILE:
         rec.update(title='<img src=x onerror="window.__pwned=1">Hostile', venue="<b>bold</b>",
                    s2_url="javascript:window.__pwned=1", open_access_url="javascript:alert(1)",
@@ -241,8 +245,11 @@ def test_hits_show_metadata_and_safe_links_and_the_page_has_filters_text_queries
         assert meta.find_element(By.CSS_SELECTOR, ".venue").text == rec["venue"]
         assert meta.find_element(By.CSS_SELECTOR, ".authors").text == f"Ada Author{i}, Bo Writer{i}, Cy Third et al."
         assert meta.find_element(By.CSS_SELECTOR, ".doi").text == f"doi:10.1000/esqbe.{i}"
-        assert links == {"S2": f"https://api.semanticscholar.org/CorpusID:{1000 + i}",
-                         "arXiv": f"https://arxiv.org/abs/2101.{i:05d}", "DOI": f"https://doi.org/10.1000/esqbe.{i}"}
+        want = {"S2": f"https://api.semanticscholar.org/CorpusID:{1000 + i}",
+                "arXiv": f"https://arxiv.org/abs/2101.{i:05d}", "DOI": f"https://doi.org/10.1000/esqbe.{i}"}
+        want.update({1: {"link": f"https://example.org/paper/{i}"},
+                     2: {"open access": f"https://example.org/oa/{i}.pdf"}}.get(i % 5, {}))
+        assert links == want
     assert not browser.find_elements(By.CSS_SELECTOR, 'a[href^="javascript"], #hits img, #hits b, #hits script')
     assert browser.execute_script("return window.__pwned") is None
 

@@ -36,9 +36,12 @@ def test_bibtex_zotero_export():
                                      {"name": "Niki Parmar", "family": "Parmar", "given": "Niki"}]
     assert p.metadata["venue"] == "Advances in Neural Information Processing Systems"
     assert p.metadata["external_ids"] == {"doi": "10.48550/arXiv.1706.03762", "arxiv": "1706.03762"}
+    # a reference manager's `url` is a plain url: it says nothing about open access (issue 38, item 8)
+    assert p.metadata["url"].startswith("https://proceedings.neurips.cc/paper/2017/")
+    assert "open_access_url" not in p.metadata
     assert report.skipped == {"no abstract": 1}  # mueller2019
     assert [str(e) for e in report.errors] == [
-        f"{DATA / 'zotero.bib'}:25: entry: not a valid BibTeX entry: Unexpectedly reached end of file."]
+        f"{DATA / 'zotero.bib'}:26: entry: not a valid BibTeX entry: Unexpectedly reached end of file."]
 
 
 def test_bibtex_latex_is_decoded_and_names_turned_round():
@@ -69,6 +72,7 @@ def test_ris_zotero_export():
                                      {"name": "Xiangyu Zhang", "family": "Zhang", "given": "Xiangyu"}]
     assert p.metadata["year"] == 2016 and p.metadata["external_ids"] == {"doi": "10.1109/CVPR.2016.90"}
     assert p.metadata["venue"].startswith("Proceedings of the IEEE Conference")
+    assert p.metadata["url"] == "https://doi.org/10.1109/CVPR.2016.90" and "open_access_url" not in p.metadata
     assert report.skipped == {"no abstract": 1}
     assert [(e.line, e.field) for e in report.errors] == [(19, "TY"), (20, "ER")]
 
@@ -90,9 +94,10 @@ def test_csl_json_zotero_export():
     assert p.metadata["year"] == 2019 and p.metadata["publication_date"] == "2019-06"
     assert p.metadata["external_ids"] == {"doi": "10.18653/v1/N19-1423"}
     assert p.metadata["venue"] == "Proceedings of NAACL-HLT"
+    assert p.metadata["url"] == "https://aclanthology.org/N19-1423" and "open_access_url" not in p.metadata
     assert report.skipped == {"no abstract": 1}
     assert [str(e) for e in report.errors] == [
-        f"{DATA / 'zotero-csl.json'}:23: author[0]: expected an object with family/given, got str"]
+        f"{DATA / 'zotero-csl.json'}:24: author[0]: expected an object with family/given, got str"]
 
 
 def test_csl_json_broken_array_reports_the_line_and_keeps_what_came_before():
@@ -111,6 +116,7 @@ def test_arxiv_metadata_snapshot():
     assert p.metadata["authors"][0] == {"name": "C. Balázs"}
     assert p.metadata["external_ids"] == {"arxiv": "0704.0001", "doi": "10.1103/PhysRevD.76.013009"}
     assert p.metadata["fields_of_study"] == ["hep-ph"]
+    assert p.metadata["open_access_url"] == "https://arxiv.org/pdf/0704.0001"  # every arXiv paper is open
     assert report.skipped == {"no abstract": 1}
     assert [(e.line, e.field) for e in report.errors] == [(3, "title")]
 
@@ -125,6 +131,8 @@ def test_openalex_abstract_rebuilt_in_word_order():
                                      {"name": "Jason Priem", "id": "A5023888391"}]
     assert p.metadata["venue"] == "PeerJ" and p.metadata["year"] == 2018
     assert p.metadata["external_ids"]["doi"] == "10.7717/peerj.4375"
+    assert p.metadata["open_access_url"] == "https://peerj.com/articles/4375.pdf"  # open_access.oa_url
+    assert p.metadata["open_access_status"] == "gold"
     assert report.skipped == {"no abstract": 1}
     assert [(e.line, e.field) for e in report.errors] == [(3, "abstract_inverted_index")]
 
@@ -159,7 +167,7 @@ def test_cli_indexes_a_bibtex_file_and_finds_its_papers(tmp_path, encoder):
     out = json.loads(r.stdout)
     assert out["indexed"] == 2, r.output
     assert out["skipped"] == {"no abstract": 2}
-    assert any("zotero.bib:25: entry:" in e for e in out["errors"])
+    assert any("zotero.bib:26: entry:" in e for e in out["errors"])
     import esqbe
 
     with esqbe.open_index(str(ix), encoder=encoder) as index:

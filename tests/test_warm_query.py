@@ -136,13 +136,34 @@ def test_a_running_server_answers_text_queries(served):
     assert "query text, facet method" in quiet.stdout
 
 
+def test_a_configs_query_settings_go_to_the_server_with_the_query(served, tmp_path):
+    """Issue 38, item 9: a config's `k: 5` (any setting the HTTP API carries, a facet's own, the default facet) is
+    sent with the query, so the warm server answers it, as a local run would, instead of the model loading here."""
+    config = tmp_path / "esqbe.yaml"
+    config.write_text("k: 3\nfinal_bm25_weight: 0.3\nfusion: linear\ndefault_facet: method\n"
+                      "facet_settings: {method: {abstract_weight: 0.2}}\n")
+    for query in (("--paper", QID), ("--text", TEXT)):
+        args = ("query", "--path", served.path, *query, "--config", config, "--json")
+        before = served.queries_answered()
+        warm = cli(*args, cwd=served.path.parent)
+        assert warm.returncode == 0 and _answered_by(warm.stderr, served.url), warm.stderr
+        time.sleep(0.5)  # the access log line
+        assert served.queries_answered() == before + 1
+        here = cli(*args, "--no-server", cwd=served.path.parent)
+        assert here.returncode == 0, here.stderr
+        a, b = json.loads(warm.stdout), json.loads(here.stdout)
+        assert a["query"]["facet"] == "method" and len(a["hits"]) == 3
+        assert [h["paper_id"] for h in a["hits"]] == [h["paper_id"] for h in b["hits"]]
+        assert [h["score"] for h in a["hits"]] == pytest.approx([h["score"] for h in b["hits"]], abs=1e-5)
+
+
 def test_settings_that_differ_are_not_answered_by_the_server(served, tmp_path):
     config = tmp_path / "other.yaml"
-    config.write_text("final_bm25_weight: 0.3\n")
+    config.write_text("prf_docs: 2\n")  # a setting the HTTP API does not carry
     r = cli("query", "--path", served.path, "--paper", QID, "--facet", "method", "--config", config,
             cwd=served.path.parent)
     assert r.returncode == 0 and not _answered_by(r.stderr, served.url)
-    assert "runs with other settings (final_bm25_weight)" in r.stderr
+    assert "runs with other settings (prf_docs)" in r.stderr
     # a flag the HTTP API does not take: answered here, said why
     r = cli("query", "--path", served.path, "--paper", QID, "--facet", "method", "--prf-docs", "2",
             cwd=served.path.parent)

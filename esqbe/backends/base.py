@@ -86,6 +86,17 @@ class Backend(ABC):
         """Raise FilterError when a filter cannot match as written (a key no paper has, a value no paper has
         for its key), where the backend can tell cheaply; the embedded backend does (esqbe.core.filter_check)."""
 
+    #: whether the backend keeps a table of the identifiers (DOI, arXiv, PubMed) and merged-away ids naming each paper
+    #: (issue 38, item 2): without one, records of one work are merged within an index run only (esqbe.index.merge)
+    keeps_aliases = False
+
+    def work_aliases(self, keys: Iterable[str]) -> dict[str, str]:
+        """The paper each key names (`doi:...`, `arxiv:...`, `pubmed:...`, `id:<a merged-away id>`), where known."""
+        return {}
+
+    def add_aliases(self, aliases: dict[str, str]) -> None:  # noqa: B027 (optional: see keeps_aliases)
+        """Remember that each key (`id:<merged-away id>`) names that paper."""
+
     def paper_ids(self) -> list[str]:
         """Every paper id in the index (for whole-index jobs such as `esqbe train-words --index-path`)."""
         raise BackendError(f"the {self.name} backend cannot list its papers")

@@ -159,6 +159,8 @@ def _print_index_report(report, as_json: bool) -> None:
     )
     for line in report.skipped_lines(10):
         say(f"  skipped {line}" if not line.startswith("and ") else f"  {line} (all of them: --json, or --skipped FILE)")
+    for line in report.merge_lines(10):
+        say(f"  {line}")
 
 
 def _write_skipped(path: str, report) -> None:

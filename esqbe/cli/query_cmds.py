@@ -41,7 +41,9 @@ def _single_threaded_math():
 @click.option("--not", "avoid", multiple=True, metavar="ID[:FACET]",
               help="A paper the hits should not resemble (repeatable; its --facet sentences, or ID:FACET's). It and "
                    "the examples are never hits.")
-@click.option("--facet", type=click.Choice(FACET_CHOICES), help="Use the query paper's sentences labelled with this facet.")
+@click.option("--facet", type=click.Choice((*FACET_CHOICES, "all")),
+              help="Use the query paper's sentences labelled with this facet (all: every sentence; default: the "
+                   "setting default_facet, else every sentence).")
 @click.option("--sentences", help="Use these sentences of the query paper or --text instead (0-based indices, e.g. 0,2).")
 @click.option("--text", help="Query with this abstract text (a paper not in the index).")
 @click.option("--file", "text_file", type=click.File("r"), help="Query with the abstract in this file (- for stdin).")
@@ -139,6 +141,10 @@ def query_cmd(paper_ids, avoid, facet, sentences, text, text_file, title, filter
                                    param_hint="--sentences") from None
     overrides = overrides_from_click(kw, "query", ("query",))
     settings = open_settings(kw, "query")
+    if facet == "all":
+        facet = None
+    elif facet is None and chosen is None:
+        facet = settings.default_facet  # a config's `default_facet: method`
     result = None
     if not no_server:
         result = _from_server(settings, server_url, server_timeout, quiet, paper_id=paper_id, facet=facet,

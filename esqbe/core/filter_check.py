@@ -27,6 +27,31 @@ _MAX_SUGGESTIONS = 5
 _MAX_KEYS_LISTED = 40
 
 
+#: metadata esqbe keeps for itself (the tagger's flag and soft labels, the hash of the input a paper was tagged from)
+INTERNAL_KEYS = frozenset({"facets_predicted", "facet_probs", "input_hash"})
+#: the parts of a split author name (and the organisation flag): kept to write a citation, searched as `author`
+_UNLISTED_PATHS = frozenset({"authors.family", "authors.given", "authors.literal"})
+
+
+def listed_key(path: str) -> bool:
+    """Whether a metadata key (a dotted path) is one to show a user in a list of keys (`esqbe stats`, a filter's
+    key list): esqbe's internal keys and a name's parts are not (they still filter when named)."""
+    return path.split(".", 1)[0] not in INTERNAL_KEYS and path not in _UNLISTED_PATHS
+
+
+def did_you_mean(word: str, known: Sequence[str]) -> str | None:
+    """The known name nearest a misspelt one (case, a swap, a few edits: `yaer` -> `year`), or None."""
+    w = word.lower()
+    limit = max(1, min(2, len(w) // 4))  # 1 edit in a short name, 2 in a long one
+
+    def distance(k: str) -> int:
+        k = k.lower()
+        return 0 if k == w else 1 if sorted(k) == sorted(w) else _edits(w, k, limit)
+
+    best = min(((distance(k), k) for k in known), default=(limit + 1, ""))
+    return best[1] if best[0] <= limit else None
+
+
 def index_paths(columns: MetadataColumns) -> list[str]:
     """Every metadata path some paper has (dotted leaves), sorted."""
     return sorted(set(columns.kw) | set(columns.num))
@@ -52,12 +77,13 @@ def check_conditions(conditions: Sequence[Condition], columns: MetadataColumns) 
 
 
 def _unknown_key_message(c: Condition, paths: list[str]) -> str:
-    tops = sorted({p.split(".")[0] for p in paths})
-    listed = [p for p in paths if "." not in p or p.split(".")[0] in ("external_ids", "authors")]
+    public = [p for p in paths if listed_key(p)]
+    tops = sorted({p.split(".")[0] for p in public})
+    listed = [p for p in public if "." not in p or p.split(".")[0] in ("external_ids", "authors")]
     shown = listed if len(listed) <= _MAX_KEYS_LISTED else tops
     aliases = [f"{a} (= {p})" for a, p in KEY_ALIASES.items() if _known(p, paths)]
-    near = [p for p in paths if p.lower() == c.path.lower() or sorted(p.lower()) == sorted(c.path.lower())]
-    hint = f"; did you mean {near[0]}?" if near else ""
+    near = did_you_mean(c.path, [*public, *tops])
+    hint = f"; did you mean {near}?" if near else "."
     return (f"filter {c}: no paper in the index has the key {c.path!r}{hint} "
             f"The index's keys: {', '.join(shown)}" + (f"; short forms: {', '.join(aliases)}" if aliases else ""))
 

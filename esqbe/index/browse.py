@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..core.filters import coerce_filters, fold, matches
+from ..core.filters import MetadataFilter, coerce_filters, fold, matches
 from ..domain import Paper
 from ..query.result_json import jsonable, public_metadata
 from ..query.search import SOFT_FACET_ORDER, PaperNotFoundError, has_soft_labels
@@ -98,6 +98,8 @@ def search_papers(index: Index, text: str, k: int = 10) -> list[dict]:
 def list_papers(index: Index, filters: Sequence | None = None, limit: int | None = None) -> tuple[list[dict], int]:
     """(papers in id order, `{"paper_id", "title", "year", "sentences"}`, at most `limit`; how many match in all)."""
     conditions = coerce_filters(filters) if filters else ()
+    if conditions:  # a key no paper has (a typo) is said, with the index's keys, as a query says it
+        index.backend.check_filter(MetadataFilter(tuple(conditions)))
     ids = sorted(index.backend.paper_ids())
     out: list[dict] = []
     total = 0

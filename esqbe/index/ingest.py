@@ -281,6 +281,9 @@ class IngestMixin:
                                        progress=_say if progress else None)
 
     def _index_sources(self, sources, problems, format, strict, facets, bar, report, stop=None) -> None:
+        from .merge import Merger
+
+        merger = Merger(self.backend, report)  # records of one work, across this run's sources: one paper
         done_bytes = 0
         for i, source in enumerate(sources):
             if i in problems:
@@ -289,7 +292,7 @@ class IngestMixin:
                 report.not_read.extend(str(s) for j, s in enumerate(sources) if j >= i and j not in problems)
                 return
             reader_report = ReadReport()
-            papers = read_papers(source, format, strict=strict, report=reader_report)
+            papers = merger.papers(read_papers(source, format, strict=strict, report=reader_report), reader_report)
             if bar is not None:  # bytes of the papers done, not of those read ahead into the next batches
                 papers, bar.position = _bytes_done(papers, reader_report, bar, done_bytes)
             try:

@@ -45,6 +45,12 @@ class IndexReport:
     interrupted: str | None = None
     #: one {"file", "line", "id", "title", "reason"} per skipped record, in the order read (see `skipped_lines`)
     skipped_records: list[dict] = field(default_factory=list)
+    #: records merged into a paper named by the same identifier (esqbe.index.merge): {"file", "line", "id", "into",
+    #: "into_record", "by"}; records of one title and year but no shared identifier, not merged: {"record", "id",
+    #: "like", "like_record", "title"}; whether the backend remembers the merged ids (its alias table)
+    merged: list[dict] = field(default_factory=list)
+    likely_duplicates: list[dict] = field(default_factory=list)
+    aliases_kept: bool | None = None
 
     @property
     def stored(self) -> int:
@@ -98,7 +104,27 @@ class IndexReport:
             "repeated": list(self.repeated),
             "skipped_records": list(self.skipped_records),
             "interrupted": self.interrupted,
+            "merged": list(self.merged),
+            "likely_duplicates": list(self.likely_duplicates),
         }
+
+    def merge_lines(self, first: int = 10) -> list[str]:
+        """`merged N: file:line = file:line (doi ...); ...` and the likely duplicates, in words (the first `first`)."""
+        out = []
+        if self.merged:
+            shown = [f"{_where(m['file'], m['line'])} = {m['into_record'] or 'paper ' + m['into'] + ' (already in the index)'}"
+                     f" ({m['by']})" for m in self.merged[:first]]
+            more = f"; and {len(self.merged) - first} more (all: --json)" if len(self.merged) > first else ""
+            out.append(printable(f"merged {len(self.merged)}: " + "; ".join(shown) + more))
+            if self.aliases_kept is False:
+                out.append("  (this backend keeps no alias table: a merged record's own id does not find the paper, "
+                           "and later runs merge only within themselves)")
+        for d in self.likely_duplicates[:first]:
+            out.append(printable(f"likely duplicate, not merged (same title and year, no shared DOI, arXiv or PubMed "
+                                 f"id): {d['record']} {d['id']} ~ {d['like_record'] or d['like']} {d['like']}"))
+        if len(self.likely_duplicates) > first:
+            out.append(f"and {len(self.likely_duplicates) - first} more likely duplicates (all: --json)")
+        return out
 
     def skipped_lines(self, first: int = 10) -> list[str]:
         """The first `first` skipped records as `file:line: id "title": reason`, then `and N more` if there are more."""
@@ -133,3 +159,7 @@ class EncodeReport:
         out = {"path": self.path, "read": self.read, "encoded": self.encoded, "tagged": self.tagged,
                "skipped": dict(self.skipped), "errors": list(self.errors), "seconds": round(self.seconds, 2)}
         return out | ({"files": list(self.files)} if self.files else {})
+
+
+def _where(file, line) -> str:
+    return f"{file}:{line}" if line else str(file)

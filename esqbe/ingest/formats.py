@@ -154,8 +154,10 @@ def _metadata(fmt: str, year=None, **fields) -> dict:
 #: the metadata keys readers fill, where the S2ORC / Semantic Scholar records give them (README, "Metadata")
 METADATA_KEYS = (
     "format", "year", "publication_date", "venue", "journal", "authors", "fields_of_study", "external_ids",
-    "open_access_url", "open_access_status", "license", "s2_url", "publisher",
+    "url", "open_access_url", "open_access_status", "license", "s2_url", "publisher",
 )
+# `open_access_url` is kept only where the record says the paper is open (S2's `openAccessPdf` / open-access info,
+# OpenAlex's `open_access.oa_url`, every arXiv paper); a reference manager's `url` is a plain `url`.
 
 
 #: S2ORC / S2AG external id names -> esqbe's (`external_ids.doi`, ...)
@@ -242,6 +244,10 @@ def _s2ag_common(record: dict) -> dict:
     journal = record.get("journal")
     oa = record.get("openaccessinfo") or {}
     oa = _lower_keys(oa) if isinstance(oa, dict) else {}
+    pdf = record.get("openaccesspdf")  # the S2 Graph API's {url, status}
+    pdf = _lower_keys(pdf) if isinstance(pdf, dict) else {}
+    oa_url = next((u for u in (oa.get("url"), pdf.get("url")) if isinstance(u, str) and u.strip()), None)
+    oa_status = next((u for u in (oa.get("status"), pdf.get("status")) if isinstance(u, str)), None)
     return dict(
         publication_date=record.get("publicationdate") if isinstance(record.get("publicationdate"), str) else None,
         venue=record.get("venue") if isinstance(record.get("venue"), str) else None,
@@ -249,8 +255,7 @@ def _s2ag_common(record: dict) -> dict:
         authors=_authors(record.get("authors")),
         fields_of_study=_fields_of_study(record),
         external_ids=_external_ids(record.get("externalids") or oa.get("externalids"), record.get("corpusid")),
-        open_access_url=oa.get("url") if isinstance(oa.get("url"), str) else None,
-        open_access_status=oa.get("status") if isinstance(oa.get("status"), str) else None,
+        open_access_url=oa_url, open_access_status=oa_status,
         license=oa.get("license") if isinstance(oa.get("license"), str) else None,
         s2_url=record.get("url") if isinstance(record.get("url"), str) else None,
     )
@@ -457,8 +462,15 @@ def _from_arxiv(record: dict, raw_labels: bool) -> Paper:
         authors=_authors(names), fields_of_study=categories.split() if isinstance(categories, str) else None,
         external_ids={"arxiv": paper_id, "doi": record.get("doi") if isinstance(record.get("doi"), str) else None},
         license=record.get("license") if isinstance(record.get("license"), str) else None,
+        open_access_url=f"https://arxiv.org/pdf/{_quote(paper_id, safe='/.')}",  # every arXiv paper is free to read
     )
     return Paper(paper_id, title, sentences, metadata=meta)
+
+
+def _quote(text: str, safe: str) -> str:
+    from urllib.parse import quote
+
+    return quote(text, safe=safe)
 
 
 def _re_split(pattern: str, text: str) -> list[str]:

@@ -266,7 +266,7 @@ def _from_bibtex(record: dict) -> Paper:
         venue=venue, journal=_plain(record.get("journal")), authors=_bibtex_names(record.get("author")),
         publisher=_plain(record.get("publisher")),
         external_ids={"doi": _doi(record.get("doi")), "arxiv": _arxiv_eprint(record)},
-        open_access_url=_plain(record.get("url")), entry_type=record.get("ENTRYTYPE"),
+        url=_plain(record.get("url")), entry_type=record.get("ENTRYTYPE"),
         volume=_plain(record.get("volume")), pages=_plain(record.get("pages")),
     )
     return Paper(paper_id, title, sentences, metadata=meta)
@@ -328,7 +328,7 @@ def _from_ris(record: dict) -> Paper:
         "ris", _year(record.get("year") or record.get("publication_year") or record.get("date")),
         venue=venue, journal=_plain(record.get("journal_name")), authors=_authors(names),
         publisher=_plain(record.get("publisher")), external_ids={"doi": doi},
-        open_access_url=urls[0] if isinstance(urls, list) and urls and isinstance(urls[0], str) else None,
+        url=urls[0] if isinstance(urls, list) and urls and isinstance(urls[0], str) else None,
         entry_type=_plain(record.get("type_of_reference")),
         volume=_plain(record.get("volume")), keywords=record.get("keywords"),
     )
@@ -457,7 +457,7 @@ def _from_csl(record: dict) -> Paper:
     meta = _metadata(
         "csl-json", year, publication_date=date, venue=_plain(record.get("container-title")),
         authors=_authors(authors), publisher=_plain(record.get("publisher")),
-        external_ids={"doi": _doi(record.get("DOI"))}, open_access_url=_plain(record.get("URL")),
+        external_ids={"doi": _doi(record.get("DOI"))}, url=_plain(record.get("URL")),
         entry_type=_plain(record.get("type")), volume=_plain(record.get("volume")), pages=_plain(record.get("page")),
     )
     return Paper(paper_id, title, sentences, metadata=meta)

@@ -87,6 +87,9 @@ class ReadReport:
     skipped_records: list[dict] = field(default_factory=list)
     #: bytes of the source consumed so far (for progress; 0 for stdin and streams)
     position: int = 0
+    #: where the paper yielded last starts: the source's name and line (an index run names a merged record by it)
+    source: str = ""
+    line: int = 0
 
     def summary(self) -> dict:
         summary = {
@@ -343,6 +346,7 @@ class _State:
                                         f"{self.seen[paper.paper_id]} of this file; this later record replaces it")
         self.seen[paper.paper_id] = lineno
         self.report.yielded += 1
+        self.report.source, self.report.line = self.name, lineno
         return paper
 
     def _reason(self, e: _Invalid, record) -> str:

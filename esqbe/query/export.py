@@ -140,7 +140,7 @@ def _fields(hit: dict) -> dict:
         "venue": venue, "abstract": abstract,
         "authors": [a for a in authors if a.get("name")],
         "doi": _text(ids.get("doi")), "arxiv": _text(ids.get("arxiv")),
-        "url": _text(meta.get("open_access_url") or meta.get("url") or meta.get("s2_url")),
+        "url": _text(meta.get("url") or meta.get("open_access_url") or meta.get("s2_url")),
         "publisher": _text(meta.get("publisher")), "volume": _text(meta.get("volume")),
         "pages": _text(meta.get("pages")),
         "keywords": [str(k) for k in keywords if isinstance(k, (str, int))] if isinstance(keywords, list) else [],

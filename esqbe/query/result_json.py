@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core.filter_check import INTERNAL_KEYS
+
 if TYPE_CHECKING:
     from ..domain import Paper
     from .search import QueryResult
@@ -70,7 +72,7 @@ def jsonable(value) -> Any:
 
 #: metadata esqbe keeps for itself, left out of results: the tagger's flag and soft labels (given per sentence,
 #: named, as `probabilities`), the hash of the input a paper was tagged from
-HIDDEN_METADATA_KEYS = frozenset({"facets_predicted", "facet_probs", "input_hash"})
+HIDDEN_METADATA_KEYS = INTERNAL_KEYS
 #: the class order of the tagger's soft labels (esqbe.query.search.SOFT_FACET_ORDER)
 _SOFT_ORDER = ("background", "method", "result", "other")
 

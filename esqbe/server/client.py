@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from ..errors import EXIT_ERROR, EXIT_SERVER, EsqbeError, UserError
 from ..settings.config import Settings
-from ..settings.table import BY_NAME
+from ..settings.table import BY_NAME, SETTINGS
 from .discovery import INDEX_HEADER, PROOF_PATH, Server, find_servers, forget, is_loopback_url, new_nonce, proof_holds
 
 #: seconds a query waits for a server's answer by default (the server gives up on its own after its
@@ -417,14 +417,14 @@ def ask_server(settings: Settings, *, url: str | None = None, timeout: float = D
 
 
 def _as_here(settings: Settings, facet: str | None, overrides: dict) -> dict:
-    """The query's overrides, with what a local run would use where the server's request model has another default:
-    the result count `k` (the model's default is the table's; here a config or a facet's own may set it), and the
-    settings' rescorer parameters with another rescorer (the server would reset them)."""
+    """The query's overrides, and for every other setting a query carries over HTTP the value a local run would use
+    (this command's config, environment and the facet's own `facet_settings` entry): a found server's own values of
+    those do not matter (esqbe.server.discovery.CARRIED), so a config's `k: 5` does not make the query load the model
+    here. Sent only to a found server, never to one named by `--server` (its settings and your flags)."""
     from ..query.search import settings_for_facet
 
     here = settings_for_facet(settings, facet)
-    out = dict(overrides)
-    out.setdefault("k", here.k)
-    if "rescorer" in out and "rescorer_params" not in out and here.rescorer_params:
-        out["rescorer_params"] = dict(here.rescorer_params)
+    out = {s.name: getattr(here, s.name) for s in SETTINGS if s.http}
+    out["rescorer_params"] = dict(here.rescorer_params)  # kept with another rescorer, as a local run keeps them
+    out.update(overrides)
     return out

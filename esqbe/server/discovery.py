@@ -54,8 +54,12 @@ RECORD_DIR = "servers"
 #: settings that do not change what a query answers (or say where the index is: `index_id` covers those)
 _NOT_COMPARED = frozenset({"backend", "path", "url", "index", "api_key", "username", "password", "ca_certs",
                            "verify_certs", "batch_size", "commit_every", "facets", "knn_recall_target"})
+#: settings a query carries over HTTP: a client sends its own values of every one of them (esqbe.server.client),
+#: so a server with other values (a config's `k: 5`) answers it as a local run would; `facet_settings` only ever
+#: holds those (esqbe.query.search.FACET_SETTING_KEYS) and is applied by the client, as `default_facet` is
+CARRIED = frozenset({s.name for s in SETTINGS if s.http} | {"facet_settings", "default_facet"})
 #: the settings a record carries digests of (everything that changes a query's answer)
-COMPARED_SETTINGS = tuple(s.name for s in SETTINGS if s.name not in _NOT_COMPARED)
+COMPARED_SETTINGS = tuple(s.name for s in SETTINGS if s.name not in _NOT_COMPARED | CARRIED)
 
 
 def _digest(text: str, n: int = 32) -> str:

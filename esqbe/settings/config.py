@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.filter_check import did_you_mean
 from ..errors import UserError
 
 CONFIG_ENV = "ESQBE_CONFIG"
@@ -47,6 +48,7 @@ class Settings:
     #   also how many papers the encoder length-sorts at once: 128 encoded ~7% slower than 256 (docs/performance.md)
     # querying
     k: int = 10
+    default_facet: str | None = None  # esqbe query's facet when neither --facet nor --sentences is given
     rescorer: str = "summax"
     rescorer_params: dict = field(default_factory=dict)
     rescore_depth: int = 100  # first-stage candidates handed to the rescorer
@@ -90,7 +92,7 @@ class Settings:
         clean = {k: v for k, v in changes.items() if v is not None}
         unknown = set(clean) - {f.name for f in dataclasses.fields(self)}
         if unknown:
-            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+            raise ConfigError(f"{_source + ': ' if _source else ''}unknown setting(s): {_unknown(unknown)}")
         clean = {k: _coerce(k, v, _source) for k, v in clean.items()}
         for name, value in clean.items():
             reason = check_value(name, value)
@@ -204,10 +206,20 @@ def _read_config(p: Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping of settings at the top level")
     known = {f.name for f in dataclasses.fields(Settings)}
-    unknown = sorted(set(data) - known)
+    unknown = set(data) - known
     if unknown:
-        raise ConfigError(f"{p}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise ConfigError(f"{p}: unknown setting(s) {_unknown(unknown)}; known: {', '.join(sorted(known))}")
     return data
+
+
+def _unknown(names) -> str:
+    """Unknown setting names, each with the setting it is nearest to (a typo: `rescore: asym` -> rescorer)."""
+    known = [f.name for f in dataclasses.fields(Settings)]
+    out = []
+    for name in sorted(map(str, names)):
+        near = did_you_mean(name, known)
+        out.append(f"{name} (did you mean {near}?)" if near else name)
+    return ", ".join(out)
 
 
 def explain_settings(config_path: str | os.PathLike | None = None, *, env: Mapping[str, str] | None = None,

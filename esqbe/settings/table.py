@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.fusion import FUSION_METHODS  # the first stage's fusions
+from ..domain import QUERY_FACETS  # the facets a query asks with: default_facet's choices
 from ..ingest.formats import (  # noqa: F401 (RECORD_FORMATS: imported from here by tag and POST /papers)
     FORMATS,  # the readers' formats: the input-format choice of index, encode
     RECORD_FORMATS,  # those read record by record (JSON objects): tag, POST /papers
@@ -128,6 +129,9 @@ SETTINGS: tuple[Setting, ...] = (
     # querying
     Setting("k", int, 10, "Number of hits.", low=1, high=MAX_K, flag="--k", short="-k", http="k", http_max=HTTP_MAX_K,
             commands=frozenset({"query", "watch add"})),
+    Setting("default_facet", str, None, "The facet `esqbe query` asks with when neither --facet nor --sentences is "
+            "given (default: none, all the query paper's sentences; `--facet all` asks with all of them anyway).",
+            choices=QUERY_FACETS, env="ESQBE_DEFAULT_FACET"),
     Setting("rescorer", str, "summax", "The second stage: how the first stage's candidates are rescored.",
             choices=rescorer_names, flag="--rescorer", http="rescorer", commands=_RANK),
     Setting("rescorer_params", dict, {}, "Rescorer parameters (each rescorer declares its own: "

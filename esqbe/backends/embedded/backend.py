@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...core.filter_check import check_conditions
+from ...core.filter_check import check_conditions, listed_key
 from ...core.filters import MetadataColumns, MetadataFilter
 from ...core.fusion import fuse, top_k
 from ...domain import (
@@ -54,6 +54,7 @@ from ...domain import (
 )
 from ...errors import BackendError, StorageError
 from ..base import Backend
+from .aliases import AliasesMixin
 from .ann import ANN_PQ_FASTSCAN, ANN_SQ8, AnnMixin, _calibration_due, _first_stage_pool
 from .knn import KnnMixin
 from .layout import (
@@ -86,7 +87,8 @@ def _knn_param(name: str, value) -> int | float:
     return kind(value)
 
 
-class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, KnnMixin, WatchStoreMixin, Backend):
+class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AliasesMixin, AnnMixin, KnnMixin, WatchStoreMixin,
+                      Backend):
     """A local index directory (see module docstring)."""
 
     name = "embedded"
@@ -212,9 +214,12 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
         assert stored is not None  # written just above
         stored.check(meta)
 
-    def get(self, paper_ids: Sequence[str]) -> dict[str, IndexedPaper]:
+    def get(self, paper_ids: Sequence[str], *, resolve: bool = True) -> dict[str, IndexedPaper]:
+        """The papers stored under these ids; an id merged into another paper (esqbe.index.merge) gives that paper,
+        under the id asked for (`resolve`)."""
         out = {}
-        for chunk in _chunks(list(dict.fromkeys(map(str, paper_ids))), 500):
+        ids = list(dict.fromkeys(map(str, paper_ids)))
+        for chunk in _chunks(ids, 500):
             q = (
                 "SELECT paper_id, title, sentences, facets, metadata, row_start, n_rows FROM papers "
                 f"WHERE paper_id IN ({','.join('?' * len(chunk))})"
@@ -229,6 +234,10 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
                 paper = Paper(pid, title, json.loads(sentences), json.loads(facets), _load_metadata(metadata))
                 out[pid] = IndexedPaper(paper, rows[at : at + n])
                 at += n
+        merged = self.resolve_ids([pid for pid in ids if pid not in out]) if resolve and len(out) < len(ids) else {}
+        if merged:
+            got = self.get(sorted(set(merged.values())), resolve=False)
+            out.update({asked: got[pid] for asked, pid in merged.items() if pid in got})
         return out
 
     def _read_rows(self, st: _State, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -329,9 +338,9 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AnnMixin, Knn
             # per facet with an IVF: the nprobe queries use, and how it was chosen (calibrated for knn_recall_target)
             "knn_calibration": calibration,
             # top-level metadata keys and how many papers have each: what `--filter` can name
-            "metadata_keys": dict(self._db.execute(
+            "metadata_keys": {key: n for key, n in self._db.execute(
                 "SELECT key, COUNT(*) FROM (SELECT metadata FROM papers WHERE json_valid(metadata)) AS p, json_each(p.metadata) "
-                "WHERE type != 'null' GROUP BY key ORDER BY key")),  # json_valid: NaN stored by an older esqbe
+                "WHERE type != 'null' GROUP BY key ORDER BY key") if listed_key(key)},  # json_valid: NaN stored by an older esqbe
             "bytes_on_disk": size,
             "bytes_per_paper": round(size / papers) if papers else None,
         }

@@ -7,14 +7,14 @@ EmbeddedBackend's other bases, so this module adds nothing to the MRO."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...domain import IndexMeta
+from ...domain import IndexedPaper, IndexMeta
 from .layout import _State
 
 if TYPE_CHECKING:
@@ -51,6 +51,9 @@ if TYPE_CHECKING:
         def _bump_generation(self) -> None: ...
         # TextIndexMixin
         def _sync_text(self) -> None: ...
+        # AliasesMixin
+        def _fill_aliases(self) -> None: ...
+        def _remember_identifiers(self, papers: Sequence[IndexedPaper]) -> None: ...
         # AnnMixin
         def optimize(self, *, force: bool = False, progress: Any = None) -> dict: ...
         def _state(self, need_rows: int = 0) -> _State: ...

@@ -98,6 +98,7 @@ class WriteLockMixin(EmbeddedHost):
             if fresh:
                 self._db.execute("INSERT OR IGNORE INTO settings VALUES ('format_version', ?)", (json.dumps(FORMAT_VERSION),))
             self._recover()
+            self._fill_aliases()  # an index from before the alias table: its papers' identifiers, once
         except sqlite3.OperationalError as e:
             self._release_write()
             raise StorageError(f"cannot write to the index at {self.path}: {e}") from None

@@ -99,6 +99,7 @@ class WritesMixin(EmbeddedHost):
                 self._db.executemany("INSERT OR REPLACE INTO dead VALUES (?, ?, ?)", retired)
             if inserts:
                 self._db.executemany("INSERT OR REPLACE INTO papers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)", inserts)
+                self._remember_identifiers(papers)  # its DOI / arXiv / PubMed id names it (esqbe.index.merge)
             self._apply_token_delta(delta)
             if rows > start:
                 try:

@@ -381,8 +381,11 @@ function hitLinks(meta) {
   if (arxiv) links.push(["arXiv", `https://arxiv.org/abs/${idPath(arxiv)}`]);
   const doi = ids.doi || meta.doi;
   if (doi) links.push(["DOI", `https://doi.org/${idPath(doi)}`]);
+  // "open access" only where the record says so (S2, OpenAlex, arXiv); a reference manager's `url` is a plain link
   const pdf = safeUrl(meta.open_access_url);
   if (pdf) links.push(["open access", pdf]);
+  const url = safeUrl(meta.url);
+  if (url && url !== pdf) links.push(["link", url]);
   return links;
 }
 

@@ -1,0 +1,83 @@
+"""The embedded index's alias table (issue 38, item 2): each normalised identifier (`doi:...`, `arxiv:...`,
+`pubmed:...`, esqbe.core.workids) names the paper first stored with it, and `id:<id>` names the paper a record of that
+id was merged into, so that either id finds the paper. Written with the papers (in the upsert's transaction) and by
+an index run's merges; an index from before the table gets its papers' identifiers when a writer first opens it."""
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+
+from ...core.workids import work_keys
+from ...domain import IndexedPaper
+from .host import EmbeddedHost
+from .layout import ALIASES_FILLED, _chunks
+
+
+class AliasesMixin(EmbeddedHost):
+    keeps_aliases = True
+
+    def work_aliases(self, keys: Iterable[str]) -> dict[str, str]:
+        """(An index run's look-up: an index from before the table is filled first, see `_aliases_ready`.)"""
+        return self._lookup(keys) if self._aliases_ready() else {}
+
+    def _lookup(self, keys: Iterable[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for chunk in _chunks(list(dict.fromkeys(keys)), 500):
+            try:
+                out.update(self._db.execute(f"SELECT key, paper_id FROM aliases WHERE key IN ({','.join('?' * len(chunk))})",
+                                            chunk).fetchall())
+            except sqlite3.OperationalError:  # an index from before the table, opened to read: none yet
+                return {}
+        return out
+
+    def add_aliases(self, aliases: dict[str, str]) -> None:
+        if not aliases:
+            return
+        self._acquire_write()
+        with self._tx():
+            self._db.executemany("INSERT OR REPLACE INTO aliases VALUES (?, ?)", list(aliases.items()))
+
+    def _aliases_ready(self) -> bool:
+        """Whether the table can answer: filled (by a writer) or the index holds no paper. An index from before it,
+        holding papers, is filled now when this process may write it (an index run's first look-up), else not used."""
+        try:
+            if self._db.execute("SELECT 1 FROM settings WHERE key = ?", (ALIASES_FILLED,)).fetchone():
+                return True
+            if not self._db.execute("SELECT 1 FROM papers LIMIT 1").fetchone():
+                return False
+        except sqlite3.OperationalError:  # no index yet
+            return False
+        if not self.writable:
+            try:
+                self._acquire_write()  # fills the table (lock.py), as every writer's first opening does
+            except Exception:  # noqa: BLE001  # read-only or locked: merged-away ids and identifiers not looked up
+                return False
+        return True
+
+    def _remember_identifiers(self, papers: Sequence[IndexedPaper]) -> None:
+        """In the upsert's transaction: each paper's identifiers name it, unless they already name another (the
+        first stays: an index run merges a later record into it before it gets here)."""
+        rows = [(key, ip.paper_id) for ip in papers for key in work_keys(ip.paper.metadata)]
+        if rows:
+            self._db.executemany("INSERT OR IGNORE INTO aliases VALUES (?, ?)", rows)
+
+    def _fill_aliases(self) -> None:
+        """Once per index (a writer's migration): the identifiers of the papers stored before the table existed."""
+        if self._db.execute("SELECT 1 FROM settings WHERE key = ?", (ALIASES_FILLED,)).fetchone():
+            return
+        with self._tx():
+            rows: list[tuple[str, str]] = []
+            for pid, metadata in self._db.execute("SELECT paper_id, metadata FROM papers ORDER BY pno"):
+                try:
+                    keys = work_keys(json.loads(metadata, parse_constant=lambda _: None))
+                except ValueError:
+                    continue
+                rows.extend((key, pid) for key in keys)
+            self._db.executemany("INSERT OR IGNORE INTO aliases VALUES (?, ?)", rows)
+            self._db.execute("INSERT OR REPLACE INTO settings VALUES (?, ?)", (ALIASES_FILLED, json.dumps(True)))
+
+    def resolve_ids(self, paper_ids: Sequence[str]) -> dict[str, str]:
+        """Each of `paper_ids` that is an id merged into another paper -> that paper's id."""
+        found = self._lookup(f"id:{pid}" for pid in paper_ids)  # read-only: never takes the write lock
+        return {key[3:]: pid for key, pid in found.items()}

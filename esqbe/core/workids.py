@@ -1,0 +1,50 @@
+"""The identifiers that name a work (issue 38, item 2), normalised so that one work read from two files compares
+equal: `doi:10.1088/1742-6596/1` (a resolver address, `doi:` and case dropped), `arxiv:1706.03762` (`arXiv:`, an
+abs/pdf address and the version dropped), `pubmed:12345`. A normalised title and year (`title_key`) only ever flags
+a likely duplicate: records are merged by identifier, never by title."""
+from __future__ import annotations
+
+import re
+
+from .filters import fold
+
+_DOI = re.compile(r"(?:https?://(?:dx\.)?doi\.org/|doi:\s*)?(10\.\d{4,9}/\S+)", re.IGNORECASE)
+_ARXIV = re.compile(r"(?:arxiv:\s*|https?://(?:export\.)?arxiv\.org/(?:abs|pdf)/)?"
+                    r"(\d{4}\.\d{4,5}|[a-z][a-z.\-]*/\d{7})(?:v\d+)?(?:\.pdf)?", re.IGNORECASE)
+_PUBMED = re.compile(r"(?:pmid:\s*)?(\d{1,12})", re.IGNORECASE)
+_WORD = re.compile(r"\w+")
+#: the longest identifier kept as a key (a longer one is no identifier)
+MAX_KEY = 300
+
+
+def work_keys(metadata: dict | None) -> list[str]:
+    """The normalised identifiers in a paper's metadata (`external_ids.doi`, `.arxiv`, `.pubmed`), DOI first."""
+    ids = (metadata or {}).get("external_ids")
+    if not isinstance(ids, dict):
+        return []
+    out = []
+    for kind, pattern in (("doi", _DOI), ("arxiv", _ARXIV), ("pubmed", _PUBMED)):
+        value = ids.get(kind)
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str) or len(value) > MAX_KEY:
+            continue
+        match = pattern.fullmatch(value.strip())
+        if match:
+            out.append(f"{kind}:{match.group(1).lower()}")
+    return out
+
+
+def described(key: str) -> str:
+    """`doi:10.1/x` as people read it in a summary: `doi 10.1/x`."""
+    kind, _, value = key.partition(":")
+    return f"{kind} {value}"
+
+
+def title_key(title: str, year) -> str | None:
+    """A title's words folded (case, accents, punctuation ignored) with the year: two records with the same one are
+    likely the same work. None for a title of fewer than three words (too common to say so)."""
+    words = _WORD.findall(fold(title or ""))
+    if len(words) < 3:
+        return None
+    return " ".join(words) + f" ({year if isinstance(year, int) and not isinstance(year, bool) else '-'})"

@@ -1,0 +1,125 @@
+"""One paper per paper (issue 38, item 2), through the real CLI on a real embedded index: records naming the same
+work by DOI or arXiv id (written differently: a resolver address, upper case, `arXiv:` and a version) are one paper,
+the later record updating it; both ids find it, in this run and later ones (the alias table in the index's SQLite,
+filled for an index made before it); the summary names each merge; a shared title and year without a shared
+identifier is reported, never merged."""
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+
+from .conftest import REPO
+
+DATA = REPO / "tests" / "data" / "library"
+DUP_RIS = """TY  - CONF
+ID  - vaswani-ris
+TI  - Attention is all you need
+AU  - Vaswani, Ashish
+PY  - 2017
+DO  - https://doi.org/10.48550/ARXIV.1706.03762
+AB  - We propose the Transformer, a network architecture based solely on attention. It trains faster.
+ER  -
+
+TY  - JOUR
+ID  - bert-again
+TI  - BERT: pre-training of deep bidirectional transformers for language understanding
+AU  - Devlin, Jacob
+PY  - 2019
+AB  - We introduce a new language representation model. It is called BERT.
+ER  -
+"""
+ARXIV_BIB = """@article{balazs2007,
+  title = {Calculation of prompt diphoton production cross sections},
+  author = {Bal{\\'a}zs, C.},
+  year = {2007},
+  eprint = {arXiv:0704.0001v2},
+  archivePrefix = {arXiv},
+  abstract = {A fully differential calculation is presented. It predicts diphoton rates at the LHC.}
+}
+"""
+
+
+def run(*args):
+    r = CliRunner().invoke(main, [str(a) for a in args], env={"ESQBE_CONFIG": None})
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def ids(ix) -> list[str]:
+    return [line.split("\t")[0] for line in run("list", "--path", ix).stdout.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory):
+    root = tmp_path_factory.mktemp("merge")
+    (root / "dup.ris").write_text(DUP_RIS)
+    (root / "arxiv.bib").write_text(ARXIV_BIB)
+    for name in ("zotero.bib", "zotero-csl.json", "arxiv-snapshot.jsonl"):
+        shutil.copy(DATA / name, root / name)
+    r = run("index", "--path", root / "ix", root / "zotero.bib", root / "zotero-csl.json", root / "arxiv-snapshot.jsonl",
+            root / "dup.ris", root / "arxiv.bib")
+    return root, r.stdout
+
+
+def test_records_of_one_work_are_one_paper_and_the_summary_says_so(merged):
+    root, out = merged
+    assert (f"  merged 2: {root / 'dup.ris'}:1 = {root / 'zotero.bib'}:3 (doi 10.48550/arxiv.1706.03762); "
+            f"{root / 'arxiv.bib'}:1 = {root / 'arxiv-snapshot.jsonl'}:1 (arxiv 0704.0001)\n") in out, out
+    # the same title and year without a shared identifier: said, not merged
+    assert (f"  likely duplicate, not merged (same title and year, no shared DOI, arXiv or PubMed id): "
+            f"{root / 'dup.ris'}:10 bert-again ~ {root / 'zotero-csl.json'}:2 ABCD2345\n") in out, out
+    assert ids(root / "ix") == ["0704.0001", "ABCD2345", "bert-again", "vaswani2017attention"]
+    # the later record updated the paper; either id finds it
+    for pid in ("vaswani2017attention", "vaswani-ris"):
+        shown = json.loads(run("show", "--path", root / "ix", pid, "--json").stdout)
+        assert shown["paper_id"] == "vaswani2017attention" and shown["title"] == "Attention is all you need"
+        assert shown["metadata"]["format"] == "ris"
+    hits = json.loads(run("query", "--path", root / "ix", "--paper", "balazs2007", "--no-server", "--json").stdout)
+    assert hits["query"]["paper_id"] == "0704.0001"
+    assert "0704.0001" not in [h["paper_id"] for h in hits["hits"]]  # the query paper is not its own hit
+
+
+def test_a_later_run_merges_into_the_paper_indexed_before_and_json_names_it(merged, tmp_path):
+    root, _ = merged
+    ix = tmp_path / "ix"
+    shutil.copytree(root / "ix", ix)
+    r = run("index", "--path", ix, root / "dup.ris", "--json")
+    report = json.loads(r.stdout)
+    assert report["merged"] == [{"file": str(root / "dup.ris"), "line": 1, "id": "vaswani-ris",
+                                 "into": "vaswani2017attention", "into_record": None,
+                                 "by": "doi 10.48550/arxiv.1706.03762"}]
+    assert report["unchanged"] == 2 and report["indexed"] == 0
+    assert ids(ix) == ["0704.0001", "ABCD2345", "bert-again", "vaswani2017attention"]
+    text = run("index", "--path", ix, root / "dup.ris").stdout
+    assert (f"  merged 1: {root / 'dup.ris'}:1 = paper vaswani2017attention (already in the index) "
+            f"(doi 10.48550/arxiv.1706.03762)\n") in text, text
+
+
+def test_an_index_made_before_the_alias_table_gets_its_papers_identifiers(tmp_path):
+    ix = tmp_path / "ix"
+    run("index", "--path", ix, DATA / "zotero.bib")
+    with sqlite3.connect(ix / "papers.sqlite") as db:  # as an esqbe before the table left it
+        db.execute("DROP TABLE aliases")
+        db.execute("DELETE FROM settings WHERE key = 'aliases_filled'")
+    (tmp_path / "dup.ris").write_text(DUP_RIS)
+    out = run("index", "--path", ix, tmp_path / "dup.ris").stdout
+    assert "merged 1: " in out and "= paper vaswani2017attention (already in the index)" in out, out
+    assert ids(ix) == ["bert-again", "vaswani2017attention"]
+
+
+def test_identifiers_are_compared_normalised():
+    from esqbe.core.workids import title_key, work_keys
+
+    meta = {"external_ids": {"doi": "https://dx.doi.org/10.1088/1742-6596/ABC", "arxiv": "arXiv:2101.00001v3",
+                             "pubmed": 31452104}}
+    assert work_keys(meta) == ["doi:10.1088/1742-6596/abc", "arxiv:2101.00001", "pubmed:31452104"]
+    assert work_keys({"external_ids": {"doi": "not a doi", "arxiv": "x" * 400}}) == []
+    assert title_key("Caf\u00e9 Networks: a Study!", 2019) == title_key("cafe networks - A study", 2019)
+    assert title_key("Caf\u00e9 Networks: a Study!", 2019) != title_key("Caf\u00e9 Networks: a Study!", 2020)
+    assert title_key("Introduction", 2019) is None  # too short a title to say anything
