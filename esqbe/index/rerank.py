@@ -166,3 +166,25 @@ def rerank(index, query: RerankQuery | str, documents: Sequence, **overrides) ->
     timings["total"] = round(1000 * (time.perf_counter() - t0), 2)
     return RerankResult(scores=scores, unknown=[i for i in distinct if i not in known],
                         unranked=[i for i in pool if i not in scored], timings_ms=timings)
+
+
+def install_engine_reranker(settings, server_url: str, *, token: str | None = None, name: str = "esqbe-rerank",
+                            id_field: str = "paper_id", remove: bool = False) -> dict:
+    """`esqbe engine install-reranker` / `uninstall-reranker`: esqbe's POST /rerank made (or unmade) the reranker of
+    the Elasticsearch or OpenSearch cluster the settings name (their URL and credentials), idempotently
+    (esqbe.backends.engines.reranker)."""
+    from ..backends.engines.reranker import install_reranker, rerank_url, uninstall_reranker
+    from ..errors import ParameterError
+    from .open import open_backend
+
+    if settings.backend not in ("elasticsearch", "opensearch"):
+        raise ParameterError("the reranker is installed in a cluster: give --backend elasticsearch or opensearch and --url")
+    if not remove:
+        rerank_url(server_url)  # a bad --server-url refused before the cluster is touched
+    backend = open_backend(settings, create=False)
+    try:
+        if remove:
+            return uninstall_reranker(backend, name=name)
+        return install_reranker(backend, server_url, token=token, name=name, id_field=id_field)
+    finally:
+        backend.close()
