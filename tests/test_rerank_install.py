@@ -205,3 +205,21 @@ def test_install_needs_an_engine_and_a_server_url():
     r = CliRunner().invoke(main, ["engine", "install-reranker", "--backend", "elasticsearch", "--url",
                                   "http://127.0.0.1:9", "--server-url", "ftp://x"])
     assert r.exit_code != 0 and "--server-url" in r.output
+
+
+def test_the_documented_searches_are_valid_for_the_specs():
+    """docs/engines.md's searches through the reranker: the retriever tree on Elasticsearch, the search with
+    `ext.rerank` on OpenSearch, against the strict search-body schemas of tests/specs."""
+    import re
+
+    from .fakes.engines import schema_errors
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "engines.md").read_text(encoding="utf-8")
+    section = text[text.index("## esqbe as the cluster's reranker"):text.index("## Tests")]
+    blocks = [json.loads(b.split("\n", 1)[1]) for b in re.findall(r"```json\n(POST [^\n]+\n\{.*?\n\})\n```", section, re.S)]
+    assert len(blocks) == 2
+    es, os_ = blocks
+    assert es["retriever"]["text_similarity_reranker"]["inference_id"] == "esqbe-rerank"
+    assert not schema_errors("elasticsearch", "search", es)
+    assert os_["ext"]["rerank"]["query_context"]["query_text"].startswith("paper:")
+    assert not schema_errors("opensearch", "search", os_)
