@@ -207,3 +207,26 @@ def test_csfcube_dev_bm25_reranked_through_the_endpoint_equals_esqbes_rescoring(
         scores, _ = _call_as_elasticsearch(url, f"paper:{qid} facet:method", bm25)
     reranked = [pid for _, pid in sorted(zip(scores, bm25, strict=True), key=lambda x: -x[0])]
     assert reranked == [h.paper_id for h in own.hits]
+
+
+def test_the_request_deadline_bounds_a_call(index_path, encoder, ids):
+    """Past the server's per-request deadline the call is given up (504), the reader freed: the engine's own
+    timeout is not the only bound."""
+    from esqbe.server.app import create_app
+    from esqbe.server.options import ServeOptions
+
+    app = create_app(str(index_path), config=None, encoder=encoder,
+                     options=ServeOptions(host="127.0.0.1", token=TOKEN, request_timeout=1e-6))
+    with LiveServer(app) as url:
+        r = httpx.post(url + "/rerank", json={"query": f"paper:{Q} facet:method", "documents": ids[1:30]},
+                       headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+    assert r.status_code == 504, r.text
+    assert "Traceback" not in r.text
+
+
+def test_the_python_api_is_the_same(index_path, encoder, ids):
+    with esqbe.open_index(str(index_path), encoder=encoder, config=None, create=False) as index:
+        got = index.rerank(f"paper:{Q} sentences:0,2", [*ids[5:10], "missing"])
+        direct = index.query(Q, sentences=[0, 2], restrict_to=ids[5:10], k=5)
+    assert got.scores[:5] == [next(h.score for h in direct.hits if h.paper_id == p) for p in ids[5:10]]
+    assert got.unknown == ["missing"] and got.scores[5] < min(got.scores[:5])

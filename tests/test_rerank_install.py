@@ -223,3 +223,22 @@ def test_the_documented_searches_are_valid_for_the_specs():
     assert not schema_errors("elasticsearch", "search", es)
     assert os_["ext"]["rerank"]["query_context"]["query_text"].startswith("paper:")
     assert not schema_errors("opensearch", "search", os_)
+
+
+@pytest.mark.parametrize("kind,version", [("elasticsearch", "9.2.0"), ("opensearch", "3.5.0")])
+def test_stats_reports_the_reranker(engine, kind, version):
+    from esqbe.backends.engines.elasticsearch import ElasticsearchBackend
+    from esqbe.backends.engines.opensearch import OpenSearchBackend
+
+    from .fakes.engines import META, make_papers
+
+    url, canned = engine(kind, version)
+    backend = (ElasticsearchBackend if kind == "elasticsearch" else OpenSearchBackend)(url, "papers")
+    backend.ensure(META)
+    backend.upsert(make_papers())
+    backend.close()
+    stats = ["stats", "--backend", kind, "--url", url, "--index", "papers", "--json"]
+    part = "inference_endpoint" if kind == "elasticsearch" else "search_pipeline"
+    assert _run(stats)["reranker"][part] is None
+    _run(["engine", "install-reranker", "--backend", kind, "--url", url, "--server-url", "http://esqbe:8000"])
+    assert _run(stats)["reranker"][part] == "esqbe-rerank"

@@ -188,3 +188,17 @@ def install_engine_reranker(settings, server_url: str, *, token: str | None = No
         return install_reranker(backend, server_url, token=token, name=name, id_field=id_field)
     finally:
         backend.close()
+
+
+def engine_reranker_status(index, name: str = "esqbe-rerank") -> dict | None:
+    """For `esqbe stats` on an engine backend: what of esqbe's reranker the cluster has under `name` (None on the
+    embedded backend; a reason instead where the cluster will not say, e.g. a key without `monitor_inference`)."""
+    from ..backends.engines.reranker import reranker_status
+    from ..errors import BackendError
+
+    if index.settings.backend not in ("elasticsearch", "opensearch"):
+        return None
+    try:
+        return reranker_status(index.backend, name=name)
+    except BackendError as e:
+        return {"unknown": str(e)[:300]}

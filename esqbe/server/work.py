@@ -171,9 +171,7 @@ def _delete(index: Index, paper_id: str) -> int:
 
 def _rerank(index: Index, query, documents: list[str]) -> dict:
     """POST /rerank's answer: every document's score in input order, the unknown ids (esqbe.index.rerank)."""
-    from ..index.rerank import rerank
-
-    result = rerank(index, query, documents)
+    result = index.rerank(query, documents)
     return {"results": [{"index": i, "relevance_score": s} for i, s in enumerate(result.scores)],
             "unknown": len(result.unknown), "unknown_ids": result.unknown, "unranked": len(result.unranked)}
 
