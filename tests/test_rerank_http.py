@@ -106,8 +106,12 @@ def test_scores_in_input_order_equal_esqbes_rescoring(server, index_path, encode
 
 def test_unknown_ids_and_the_query_paper_score_lowest(server, index_path, encoder, caplog):
     docs = [A, "no-such-paper", Q, B, "no-such-paper", "another-missing"]
-    scores, r = _call_as_elasticsearch(server, f"paper:{Q} facet:method", docs)
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="esqbe.server"):
+        scores, r = _call_as_elasticsearch(server, f"paper:{Q} facet:method", docs)
     assert r.headers["X-Esqbe-Rerank-Unknown"] == "2" and r.json()["unknown"] == 2
+    assert any("2 of 6 documents are not in the index" in m and "'no-such-paper'" in m for m in caplog.messages)
     assert r.headers["X-Esqbe-Rerank-Unranked"] == "1"  # the query paper itself: a query never returns it
     known = [scores[0], scores[3]]
     assert scores[1] == scores[2] == scores[4] == scores[5] < min(known)
