@@ -21,7 +21,8 @@ from .conftest import LiveServer  # noqa: E402
 TOKEN = "fuzz-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 OPERATIONS = ["POST /query", "GET /papers/{paper_id}", "GET /search", "POST /papers", "DELETE /papers/{paper_id}",
-              "GET /stats", "GET /health", "POST /watches", "GET /watches", "GET /watches/{name}.atom"]
+              "GET /stats", "GET /health", "POST /watches", "GET /watches", "GET /watches/{name}.atom",
+              "POST /rerank"]
 EXAMPLES = 25
 BUDGET_S = 120  # per operation; far above what it takes here (a few seconds)
 
@@ -50,7 +51,8 @@ def test_the_schema_lists_every_operation(api_schema):
 
 
 @pytest.mark.parametrize("label,mode", [(op, "positive") for op in OPERATIONS] +
-                         [(op, "negative") for op in ("POST /query", "GET /search", "POST /papers", "POST /watches")])
+                         [(op, "negative") for op in ("POST /query", "GET /search", "POST /papers", "POST /watches",
+                                                                        "POST /rerank")])
 def test_every_answer_is_documented(label, mode, api_schema, server_url):
     """positive: requests the schema allows; negative: requests it forbids (which must be refused with 4xx).
     (The other operations take nothing a request could get wrong but the path, which any string fits.)"""

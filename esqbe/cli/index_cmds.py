@@ -290,6 +290,11 @@ def stats_cmd(as_json, **kw):
     """Papers, sentences per facet, model and size of the index."""
     with _open(kw, "stats", create=False) as index:
         stats = index.stats()
+        from esqbe.index.rerank import engine_reranker_status
+
+        reranker = engine_reranker_status(index)  # issue 39: `esqbe engine install-reranker` in this cluster
+        if reranker is not None:
+            stats["reranker"] = reranker
     if as_json:
         click.echo(json.dumps(stats, indent=2))
         return

@@ -10,6 +10,7 @@ import sys
 import click
 
 from .check_cmds import check_group
+from .engine_cmds import engine_group
 from .eval_cmds import eval_clscisumm_cmd, eval_csfcube_cmd
 from .index_cmds import attach_cmd, delete_cmd, encode_cmd, index_cmd, stats_cmd
 from .info_cmds import config_cmd, list_cmd, search_cmd, show_cmd
@@ -72,6 +73,7 @@ eval_group.add_command(eval_csfcube_cmd)
 eval_group.add_command(eval_clscisumm_cmd)
 main.add_command(check_group)
 main.add_command(watch_group)  # issue 37: saved queries that keep looking
+main.add_command(engine_group)  # issue 39: esqbe as an engine's reranker
 
 
 if __name__ == "__main__":

@@ -310,6 +310,13 @@ class Index(IngestMixin):
         vectors = self.encoder.sentence_vectors([paper], meta.encoder_mode)[0]
         return IndexedPaper(paper, vectors), round(1000 * (time.perf_counter() - t_encode), 2)
 
+    def rerank(self, query, documents: Sequence[str], **overrides):
+        """Scores of given candidate papers (ids, in their order) against a rerank query such as
+        "paper:ID facet:method" (esqbe.index.rerank: the grammar, unknown ids scored lowest): a RerankResult."""
+        from .rerank import rerank
+
+        return rerank(self, query, documents, **overrides)
+
     def get(self, paper_ids: Sequence[str]) -> dict[str, Paper]:
         """Stored papers by id (sentences, facet labels, metadata); missing ids are absent."""
         return {pid: ip.paper for pid, ip in self.backend.get([str(p) for p in paper_ids]).items()}

@@ -398,3 +398,28 @@ class WatchRequest(QueryRequest):
             raise ValueError("a watch keeps one paper (with its facet or sentences) or one text: several examples "
                              "and papers to avoid are not kept by watches yet")
         return self
+
+
+class RerankRequest(BaseModel):
+    """POST /rerank: what a search engine's reranker connector sends (esqbe.backends.engines.reranker builds the
+    templates): the query in esqbe's rerank grammar (esqbe.index.rerank) and the candidates' paper ids."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(..., min_length=1, description="paper:ID facet:NAME | paper:ID sentences:0,2 | "
+                                                      "facet:NAME text | text")
+    documents: list[Any] = Field(..., description="the candidates' esqbe paper ids, in the engine's order")
+    top_n: int | None = Field(None, ge=0, le=100_000, description="accepted (OpenSearch's Cohere pre-process sends "
+                                                                 "it) and ignored: every document gets a score")
+
+
+class RerankResult(BaseModel):
+    index: int = Field(description="the document's position in the request")
+    relevance_score: float
+
+
+class RerankResponse(BaseModel):
+    """Every document's score, in input order (the Cohere rerank shape both engines' parsers read)."""
+
+    results: list[RerankResult]
+    unknown: int = Field(description="documents not in the index (scored below every known one)")

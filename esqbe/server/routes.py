@@ -1,5 +1,5 @@
 """The HTTP routes: `make_router(service, options)` answers `/`, `/health`, `/proof`, `/stats`, `/query`, `/papers/{id}`,
-`/search`, `POST /papers` and `DELETE /papers/{id}` by handing the work (esqbe.server.work) to the service's
+`/search`, `POST /rerank`, `POST /papers` and `DELETE /papers/{id}` by handing the work (esqbe.server.work) to the service's
 threads; `create_app` includes the router."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ..errors import EsqbeError
 from ..query.export import EXPORT_FORMATS, export_hits, file_name, media_type
 from ..query.search import query_sentences
 from .discovery import INDEX_HEADER, NONCE_PATTERN, PROOF_PATH, proof
-from .errors import ApiError, _errors, _public, api_error
+from .errors import ApiError, _errors, _public, api_error, log
 from .feeds import FEED_ENTRIES, MAX_FEED_ENTRIES, add_watch_work, atom_feed, feed_data, watch_list
 from .middleware import _PAGE_HEADERS, JSON_LINES_TYPES, _token_ok, _type_message
 from .models import (
@@ -31,6 +31,8 @@ from .models import (
     PapersResponse,
     QueryRequest,
     QueryResponse,
+    RerankRequest,
+    RerankResponse,
     SearchResponse,
     WatchRequest,
 )
@@ -41,6 +43,7 @@ from .work import (
     _health,
     _paper_page,
     _parse_papers,
+    _rerank,
     _run_query,
     _search,
     _stats,
@@ -279,5 +282,30 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         if not await writes(_delete, paper_id):
             raise ApiError(404, f"paper {paper_id} is not in the index")
         return {"deleted": paper_id}
+
+    @router.post("/rerank", response_model=RerankResponse, responses=_errors(400, 401, 404, 409, 413, 415, 422, 503, 504),
+                 tags=["search"])
+    async def rerank(req: RerankRequest, request: Request, response: Response):
+        """Score a search engine's candidates (esqbe paper ids) against a query in esqbe's rerank grammar; scores in
+        input order, the Cohere rerank shape Elasticsearch's `custom` inference service and OpenSearch's ML connectors
+        parse (`esqbe engine install-reranker`). Unknown ids score lowest and are counted in X-Esqbe-Rerank-Unknown."""
+        from ..index.rerank import check_documents, parse_rerank_query
+
+        deadline = Deadline(options.request_timeout)
+        try:  # the grammar and the bounds before any work
+            query = parse_rerank_query(req.query)
+            documents = check_documents(req.documents)
+        except EsqbeError as e:
+            raise api_error(e) from None
+        try:
+            out = await service.read(_rerank, query, documents, deadline=deadline, request=request)
+        except EsqbeError as e:
+            raise api_error(e) from None
+        if out["unknown"]:
+            log.warning("rerank: %d of %d documents are not in the index (first: %s)", out["unknown"], len(documents),
+                        ", ".join(repr(i[:80]) for i in out["unknown_ids"][:3]))
+        response.headers["X-Esqbe-Rerank-Unknown"] = str(out["unknown"])
+        response.headers["X-Esqbe-Rerank-Unranked"] = str(out["unranked"])
+        return {"results": out["results"], "unknown": out["unknown"]}
 
     return router

@@ -169,6 +169,13 @@ def _delete(index: Index, paper_id: str) -> int:
     return index.delete([paper_id])
 
 
+def _rerank(index: Index, query, documents: list[str]) -> dict:
+    """POST /rerank's answer: every document's score in input order, the unknown ids (esqbe.index.rerank)."""
+    result = index.rerank(query, documents)
+    return {"results": [{"index": i, "relevance_score": s} for i, s in enumerate(result.scores)],
+            "unknown": len(result.unknown), "unknown_ids": result.unknown, "unranked": len(result.unranked)}
+
+
 def _stats(index: Index) -> dict:
     return _jsonable(index.stats())
 

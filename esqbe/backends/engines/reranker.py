@@ -1,0 +1,183 @@
+"""esqbe's POST /rerank installed in an engine as its reranker: the request bodies that create it (Elasticsearch: an
+inference endpoint of the `custom` service, task type `rerank`; OpenSearch: an ML Commons HTTP connector with the
+Cohere rerank pre/post-process functions, a remote model over it, a search pipeline with the `rerank` processor),
+and the engines' template substitution, so a test sends esqbe exactly the body the engine would build from them."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+from ...errors import BackendError, ParameterError
+from .client import _exc_reason
+
+#: the request template of the Elasticsearch `custom` service: `${query}` becomes the query as a JSON string and
+#: `${input}` the documents as a JSON array of strings (templates are not quoted, the service encodes them)
+ES_REQUEST_TEMPLATE = '{"query": ${query}, "documents": ${input}}'
+#: JSON paths the `custom` service reads from esqbe's answer
+ES_JSON_PARSER = {"reranked_index": "$.results[*].index", "relevance_score": "$.results[*].relevance_score"}
+#: the OpenSearch connector's request body: the Cohere rerank pre-process function fills `query` (a string, put
+#: inside the quotes as it is), `documents` (a JSON array) and `top_n` (the number of documents)
+OS_REQUEST_TEMPLATE = '{"query": "${parameters.query}", "documents": ${parameters.documents}, "top_n": ${parameters.top_n}}'
+OS_PRE_PROCESS = "connector.pre_process.cohere.rerank"
+OS_POST_PROCESS = "connector.post_process.cohere.rerank"
+#: the document field the engines send to esqbe: the paper id esqbe indexed (or the id field given to `esqbe attach`)
+DEFAULT_ID_FIELD = "paper_id"
+
+
+def rerank_url(server_url: str) -> str:
+    """esqbe's POST /rerank under `server_url` (http or https, a host, no query or fragment)."""
+    parts = urlsplit(server_url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ParameterError(f"--server-url: expected http(s)://HOST[:PORT][/PATH] of `esqbe serve` (got {server_url!r})")
+    return server_url.strip().rstrip("/") + "/rerank"
+
+
+def es_inference_body(server_url: str, token: str | None = None) -> dict:
+    """The body of `PUT _inference/rerank/{id}`: the `custom` service calling esqbe's POST /rerank, the token (if
+    the server has one) as a secret parameter the engine stores encrypted and sends as `Authorization: Bearer`."""
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = "Bearer ${api_key}"
+    return {"service": "custom",
+            "service_settings": {"url": rerank_url(server_url), "headers": headers,
+                                 "secret_parameters": {"api_key": token} if token else {},
+                                 "request": ES_REQUEST_TEMPLATE, "response": {"json_parser": dict(ES_JSON_PARSER)}}}
+
+
+def es_request_body(body: dict, query: str, documents: Sequence[str]) -> bytes:
+    """What the `custom` service of `body` sends esqbe for a rerank of `documents` against `query`: its request
+    template with `${query}` and `${input}` replaced by their JSON."""
+    template = body["service_settings"]["request"]
+    return template.replace("${query}", json.dumps(query)).replace("${input}", json.dumps(list(documents))).encode()
+
+
+def os_connector_body(server_url: str, token: str | None = None, name: str = "esqbe-rerank") -> dict:
+    """The body of `POST _plugins/_ml/connectors/_create`: an HTTP connector to esqbe's POST /rerank with the Cohere
+    rerank pre/post-process functions (a text_similarity input in, one score per document out, in input order)."""
+    headers = {"Content-Type": "application/json"}
+    # the spec has `version` an integer and `credential` required (the blueprints' "version": "1" is refused by it)
+    body: dict = {"name": name, "description": "esqbe aspect reranking (esqbe engine install-reranker)", "version": 1,
+                  "protocol": "http", "parameters": {}, "credential": {}}
+    if token:
+        headers["Authorization"] = "Bearer ${credential.esqbe_token}"
+        body["credential"] = {"esqbe_token": token}
+    body["actions"] = [{"action_type": "predict", "method": "POST", "url": rerank_url(server_url), "headers": headers,
+                        "request_body": OS_REQUEST_TEMPLATE, "pre_process_function": OS_PRE_PROCESS,
+                        "post_process_function": OS_POST_PROCESS}]
+    return body
+
+
+def os_request_body(body: dict, query: str, documents: Sequence[str]) -> bytes:
+    """What the connector of `body` sends esqbe for the rerank processor's `query_text` and `text_docs`: the Cohere
+    pre-process function's parameters (query as it is, documents as a JSON array, top_n their count) put into its
+    request body template."""
+    action = body["actions"][0]
+    params = {"query": query, "documents": json.dumps(list(documents), separators=(",", ":")),
+              "top_n": str(len(documents))}
+    out = action["request_body"]
+    for key, value in params.items():
+        out = out.replace("${parameters." + key + "}", value)
+    return out.encode()
+
+
+def os_model_body(connector_id: str, name: str = "esqbe-rerank") -> dict:
+    """The body of `POST _plugins/_ml/models/_register` for the remote model over the connector."""
+    return {"name": name, "function_name": "remote", "description": "esqbe aspect reranking", "connector_id": connector_id}
+
+
+def os_pipeline_body(model_id: str, id_field: str = DEFAULT_ID_FIELD) -> dict:
+    """The body of `PUT _search/pipeline/{id}`: the `rerank` response processor calling the model with each hit's
+    `id_field` as its document (the query comes from the search's `ext.rerank.query_context`)."""
+    return {"description": "esqbe aspect reranking (esqbe engine install-reranker)",
+            "response_processors": [{"rerank": {"ml_opensearch": {"model_id": model_id},
+                                                "context": {"document_fields": [id_field]}}}]}
+
+
+# --- installing ---------------------------------------------------------------------------------------------
+def _request(backend, method: str, path: str, body: dict | None = None, *, missing_ok: bool = False):
+    """One engine request on the backend's own client (its credentials, TLS and retries); a 404 is None when
+    `missing_ok`, every other failure a BackendError naming the call."""
+    def send():
+        if backend.name == "elasticsearch":
+            headers = {"accept": "application/json", **({"content-type": "application/json"} if body is not None else {})}
+            return backend._body(backend.client.perform_request(method, path, headers=headers, body=body))
+        return backend.client.transport.perform_request(method, path, body=body)
+
+    try:
+        return backend._call(send)
+    except Exception as e:
+        if missing_ok and backend._status(e) == 404:
+            return None
+        raise BackendError(f"{backend.name} at {backend.url}: {method} {path} failed: {_exc_reason(e)}") from e
+
+
+def install_reranker(backend, server_url: str, *, token: str | None = None, name: str = "esqbe-rerank",
+                     id_field: str = DEFAULT_ID_FIELD) -> dict:
+    """Create esqbe's reranker in the engine of `backend`, idempotently: what exists under `name` and already
+    calls this server the same way is kept ("unchanged"), anything else under that name is replaced.
+    Elasticsearch: the inference endpoint `rerank/{name}`; OpenSearch: connector, model (registered and
+    deployed) and search pipeline, all named `name`. Returns what was done, per part."""
+    if backend.name == "elasticsearch":
+        body = es_inference_body(server_url, token)
+        path = f"/_inference/rerank/{name}"
+        found = _request(backend, "GET", path, missing_ok=True)
+        current = next(iter((found or {}).get("endpoints") or []), None)
+        same = current is not None and token is None and _es_same(current, body)  # a stored secret cannot be read
+        if same:
+            return {"inference_endpoint": {"id": name, "status": "unchanged"}}
+        if current is not None:
+            _request(backend, "DELETE", path, missing_ok=True)
+        _request(backend, "PUT", path, body)
+        return {"inference_endpoint": {"id": name, "status": "replaced" if current is not None else "created"}}
+    out: dict = {}
+    removed = uninstall_reranker(backend, name=name)
+    connector = _request(backend, "POST", "/_plugins/_ml/connectors/_create", os_connector_body(server_url, token, name))
+    connector_id = connector["connector_id"]
+    out["connector"] = {"id": connector_id, "status": "replaced" if removed.get("connector") else "created"}
+    model = _request(backend, "POST", "/_plugins/_ml/models/_register?deploy=true", os_model_body(connector_id, name))
+    model_id = model.get("model_id")
+    if not model_id:
+        raise BackendError(f"opensearch at {backend.url}: registering the model gave no model_id ({str(model)[:200]})")
+    out["model"] = {"id": model_id, "status": "replaced" if removed.get("model") else "created"}
+    _request(backend, "PUT", f"/_search/pipeline/{name}", os_pipeline_body(model_id, id_field))
+    out["search_pipeline"] = {"id": name, "status": "replaced" if removed.get("search_pipeline") else "created"}
+    return out
+
+
+def _es_same(current: dict, body: dict) -> bool:
+    settings, want = current.get("service_settings") or {}, body["service_settings"]
+    return current.get("service") == body["service"] and all(settings.get(k) == want[k] for k in ("url", "request", "response"))
+
+
+def uninstall_reranker(backend, *, name: str = "esqbe-rerank") -> dict:
+    """Remove what `install_reranker` created under `name` (absent parts are no error). Returns what was removed."""
+    if backend.name == "elasticsearch":
+        gone = _request(backend, "DELETE", f"/_inference/rerank/{name}", missing_ok=True)
+        return {"inference_endpoint": gone is not None}
+    removed = {"search_pipeline": _request(backend, "DELETE", f"/_search/pipeline/{name}", missing_ok=True) is not None}
+    query = {"query": {"term": {"name.keyword": name}}, "size": 100}
+    models = _request(backend, "POST", "/_plugins/_ml/models/_search", query, missing_ok=True) or {}
+    model_ids = [h["_id"] for h in (models.get("hits") or {}).get("hits", [])
+                 if (h.get("_source") or {}).get("algorithm", "REMOTE").upper() == "REMOTE"]
+    for mid in model_ids:
+        _request(backend, "POST", f"/_plugins/_ml/models/{mid}/_undeploy", missing_ok=True)
+        _request(backend, "DELETE", f"/_plugins/_ml/models/{mid}", missing_ok=True)
+    removed["model"] = bool(model_ids)
+    connectors = _request(backend, "POST", "/_plugins/_ml/connectors/_search", query, missing_ok=True) or {}
+    connector_ids = [h["_id"] for h in (connectors.get("hits") or {}).get("hits", [])]
+    for cid in connector_ids:
+        _request(backend, "DELETE", f"/_plugins/_ml/connectors/{cid}", missing_ok=True)
+    removed["connector"] = bool(connector_ids)
+    return removed
+
+
+def reranker_status(backend, *, name: str = "esqbe-rerank") -> dict:
+    """What of esqbe's reranker exists under `name` (for `esqbe stats`): the parts found, with the URL they call."""
+    if backend.name == "elasticsearch":
+        found = _request(backend, "GET", f"/_inference/rerank/{name}", missing_ok=True)
+        current = next(iter((found or {}).get("endpoints") or []), None)
+        return {"inference_endpoint": name if current else None,
+                "calls": ((current or {}).get("service_settings") or {}).get("url")}
+    pipeline = _request(backend, "GET", f"/_search/pipeline/{name}", missing_ok=True)
+    return {"search_pipeline": name if pipeline else None}

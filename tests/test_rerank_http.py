@@ -1,0 +1,236 @@
+"""POST /rerank (issue 39) through a real `esqbe serve` app on 127.0.0.1 over a real embedded index, called with the
+exact bodies each engine builds from the templates `esqbe engine install-reranker` installs
+(esqbe.backends.engines.reranker), its answer read the way each engine's parser reads it: the scores equal esqbe's
+own rescoring of the same candidates; unknown ids score lowest and are counted; the perimeter and the grammar
+refuse what they must."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx
+import pytest
+
+import esqbe
+from esqbe.backends.engines.reranker import (
+    es_inference_body,
+    es_request_body,
+    os_connector_body,
+    os_request_body,
+)
+from esqbe.index.rerank import MAX_RERANK_DOCUMENTS, parse_rerank_query
+
+from .conftest import LiveServer
+
+TOKEN = "s3cret-rerank-token"
+Q, A, B = "csabstruct-train-0000", "csabstruct-train-0001", "csabstruct-train-0002"
+
+
+@pytest.fixture(scope="module")
+def index_path(index_dir_30, tmp_path_factory):
+    path = tmp_path_factory.mktemp("serve-rerank") / "index"
+    shutil.copytree(index_dir_30, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(index_path, encoder):
+    from esqbe.server.app import create_app
+    from esqbe.server.options import ServeOptions
+
+    app = create_app(str(index_path), config=None, encoder=encoder,
+                     options=ServeOptions(host="127.0.0.1", token=TOKEN, max_body_bytes=64 * 1024))
+    with LiveServer(app) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def ids(index_path, encoder):
+    with esqbe.open_index(str(index_path), encoder=encoder, config=None, create=False) as index:
+        return [p.paper.paper_id for p in index.iter_papers()]
+
+
+def _expected(index_path, encoder, query: str, candidates: list[str]) -> dict[str, float]:
+    """esqbe's own rescoring of exactly those candidates: `Index.query(..., restrict_to=candidates)`."""
+    q = parse_rerank_query(query)
+    with esqbe.open_index(str(index_path), encoder=encoder, config=None, create=False) as index:
+        result = index.query(q.paper_id, facet=q.facet, sentences=q.sentences, text=q.text, restrict_to=candidates,
+                             k=len(candidates))
+    return {h.paper_id: h.score for h in result.hits}
+
+
+def _call_as_elasticsearch(url: str, query: str, documents: list[str]) -> tuple[list[float], httpx.Response]:
+    """The `custom` service as installed: its url, headers (the secret put in) and request template; the answer read
+    by its json_parser paths ($.results[*].index / relevance_score)."""
+    body = es_inference_body(url, TOKEN)
+    settings = body["service_settings"]
+    headers = {k: v.replace("${api_key}", settings["secret_parameters"]["api_key"]) for k, v in settings["headers"].items()}
+    r = httpx.post(settings["url"], content=es_request_body(body, query, documents), headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    index, score = [x["index"] for x in results], [x["relevance_score"] for x in results]
+    out = [0.0] * len(documents)
+    for i, s in zip(index, score, strict=True):
+        out[i] = s
+    return out, r
+
+
+def _call_as_opensearch(url: str, query: str, documents: list[str]) -> tuple[list[float], httpx.Response]:
+    """The connector as installed: its action's url, headers (the credential put in), the Cohere pre-process
+    parameters in its request body; the Cohere post-process reads results[*] by index."""
+    body = os_connector_body(url, TOKEN)
+    action = body["actions"][0]
+    headers = {k: v.replace("${credential.esqbe_token}", body["credential"]["esqbe_token"])
+               for k, v in action["headers"].items()}
+    r = httpx.post(action["url"], content=os_request_body(body, query, documents), headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    by_index = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+    return [by_index[i] for i in range(len(documents))], r
+
+
+@pytest.mark.parametrize("call", [_call_as_elasticsearch, _call_as_opensearch], ids=["elasticsearch", "opensearch"])
+@pytest.mark.parametrize("query", [f"paper:{Q} facet:method", f"paper:{Q} sentences:0,2", f"paper:{Q}",
+                                   "facet:method We propose a novel method that encodes citations with a graph neural network. We train it with a contrastive loss on pairs of papers.",
+                                   "We study citation recommendation with graph neural networks."])
+def test_scores_in_input_order_equal_esqbes_rescoring(server, index_path, encoder, ids, call, query):
+    candidates = ids[1:16][::-1]  # an engine's order, not esqbe's
+    scores, r = call(server, query, candidates)
+    expected = _expected(index_path, encoder, query, candidates)
+    # a paper's stored vectors: the same numbers; a pasted text is encoded again (float noise of the batch)
+    tol = 1e-9 if query.startswith("paper:") else 1e-5
+    assert scores == pytest.approx([expected[c] for c in candidates], abs=tol)
+    if query.startswith("paper:"):
+        assert sorted(candidates, key=lambda c: -scores[candidates.index(c)]) == sorted(expected, key=lambda c: -expected[c])
+    assert r.headers["X-Esqbe-Rerank-Unknown"] == "0"
+
+
+def test_unknown_ids_and_the_query_paper_score_lowest(server, index_path, encoder, caplog):
+    docs = [A, "no-such-paper", Q, B, "no-such-paper", "another-missing"]
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="esqbe.server"):
+        scores, r = _call_as_elasticsearch(server, f"paper:{Q} facet:method", docs)
+    assert r.headers["X-Esqbe-Rerank-Unknown"] == "2" and r.json()["unknown"] == 2
+    assert any("2 of 6 documents are not in the index" in m and "'no-such-paper'" in m for m in caplog.messages)
+    assert r.headers["X-Esqbe-Rerank-Unranked"] == "1"  # the query paper itself: a query never returns it
+    known = [scores[0], scores[3]]
+    assert scores[1] == scores[2] == scores[4] == scores[5] < min(known)
+    expected = _expected(index_path, encoder, f"paper:{Q} facet:method", [A, B])
+    assert known == pytest.approx([expected[A], expected[B]])
+    # nothing known at all: every document gets the same score, still no error
+    scores, r = _call_as_opensearch(server, f"paper:{Q}", ["x1", "x2"])
+    assert scores[0] == scores[1] and r.headers["X-Esqbe-Rerank-Unknown"] == "2"
+
+
+def test_the_perimeter(server):
+    body = es_request_body(es_inference_body(server, TOKEN), f"paper:{Q}", [A])
+    ok = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
+    r = httpx.post(server + "/rerank", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 401
+    r = httpx.post(server + "/rerank", content=body, headers={**ok, "Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    r = httpx.post(server + "/rerank", content=body, headers={**ok, "Host": "evil.example"})
+    assert r.status_code == 400
+    r = httpx.post(server + "/rerank", content=body, headers={**ok, "Content-Type": "text/plain"})
+    assert r.status_code == 415
+    big = json.dumps({"query": f"paper:{Q}", "documents": ["x" * 100] * 1000})  # past the 64 KiB body limit
+    r = httpx.post(server + "/rerank", content=big, headers=ok)
+    assert r.status_code == 413
+
+
+@pytest.mark.parametrize("query,status,match", [
+    ("", 422, ""),
+    ("   ", 400, "empty"),
+    ("paper:", 400, "no value"),
+    (f"paper:{Q} facet:methods", 400, "not a facet"),
+    (f"paper:{Q} facet:method sentences:0", 400, "not both"),
+    (f"paper:{Q} paper:{A}", 400, "twice"),
+    (f"paper:{Q} sentences:0,x", 400, "indices"),
+    (f"paper:{Q} sentences:1,1", 400, "twice"),
+    (f"paper:{Q} sentences:-1", 400, "indices"),
+    (f"paper:{Q} k:5", 400, "unknown term"),
+    (f"paper:{Q} rescorer:ot", 400, "unknown term"),
+    (f"paper:{Q} sentences:" + ",".join(map(str, range(65))), 413, "at most"),
+    ("facet:method", 400, "needs a text"),
+    ("paper:a\x00b", 400, "control"),
+    ("word " * 6000, 413, "characters"),
+    ("paper:nope-nope facet:method", 404, "not in the index"),
+])
+def test_malformed_and_oversized_queries_are_refused(server, query, status, match):
+    r = httpx.post(server + "/rerank", json={"query": query, "documents": [A, B]},
+                   headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+    assert r.status_code == status, r.text
+    assert match.lower() in r.text.lower() and "Traceback" not in r.text
+
+
+@pytest.mark.parametrize("documents,status,match", [
+    ([], 400, "no documents"),
+    ("csabstruct-train-0001", 422, ""),
+    ([A, None], 400, "documents[1]"),
+    ([A, {"id": B}], 400, "documents[1]"),
+    ([A, ""], 400, "documents[1]"),
+    ([A, "two words"], 400, "documents[1]"),
+    ([A, "x" * 600], 400, "documents[1]"),
+    ([A, True], 400, "documents[1]"),
+    (["p"] * (MAX_RERANK_DOCUMENTS + 1), 413, "at most"),
+])
+def test_malformed_and_oversized_document_lists_are_refused(server, documents, status, match):
+    r = httpx.post(server + "/rerank", json={"query": f"paper:{Q}", "documents": documents},
+                   headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+    assert r.status_code == status, r.text
+    assert match.lower() in r.text.lower()
+
+
+def test_no_model_or_other_field_chosen_by_the_request(server):
+    r = httpx.post(server + "/rerank", json={"query": f"paper:{Q}", "documents": [A], "model": "../../etc"},
+                   headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 422
+
+
+def test_csfcube_dev_bm25_reranked_through_the_endpoint_equals_esqbes_rescoring(tmp_path, encoder):
+    """On CSFCube dev's abstracts (the first 80, given labels): a BM25 search for a query paper's title, its hits
+    reranked through POST /rerank as Elasticsearch would call it, ranks them as esqbe's own rescoring does."""
+    from esqbe.server.app import create_app
+    from esqbe.server.options import ServeOptions
+
+    from .conftest import shared_path
+
+    src = shared_path("data", "csfcube-dev", "abstracts-csfcube-preds.jsonl")
+    lines = src.read_text(encoding="utf-8").splitlines()[:80]
+    (tmp_path / "papers.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path = tmp_path / "index"
+    with esqbe.open_index(str(path), encoder=encoder, config=None) as index:
+        assert index.index_files([str(tmp_path / "papers.jsonl")]).indexed == 80
+        qid = json.loads(lines[0])["paper_id"]
+        title = index.get([qid])[qid].title
+        bm25 = [p.paper_id for p, _ in index.search(title, k=31) if p.paper_id != qid][:30]
+        assert len(bm25) >= 10
+        own = index.query(qid, facet="method", restrict_to=bm25, k=len(bm25))
+    app = create_app(str(path), config=None, encoder=encoder, options=ServeOptions(host="127.0.0.1", token=TOKEN))
+    with LiveServer(app) as url:
+        scores, _ = _call_as_elasticsearch(url, f"paper:{qid} facet:method", bm25)
+    reranked = [pid for _, pid in sorted(zip(scores, bm25, strict=True), key=lambda x: -x[0])]
+    assert reranked == [h.paper_id for h in own.hits]
+
+
+def test_the_request_deadline_bounds_a_call(index_path, encoder, ids):
+    """Past the server's per-request deadline the call is given up (504), the reader freed: the engine's own
+    timeout is not the only bound."""
+    from esqbe.server.app import create_app
+    from esqbe.server.options import ServeOptions
+
+    app = create_app(str(index_path), config=None, encoder=encoder,
+                     options=ServeOptions(host="127.0.0.1", token=TOKEN, request_timeout=1e-6))
+    with LiveServer(app) as url:
+        r = httpx.post(url + "/rerank", json={"query": f"paper:{Q} facet:method", "documents": ids[1:30]},
+                       headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+    assert r.status_code == 504, r.text
+    assert "Traceback" not in r.text
+
+
+def test_the_python_api_is_the_same(index_path, encoder, ids):
+    with esqbe.open_index(str(index_path), encoder=encoder, config=None, create=False) as index:
+        got = index.rerank(f"paper:{Q} sentences:0,2", [*ids[5:10], "missing"])
+        direct = index.query(Q, sentences=[0, 2], restrict_to=ids[5:10], k=5)
+    assert got.scores[:5] == [next(h.score for h in direct.hits if h.paper_id == p) for p in ids[5:10]]
+    assert got.unknown == ["missing"] and got.scores[5] < min(got.scores[:5])

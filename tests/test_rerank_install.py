@@ -1,0 +1,244 @@
+"""`esqbe engine install-reranker` / `uninstall-reranker` (issue 39 item 2) against a canned engine on a real loopback
+socket (the real elasticsearch-py / opensearch-py clients put the requests on the wire): what is sent, in what order,
+with which credentials, validated against the request schemas cut from the engines' official API specifications
+(tests/specs/rerank-requests.strict.schema.json, scripts/cut_rerank_specs.py), and idempotent on a second run.
+A contract test of what is sent, NOT an integration test: the live one is in tests/test_engine_integration.py."""
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("elasticsearch")
+pytest.importorskip("opensearchpy")
+
+from cli import main  # noqa: E402
+from esqbe.backends.engines.reranker import (  # noqa: E402
+    es_inference_body,
+    os_connector_body,
+    os_model_body,
+    os_pipeline_body,
+)
+
+from .fakes.engines import CannedEngine, EngineHTTPServer  # noqa: E402
+
+SCHEMA = Path(__file__).resolve().parent / "specs" / "rerank-requests.strict.schema.json"
+TOKEN = "a-server-token-of-16+"
+
+
+@cache
+def _doc() -> dict:
+    return json.loads(SCHEMA.read_text(encoding="utf-8"))
+
+
+def spec_errors(key: str, body) -> list[str]:
+    doc = _doc()
+    v = jsonschema.Draft202012Validator({"$schema": doc["$schema"], "$defs": doc["$defs"], **doc[key]})
+    return [f"{e.json_path}: {e.message[:160]}" for e in v.iter_errors(body)]
+
+
+class RerankEngine(CannedEngine):
+    """The canned engine plus the inference API (ES) and ML Commons / search pipelines (OpenSearch), kept in dicts."""
+
+    def __init__(self, engine, version):
+        super().__init__(engine, version)
+        self.endpoints: dict[str, dict] = {}
+        self.connectors: dict[str, dict] = {}
+        self.models: dict[str, dict] = {}
+        self.pipelines: dict[str, dict] = {}
+        self.n = 0
+
+    def handle(self, method, target, headers, body):
+        path = target.split("?")[0]
+        if not path.startswith(("/_inference/", "/_plugins/_ml/", "/_search/pipeline/")):
+            return super().handle(method, target, headers, body)
+        data = json.loads(body) if body else None
+        self.requests.append({"method": method, "path": target, "body": data, "endpoint": "rerank",
+                              "headers": {k.lower(): v for k, v in headers.items()}})
+        segs = path.strip("/").split("/")
+        missing = 404, {"error": {"type": "resource_not_found_exception", "reason": "not found"}, "status": 404}
+        if segs[0] == "_inference":
+            name = segs[2]
+            if method == "GET":
+                if name not in self.endpoints:
+                    return missing
+                shown = {k: v for k, v in self.endpoints[name]["service_settings"].items() if k != "secret_parameters"}
+                return 200, {"endpoints": [{"inference_id": name, "task_type": "rerank", "service": "custom",
+                                            "service_settings": shown}]}
+            if method == "PUT":
+                if name in self.endpoints:
+                    return 400, {"error": {"type": "resource_already_exists_exception", "reason": "exists"}, "status": 400}
+                self.endpoints[name] = data
+                return 200, {"inference_id": name, "task_type": "rerank", "service": "custom"}
+            if method == "DELETE":
+                return (200, {"acknowledged": True}) if self.endpoints.pop(name, None) else missing
+        if segs[0] == "_search":
+            name = segs[2]
+            if method == "PUT":
+                self.pipelines[name] = data
+                return 200, {"acknowledged": True}
+            if method == "GET":
+                return (200, {name: self.pipelines[name]}) if name in self.pipelines else missing
+            if method == "DELETE":
+                return (200, {"acknowledged": True}) if self.pipelines.pop(name, None) else missing
+        kind, rest = segs[2], segs[3:]
+        store = self.connectors if kind == "connectors" else self.models
+        if rest == ["_create"] or rest == ["_register"]:
+            self.n += 1
+            new_id = f"{kind[0]}{self.n}"
+            store[new_id] = data
+            return 200, ({"connector_id": new_id} if kind == "connectors" else
+                         {"task_id": "t", "model_id": new_id, "status": "CREATED"})
+        if rest == ["_search"]:
+            name = data["query"]["term"]["name.keyword"]
+            return 200, {"hits": {"hits": [{"_id": i, "_source": {**v, "algorithm": "REMOTE"}}
+                                           for i, v in store.items() if v["name"] == name]}}
+        if len(rest) == 2 and rest[1] == "_undeploy":
+            return 200, {}
+        if len(rest) == 1 and method == "DELETE":
+            return (200, {"result": "deleted"}) if store.pop(rest[0], None) else missing
+        return 400, {"error": {"type": "illegal_argument_exception", "reason": f"canned: {method} {path}"}, "status": 400}
+
+    def sent(self, endpoint="rerank"):
+        return [r for r in self.requests if r["endpoint"] == endpoint]
+
+
+@pytest.fixture
+def engine():
+    servers = []
+
+    def start(kind: str, version: str):
+        server = EngineHTTPServer(RerankEngine(kind, version))
+        servers.append(server)
+        return server.url, server.canned
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def _run(args, env=None):
+    r = CliRunner().invoke(main, args, env=env or {}, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_bodies_are_valid_for_the_official_specs():
+    for token in (None, TOKEN):
+        assert not spec_errors("es_inference_put_custom", es_inference_body("http://esqbe:8000", token))
+        assert not spec_errors("os_ml_create_connector", os_connector_body("http://esqbe:8000", token))
+    assert not spec_errors("os_ml_register_model", os_model_body("abc"))
+    assert not spec_errors("os_search_pipeline_put", os_pipeline_body("abc", "paper_id"))
+    # the cut is strict: a misspelt key is caught
+    bad = es_inference_body("http://esqbe:8000")
+    bad["service_settings"]["respone"] = bad["service_settings"].pop("response")
+    assert spec_errors("es_inference_put_custom", bad)
+    assert spec_errors("os_search_pipeline_put", {"response_processors": [{"rerank": {
+        "ml_opensearch": {"model_id": "m"}, "context": {"document_field": ["paper_id"]}}}]})
+
+
+def test_elasticsearch_install_is_one_put_with_the_token_as_a_secret_and_idempotent(engine):
+    url, canned = engine("elasticsearch", "9.2.0")
+    args = ["engine", "install-reranker", "--backend", "elasticsearch", "--url", url, "--index", "papers",
+            "--server-url", "http://esqbe:8000/"]
+    out = _run(args, env={"ESQBE_TOKEN": TOKEN})
+    assert out == {"inference_endpoint": {"id": "esqbe-rerank", "status": "created"}}
+    puts = [r for r in canned.sent() if r["method"] == "PUT"]
+    assert [r["path"] for r in puts] == ["/_inference/rerank/esqbe-rerank"]
+    assert puts[0]["body"] == es_inference_body("http://esqbe:8000", TOKEN)
+    assert puts[0]["body"]["service_settings"]["url"] == "http://esqbe:8000/rerank"
+    assert not spec_errors("es_inference_put_custom", puts[0]["body"])
+    # again without a token: the stored endpoint is the same apart from the secret, which cannot be read back,
+    # so with no token it is kept; with one it is replaced (delete, then put)
+    out = _run(args, env={"ESQBE_TOKEN": TOKEN})
+    assert out["inference_endpoint"]["status"] == "replaced" and len(canned.endpoints) == 1
+    canned.endpoints.clear()
+    _run(args)
+    n = len(canned.sent())
+    assert _run(args) == {"inference_endpoint": {"id": "esqbe-rerank", "status": "unchanged"}}
+    assert [r["method"] for r in canned.sent()[n:]] == ["GET"]
+    assert _run(["engine", "uninstall-reranker", "--backend", "elasticsearch", "--url", url]) == \
+        {"inference_endpoint": True}
+    assert not canned.endpoints
+    assert _run(["engine", "uninstall-reranker", "--backend", "elasticsearch", "--url", url]) == \
+        {"inference_endpoint": False}
+
+
+def test_opensearch_install_creates_connector_model_and_pipeline_and_replaces_them(engine):
+    url, canned = engine("opensearch", "3.5.0")
+    args = ["engine", "install-reranker", "--backend", "opensearch", "--url", url, "--index", "papers",
+            "--server-url", "http://esqbe:8000", "--id-field", "pid"]
+    out = _run(args, env={"ESQBE_TOKEN": TOKEN})
+    assert {k: v["status"] for k, v in out.items()} == {"connector": "created", "model": "created",
+                                                        "search_pipeline": "created"}
+    made = {r["path"].split("?")[0]: r for r in canned.sent() if r["method"] in ("POST", "PUT") and r["body"]
+            and "_search" not in r["path"].split("/")[-1]}
+    connector = made["/_plugins/_ml/connectors/_create"]["body"]
+    assert connector == os_connector_body("http://esqbe:8000", TOKEN)
+    assert connector["credential"] == {"esqbe_token": TOKEN}
+    assert "deploy=true" in [r["path"] for r in canned.sent() if "_register" in r["path"]][0]
+    model = made["/_plugins/_ml/models/_register"]["body"]
+    assert model == os_model_body(out["connector"]["id"])
+    pipeline = made["/_search/pipeline/esqbe-rerank"]["body"]
+    assert pipeline == os_pipeline_body(out["model"]["id"], "pid")
+    for key, body in (("os_ml_create_connector", connector), ("os_ml_register_model", model),
+                      ("os_search_pipeline_put", pipeline)):
+        assert not spec_errors(key, body), key
+    # a second run leaves one of each, the old ones undeployed and deleted first
+    out2 = _run(args, env={"ESQBE_TOKEN": TOKEN})
+    assert {k: v["status"] for k, v in out2.items()} == {"connector": "replaced", "model": "replaced",
+                                                         "search_pipeline": "replaced"}
+    assert len(canned.connectors) == len(canned.models) == len(canned.pipelines) == 1
+    assert any(r["path"].endswith(f"/models/{out['model']['id']}/_undeploy") for r in canned.sent())
+    removed = _run(["engine", "uninstall-reranker", "--backend", "opensearch", "--url", url])
+    assert removed == {"search_pipeline": True, "model": True, "connector": True}
+    assert not (canned.connectors or canned.models or canned.pipelines)
+
+
+def test_install_needs_an_engine_and_a_server_url():
+    r = CliRunner().invoke(main, ["engine", "install-reranker", "--server-url", "http://esqbe:8000"])
+    assert r.exit_code != 0 and "--backend elasticsearch or opensearch" in r.output
+    r = CliRunner().invoke(main, ["engine", "install-reranker", "--backend", "elasticsearch", "--url",
+                                  "http://127.0.0.1:9", "--server-url", "ftp://x"])
+    assert r.exit_code != 0 and "--server-url" in r.output
+
+
+def test_the_documented_searches_are_valid_for_the_specs():
+    """docs/engines.md's searches through the reranker: the retriever tree on Elasticsearch, the search with
+    `ext.rerank` on OpenSearch, against the strict search-body schemas of tests/specs."""
+    import re
+
+    from .fakes.engines import schema_errors
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "engines.md").read_text(encoding="utf-8")
+    section = text[text.index("## esqbe as the cluster's reranker"):text.index("## Tests")]
+    blocks = [json.loads(b.split("\n", 1)[1]) for b in re.findall(r"```json\n(POST [^\n]+\n\{.*?\n\})\n```", section, re.S)]
+    assert len(blocks) == 2
+    es, os_ = blocks
+    assert es["retriever"]["text_similarity_reranker"]["inference_id"] == "esqbe-rerank"
+    assert not schema_errors("elasticsearch", "search", es)
+    assert os_["ext"]["rerank"]["query_context"]["query_text"].startswith("paper:")
+    assert not schema_errors("opensearch", "search", os_)
+
+
+@pytest.mark.parametrize("kind,version", [("elasticsearch", "9.2.0"), ("opensearch", "3.5.0")])
+def test_stats_reports_the_reranker(engine, kind, version):
+    from esqbe.backends.engines.elasticsearch import ElasticsearchBackend
+    from esqbe.backends.engines.opensearch import OpenSearchBackend
+
+    from .fakes.engines import META, make_papers
+
+    url, canned = engine(kind, version)
+    backend = (ElasticsearchBackend if kind == "elasticsearch" else OpenSearchBackend)(url, "papers")
+    backend.ensure(META)
+    backend.upsert(make_papers())
+    backend.close()
+    stats = ["stats", "--backend", kind, "--url", url, "--index", "papers", "--json"]
+    part = "inference_endpoint" if kind == "elasticsearch" else "search_pipeline"
+    assert _run(stats)["reranker"][part] is None
+    _run(["engine", "install-reranker", "--backend", kind, "--url", url, "--server-url", "http://esqbe:8000"])
+    assert _run(stats)["reranker"][part] == "esqbe-rerank"
