@@ -155,6 +155,7 @@ def _print_index_report(report, as_json: bool) -> None:
         f"read {report.read}, indexed {report.indexed}, replaced {report.replaced}, unchanged {report.unchanged}, "
         f"skipped {sum(report.skipped.values())} ({skipped}), errors {len(report.errors)}"
         + (f", tagged {report.tagged}" if report.tagged else "")
+        + (f", abstracts from PDFs {report.abstracts_from_pdf}" if report.abstracts_from_pdf else "")
         + f" in {report.seconds:.1f}s"
     )
     for line in report.skipped_lines(10):
