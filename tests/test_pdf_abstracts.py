@@ -1,6 +1,7 @@
 """Records without an abstract, with a PDF (issue 38, item 4): a BibTeX `file` (Zotero's and JabRef's forms) or an
 RIS `L1` names the PDF; its abstract (and title, if the record has none) is read from the PDF's first page and the
-paper is marked `abstract_source: pdf` and counted. The PDFs are real LaTeX output (one and two columns, made from
+paper is marked `abstract_source: pdf` and counted. The PDFs are real LaTeX output (one and two columns, IEEE-style
+inline headings; made from
 CSAbstruct abstracts: tests/data/pdf/README.md) and a scanned page (an image, no text), which is skipped with that
 reason, as are a missing, an unparsable and an oversized PDF."""
 from __future__ import annotations
@@ -99,6 +100,15 @@ def test_a_relative_path_from_stdin_is_not_resolved(library, monkeypatch):
     papers, report = _read("-")
     assert set(papers) == {"own"}
     assert {r["id"]: r["reason"] for r in report.skipped_records}["zotero"] == pdf.MISSING
+
+
+def test_inline_headings_and_a_title_that_starts_with_abstract(tmp_path):
+    """IEEE's layout: "Abstract—We ..." inline, ended by "Index Terms—", under a title starting "Abstract"."""
+    shutil.copy(PDFS / "ieee-style.pdf", tmp_path / "p.pdf")
+    (tmp_path / "lib.bib").write_text("@inproceedings{ieee,\n file = {:p.pdf:PDF}}\n")
+    papers, _ = _read(tmp_path / "lib.bib")
+    assert " ".join(papers["ieee"].sentences) == EXPECTED["ieee-style"]
+    assert papers["ieee"].title == "Abstract Models of Passivity Based Control for Flexible Joint Robots"
 
 
 @pytest.mark.parametrize("field, paths", [

@@ -38,8 +38,12 @@ UNPARSABLE = "no abstract; its PDF cannot be parsed"
 NO_TEXT = "no abstract; its PDF has no text (a scanned image?)"
 NO_SECTION = "no abstract; its PDF has no Abstract section on its first pages"
 
-_START = re.compile(r"^[ \t]*(?:A[ \t]?B[ \t]?S[ \t]?T[ \t]?R[ \t]?A[ \t]?C[ \t]?T|Abstract|Summary|SUMMARY)\b"
-                    r"[ \t]*[.:\u2014\u2013-]?[ \t]*", re.MULTILINE)
+#: an abstract's heading at a line's start: alone on its line, or with a dash, colon or full stop after it
+#: ("Abstract—We ...", IEEE; "Abstract. We ...", LNCS); then, only if there is none, "Abstract We ..." (a title
+#: such as "Abstract Interpretation of ..." is thus not taken for the heading when the real one follows)
+_HEADING = r"^[ \t]*(?:A[ \t]?B[ \t]?S[ \t]?T[ \t]?R[ \t]?A[ \t]?C[ \t]?T|Abstract|Summary|SUMMARY)"
+_START = re.compile(_HEADING + r"(?:[ \t]*\n|[ \t]*[.:\u2014\u2013-]+[ \t]*)", re.MULTILINE)
+_START_LOOSE = re.compile(r"^[ \t]*(?:ABSTRACT|Abstract)[ \t]+(?=[A-Z])", re.MULTILINE)
 #: where an abstract ends: the next heading, at a line's start or (keywords, index terms) after a sentence
 _END = re.compile(
     r"(?:^|(?<=[.!?])[ \t]+)[ \t]*(?:(?:[1I]|1\.|I\.)[ \t]+)?"
@@ -184,16 +188,16 @@ def _clean(text: str) -> str:
 
 
 def _abstract(text: str) -> str | None:
-    start = _START.search(text)
-    if start is None:
-        return None
-    end = _END.search(text, start.end())
-    if end is None:
-        return None
-    abstract = _clean(text[start.end():end.start()])
-    if len(abstract) < MIN_ABSTRACT_CHARS:
-        return None
-    return abstract[:LIMITS["abstract_chars"]]
+    """The text from the first abstract heading that is followed by a closing heading, up to that heading."""
+    for start_pattern in (_START, _START_LOOSE):
+        for start in start_pattern.finditer(text):
+            end = _END.search(text, start.end())
+            if end is None:
+                break  # no closing heading after this one: none after a later one either
+            abstract = _clean(text[start.end():end.start()])
+            if len(abstract) >= MIN_ABSTRACT_CHARS:
+                return abstract[:LIMITS["abstract_chars"]]
+    return None
 
 
 def _title(meta_title: str, runs: list[tuple[float, str]]) -> str:
@@ -201,12 +205,11 @@ def _title(meta_title: str, runs: list[tuple[float, str]]) -> str:
     title = _clean(meta_title)
     if len(title) >= 4 and not re.search(r"\.(dvi|docx?|tex|pdf)$|^untitled$|^microsoft word", title, re.I):
         return title[:LIMITS["title_chars"]]
-    before: list[tuple[float, str]] = []
-    for size, text in runs:
-        if _START.match(text.strip()):
-            break
-        if text.strip():
-            before.append((size, text))
+    runs = [(size, text) for size, text in runs if text.strip()]
+    heading = next((i for i, (_, text) in enumerate(runs) if _START.match(text.strip() + "\n")), None)
+    if heading is None:
+        heading = next((i for i, (_, text) in enumerate(runs) if _START_LOOSE.match(text.strip())), len(runs))
+    before = runs[:heading]
     if not before:
         return ""
     largest = max(size for size, _ in before)
