@@ -111,6 +111,15 @@ def test_inline_headings_and_a_title_that_starts_with_abstract(tmp_path):
     assert papers["ieee"].title == "Abstract Models of Passivity Based Control for Flexible Joint Robots"
 
 
+def test_an_abstract_that_runs_on_to_the_second_page(tmp_path):
+    """Its first line at the foot of page 1, the rest on page 2: both pages read, the page number between dropped."""
+    shutil.copy(PDFS / "runs-on.pdf", tmp_path / "p.pdf")
+    (tmp_path / "lib.ris").write_text("TY  - JOUR\nID  - runs-on\nL1  - p.pdf\nER  - \n")
+    papers, _ = _read(tmp_path / "lib.ris")
+    assert " ".join(papers["runs-on"].sentences) == EXPECTED["runs-on"]
+    assert papers["runs-on"].title == "Sustainable Manufacturing in the Automotive Industry"
+
+
 @pytest.mark.parametrize("field, paths", [
     ("Full Text:files/12/x.pdf:application/pdf", ["files/12/x.pdf"]),
     (r":C\:/Users/me/x.pdf:PDF", ["C:/Users/me/x.pdf"]),  # JabRef on Windows: the drive's colon escaped

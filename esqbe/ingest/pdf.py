@@ -51,6 +51,8 @@ _END = re.compile(
     r"|CCS[ \t]Concepts|ACM[ \t]Reference[ \t]Format|General[ \t]Terms)\b"
     r"|^[ \t]*(?:1|1\.|I\.)[ \t]+[A-Z][A-Za-z]+(?:[ \t]+[A-Za-z]+){0,3}[ \t]*$",
     re.MULTILINE)
+#: a page's number alone on its last line: dropped where an abstract runs on to the next page
+_PAGE_NUMBER_AT_END = re.compile(r"\n[ \t]*\d{1,4}[ \t]*\s*$")
 _HYPHEN_BREAK = re.compile(r"([a-z])-\n[ \t]*([a-z])")
 _LIGATURES = {chr(c): unicodedata.normalize("NFKC", chr(c)) for c in range(0xFB00, 0xFB07)}
 
@@ -145,7 +147,7 @@ def _one(raw: str, folder: Path | None) -> PdfText:
         raise _Skip(NO_TEXT)
     abstract = None
     for n in range(1, len(pages) + 1):  # the first page; the second only if the abstract runs on
-        abstract = _abstract("\n".join(pages[:n]))
+        abstract = _abstract("\n".join(_PAGE_NUMBER_AT_END.sub("", page) for page in pages[:n]))
         if abstract is not None:
             break
     if abstract is None:
