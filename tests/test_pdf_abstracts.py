@@ -82,7 +82,7 @@ def test_unreadable_pdfs_skip_their_record_with_the_reason(library):
 def test_ris_l1_relative_and_file_url(tmp_path):
     shutil.copy(PDFS / "two-column.pdf", tmp_path / "a.pdf")
     ris = tmp_path / "export.ris"
-    ris.write_text("TY  - JOUR\nID  - rel\nTI  - Relative\nL1  - a.pdf\nER  - \n\n"
+    ris.write_text("TY  - JOUR\nID  - rel\nTI  - Relative\nL1  - snapshot.html\nL1  - a.pdf\nER  - \n\n"
                    f"TY  - CONF\nID  - url\nL1  - file://{tmp_path / 'a.pdf'}\nER  - \n\n"
                    "TY  - JOUR\nID  - web\nTI  - Only a web link\nL1  - https://example.org/a.pdf\nER  - \n")
     papers, report = _read(ris)

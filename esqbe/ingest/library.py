@@ -321,6 +321,7 @@ def _ris_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
     """Records split at `ER  -`, each parsed by rispy; a tag line outside a record is an error at its line."""
     import rispy
 
+    list_tags = [*rispy.LIST_TYPE_TAGS, "L1"]  # Zotero writes one `L1` per attached file (a snapshot, then the PDF)
     chunk: list[str] = []
     start = 0
     for lineno, line in enumerate(text.splitlines(), start=1):
@@ -334,7 +335,7 @@ def _ris_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
         chunk.append(line.lstrip("\ufeff"))
         if line.startswith("ER  -"):
             try:
-                records = rispy.loads("\n".join(chunk) + "\n")
+                records = rispy.loads("\n".join(chunk) + "\n", list_tags=list_tags)
             except Exception as e:  # rispy raises plain exceptions for malformed records
                 yield start, _Invalid("record", f"not a valid RIS record: {e}")
             else:
