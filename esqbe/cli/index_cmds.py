@@ -33,7 +33,8 @@ def index_cmd(files, fmt, strict, facets, as_json, skipped_path, quiet, **kw):
     \b
     Formats (detected per file): S2ORC metadata, Semantic Scholar Datasets `abstracts` and `s2orc`,
     the CSFCube release, CSAbstruct, and plain JSONL {"id", "title", "abstract", "facets"?}.
-    Records without an abstract are skipped and named (file:line, id, reason: the first 10, all with --json or
+    A BibTeX/RIS record without an abstract takes it from its attached PDF (`file`, `L1`) when that is readable;
+    records without an abstract are skipped and named (file:line, id, reason: the first 10, all with --json or
     --skipped FILE); malformed lines and missing files are
     reported as file:line: field: reason and the run goes on (unless --strict). Exit status: 0 done,
     1 bad input/settings or nothing could be indexed, 2 usage, 3 the index could not be written.
@@ -155,6 +156,7 @@ def _print_index_report(report, as_json: bool) -> None:
         f"read {report.read}, indexed {report.indexed}, replaced {report.replaced}, unchanged {report.unchanged}, "
         f"skipped {sum(report.skipped.values())} ({skipped}), errors {len(report.errors)}"
         + (f", tagged {report.tagged}" if report.tagged else "")
+        + (f", abstracts from PDFs {report.abstracts_from_pdf}" if report.abstracts_from_pdf else "")
         + f" in {report.seconds:.1f}s"
     )
     for line in report.skipped_lines(10):

@@ -322,6 +322,7 @@ class IngestMixin:
                 report.skipped.update(reader_report.skipped)
                 report.errors.extend(str(e) for e in reader_report.errors)
                 report.repeated.extend(reader_report.repeated)
+                report.abstracts_from_pdf += reader_report.abstracts_from_pdf
                 report.skipped_records.extend(reader_report.skipped_records)
                 done_bytes += reader_report.position
                 if bar is not None:
@@ -383,6 +384,7 @@ class IngestMixin:
             if own_reader_report:
                 report.read += reader_report.read
                 report.skipped.update(reader_report.skipped)
+                report.abstracts_from_pdf += reader_report.abstracts_from_pdf
                 report.skipped_records.extend(reader_report.skipped_records)
                 report.errors.extend(str(e) for e in reader_report.errors)
         return report

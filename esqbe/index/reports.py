@@ -35,6 +35,8 @@ class IndexReport:
     skipped: Counter = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     tagged: int = 0
+    #: papers whose abstract (and title, if they had none) was read from their attached PDF
+    abstracts_from_pdf: int = 0
     seconds: float = 0.0
     #: a --strict run: the error it stopped at, and the sources (or rest of one) it did not read
     stopped: str | None = None
@@ -105,6 +107,7 @@ class IndexReport:
             "skipped_records": list(self.skipped_records),
             "interrupted": self.interrupted,
             "merged": list(self.merged),
+            "abstracts_from_pdf": self.abstracts_from_pdf,
             "likely_duplicates": list(self.likely_duplicates),
         }
 

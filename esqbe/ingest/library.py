@@ -12,9 +12,10 @@ import json
 import logging
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 from ..domain import LIMITS, Paper
-from .formats import _authors, _Invalid, _metadata, _split_text_abstract, _type_name
+from .formats import NO_ABSTRACT, _authors, _Invalid, _metadata, _Skip, _split_text_abstract, _type_name
 
 #: formats read as a whole file rather than line by line
 WHOLE_FILE_FORMATS = ("bibtex", "ris", "csl-json")
@@ -45,8 +46,36 @@ def entries(fmt: str, text: str) -> Iterator[tuple[int, dict | _Invalid]]:
     return _csl_entries(text)
 
 
-def parse(fmt: str, record: dict, raw_labels: bool = False) -> Paper:
-    return _PARSERS[fmt](record)
+def parse(fmt: str, record: dict, raw_labels: bool = False, folder: Path | None = None) -> Paper:
+    """The record as a Paper. A BibTeX/RIS record without an abstract that names a PDF (`file`, `L1`) takes its
+    abstract, and its title if it has none, from the PDF (`esqbe.ingest.pdf`; paths relative to `folder`, the
+    folder of the file read; None: stdin) and is marked `abstract_source: pdf`; else it is skipped with the reason."""
+    try:
+        return _PARSERS[fmt](record)
+    except _Skip as skip:
+        paths = _pdf_paths(fmt, record) if skip.reason == NO_ABSTRACT else []
+        if not paths:
+            raise
+    from .pdf import read_pdf_abstract
+
+    found = read_pdf_abstract(paths, folder)
+    title_key = "title" if fmt == "bibtex" or record.get("title") or not record.get("primary_title") else "primary_title"
+    with_pdf = {**record, "abstract": found.abstract}
+    if not _plain(record.get(title_key)) and found.title:
+        with_pdf[title_key] = found.title
+    paper = _PARSERS[fmt](with_pdf)
+    paper.metadata["abstract_source"] = "pdf"
+    return paper
+
+
+def _pdf_paths(fmt: str, record: dict) -> list[str]:
+    from .pdf import bibtex_files, ris_files
+
+    if fmt == "bibtex" and isinstance(record.get("file"), str):
+        return bibtex_files(record["file"])
+    if fmt == "ris" and record.get("file_attachments1"):
+        return ris_files(record["file_attachments1"])
+    return []
 
 
 # ---------------------------------------------------------------- BibTeX
@@ -58,6 +87,10 @@ _BIBTEX_FIELDS = frozenset({"title", "abstract", "author", "journal", "booktitle
 #: a field's LaTeX as written may be longer than its decoded text (`{\'e}` is `é`): the raw text may be this many
 #: times its bound in LIMITS before it is refused without decoding; the decoded text is then held to the bound itself
 _LATEX_SLACK = 2
+
+
+#: a `file` field (Zotero/JabRef attachments) longer than this is not read for PDF paths
+_FILE_FIELD_CHARS = 20_000
 
 
 def _raw_bound(name: str) -> tuple[int, str]:
@@ -103,6 +136,10 @@ def _bibtex_record(entry, strings: dict[str, str], budget: list[int], decode, de
     metadata_chars = 0
     for field in entry.fields:
         name = field.key.lower()
+        if name == "file" and isinstance(field.value, str):  # attached files: paths as written, never LaTeX-decoded
+            if len(field.value) <= _FILE_FIELD_CHARS:
+                record["file"] = _strip_enclosing(field.value)
+            continue
         if name not in _BIBTEX_FIELDS or not isinstance(field.value, str):
             continue
         value = field.value.strip()
@@ -284,6 +321,7 @@ def _ris_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
     """Records split at `ER  -`, each parsed by rispy; a tag line outside a record is an error at its line."""
     import rispy
 
+    list_tags = [*rispy.LIST_TYPE_TAGS, "L1"]  # Zotero writes one `L1` per attached file (a snapshot, then the PDF)
     chunk: list[str] = []
     start = 0
     for lineno, line in enumerate(text.splitlines(), start=1):
@@ -297,7 +335,7 @@ def _ris_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
         chunk.append(line.lstrip("\ufeff"))
         if line.startswith("ER  -"):
             try:
-                records = rispy.loads("\n".join(chunk) + "\n")
+                records = rispy.loads("\n".join(chunk) + "\n", list_tags=list_tags)
             except Exception as e:  # rispy raises plain exceptions for malformed records
                 yield start, _Invalid("record", f"not a valid RIS record: {e}")
             else:

@@ -85,6 +85,8 @@ class ReadReport:
     repeated: list[str] = field(default_factory=list)
     #: one {"file", "line", "id", "title", "reason"} per skipped record (`skipped_record`), so each can be named
     skipped_records: list[dict] = field(default_factory=list)
+    #: records whose abstract was read from their PDF (`abstract_source: pdf`)
+    abstracts_from_pdf: int = 0
     #: bytes of the source consumed so far (for progress; 0 for stdin and streams)
     position: int = 0
     #: where the paper yielded last starts: the source's name and line (an index run names a merged record by it)
@@ -100,6 +102,8 @@ class ReadReport:
         }
         if self.repeated:
             summary["repeated"] = list(self.repeated)
+        if self.abstracts_from_pdf:
+            summary["abstracts_from_pdf"] = self.abstracts_from_pdf
         return summary
 
 
@@ -209,6 +213,8 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
         if fmt is None and first is not None and whole_files:
             fmt = sniff_format(first.decode("utf-8", "replace") if isinstance(first, bytes) else str(first))
         state = _State(name, fmt, strict, raw_labels, report)
+        if isinstance(source, (str, os.PathLike)) and str(source) != "-":  # a record's PDF paths are relative to it
+            state.folder = Path(source).parent
         read_before, errors_before = report.read, len(report.errors)
         if fmt in WHOLE_FILE_FORMATS:
             yield from _read_whole(lines, state, tell)
@@ -290,7 +296,7 @@ def _read_whole(lines: Iterator, state: _State, tell) -> Iterator[Paper]:
     for line, record in library.entries(fmt, "".join(parts)):
         if end is not None and starts[-1]:
             state.report.position = end * starts[min(max(line, 1), len(starts)) - 1] // starts[-1]
-        paper = state.one(line, lambda: record, lambda r: library.parse(fmt, r))  # noqa: B023 (called at once)
+        paper = state.one(line, lambda: record, lambda r: library.parse(fmt, r, folder=state.folder))  # noqa: B023
         if paper is not None:
             yield paper
     if end is not None:
@@ -304,6 +310,7 @@ class _State:
         self.name, self.fmt, self.strict, self.raw_labels, self.report = name, fmt, strict, raw_labels, report
         self.detected_at: int | None = None  # the line the format was detected from (None: given or sniffed)
         self.seen: dict[str, int] = {}  # paper id -> the line it was last read from
+        self.folder: Path | None = None  # the folder of the file read (None: stdin, a stream)
 
     def error(self, error: InputError) -> bool:
         """Record `error` (raise it when strict); True."""
@@ -346,6 +353,8 @@ class _State:
                                         f"{self.seen[paper.paper_id]} of this file; this later record replaces it")
         self.seen[paper.paper_id] = lineno
         self.report.yielded += 1
+        if paper.metadata.get("abstract_source") == "pdf":
+            self.report.abstracts_from_pdf += 1
         self.report.source, self.report.line = self.name, lineno
         return paper
 

@@ -1,0 +1,143 @@
+"""Records without an abstract, with a PDF (issue 38, item 4): a BibTeX `file` (Zotero's and JabRef's forms) or an
+RIS `L1` names the PDF; its abstract (and title, if the record has none) is read from the PDF's first page and the
+paper is marked `abstract_source: pdf` and counted. The PDFs are real LaTeX output (one and two columns, IEEE-style
+inline headings; made from
+CSAbstruct abstracts: tests/data/pdf/README.md) and a scanned page (an image, no text), which is skipped with that
+reason, as are a missing, an unparsable and an oversized PDF."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+from esqbe.ingest import pdf
+from esqbe.ingest.readers import ReadReport, read_papers
+
+from .conftest import REPO
+
+PDFS = REPO / "tests" / "data" / "pdf"
+EXPECTED = json.loads((PDFS / "abstracts.json").read_text())
+ONE_TITLE = "Evaluating a Gamified Multiple Choice Quiz in Undergraduate IT Courses"
+TWO_TITLE = "3D Face Recognition with a Deep Convolutional Neural Network and Expression Augmentation"
+
+
+@pytest.fixture
+def library(tmp_path):
+    """A Zotero-style export: my-library.bib beside files/<n>/<name>.pdf, one entry per case."""
+    for n, name in [(12, "one-column"), (13, "two-column"), (14, "scanned")]:
+        (tmp_path / "files" / str(n)).mkdir(parents=True)
+        shutil.copy(PDFS / f"{name}.pdf", tmp_path / "files" / str(n) / f"{name}.pdf")
+    (tmp_path / "files" / "15").mkdir()
+    (tmp_path / "files" / "15" / "broken.pdf").write_text("%PDF-1.5\nthis is not a PDF body\n")
+    with open(tmp_path / "files" / "15" / "huge.pdf", "wb") as f:  # sparse: over the bound without the disk
+        f.truncate(pdf.MAX_PDF_BYTES + 1)
+    os.mkfifo(tmp_path / "files" / "15" / "fifo.pdf")  # not a regular file: never opened (would block)
+    entries = {
+        "zotero": "title = {" + ONE_TITLE + "},\n file = {Full Text:files/12/one-column.pdf:application/pdf}",
+        "jabref": "file = {Snapshot:files/13/page.html:text/html;:files/13/two-column.pdf:PDF}",  # no title; 2 files
+        "scanned": "title = {A Scanned Paper},\n file = {Full Text:files/14/scanned.pdf:application/pdf}",
+        "missing": "title = {Moved Away},\n file = {Full Text:files/99/gone.pdf:application/pdf}",
+        "broken": "title = {Broken},\n file = {Full Text:files/15/broken.pdf:application/pdf}",
+        "huge": "title = {Huge},\n file = {Full Text:files/15/huge.pdf:application/pdf}",
+        "fifo": "title = {Fifo},\n file = {Full Text:files/15/fifo.pdf:application/pdf}",
+        "own": "title = {Own Abstract},\n abstract = {This record has its own abstract. The PDF is not read.},\n"
+               " file = {Full Text:files/14/scanned.pdf:application/pdf}",
+    }
+    bib = tmp_path / "my-library.bib"
+    bib.write_text("".join(f"@article{{{key},\n {body}}}\n\n" for key, body in entries.items()))
+    return bib
+
+
+def _read(source) -> tuple[dict, ReadReport]:
+    report = ReadReport()
+    return {p.paper_id: p for p in read_papers(source, report=report)}, report
+
+
+def test_one_and_two_column_pdfs_give_the_abstract_and_a_missing_title(library):
+    papers, report = _read(library)
+    one, two = papers["zotero"], papers["jabref"]
+    assert " ".join(one.sentences) == EXPECTED["one-column"]  # "di-\nmensions" joined, "IT-related" kept
+    assert " ".join(two.sentences) == EXPECTED["two-column"]  # cut before the column's "Keywords:"
+    assert one.title == ONE_TITLE  # the record's own title is kept
+    assert two.title == TWO_TITLE  # none in the record: the PDF's largest text above its abstract
+    assert one.metadata["abstract_source"] == two.metadata["abstract_source"] == "pdf"
+    assert papers["own"].sentences[0] == "This record has its own abstract."
+    assert "abstract_source" not in papers["own"].metadata
+    assert report.abstracts_from_pdf == 2 and report.summary()["abstracts_from_pdf"] == 2
+
+
+def test_unreadable_pdfs_skip_their_record_with_the_reason(library):
+    papers, report = _read(library)
+    assert set(papers) == {"zotero", "jabref", "own"}
+    reasons = {r["id"]: r["reason"] for r in report.skipped_records}
+    assert reasons == {"scanned": pdf.NO_TEXT, "missing": pdf.MISSING, "broken": pdf.UNPARSABLE,
+                       "huge": pdf.TOO_LARGE, "fifo": pdf.MISSING}
+    assert report.errors == []
+
+
+def test_ris_l1_relative_and_file_url(tmp_path):
+    shutil.copy(PDFS / "two-column.pdf", tmp_path / "a.pdf")
+    ris = tmp_path / "export.ris"
+    ris.write_text("TY  - JOUR\nID  - rel\nTI  - Relative\nL1  - snapshot.html\nL1  - a.pdf\nER  - \n\n"
+                   f"TY  - CONF\nID  - url\nL1  - file://{tmp_path / 'a.pdf'}\nER  - \n\n"
+                   "TY  - JOUR\nID  - web\nTI  - Only a web link\nL1  - https://example.org/a.pdf\nER  - \n")
+    papers, report = _read(ris)
+    assert " ".join(papers["rel"].sentences) == EXPECTED["two-column"] and papers["rel"].title == "Relative"
+    assert papers["url"].title == TWO_TITLE and papers["url"].metadata["abstract_source"] == "pdf"
+    assert [(r["id"], r["reason"]) for r in report.skipped_records] == [("web", pdf.MISSING)]  # never fetched
+
+
+def test_a_relative_path_from_stdin_is_not_resolved(library, monkeypatch):
+    import io
+    import sys
+
+    monkeypatch.chdir(library.parent)  # even where the path would resolve: stdin names no folder
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(library.read_bytes())))
+    papers, report = _read("-")
+    assert set(papers) == {"own"}
+    assert {r["id"]: r["reason"] for r in report.skipped_records}["zotero"] == pdf.MISSING
+
+
+def test_inline_headings_and_a_title_that_starts_with_abstract(tmp_path):
+    """IEEE's layout: "Abstract—We ..." inline, ended by "Index Terms—", under a title starting "Abstract"."""
+    shutil.copy(PDFS / "ieee-style.pdf", tmp_path / "p.pdf")
+    (tmp_path / "lib.bib").write_text("@inproceedings{ieee,\n file = {:p.pdf:PDF}}\n")
+    papers, _ = _read(tmp_path / "lib.bib")
+    assert " ".join(papers["ieee"].sentences) == EXPECTED["ieee-style"]
+    assert papers["ieee"].title == "Abstract Models of Passivity Based Control for Flexible Joint Robots"
+
+
+def test_an_abstract_that_runs_on_to_the_second_page(tmp_path):
+    """Its first line at the foot of page 1, the rest on page 2: both pages read, the page number between dropped."""
+    shutil.copy(PDFS / "runs-on.pdf", tmp_path / "p.pdf")
+    (tmp_path / "lib.ris").write_text("TY  - JOUR\nID  - runs-on\nL1  - p.pdf\nER  - \n")
+    papers, _ = _read(tmp_path / "lib.ris")
+    assert " ".join(papers["runs-on"].sentences) == EXPECTED["runs-on"]
+    assert papers["runs-on"].title == "Sustainable Manufacturing in the Automotive Industry"
+
+
+@pytest.mark.parametrize("field, paths", [
+    ("Full Text:files/12/x.pdf:application/pdf", ["files/12/x.pdf"]),
+    (r":C\:/Users/me/x.pdf:PDF", ["C:/Users/me/x.pdf"]),  # JabRef on Windows: the drive's colon escaped
+    ("Snapshot:s.html:text/html;Full Text PDF:a/b.pdf:application/pdf;:c.PDF:PDF", ["a/b.pdf", "c.PDF"]),
+    ("paper.pdf", ["paper.pdf"]),
+    ("Notes:notes.txt:text/plain", []),
+])
+def test_bibtex_file_field_forms(field, paths):
+    assert pdf.bibtex_files(field) == paths
+
+
+def test_index_summary_counts_and_names(tmp_path, library):
+    r = CliRunner().invoke(main, ["index", "--path", str(tmp_path / "ix"), "-q", str(library)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "read 8, indexed 3," in r.output and ", abstracts from PDFs 2 in " in r.output
+    assert f'skipped {library}:8: scanned "A Scanned Paper": {pdf.NO_TEXT}' in [s.strip() for s in r.output.splitlines()]
+    r = CliRunner().invoke(main, ["index", "--path", str(tmp_path / "ix2"), "--json", str(library)],
+                           catch_exceptions=False)
+    summary = json.loads(r.output)
+    assert summary["abstracts_from_pdf"] == 2 and summary["indexed"] == 3
+    assert summary["skipped"][pdf.NO_TEXT] == 1
