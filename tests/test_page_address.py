@@ -99,3 +99,27 @@ def test_every_documented_address_key_round_trips(server, browser):
         seen |= set(given)
     assert seen == set(keys)
     assert not _no_severe_log(browser)
+
+
+def _export_shown(browser) -> bool:
+    from selenium.webdriver.common.by import By
+
+    buttons = browser.find_elements(By.CSS_SELECTOR, "#export .export-btn, #watch-query")
+    assert len(buttons) == 5
+    return any(b.is_displayed() for b in buttons)
+
+
+def test_no_download_buttons_before_a_query_has_hits(server, browser):
+    from selenium.webdriver.common.by import By
+
+    browser.get(server + "/")
+    _wait(browser).until(lambda b: b.find_element(By.ID, "paper-count").text)
+    assert not _export_shown(browser)  # the page as opened
+    browser.get(server + f"/#paper={P0}")  # a query paper, no query yet
+    _wait(browser).until(lambda b: b.find_element(By.ID, "paper-id").text.startswith(P0))
+    assert not _export_shown(browser)
+    browser.get(server + f"/#paper={P0}&facet=method&filters=year%3E%3D3000")  # a query without hits
+    _wait(browser).until(lambda b: "No similar paper" in b.find_element(By.ID, "results-info").text)
+    assert not _export_shown(browser)
+    browser.get(server + f"/#paper={P0}&facet=method")  # hits: now they can be downloaded
+    _wait(browser).until(lambda b: _hits(b) and _export_shown(b))
