@@ -123,3 +123,17 @@ def test_no_download_buttons_before_a_query_has_hits(server, browser):
     assert not _export_shown(browser)
     browser.get(server + f"/#paper={P0}&facet=method")  # hits: now they can be downloaded
     _wait(browser).until(lambda b: _hits(b) and _export_shown(b))
+
+
+def test_the_active_filters_are_in_the_query_summary(server, browser):
+    from selenium.webdriver.common.by import By
+
+    info = lambda: browser.find_element(By.ID, "results-info").text  # noqa: E731
+    browser.get(server + f"/#paper={P0}&facet=method")
+    _wait(browser).until(lambda b: _hits(b) and "papers" in info())
+    assert "filters" not in info()
+    browser.find_element(By.ID, "filters").send_keys("year>=2011; venue in (ACL, EMNLP)\n")
+    _wait(browser).until(lambda b: "filters: year>=2011; venue in (ACL, EMNLP)" in info())
+    assert re.match(r"\d+ papers · filters: year>=2011; venue in \(ACL, EMNLP\) · rescorer summax", info()), info()
+    browser.get(server + f"/#paper={P0}&facet=method&filters=year%3E%3D3000")  # none pass: the summary says which
+    _wait(browser).until(lambda b: info() == "No similar paper found with filters: year>=3000.")

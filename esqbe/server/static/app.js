@@ -423,7 +423,10 @@ function renderHits(res) {
   markQuerySentences(res);
   $("export").hidden = !res.hits.length;
   const t = res.timings_ms || {};
-  $("results-info").textContent = `${res.hits.length} papers, rescorer ${res.rescorer} · similarity = ${res.similarity}` +
+  // the filters this query ran with (what was sent), so that a short or empty list says why
+  const filters = (state.lastQuery && state.lastQuery.filters) || [];
+  const filtered = filters.length ? ` · filters: ${filters.join("; ")}` : "";
+  $("results-info").textContent = `${res.hits.length} papers${filtered} · rescorer ${res.rescorer} · similarity = ${res.similarity}` +
     ` · pair weight = ${res.match_weight} · ${fmt(t.total, 0)} ms`;
   const list = $("hits");
   list.replaceChildren();
@@ -495,7 +498,7 @@ function renderHits(res) {
     item.addEventListener("mouseleave", () => linkQuerySentences([], false));
     list.append(item);
   }
-  if (!res.hits.length) $("results-info").textContent = "No similar paper found.";
+  if (!res.hits.length) $("results-info").textContent = `No similar paper found${filters.length ? ` with filters: ${filters.join("; ")}` : ""}.`;
 }
 
 function facetOfQuery(i) {
