@@ -13,6 +13,7 @@ import json
 import re
 from urllib.parse import parse_qsl, urlencode
 
+import httpx
 import pytest
 
 from esqbe.server.app import create_app
@@ -137,3 +138,41 @@ def test_the_active_filters_are_in_the_query_summary(server, browser):
     assert re.match(r"\d+ papers · filters: year>=2011; venue in \(ACL, EMNLP\) · rescorer summax", info()), info()
     browser.get(server + f"/#paper={P0}&facet=method&filters=year%3E%3D3000")  # none pass: the summary says which
     _wait(browser).until(lambda b: info() == "No similar paper found with filters: year>=3000.")
+
+
+def test_a_pasted_texts_sentences_are_all_listed_and_clickable(server, browser):
+    """Before any query, and after a facet query that used only some of them."""
+    from selenium.webdriver.common.by import By
+
+    everything = httpx.post(server + "/query", json={"text": TEXT, "k": 1}, timeout=60).json()["query"]["sentences"]
+    result = httpx.post(server + "/query", json={"text": TEXT, "k": 10, "facet": "result"}, timeout=60).json()
+    used = [s["index"] for s in result["query"]["sentences"]]
+    assert len(everything) == 3 and len(used) < 3, "the facet query must leave a sentence out for this test to mean anything"
+    listed = lambda: [(int(b.get_attribute("data-index")), b.text) for b in  # noqa: E731
+                      browser.find_elements(By.CSS_SELECTOR, "#sentences .sentence")]
+    want = [s["index"] for s in everything]
+
+    browser.get(server + "/")
+    browser.find_element(By.CSS_SELECTOR, "#text-query summary").click()
+    browser.find_element(By.ID, "text-input").send_keys(TEXT)
+    browser.find_element(By.ID, "use-text").click()
+    _wait(browser).until(lambda b: [i for i, _ in listed()] == want)  # no query run yet
+    assert not _hits(browser)
+    for (_i, text), s in zip(listed(), everything):
+        assert s["text"] in text
+    browser.find_elements(By.CSS_SELECTOR, "#sentences .sentence")[2].click()
+    assert _pressed(browser) == [2]
+
+    browser.find_element(By.CSS_SELECTOR, '.facet-btn[data-facet="result"]').click()
+    browser.find_element(By.ID, "run-query").click()
+    ids = [h["paper_id"] for h in result["hits"]]
+    _wait(browser).until(lambda b: [h.get_attribute("data-paper-id") for h in _hits(b)] == ids)
+    assert [i for i, _ in listed()] == want  # all, not only the facet query's
+    left_out = next(i for i in want if i not in used)
+    browser.find_element(By.CSS_SELECTOR, f'#sentences .sentence[data-index="{left_out}"]').click()
+    assert _pressed(browser) == [left_out]
+    browser.find_element(By.ID, "run-query").click()
+    mine = httpx.post(server + "/query", json={"text": TEXT, "k": 10, "sentences": [left_out]}, timeout=60).json()
+    _wait(browser).until(lambda b: [h.get_attribute("data-paper-id") for h in _hits(b)] == [h["paper_id"] for h in mine["hits"]])
+    assert f"sentences={left_out}" in browser.current_url
+    assert not _no_severe_log(browser)

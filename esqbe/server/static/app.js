@@ -145,6 +145,28 @@ function useText() {
   if (location.hash) history.replaceState(null, "", location.pathname + location.search);
   renderPaper();
   $("query-panel").focus();
+  listTextSentences(state.paper);
+}
+
+// Every sentence of a pasted text, split and labelled by the server (a one-hit query with every sentence and no
+// rescorer), so that all can be clicked before any query, and after a facet query that used only some of them.
+async function listTextSentences(p) {
+  let res;
+  try {
+    res = await api("query", { method: "POST", body: JSON.stringify({ text: p.text, ...(p.title ? { title: p.title } : {}),
+      k: 1, rescorer: "none" }) });
+  } catch (e) { return; }  // the query itself will say what is wrong with the text
+  if (state.paper !== p) return;  // another query paper since
+  const known = new Map(p.sentences.map((s) => [s.index, s]));
+  for (const s of res.query.sentences) {
+    if (!known.has(s.index)) known.set(s.index, { index: s.index, text: s.text, facet: s.facet, probabilities: s.probabilities || null });
+  }
+  p.sentences = [...known.values()].sort((a, b) => a.index - b.index);
+  const chosen = state.chosen;
+  renderPaper();
+  state.chosen = chosen;
+  syncSelection();
+  if (state.result) markQuerySentences(state.result);
 }
 
 function renderPaper() {
@@ -153,8 +175,8 @@ function renderPaper() {
   $("query-paper").hidden = false;
   $("paper-title").textContent = p.title || (p.isText ? "(pasted text)" : "(no title)");
   $("paper-id").textContent = p.isText ?
-    (p.sentences.length ? `pasted text · the ${p.sentences.length} sentence(s) of the last query, labelled by esqbe's tagger` :
-      "pasted text · its sentences show after the first query") :
+    (p.sentences.length ? `pasted text · ${p.sentences.length} sentences, labelled by esqbe's tagger` :
+      "pasted text · splitting it into sentences…") :
     `${p.paper_id} · ${p.sentences.length} sentences` + (p.facets_predicted ? " · facet labels predicted by esqbe's tagger" : "");
   for (const b of document.querySelectorAll(".facet-btn")) {
     b.disabled = !p.isText && !(p.facet_queries && p.facet_queries[b.dataset.facet]);
