@@ -176,3 +176,38 @@ def test_a_pasted_texts_sentences_are_all_listed_and_clickable(server, browser):
     _wait(browser).until(lambda b: [h.get_attribute("data-paper-id") for h in _hits(b)] == [h["paper_id"] for h in mine["hits"]])
     assert f"sentences={left_out}" in browser.current_url
     assert not _no_severe_log(browser)
+
+
+def _band(similarity: float) -> str:
+    return "strong" if similarity >= 0.4 else "fair" if similarity >= 0.3 else "weak"
+
+
+def test_a_weak_match_looks_weak(server, browser):
+    """Each hit's band is the documented scale's for its similarity; a weak hit is drawn as weak; rescorers on
+    other scales get no band."""
+    from selenium.webdriver.common.by import By
+
+    readme = (REPO / "README.md").read_text()
+    assert "**strong** (0.4 or more), **fair** (0.3 to 0.4) or **weak** (below 0.3)" in readme
+    want = httpx.post(server + "/query", json={"paper_id": P0, "facet": "method", "k": 29}, timeout=60).json()["hits"]
+    bands = [_band(h["similarity"]) for h in want]
+    assert "weak" in bands and set(bands) - {"weak"}, bands  # the query shows both kinds
+    browser.get(server + f"/#paper={P0}&facet=method&k=29")
+    _wait(browser, 90).until(lambda b: len(_hits(b)) == 29)
+    best = max(h["similarity"] for h in want)
+    for element, hit, band in zip(_hits(browser), want, bands):
+        assert element.get_attribute("data-paper-id") == hit["paper_id"]
+        chip = element.find_element(By.CSS_SELECTOR, ".strength")
+        assert chip.text == f"{band} match"
+        assert f"similarity {hit['similarity']:.3f}" in chip.get_attribute("title")
+        assert f"best hit: {best:.3f}" in chip.get_attribute("title")
+        assert ("weak" in element.get_attribute("class").split()) == (band == "weak")
+    weak = next(e for e, b in zip(_hits(browser), bands) if b == "weak")
+    strong = next(e for e, b in zip(_hits(browser), bands) if b != "weak")
+    colour = lambda e: e.find_element(By.CSS_SELECTOR, ".strength").value_of_css_property("background-color")  # noqa: E731
+    assert colour(weak) != colour(strong)  # they do not look alike
+
+    browser.get(server + f"/#paper={P0}&facet=method&rescorer=ot")
+    _wait(browser, 90).until(lambda b: _hits(b) and "transport" in b.find_element(By.ID, "results-info").text)
+    assert not browser.find_elements(By.CSS_SELECTOR, "#hits .strength")
+    assert not _no_severe_log(browser)
