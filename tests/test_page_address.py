@@ -211,3 +211,23 @@ def test_a_weak_match_looks_weak(server, browser):
     _wait(browser, 90).until(lambda b: _hits(b) and "transport" in b.find_element(By.ID, "results-info").text)
     assert not browser.find_elements(By.CSS_SELECTOR, "#hits .strength")
     assert not _no_severe_log(browser)
+
+
+def test_the_score_line_names_and_explains_each_number(server, browser):
+    from selenium.webdriver.common.by import By
+
+    want = httpx.post(server + "/query", json={"paper_id": P0, "facet": "method", "k": 10}, timeout=60).json()
+    browser.get(server + f"/#paper={P0}&facet=method")
+    _wait(browser, 90).until(lambda b: len(_hits(b)) == len(want["hits"]))
+    first, hit = _hits(browser)[0], want["hits"][0]
+    expected = {".similarity": f"{hit['similarity']:.3f}", ".score-rank": f"rank score {hit['score']:.3f}",
+                ".score-bm25": f"word match (bm25) {hit['bm25']:.1f}", ".score-knn": f"sentence kNN {hit['knn']:.3f}"}
+    for selector, text in expected.items():
+        assert first.find_element(By.CSS_SELECTOR, f".scores {selector}").text == text
+    titles = {s: first.find_element(By.CSS_SELECTOR, f".scores {s}").get_attribute("title")
+              for s in (".score-rank", ".score-bm25", ".score-knn")}
+    assert "only within this query" in titles[".score-rank"] and "BM25" in titles[".score-rank"]
+    assert "title and abstract" in titles[".score-bm25"]
+    assert "cosine" in titles[".score-knn"]
+    similarity = first.find_element(By.CSS_SELECTOR, ".scores .similarity").find_element(By.XPATH, "..")
+    assert similarity.get_attribute("title") == f"similarity: {want['similarity']}"  # the server's own words

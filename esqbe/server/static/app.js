@@ -502,8 +502,16 @@ function renderHits(res) {
       el("div", { class: "scores" },
         el("span", { title: `similarity: ${res.similarity}` }, "similarity ", el("strong", { class: "similarity", text: fmt(hit.similarity) })),
         band,
-        el("span", { title: "rank score within this query (similarity fused with BM25)" }, "rank score ", el("strong", { text: fmt(hit.score) })),
-        el("span", { text: `bm25 ${fmt(hit.bm25, 1)} · knn ${fmt(hit.knn)}` }),
+        // each number named and explained (its title): what it is, and whether it compares across queries
+        el("span", { class: "score-rank", title: "rank score: what this query's ranking sorts by, the similarity fused with " +
+          "the BM25 word match, each min-max scaled over this query's candidates: compare it only within this query" },
+          "rank score ", el("strong", { text: fmt(hit.score) })),
+        el("span", { class: "score-bm25", title: "word match (BM25): how strongly the query's words occur in this paper's " +
+          "title and abstract (first stage; 0: no word in common; unbounded, compare only within this query)" },
+          "word match (bm25) ", el("strong", { text: fmt(hit.bm25, 1) })),
+        el("span", { class: "score-knn", title: "sentence kNN: for each query sentence the best cosine the first-stage " +
+          "nearest-neighbour search found among this paper's sentences, averaged (-1..1; 0: found by words only)" },
+          "sentence kNN ", el("strong", { text: fmt(hit.knn) })),
         el("span", { class: "pid", text: hit.paper_id })),
       hitMeta(hit.metadata || {}),
       table,
