@@ -80,6 +80,20 @@ def test_head_ends_quietly(predicted_ix):
     assert "Broken pipe" not in err and "Errno 32" not in err and "Traceback" not in err
 
 
+def test_index_help_lists_every_format_with_what_it_is():
+    """Issue 38, item 10: `index --help` named 5 of the formats it detects; it lists each `--format` choice, from
+    the code's own list, each with a description."""
+    from esqbe.cli.index_cmds import FORMAT_HELP
+    from esqbe.settings.table import INDEX_FORMATS
+
+    out = run("index", "--help").output
+    block = out.split("Formats, detected per file", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert [line.split()[0] for line in block] == list(INDEX_FORMATS)
+    assert set(FORMAT_HELP) == set(INDEX_FORMATS)
+    for line, name in zip(block, INDEX_FORMATS):
+        assert " ".join(line.split()[1:]) == " ".join(FORMAT_HELP[name].split())
+
+
 def test_help_tells_true_things():
     readme = (REPO / "README.md").read_text()
     r = run("index", "--help")

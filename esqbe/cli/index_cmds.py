@@ -15,6 +15,28 @@ from .errors import EXIT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, EXIT_STORAGE, handle_
 from .options import _open, click_options, config_option
 from .output import say
 
+#: what each input format is, for `index --help` (every format is listed: a name missing here shows alone)
+FORMAT_HELP = {
+    "s2orc": "S2ORC metadata (JSON Lines)",
+    "s2ag-abstracts": "Semantic Scholar Datasets `abstracts`",
+    "s2ag-s2orc": "Semantic Scholar Datasets `s2orc`",
+    "csfcube": "the CSFCube release",
+    "csabstruct": "CSAbstruct (labelled sentences)",
+    "jsonl": 'plain JSON Lines {"id", "title", "abstract", "facets"?}',
+    "arxiv": "arXiv's metadata snapshot (Kaggle's JSON Lines)",
+    "openalex": "OpenAlex works (JSON Lines)",
+    "bibtex": "BibTeX (Zotero, JabRef; a first line starting with @ or %)",
+    "ris": "RIS (a first line `TY  - `)",
+    "csl-json": "CSL-JSON (Zotero's own; a JSON array of objects)",
+    "parquet": "pre-encoded input from `esqbe encode` (*.parquet)",
+}
+
+
+def _formats_help() -> str:
+    width = max(map(len, INDEX_FORMATS))
+    # the docstring's own indentation (click dedents the help as a whole)
+    return "\n    ".join(f"  {name.ljust(width)}  {FORMAT_HELP.get(name, '')}".rstrip() for name in INDEX_FORMATS)
+
 
 @click.command("index")
 @click.argument("files", nargs=-1, required=True, type=str)
@@ -31,8 +53,9 @@ def index_cmd(files, fmt, strict, facets, as_json, skipped_path, quiet, **kw):
     """Index papers from FILES (JSONL, .gz, or - for stdin); re-indexing the same file changes nothing.
 
     \b
-    Formats (detected per file): S2ORC metadata, Semantic Scholar Datasets `abstracts` and `s2orc`,
-    the CSFCube release, CSAbstruct, and plain JSONL {"id", "title", "abstract", "facets"?}.
+    Formats, detected per file (or named with --format):
+    {formats}
+
     A BibTeX/RIS record without an abstract takes it from its attached PDF (`file`, `L1`) when that is readable;
     records without an abstract are skipped and named (file:line, id, reason: the first 10, all with --json or
     --skipped FILE); malformed lines and missing files are
@@ -72,6 +95,9 @@ def index_cmd(files, fmt, strict, facets, as_json, skipped_path, quiet, **kw):
     if report.failed:
         say(f"error: {report.failure_message()}", err=True)
         sys.exit(EXIT_ERROR)
+
+
+index_cmd.help = (index_cmd.help or "").replace("{formats}", _formats_help())  # every format, from the code's list
 
 
 def _run_index(kw, files, fmt, strict, facets, as_json, quiet):

@@ -14,6 +14,11 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+#: the time left is estimated only after this many updates (encoder batches) past the first, at the rate since the
+#: first: the first carries the start (the model's warm-up, the reader's read-ahead), and an 18 s run once began by
+#: saying "about 5m34s left"
+ESTIMATE_AFTER = 3
+
 
 class Progress:
     """Papers done, and input bytes consumed out of `total_bytes` (None: unknown, e.g. stdin)."""
@@ -32,6 +37,8 @@ class Progress:
         self.position: Callable[[], int] | None = None  # bytes of input consumed so far
         self._start = self._last = time.monotonic()
         self._lines = 0
+        self._updates = 0  # update() calls that reported papers
+        self._first: tuple[float, int] | None = None  # (time, bytes consumed) at the first of them
         self._bar = None
         self._lock = threading.Lock()  # the encoder's thread and the indexing loop both report
         if self.tty:
@@ -51,6 +58,10 @@ class Progress:
     def _update(self, papers: int) -> None:
         self.papers += papers
         done = self._bytes()
+        if papers:
+            self._updates += 1
+            if self._first is None and done is not None:
+                self._first = (time.monotonic(), done)
         if self._bar is not None:
             if done is not None and done >= self._bar.n:
                 self._bar.update(done - self._bar.n)
@@ -71,8 +82,9 @@ class Progress:
         if done is not None and self.total_bytes:
             share = 100 * min(done, self.total_bytes) / self.total_bytes
             parts.append(f"{_size(min(done, self.total_bytes))} of {_size(self.total_bytes)} ({share:.0f}%)")
-            if not final and 0 < done < self.total_bytes:  # at the rate so far
-                parts.append(f"about {_duration(elapsed * (self.total_bytes - done) / done)} left")
+            left = None if final else self._left(now, done)
+            if left is not None:
+                parts.append(f"about {_duration(left)} left")
         elif done is not None:
             parts.append(f"{_size(done)} read")
         parts.append(f"{self.papers / elapsed:.1f} papers/s")
@@ -81,6 +93,15 @@ class Progress:
         self.stream.write(", ".join(parts) + "\n")
         self.stream.flush()
         self._lines += 1
+
+    def _left(self, now: float, done: int) -> float | None:
+        """Seconds left at the rate since the first update, once a few updates have come (None: not yet known)."""
+        if self._first is None or self._updates <= ESTIMATE_AFTER or not self.total_bytes or done >= self.total_bytes:
+            return None
+        since, at = self._first
+        if done <= at or now <= since:
+            return None
+        return (self.total_bytes - done) * (now - since) / (done - at)
 
     def close(self, stopped: str | None = None) -> None:
         """The end of the work (`stopped`: the reason it was cut short, e.g. "SIGINT")."""

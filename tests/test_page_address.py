@@ -1,0 +1,233 @@
+"""The page in real headless Chromium (issue 38, item 10), against a real server over a real index with metadata:
+
+- every key of the README's address table round-trips: opened, the page's state shows it, and the address the
+  page writes back after the query holds it again;
+- no download button before a query has hits;
+- the active filters are in the query summary;
+- a pasted text's sentences are all listed and clickable before any query and after a facet query;
+- a hit's similarity is placed on a scale (weak / fair / strong) and against this query's best hit;
+- the score line labels each number and says what it is."""
+from __future__ import annotations
+
+import json
+import re
+from urllib.parse import parse_qsl, urlencode
+
+import httpx
+import pytest
+
+from esqbe.server.app import create_app
+from esqbe.server.options import ServeOptions
+
+from .conftest import REPO, LiveServer
+from .test_page_states import RECORDS, TEXT, _hits, _no_severe_log, _pressed, _wait
+
+P0, P1, P2 = (r["id"] for r in RECORDS[:3])
+
+
+@pytest.fixture(scope="module")
+def server(encoder, tmp_path_factory):
+    import esqbe
+
+    root = tmp_path_factory.mktemp("page-address")
+    (root / "papers.jsonl").write_text("\n".join(json.dumps(r) for r in RECORDS) + "\n")
+    index = esqbe.open_index(str(root / "ix"), encoder=encoder, config=None)
+    assert index.index_files([str(root / "papers.jsonl")]).indexed == 30
+    index.close()
+    with LiveServer(create_app(str(root / "ix"), config=None, encoder=encoder, options=ServeOptions(host="127.0.0.1"))) as url:
+        yield url
+
+
+def _documented_keys() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    table = text.split("The page's address is the query", 1)[1].split("\n\n", 2)[1]
+    return re.findall(r"^\| `(\w+)` \|", table, flags=re.M)
+
+
+def _params(browser) -> list[tuple[str, str]]:
+    return parse_qsl(browser.execute_script("return location.hash").lstrip("#"))
+
+
+def _value(browser, element_id):
+    from selenium.webdriver.common.by import By
+
+    return browser.find_element(By.ID, element_id).get_attribute("value")
+
+
+def test_every_documented_address_key_round_trips(server, browser):
+    from selenium.webdriver.common.by import By
+
+    keys = _documented_keys()
+    assert set(keys) == {"paper", "text", "title", "facet", "sentences", "also", "not", "filters", "rescorer", "k"}
+    app_js = (REPO / "esqbe" / "server" / "static" / "app.js").read_text()
+    for key in keys:  # the page reads each, and reads no other
+        assert f'params.get("{key}")' in app_js or f'params.getAll("{key}")' in app_js, key
+    assert set(re.findall(r'params\.get(?:All)?\("(\w+)"\)', app_js)) == set(keys)
+
+    addresses = [
+        [("paper", P0), ("facet", "method"), ("also", P1), ("also", P2), ("not", RECORDS[3]["id"]),
+         ("filters", "year>=2011; venue in (ACL, EMNLP, NeurIPS)"), ("rescorer", "ts"), ("k", "7")],
+        [("paper", P0), ("sentences", "0,2")],
+        [("text", TEXT), ("title", "Low-resource MT"), ("facet", "result")],
+        [("text", TEXT), ("sentences", "1,2"), ("k", "5")],
+    ]
+    seen = set()
+    for params in addresses:
+        browser.get(server + "/#" + urlencode(params))
+        _wait(browser, 90).until(lambda b: _hits(b) and b.find_element(By.ID, "run-query").is_enabled())
+        given = dict(params)
+        # the page's state shows each key
+        if "paper" in given:
+            assert browser.find_element(By.ID, "paper-id").text.startswith(given["paper"])
+        if "text" in given:
+            assert _value(browser, "text-input") == given["text"]
+            assert _value(browser, "text-title") == given.get("title", "")
+        if "facet" in given:
+            pressed = browser.find_element(By.CSS_SELECTOR, f'.facet-btn[data-facet="{given["facet"]}"]')
+            assert pressed.get_attribute("aria-pressed") == "true"
+        if "sentences" in given:
+            assert _pressed(browser) == [int(x) for x in given["sentences"].split(",")]
+        also = [v for k, v in params if k == "also"]
+        avoid = [v for k, v in params if k == "not"]
+        assert [x.get_attribute("data-paper-id") for x in browser.find_elements(By.CSS_SELECTOR, "#also-list li")] == also
+        assert [x.get_attribute("data-paper-id") for x in browser.find_elements(By.CSS_SELECTOR, "#avoid-list li")] == avoid
+        assert _value(browser, "filters") == given.get("filters", "")
+        assert _value(browser, "rescorer") == given.get("rescorer", "summax")
+        assert _value(browser, "k") == given.get("k", "10")
+        assert len(_hits(browser)) <= int(given.get("k", "10"))
+        # and the address the page wrote back after running the query holds the same pairs
+        assert sorted(_params(browser)) == sorted(params)
+        seen |= set(given)
+    assert seen == set(keys)
+    assert not _no_severe_log(browser)
+
+
+def _export_shown(browser) -> bool:
+    from selenium.webdriver.common.by import By
+
+    buttons = browser.find_elements(By.CSS_SELECTOR, "#export .export-btn, #watch-query")
+    assert len(buttons) == 5
+    return any(b.is_displayed() for b in buttons)
+
+
+def test_no_download_buttons_before_a_query_has_hits(server, browser):
+    from selenium.webdriver.common.by import By
+
+    browser.get(server + "/")
+    _wait(browser).until(lambda b: b.find_element(By.ID, "paper-count").text)
+    assert not _export_shown(browser)  # the page as opened
+    browser.get(server + f"/#paper={P0}")  # a query paper, no query yet
+    _wait(browser).until(lambda b: b.find_element(By.ID, "paper-id").text.startswith(P0))
+    assert not _export_shown(browser)
+    browser.get(server + f"/#paper={P0}&facet=method&filters=year%3E%3D3000")  # a query without hits
+    _wait(browser).until(lambda b: "No similar paper" in b.find_element(By.ID, "results-info").text)
+    assert not _export_shown(browser)
+    browser.get(server + f"/#paper={P0}&facet=method")  # hits: now they can be downloaded
+    _wait(browser).until(lambda b: _hits(b) and _export_shown(b))
+
+
+def test_the_active_filters_are_in_the_query_summary(server, browser):
+    from selenium.webdriver.common.by import By
+
+    info = lambda: browser.find_element(By.ID, "results-info").text  # noqa: E731
+    browser.get(server + f"/#paper={P0}&facet=method")
+    _wait(browser).until(lambda b: _hits(b) and "papers" in info())
+    assert "filters" not in info()
+    browser.find_element(By.ID, "filters").send_keys("year>=2011; venue in (ACL, EMNLP)\n")
+    _wait(browser).until(lambda b: "filters: year>=2011; venue in (ACL, EMNLP)" in info())
+    assert re.match(r"\d+ papers · filters: year>=2011; venue in \(ACL, EMNLP\) · rescorer summax", info()), info()
+    browser.get(server + f"/#paper={P0}&facet=method&filters=year%3E%3D3000")  # none pass: the summary says which
+    _wait(browser).until(lambda b: info() == "No similar paper found with filters: year>=3000.")
+
+
+def test_a_pasted_texts_sentences_are_all_listed_and_clickable(server, browser):
+    """Before any query, and after a facet query that used only some of them."""
+    from selenium.webdriver.common.by import By
+
+    everything = httpx.post(server + "/query", json={"text": TEXT, "k": 1}, timeout=60).json()["query"]["sentences"]
+    result = httpx.post(server + "/query", json={"text": TEXT, "k": 10, "facet": "result"}, timeout=60).json()
+    used = [s["index"] for s in result["query"]["sentences"]]
+    assert len(everything) == 3 and len(used) < 3, "the facet query must leave a sentence out for this test to mean anything"
+    listed = lambda: [(int(b.get_attribute("data-index")), b.text) for b in  # noqa: E731
+                      browser.find_elements(By.CSS_SELECTOR, "#sentences .sentence")]
+    want = [s["index"] for s in everything]
+
+    browser.get(server + "/")
+    browser.find_element(By.CSS_SELECTOR, "#text-query summary").click()
+    browser.find_element(By.ID, "text-input").send_keys(TEXT)
+    browser.find_element(By.ID, "use-text").click()
+    _wait(browser).until(lambda b: [i for i, _ in listed()] == want)  # no query run yet
+    assert not _hits(browser)
+    for (_i, text), s in zip(listed(), everything):
+        assert s["text"] in text
+    browser.find_elements(By.CSS_SELECTOR, "#sentences .sentence")[2].click()
+    assert _pressed(browser) == [2]
+
+    browser.find_element(By.CSS_SELECTOR, '.facet-btn[data-facet="result"]').click()
+    browser.find_element(By.ID, "run-query").click()
+    ids = [h["paper_id"] for h in result["hits"]]
+    _wait(browser).until(lambda b: [h.get_attribute("data-paper-id") for h in _hits(b)] == ids)
+    assert [i for i, _ in listed()] == want  # all, not only the facet query's
+    left_out = next(i for i in want if i not in used)
+    browser.find_element(By.CSS_SELECTOR, f'#sentences .sentence[data-index="{left_out}"]').click()
+    assert _pressed(browser) == [left_out]
+    browser.find_element(By.ID, "run-query").click()
+    mine = httpx.post(server + "/query", json={"text": TEXT, "k": 10, "sentences": [left_out]}, timeout=60).json()
+    _wait(browser).until(lambda b: [h.get_attribute("data-paper-id") for h in _hits(b)] == [h["paper_id"] for h in mine["hits"]])
+    assert f"sentences={left_out}" in browser.current_url
+    assert not _no_severe_log(browser)
+
+
+def _band(similarity: float) -> str:
+    return "strong" if similarity >= 0.4 else "fair" if similarity >= 0.3 else "weak"
+
+
+def test_a_weak_match_looks_weak(server, browser):
+    """Each hit's band is the documented scale's for its similarity; a weak hit is drawn as weak; rescorers on
+    other scales get no band."""
+    from selenium.webdriver.common.by import By
+
+    readme = (REPO / "README.md").read_text()
+    assert "**strong** (0.4 or more), **fair** (0.3 to 0.4) or **weak** (below 0.3)" in readme
+    want = httpx.post(server + "/query", json={"paper_id": P0, "facet": "method", "k": 29}, timeout=60).json()["hits"]
+    bands = [_band(h["similarity"]) for h in want]
+    assert "weak" in bands and set(bands) - {"weak"}, bands  # the query shows both kinds
+    browser.get(server + f"/#paper={P0}&facet=method&k=29")
+    _wait(browser, 90).until(lambda b: len(_hits(b)) == 29)
+    best = max(h["similarity"] for h in want)
+    for element, hit, band in zip(_hits(browser), want, bands):
+        assert element.get_attribute("data-paper-id") == hit["paper_id"]
+        chip = element.find_element(By.CSS_SELECTOR, ".strength")
+        assert chip.text == f"{band} match"
+        assert f"similarity {hit['similarity']:.3f}" in chip.get_attribute("title")
+        assert f"best hit: {best:.3f}" in chip.get_attribute("title")
+        assert ("weak" in element.get_attribute("class").split()) == (band == "weak")
+    weak = next(e for e, b in zip(_hits(browser), bands) if b == "weak")
+    strong = next(e for e, b in zip(_hits(browser), bands) if b != "weak")
+    colour = lambda e: e.find_element(By.CSS_SELECTOR, ".strength").value_of_css_property("background-color")  # noqa: E731
+    assert colour(weak) != colour(strong)  # they do not look alike
+
+    browser.get(server + f"/#paper={P0}&facet=method&rescorer=ot")
+    _wait(browser, 90).until(lambda b: _hits(b) and "transport" in b.find_element(By.ID, "results-info").text)
+    assert not browser.find_elements(By.CSS_SELECTOR, "#hits .strength")
+    assert not _no_severe_log(browser)
+
+
+def test_the_score_line_names_and_explains_each_number(server, browser):
+    from selenium.webdriver.common.by import By
+
+    want = httpx.post(server + "/query", json={"paper_id": P0, "facet": "method", "k": 10}, timeout=60).json()
+    browser.get(server + f"/#paper={P0}&facet=method")
+    _wait(browser, 90).until(lambda b: len(_hits(b)) == len(want["hits"]))
+    first, hit = _hits(browser)[0], want["hits"][0]
+    expected = {".similarity": f"{hit['similarity']:.3f}", ".score-rank": f"rank score {hit['score']:.3f}",
+                ".score-bm25": f"word match (bm25) {hit['bm25']:.1f}", ".score-knn": f"sentence kNN {hit['knn']:.3f}"}
+    for selector, text in expected.items():
+        assert first.find_element(By.CSS_SELECTOR, f".scores {selector}").text == text
+    titles = {s: first.find_element(By.CSS_SELECTOR, f".scores {s}").get_attribute("title")
+              for s in (".score-rank", ".score-bm25", ".score-knn")}
+    assert "only within this query" in titles[".score-rank"] and "BM25" in titles[".score-rank"]
+    assert "title and abstract" in titles[".score-bm25"]
+    assert "cosine" in titles[".score-knn"]
+    similarity = first.find_element(By.CSS_SELECTOR, ".scores .similarity").find_element(By.XPATH, "..")
+    assert similarity.get_attribute("title") == f"similarity: {want['similarity']}"  # the server's own words
