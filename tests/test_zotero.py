@@ -147,7 +147,7 @@ def read_all(path, whole_file_errors: int = 0):
 def test_items_with_their_metadata(library):
     path, ids = library
     papers, report = read_all(path)
-    assert sorted(papers) == ["ABCD2345", "ATTN2345", "g4711:GRP23456"]  # no note, attachment, trash, book
+    assert sorted(papers) == ["ABCD2345", "ATTN2345", "g4711-GRP23456"]  # no note, attachment, trash, book
     bert = papers["ABCD2345"]
     assert bert.title == BERT[0]
     assert " ".join(bert.sentences) == BERT[1]
@@ -168,7 +168,7 @@ def test_items_with_their_metadata(library):
     assert attention["entry_type"] == "preprint" and attention["year"] == 2017
     assert attention["external_ids"] == {"doi": "10.48550/arXiv.1706.03762", "arxiv": "1706.03762"}
     assert attention["collection"] == ["Chapter 2: Methods"]
-    group = papers["g4711:GRP23456"].metadata
+    group = papers["g4711-GRP23456"].metadata
     assert group["journal"] == group["venue"] == "Physical Review D" and group["volume"] == "76"
     assert group["authors"][0]["name"] == "C. Balázs"
     # skipped and named: file:itemID, key, reason; the hostile key is that item's error, the rest is read
@@ -238,8 +238,8 @@ def test_indexed_through_the_cli_while_another_process_holds_the_write_lock(libr
     assert out["indexed"] == 3
     assert out["skipped"] == {"in the trash": 1, "no abstract": 1}
     assert len(out["errors"]) == 1 and f"{path}:{ids['hostile']}: key:" in out["errors"][0]
-    r = CliRunner().invoke(main, ["search", "--path", str(ix), "transformer attention", "--filter",
-                                  "collection=Chapter 2: Methods", "--json"], catch_exceptions=False)
+    r = CliRunner().invoke(main, ["query", "--path", str(ix), "--paper", "g4711-GRP23456", "--facet", "method",
+                                  "--filter", "collection=Chapter 2: Methods", "--json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     found = {h["paper_id"] for h in json.loads(r.stdout)["hits"]}
     assert found == {"ABCD2345", "ATTN2345"}

@@ -8,7 +8,7 @@ yet checkpointed into the file (its last minutes of edits, at most) is not seen 
 One record per regular item (notes, attachments and annotations are not papers; feeds are not the user's
 library), with its line the item's `itemID`: a record in the trash (`deletedItems`) or without an abstract is
 skipped and named. The paper id is the item key (`ABCD2345`, as in Zotero's CSL-JSON ids), prefixed by the group
-(`g123:ABCD2345`) in a group library. Every value is read bounded (its length first, then at most its bound),
+(`g123-ABCD2345`) in a group library. Every value is read bounded (its length first, then at most its bound),
 so a hostile database costs no more than its own bounds allow.
 """
 from __future__ import annotations
@@ -131,7 +131,7 @@ def _item(conn, item_id: int, type_name, group, key, fields: dict[str, int], del
     if not isinstance(key, str) or not _KEY.fullmatch(key):
         shown = repr(key)[:80]
         raise _Invalid("key", f"{shown} is not a Zotero item key (letters and digits, at most 64)")
-    record: dict = {"id": f"g{group}:{key}" if group is not None else key, "key": key, "itemType": type_name}
+    record: dict = {"id": f"g{group}-{key}" if group is not None else key, "key": key, "itemType": type_name}
     for name, value in _values(conn, item_id, fields):
         record[name] = value
     if deleted and conn.execute("SELECT 1 FROM deletedItems WHERE itemID = ?", (item_id,)).fetchone():
