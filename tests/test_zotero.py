@@ -11,12 +11,14 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import tracemalloc
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from cli import main
+from esqbe.domain import LIMITS
 from esqbe.ingest.readers import ReadReport, read_papers
 
 SCHEMA = Path(__file__).parent / "data" / "zotero-schema"
@@ -146,7 +148,9 @@ def read_all(path, whole_file_errors: int = 0):
 
 def test_items_with_their_metadata(library):
     path, ids = library
+    before = (path.read_bytes(), sorted(path.parent.iterdir()))
     papers, report = read_all(path)
+    assert (path.read_bytes(), sorted(path.parent.iterdir())) == before  # read-only: nothing written, no journal
     assert sorted(papers) == ["ABCD2345", "ATTN2345", "g4711-GRP23456"]  # no note, attachment, trash, book
     bert = papers["ABCD2345"]
     assert bert.title == BERT[0]
@@ -188,6 +192,44 @@ def test_a_huge_abstract_is_that_items_error(tmp_path):
     assert list(papers) == ["GOOD2345"]
     assert [str(e) for e in report.errors] == [f"{tmp_path / 'zotero.sqlite'}:{big}: abstractNote: 200000 "
                                                "characters; at most 100000"]
+
+
+#: a value past each LIMITS bound ten times over that a Zotero item can carry (its metadata has a fixed shape: no
+#: depth), the field it is refused in and a fragment of the reason
+PAST = {
+    "id_chars": ({"key": "K" * 10 * LIMITS["id_chars"]}, "key", "is not a Zotero item key"),
+    "title_chars": ({"title": "word " * 1_600_000}, "title", f"at most {LIMITS['title_chars']}"),
+    "sentences": ({"abstractNote": "We parse it. " * (LIMITS["sentences"] + 1)}, "sentences",
+                  f"at most {LIMITS['sentences']}"),
+    "abstract_chars": ({"abstractNote": "word " * 1_600_000}, "abstractNote",
+                       f"at most {LIMITS['abstract_chars']}"),
+    "metadata_bytes": ({"publicationTitle": "v" * (8 * LIMITS["metadata_bytes"])}, "publicationTitle", "at most"),
+}
+
+
+@pytest.mark.parametrize("bound", list(PAST))
+def test_every_limit_holds_before_the_value_is_read_whole(tmp_path, bound):
+    """Each LIMITS bound a Zotero item can break is that item's error, found before the value is read into Python
+    whole (SQLite counts its length; at most the bound is read); the next item is read."""
+    change, field, reason = PAST[bound]
+    lib = Library(tmp_path / "zotero.sqlite")
+    fields = {"title": "A title", "abstractNote": ATTENTION[1], **{k: v for k, v in change.items() if k != "key"}}
+    bad = lib.item("journalArticle", change.get("key", "BAD23456"), fields)
+    lib.item("journalArticle", "GOOD2345", {"title": ATTENTION[0], "abstractNote": ATTENTION[1]})
+    path = lib.close()
+    tracemalloc.start()
+    try:
+        papers, report = read_all(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert list(papers) == ["GOOD2345"]
+    [error] = report.errors
+    assert (error.line, error.field) == (bad, field) and reason in error.reason, error
+    largest = max(len(v) for v in change.values())
+    # SQLite's own memory is not Python's: what is traced is what was copied out of it
+    assert peak < LIMITS["metadata_bytes"] + 2_000_000 < largest // 2 or largest < 1_000_000, \
+        f"{peak / 1e6:.1f} MB to refuse a value of {largest / 1e6:.1f} MB"
 
 
 def test_not_a_zotero_database(tmp_path):

@@ -34,6 +34,7 @@ _VENUE_FIELDS = ("publicationTitle", "proceedingsTitle", "bookTitle", "conferenc
                  "repository")
 #: creators, collections and attachments read per item, at most (more are not read)
 _MAX_CREATORS, _MAX_COLLECTIONS, _MAX_ATTACHMENTS = 1000, 200, 100
+_LIMIT = {"abstractNote": LIMITS["abstract_chars"], "title": LIMITS["title_chars"]}
 _TABLES = ("items", "itemData", "itemDataValues", "fields", "itemTypes", "itemCreators", "creators", "libraries")
 
 
@@ -52,7 +53,7 @@ def connect(path) -> tuple[sqlite3.Connection, bool]:
     """(a read-only connection to the database at `path`, whether it is read as it stands because a writer holds
     its lock). Raises `_Invalid("file", ...)` when it cannot be read as a Zotero database."""
     uri = Path(path).resolve().as_uri()  # `?` and `#` in a file name are escaped, not taken as the URI's query
-    conn = None
+    conn: sqlite3.Connection | None = None
     immutable = False
     try:
         try:
@@ -61,7 +62,8 @@ def connect(path) -> tuple[sqlite3.Connection, bool]:
         except sqlite3.OperationalError as e:  # Zotero running: its exclusive lock refuses every other reader
             if "locked" not in str(e) and "busy" not in str(e):
                 raise
-            conn.close()
+            if conn is not None:
+                conn.close()
             immutable = True
             conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False)
             _prepare(conn)
@@ -153,15 +155,15 @@ def _values(conn, item_id: int, fields: dict[str, int]) -> Iterator[tuple[str, s
     if not fields:
         return
     by_id = {i: n for n, i in fields.items()}
+    limits = {i: _LIMIT.get(n, LIMITS["metadata_bytes"]) for i, n in by_id.items()}
     marks = ",".join("?" * len(by_id))
-    bound = max(LIMITS["abstract_chars"], LIMITS["title_chars"], LIMITS["metadata_bytes"])
+    cases = " ".join("WHEN ? THEN ?" for _ in limits)  # each field read to one past its own bound, no further
+    bounds = [x for i, limit in limits.items() for x in (i, limit + 1)]
     for field_id, length, value in conn.execute(
-            f"SELECT d.fieldID, length(v.value), substr(CAST(v.value AS TEXT), 1, ?) "  # noqa: S608 (only ? marks)
+            f"SELECT d.fieldID, length(v.value), substr(CAST(v.value AS TEXT), 1, CASE d.fieldID {cases} END) "  # noqa: S608
             f"FROM itemData d JOIN itemDataValues v ON v.valueID = d.valueID "
-            f"WHERE d.itemID = ? AND d.fieldID IN ({marks})", (bound + 1, item_id, *by_id)):
-        name = by_id[field_id]
-        limit = {"abstractNote": LIMITS["abstract_chars"], "title": LIMITS["title_chars"]}.get(
-            name, LIMITS["metadata_bytes"])
+            f"WHERE d.itemID = ? AND d.fieldID IN ({marks})", (*bounds, item_id, *by_id)):
+        name, limit = by_id[field_id], limits[field_id]
         if isinstance(length, int) and length > limit:
             raise _Invalid(name, f"{length} characters; at most {limit}")
         if isinstance(value, str):
@@ -203,7 +205,8 @@ def parse(record: dict) -> Paper:
         raise _Skip("in the trash")
     title = _plain(record.get("title"))
     sentences = _split_text_abstract(record.get("abstractNote"), "abstractNote")
-    authors, others = [], []
+    authors: list[dict] = []
+    others: list[dict] = []
     for first, last, mode, kind in record.get("creators") or []:
         first, last = _plain(first), _plain(last)
         if mode == 1 or not first:  # a single-field name (an organisation, or one name): kept whole
