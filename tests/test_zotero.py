@@ -285,6 +285,15 @@ def test_indexed_through_the_cli_while_another_process_holds_the_write_lock(libr
     assert r.exit_code == 0, r.output
     found = {h["paper_id"] for h in json.loads(r.stdout)["hits"]}
     assert found == {"ABCD2345", "ATTN2345"}
+    # and back out: the Zotero item types become CSL's (Zotero's own import), an RIS CONF for the conference paper
+    r = CliRunner().invoke(main, ["query", "--path", str(ix), "--paper", "g4711-GRP23456", "--facet", "method",
+                                  "--filter", "collection=Chapter 2: Methods", "--format", "csl-json"],
+                           catch_exceptions=False)
+    types = {item["id"]: item["type"] for item in json.loads(r.stdout)}
+    assert types == {"ABCD2345": "paper-conference", "ATTN2345": "article"}
+    r = CliRunner().invoke(main, ["query", "--path", str(ix), "--paper", "ATTN2345", "--facet", "method",
+                                  "--format", "ris"], catch_exceptions=False)
+    assert "TY  - CONF\nID  - ABCD2345" in r.stdout and "TY  - JOUR\nID  - g4711-GRP23456" in r.stdout
 
 
 def test_format_zotero_on_a_file_that_is_not_a_database(tmp_path):
