@@ -59,14 +59,17 @@ def connect(path) -> tuple[sqlite3.Connection, bool]:
         try:
             conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=0.5, check_same_thread=False)
             _prepare(conn)
-        except sqlite3.OperationalError as e:  # Zotero running: its exclusive lock refuses every other reader
-            if "locked" not in str(e) and "busy" not in str(e):
-                raise
+        except sqlite3.OperationalError as first:
+            # Zotero running: its exclusive lock refuses every other reader ("database is locked"); a WAL or a hot
+            # journal that a read-only reader may not open or roll back refuses it too: read the file as it stands
             if conn is not None:
                 conn.close()
             immutable = True
-            conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False)
-            _prepare(conn)
+            try:
+                conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+                _prepare(conn)
+            except sqlite3.DatabaseError:
+                raise first from None
     except sqlite3.DatabaseError as e:
         if conn is not None:
             conn.close()
