@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from cli import main
 from esqbe.domain import LIMITS
+from esqbe.ingest import zotero
 from esqbe.ingest.readers import ReadReport, read_papers
 
 SCHEMA = Path(__file__).parent / "data" / "zotero-schema"
@@ -151,6 +152,9 @@ def test_items_with_their_metadata(library):
     before = (path.read_bytes(), sorted(path.parent.iterdir()))
     papers, report = read_all(path)
     assert (path.read_bytes(), sorted(path.parent.iterdir())) == before  # read-only: nothing written, no journal
+    conn, as_it_stands = zotero.connect(path)  # no other process holds it: an ordinary read-only reader
+    conn.close()
+    assert not as_it_stands
     assert sorted(papers) == ["ABCD2345", "ATTN2345", "g4711-GRP23456"]  # no note, attachment, trash, book
     bert = papers["ABCD2345"]
     assert bert.title == BERT[0]
@@ -269,6 +273,9 @@ def test_indexed_through_the_cli_while_another_process_holds_the_write_lock(libr
         with pytest.raises(sqlite3.OperationalError, match="locked"):  # the lock is real: a plain reader is refused
             sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=0.1).execute(
                 "SELECT count(*) FROM items").fetchone()
+        conn, as_it_stands = zotero.connect(path)  # refused read-only: read as the file stands
+        conn.close()
+        assert as_it_stands
         ix = tmp_path / "ix"
         r = CliRunner().invoke(main, ["index", "--path", str(ix), str(path), "--json"], catch_exceptions=False)
     finally:
