@@ -134,6 +134,9 @@ def library(tmp_path) -> tuple[Path, dict]:
         "title": DIPHOTON[0], "abstractNote": DIPHOTON[1], "date": "2007-07-00 July 2007",
         "publicationTitle": "Physical Review D", "volume": "76", "DOI": "10.1103/PhysRevD.76.013009"},
         [("C.", "Balázs", 0, "author"), ("E. L.", "Berger", 0, "author")], library=2)
+    lib.db.execute("INSERT INTO libraries (libraryID, type, editable, filesEditable) VALUES (3, 'feed', 0, 0)")
+    ids["feed"] = lib.item("journalArticle", "FEED2345", {"title": "From an RSS feed", "abstractNote": BERT[1]},
+                           library=3)  # a feed's items are news, not the user's library
     thesis = lib.collection("Thesis", "COLL2345", [ids["bert"]])
     lib.collection("Chapter 2: Methods", "COLM2345", [ids["bert"], ids["attention"]], parent=thesis)
     return lib.close(), ids
@@ -155,7 +158,8 @@ def test_items_with_their_metadata(library):
     conn, as_it_stands = zotero.connect(path)  # no other process holds it: an ordinary read-only reader
     conn.close()
     assert not as_it_stands
-    assert sorted(papers) == ["ABCD2345", "ATTN2345", "g4711-GRP23456"]  # no note, attachment, trash, book
+    assert sorted(papers) == ["ABCD2345", "ATTN2345", "g4711-GRP23456"]  # no note, attachment, trash, book, feed
+    assert report.read == 6  # the regular items: notes, attachments and feed items are not records at all
     bert = papers["ABCD2345"]
     assert bert.title == BERT[0]
     assert " ".join(bert.sentences) == BERT[1]
