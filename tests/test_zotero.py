@@ -314,3 +314,15 @@ def test_format_zotero_on_a_file_that_is_not_a_database(tmp_path):
     assert list(read_papers(str(text), "zotero", report=report)) == []
     assert [str(e) for e in report.errors] == [f"{text}: file: not an SQLite database (--format zotero reads "
                                                "zotero.sqlite)"]
+
+
+def test_a_pipe_is_not_sniffed_away(tmp_path):
+    """Telling a database by its first bytes must not eat them from a pipe (`esqbe index <(zcat papers.jsonl.gz)`)."""
+    line = json.dumps({"id": "p1", "title": ATTENTION[0], "abstract": ATTENTION[1]})
+    writer = subprocess.Popen(["bash", "-c", 'cat "$0" <<< "$1"', "-", line], stdout=subprocess.PIPE)
+    try:
+        assert writer.stdout is not None
+        papers, _ = read_all(f"/dev/fd/{writer.stdout.fileno()}")
+    finally:
+        writer.wait(timeout=30)
+    assert list(papers) == ["p1"]

@@ -132,7 +132,8 @@ def _open_source(source, stack: ExitStack) -> tuple[str, Iterator]:
         return str(getattr(source, "name", "<stream>")), iter(source)
     name = str(source)
     raw = stack.enter_context(open(source, "rb"))
-    stack.tell = raw.tell  # type: ignore[attr-defined]  # progress: how far into the file we are
+    if raw.seekable():  # a named pipe (`<(zcat x.gz)`) has no position: no progress by bytes, not a traceback
+        stack.tell = raw.tell  # type: ignore[attr-defined]  # progress: how far into the file we are
     f: io.BufferedIOBase = raw
     if raw.peek(2)[:2] == _GZIP_MAGIC:  # by content, so a `.gz` name is neither needed nor trusted
         f = stack.enter_context(gzip.open(raw, "rb"))

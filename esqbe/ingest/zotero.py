@@ -13,6 +13,7 @@ so a hostile database costs no more than its own bounds allow.
 """
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -40,8 +41,8 @@ _TABLES = ("items", "itemData", "itemDataValues", "fields", "itemTypes", "itemCr
 
 def is_database(source) -> bool:
     """Whether `source` is a path to an SQLite file (told by its first 16 bytes, as gzip by its magic)."""
-    if not isinstance(source, (str, Path)) or str(source) == "-":
-        return False
+    if not isinstance(source, (str, Path)) or str(source) == "-" or not os.path.isfile(source):
+        return False  # a pipe (`<(zcat x.gz)`) is not read here: what it gave could not be read again
     try:
         with open(source, "rb") as f:
             return f.read(16) == SQLITE_MAGIC
