@@ -10,6 +10,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import tracemalloc
 from pathlib import Path
@@ -155,9 +156,9 @@ def test_items_with_their_metadata(library):
     before = (path.read_bytes(), sorted(path.parent.iterdir()))
     papers, report = read_all(path)
     assert (path.read_bytes(), sorted(path.parent.iterdir())) == before  # read-only: nothing written, no journal
-    conn, as_it_stands = zotero.connect(path)  # no other process holds it: an ordinary read-only reader
+    conn, how = zotero.connect(path)  # no other process holds it: an ordinary read-only reader
     conn.close()
-    assert not as_it_stands
+    assert how == "read-only"
     assert sorted(papers) == ["ABCD2345", "ATTN2345", "g4711-GRP23456"]  # no note, attachment, trash, book, feed
     assert report.read == 6  # the regular items: notes, attachments and feed items are not records at all
     bert = papers["ABCD2345"]
@@ -255,8 +256,21 @@ _HOLD = textwrap.dedent("""
     db = sqlite3.connect(sys.argv[1], isolation_level=None)
     db.execute("PRAGMA main.locking_mode=EXCLUSIVE")  # as Zotero's db.js opens its database
     if sys.argv[2] == "wal":
-        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA journal_mode=WAL")  # as current Zotero runs it
+        db.execute("PRAGMA wal_autocheckpoint=0")  # what it commits stays in the WAL, as between checkpoints
+    def add(key, title, abstract):  # a paper added in Zotero: committed, or (below) still being written
+        db.execute("INSERT INTO items (itemTypeID, libraryID, key) SELECT itemTypeID, 1, ? FROM itemTypes "
+                   "WHERE typeName = 'journalArticle'", (key,))
+        item = db.execute("SELECT itemID FROM items WHERE key = ?", (key,)).fetchone()[0]
+        for name, value in (("title", title), ("abstractNote", abstract)):
+            db.execute("INSERT OR IGNORE INTO itemDataValues (value) VALUES (?)", (value,))
+            db.execute("INSERT INTO itemData (itemID, fieldID, valueID) SELECT ?, fieldID, valueID FROM fields, "
+                       "itemDataValues WHERE fieldName = ? AND value = ?", (item, name, value))
     db.execute("BEGIN EXCLUSIVE")
+    add("NEWW2345", sys.argv[3], sys.argv[4])
+    db.execute("COMMIT")
+    db.execute("BEGIN EXCLUSIVE")
+    add("HALF2345", "Half written", sys.argv[4])
     db.execute("UPDATE items SET version = version + 1")
     print("holding", flush=True)
     sys.stdin.read()  # until the test closes our stdin
@@ -270,16 +284,17 @@ def test_indexed_through_the_cli_while_another_process_holds_the_write_lock(libr
     (rollback journal, and WAL as current Zotero uses it); `esqbe index zotero.sqlite` still reads every item, and
     the papers are found by their collection."""
     path, ids = library
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(path), journal], stdin=subprocess.PIPE,
+    copies_before = set(Path(tempfile.gettempdir()).glob("esqbe-zotero-*"))
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(path), journal, *DIPHOTON], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
         with pytest.raises(sqlite3.OperationalError, match="locked"):  # the lock is real: a plain reader is refused
             sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=0.1).execute(
                 "SELECT count(*) FROM items").fetchone()
-        conn, as_it_stands = zotero.connect(path)  # refused read-only: read as the file stands
+        conn, how = zotero.connect(path)  # refused read-only: the WAL's commits copied with the file, or the file
         conn.close()
-        assert as_it_stands
+        assert how == {"wal": "snapshot", "delete": "as it stands"}[journal]
         ix = tmp_path / "ix"
         r = CliRunner().invoke(main, ["index", "--path", str(ix), str(path), "--json"], catch_exceptions=False)
     finally:
@@ -288,7 +303,8 @@ def test_indexed_through_the_cli_while_another_process_holds_the_write_lock(libr
         holder.wait(timeout=30)
     out = json.loads(r.stdout)
     assert r.exit_code == 0, r.output
-    assert out["indexed"] == 3
+    assert out["indexed"] == 4  # the paper committed while Zotero holds the lock is in; the one half written is not
+    assert set(Path(tempfile.gettempdir()).glob("esqbe-zotero-*")) == copies_before  # no copy left behind
     assert out["skipped"] == {"in the trash": 1, "no abstract": 1}
     assert len(out["errors"]) == 1 and f"{path}:{ids['hostile']}: key:" in out["errors"][0]
     r = CliRunner().invoke(main, ["query", "--path", str(ix), "--paper", "g4711-GRP23456", "--facet", "method",

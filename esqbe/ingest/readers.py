@@ -313,7 +313,7 @@ def _read_zotero(source, state: _State) -> Iterator[Paper]:
                                                                                    "zotero reads zotero.sqlite)"))
         return
     try:
-        conn, _ = zotero.connect(source)
+        conn, _how = zotero.connect(source)
     except _Invalid as e:
         state.error(InputError(state.name, None, e.field, e.reason))
         return

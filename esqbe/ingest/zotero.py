@@ -1,9 +1,10 @@
 """A Zotero library read from its own database (`~/Zotero/zotero.sqlite`), without exporting it first.
 
 The file is opened read-only (`mode=ro`). A running Zotero holds the database under an exclusive lock (its
-`locking_mode=EXCLUSIVE`, with a WAL kept in memory), so a reader is refused; then the file is read as it stands
-on disk (`immutable=1`: no lock taken, nothing written, not even a journal): what Zotero has committed but not
-yet checkpointed into the file (its last minutes of edits, at most) is not seen until Zotero writes it or quits.
+`locking_mode=EXCLUSIVE`, its WAL index kept in memory), so a reader is refused. Then, where its WAL file holds
+committed changes not yet written into the database, the two are copied to a temporary folder and the copy is
+read (removed after); else the file is read as it stands on disk (`immutable=1`: no lock taken, nothing
+written). Zotero's own file is never written either way; a transaction it has not committed is never seen.
 
 One record per regular item (notes, attachments and annotations are not papers; feeds are not the user's
 library), with its line the item's `itemID`: a record in the trash (`deletedItems`) or without an abstract is
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sqlite3
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,27 +53,46 @@ def is_database(source) -> bool:
         return False
 
 
-def connect(path) -> tuple[sqlite3.Connection, bool]:
-    """(a read-only connection to the database at `path`, whether it is read as it stands because a writer holds
-    its lock). Raises `_Invalid("file", ...)` when it cannot be read as a Zotero database."""
+class _Snapshot(sqlite3.Connection):
+    """A connection to a copy of the database and its WAL in a temporary folder, removed when it is closed."""
+
+    folder: str | None = None
+
+    def close(self) -> None:
+        super().close()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+
+def connect(path) -> tuple[sqlite3.Connection, str]:
+    """(a read-only connection to the database at `path`, how it was opened: "read-only"; "snapshot" (a writer
+    holds the lock and the WAL holds changes not yet in the file: the file and its WAL are copied, and the copy
+    read); "as it stands" (a writer holds the lock: the file read without one)). Raises `_Invalid("file", ...)`
+    when it cannot be read as a Zotero database."""
     uri = Path(path).resolve().as_uri()  # `?` and `#` in a file name are escaped, not taken as the URI's query
     conn: sqlite3.Connection | None = None
-    immutable = False
+    how = "read-only"
     try:
         try:
             conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=0.5, check_same_thread=False)
             _prepare(conn)
         except sqlite3.OperationalError as first:
             # Zotero running: its exclusive lock refuses every other reader ("database is locked"); a WAL or a hot
-            # journal that a read-only reader may not open or roll back refuses it too: read the file as it stands
+            # journal that a read-only reader may not open or roll back refuses it too
             if conn is not None:
                 conn.close()
-            immutable = True
-            try:
-                conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False)
-                _prepare(conn)
-            except sqlite3.DatabaseError:
-                raise first from None
+            conn = None
+            wal = Path(f"{path}-wal")
+            if wal.is_file() and wal.stat().st_size > 0:  # committed changes not yet in the file: read them too
+                conn, how = _snapshot(Path(path), wal), "snapshot"
+            if conn is None:
+                how = "as it stands"
+                try:
+                    conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+                    _prepare(conn)
+                except sqlite3.DatabaseError:
+                    raise first from None
     except sqlite3.DatabaseError as e:
         if conn is not None:
             conn.close()
@@ -79,7 +101,27 @@ def connect(path) -> tuple[sqlite3.Connection, bool]:
     if missing:
         conn.close()
         raise _Invalid("file", f"not a Zotero database (no {', '.join(missing)} table)")
-    return conn, immutable
+    return conn, how
+
+
+def _snapshot(path: Path, wal: Path) -> sqlite3.Connection | None:
+    """The database and its WAL copied (the file first: a WAL frame names the page it replaces, so frames newer than
+    the copied file are replayed on it) and the copy opened; None if that fails (no room, a torn copy)."""
+    folder = tempfile.mkdtemp(prefix="esqbe-zotero-")
+    try:
+        shutil.copyfile(path, os.path.join(folder, "zotero.sqlite"))
+        shutil.copyfile(wal, os.path.join(folder, "zotero.sqlite-wal"))
+        conn = sqlite3.connect(os.path.join(folder, "zotero.sqlite"), factory=_Snapshot, check_same_thread=False)
+    except (OSError, sqlite3.DatabaseError):
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+    conn.folder = folder
+    try:
+        _prepare(conn)  # the WAL is replayed here, on the copy
+    except sqlite3.DatabaseError:
+        conn.close()
+        return None
+    return conn
 
 
 def _prepare(conn: sqlite3.Connection) -> None:
