@@ -107,7 +107,7 @@ def _past(fmt: str, key: str):
     raise AssertionError(key)
 
 
-CASES = [(fmt, key) for fmt in FORMATS for key in LIMITS
+CASES = [(fmt, key) for fmt in FORMATS if fmt != "zotero" for key in LIMITS  # a database: tests/test_zotero.py
          if not (fmt == "csabstruct" and key in ("title_chars", "metadata_bytes"))  # it has neither
          and not (key == "metadata_depth" and fmt not in FREE_METADATA)]  # fixed shapes: their depth is the format's
 

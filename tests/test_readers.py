@@ -347,7 +347,7 @@ def test_s2ag_s2orc_edge_cases(tmp_path):
 
 def test_formats_constant():
     assert FORMATS == ("s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl", "arxiv", "openalex",
-                       "bibtex", "ris", "csl-json")
+                       "bibtex", "ris", "csl-json", "zotero")
 
 
 def test_an_empty_input_says_so(tmp_path):

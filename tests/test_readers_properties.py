@@ -72,7 +72,7 @@ def records(draw, fmt: str):
 
 @st.composite
 def files(draw):
-    fmt = draw(st.sampled_from([f for f in FORMATS if f not in WHOLE_FILE_FORMATS]))  # whole files: below
+    fmt = draw(st.sampled_from([f for f in FORMATS if f not in (*WHOLE_FILE_FORMATS, "zotero")]))  # whole files: below
     lines = []
     for _ in range(draw(st.integers(1, 8))):
         kind = draw(st.sampled_from(["record"] * 6 + ["json", "junk", "blank"]))

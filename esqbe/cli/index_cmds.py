@@ -29,6 +29,7 @@ FORMAT_HELP = {
     "ris": "RIS (a first line `TY  - `)",
     "csl-json": "CSL-JSON (Zotero's own; a JSON array of objects)",
     "parquet": "pre-encoded input from `esqbe encode` (*.parquet)",
+    "zotero": "Zotero's own database (zotero.sqlite; read-only, also while Zotero runs)",
 }
 
 

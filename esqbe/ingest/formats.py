@@ -570,4 +570,4 @@ _PARSERS = {
 #: every input format; bibtex, ris and csl-json are whole files, read by `esqbe.ingest.library`
 #: the formats whose records are JSON objects, one a line (POST /papers and `esqbe tag` read record by record)
 RECORD_FORMATS = ("s2orc", "s2ag-abstracts", "s2ag-s2orc", "csfcube", "csabstruct", "jsonl", "arxiv", "openalex")
-FORMATS = (*RECORD_FORMATS, "bibtex", "ris", "csl-json")
+FORMATS = (*RECORD_FORMATS, "bibtex", "ris", "csl-json", "zotero")

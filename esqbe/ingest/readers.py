@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import re
+import sqlite3
 import sys
 import zlib
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from pathlib import Path
 from esqbe.domain import FACET_LABELS, Paper, paper_problem
 from esqbe.errors import ParameterError, UserError
 
-from . import library
+from . import library, zotero
 from .formats import (
     _PARSERS,
     _RAW_LABELS,
@@ -135,7 +136,8 @@ def _open_source(source, stack: ExitStack) -> tuple[str, Iterator]:
         return str(getattr(source, "name", "<stream>")), iter(source)
     name = str(source)
     raw = stack.enter_context(open(source, "rb"))
-    stack.tell = raw.tell  # type: ignore[attr-defined]  # progress: how far into the file we are
+    if raw.seekable():  # a named pipe (`<(zcat x.gz)`) has no position: no progress by bytes, not a traceback
+        stack.tell = raw.tell  # type: ignore[attr-defined]  # progress: how far into the file we are
     f: io.BufferedIOBase = raw
     if raw.peek(2)[:2] == _GZIP_MAGIC:  # by content, so a `.gz` name is neither needed nor trusted
         f = stack.enter_context(gzip.open(raw, "rb"))
@@ -192,13 +194,17 @@ def read_papers(
     """
     if format is not None and format not in FORMATS:
         raise ParameterError(f"unknown input format {format!r}; valid formats: {', '.join(FORMATS)}")
-    if format in WHOLE_FILE_FORMATS and not whole_files:
+    if (format in WHOLE_FILE_FORMATS or format == "zotero") and not whole_files:
         raise ParameterError(f"{format} is read as a whole file, not a record at a time")
     return _read(source, format, strict, raw_labels, report if report is not None else ReadReport(), whole_files)
 
 
 def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport,
           whole_files: bool = True) -> Iterator[Paper]:
+    if whole_files and (fmt == "zotero" or fmt is None and zotero.is_database(source)):
+        yield from _read_zotero(source, _State(str(getattr(source, "name", source)), "zotero", strict, raw_labels,
+                                               report))
+        return
     with ExitStack() as stack:
         try:
             name, lines = _open_source(source, stack)
@@ -301,6 +307,39 @@ def _read_whole(lines: Iterator, state: _State, tell) -> Iterator[Paper]:
             yield paper
     if end is not None:
         state.report.position = end
+
+
+def _read_zotero(source, state: _State) -> Iterator[Paper]:
+    """A Zotero database (`zotero.sqlite`), item by item (each at its itemID), read-only."""
+    if not isinstance(source, (str, os.PathLike)) or str(source) == "-":
+        state.error(InputError(state.name, None, "file", "a Zotero database is read from its file, not a stream"))
+        return
+    if not zotero.is_database(source):
+        state.error(check_source(source) or InputError(state.name, None, "file", "not an SQLite database (--format "
+                                                                                   "zotero reads zotero.sqlite)"))
+        return
+    try:
+        conn, _how = zotero.connect(source)
+    except _Invalid as e:
+        state.error(InputError(state.name, None, e.field, e.reason))
+        return
+    size, read_before, errors_before = os.path.getsize(source), state.report.read, len(state.report.errors)
+    item = 0
+    try:
+        total, done = max(zotero.count(conn), 1), 0
+        for item, record in zotero.entries(conn, source):
+            done += 1
+            state.report.position = size * min(done, total) // total
+            paper = state.one(item, lambda: record, zotero.parse)  # noqa: B023 (called at once)
+            if paper is not None:
+                yield paper
+    except sqlite3.DatabaseError as e:  # a damaged file, or one changed under an immutable read
+        state.error(InputError(state.name, item + 1 if item else None, "file", f"cannot read further: {e}"))
+    finally:
+        conn.close()
+    state.report.position = size
+    if state.report.read == read_before and len(state.report.errors) == errors_before:
+        state.error(InputError(state.name, None, "file", "no items in this Zotero library"))
 
 
 class _State:

@@ -68,6 +68,14 @@ _CSL_TO_RIS = {
     "report": "RPRT", "document": "GEN", "webpage": "ELEC", "post-weblog": "BLOG", "manuscript": "UNPB",
     "article-magazine": "MGZN", "article-newspaper": "NEWS", "dataset": "DATA", "software": "COMP", "patent": "PAT",
     "pamphlet": "PAMP"}
+#: Zotero's item types (its database: `esqbe.ingest.zotero`) as Zotero's own CSL export names them
+_ZOTERO_TO_CSL = {
+    "journalArticle": "article-journal", "conferencePaper": "paper-conference", "book": "book",
+    "bookSection": "chapter", "thesis": "thesis", "report": "report", "preprint": "article",
+    "manuscript": "manuscript", "webpage": "webpage", "blogPost": "post-weblog", "magazineArticle": "article-magazine",
+    "newspaperArticle": "article-newspaper", "dataset": "dataset", "computerProgram": "software", "patent": "patent",
+    "presentation": "speech", "encyclopediaArticle": "entry-encyclopedia", "dictionaryEntry": "entry-dictionary",
+    "document": "document", "standard": "standard"}
 _BIB_TYPE = re.compile(r"[a-z]{2,32}")
 _RIS_TYPE = re.compile(r"[A-Z]{2,8}")
 #: BibTeX entry types whose venue is the book or proceedings they are in (`booktitle`), not a `journal`
@@ -75,11 +83,11 @@ _IN_A_BOOK = frozenset({"inproceedings", "conference", "incollection", "inbook"}
 
 
 def csl_type(source_format: str, entry_type: str, venue: str) -> str:
-    """A paper's CSL item type from the type its source named (BibTeX, RIS or CSL vocabulary), else a journal
+    """A paper's CSL item type from the type its source named (BibTeX, RIS, CSL or Zotero vocabulary), else a journal
     article when it names a venue, a document when not."""
     t = entry_type.strip()
     found = {"bibtex": _BIB_TO_CSL.get(t.lower()), "ris": _RIS_TO_CSL.get(t.upper()),
-             "csl-json": t if t in CSL_TYPES else None}.get(source_format)
+             "csl-json": t if t in CSL_TYPES else None, "zotero": _ZOTERO_TO_CSL.get(t)}.get(source_format)
     if found:
         return found
     if source_format == "arxiv" and not venue:

@@ -1,0 +1,275 @@
+"""A Zotero library read from its own database (`~/Zotero/zotero.sqlite`), without exporting it first.
+
+The file is opened read-only (`mode=ro`). A running Zotero holds the database under an exclusive lock (its
+`locking_mode=EXCLUSIVE`, its WAL index kept in memory), so a reader is refused. Then, where its WAL file holds
+committed changes not yet written into the database, the two are copied to a temporary folder and the copy is
+read (removed after); else the file is read as it stands on disk (`immutable=1`: no lock taken, nothing
+written). Zotero's own file is never written either way; a transaction it has not committed is never seen.
+
+One record per regular item (notes, attachments and annotations are not papers; feeds are not the user's
+library), with its line the item's `itemID`: a record in the trash (`deletedItems`) or without an abstract is
+skipped and named. The paper id is the item key (`ABCD2345`, as in Zotero's CSL-JSON ids), prefixed by the group
+(`g123-ABCD2345`) in a group library. Every value is read bounded (its length first, then at most its bound),
+so a hostile database costs no more than its own bounds allow.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..domain import LIMITS, Paper
+from .formats import _authors, _Invalid, _metadata, _Skip, _split_text_abstract
+from .library import _doi, _plain, _year
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+#: what Zotero names its item types that are not papers
+_NOT_PAPERS = ("note", "attachment", "annotation")
+#: Zotero's item keys are 8 characters of [23456789A-Z]; anything printable and short is taken, nothing else
+_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: the fields read from `itemData` (a paper's venue is under the name its item type gives it)
+_FIELDS = ("title", "abstractNote", "date", "DOI", "url", "publicationTitle", "proceedingsTitle", "bookTitle",
+           "conferenceName", "university", "institution", "repository", "publisher", "volume", "pages", "archiveID")
+_VENUE_FIELDS = ("publicationTitle", "proceedingsTitle", "bookTitle", "conferenceName", "university", "institution",
+                 "repository")
+#: creators, collections and attachments read per item, at most (more are not read)
+_MAX_CREATORS, _MAX_COLLECTIONS, _MAX_ATTACHMENTS = 1000, 200, 100
+_LIMIT = {"abstractNote": LIMITS["abstract_chars"], "title": LIMITS["title_chars"]}
+_TABLES = ("items", "itemData", "itemDataValues", "fields", "itemTypes", "itemCreators", "creators", "libraries")
+
+
+def is_database(source) -> bool:
+    """Whether `source` is a path to an SQLite file (told by its first 16 bytes, as gzip by its magic)."""
+    if not isinstance(source, (str, Path)) or str(source) == "-" or not os.path.isfile(source):
+        return False  # a pipe (`<(zcat x.gz)`) is not read here: what it gave could not be read again
+    try:
+        with open(source, "rb") as f:
+            return f.read(16) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+class _Snapshot(sqlite3.Connection):
+    """A connection to a copy of the database and its WAL in a temporary folder, removed when it is closed."""
+
+    folder: str | None = None
+
+    def close(self) -> None:
+        super().close()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+
+def connect(path) -> tuple[sqlite3.Connection, str]:
+    """(a read-only connection to the database at `path`, how it was opened: "read-only"; "snapshot" (a writer
+    holds the lock and the WAL holds changes not yet in the file: the file and its WAL are copied, and the copy
+    read); "as it stands" (a writer holds the lock: the file read without one)). Raises `_Invalid("file", ...)`
+    when it cannot be read as a Zotero database."""
+    uri = Path(path).resolve().as_uri()  # `?` and `#` in a file name are escaped, not taken as the URI's query
+    conn: sqlite3.Connection | None = None
+    how = "read-only"
+    try:
+        try:
+            conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=0.5, check_same_thread=False)
+            _prepare(conn)
+        except sqlite3.OperationalError as first:
+            # Zotero running: its exclusive lock refuses every other reader ("database is locked"); a WAL or a hot
+            # journal that a read-only reader may not open or roll back refuses it too
+            if conn is not None:
+                conn.close()
+            conn = None
+            wal = Path(f"{path}-wal")
+            if wal.is_file() and wal.stat().st_size > 0:  # committed changes not yet in the file: read them too
+                conn, how = _snapshot(Path(path), wal), "snapshot"
+            if conn is None:
+                how = "as it stands"
+                try:
+                    conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+                    _prepare(conn)
+                except sqlite3.DatabaseError:
+                    raise first from None
+    except sqlite3.DatabaseError as e:
+        if conn is not None:
+            conn.close()
+        raise _Invalid("file", f"cannot read it as an SQLite database: {e}") from None
+    missing = [t for t in _TABLES if t not in _tables(conn)]
+    if missing:
+        conn.close()
+        raise _Invalid("file", f"not a Zotero database (no {', '.join(missing)} table)")
+    return conn, how
+
+
+def _snapshot(path: Path, wal: Path) -> sqlite3.Connection | None:
+    """The database and its WAL copied (the file first: a WAL frame names the page it replaces, so frames newer than
+    the copied file are replayed on it) and the copy opened; None if that fails (no room, a torn copy)."""
+    folder = tempfile.mkdtemp(prefix="esqbe-zotero-")
+    try:
+        shutil.copyfile(path, os.path.join(folder, "zotero.sqlite"))
+        shutil.copyfile(wal, os.path.join(folder, "zotero.sqlite-wal"))
+        conn = sqlite3.connect(os.path.join(folder, "zotero.sqlite"), factory=_Snapshot, check_same_thread=False)
+    except (OSError, sqlite3.DatabaseError):
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+    conn.folder = folder
+    try:
+        _prepare(conn)  # the WAL is replayed here, on the copy
+    except sqlite3.DatabaseError:
+        conn.close()
+        return None
+    return conn
+
+
+def _prepare(conn: sqlite3.Connection) -> None:
+    conn.execute("PRAGMA query_only = ON")
+    conn.execute("PRAGMA trusted_schema = OFF")  # a crafted view or trigger calls no function with side effects
+    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the lock is met here, not at the first item
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _names(conn: sqlite3.Connection, table: str, id_col: str, name_col: str) -> dict[int, str]:
+    """Zotero fills `X` from its schema and `XCombined` (with custom types) at startup: both, by id."""
+    names: dict[int, str] = {}
+    for t in (table, f"{table}Combined"):
+        if t in _tables(conn):
+            names.update((i, n) for i, n in conn.execute(f"SELECT {id_col}, {name_col} FROM {t}")  # noqa: S608
+                         if isinstance(n, str))
+    return names
+
+
+def count(conn: sqlite3.Connection) -> int:
+    """How many items the library holds (for progress)."""
+    return int(conn.execute("SELECT count(*) FROM items").fetchone()[0])
+
+
+def entries(conn: sqlite3.Connection, path) -> Iterator[tuple[int, dict | _Invalid]]:
+    """(itemID, the item as a dict or why it cannot be read) for each item that is not a note, attachment or
+    annotation, in itemID order."""
+    types = _names(conn, "itemTypes", "itemTypeID", "typeName")
+    fields = {n: i for i, n in _names(conn, "fields", "fieldID", "fieldName").items() if n in _FIELDS}
+    skip_types = [i for i, n in types.items() if n in _NOT_PAPERS]
+    tables = _tables(conn)
+    groups = dict(conn.execute("SELECT libraryID, groupID FROM groups")) if "groups" in tables else {}
+    feeds = {r[0] for r in conn.execute("SELECT libraryID FROM libraries WHERE type = 'feed'")}
+    deleted = "deletedItems" in tables
+    collections = _collection_names(conn) if "collectionItems" in tables and "collections" in tables else {}
+    storage = Path(path).resolve().parent / "storage"
+    marks = ",".join("?" * len(skip_types)) or "NULL"
+    rows = conn.execute(f"SELECT itemID, itemTypeID, libraryID, key FROM items "  # noqa: S608 (only ? marks)
+                        f"WHERE itemTypeID NOT IN ({marks}) ORDER BY itemID", skip_types)
+    for item_id, type_id, library_id, key in rows:
+        if library_id in feeds:
+            continue
+        try:
+            yield item_id, _item(conn, item_id, types.get(type_id), groups.get(library_id), key, fields, deleted,
+                                 collections, storage)
+        except _Invalid as e:
+            yield item_id, e
+
+
+def _item(conn, item_id: int, type_name, group, key, fields: dict[str, int], deleted: bool, collections: dict,
+          storage: Path) -> dict:
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        shown = repr(key)[:80]
+        raise _Invalid("key", f"{shown} is not a Zotero item key (letters and digits, at most 64)")
+    record: dict = {"id": f"g{group}-{key}" if group is not None else key, "key": key, "itemType": type_name}
+    for name, value in _values(conn, item_id, fields):
+        record[name] = value
+    if deleted and conn.execute("SELECT 1 FROM deletedItems WHERE itemID = ?", (item_id,)).fetchone():
+        record["deleted"] = True
+    record["creators"] = conn.execute(
+        "SELECT substr(c.firstName, 1, 1000), substr(c.lastName, 1, 1000), c.fieldMode, ct.creatorType "
+        "FROM itemCreators ic JOIN creators c ON c.creatorID = ic.creatorID "
+        "LEFT JOIN creatorTypes ct ON ct.creatorTypeID = ic.creatorTypeID "
+        "WHERE ic.itemID = ? ORDER BY ic.orderIndex LIMIT ?", (item_id, _MAX_CREATORS)).fetchall()
+    record["collections"] = sorted({collections[c] for (c,) in conn.execute(
+        "SELECT collectionID FROM collectionItems WHERE itemID = ? LIMIT ?", (item_id, _MAX_COLLECTIONS))
+        if c in collections}) if collections else []
+    record["attachments"] = _attachments(conn, item_id, storage, deleted)
+    return record
+
+
+def _values(conn, item_id: int, fields: dict[str, int]) -> Iterator[tuple[str, str]]:
+    """The item's fields that esqbe reads, each refused past its bound before more than the bound is read."""
+    if not fields:
+        return
+    by_id = {i: n for n, i in fields.items()}
+    limits = {i: _LIMIT.get(n, LIMITS["metadata_bytes"]) for i, n in by_id.items()}
+    marks = ",".join("?" * len(by_id))
+    cases = " ".join("WHEN ? THEN ?" for _ in limits)  # each field read to one past its own bound, no further
+    bounds = [x for i, limit in limits.items() for x in (i, limit + 1)]
+    for field_id, length, value in conn.execute(
+            f"SELECT d.fieldID, length(v.value), substr(CAST(v.value AS TEXT), 1, CASE d.fieldID {cases} END) "  # noqa: S608
+            f"FROM itemData d JOIN itemDataValues v ON v.valueID = d.valueID "
+            f"WHERE d.itemID = ? AND d.fieldID IN ({marks})", (*bounds, item_id, *by_id)):
+        name, limit = by_id[field_id], limits[field_id]
+        if isinstance(length, int) and length > limit:
+            raise _Invalid(name, f"{length} characters; at most {limit}")
+        if isinstance(value, str):
+            yield name, value
+
+
+def _collection_names(conn) -> dict[int, str]:
+    """Each collection's name by id (bounded: a name is a label, not a text)."""
+    return {i: " ".join(n.split()) for i, n in conn.execute(
+        "SELECT collectionID, substr(collectionName, 1, 500) FROM collections") if isinstance(n, str) and n.strip()}
+
+
+def _attachments(conn, item_id: int, storage: Path, deleted: bool) -> list[str]:
+    """The paths of the item's file attachments: a stored file (`storage:NAME`) under `storage/KEY/`, a linked
+    file as Zotero holds it (absolute, or `attachments:...` under the base directory set in Zotero's settings).
+    A stored name that would leave its folder is not kept; links to web pages have no path."""
+    trash = " AND a.itemID NOT IN (SELECT itemID FROM deletedItems)" if deleted else ""
+    paths: list[str] = []
+    for key, path in conn.execute(
+            "SELECT i.key, substr(a.path, 1, 4096) FROM itemAttachments a JOIN items i ON i.itemID = a.itemID "
+            f"WHERE a.parentItemID = ?{trash} ORDER BY a.itemID LIMIT ?", (item_id, _MAX_ATTACHMENTS)):
+        if not isinstance(path, str) or not path.strip() or any(ord(c) < 32 for c in path):
+            continue
+        if path.startswith("storage:"):
+            name = path[len("storage:"):]
+            if not isinstance(key, str) or not _KEY.fullmatch(key) or not name or Path(name).name != name \
+                    or name in (".", ".."):
+                continue
+            paths.append(str(storage / key / name))
+        else:
+            paths.append(path)
+    return paths
+
+
+def parse(record: dict) -> Paper:
+    """One Zotero item as a Paper, its metadata under esqbe's keys (`entry_type` the Zotero item type,
+    `collection` the names of the collections it is in, `attachments` its files' paths)."""
+    if record.get("deleted"):
+        raise _Skip("in the trash")
+    title = _plain(record.get("title"))
+    sentences = _split_text_abstract(record.get("abstractNote"), "abstractNote")
+    authors: list[dict] = []
+    others: list[dict] = []
+    for first, last, mode, kind in record.get("creators") or []:
+        first, last = _plain(first), _plain(last)
+        if mode == 1 or not first:  # a single-field name (an organisation, or one name): kept whole
+            entry = {"name": last or first, "literal": True} if (last or first) else None
+        else:
+            entry = {"name": f"{first} {last}".strip(), "family": last, "given": first}
+        if entry:
+            (authors if kind in (None, "author") else others).append(entry)
+    archive = _plain(record.get("archiveID"))
+    arxiv = archive[len("arxiv:"):].strip() if archive.lower().startswith("arxiv:") else None
+    meta = _metadata(
+        "zotero", _year(record.get("date")),
+        venue=next((_plain(record[k]) for k in _VENUE_FIELDS if _plain(record.get(k))), None),
+        journal=_plain(record.get("publicationTitle")) if record.get("itemType") == "journalArticle" else None,
+        authors=_authors(authors or others), publisher=_plain(record.get("publisher")),
+        external_ids={"doi": _doi(record.get("DOI")), "arxiv": arxiv}, url=_plain(record.get("url")),
+        entry_type=record.get("itemType"), volume=_plain(record.get("volume")), pages=_plain(record.get("pages")),
+        collection=record.get("collections"), attachments=record.get("attachments"),
+    )
+    return Paper(str(record["id"]), title, sentences, metadata=meta)
