@@ -37,8 +37,11 @@ def ix(tmp_path_factory, encoder):
     for i, line in enumerate(SAMPLE.read_text().splitlines()[:12]):
         rec = json.loads(line)
         abstract = rec["abstract"] if "abstract" in rec else rec["sentences"]
+        meta = META[i % 2] if i < 6 else {"year": 2000 + i}
+        if "arxiv" in meta.get("external_ids", {}):  # one arXiv id names one paper: records sharing it are merged
+            meta = {**meta, "external_ids": {"arxiv": f"2001.0000{i}"}}
         lines.append(json.dumps({"id": f"p {i}" if i else "0-first", "title": f"Paper {i}: a {{study}} of #{i}",
-                                 "abstract": abstract, **(META[i % 2] if i < 6 else {"year": 2000 + i})}))
+                                 "abstract": abstract, **meta}))
     src = root / "papers.jsonl"
     src.write_text("\n".join(lines) + "\n")
     with esqbe.open_index(str(root / "ix"), encoder=encoder, config=None) as index:

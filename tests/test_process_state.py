@@ -66,16 +66,16 @@ def test_encoder_load_and_onnx_export_leave_logging_and_environment_alone(tmp_pa
 def test_a_query_runs_on_the_host_threads_own_limits(small_index, monkeypatch):
     threadpoolctl = pytest.importorskip("threadpoolctl")
     faiss = pytest.importorskip("faiss")
-    from esqbe.query import search
+    from esqbe.index import api
 
     seen: dict = {}
-    real = search._run_query
+    real = api.run_examples
 
     def watching(*args, **kwargs):  # the query's maths runs inside this call
         seen["blas"] = [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(search, "_run_query", watching)
+    monkeypatch.setattr(api, "run_examples", watching)
     result: dict = {}
 
     def host():

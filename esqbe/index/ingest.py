@@ -140,6 +140,13 @@ class IngestMixin:
                                  f"{report.stored} paper(s) of this run were committed before it", report=report)
             return error
 
+        def _count(result, tagged: int) -> None:
+            report.tagged += tagged
+            report.indexed += result.added
+            report.replaced += result.replaced
+            report.unchanged += result.unchanged
+            report.errors.extend(result.errors)
+
         def store(pending) -> None:
             """Write one encoded batch (waiting for its encoding) and count it."""
             encoding, n_batch, n_fresh, n_repeated = pending
@@ -152,13 +159,16 @@ class IngestMixin:
                             raise
                         return  # interrupted while encoding: nothing of this batch is written, none counted
                     report.replaced += n_repeated
-                    result = self.backend.upsert(indexed)
+                    try:
+                        result = self.backend.upsert(indexed)
+                    except _STORAGE_ERRORS as e:  # past its commit (the text index failed): the batch counts
+                        result = getattr(e, "committed", None)
+                        if result is None:
+                            raise
+                        _count(result, tagged)
+                        raise
                     centering.written(self.backend, result.added + result.replaced)
-                    report.tagged += tagged
-                    report.indexed += result.added
-                    report.replaced += result.replaced
-                    report.unchanged += result.unchanged
-                    report.errors.extend(result.errors)
+                    _count(result, tagged)
                 else:
                     report.replaced += n_repeated
                 if bar is not None:
@@ -283,7 +293,7 @@ class IngestMixin:
     def _index_sources(self, sources, problems, format, strict, facets, bar, report, stop=None) -> None:
         from .merge import Merger
 
-        merger = Merger(self.backend, report)  # records of one work, across this run's sources: one paper
+        merger = Merger(lambda: self.backend, report)  # records of one work across this run's sources: one paper
         done_bytes = 0
         for i, source in enumerate(sources):
             if i in problems:

@@ -7,7 +7,7 @@ Titles are never merged: two records of one normalised title and year but no sha
 likely duplicates, and both stay."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from ..backends.base import Backend
 from ..core.workids import described, title_key, work_keys
@@ -23,12 +23,20 @@ MAX_REMEMBERED = 200_000
 class Merger:
     """The identifiers and titles seen in one index run, across its sources."""
 
-    def __init__(self, backend: Backend, report: IndexReport):
-        self.backend, self.report = backend, report
-        report.aliases_kept = backend.keeps_aliases
+    def __init__(self, backend_of: Callable[[], Backend], report: IndexReport):
+        """`backend_of` gives the run's backend when a record first needs it: a run that reads nothing opens (and so
+        creates) no index."""
+        self._backend_of, self._backend, self.report = backend_of, None, report
         self.keys: dict[str, str] = {}  # identifier key -> the paper id its first record of this run has
         self.where: dict[str, str] = {}  # paper id -> where its first record of this run is (file:line)
         self.titles: dict[str, str] = {}  # title key -> the paper id of its first record
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = self._backend_of()
+            self.report.aliases_kept = self._backend.keeps_aliases
+        return self._backend
 
     def papers(self, papers: Iterable[Paper], read: ReadReport) -> Iterator[Paper]:
         """`papers` as read (`read` says where each starts), a record of a work already seen renamed to its paper."""

@@ -16,8 +16,29 @@ from .host import EmbeddedHost
 BM25_MIN_TERMS = 8
 
 _QUERY_SYNTAX = re.compile(r"[^\w\s]+", re.UNICODE)
+#: the OS error number in a tantivy IO error ("An IO error occurred: 'No space left on device (os error 28) ..."')
+_OS_ERROR = re.compile(r"\(os error (\d+)\)|\bOs \{ code: (\d+)")
 
 _ANALYZER = None
+
+
+def _io_errno(message: str, path: Path) -> int | None:
+    """The OS error behind a tantivy ValueError, or None when it is not an IO error: the number tantivy names, or,
+    for a writer whose worker thread died of an IO error (tantivy names none), ENOSPC when the disk is (nearly) full
+    and EIO otherwise."""
+    import errno
+    import shutil
+
+    found = _OS_ERROR.search(message)
+    if found is not None:
+        return int(found.group(1) or found.group(2))
+    if "index writer was killed" not in message:
+        return None
+    try:
+        full = shutil.disk_usage(path).free < (1 << 20)
+    except OSError:
+        full = False
+    return errno.ENOSPC if full else errno.EIO
 
 
 class TextIndexMixin(EmbeddedHost):
@@ -62,6 +83,14 @@ class TextIndexMixin(EmbeddedHost):
                 self._text_index = tantivy.Index(self._text_schema())
         return self._text_index
 
+    def _drop_text_writer(self) -> None:
+        writer, self._text_writer = self._text_writer, None
+        if writer is not None:
+            try:
+                writer.wait_merging_threads()  # consumes the writer: its lock file is released now, not at exit
+            except (ValueError, RuntimeError):
+                pass
+
     def _sync_text(self) -> None:
         """Writer only: bring the tantivy index up to SQLite (delete removed papers, (re)add pending ones)."""
         deletes = [r[0] for r in self._db.execute("SELECT paper_id FROM text_deletes")]
@@ -71,21 +100,28 @@ class TextIndexMixin(EmbeddedHost):
         if not deletes and not pending:
             return
 
-        if self._text_writer is None:
-            self._text_writer = self.text_index.writer(heap_size=200_000_000, num_threads=1)
-        writer = self._text_writer
-        for pid in deletes:
-            writer.delete_documents_by_term("paper_id", pid)
-        unindexable = []
-        for pid, title, sentences, facets in pending:
-            writer.delete_documents_by_term("paper_id", pid)
-            try:
-                document = _text_document(pid, title, json.loads(sentences), json.loads(facets))
-            except (TypeError, ValueError) as e:
-                unindexable.append((pid, e))
-                continue
-            writer.add_document(document)
-        writer.commit()
+        try:
+            if self._text_writer is None:
+                self._text_writer = self.text_index.writer(heap_size=200_000_000, num_threads=1)
+            writer = self._text_writer
+            for pid in deletes:
+                writer.delete_documents_by_term("paper_id", pid)
+            unindexable = []
+            for pid, title, sentences, facets in pending:
+                writer.delete_documents_by_term("paper_id", pid)
+                try:
+                    document = _text_document(pid, title, json.loads(sentences), json.loads(facets))
+                except (TypeError, ValueError) as e:
+                    unindexable.append((pid, e))
+                    continue
+                writer.add_document(document)
+            writer.commit()
+        except ValueError as e:  # tantivy's IO errors come as ValueError: an OSError, worded as any (disk full, read-only)
+            code = _io_errno(str(e), self.path)
+            if code is None:
+                raise
+            self._drop_text_writer()  # a writer that failed is not used again, and lets go of its lock
+            raise OSError(code, f"cannot write the text index in {self.path}: {os.strerror(code)}") from None
         with self._tx():
             self._db.executemany("DELETE FROM text_deletes WHERE paper_id = ?", [(p,) for p in deletes])
             self._db.executemany("UPDATE papers SET text_indexed = 1 WHERE paper_id = ?", [(p[0],) for p in pending])

@@ -110,7 +110,11 @@ class WritesMixin(EmbeddedHost):
                 self._set("rows", rows)
                 self._set("next_pno", next_pno)
                 self._bump_generation()
-        self._sync_text()
+        try:
+            self._sync_text()
+        except OSError as e:  # the papers are committed (BM25 catches up on the next write): the caller counts them
+            e.committed = result  # type: ignore[attr-defined]
+            raise
         return result
 
     def _apply_token_delta(self, delta: Counter) -> None:
