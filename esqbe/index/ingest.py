@@ -162,10 +162,10 @@ class IngestMixin:
                     try:
                         result = self.backend.upsert(indexed)
                     except _STORAGE_ERRORS as e:  # past its commit (the text index failed): the batch counts
-                        result = getattr(e, "committed", None)
-                        if result is None:
+                        committed = getattr(e, "committed", None)
+                        if committed is None:
                             raise
-                        _count(result, tagged)
+                        _count(committed, tagged)
                         raise
                     centering.written(self.backend, result.added + result.replaced)
                     _count(result, tagged)

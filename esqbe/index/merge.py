@@ -26,7 +26,8 @@ class Merger:
     def __init__(self, backend_of: Callable[[], Backend], report: IndexReport):
         """`backend_of` gives the run's backend when a record first needs it: a run that reads nothing opens (and so
         creates) no index."""
-        self._backend_of, self._backend, self.report = backend_of, None, report
+        self._backend_of, self.report = backend_of, report
+        self._backend: Backend | None = None
         self.keys: dict[str, str] = {}  # identifier key -> the paper id its first record of this run has
         self.where: dict[str, str] = {}  # paper id -> where its first record of this run is (file:line)
         self.titles: dict[str, str] = {}  # title key -> the paper id of its first record
@@ -34,8 +35,10 @@ class Merger:
     @property
     def backend(self) -> Backend:
         if self._backend is None:
-            self._backend = self._backend_of()
-            self.report.aliases_kept = self._backend.keeps_aliases
+            backend = self._backend_of()
+            self.report.aliases_kept = backend.keeps_aliases
+            self._backend = backend
+            return backend
         return self._backend
 
     def papers(self, papers: Iterable[Paper], read: ReadReport) -> Iterator[Paper]:
