@@ -19,12 +19,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
+
 import esqbe  # noqa: E402
 
 
 def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+    """The q-th percentile of `xs`, one of its values (nearest rank)."""
+    return float(np.percentile(xs, q, method="nearest"))
 
 
 def main() -> None:
