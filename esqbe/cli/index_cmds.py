@@ -186,6 +186,8 @@ def _print_index_report(report, as_json: bool) -> None:
         + (f", abstracts from PDFs {report.abstracts_from_pdf}" if report.abstracts_from_pdf else "")
         + f" in {report.seconds:.1f}s"
     )
+    for note in report.notes:
+        say(f"  {printable(note)}")
     for line in report.skipped_lines(10):
         say(f"  skipped {line}" if not line.startswith("and ") else f"  {line} (all of them: --json, or --skipped FILE)")
     for line in report.merge_lines(10):
