@@ -134,7 +134,7 @@ def test_unknown_key_is_an_error_listing_the_index_keys(meta_index):
 def test_value_no_paper_has_suggests_near_values_and_the_operator(meta_index):
     index, _ = meta_index
     with pytest.raises(FilterError, match=r"no paper has this value for venue; near values in the index: 'ACL' "
-                                          r"\(any case: venue~=acl\)"):
+                                          r"\(= is exact; ignoring case and accents: venue~=acl\)"):
         index.query(QID, facet="method", filters=["venue=acl"])
     with pytest.raises(FilterError, match=r"near values in the index: 'Author 0', 'Author 1'.*author\^=Author"):
         index.query(QID, facet="method", filters=["author=Author"])

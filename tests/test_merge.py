@@ -123,3 +123,35 @@ def test_identifiers_are_compared_normalised():
     assert title_key("Caf\u00e9 Networks: a Study!", 2019) == title_key("cafe networks - A study", 2019)
     assert title_key("Caf\u00e9 Networks: a Study!", 2019) != title_key("Caf\u00e9 Networks: a Study!", 2020)
     assert title_key("Introduction", 2019) is None  # too short a title to say anything
+
+
+def test_deleting_by_a_merged_id_deletes_the_paper_it_names(merged, tmp_path):
+    """`esqbe delete vaswani-ris` (a record merged into vaswani2017attention) deletes vaswani2017attention, as `show`
+    and `query --paper` find it by that id; the paper's identifiers name no paper afterwards, so the record indexed
+    again is a paper of its own, under its own id, not the deleted one brought back."""
+    root, _ = merged
+    ix = tmp_path / "ix"
+    shutil.copytree(root / "ix", ix)
+    out = run("delete", "--path", ix, "vaswani-ris", "nope").stdout
+    assert out == "deleted 1 of 2; vaswani-ris: merged into paper vaswani2017attention, deleted; not in the index: nope\n"
+    assert ids(ix) == ["0704.0001", "ABCD2345", "bert-again"]
+    r = CliRunner().invoke(main, ["show", "--path", str(ix), "vaswani-ris"], env={"ESQBE_CONFIG": None})
+    assert r.exit_code != 0 and "Traceback" not in r.output  # gone by either id
+    with sqlite3.connect(ix / "papers.sqlite") as db:
+        assert db.execute("SELECT key FROM aliases WHERE paper_id = 'vaswani2017attention'").fetchall() == []
+    report = json.loads(run("index", "--path", ix, root / "dup.ris", "--json").stdout)
+    assert report["merged"] == [] and report["indexed"] == 1 and report["unchanged"] == 1
+    assert ids(ix) == ["0704.0001", "ABCD2345", "bert-again", "vaswani-ris"]
+
+
+def test_the_library_deletes_by_a_merged_id_and_counts_the_paper_once(merged, tmp_path):
+    import esqbe
+
+    root, _ = merged
+    ix = tmp_path / "ix"
+    shutil.copytree(root / "ix", ix)
+    with esqbe.open_index(str(ix), config=None) as index:
+        # both ids of one paper: one paper deleted; a merged-away id of 0704.0001 (balazs2007) deletes it too
+        assert index.delete(["vaswani-ris", "vaswani2017attention", "balazs2007", "nope"]) == 2
+        assert sorted(index.get(["ABCD2345", "bert-again", "vaswani2017attention", "0704.0001"])) == \
+            ["ABCD2345", "bert-again"]

@@ -79,8 +79,12 @@ def test_filters_fold_accents_and_suggest_near_values(ix):
         assert [h.paper_id for h in hits] == ["garcia2021asr"]  # an accent the record does not have: folded too
         assert [h.paper_id for h in index.query("vaswani2017attention", k=50, filters=["author^='CARMEN GARCI'"]).hits] == [
             "garcia2021asr"]
+        # `=` is exact (case and accents count, as on the engines' keyword terms): the name as stored matches, the
+        # name without its accent is refused with the near value and the folding operator to use instead
+        assert [h.paper_id for h in index.query("vaswani2017attention", k=50,
+                                                filters=["author='Carmen García-Mateo'"]).hits] == ["garcia2021asr"]
         with pytest.raises(FilterError, match=r"near values in the index: 'Carmen García-Mateo' "
-                                              r"\(any case: author~=\"Carmen Garcia-Mateo\"\)"):
+                                              r"\(= is exact; ignoring case and accents: author~=\"Carmen Garcia-Mateo\"\)"):
             index.query("vaswani2017attention", k=5, filters=["author='Carmen Garcia-Mateo'"])
         with pytest.raises(FilterError, match=r"near values in the index: 'Carmen García-Mateo'$"):
             index.query("vaswani2017attention", k=5, filters=["author='Carmen Garcia-Mato'"])  # a typo: 2 edits

@@ -294,6 +294,35 @@ def test_post_papers_per_record_outcomes_then_query_and_delete(client, direct):
     assert direct.stats()["papers"] == 30
 
 
+def test_post_papers_merges_records_of_one_work_as_esqbe_index_does(client):
+    """Issue 38 item 2 over HTTP: records naming one work by DOI (written differently) are one paper, in one request
+    and against the papers indexed before (the alias table); each merged record's outcome names the paper and why,
+    and every id finds the paper and deletes it."""
+    work = {"title": "Spectral graph partitioning", "abstract": "We study graph partitioning. We propose a spectral "
+            "method. It cuts fewer edges."}
+    records = [{"id": "doi-a", **work, "external_ids": {"doi": "10.5555/esqbe.post.1"}},
+               {"id": "doi-b", **work, "external_ids": {"doi": "https://doi.org/10.5555/ESQBE.POST.1"}}]
+    body = client.post("/papers", json={"records": records}).json()
+    by = "doi 10.5555/esqbe.post.1"
+    merged = f"the same work as record 0 ({by}): merged into paper doi-a"
+    assert body["records"] == [
+        {"record": 0, "paper_id": "doi-a", "status": "superseded", "field": None, "merged_into": None,
+         "reason": "record 1 has the same paper id"},
+        {"record": 1, "paper_id": "doi-b", "status": "indexed", "field": None, "merged_into": "doi-a",
+         "reason": merged}]
+    assert body["indexed"] == 1
+    later = {"id": "doi-c", "title": work["title"] + ", revised", "abstract": work["abstract"],
+             "external_ids": {"doi": "doi:10.5555/esqbe.post.1"}}
+    [outcome] = client.post("/papers", json={"records": [later]}).json()["records"]
+    assert outcome == {"record": 0, "paper_id": "doi-c", "status": "replaced", "field": None, "merged_into": "doi-a",
+                       "reason": f"the same work ({by}): merged into paper doi-a"}
+    for pid in ("doi-a", "doi-b", "doi-c"):
+        paper = client.get(f"/papers/{pid}").json()
+        assert paper["paper_id"] == "doi-a" and paper["title"].endswith("revised"), paper
+    assert client.delete("/papers/doi-c").json() == {"deleted": "doi-c"}  # the paper doi-c names
+    _error(client.get("/papers/doi-a"), 404)
+
+
 def test_token_rule(index_path, encoder, monkeypatch):
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")

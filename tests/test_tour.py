@@ -67,3 +67,83 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     ris = rispy.loads((tmp_path / "like-this.ris").read_text())
     assert len(ris) == 10 and all(r["authors"] == ["Doe, Jane", "Some Lab"] or r["id"] == "vaswani2017attention"
                                   for r in ris)
+
+
+ZOTERO_TOUR = "### From your Zotero library to finds imported back into it"
+
+
+def zotero_tour_blocks() -> list[str]:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split(ZOTERO_TOUR, 1)[1].split("\n### ", 1)[0]
+    return re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+
+
+def openalex_works(n: int) -> str:
+    """`openalex-works.jsonl`: n of the sample's abstracts as OpenAlex works (title, DOI, venue, authors, the abstract
+    as OpenAlex gives it: an inverted index), the papers the tour searches beside the library."""
+    lines = []
+    for i, line in enumerate(SAMPLE.read_text().splitlines()[:n]):
+        r = json.loads(line)
+        words = " ".join(r["sentences"]).split()
+        inverted: dict[str, list[int]] = {}
+        for pos, word in enumerate(words):
+            inverted.setdefault(word, []).append(pos)
+        lines.append(json.dumps({
+            "id": f"https://openalex.org/W{4000000 + i}", "doi": f"https://doi.org/10.5555/esqbe.tour.{i}",
+            "title": " ".join(words[:9]), "publication_year": 2010 + i % 12,
+            "primary_location": {"source": {"display_name": f"Journal {i % 3}", "type": "journal"}},
+            "authorships": [{"author": {"display_name": "Jane Doe"}}, {"author": {"display_name": "Carmen García-Mateo"}}],
+            "abstract_inverted_index": inverted}))
+    return "\n".join(lines) + "\n"
+
+
+def zotero_library(path):
+    """~/Zotero/zotero.sqlite, made with Zotero's own schema SQL (tests/test_zotero.py), holding the paper the tour
+    queries by (item key 7XQ2M4KD) and BERT, in a collection."""
+    from .test_zotero import ATTENTION, BERT, Library
+
+    lib = Library(path)
+    attention = lib.item("conferencePaper", "7XQ2M4KD", {
+        "title": ATTENTION[0], "abstractNote": ATTENTION[1], "date": "2017",
+        "proceedingsTitle": "Advances in Neural Information Processing Systems", "DOI": "10.48550/arXiv.1706.03762"},
+        [("Ashish", "Vaswani", 0, "author"), ("Noam", "Shazeer", 0, "author")])
+    bert = lib.item("conferencePaper", "BQ3N5ZT8", {"title": BERT[0], "abstractNote": BERT[1], "date": "2019"},
+                    [("Jacob", "Devlin", 0, "author")])
+    lib.collection("Thesis", "TH7SQ2XK", [attention, bert])
+    return lib.close()
+
+
+def test_the_zotero_tour_runs_as_written(tmp_path):
+    """Issue 38's "done when": the README's Zotero tour, its commands run as written by bash (`~` a home holding
+    ~/Zotero/zotero.sqlite), the real CLI and model: the library and OpenAlex works indexed, the query by the
+    library's paper keeps to papers not in the library, its CSL-JSON export (what Zotero imports) is indexed again
+    and `esqbe list` shows the same papers, ids and titles as the query found."""
+    [block] = zotero_tour_blocks()
+    assert "~/Zotero/zotero.sqlite" in block and "--format csl-json > finds.json" in block
+    home = tmp_path / "home"
+    (home / "Zotero").mkdir(parents=True)
+    zotero_library(home / "Zotero" / "zotero.sqlite")
+    (tmp_path / "openalex-works.jsonl").write_text(openalex_works(30))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HOME": str(home),
+           # the model's ONNX export is cached where the user running the tests keeps it, not in the new home
+           "ESQBE_CACHE_DIR": os.environ.get("ESQBE_CACHE_DIR") or os.path.join(
+               os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "esqbe")}
+    for var in ("ESQBE_CONFIG", "ESQBE_INDEX_PATH", "ESQBE_BACKEND"):
+        env.pop(var, None)
+    script = f'set -e\nesqbe() {{ "{sys.executable}" -m cli "$@"; }}\n' + block
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    out = done.stdout
+    assert "read 32, indexed 32, replaced 0, unchanged 0, skipped 0 (none), errors 0" in out
+    assert re.search(r"^\s+1\.\s+[\d.]+\s+7XQ2M4KD\s+Attention Is All You Need", out, flags=re.M), out
+    finds = json.loads((tmp_path / "finds.json").read_text())
+    assert len(finds) == 10  # the query's k
+    assert all(f["id"].startswith("W") for f in finds)  # `format!=zotero`: none of the library's own papers
+    assert all(f.get("abstract") and f.get("DOI", "").startswith("10.5555/esqbe.tour.") for f in finds)
+    assert all(f["author"][1] == {"family": "García-Mateo", "given": "Carmen"} for f in finds), finds[0]["author"]
+    # the proof: the export read again is the same papers, by id and title, nothing skipped
+    assert "read 10, indexed 10, replaced 0, unchanged 0, skipped 0 (none), errors 0" in out
+    listed = {m["id"]: m["title"] for m in re.finditer(r"^(?P<id>W\d+)\t\d{4}\t(?P<title>.*)$", out, flags=re.M)}
+    assert listed == {f["id"]: f["title"] for f in finds}, out
+    assert "10 paper(s)" in done.stderr + out

@@ -158,7 +158,7 @@ def test_items_with_their_metadata(library):
     assert (path.read_bytes(), sorted(path.parent.iterdir())) == before  # read-only: nothing written, no journal
     conn, how = zotero.connect(path)  # no other process holds it: an ordinary read-only reader
     conn.close()
-    assert how == "read-only"
+    assert how == "read-only" and report.notes == []  # nothing to tell: the file itself was read
     assert sorted(papers) == ["ABCD2345", "ATTN2345", "g4711-GRP23456"]  # no note, attachment, trash, book, feed
     assert report.read == 6  # the regular items: notes, attachments and feed items are not records at all
     bert = papers["ABCD2345"]
@@ -297,6 +297,8 @@ def test_indexed_through_the_cli_while_another_process_holds_the_write_lock(libr
         assert how == {"wal": "snapshot", "delete": "as it stands"}[journal]
         ix = tmp_path / "ix"
         r = CliRunner().invoke(main, ["index", "--path", str(ix), str(path), "--json"], catch_exceptions=False)
+        text = CliRunner().invoke(main, ["index", "--path", str(tmp_path / "ix2"), str(path), "--quiet"],
+                                  catch_exceptions=False)
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
@@ -304,6 +306,13 @@ def test_indexed_through_the_cli_while_another_process_holds_the_write_lock(libr
     out = json.loads(r.stdout)
     assert r.exit_code == 0, r.output
     assert out["indexed"] == 4  # the paper committed while Zotero holds the lock is in; the one half written is not
+    # the summary says that Zotero was running and what was read instead of the locked file (issue 38)
+    read = {"wal": "a temporary copy of it and its WAL (removed after)",
+            "delete": "the file as it stands, without a lock"}[journal]
+    note = (f"{path}: Zotero holds it locked (it is running), so esqbe read {read}; what Zotero had not committed "
+            "then is not in")
+    assert out["notes"] == [note]
+    assert text.exit_code == 0 and f"\n  {note}\n" in text.stdout, text.output
     assert set(Path(tempfile.gettempdir()).glob("esqbe-zotero-*")) == copies_before  # no copy left behind
     assert out["skipped"] == {"in the trash": 1, "no abstract": 1}
     assert len(out["errors"]) == 1 and f"{path}:{ids['hostile']}: key:" in out["errors"][0]

@@ -186,6 +186,8 @@ def _print_index_report(report, as_json: bool) -> None:
         + (f", abstracts from PDFs {report.abstracts_from_pdf}" if report.abstracts_from_pdf else "")
         + f" in {report.seconds:.1f}s"
     )
+    for note in report.notes:
+        say(f"  {printable(note)}")
     for line in report.skipped_lines(10):
         say(f"  skipped {line}" if not line.startswith("and ") else f"  {line} (all of them: --json, or --skipped FILE)")
     for line in report.merge_lines(10):
@@ -305,8 +307,9 @@ def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
 def delete_cmd(paper_ids, **kw):
     """Delete papers by id (ids that are not in the index are named; the exit status stays 0)."""
     with _open(kw, "delete", create=False) as index:
-        deleted, missing = index.delete_papers(paper_ids)
+        deleted, missing, merged = index.delete_papers(paper_ids)
     say(f"deleted {len(deleted)} of {len(deleted) + len(missing)}"
+               + "".join(printable(f"; {p}: merged into paper {target}, deleted") for p, target in merged.items())
                + (f"; not in the index: {printable(', '.join(missing))}" if missing else ""))
 
 

@@ -103,9 +103,9 @@ def _no_value_message(c: Condition, columns: MetadataColumns) -> str:
         msg += f"; near values in the index: {shown}"
         w = _as_text(wanted[0])
         if any(fold(s) == fold(w) for s in suggestions):
-            msg += f" (any case: {c.key}~={_quoted(w)})"
+            msg += f" (= is exact; ignoring case and accents: {c.key}~={_quoted(w)})"
         elif any(fold(s).startswith(fold(w)) for s in suggestions):
-            msg += f" (a prefix, any case: {c.key}^={_quoted(w)})"
+            msg += f" (a prefix, ignoring case and accents: {c.key}^={_quoted(w)})"
     elif c.path in columns.num and all(_as_number(w) is not None for w in wanted):
         vals = columns.num[c.path][1]
         msg += f" (its values run from {_as_text(float(vals.min()))} to {_as_text(float(vals.max()))})"

@@ -147,22 +147,38 @@ class Index(IngestMixin):
             yield from (found[i] for i in ids[start : start + batch] if i in found)
 
     def delete(self, paper_ids: Iterable[str]) -> int:
-        try:
-            deleted = self.backend.delete(paper_ids)
-        except _STORAGE_ERRORS as e:
-            raise StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}") from e
-        centering.written(self.backend, deleted)
-        return deleted
+        """Delete papers by id (an id merged into another paper deletes that paper); returns how many were deleted."""
+        ids = list(dict.fromkeys(str(p) for p in paper_ids))
+        deleted, _missing, merged = self.delete_papers(ids)
+        return len({merged.get(p, p) for p in deleted})
 
-    def delete_papers(self, paper_ids: Iterable[str]) -> tuple[list[str], list[str]]:
-        """Delete papers by id; returns (deleted ids, ids that were not in the index)."""
+    def delete_papers(self, paper_ids: Iterable[str]) -> tuple[list[str], list[str], dict[str, str]]:
+        """Delete papers by id; returns (the ids asked for that deleted a paper, the ids that name none, {each of them
+        that is a record's id merged into another paper (esqbe.index.merge): the paper it names, deleted}). Where the
+        backend keeps an alias table, any id that finds a paper (`show`, `query --paper`) deletes that paper."""
         ids = list(dict.fromkeys(str(p) for p in paper_ids))
         try:
-            present = self.backend.content_hashes(ids)
+            present = set(self.backend.content_hashes(ids))
+            named = self._merged_into([p for p in ids if p not in present])
+            there = set(self.backend.content_hashes(sorted(set(named.values())))) if named else set()
         except _STORAGE_ERRORS as e:
             raise StorageError(f"cannot read the index at {self._where()}: {_reason(e, self.settings.path)}") from e
-        self.delete([p for p in ids if p in present])
-        return [p for p in ids if p in present], [p for p in ids if p not in present]
+        merged = {p: target for p, target in named.items() if target in there}
+        targets = list(dict.fromkeys([p for p in ids if p in present] + list(merged.values())))
+        try:
+            count = self.backend.delete(targets) if targets else 0
+        except _STORAGE_ERRORS as e:
+            raise StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}") from e
+        centering.written(self.backend, count)
+        return ([p for p in ids if p in present or p in merged], [p for p in ids if p not in present and p not in merged],
+                merged)
+
+    def _merged_into(self, paper_ids: list[str]) -> dict[str, str]:
+        """Each of `paper_ids` that is a record's id merged into another paper -> that paper (an alias table's)."""
+        if not paper_ids or not self.backend.keeps_aliases:
+            return {}
+        found = self.backend.work_aliases(f"id:{p}" for p in paper_ids)
+        return {key[3:]: target for key, target in found.items() if key.startswith("id:")}
 
     def stats(self) -> dict:
         try:

@@ -334,6 +334,7 @@ class IngestMixin:
                 report.repeated.extend(reader_report.repeated)
                 report.abstracts_from_pdf += reader_report.abstracts_from_pdf
                 report.skipped_records.extend(reader_report.skipped_records)
+                report.notes.extend(reader_report.notes)
                 done_bytes += reader_report.position
                 if bar is not None:
                     bar.position = lambda d=done_bytes: d  # this source is done: counted once

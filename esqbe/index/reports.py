@@ -53,6 +53,8 @@ class IndexReport:
     merged: list[dict] = field(default_factory=list)
     likely_duplicates: list[dict] = field(default_factory=list)
     aliases_kept: bool | None = None
+    #: how a source was read where the user should know it (ReadReport.notes: a Zotero database read from a copy)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def stored(self) -> int:
@@ -109,6 +111,7 @@ class IndexReport:
             "merged": list(self.merged),
             "abstracts_from_pdf": self.abstracts_from_pdf,
             "likely_duplicates": list(self.likely_duplicates),
+            "notes": list(self.notes),
         }
 
     def merge_lines(self, first: int = 10) -> list[str]:

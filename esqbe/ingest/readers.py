@@ -93,6 +93,8 @@ class ReadReport:
     #: where the paper yielded last starts: the source's name and line (an index run names a merged record by it)
     source: str = ""
     line: int = 0
+    #: how a source was read where the user should know it (a Zotero database read from a copy while Zotero ran)
+    notes: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
         summary = {
@@ -105,6 +107,8 @@ class ReadReport:
             summary["repeated"] = list(self.repeated)
         if self.abstracts_from_pdf:
             summary["abstracts_from_pdf"] = self.abstracts_from_pdf
+        if self.notes:
+            summary["notes"] = list(self.notes)
         return summary
 
 
@@ -319,10 +323,14 @@ def _read_zotero(source, state: _State) -> Iterator[Paper]:
                                                                                    "zotero reads zotero.sqlite)"))
         return
     try:
-        conn, _how = zotero.connect(source)
+        conn, how = zotero.connect(source)
     except _Invalid as e:
         state.error(InputError(state.name, None, e.field, e.reason))
         return
+    if how != "read-only":  # Zotero is running: say what was read, and what cannot be in it
+        state.report.notes.append(f"{state.name}: Zotero holds it locked (it is running), so esqbe read " + (
+            "a temporary copy of it and its WAL (removed after)" if how == "snapshot" else
+            "the file as it stands, without a lock") + "; what Zotero had not committed then is not in")
     size, read_before, errors_before = os.path.getsize(source), state.report.read, len(state.report.errors)
     item = 0
     try:

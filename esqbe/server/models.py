@@ -349,6 +349,9 @@ class RecordOutcome(BaseModel):
     status: Literal["indexed", "replaced", "unchanged", "superseded", "skipped", "error"]
     field: str | None = None
     reason: str | None = None
+    merged_into: str | None = Field(None, description=(
+        "the paper this record names by the same DOI, arXiv id or PubMed id (an earlier record of the request, or a "
+        "paper in the index): the record updated it, under its id; the status is that paper's"))
 
 
 class PapersResponse(BaseModel):

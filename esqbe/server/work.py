@@ -11,6 +11,8 @@ from pydantic import ValidationError
 
 from ..core.deadline import check
 from ..index.api import Index
+from ..index.merge import Merger
+from ..index.reports import IndexReport
 from ..ingest.library import sniff_format
 from ..ingest.readers import ReadReport, read_papers
 from ..query.result_json import finite as _finite
@@ -139,9 +141,32 @@ def _read_records(lines: list, fmt: str | None) -> tuple[list, list[dict]]:
     return papers, outcomes
 
 
+def _merge(index: Index, papers: list, outcomes: list[dict]) -> None:
+    """One paper per paper, as `esqbe index` does (esqbe.index.merge): a record naming the same work as an earlier
+    record of the request, or as a paper in the index (where the backend keeps an alias table), by DOI, arXiv id or
+    PubMed id, takes that paper's id; its outcome says which paper and by what (`merged_into`, `reason`)."""
+    report, where = IndexReport(), ReadReport()
+
+    def named():
+        for n, p in papers:
+            where.source = f"record {n}"
+            yield p
+
+    for _ in Merger(lambda: index.backend, report).papers(named(), where):
+        pass  # each paper renamed in place
+    merged = {int(m["file"].split()[1]): m for m in report.merged}
+    for o in outcomes:
+        m = merged.get(o["record"])
+        if o["status"] == "pending" and m is not None and m["id"] == o["paper_id"]:
+            first = f" as {m['into_record']}" if m["into_record"] else ""
+            o.update(merged_into=m["into"], reason=f"the same work{first} ({m['by']}): merged into paper {m['into']}")
+
+
 def _write_papers(index: Index, papers: list, outcomes: list[dict], facets: str | None) -> dict:
     t0 = time.perf_counter()
-    ids = [p.paper_id for _, p in papers]
+    if papers:
+        _merge(index, papers, outcomes)
+    ids = list(dict.fromkeys(p.paper_id for _, p in papers))
     before = index.backend.content_hashes(ids)
     report = index.add_papers([p for _, p in papers], facets=facets) if papers else None
     after = index.backend.content_hashes(ids)
@@ -150,9 +175,10 @@ def _write_papers(index: Index, papers: list, outcomes: list[dict], facets: str 
     for o in outcomes:
         if o["status"] != "pending":
             continue
-        pid = o["paper_id"]
+        pid = o.get("merged_into") or o["paper_id"]
         if last[pid] != o["record"]:
-            o.update(status="superseded", reason=f"record {last[pid]} has the same paper id")
+            o.update(status="superseded", reason=f"record {last[pid]} has the same paper id" + (
+                f" ({o['reason']})" if o.get("reason") else ""))
         elif pid not in after:
             o.update(status="error", field="paper", reason=next((e for e in errors if pid in e), "not stored"))
         elif pid not in before:

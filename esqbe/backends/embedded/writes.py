@@ -140,6 +140,7 @@ class WritesMixin(EmbeddedHost):
                 delta.subtract(json.loads(row[0] or "{}"))
                 self._db.execute("INSERT OR REPLACE INTO dead VALUES (?, ?, ?)", row[1:])
                 self._db.execute("DELETE FROM papers WHERE paper_id = ?", (pid,))
+                self._db.execute("DELETE FROM aliases WHERE paper_id = ?", (pid,))  # its identifiers name no paper now
                 self._db.execute("INSERT OR IGNORE INTO text_deletes VALUES (?)", (pid,))
             self._apply_token_delta(delta)
             if found:
