@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -91,6 +92,12 @@ def test_watch_add_takes_several_examples_and_papers_to_avoid_and_a_run_ranks_as
     half = {m["paper_id"] for m in runs["half"]["matches"]}
     assert half == {pid for pid, h in want.items() if h.similarity >= middle} and 0 < len(half) < len(want)
 
+    text = _esqbe("watch", "run", *base, "--dry-run")  # nothing new since: the text says so; then one more paper
+    assert text.returncode == 0 and "watch combo: 0 new paper(s)" in text.stdout, text.stderr
+    assert _esqbe("index", *base, _new_papers(tmp_path, 40, 1)).returncode == 0
+    text = _esqbe("watch", "run", "combo", *base, "--dry-run")
+    assert "watch combo: 1 new paper(s), 1 match(es)" in text.stdout, text.stdout
+    assert re.search(r"\n +example [12] query \[\d+\] ", text.stdout), text.stdout  # which example each pair is of
     show = _esqbe("watch", "show", "combo", *base)
     assert show.returncode == 0 and f"not like paper {C}, facet result" in show.stdout, show.stderr
     listed = _esqbe("watch", "list", *base)

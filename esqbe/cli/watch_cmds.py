@@ -249,8 +249,10 @@ def watch_run_cmd(names, dry_run, as_json, export_format, **kw):
             + ("" if r.advanced else " (dry run: mark not moved)" if dry_run else ""))
         for hit in printable_tree(r.matches):
             say(f"  {hit['rank']:>3}. sim {hit['similarity']:.4f}  {hit['paper_id']}  {hit['title']}")
+            several = len(hit.get("example_similarities") or []) > 1  # which example each pair is of
             for m in hit["matches"][:2]:
-                say(f"       query [{m['query_index']}] {m['query_sentence'][:80]}")
+                of = f"example {int(m.get('example') or 0) + 1} " if several else ""
+                say(f"       {of}query [{m['query_index']}] {m['query_sentence'][:80]}")
                 say(f"         ~ [{m['candidate_index']}] ({m['candidate_facet']}, {m['weight']:.3f}) "
                     f"{m['candidate_sentence'][:160]}")
     if any(r.refused for r in runs):

@@ -83,7 +83,7 @@ class WatchModelError(ModelError):
 
 
 class WatchesUnsupportedError(WatchError):
-    """This backend does not keep watches yet."""
+    """This index keeps no watches (an attached engine index; an engine index whose mapping lacks indexed_at)."""
 
     http_status: ClassVar[int] = 501
 
@@ -274,9 +274,9 @@ def add_watch(index, name: str, *, paper_id: str | None = None, facet: str | Non
     parts: tuple[list[dict], list[dict]] = ([], [])
     rows = []
     for group, chosen_parts, out in ((result.examples, asked[0], parts[0]), (result.avoid, asked[1], parts[1])):
-        for ex, spec in zip(group, chosen_parts):
+        for ex, want in zip(group, chosen_parts):
             out.append({"paper_id": ex.paper_id if ex.indexed else None, "title": ex.paper.paper.title or "",
-                        "facet": ex.facet, "chosen": list(map(int, spec.sentences)) if spec.sentences is not None else None,
+                        "facet": ex.facet, "chosen": list(map(int, want.sentences)) if want.sentences is not None else None,
                         "sentences": [[int(i), s] for i, s in zip(ex.indices, ex.sentences)],
                         "facets": [ex.paper.paper.facets[i] for i in ex.indices]})
             rows.append(ex.paper.vectors[ex.indices])
