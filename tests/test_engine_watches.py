@@ -315,3 +315,43 @@ def test_an_attached_index_refuses_watches_with_the_reason(engine):
     attached = cls(backend.url, backend.index, client=backend.client)
     with pytest.raises(WatchesUnsupportedError, match="is attached .* no esqbe indexed_at stamp"):
         add_watch(_index(attached), "w", paper_id="p0", min_sim=0.5)
+
+
+@pytest.mark.parametrize("engine,version", [("opensearch", "3.5.0")])  # one engine: it loads the model (~10 s)
+def test_the_watch_commands_end_to_end_over_http(tmp_path, engine, version):
+    """`esqbe index`, `esqbe watch add/run/list/show/remove` through the CLI against the fake engine served on a
+    loopback socket (the clients' own transports): the commands take --backend/--url/--index like `esqbe query`."""
+    from tests.test_engine_secured import _cli
+
+    from .conftest import SAMPLE
+    from .fakes.engines import EngineHTTPServer, WatchingEngine
+
+    lines = SAMPLE.read_text(encoding="utf-8").splitlines()
+    first, more = tmp_path / "first.jsonl", tmp_path / "more.jsonl"
+    first.write_text("\n".join(lines[:8]) + "\n", encoding="utf-8")
+    more.write_text("\n".join(lines[8:12]) + "\n", encoding="utf-8")
+    ids = [json.loads(line)["paper_id"] for line in lines[:12]]
+    server = EngineHTTPServer(WatchingEngine(engine, version))
+    try:
+        _answer_knn_over_every_paper(server.canned)
+        where = ["--backend", engine, "--url", server.url, "--index", INDEX]
+        assert _cli("index", *where, str(first)).exit_code == 0
+        add = _cli("watch", "add", "w", *where, "--paper", ids[0], "--paper", f"{ids[1]}:method", "--not", ids[2],
+                   "--min-sim", "-1", "-k", "50", "--json")
+        assert add.exit_code == 0, add.output
+        made = json.loads(add.output[add.output.index("{"):])
+        assert [e["paper_id"] for e in made["examples"]] == ids[:2] and made["feed"].startswith("/watches/w.atom?key=")
+        assert set(server.canned.watch_docs) == {"w"}
+        assert _cli("index", *where, str(more)).exit_code == 0
+        run = _cli("watch", "run", *where, "--json")
+        assert run.exit_code == 0, run.output
+        (got,) = json.loads(run.output[run.output.index("["):])
+        assert got["new_papers"] == 4 and {m["paper_id"] for m in got["matches"]} == set(ids[8:12]) and got["advanced"]
+        assert server.canned.watch_docs["w"][0]["reported"] == [m["paper_id"] for m in got["matches"]]
+        listed = _cli("watch", "list", *where)
+        assert f"w: paper {ids[0]}, all sentences; paper {ids[1]}, facet method; not paper {ids[2]}" in listed.output
+        shown = _cli("watch", "show", "w", *where)
+        assert shown.exit_code == 0 and "found 4" in shown.output, shown.output
+        assert _cli("watch", "remove", "w", *where).exit_code == 0 and server.canned.watch_docs == {}
+    finally:
+        server.close()

@@ -665,7 +665,10 @@ class WatchingEngine(CannedEngine):
         if method == "PUT" and not self._is_watch(segs):
             if self.mapping is None:
                 return self._missing(segs[0])
-            self.mapping.setdefault("properties", {}).update(record["lines"][0]["properties"])
+            body = record["lines"][0]
+            self.mapping.setdefault("properties", {}).update(body.get("properties") or {})  # fields are added
+            if "_meta" in body:  # replaced as a whole
+                self.mapping["_meta"] = body["_meta"]
             return 200, {"acknowledged": True}
         return super()._mapping(method, segs, record)
 
