@@ -207,6 +207,29 @@ def test_a_failed_write_leaves_the_old_document_whole(engine):
     assert canned.watch_docs["w"][0]["mark"] == 99
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_papers_of_one_stamp_are_not_skipped_between_slices(engine):
+    """Two writers may stamp papers alike: a slice never ends inside a stamp, so every new paper is read once."""
+    from esqbe.index.watches import _new_slices
+
+    backend, canned = make_watching_backend(engine, VERSIONS[engine][-1])
+    backend.ensure(META)
+    backend.upsert(make_papers(7))
+    for pid, stamp in zip(sorted(canned.sources), (10, 11, 11, 11, 12, 12, 13)):
+        canned.sources[pid][STAMP_FIELD] = stamp
+    seen = [pid for rows in _new_slices(backend, 10, 14) for _, pid, _ in rows]
+    assert sorted(seen) == sorted(canned.sources) and len(seen) == len(set(seen))
+    import esqbe.index.watches as watches_module
+
+    old = watches_module.NEW_PAPERS_PER_PASS
+    watches_module.NEW_PAPERS_PER_PASS = 2  # slices of 2: each boundary falls inside a stamp
+    try:
+        seen = [pid for rows in _new_slices(backend, 10, 14) for _, pid, _ in rows]
+    finally:
+        watches_module.NEW_PAPERS_PER_PASS = old
+    assert sorted(seen) == sorted(canned.sources) and len(seen) == len(set(seen))
+
+
 def test_recorded_keeps_the_newest_matches_and_every_reported_id():
     doc = {"mark": 5, "found": 0, "matches": [], "reported": []}
     for run in range(3):

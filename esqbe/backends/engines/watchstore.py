@@ -38,6 +38,8 @@ STAMP_MAPPING = {"type": "long"}
 KEPT_MATCHES = 1000
 #: tries of a read-modify-write that another writer's change keeps interrupting (409), before giving up
 CONFLICT_TRIES = 8
+#: papers of one stamp read at once where a whole slice shares it (the engines' default max_result_window)
+MAX_ONE_STAMP = 10_000
 #: watches one listing reads (max_watches is bounded below this)
 LIST_LIMIT = 10_000
 
@@ -209,7 +211,17 @@ class EngineWatchStoreMixin(_Host):
         return int(value) + 1 if value is not None else 0
 
     def papers_since(self, mark: int, end: int, limit: int) -> list[tuple[int, str, dict]]:
-        """The first `limit` papers stamped in [mark, end), in stamp order: (stamp, id, metadata)."""
+        """The first `limit` papers stamped in [mark, end), in stamp order: (stamp, id, metadata). Two writers may
+        give one stamp: a slice never ends inside one (the last stamp's papers wait for the next slice, which starts
+        at it; a slice of one stamp only holds all of its papers, up to MAX_ONE_STAMP), so none is skipped."""
+        out = self._stamped(mark, end, limit)
+        if len(out) == int(limit) and out[0][0] != out[-1][0]:
+            out = [row for row in out if row[0] != out[-1][0]]
+        elif len(out) == int(limit):
+            out = self._stamped(out[0][0], out[0][0] + 1, max(int(limit), MAX_ONE_STAMP))
+        return out
+
+    def _stamped(self, mark: int, end: int, limit: int) -> list[tuple[int, str, dict]]:
         try:
             body = self._body(self._call(self.client.search, index=self.index, body=papers_since_body(mark, end, limit)))
         except Exception as exc:
