@@ -118,7 +118,7 @@ def test_watch_add_refuses_what_the_query_refuses(tmp_path, index_dir_30):
     assert _esqbe("watch", "list", "--path", path).stdout.startswith("no watches")
 
 
-def test_post_watches_takes_examples_and_avoid_on_a_real_server(tmp_path, index_dir_30, encoder):
+def test_post_watches_takes_examples_and_avoid_on_a_real_server(tmp_path, index_dir_30, encoder, browser):
     feedparser = pytest.importorskip("feedparser")
     path = tmp_path / "ix"
     shutil.copytree(index_dir_30, path)
@@ -157,3 +157,13 @@ def test_post_watches_takes_examples_and_avoid_on_a_real_server(tmp_path, index_
         assert not feed.bozo and len(feed.entries) == 4
         assert feed.feed.subtitle == (f"papers like paper {A} in its method, a text; unlike paper {C} "
                                       "in its method, similarity at least -1")
+        # the page's watch list names every example and the paper to avoid (real Chromium)
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions as EC
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        browser.get(url + "/")
+        listed = WebDriverWait(browser, 60).until(
+            EC.visibility_of_element_located((By.CSS_SELECTOR, '#watch-list .watch[data-watch="web"]')))
+        assert f"paper {A}, method; text “A parser”; not paper {C}, method, sim ≥ -1" in listed.text, listed.text
+        assert "4 found" in listed.text
