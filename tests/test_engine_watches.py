@@ -378,3 +378,81 @@ def test_the_watch_commands_end_to_end_over_http(tmp_path, engine, version):
         assert _cli("watch", "remove", "w", *where).exit_code == 0 and server.canned.watch_docs == {}
     finally:
         server.close()
+
+
+def test_kill_9_during_watch_run_on_an_engine_leaves_the_old_or_the_new_document(tmp_path):
+    """Real `esqbe watch run` processes against the fake engine on a loopback socket, SIGKILLed at several points
+    after they first read the watch's document (a run's only write comes after): the stored document is then the
+    old one or the new one, whole; a later run completes. (The fake applies a write when it receives it, as an
+    engine does; the kill can land before the request, or while its answer is held back: `delays`.)"""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_engine_secured import _cli
+
+    from .conftest import REPO, SAMPLE
+    from .fakes.engines import EngineHTTPServer, WatchingEngine
+
+    lines = SAMPLE.read_text(encoding="utf-8").splitlines()
+    first, more = tmp_path / "first.jsonl", tmp_path / "more.jsonl"
+    first.write_text("\n".join(lines[:8]) + "\n", encoding="utf-8")
+    more.write_text("\n".join(lines[8:14]) + "\n", encoding="utf-8")
+    ids = [json.loads(line)["paper_id"] for line in lines[:14]]
+    server = EngineHTTPServer(WatchingEngine("elasticsearch", "9.2.0"))
+    canned = server.canned
+    where = ["--backend", "elasticsearch", "--url", server.url, "--index", INDEX]
+
+    def run_process() -> subprocess.Popen:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+        return subprocess.Popen([sys.executable, "-m", "cli", "watch", "run", *where], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def reads_of_the_watch() -> int:
+        return sum(1 for r in canned.requests if r["method"] == "GET" and r["path"] == f"/{INDEX}-esqbe-watches/_doc/w")
+
+    try:
+        _answer_knn_over_every_paper(canned)
+        assert _cli("index", *where, str(first)).exit_code == 0
+        assert _cli("watch", "add", "w", *where, "--paper", ids[0], "--facet", "method", "--min-sim", "-1", "-k", "50",
+                    ).exit_code == 0
+        assert _cli("index", *where, str(more)).exit_code == 0
+        dry = _cli("watch", "run", *where, "--dry-run", "--json")
+        want = sorted(m["paper_id"] for m in json.loads(dry.output[dry.output.index("["):])[0]["matches"])
+        assert want == sorted(ids[8:14])
+        before = json.loads(json.dumps(canned.watch_docs["w"][0]))
+
+        def writes_of_the_watch() -> int:
+            return sum(1 for r in canned.requests if r["method"] == "PUT" and r["path"] == f"/{INDEX}-esqbe-watches/_doc/w")
+
+        # killed 0 and 0.05 s after its first read of the watch (its write comes later): the old document, or the new
+        # one whole; killed while its write is in flight (received and applied, the answer held back 2 s): the new one
+        outcomes = []
+        for after, delay, in_flight in ((reads_of_the_watch, 0.0, False), (reads_of_the_watch, 0.05, False),
+                                        (writes_of_the_watch, 0.0, True)):
+            if in_flight:
+                canned.after_write["w"].append(lambda: time.sleep(2.0))
+            seen, proc = after(), run_process()
+            deadline = time.monotonic() + 120
+            while proc.poll() is None and after() == seen and time.monotonic() < deadline:
+                time.sleep(0.002)
+            time.sleep(delay)
+            assert proc.poll() is None, "the run ended before it was killed"
+            proc.kill()
+            proc.communicate(timeout=60)
+            stored = canned.watch_docs["w"][0]
+            if stored == before:
+                outcomes.append("old")
+            else:  # the new document, whole: the mark moved and every match recorded, together
+                assert sorted(stored["reported"]) == want and stored["mark"] > before["mark"], stored
+                assert sorted(m["paper_id"] for m in stored["matches"]) == want and stored["found"] == len(want)
+                outcomes.append("new")
+            canned.seq_no += 1
+            canned.watch_docs["w"] = (json.loads(json.dumps(before)), canned.seq_no)  # the next kill starts over
+        assert outcomes[-1] == "new" and "old" in outcomes, outcomes
+        done = _cli("watch", "run", *where, "--json")  # a later run completes (or finds nothing new if one did)
+        assert done.exit_code == 0, done.output
+        assert sorted(canned.watch_docs["w"][0]["reported"]) == want
+    finally:
+        server.close()

@@ -630,7 +630,8 @@ class WatchingEngine(CannedEngine):
     `if_seq_no`/`if_primary_term` that do not match the stored document answer 409 `version_conflict_engine_exception`
     as the engines do; PUT `_mapping` adds fields; searches of the paper index by the `indexed_at` range (sorted)
     and its max aggregation are answered from the stored documents. `before_write[name]` runs a callable just before
-    a watch document write is applied (another writer's change slipped in between a read and a write)."""
+    a watch document write is applied (another writer's change slipped in between a read and a write),
+    `after_write[name]` just after it is applied and before it is answered."""
 
     def __init__(self, engine: str, version: str):
         super().__init__(engine, version)
@@ -638,6 +639,7 @@ class WatchingEngine(CannedEngine):
         self.watch_definition: dict | None = None
         self.seq_no = 0
         self.before_write: dict[str, list] = defaultdict(list)
+        self.after_write: dict[str, list] = defaultdict(list)
 
     @staticmethod
     def _is_watch(segs) -> bool:
@@ -700,6 +702,8 @@ class WatchingEngine(CannedEngine):
                                       f"term [{params['if_primary_term']}]")
         self.seq_no += 1
         self.watch_docs[name] = (record["lines"][0], self.seq_no)
+        for hook in self.after_write.pop(name, []):  # applied, not yet answered (a client may die meanwhile)
+            hook()
         return (201 if stored is None else 200), {"_index": segs[0], "_id": name, "_seq_no": self.seq_no,
                                                   "_primary_term": 1, "result": "created" if stored is None else "updated"}
 
