@@ -186,7 +186,7 @@ def test_watch_this_query_on_the_page_saves_a_watch_in_chromium(tmp_path, index_
         assert nan.status_code == 422
         several = httpx.post(url + "/watches", json={"examples": [{"paper_id": QUERY}], "avoid": [{"paper_id": QUERY}],
                                                      "facet": "method", "name": "several", "min_sim": 0.5})
-        assert several.status_code == 422 and "not kept by watches yet" in several.text  # refused, not ignored
+        assert several.status_code == 400 and "both an example and to avoid" in several.text  # as POST /query
         assert "several" not in httpx.get(url + "/watches").text
         wait = WebDriverWait(browser, 60)
         browser.get(url + f"/#paper={QUERY}&facet=method&k=5")

@@ -263,17 +263,6 @@ def test_watch_run_waits_for_another_writer_while_readers_go_on(tmp_path, index_
     assert proc.returncode == 0 and "watch w: 0 new paper(s)" in out, (out, err)
 
 
-def test_an_engine_index_says_it_does_not_keep_watches_yet():
-    from esqbe.index.watches import WatchesUnsupportedError
-
-    # a real Elasticsearch backend object (nothing listens on port 9: the refusal comes before any request)
-    index = esqbe.open_index(backend="elasticsearch", url="http://127.0.0.1:9", config=None, create=False)
-    with pytest.raises(WatchesUnsupportedError, match="not yet kept on the elasticsearch backend"):
-        add_watch(index, "w", paper_id=QUERY, facet="method", min_sim=0.5)
-    with pytest.raises(WatchesUnsupportedError):
-        run_watches(index)
-
-
 def test_a_watch_keeps_its_filters_and_applies_them_to_new_papers(index, tmp_path):
     def with_year(recs, first):
         return [{"id": f"y-{first + i}", "title": f"paper {first + i}", "abstract": r["sentences"], "facets": r["labels"],

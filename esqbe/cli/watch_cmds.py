@@ -38,7 +38,12 @@ def _feed_path(watch) -> str:
 @click.option("--min-sim", type=float, required=True,
               help="Report a new paper only when the rescorer's similarity (the `sim` hits print) is at least this "
                    "(-1..1).")
-@click.option("--paper", "paper_id", help="Query paper id (must be in the index; the watch keeps its own copy).")
+@click.option("--paper", "paper_ids", multiple=True, metavar="ID[:FACET|:sentences=I,J]",
+              help="Query paper id (must be in the index; the watch keeps its own copy). Repeat it for a query of "
+                   "several examples, each with its own facet (ID:method) or sentences (ID:sentences=1,3), else --facet's.")
+@click.option("--not", "avoid", multiple=True, metavar="ID[:FACET]",
+              help="A paper the new papers should not resemble (repeatable; its --facet sentences, or ID:FACET's); "
+                   "the watch keeps its own copy of it too.")
 @click.option("--facet", type=click.Choice(FACET_CHOICES), help="Use the query paper's sentences labelled with this facet.")
 @click.option("--sentences", help="Use these sentences of the query paper or --text (0-based indices, e.g. 0,2).")
 @click.option("--text", help="Query with this abstract text (a paper not in the index).")
@@ -50,20 +55,30 @@ def _feed_path(watch) -> str:
 @click_options("watch add")
 @config_option
 @handle_errors
-def watch_add_cmd(name, min_sim, paper_id, facet, sentences, text, text_file, title, filters, as_json, **kw):
+def watch_add_cmd(name, min_sim, paper_ids, avoid, facet, sentences, text, text_file, title, filters, as_json, **kw):
     """Save a query (what `esqbe query` takes) as watch NAME, with a threshold.
 
     Papers indexed from now on are new to it; `esqbe watch run` reports those that pass --min-sim and rank
-    within its k. It keeps its own copy of the query sentences and their vectors (re-indexing or deleting the
-    example paper changes nothing).
+    within its k. It keeps its own copy of the query sentences and their vectors, every example's and every
+    avoided paper's (re-indexing or deleting them changes nothing).
+
+    \b
+    esqbe watch add lstm --paper 1791179 --facet method --min-sim 0.6
+    esqbe watch add two --paper A --paper B:result --facet method --not C --min-sim 0.5
     """
     from esqbe.index.watches import add_watch
+
+    from .query_cmds import _examples
 
     if text_file is not None:
         if text is not None:
             raise click.UsageError("give --text or --file, not both")
         text = text_file.read()
-    if (paper_id is None) == (text is None):
+    several = _examples(paper_ids, avoid, sentences, text, title)  # several examples or --not: as `esqbe query`
+    paper_id = paper_ids[0] if paper_ids and several is None else None
+    if several is not None:
+        text = None
+    elif (paper_id is None) == (text is None):
         raise click.UsageError("give --paper ID (a paper in the index) or --text/--file (a paper that is not)")
     chosen = None
     if sentences is not None:
@@ -76,13 +91,19 @@ def watch_add_cmd(name, min_sim, paper_id, facet, sentences, text, text_file, ti
     import esqbe
 
     with esqbe.open_index(settings=settings, create=False) as index:
-        watch, result = add_watch(index, name, paper_id=paper_id, facet=facet, sentences=chosen, text=text,
-                                  title=title, filters=list(filters) or None, min_sim=min_sim, **overrides)
+        watch, result = add_watch(index, name, paper_id=paper_id, facet=facet,
+                                  sentences=None if several else chosen, text=text, title=title,
+                                  examples=several[0] if several else None, avoid=several[1] if several else None,
+                                  filters=list(filters) or None, min_sim=min_sim, **overrides)
     if as_json:
         echo_json({**watch.to_dict(with_key=True), "feed": _feed_path(watch)})
         return
-    say(f"watch {watch.name}: {len(watch.query['sentences'])} query sentence(s) kept with it; papers indexed from now "
-        f"on are new to it (min sim {watch.min_sim:g})")
+    examples, avoided = watch.parts()
+    kept = sum(len(p["sentences"]) for p in (*examples, *avoided))
+    what = f" of {len(examples)} example(s)" + (f" and {len(avoided)} paper(s) to avoid" if avoided else "") \
+        if watch.examples else ""
+    say(f"watch {watch.name}: {kept} query sentence(s){what} kept with it; papers indexed from now on are new to it "
+        f"(min sim {watch.min_sim:g})")
     passing = [h for h in result.hits if h.similarity is not None and h.similarity >= watch.min_sim]
     say(f"  of today's top {len(result.hits)} hits, {len(passing)} pass its threshold (they are not new: not reported)")
     say(f"  feed: {_feed_path(watch)} on `esqbe serve` (the key is needed on a --private server)")
@@ -105,10 +126,16 @@ def watch_list_cmd(as_json, **kw):
     if not watches:
         say("no watches (`esqbe watch add NAME --paper ID --facet method --min-sim 0.6` makes one)")
     for w in watches:
-        q = w.query
-        what = f"paper {q['paper_id']}" if q["paper_id"] else "text"
-        how = f"facet {q['facet']}" if q["facet"] else "chosen sentences" if q["chosen"] is not None else "all sentences"
-        say(f"{w.name}: {printable(what)}, {how}, min sim {w.min_sim:g}; last run {_when(w.last_run)}; found {w.found}")
+        examples, avoided = w.parts()
+        what = "; ".join(_part(q) for q in examples) + "".join(f"; not {_part(q)}" for q in avoided)
+        say(f"{w.name}: {printable(what)}, min sim {w.min_sim:g}; last run {_when(w.last_run)}; found {w.found}")
+
+
+def _part(q: dict) -> str:
+    """`paper A, facet method` (or `text`, chosen sentences, all sentences): one example or paper to avoid."""
+    what = f"paper {q['paper_id']}" if q["paper_id"] else "text"
+    how = f"facet {q['facet']}" if q["facet"] else "chosen sentences" if q["chosen"] is not None else "all sentences"
+    return f"{what}, {how}"
 
 
 @watch_group.command("show")
@@ -130,10 +157,13 @@ def watch_show_cmd(name, as_json, limit, **kw):
         return
     w = printable_tree(watch.to_dict())
     q = w["query"]
-    say(f"watch {w['name']}: " + (f"paper {q['paper_id']}" if q["paper_id"] else f"text {q['title']!r}")
-        + (f", facet {q['facet']}" if q["facet"] else "") + f", min sim {w['min_sim']:g}")
-    for (i, s), f in zip(q["sentences"], q["facets"]):
-        say(f"  [{i}] ({f}) {s}")
+    examples, avoided = w.get("examples") or [q], w.get("avoid") or []
+    for n, (label, p) in enumerate([("", e) for e in examples] + [("not like ", a) for a in avoided]):
+        say((f"watch {w['name']}: " if n == 0 else "  " + label)
+            + (f"paper {p['paper_id']}" if p["paper_id"] else f"text {p['title']!r}")
+            + (f", facet {p['facet']}" if p["facet"] else "") + (f", min sim {w['min_sim']:g}" if n == 0 else ""))
+        for (i, s), f in zip(p["sentences"], p["facets"]):
+            say(f"  [{i}] ({f}) {s}")
     if w["filters"]:
         say("  filters: " + "; ".join(f"{c['key']} {c['op']} {c.get('value', '')}".rstrip() for c in w["filters"]))
     if w["settings"]:
@@ -219,8 +249,10 @@ def watch_run_cmd(names, dry_run, as_json, export_format, **kw):
             + ("" if r.advanced else " (dry run: mark not moved)" if dry_run else ""))
         for hit in printable_tree(r.matches):
             say(f"  {hit['rank']:>3}. sim {hit['similarity']:.4f}  {hit['paper_id']}  {hit['title']}")
+            several = len(hit.get("example_similarities") or []) > 1  # which example each pair is of
             for m in hit["matches"][:2]:
-                say(f"       query [{m['query_index']}] {m['query_sentence'][:80]}")
+                of = f"example {int(m.get('example') or 0) + 1} " if several else ""
+                say(f"       {of}query [{m['query_index']}] {m['query_sentence'][:80]}")
                 say(f"         ~ [{m['candidate_index']}] ({m['candidate_facet']}, {m['weight']:.3f}) "
                     f"{m['candidate_sentence'][:160]}")
     if any(r.refused for r in runs):

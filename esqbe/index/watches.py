@@ -1,9 +1,11 @@
 """Watches: saved faceted queries that keep looking (issue 37; `esqbe watch`, GET /watches/NAME.atom).
 
-A watch is a query as `Index.query` takes it (a paper and a facet, chosen sentences or a text; filters, rescorer,
-k and the other ranking settings) plus a threshold on the rescorer's similarity (`min_sim`). It keeps its own copy
-of the query's sentences and their vectors and the model identity they were made with, so re-indexing or deleting
-the example paper changes nothing, and a model change refuses the watch with the reason (never re-encodes it).
+A watch is a query as `Index.query` takes it (a paper and a facet, chosen sentences or a text, or several examples
+and papers to avoid; filters, rescorer, k and the other ranking settings) plus a threshold on the rescorer's
+similarity (`min_sim`; of several examples and papers to avoid, the combined similarity the query ranks by:
+esqbe.query.combine). It keeps its own copy of every example's and avoided paper's query sentences and their vectors
+and the model identity they were made with, so re-indexing or deleting an example paper changes nothing, and a model
+change refuses the watch with the reason (never re-encodes it).
 
 A run (`run_watches`) looks only at the papers indexed since the watch's mark (paper numbers only grow, so they are
 a range of the paper-number index): the stored query is rescored against those papers alone; only when one of them
@@ -29,7 +31,8 @@ import numpy as np
 from ..core.filters import FilterError
 from ..domain import IndexedPaper, Paper, normalize_label
 from ..errors import ModelError, ParameterError, UserError
-from ..query.search import QueryError, QueryResult, run_query, settings_for_facet
+from ..query.combine import run_examples
+from ..query.search import QueryError, QueryResult, settings_for_facet
 from .open import make_filter
 
 #: a watch's name: letters, digits, `_` and `-`, starting with a letter or digit (no path, no markup, no dot: the
@@ -43,7 +46,8 @@ NEW_PAPERS_PER_PASS = 2000
 #: the settings a watch may keep (what a query ranks with; `esqbe watch add` takes the flags of `esqbe query`)
 WATCH_SETTING_KEYS = ("k", "rescorer", "rescorer_params", "rescore_depth", "knn_k", "bm25_k", "fusion",
                       "fusion_bm25_weight", "candidate_facet", "facet_penalty", "query_facet_threshold",
-                      "final_bm25_weight", "bm25_text", "abstract_weight", "vector_centering", "prf_docs", "prf_weight")
+                      "final_bm25_weight", "bm25_text", "abstract_weight", "vector_centering", "prf_docs", "prf_weight",
+                      "example_aggregate", "avoid_rule", "avoid_weight")
 
 
 class WatchError(UserError, ValueError):
@@ -79,7 +83,7 @@ class WatchModelError(ModelError):
 
 
 class WatchesUnsupportedError(WatchError):
-    """This backend does not keep watches yet."""
+    """This index keeps no watches (an attached engine index; an engine index whose mapping lacks indexed_at)."""
 
     http_status: ClassVar[int] = 501
 
@@ -114,8 +118,8 @@ class Watch:
     """A saved query as stored with the index."""
 
     name: str
-    #: the query: paper_id (None for a text), title, facet, chosen (the sentence indices asked, or None), and the
-    #: query's own copy of its sentences: [[index, text], ...] and their facet labels
+    #: the query (of several examples: the first): paper_id (None for a text), title, facet, chosen (the sentence
+    #: indices asked, or None), and the query's own copy of its sentences: [[index, text], ...] and their facet labels
     query: dict
     #: the ranking settings given when it was made (the index's settings give the rest at each run)
     settings: dict
@@ -132,12 +136,23 @@ class Watch:
     feed_key: str
     #: how many papers it has found
     found: int = 0
+    #: the rows of every example's query sentences, then every avoided paper's, in order
     vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32), repr=False)
+    #: a query of several examples or with papers to avoid: each example and each paper to avoid as `query` is
+    #: (the first example is `query`); empty for the query of one paper or text
+    examples: list = field(default_factory=list)
+    avoid: list = field(default_factory=list)
+
+    def parts(self) -> tuple[list[dict], list[dict]]:
+        """The examples and the papers to avoid (one example, `query`, and none to avoid for a single query)."""
+        return (self.examples or [self.query]), self.avoid
 
     def to_dict(self, *, with_key: bool = False) -> dict:
         d = {"name": self.name, "query": self.query, "settings": self.settings, "filters": self.filters,
              "min_sim": self.min_sim, "model": self.model, "mark": self.mark, "created": self.created,
              "last_run": self.last_run, "found": self.found}
+        if self.examples or self.avoid:
+            d.update(examples=self.examples, avoid=self.avoid)
         if with_key:
             d["feed_key"] = self.feed_key
         return d
@@ -168,10 +183,14 @@ class WatchRun:
 
 
 def _store(index):
+    """The backend's watch store (the embedded index's SQLite, an engine index's companion index), or
+    WatchesUnsupportedError saying why this index keeps none."""
     backend = index.backend
-    if not getattr(backend, "keeps_watches", False):
-        raise WatchesUnsupportedError(f"watches are not yet kept on the {index.settings.backend} backend; "
-                                      "they need the embedded index")
+    why = getattr(backend, "watches_unsupported", lambda: None)()
+    if why is None and not getattr(backend, "keeps_watches", False):
+        why = f"watches are not kept on the {index.settings.backend} backend"
+    if why is not None:
+        raise WatchesUnsupportedError(why)
     return backend
 
 
@@ -185,7 +204,8 @@ def _watch(row: dict) -> Watch:
     dim = int(spec["model"]["dim"])
     vectors = np.frombuffer(row["vectors"], dtype=np.float32).reshape(-1, dim) if dim else np.zeros((0, 0), np.float32)
     return Watch(row["name"], spec["query"], spec["settings"], spec["filters"], float(spec["min_sim"]), spec["model"],
-                 row["mark"], row["created"], row["last_run"], row["feed_key"], row["found"], vectors)
+                 row["mark"], row["created"], row["last_run"], row["feed_key"], row["found"], vectors,
+                 list(spec.get("examples") or []), list(spec.get("avoid") or []))
 
 
 def model_problem(watch: Watch, meta) -> str | None:
@@ -217,10 +237,14 @@ def get_watch(index, name: str) -> Watch:
 
 def add_watch(index, name: str, *, paper_id: str | None = None, facet: str | None = None,
               sentences: Sequence[int] | None = None, text: str | Sequence[str] | None = None, title: str = "",
-              filters=None, min_sim: float, now: float | None = None, **overrides) -> tuple[Watch, QueryResult]:
-    """Save a query as watch `name` (what `Index.query` takes, `overrides` among WATCH_SETTING_KEYS) with the
-    threshold `min_sim`; papers indexed from now on are new to it. Returns the watch and the query's result now (the
-    hits it would match if they were new). Written in one transaction; refused past the `max_watches` setting."""
+              examples: Sequence | None = None, avoid: Sequence | None = None, filters=None, min_sim: float,
+              now: float | None = None, **overrides) -> tuple[Watch, QueryResult]:
+    """Save a query as watch `name` (what `Index.query` takes: one paper or text, or `examples` and `avoid`;
+    `overrides` among WATCH_SETTING_KEYS) with the threshold `min_sim`; papers indexed from now on are new to it.
+    Returns the watch and the query's result now (the hits it would match if they were new). Written in one
+    transaction; refused past the `max_watches` setting."""
+    from ..query.combine import ExampleSpec
+
     check_name(name)
     min_sim = check_min_sim(min_sim)
     store = _store(index)
@@ -238,25 +262,32 @@ def add_watch(index, name: str, *, paper_id: str | None = None, facet: str | Non
     except FilterError as e:
         raise WatchError(str(e)) from None
     conditions = [c.to_dict() for c in flt.conditions] if flt else []
-    result = index.query(paper_id, facet=facet, sentences=sentences, text=text, title=title,
-                         filters=conditions or None, **overrides)  # every part checked as a query is
+    several = examples is not None or bool(avoid)
+    result = index.query(paper_id, facet=facet, sentences=sentences, text=text, title=title, examples=examples,
+                         avoid=avoid, filters=conditions or None, **overrides)  # every part checked as a query is
     meta = index.backend.meta()
-    indices = [i for i, _ in result.query_sentences]
-    if paper_id is not None:
-        vectors = index.backend.get([str(paper_id)])[str(paper_id)].vectors[indices]
+    if several:  # what was asked of each (the query chose their sentences: result.examples / result.avoid)
+        asked = [ExampleSpec.of(x) for x in (examples or [])], [ExampleSpec.of(x) for x in (avoid or [])]
     else:
-        from ..query.search import query_sentences
-
-        paper = Paper("query", title, query_sentences(text))  # type: ignore[arg-type]  # a text: checked by query
-        vectors = index.encoder.sentence_vectors([paper], meta.encoder_mode)[0][indices]
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    spec = {
-        "query": {"paper_id": str(paper_id) if paper_id is not None else None, "title": result.query_title or title,
-                  "facet": normalize_label(facet) if facet else None,
-                  "chosen": list(map(int, sentences)) if sentences is not None else None,
-                  "sentences": [[int(i), s] for i, s in result.query_sentences], "facets": list(result.query_facets)},
-        "settings": dict(overrides), "filters": conditions, "min_sim": min_sim, "model": _model_identity(meta),
-    }
+        asked = [ExampleSpec(None if paper_id is None else str(paper_id), facet,
+                             None if sentences is None else tuple(sentences))], []
+    parts: tuple[list[dict], list[dict]] = ([], [])
+    rows = []
+    for group, chosen_parts, out in ((result.examples, asked[0], parts[0]), (result.avoid, asked[1], parts[1])):
+        for ex, want in zip(group, chosen_parts):
+            out.append({"paper_id": ex.paper_id if ex.indexed else None, "title": ex.paper.paper.title or "",
+                        "facet": ex.facet, "chosen": list(map(int, want.sentences)) if want.sentences is not None else None,
+                        "sentences": [[int(i), s] for i, s in zip(ex.indices, ex.sentences)],
+                        "facets": [ex.paper.paper.facets[i] for i in ex.indices]})
+            rows.append(ex.paper.vectors[ex.indices])
+    vectors = np.ascontiguousarray(np.concatenate(rows) if rows else np.zeros((0, meta.dim)), dtype=np.float32)
+    head = dict(parts[0][0])
+    if not several:  # as a watch of one paper or text has always been kept
+        head.update(title=result.query_title or title, facet=normalize_label(facet) if facet else None)
+    spec = {"query": head, "settings": dict(overrides), "filters": conditions, "min_sim": min_sim,
+            "model": _model_identity(meta)}
+    if several:
+        spec.update(examples=parts[0], avoid=parts[1])
     created = time.time() if now is None else float(now)
     row = {"name": name, "spec": spec, "vectors": vectors.tobytes(), "mark": store.next_paper_number(),
            "created": created, "feed_key": secrets.token_urlsafe(24)}
@@ -293,27 +324,49 @@ def watch_matches(index, name: str, limit: int) -> list[dict]:
     return [{**hit, "found": found} for _pid, found, hit in _store(index).watch_matches(name, limit)]
 
 
-def _query_of(watch: Watch) -> tuple[IndexedPaper, list[int]]:
-    """The watch's own copy of its query, as a paper whose sentences are the query sentences."""
-    q = watch.query
-    sents = [s for _, s in q["sentences"]]
-    paper = Paper(q["paper_id"] or f"watch:{watch.name}", q.get("title") or "", sents, list(q["facets"]))
-    return IndexedPaper(paper, watch.vectors), list(range(len(sents)))
+def _examples_of(watch: Watch) -> tuple[list, list]:
+    """The watch's own copy of its query: its examples and papers to avoid (esqbe.query.combine.Example), each a paper
+    whose sentences are its query sentences, with the stored vectors."""
+    from ..query.combine import Example
+
+    examples, avoid = watch.parts()
+    out: tuple[list, list] = ([], [])
+    row = 0
+    for n, (group, into) in enumerate(((examples, out[0]), (avoid, out[1]))):
+        for x, part in enumerate(group):
+            sents = [s for _, s in part["sentences"]]
+            vectors = watch.vectors[row : row + len(sents)]
+            row += len(sents)
+            pid = part["paper_id"] or (f"watch:{watch.name}" if n == 0 and x == 0 else f"watch:{watch.name}:{n}.{x}")
+            paper = Paper(pid, part.get("title") or "", sents, list(part["facets"]))
+            into.append(Example(IndexedPaper(paper, vectors), list(range(len(sents))), part["facet"],
+                                indexed=part["paper_id"] is not None))
+    if row != len(watch.vectors):
+        raise QueryError(f"its stored vectors hold {len(watch.vectors)} rows for {row} query sentences")
+    return out
 
 
 class _Plan:
-    """One watch's query as a run uses it: settings, filter, the stored query paper, what it leaves out."""
+    """One watch's query as a run uses it: settings, filter, the stored examples and papers to avoid."""
 
     def __init__(self, index, watch: Watch):
         self.watch = watch
-        self.settings = settings_for_facet(index.settings, watch.query["facet"]).replace(**watch.settings)
+        examples, _ = watch.parts()
+        # the settings of the examples' one facet, as `Index.query` chooses them (none when they differ)
+        shared = {p["facet"] for p in examples if p["facet"]} if watch.examples else {watch.query["facet"]} - {None}
+        self.settings = settings_for_facet(index.settings, shared.pop() if len(shared) == 1 else None
+                                           ).replace(**watch.settings)
         try:
             self.filter = make_filter(watch.filters or None)
         except FilterError as e:
             raise QueryError(f"its filters no longer parse: {e}") from None
-        self.query, self.indices = _query_of(watch)
-        self.facet = watch.query["facet"]
-        self.exclude = (watch.query["paper_id"],) if watch.query["paper_id"] else ()
+        self.examples, self.avoid = _examples_of(watch)
+        #: each part's own sentence numbers (in its paper or text), to report the matched pairs by
+        self.original = [[int(i) for i, _ in p["sentences"]] for p in examples], \
+            [[int(i) for i, _ in p["sentences"]] for p in watch.avoid]
+
+    def run(self, index, context, **kw) -> QueryResult:
+        return run_examples(index.backend, self.examples, self.avoid, self.settings, context=context, **kw)
 
 
 def _passing(index, plan: _Plan, new: list[tuple[int, str, dict]], context) -> set[str]:
@@ -325,23 +378,29 @@ def _passing(index, plan: _Plan, new: list[tuple[int, str, dict]], context) -> s
     candidates = [pid for pid in candidates if pid not in reported]
     if not candidates:
         return set()
-    scored = run_query(index.backend, plan.query, plan.indices, plan.settings, facet=plan.facet, exclude=plan.exclude,
-                       restrict_to=candidates, context=context)
-    return {h.paper_id for h in scored.hits if h.similarity is not None and h.similarity >= w.min_sim}
+    scored = plan.run(index, context, restrict_to=candidates)
+    allowed = set(candidates)
+    return {h.paper_id for h in scored.hits
+            if h.paper_id in allowed and h.similarity is not None and h.similarity >= w.min_sim}
+
+
+def _original(numbers: list[int], i):
+    return numbers[i] if i is not None and 0 <= i < len(numbers) else i
 
 
 def _ranked(index, plan: _Plan, passing: set[str], context) -> list[dict]:
     """The passing papers that rank within the watch's k over the whole index as it is now (the same query, its
     filters too, as `esqbe query` would answer), as hits' JSON, best first."""
     w = plan.watch
-    full = run_query(index.backend, plan.query, plan.indices, plan.settings, facet=plan.facet, exclude=plan.exclude,
-                     context=context, filter=plan.filter)
+    full = plan.run(index, context, filter=plan.filter)
     out = []
-    original = [int(i) for i, _ in w.query["sentences"]]
+    examples, avoided = plan.original
     for hit in full.hits:
         if hit.paper_id in passing and hit.similarity is not None and hit.similarity >= w.min_sim:
-            for m in hit.matches:  # the query sentences' own numbers in the example paper
-                m.query_index = original[m.query_index] if 0 <= m.query_index < len(original) else m.query_index
+            for m in hit.matches:  # the query sentences' own numbers in their example
+                m.query_index = _original(examples[m.example] if 0 <= m.example < len(examples) else [], m.query_index)
+            for j, a in enumerate(hit.avoided or []):
+                a.avoid_index = _original(avoided[j] if j < len(avoided) else [], a.avoid_index)
             out.append(hit.to_dict())
     return out
 

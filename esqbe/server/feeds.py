@@ -98,9 +98,13 @@ def atom_feed(watch, matches: list[dict], *, self_url: str) -> bytes:
     feed = ET.Element(f"{{{ATOM_NS}}}feed")
     sub(feed, "id", f"urn:esqbe:watch:{watch.name}")
     sub(feed, "title", f"esqbe watch {watch.name}")
-    q = watch.query
-    what = f"paper {q['paper_id']}" if q["paper_id"] else "a text"
-    sub(feed, "subtitle", xml_text(f"papers like {what}" + (f" in its {q['facet']}" if q["facet"] else "")
+    examples, avoided = watch.parts()
+
+    def like(q: dict) -> str:
+        return (f"paper {q['paper_id']}" if q["paper_id"] else "a text") + (f" in its {q['facet']}" if q["facet"] else "")
+
+    sub(feed, "subtitle", xml_text("papers like " + ", ".join(map(like, examples))
+                                   + ("; unlike " + ", ".join(map(like, avoided)) if avoided else "")
                                    + f", similarity at least {watch.min_sim:g}"))
     sub(feed, "updated", _rfc3339(max([m["found"] for m in matches] or [watch.last_run or watch.created])))
     sub(feed, "link", rel="self", href=xml_text(self_url, 4000), type="application/atom+xml")
@@ -166,11 +170,20 @@ def watch_list(index, latest: int) -> list[dict]:
 
 
 def add_watch_work(index, req, text, overrides: dict) -> dict:
-    """POST /watches on the writer's thread: the query saved as a watch; its feed's path with its secret (the
-    requester may write, so may hold it)."""
+    """POST /watches on the writer's thread: the query (one paper or text, or several examples and papers to avoid,
+    each text already split: `text`) saved as a watch; its feed's path with its secret (the requester may write, so
+    may hold it)."""
     from ..index.watches import add_watch
 
     filters = [f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in req.filters or []]
-    watch, _ = add_watch(index, req.name, paper_id=req.paper_id, facet=req.facet, sentences=req.sentences, text=text,
-                         title=req.title, filters=filters or None, min_sim=req.min_sim, **overrides)
+    if req.examples is not None or req.avoid:  # several examples (texts already split: `text`), papers to avoid
+        examples = text if req.examples is not None else [
+            {"paper_id": req.paper_id, "facet": req.facet, "sentences": req.sentences}
+            if req.paper_id is not None else {"text": text, "title": req.title, "facet": req.facet, "sentences": req.sentences}]
+        watch, _ = add_watch(index, req.name, examples=[{k: v for k, v in e.items() if v is not None} for e in examples],
+                             avoid=[a.model_dump(exclude_none=True) for a in req.avoid or []], facet=req.facet,
+                             filters=filters or None, min_sim=req.min_sim, **overrides)
+    else:
+        watch, _ = add_watch(index, req.name, paper_id=req.paper_id, facet=req.facet, sentences=req.sentences,
+                             text=text, title=req.title, filters=filters or None, min_sim=req.min_sim, **overrides)
     return {**watch.to_dict(), "feed": f"watches/{watch.name}.atom?key={watch.feed_key}"}

@@ -386,21 +386,15 @@ class ErrorResponse(BaseModel):
 
 
 class WatchRequest(QueryRequest):
-    """A query (as POST /query takes it) saved as a watch: papers indexed from now on that reach `min_sim` and rank
-    within its k are what `esqbe watch run` reports. One paper (its facet or sentences) or one text: a watch does
-    not keep several examples or papers to avoid yet."""
+    """A query (as POST /query takes it: one paper or text, or several `examples` and papers to `avoid`) saved as a
+    watch: papers indexed from now on that reach `min_sim` and rank within its k are what `esqbe watch run` reports.
+    The watch keeps its own copy of every example's and avoided paper's query sentences and vectors."""
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
                       description="the watch's name: letters, digits, _ and -; its feed is /watches/NAME.atom")
     min_sim: float = Field(ge=-1.0, le=1.0, allow_inf_nan=False,
-                           description="report a new paper when the rescorer's similarity is at least this")
-
-    @model_validator(mode="after")
-    def _one_example(self):
-        if self.examples is not None or self.avoid:
-            raise ValueError("a watch keeps one paper (with its facet or sentences) or one text: several examples "
-                             "and papers to avoid are not kept by watches yet")
-        return self
+                           description="report a new paper when the rescorer's similarity (of several examples and "
+                                       "papers to avoid: the combined one the query ranks by) is at least this")
 
 
 class RerankRequest(BaseModel):

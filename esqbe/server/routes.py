@@ -249,6 +249,8 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
             raise api_error(e) from None
         if text is not None and len(text) > options.max_query_sentences:
             raise ApiError(413, f"the query text has {len(text)} sentences; at most {options.max_query_sentences}")
+        if req.examples is not None:  # several: each text split (capped) here, the sentences bounded, as for /query
+            return await writes(add_watch_work, req, await examples_checked(req, options.max_query_sentences), overrides)
         return await writes(add_watch_work, req, text, overrides)
 
     @router.get("/watches/{name}.atom", response_class=Response, tags=["watches"],

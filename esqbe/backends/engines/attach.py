@@ -45,6 +45,7 @@ from .elasticsearch import ElasticsearchBackend
 from .filters import add_to_knn
 from .mapping import FACET_PATHS, load_index_template
 from .opensearch import OpenSearchBackend
+from .watchstore import STAMP_FIELD
 
 NAMESPACE = "esqbe"
 ATTACHED_LAYOUT = "attached/1"
@@ -174,8 +175,14 @@ class AttachedMixin(_Engine):
     """Backend over a user's index holding esqbe's fields under `esqbe` (mixed into the engine backends)."""
 
     attached = True
+    #: a user's documents carry no `indexed_at` stamp: nothing would ever be new to a watch
+    keeps_watches = False
     #: document id -> hash of the text it was made from, stored as `esqbe.source_hash` by `upsert` (set_source_hashes)
     _source_hashes: Mapping[str, str] = {}
+
+    def watches_unsupported(self) -> str | None:
+        return (f"index {self.index!r} is attached (`esqbe attach`): its documents carry no esqbe {STAMP_FIELD} stamp, "
+                "so no paper would ever be new to a watch; watches need an index esqbe writes (`esqbe index`)")
 
     def set_source_hashes(self, hashes: Mapping[str, str] | None) -> None:
         """The source hash to store with each document the next upserts write (`esqbe.source_hash`, what a

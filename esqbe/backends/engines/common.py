@@ -45,6 +45,7 @@ from .versions import (
     EngineInfo,
     version_from_created_setting,
 )
+from .watchstore import STAMP_FIELD, EngineWatchStoreMixin
 
 log = logging.getLogger("esqbe.backends")
 
@@ -52,7 +53,7 @@ log = logging.getLogger("esqbe.backends")
 # The backend
 
 
-class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, Backend):
+class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchStoreMixin, Backend):
     """Backend on a search engine; subclasses supply the client and the engine-specific bits."""
 
     engine: str = ""
@@ -266,6 +267,7 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, Backend):
                 raise BackendError(f"index {self.index!r} was created but cannot be read back")
         existing.check(meta)
         self._expected = meta
+        self._add_stamp_field()  # an index made before papers carried `indexed_at` (watches): mapped now
 
     def _mget_sources(self, ids: Sequence[str], **source_filter) -> dict[str, dict]:
         self.info()
@@ -337,12 +339,16 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, Backend):
                 result.errors.append(f"{pid}: {problem[0]}: {problem[1]} (not stored)")
                 del by_id[pid]
         stored = self.content_hashes(list(by_id))
+        stamps = self._stamps()  # each paper written now: a stamp past every earlier one (watches' new papers)
         actions = []
         for pid, ip in by_id.items():
             if stored.get(pid) == ip.paper.content_hash():
                 result.unchanged += 1
             else:
-                actions.append({"_op_type": "index", "_index": self.index, "_id": pid, "_source": paper_to_doc(ip)})
+                doc = paper_to_doc(ip)
+                if stamps:
+                    doc[STAMP_FIELD] = self._next_stamp()
+                actions.append({"_op_type": "index", "_index": self.index, "_id": pid, "_source": doc})
         for pid, (ok, info) in self._bulk(actions).items():
             if ok:
                 if info.get("result") == "created" or info.get("status") == 201:

@@ -638,8 +638,11 @@ async function showWatches() {
   ol.replaceChildren();
   if (!Array.isArray(list) || !list.length) { panel.hidden = true; return; }
   for (const w of list) {
-    const q = w.query || {};
-    const what = q.paper_id ? `paper ${q.paper_id}` : `text “${q.title || "untitled"}”`;
+    // each example (one for a single query) and each paper to avoid: `paper A, method; text “T”; not paper C`
+    const part = (q) => (q.paper_id ? `paper ${q.paper_id}` : `text “${q.title || "untitled"}”`)
+      + (q.facet ? ", " + q.facet : "");
+    const what = ((w.examples && w.examples.length) ? w.examples : [w.query || {}]).map(part).join("; ")
+      + (w.avoid || []).map((a) => `; not ${part(a)}`).join("");
     const run = w.last_run ? `last run ${utcDate(w.last_run, 16)} UTC` : "never run";
     const matches = (w.latest || []).map((m) => el("li", { class: "watch-match", "data-paper-id": m.paper_id },
       el("a", { href: `#paper=${encodeURIComponent(m.paper_id)}`, text: m.title || m.paper_id }),
@@ -647,7 +650,7 @@ async function showWatches() {
         + ` · found ${utcDate(m.found)}` })));
     ol.append(el("li", { class: "watch", "data-watch": w.name },
       el("a", { href: w.feed, class: "watch-name", text: w.name, title: "its Atom feed" }),
-      el("span", { class: "muted", text: ` ${what}${q.facet ? ", " + q.facet : ""}, sim ≥ ${w.min_sim} · `
+      el("span", { class: "muted", text: ` ${what}, sim ≥ ${w.min_sim} · `
         + `${w.found} found · ${run}` }),
       matches.length ? el("ol", { class: "watch-matches" }, ...matches)
         : el("p", { class: "muted", text: "nothing found yet" })));
