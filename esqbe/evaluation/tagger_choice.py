@@ -43,7 +43,7 @@ class CandidateRow:
     cost_share: float | None
     #: facet (and "all") -> {"NDCG%20": .., "MAP": ..} on CSFCube dev with --labels predict
     ranking: dict = field(default_factory=dict)
-    temperature: float | None = None
+    temperature: float | None = None  # the one fitted on dev (recorded by training; applied only by --calibrate)
     dev_ece: tuple[float, float] | None = None  # before, after the temperature
 
     @property
@@ -94,7 +94,7 @@ def measure(name: str, weights: Path, data_dir: str, settings: Settings, work: P
     split = "dev" if "dev" in result.splits else next(iter(result.splits))
     ranking = {f: {k: result.splits[split][f][k] for k in ("NDCG%20", "MAP")} for f in FACETS if f in result.splits[split]}
     return CandidateRow(name, CANDIDATES.get(name, {}), str(weights), training.get("dev_macro_f1"), cost, ranking,
-                        meta.get("temperature"), (cal["ece_before"], cal["ece_after"]) if cal else None)
+                        cal.get("temperature"), (cal["ece_before"], cal["ece_after"]) if cal else None)
 
 
 def select_tagger(work: str | Path, data_dir: str, train, dev, *, names=None, settings: Settings | None = None,

@@ -245,7 +245,7 @@ def train_tagger(
 
     assert best is not None  # at least one epoch ran
     best_row, best_dev, state = best
-    # the probabilities made honest on the same held-out dev (esqbe.tagger.calibrate): labels unchanged
+    # how far the probabilities are from honest on the same held-out dev (esqbe.tagger.calibrate)
     from .calibrate import calibration_report, fit_temperature
 
     net.load_state_dict({k: v.float() for k, v in state.items()})
@@ -257,7 +257,8 @@ def train_tagger(
     say(f"temperature {calibration['temperature']}: dev ECE {calibration['ece_before']} -> {calibration['ece_after']}")
     meta = {
         "format": TAGGER_FORMAT,
-        "temperature": float(temperature),
+        # the fitted temperature is recorded, not applied: ranking with the calibrated probabilities was measured no
+        # better (docs/tagger.md, issue 42); `esqbe train-tagger --calibrate FILE` applies it
         "calibration": calibration,
         "encoder": info,
         "input_layer": input_layer,
