@@ -221,6 +221,10 @@ def test_train_tagger_end_to_end_on_a_tiny_slice(encoder, tmp_path, test_papers)
     assert 0 <= metrics["dev"]["esqbe"]["macro_f1"] <= 100
     tiny = FacetTagger.load(out, encoder=encoder)
     assert tiny.meta["training"]["limit"] == 8 and tiny.encoder_name == encoder.name
+    # the temperature fitted on dev is recorded with its ECE, not applied (issue 42: `--calibrate` applies it)
+    cal = tiny.meta["calibration"]
+    assert cal == metrics["calibration"] and 0.05 <= cal["temperature"] <= 20 and cal["nll_after"] <= cal["nll_before"]
+    assert tiny.temperature == 1.0
     labels = tiny.tag(test_papers[:2])
     assert [len(x) for x in labels] == [len(p.sentences) for p in test_papers[:2]]
 

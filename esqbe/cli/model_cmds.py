@@ -57,21 +57,41 @@ def _summary_line(summary: dict) -> str:
 @click.option("--pool", type=click.Choice(["mean", "mean+attn"]), help="How a sentence's tokens are pooled (default: mean).")
 @click.option("--token-stride", "stride", type=click.IntRange(1, 64), help="Average each sentence's tokens in groups of "
               "this many before the copied layers: shorter rows, cheaper tagging (default: the shipped MiniLM tagger's, 4; 1: every token).")
+@click.option("--select-on", "select_on", type=click.Path(exists=True, file_okay=False), help="Train every candidate "
+              "of the fixed list (esqbe/evaluation/tagger_choice.py), measure each (CSAbstruct dev macro-F1, tagging "
+              "cost, CSFCube dev NDCG%20 / MAP with --labels predict on this CSFCube directory), choose by the rule "
+              "of docs/tagger.md, and write the chosen weights to --out.")
+@click.option("--candidates", "candidate_names", metavar="A,B", help="With --select-on: only these candidates.")
+@click.option("--work", "work_dir", type=click.Path(file_okay=False), help="With --select-on: where the candidates' "
+              "weights and indexes go (default: OUT.candidates/); existing weights there are measured, not retrained.")
+@click.option("--calibrate", "calibrate_path", type=click.Path(exists=True, dir_okay=False), help="No training: fit the "
+              "temperature of these existing weights on --dev and write them to --out.")
 @click_options("train-tagger")
 @handle_errors
-def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, tuned_layers, pool, stride, model, device,
-                     batch_size, encoder_backend):
+def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, tuned_layers, pool, stride, select_on,
+                     candidate_names, work_dir, calibrate_path, model, device, batch_size, encoder_backend):
     """Train the facet tagger (reproducible for a given seed) and print its dev scores.
 
     \b
     The encoder's lower layers stay frozen and shared with indexing; copies of its top layers are
     fine-tuned with a BiLSTM over the sentences, so tagging during indexing costs a fraction of encoding.
+    The probabilities are calibrated on dev (one temperature); --calibrate does only that for existing weights.
+    Choosing the tagger by the ranking it gives (issue 42):
+      esqbe train-tagger --select-on ../shared/data/csfcube-dev --out tagger.pt
     """
     from esqbe.encode.loader import ModelSpec, load_encoder
     from esqbe.tagger.train import train_tagger
 
     # trained on the exact fp32 hidden states unless asked otherwise (the fast backends stay within 1 F1 of them)
     encoder = load_encoder(ModelSpec(model, device, batch_size or 32, encoder_backend or "torch"))
+    if calibrate_path:
+        from esqbe.tagger.evaluate import calibrate_weights
+
+        click.echo(json.dumps(calibrate_weights(calibrate_path, dev_path, out_path, encoder=encoder), indent=2))
+        return
+    if select_on:
+        _select_tagger(select_on, candidate_names, work_dir, out_path, train_path, dev_path, encoder)
+        return
     kwargs: dict = {"epochs": epochs} if epochs else {}
     if tuned_layers is not None:
         kwargs["tuned_layers"] = tuned_layers
@@ -81,6 +101,21 @@ def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, tuned_
         kwargs["stride"] = stride
     metrics = train_tagger(train_path, dev_path, out_path, encoder=encoder, seed=seed, limit=limit, **kwargs)
     click.echo(json.dumps(metrics, indent=2))
+
+
+def _select_tagger(data_dir, names, work_dir, out_path, train_path, dev_path, encoder) -> None:
+    from esqbe.evaluation.tagger_choice import format_choice, install, select_tagger
+    from esqbe.index.speed import sample_path
+    from esqbe.ingest.readers import read_papers
+
+    sample = list(read_papers(sample_path()))[:200]  # the tagging cost is measured on 200 shipped abstracts
+    work = work_dir or f"{out_path}.candidates"
+    result = select_tagger(work, data_dir, train_path, dev_path, encoder=encoder, sample=sample,
+                           names=[n.strip() for n in names.split(",") if n.strip()] if names else None,
+                           progress=sys.stderr.isatty())
+    install(result, out_path)
+    click.echo(format_choice(result), err=True)
+    click.echo(json.dumps(result, indent=2))
 
 
 @click.command("train-words")

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..domain import RAW_LABELS, Paper
 from ..errors import DataError
+from .net import _torch
 from .runtime import FACET_CLASSES, FacetTagger, TagListener, _labels_from_probs, _merge
 
 
@@ -101,3 +102,33 @@ def _scores(papers: Sequence[Paper], probs) -> dict:
         "esqbe": f1_report([_merge(g) for g in gold5], pred4, FACET_CLASSES),
         "raw": f1_report(gold5, pred5, RAW_LABELS),
     }
+
+
+def calibrate_weights(weights, dev, out=None, *, encoder=None) -> dict:
+    """Fit the temperature of existing tagger weights on labelled abstracts (`dev`, CSAbstruct dev by default in
+    `esqbe train-tagger --calibrate`) and write the weights with it to `out` (default: in place, atomically).
+    Labels do not change; the probabilities the index stores and the ranking reads do. Returns the
+    calibration report (esqbe.tagger.calibrate.calibration_report)."""
+    import os
+
+    from .calibrate import calibration_report, fit_temperature
+
+    torch = _torch()
+    tagger = FacetTagger.load(weights, encoder=encoder)
+    tagger.meta = {**tagger.meta, "temperature": 1.0}  # the raw probabilities, whatever the file held
+    papers = [p for p in _gold_papers(dev) if p.sentences]
+    listener = TagListener(tagger)
+    tagger.encoder.contextual_sentence_vectors(papers, on_batch=listener)
+    probs = listener._probabilities(papers)
+    log_probs = np.log(np.clip(np.concatenate([pr.numpy() for pr in probs]), 1e-12, 1.0))
+    labels = np.array([RAW_LABELS.index(f) for p in papers for f in p.facets])
+    temperature = fit_temperature(log_probs, labels)
+    report = calibration_report(log_probs, labels, temperature)
+    blob = torch.load(weights, map_location="cpu", weights_only=True)
+    blob["meta"]["temperature"] = float(temperature)
+    blob["meta"]["calibration"] = {**report, "on": str(dev)}
+    target = Path(out or weights)
+    tmp = target.with_name(target.name + ".tmp")
+    torch.save(blob, tmp)
+    os.replace(tmp, target)
+    return report

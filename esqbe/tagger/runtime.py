@@ -124,6 +124,7 @@ class TagListener:
             todo.append(pi)
             seqs.append(torch.stack([slots[j] for j in range(n)]))
         net = self._tagger._net_on(seqs[0].device) if seqs else None
+        temperature = self._tagger.temperature
         threads: AbstractContextManager = nullcontext()
         if self._tagger._onnx_layers() is not None:  # beside an ONNX encoder: one thread (encoder.torch_threads)
             from ..encode.encoder import torch_threads
@@ -134,7 +135,7 @@ class TagListener:
                 assert net is not None  # there are sequences
                 chunk = seqs[start : start + 256]
                 for pi, logits in zip(todo[start : start + 256], net.classify(chunk)):
-                    out[pi] = logits.float().softmax(-1).cpu()
+                    out[pi] = (logits.float() / temperature).softmax(-1).cpu()
         return out
 
 
@@ -183,6 +184,15 @@ class FacetTagger:
         net = TaggerNet(**meta["arch"])
         net.load_state_dict({k: v.float() for k, v in state.items()})
         return cls(net, meta, path, encoder)
+
+    @property
+    def temperature(self) -> float:
+        """The temperature its probabilities are computed at (fitted on held-out abstracts by `esqbe train-tagger`,
+        esqbe.tagger.calibrate; 1.0 for weights made before issue 42): softmax(logits / T)."""
+        t = float(self.meta.get("temperature", 1.0))
+        if not 0.01 <= t <= 100.0:  # a file's value, checked before it divides anything
+            raise DataError(f"{self.path}: tagger temperature {t!r} is outside 0.01..100")
+        return t
 
     @property
     def encoder_name(self) -> str:

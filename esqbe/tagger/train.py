@@ -245,8 +245,21 @@ def train_tagger(
 
     assert best is not None  # at least one epoch ran
     best_row, best_dev, state = best
+    # how far the probabilities are from honest on the same held-out dev (esqbe.tagger.calibrate)
+    from .calibrate import calibration_report, fit_temperature
+
+    net.load_state_dict({k: v.float() for k, v in state.items()})
+    dev_probs = [p for p in _predict_cached(net, dev_rows, dev, use_bf16) if p is not None]
+    log_probs = np.log(np.clip(torch.cat(dev_probs).numpy(), 1e-12, 1.0))
+    gold = np.array([RAW_LABELS.index(f) for p in dev if p.sentences for f in p.facets])
+    temperature = fit_temperature(log_probs, gold)
+    calibration = {**calibration_report(log_probs, gold, temperature), "on": "dev"}
+    say(f"temperature {calibration['temperature']}: dev ECE {calibration['ece_before']} -> {calibration['ece_after']}")
     meta = {
         "format": TAGGER_FORMAT,
+        # the fitted temperature is recorded, not applied: ranking with the calibrated probabilities was measured no
+        # better (docs/tagger.md, issue 42); `esqbe train-tagger --calibrate FILE` applies it
+        "calibration": calibration,
         "encoder": info,
         "input_layer": input_layer,
         "arch": arch,
@@ -267,4 +280,5 @@ def train_tagger(
     os.replace(tmp, out_path)
     say(f"wrote {out_path} ({out_path.stat().st_size / 1e6:.1f} MB), best epoch {best_row['epoch']}")
     return {"out": str(out_path), "best_epoch": best_row["epoch"], "dev": best_dev, "history": history,
+            "calibration": calibration,
             "seconds": round(time.time() - started, 1)}
