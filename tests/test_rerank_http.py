@@ -234,3 +234,21 @@ def test_the_python_api_is_the_same(index_path, encoder, ids):
         direct = index.query(Q, sentences=[0, 2], restrict_to=ids[5:10], k=5)
     assert got.scores[:5] == [next(h.score for h in direct.hits if h.paper_id == p) for p in ids[5:10]]
     assert got.unknown == ["missing"] and got.scores[5] < min(got.scores[:5])
+
+
+@pytest.mark.parametrize("query", [
+    'facet:method We propose a novel method, "GraphCite", that encodes citations with a graph\\neural network.\n'
+    'We train it with a "contrastive" loss on pairs of papers.\t(C:\\data\r\n)',
+    '{"method": "graph neural networks for citation recommendation"}',  # JSON-looking: ml-commons leaves it unescaped
+    '["contrastive", "loss"] \\u0022 </script> & \' =',
+])
+def test_the_opensearch_connector_carries_quotes_backslashes_and_newlines(server, index_path, encoder, ids, query):
+    """A free-text rerank query with `"`, `\\`, newlines and tabs, put through the installed connector's pre-process
+    function and request template as ml-commons does (os_request_body): the body is JSON, esqbe receives the text
+    exactly as typed, and scores the candidates as its own rescoring of that text does."""
+    candidates = ids[1:9]
+    sent = os_request_body(os_connector_body(server, TOKEN), query, candidates)
+    assert json.loads(sent) == {"query": query, "documents": candidates}
+    scores, r = _call_as_opensearch(server, query, candidates)
+    expected = _expected(index_path, encoder, query, candidates)
+    assert scores == pytest.approx([expected[c] for c in candidates], abs=1e-5)
