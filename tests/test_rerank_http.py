@@ -18,7 +18,7 @@ from esqbe.backends.engines.reranker import (
     os_connector_body,
     os_request_body,
 )
-from esqbe.index.rerank import MAX_RERANK_DOCUMENTS, parse_rerank_query
+from esqbe.index.rerank import MAX_RERANK_DOCUMENTS, MAX_RERANK_QUERY_CHARS, parse_rerank_query
 
 from .conftest import LiveServer
 
@@ -153,7 +153,7 @@ def test_the_perimeter(server):
     (f"paper:{Q} sentences:" + ",".join(map(str, range(65))), 413, "at most"),
     ("facet:method", 400, "needs a text"),
     ("paper:a\x00b", 400, "control"),
-    ("word " * 6000, 413, "characters"),
+    ("word " * 6000, 422, "at most 20000 characters"),
     ("paper:nope-nope facet:method", 404, "not in the index"),
 ])
 def test_malformed_and_oversized_queries_are_refused(server, query, status, match):
@@ -172,7 +172,7 @@ def test_malformed_and_oversized_queries_are_refused(server, query, status, matc
     ([A, "two words"], 400, "documents[1]"),
     ([A, "x" * 600], 400, "documents[1]"),
     ([A, True], 400, "documents[1]"),
-    (["p"] * (MAX_RERANK_DOCUMENTS + 1), 413, "at most"),
+    (["p"] * (MAX_RERANK_DOCUMENTS + 1), 422, "at most 1000 items"),
 ])
 def test_malformed_and_oversized_document_lists_are_refused(server, documents, status, match):
     r = httpx.post(server + "/rerank", json={"query": f"paper:{Q}", "documents": documents},
@@ -252,3 +252,24 @@ def test_the_opensearch_connector_carries_quotes_backslashes_and_newlines(server
     scores, r = _call_as_opensearch(server, query, candidates)
     expected = _expected(index_path, encoder, query, candidates)
     assert scores == pytest.approx([expected[c] for c in candidates], abs=1e-5)
+
+
+def test_the_openapi_document_publishes_the_bounds_the_server_enforces(server):
+    """/openapi.json's RerankRequest carries the documents-per-call and query-length bounds; a request at each
+    bound is answered, one past it gets the documented 422 naming the bound."""
+    doc = httpx.get(server + "/openapi.json").json()
+    props = doc["components"]["schemas"]["RerankRequest"]["properties"]
+    assert (props["documents"]["minItems"], props["documents"]["maxItems"]) == (1, MAX_RERANK_DOCUMENTS)
+    assert (props["query"]["minLength"], props["query"]["maxLength"]) == (1, MAX_RERANK_QUERY_CHARS)
+    assert {"200", "422"} <= set(doc["paths"]["/rerank"]["post"]["responses"])
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    def post(query, documents):
+        return httpx.post(server + "/rerank", json={"query": query, "documents": documents}, headers=auth, timeout=60)
+
+    at = f"paper:{Q}".ljust(props["query"]["maxLength"])  # trailing spaces: still a valid grammar query
+    assert post(at, [A] * props["documents"]["maxItems"]).status_code == 200
+    r = post(at, [A] * (props["documents"]["maxItems"] + 1))
+    assert r.status_code == 422 and f"documents: List should have at most {MAX_RERANK_DOCUMENTS} items" in r.text
+    r = post(at + " ", [A])
+    assert r.status_code == 422 and f"query: String should have at most {MAX_RERANK_QUERY_CHARS} characters" in r.text
