@@ -273,3 +273,16 @@ def test_the_openapi_document_publishes_the_bounds_the_server_enforces(server):
     assert r.status_code == 422 and f"documents: List should have at most {MAX_RERANK_DOCUMENTS} items" in r.text
     r = post(at + " ", [A])
     assert r.status_code == 422 and f"query: String should have at most {MAX_RERANK_QUERY_CHARS} characters" in r.text
+
+
+def test_the_servers_stats_say_rerank_is_answered_and_its_bounds(server):
+    """Any server's GET /stats: POST /rerank answered, behind the token, with the bounds the route enforces; an
+    embedded index has no cluster reranker to report."""
+    from esqbe.index.rerank import MAX_PAPER_ID_CHARS, MAX_RERANK_SENTENCES
+
+    stats = httpx.get(server + "/stats", timeout=60).json()
+    assert stats["server"]["rerank"] == {
+        "enabled": True, "token_required": True, "request_timeout_s": stats["server"]["rerank"]["request_timeout_s"],
+        "max_documents": MAX_RERANK_DOCUMENTS, "max_query_chars": MAX_RERANK_QUERY_CHARS,
+        "max_sentences": MAX_RERANK_SENTENCES, "max_id_chars": MAX_PAPER_ID_CHARS}
+    assert stats["server"]["rerank"]["request_timeout_s"] > 0 and "reranker" not in stats

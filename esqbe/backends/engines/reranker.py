@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from ...errors import BackendError, ParameterError
 from .client import _exc_reason
@@ -228,11 +228,39 @@ def uninstall_reranker(backend, *, name: str = "esqbe-rerank") -> dict:
 
 
 def reranker_status(backend, *, name: str = "esqbe-rerank") -> dict:
-    """What of esqbe's reranker exists under `name` (for `esqbe stats`): the parts found, with the URL they call."""
+    """What of esqbe's reranker exists under `name` (for `esqbe stats` and GET /stats), followed the way the engine
+    calls it. Elasticsearch: the inference endpoint, its service and task type, the URL it calls. OpenSearch: the
+    search pipeline, the model its rerank processor names (and the model's state), the model's connector and the URL
+    that calls, the document fields sent. A part not there is None."""
     if backend.name == "elasticsearch":
         found = _request(backend, "GET", f"/_inference/rerank/{name}", missing_ok=True)
-        current = next(iter((found or {}).get("endpoints") or []), None)
-        return {"inference_endpoint": name if current else None,
-                "calls": ((current or {}).get("service_settings") or {}).get("url")}
-    pipeline = _request(backend, "GET", f"/_search/pipeline/{name}", missing_ok=True)
-    return {"search_pipeline": name if pipeline else None}
+        current = next(iter((found or {}).get("endpoints") or []), None) or {}
+        return {"inference_endpoint": name if current else None, "service": current.get("service"),
+                "task_type": current.get("task_type"), "calls": (current.get("service_settings") or {}).get("url")}
+    out: dict = {"search_pipeline": None, "model": None, "model_state": None, "connector": None, "calls": None,
+                 "document_fields": None}
+    found = _request(backend, "GET", f"/_search/pipeline/{name}", missing_ok=True) or {}
+    pipeline = found.get(name) if isinstance(found.get(name), dict) else None
+    if pipeline is None:
+        return out
+    out["search_pipeline"] = name
+    rerank: dict = next((p["rerank"] for p in pipeline.get("response_processors") or []
+                         if isinstance(p, dict) and isinstance(p.get("rerank"), dict)), {})
+    out["document_fields"] = (rerank.get("context") or {}).get("document_fields")
+    model_id = (rerank.get("ml_opensearch") or {}).get("model_id")
+    if not isinstance(model_id, str) or not model_id:
+        return out
+    out["model"] = model_id
+    model = _request(backend, "GET", f"/_plugins/_ml/models/{quote(model_id, safe='')}", missing_ok=True)
+    if not model:
+        out["model_state"] = "missing"
+        return out
+    out["model_state"] = model.get("model_state")
+    connector_id = model.get("connector_id")
+    if not isinstance(connector_id, str) or not connector_id:
+        return out
+    out["connector"] = connector_id
+    connector = _request(backend, "GET", f"/_plugins/_ml/connectors/{quote(connector_id, safe='')}", missing_ok=True) or {}
+    out["calls"] = next((a.get("url") for a in connector.get("actions") or []
+                         if isinstance(a, dict) and a.get("action_type", "").lower() == "predict"), None)
+    return out
