@@ -300,3 +300,19 @@ def test_the_servers_stats_report_the_installed_reranker_and_the_endpoints_bound
                       "max_sentences": 64, "max_id_chars": MAX_PAPER_ID_CHARS}
     assert (rerank["max_documents"], rerank["max_query_chars"]) == \
         (spec["properties"]["documents"]["maxItems"], spec["properties"]["query"]["maxLength"])
+
+
+def test_the_connector_emulation_evaluates_only_the_installed_script():
+    """os_request_body (what the tests send esqbe as OpenSearch's connector would) evaluates the installed painless
+    pre-process function term by term; a connector with another function (the built-in Cohere one that passed the
+    query raw) or a changed script is refused rather than emulated wrongly."""
+    from esqbe.backends.engines.reranker import OS_PRE_PROCESS, os_request_body
+
+    body = os_connector_body("http://esqbe:8000", TOKEN)
+    assert body["actions"][0]["pre_process_function"] == OS_PRE_PROCESS
+    assert json.loads(os_request_body(body, 'a "b" \\ c', ["p1"])) == {"query": 'a "b" \\ c', "documents": ["p1"]}
+    for script in ("connector.pre_process.cohere.rerank", OS_PRE_PROCESS.replace("params.query_text", "params.q"),
+                   OS_PRE_PROCESS + " return '';"):
+        body["actions"][0]["pre_process_function"] = script
+        with pytest.raises(ValueError):
+            os_request_body(body, "q", ["p1"])
