@@ -18,7 +18,7 @@ from esqbe.backends.engines.reranker import (
     os_connector_body,
     os_request_body,
 )
-from esqbe.index.rerank import MAX_RERANK_DOCUMENTS, parse_rerank_query
+from esqbe.index.rerank import MAX_RERANK_DOCUMENTS, MAX_RERANK_QUERY_CHARS, parse_rerank_query
 
 from .conftest import LiveServer
 
@@ -153,7 +153,7 @@ def test_the_perimeter(server):
     (f"paper:{Q} sentences:" + ",".join(map(str, range(65))), 413, "at most"),
     ("facet:method", 400, "needs a text"),
     ("paper:a\x00b", 400, "control"),
-    ("word " * 6000, 413, "characters"),
+    ("word " * 6000, 422, "at most 20000 characters"),
     ("paper:nope-nope facet:method", 404, "not in the index"),
 ])
 def test_malformed_and_oversized_queries_are_refused(server, query, status, match):
@@ -172,7 +172,7 @@ def test_malformed_and_oversized_queries_are_refused(server, query, status, matc
     ([A, "two words"], 400, "documents[1]"),
     ([A, "x" * 600], 400, "documents[1]"),
     ([A, True], 400, "documents[1]"),
-    (["p"] * (MAX_RERANK_DOCUMENTS + 1), 413, "at most"),
+    (["p"] * (MAX_RERANK_DOCUMENTS + 1), 422, "at most 1000 items"),
 ])
 def test_malformed_and_oversized_document_lists_are_refused(server, documents, status, match):
     r = httpx.post(server + "/rerank", json={"query": f"paper:{Q}", "documents": documents},
@@ -234,3 +234,55 @@ def test_the_python_api_is_the_same(index_path, encoder, ids):
         direct = index.query(Q, sentences=[0, 2], restrict_to=ids[5:10], k=5)
     assert got.scores[:5] == [next(h.score for h in direct.hits if h.paper_id == p) for p in ids[5:10]]
     assert got.unknown == ["missing"] and got.scores[5] < min(got.scores[:5])
+
+
+@pytest.mark.parametrize("query", [
+    'facet:method We propose a novel method, "GraphCite", that encodes citations with a graph\\neural network.\n'
+    'We train it with a "contrastive" loss on pairs of papers.\t(C:\\data\r\n)',
+    '{"method": "graph neural networks for citation recommendation"}',  # JSON-looking: ml-commons leaves it unescaped
+    '["contrastive", "loss"] \\u0022 </script> & \' =',
+])
+def test_the_opensearch_connector_carries_quotes_backslashes_and_newlines(server, index_path, encoder, ids, query):
+    """A free-text rerank query with `"`, `\\`, newlines and tabs, put through the installed connector's pre-process
+    function and request template as ml-commons does (os_request_body): the body is JSON, esqbe receives the text
+    exactly as typed, and scores the candidates as its own rescoring of that text does."""
+    candidates = ids[1:9]
+    sent = os_request_body(os_connector_body(server, TOKEN), query, candidates)
+    assert json.loads(sent) == {"query": query, "documents": candidates}
+    scores, r = _call_as_opensearch(server, query, candidates)
+    expected = _expected(index_path, encoder, query, candidates)
+    assert scores == pytest.approx([expected[c] for c in candidates], abs=1e-5)
+
+
+def test_the_openapi_document_publishes_the_bounds_the_server_enforces(server):
+    """/openapi.json's RerankRequest carries the documents-per-call and query-length bounds; a request at each
+    bound is answered, one past it gets the documented 422 naming the bound."""
+    doc = httpx.get(server + "/openapi.json").json()
+    props = doc["components"]["schemas"]["RerankRequest"]["properties"]
+    assert (props["documents"]["minItems"], props["documents"]["maxItems"]) == (1, MAX_RERANK_DOCUMENTS)
+    assert (props["query"]["minLength"], props["query"]["maxLength"]) == (1, MAX_RERANK_QUERY_CHARS)
+    assert {"200", "422"} <= set(doc["paths"]["/rerank"]["post"]["responses"])
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    def post(query, documents):
+        return httpx.post(server + "/rerank", json={"query": query, "documents": documents}, headers=auth, timeout=60)
+
+    at = f"paper:{Q}".ljust(props["query"]["maxLength"])  # trailing spaces: still a valid grammar query
+    assert post(at, [A] * props["documents"]["maxItems"]).status_code == 200
+    r = post(at, [A] * (props["documents"]["maxItems"] + 1))
+    assert r.status_code == 422 and f"documents: List should have at most {MAX_RERANK_DOCUMENTS} items" in r.text
+    r = post(at + " ", [A])
+    assert r.status_code == 422 and f"query: String should have at most {MAX_RERANK_QUERY_CHARS} characters" in r.text
+
+
+def test_the_servers_stats_say_rerank_is_answered_and_its_bounds(server):
+    """Any server's GET /stats: POST /rerank answered, behind the token, with the bounds the route enforces; an
+    embedded index has no cluster reranker to report."""
+    from esqbe.index.rerank import MAX_PAPER_ID_CHARS, MAX_RERANK_SENTENCES
+
+    stats = httpx.get(server + "/stats", timeout=60).json()
+    assert stats["server"]["rerank"] == {
+        "enabled": True, "token_required": True, "request_timeout_s": stats["server"]["rerank"]["request_timeout_s"],
+        "max_documents": MAX_RERANK_DOCUMENTS, "max_query_chars": MAX_RERANK_QUERY_CHARS,
+        "max_sentences": MAX_RERANK_SENTENCES, "max_id_chars": MAX_PAPER_ID_CHARS}
+    assert stats["server"]["rerank"]["request_timeout_s"] > 0 and "reranker" not in stats

@@ -50,6 +50,7 @@ class RerankEngine(CannedEngine):
         self.connectors: dict[str, dict] = {}
         self.models: dict[str, dict] = {}
         self.pipelines: dict[str, dict] = {}
+        self.model_states: dict[str, str] = {}
         self.n = 0
 
     def handle(self, method, target, headers, body):
@@ -91,6 +92,8 @@ class RerankEngine(CannedEngine):
             self.n += 1
             new_id = f"{kind[0]}{self.n}"
             store[new_id] = data
+            if kind == "models":
+                self.model_states[new_id] = "DEPLOYED" if "deploy=true" in target else "REGISTERED"
             return 200, ({"connector_id": new_id} if kind == "connectors" else
                          {"task_id": "t", "model_id": new_id, "status": "CREATED"})
         if rest == ["_search"]:
@@ -99,6 +102,10 @@ class RerankEngine(CannedEngine):
                                            for i, v in store.items() if v["name"] == name]}}
         if len(rest) == 2 and rest[1] == "_undeploy":
             return 200, {}
+        if len(rest) == 1 and method == "GET":  # get model / get connector: the stored body and its state
+            if rest[0] not in store:
+                return missing
+            return 200, {**store[rest[0]], **({"model_state": self.model_states[rest[0]]} if kind == "models" else {})}
         if len(rest) == 1 and method == "DELETE":
             return (200, {"result": "deleted"}) if store.pop(rest[0], None) else missing
         return 400, {"error": {"type": "illegal_argument_exception", "reason": f"canned: {method} {path}"}, "status": 400}
@@ -240,5 +247,72 @@ def test_stats_reports_the_reranker(engine, kind, version):
     stats = ["stats", "--backend", kind, "--url", url, "--index", "papers", "--json"]
     part = "inference_endpoint" if kind == "elasticsearch" else "search_pipeline"
     assert _run(stats)["reranker"][part] is None
-    _run(["engine", "install-reranker", "--backend", kind, "--url", url, "--server-url", "http://esqbe:8000"])
-    assert _run(stats)["reranker"][part] == "esqbe-rerank"
+    installed = _run(["engine", "install-reranker", "--backend", kind, "--url", url, "--server-url", "http://esqbe:8000"])
+    reranker = _run(stats)["reranker"]
+    if kind == "elasticsearch":
+        assert reranker == {"inference_endpoint": "esqbe-rerank", "service": "custom", "task_type": "rerank",
+                            "calls": "http://esqbe:8000/rerank"}
+    else:  # followed as the engine calls it: pipeline -> its model -> the model's connector -> the URL
+        assert reranker == {"search_pipeline": "esqbe-rerank", "model": installed["model"]["id"],
+                            "model_state": "DEPLOYED", "connector": installed["connector"]["id"],
+                            "calls": "http://esqbe:8000/rerank", "document_fields": ["paper_id"]}
+        canned.models.clear()  # the pipeline names a model that is gone: said so
+        assert _run(stats)["reranker"]["model_state"] == "missing"
+
+
+@pytest.mark.parametrize("show_paths", [False, True])
+def test_the_servers_stats_report_the_installed_reranker_and_the_endpoints_bounds(engine, encoder, show_paths):
+    """GET /stats of a real `esqbe serve` over an engine index: what of the reranker the cluster has (the URL it
+    calls only with --show-paths, as the engine's own URL), and POST /rerank's bounds, equal to what the route and
+    /openapi.json enforce."""
+    import httpx
+
+    from esqbe.backends.engines.opensearch import OpenSearchBackend
+    from esqbe.domain import IndexMeta
+    from esqbe.index.rerank import MAX_PAPER_ID_CHARS, MAX_RERANK_DOCUMENTS, MAX_RERANK_QUERY_CHARS
+    from esqbe.server.app import create_app
+    from esqbe.server.options import ServeOptions
+    from esqbe.settings.config import load_settings
+
+    from .conftest import LiveServer
+    from .fakes.engines import make_papers
+
+    url, canned = engine("opensearch", "3.5.0")
+    backend = OpenSearchBackend(url, "papers")
+    backend.ensure(IndexMeta(encoder.name, encoder.dim, "contextual", encoder.fingerprint))  # the server's model
+    backend.upsert(make_papers(dim=encoder.dim))
+    backend.close()
+    installed = _run(["engine", "install-reranker", "--backend", "opensearch", "--url", url,
+                      "--server-url", "http://esqbe:8000"])
+    settings = load_settings(None).replace(backend="opensearch", url=url, index="papers")
+    app = create_app(settings=settings, encoder=encoder,
+                     options=ServeOptions(host="127.0.0.1", token=TOKEN, warm=False, readers=1, show_paths=show_paths))
+    with LiveServer(app) as server:
+        stats = httpx.get(server + "/stats", timeout=60).json()
+        spec = httpx.get(server + "/openapi.json", timeout=60).json()["components"]["schemas"]["RerankRequest"]
+    reranker = stats["reranker"]
+    assert (reranker["search_pipeline"], reranker["model"], reranker["connector"], reranker["model_state"]) == \
+        ("esqbe-rerank", installed["model"]["id"], installed["connector"]["id"], "DEPLOYED")
+    assert reranker.get("calls") == ("http://esqbe:8000/rerank" if show_paths else None)
+    rerank = stats["server"]["rerank"]
+    assert rerank == {"enabled": True, "token_required": True, "request_timeout_s": ServeOptions().request_timeout,
+                      "max_documents": MAX_RERANK_DOCUMENTS, "max_query_chars": MAX_RERANK_QUERY_CHARS,
+                      "max_sentences": 64, "max_id_chars": MAX_PAPER_ID_CHARS}
+    assert (rerank["max_documents"], rerank["max_query_chars"]) == \
+        (spec["properties"]["documents"]["maxItems"], spec["properties"]["query"]["maxLength"])
+
+
+def test_the_connector_emulation_evaluates_only_the_installed_script():
+    """os_request_body (what the tests send esqbe as OpenSearch's connector would) evaluates the installed painless
+    pre-process function term by term; a connector with another function (the built-in Cohere one that passed the
+    query raw) or a changed script is refused rather than emulated wrongly."""
+    from esqbe.backends.engines.reranker import OS_PRE_PROCESS, os_request_body
+
+    body = os_connector_body("http://esqbe:8000", TOKEN)
+    assert body["actions"][0]["pre_process_function"] == OS_PRE_PROCESS
+    assert json.loads(os_request_body(body, 'a "b" \\ c', ["p1"])) == {"query": 'a "b" \\ c', "documents": ["p1"]}
+    for script in ("connector.pre_process.cohere.rerank", OS_PRE_PROCESS.replace("params.query_text", "params.q"),
+                   OS_PRE_PROCESS + " return '';"):
+        body["actions"][0]["pre_process_function"] = script
+        with pytest.raises(ValueError):
+            os_request_body(body, "q", ["p1"])

@@ -168,6 +168,12 @@ def rerank(index, query: RerankQuery | str, documents: Sequence, **overrides) ->
                         unranked=[i for i in pool if i not in scored], timings_ms=timings)
 
 
+def rerank_bounds() -> dict:
+    """The bounds of a rerank call, as GET /stats reports them (the route and RerankRequest enforce them)."""
+    return {"max_documents": MAX_RERANK_DOCUMENTS, "max_query_chars": MAX_RERANK_QUERY_CHARS,
+            "max_sentences": MAX_RERANK_SENTENCES, "max_id_chars": MAX_PAPER_ID_CHARS}
+
+
 def install_engine_reranker(settings, server_url: str, *, token: str | None = None, name: str = "esqbe-rerank",
                             id_field: str = "paper_id", remove: bool = False) -> dict:
     """`esqbe engine install-reranker` / `uninstall-reranker`: esqbe's POST /rerank made (or unmade) the reranker of

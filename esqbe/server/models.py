@@ -13,6 +13,7 @@ from ..core.limits import (
     MAX_QUERY_CHARS,
     MAX_QUERY_SENTENCE_CHARS,
 )
+from ..index.rerank import MAX_PAPER_ID_CHARS, MAX_RERANK_DOCUMENTS, MAX_RERANK_QUERY_CHARS
 from ..query.search import QueryError
 from ..rescore.rescorers import available_rescorers, rescorer_params
 from ..settings.generate import http_fields, overrides_from_http
@@ -403,11 +404,18 @@ class RerankRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(..., min_length=1, description="paper:ID facet:NAME | paper:ID sentences:0,2 | "
-                                                      "facet:NAME text | text")
-    documents: list[Any] = Field(..., description="the candidates' esqbe paper ids, in the engine's order")
-    top_n: int | None = Field(None, ge=0, le=100_000, description="accepted (OpenSearch's Cohere pre-process sends "
-                                                                 "it) and ignored: every document gets a score")
+    # the bounds the schema publishes are the server's: the lengths checked here (422 past one, before any work);
+    # an empty list and each id by the route's own check (esqbe.index.rerank.check_documents: 400 naming the item)
+    query: str = Field(..., min_length=1, max_length=MAX_RERANK_QUERY_CHARS,
+                       description="paper:ID facet:NAME | paper:ID sentences:0,2 | facet:NAME text | text")
+    documents: list[Any] = Field(..., max_length=MAX_RERANK_DOCUMENTS,
+                                 description="the candidates' esqbe paper ids, in the engine's order, each 1 to "
+                                             f"{MAX_PAPER_ID_CHARS} printable characters without spaces",
+                                 json_schema_extra={"minItems": 1, "items": {"type": ["string", "integer"], "minLength": 1,
+                                                                             "maxLength": MAX_PAPER_ID_CHARS}})
+    top_n: int | None = Field(None, ge=0, le=100_000, description="accepted (the Cohere rerank shape has it; "
+                                                                 "connectors installed by older esqbe versions send it) "
+                                                                 "and ignored: every document gets a score")
 
 
 class RerankResult(BaseModel):

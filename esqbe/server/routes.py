@@ -15,6 +15,7 @@ from ..backends.engines.filters import check_safe_clause
 from ..core.deadline import Deadline
 from ..core.filters import FilterError
 from ..errors import EsqbeError
+from ..index.rerank import rerank_bounds
 from ..query.export import EXPORT_FORMATS, export_hits, file_name, media_type
 from ..query.search import query_sentences
 from .discovery import INDEX_HEADER, NONCE_PATTERN, PROOF_PATH, proof
@@ -126,8 +127,16 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
             if "path" in out:
                 out["path"] = Path(str(out["path"])).name
             out.pop("url", None)
+            reranker = out.get("reranker")
+            if isinstance(reranker, dict):  # where the cluster reaches this server; why the cluster would not say
+                reranker.pop("calls", None)
+                if "unknown" in reranker:
+                    reranker["unknown"] = _public(200, reranker["unknown"])
         out["server"] = {"readers": len(service.readers), "writes_queued": service.writer.pending if service.writer else 0,
-                         "uptime_s": round(time.time() - service.started_at, 1), "ready": service.ready.is_set()}
+                         "uptime_s": round(time.time() - service.started_at, 1), "ready": service.ready.is_set(),
+                         # POST /rerank (issue 39): always answered, behind the write perimeter; its bounds
+                         "rerank": {"enabled": True, "token_required": bool(options.token),
+                                    "request_timeout_s": options.request_timeout, **rerank_bounds()}}
         return out
 
     @router.post("/query", response_model=QueryResponse, tags=["search"],

@@ -203,7 +203,14 @@ def _rerank(index: Index, query, documents: list[str]) -> dict:
 
 
 def _stats(index: Index) -> dict:
-    return _jsonable(index.stats())
+    """The index's stats and, on an engine, what of esqbe's reranker the cluster has (as `esqbe stats` reports)."""
+    from ..index.rerank import engine_reranker_status
+
+    out = _jsonable(index.stats())
+    reranker = engine_reranker_status(index)
+    if reranker is not None:
+        out["reranker"] = reranker
+    return out
 
 
 def _health(index: Index) -> str:

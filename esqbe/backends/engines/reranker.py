@@ -1,12 +1,14 @@
 """esqbe's POST /rerank installed in an engine as its reranker: the request bodies that create it (Elasticsearch: an
-inference endpoint of the `custom` service, task type `rerank`; OpenSearch: an ML Commons HTTP connector with the
-Cohere rerank pre/post-process functions, a remote model over it, a search pipeline with the `rerank` processor),
-and the engines' template substitution, so a test sends esqbe exactly the body the engine would build from them."""
+inference endpoint of the `custom` service, task type `rerank`; OpenSearch: an ML Commons HTTP connector with a
+painless pre-process function (OS_PRE_PROCESS) and the Cohere rerank post-process function, a remote model over it,
+a search pipeline with the `rerank` processor), and the engines' template substitution, so a test sends esqbe
+exactly the body the engine would build from them."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from ...errors import BackendError, ParameterError
 from .client import _exc_reason
@@ -16,10 +18,19 @@ from .client import _exc_reason
 ES_REQUEST_TEMPLATE = '{"query": ${query}, "documents": ${input}}'
 #: JSON paths the `custom` service reads from esqbe's answer
 ES_JSON_PARSER = {"reranked_index": "$.results[*].index", "relevance_score": "$.results[*].relevance_score"}
-#: the OpenSearch connector's request body: the Cohere rerank pre-process function fills `query` (a string, put
-#: inside the quotes as it is), `documents` (a JSON array) and `top_n` (the number of documents)
-OS_REQUEST_TEMPLATE = '{"query": "${parameters.query}", "documents": ${parameters.documents}, "top_n": ${parameters.top_n}}'
-OS_PRE_PROCESS = "connector.pre_process.cohere.rerank"
+#: the OpenSearch connector's pre-process function, a painless script (not the built-in
+#: `connector.pre_process.cohere.rerank`, which hands the query over as a plain string parameter: ml-commons escapes
+#: such a string for JSON only when it does not itself parse as a JSON object or array, so a free-text query such as
+#: `{"method": "graph"}` went into the quoted `"${parameters.query}"` raw and broke the body). ml-commons (2.12+,
+#: ConnectorUtils.escapeMLInput) escapes the rerank processor's `query_text` and `text_docs` for a JSON string before
+#: a custom script runs, so the script puts them between quotes as they come; it returns the whole request as one
+#: object, which ml-commons parses (gson), serialises again (convertScriptStringToJsonString: gson.toJson, so every
+#: character is escaped by a JSON writer) and, being JSON, does not escape a second time
+#: (escapeRemoteInferenceInputData). Only the three terms `os_request_body` evaluates may appear in it.
+OS_PRE_PROCESS = ("return '{\"parameters\": {\"body\": {\"query\": \"' + params.query_text + '\", \"documents\": [\"' "
+                  "+ params.text_docs.join('\", \"') + '\"]}}}';")
+#: the connector's request body: the object the pre-process function built
+OS_REQUEST_TEMPLATE = "${parameters.body}"
 OS_POST_PROCESS = "connector.post_process.cohere.rerank"
 #: the document field the engines send to esqbe: the paper id esqbe indexed (or the id field given to `esqbe attach`)
 DEFAULT_ID_FIELD = "paper_id"
@@ -53,8 +64,9 @@ def es_request_body(body: dict, query: str, documents: Sequence[str]) -> bytes:
 
 
 def os_connector_body(server_url: str, token: str | None = None, name: str = "esqbe-rerank") -> dict:
-    """The body of `POST _plugins/_ml/connectors/_create`: an HTTP connector to esqbe's POST /rerank with the Cohere
-    rerank pre/post-process functions (a text_similarity input in, one score per document out, in input order)."""
+    """The body of `POST _plugins/_ml/connectors/_create`: an HTTP connector to esqbe's POST /rerank with the painless
+    pre-process function OS_PRE_PROCESS (a text_similarity input in, any text escaped) and the Cohere rerank
+    post-process function (one score per document out, in input order)."""
     headers = {"Content-Type": "application/json"}
     # the spec has `version` an integer and `credential` required (the blueprints' "version": "1" is refused by it)
     body: dict = {"name": name, "description": "esqbe aspect reranking (esqbe engine install-reranker)", "version": 1,
@@ -69,16 +81,59 @@ def os_connector_body(server_url: str, token: str | None = None, name: str = "es
 
 
 def os_request_body(body: dict, query: str, documents: Sequence[str]) -> bytes:
-    """What the connector of `body` sends esqbe for the rerank processor's `query_text` and `text_docs`: the Cohere
-    pre-process function's parameters (query as it is, documents as a JSON array, top_n their count) put into its
-    request body template."""
+    """What the connector of `body` sends esqbe for the rerank processor's `query_text` and `text_docs`, by
+    ml-commons' steps for a painless pre-process function (ConnectorUtils.processInput, 2.12 to 3.x): the inputs
+    escaped for a JSON string (escapeMLInput: gson's escape without its quotes), the installed script evaluated on
+    them, its output parsed and every non-string parameter serialised again (convertScriptStringToJsonString), the
+    parameters that are not JSON escaped (escapeRemoteInferenceInputData), then put into the request body template."""
     action = body["actions"][0]
-    params = {"query": query, "documents": json.dumps(list(documents), separators=(",", ":")),
-              "top_n": str(len(documents))}
+
+    def gson_escape(text: str) -> str:
+        return json.dumps(text, ensure_ascii=False)[1:-1]
+
+    script_out = _painless_return(action["pre_process_function"],
+                                  {"query_text": gson_escape(query), "text_docs": [gson_escape(d) for d in documents]})
+    parameters = json.loads(script_out)["parameters"]
+    strings = {k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+               for k, v in parameters.items()}
     out = action["request_body"]
-    for key, value in params.items():
+    for key, value in strings.items():
+        if not _is_json_container(value):  # Apache commons-text escapeJson
+            value = json.dumps(value, ensure_ascii=False)[1:-1].replace("/", "\\/")
         out = out.replace("${parameters." + key + "}", value)
     return out.encode()
+
+
+_PAINLESS_TERM = re.compile(r"\s*(?:'([^'\\]*)'|params\.(query_text)|params\.text_docs\.join\('([^'\\]*)'\))\s*(\+|;\s*$)")
+
+
+def _painless_return(script: str, params: dict) -> str:
+    """The value of a painless `return T + T + ... ;` whose terms are single-quoted literals, `params.query_text` and
+    `params.text_docs.join('SEP')`: what the installed pre-process function is. Anything else is refused, so a
+    changed script fails the tests that call this instead of being emulated wrongly."""
+    rest = script.strip()
+    if not rest.startswith("return "):
+        raise ValueError("not a `return ...;` script")
+    rest, out = rest[len("return "):], []
+    while rest:
+        m = _PAINLESS_TERM.match(rest)
+        if not m:
+            raise ValueError(f"cannot evaluate the painless script at {rest[:40]!r}")
+        literal, field_, sep = m.group(1), m.group(2), m.group(3)
+        out.append(literal if literal is not None else params["query_text"] if field_ else sep.join(params["text_docs"]))
+        rest = rest[m.end():]
+        if m.group(4).startswith(";"):
+            break
+    if rest.strip():
+        raise ValueError("text after the return statement")
+    return "".join(out)
+
+
+def _is_json_container(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), (dict, list))
+    except ValueError:
+        return False
 
 
 def os_model_body(connector_id: str, name: str = "esqbe-rerank") -> dict:
@@ -173,11 +228,39 @@ def uninstall_reranker(backend, *, name: str = "esqbe-rerank") -> dict:
 
 
 def reranker_status(backend, *, name: str = "esqbe-rerank") -> dict:
-    """What of esqbe's reranker exists under `name` (for `esqbe stats`): the parts found, with the URL they call."""
+    """What of esqbe's reranker exists under `name` (for `esqbe stats` and GET /stats), followed the way the engine
+    calls it. Elasticsearch: the inference endpoint, its service and task type, the URL it calls. OpenSearch: the
+    search pipeline, the model its rerank processor names (and the model's state), the model's connector and the URL
+    that calls, the document fields sent. A part not there is None."""
     if backend.name == "elasticsearch":
         found = _request(backend, "GET", f"/_inference/rerank/{name}", missing_ok=True)
-        current = next(iter((found or {}).get("endpoints") or []), None)
-        return {"inference_endpoint": name if current else None,
-                "calls": ((current or {}).get("service_settings") or {}).get("url")}
-    pipeline = _request(backend, "GET", f"/_search/pipeline/{name}", missing_ok=True)
-    return {"search_pipeline": name if pipeline else None}
+        current = next(iter((found or {}).get("endpoints") or []), None) or {}
+        return {"inference_endpoint": name if current else None, "service": current.get("service"),
+                "task_type": current.get("task_type"), "calls": (current.get("service_settings") or {}).get("url")}
+    out: dict = {"search_pipeline": None, "model": None, "model_state": None, "connector": None, "calls": None,
+                 "document_fields": None}
+    found = _request(backend, "GET", f"/_search/pipeline/{name}", missing_ok=True) or {}
+    pipeline = found.get(name) if isinstance(found.get(name), dict) else None
+    if pipeline is None:
+        return out
+    out["search_pipeline"] = name
+    rerank: dict = next((p["rerank"] for p in pipeline.get("response_processors") or []
+                         if isinstance(p, dict) and isinstance(p.get("rerank"), dict)), {})
+    out["document_fields"] = (rerank.get("context") or {}).get("document_fields")
+    model_id = (rerank.get("ml_opensearch") or {}).get("model_id")
+    if not isinstance(model_id, str) or not model_id:
+        return out
+    out["model"] = model_id
+    model = _request(backend, "GET", f"/_plugins/_ml/models/{quote(model_id, safe='')}", missing_ok=True)
+    if not model:
+        out["model_state"] = "missing"
+        return out
+    out["model_state"] = model.get("model_state")
+    connector_id = model.get("connector_id")
+    if not isinstance(connector_id, str) or not connector_id:
+        return out
+    out["connector"] = connector_id
+    connector = _request(backend, "GET", f"/_plugins/_ml/connectors/{quote(connector_id, safe='')}", missing_ok=True) or {}
+    out["calls"] = next((a.get("url") for a in connector.get("actions") or []
+                         if isinstance(a, dict) and a.get("action_type", "").lower() == "predict"), None)
+    return out
