@@ -50,6 +50,9 @@ class Index(IngestMixin):
     #: share a loaded model with the other indexes of this process (`esqbe.encode.loader`); False: load one of its
     #: own (the server's threads: a tokenizer must not be used from two threads at once)
     shares_encoder = True
+    #: measure the index's similarity scale on the querying thread when it is due (esqbe.index.scale); False (the
+    #: server's readers): on a thread of its own, while queries go on with the stored or fixed scale
+    scale_waits = True
 
     def __init__(self, backend: Backend, settings: Settings, encoder=None):
         self.backend = backend
@@ -295,7 +298,40 @@ class Index(IngestMixin):
             result.query_paper_id = None
         if encode_ms is not None:
             result.timings = {"encode": encode_ms, **result.timings}
+        self._place(result, settings, meta, context)
         return result
+
+    def similarity_scale(self, rescorer: str | None = None, **overrides):
+        """Where this index's matches stand for `rescorer` (default: the settings'), an
+        `esqbe.index.scale.SimilarityScale`: measured on the index's own papers where it has enough of them (stored
+        with the index, measured again when it has changed by a fifth), else the shipped fixed scale."""
+        from ..rescore.batches import RescoreContext
+
+        meta = self.backend.meta()
+        if meta is None:
+            raise EmptyIndexError("the index is empty: index some papers first (`esqbe index FILE`)")
+        settings = self.settings.replace(**({"rescorer": rescorer} if rescorer else {}), **overrides)
+        return self._scale(settings, meta, RescoreContext(encoder=_LazyEncoder(self), backend=self.backend))
+
+    def _scale(self, settings: Settings, meta: IndexMeta, context):
+        from .scale import similarity_scale
+
+        where = self._where() if self.settings.backend != "embedded" else str(Path(self.settings.path or "").resolve())
+        opener = (lambda: open_backend(self.settings, create=False))  # noqa: E731  (a backend of the measuring thread's own)
+        try:
+            return similarity_scale(self.backend, settings, meta.fingerprint or meta.model, where,
+                                    wait=self.scale_waits, context=context, opener=opener)
+        except _STORAGE_ERRORS as e:
+            raise StorageError(f"cannot read the index at {self._where()}: {_reason(e, self.settings.path)}") from e
+
+    def _place(self, result: QueryResult, settings: Settings, meta: IndexMeta, context) -> None:
+        """Each hit's percentile and band on the index's similarity scale (esqbe.index.scale)."""
+        t = time.perf_counter()
+        scale = self._scale(settings, meta, context)
+        for hit in result.hits:
+            hit.percentile, hit.band = scale.place(hit.similarity)
+        result.scale = scale.public()
+        result.timings = {**result.timings, "scale": round(1000 * (time.perf_counter() - t), 2)}
 
     def _text_example(self, spec, facet: str | None, meta: IndexMeta, settings: Settings) -> tuple[IndexedPaper, float]:
         """A pasted text as an example: split (refused past the caps), labelled by the tagger, encoded."""
