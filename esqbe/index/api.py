@@ -172,9 +172,22 @@ class Index(IngestMixin):
             count = self.backend.delete(targets) if targets else 0
         except _STORAGE_ERRORS as e:
             raise StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}") from e
-        centering.written(self.backend, count)
+        self._written(count)
         return ([p for p in ids if p in present or p in merged], [p for p in ids if p not in present and p not in merged],
                 merged)
+
+    def _written(self, papers: int) -> None:
+        """`papers` were added, replaced or deleted through this index: what is derived from its papers looks again
+        (the corpus directions past 10% of their corpus, the similarity scale at its next query)."""
+        from .scale import recheck
+
+        centering.written(self.backend, papers)
+        if papers > 0:
+            recheck(self._scale_where())
+
+    def _scale_where(self) -> str:
+        """The index's name for this process's memo of similarity scales (esqbe.index.scale)."""
+        return self._where() if self.settings.backend != "embedded" else str(Path(self.settings.path or "").resolve())
 
     def _merged_into(self, paper_ids: list[str]) -> dict[str, str]:
         """Each of `paper_ids` that is a record's id merged into another paper -> that paper (an alias table's)."""
@@ -316,7 +329,7 @@ class Index(IngestMixin):
     def _scale(self, settings: Settings, meta: IndexMeta, context):
         from .scale import similarity_scale
 
-        where = self._where() if self.settings.backend != "embedded" else str(Path(self.settings.path or "").resolve())
+        where = self._scale_where()
         opener = (lambda: open_backend(self.settings, create=False))  # noqa: E731  (a backend of the measuring thread's own)
         try:
             return similarity_scale(self.backend, settings, meta.fingerprint or meta.model, where,

@@ -227,11 +227,14 @@ def similarity_scale(backend: Backend, settings: Settings, model: str, where: st
     if papers < MIN_PAPERS:
         return fixed_scale(settings.rescorer, f"this index has {papers} papers, fewer than the {MIN_PAPERS} its own "
                                               "scale needs")
-    scale = memo[0] if memo is not None and memo[0].source == "index" else _stored(backend, key)
-    if scale is not None and not _stale(scale, papers):
+    known = [x for x in (_stored(backend, key), memo[0] if memo is not None else None) if x is not None
+             and x.source == "index"]  # the stored one first: another process may have measured it since
+    fresh = next((x for x in known if not _stale(x, papers)), None)
+    if fresh is not None:
         with _lock:
-            _known[(where, key)] = (scale, now)
-        return scale
+            _known[(where, key)] = (fresh, now)
+        return fresh
+    scale = known[0] if known else None
     if wait:
         scale = measure(backend, settings, context=context, key=key)
         if scale.source == "index":
@@ -283,6 +286,15 @@ def _measure_elsewhere(where: str, key: str, settings: Settings, opener) -> None
                 _running.discard((where, key))
 
     threading.Thread(target=run, name="esqbe-scale", daemon=True).start()
+
+
+def recheck(where: str) -> None:
+    """Papers were written to the index named `where` through this process: its next query looks at the paper count
+    again (rather than within `RECHECK_S`) to see whether its scale is stale."""
+    with _lock:
+        for k in [k for k in _known if k[0] == where]:
+            scale, _ = _known[k]
+            _known[k] = (scale, float("-inf"))
 
 
 def measuring(where: str) -> bool:
