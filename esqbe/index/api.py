@@ -236,7 +236,7 @@ class Index(IngestMixin):
     def query(self, paper_id: str | None = None, *, facet: str | None = None, sentences: Sequence[int] | None = None,
               text: str | Sequence[str] | None = None, title: str = "", restrict_to: Sequence[str] | None = None,
               filters=None, engine_filter: dict | str | None = None, examples: Sequence | None = None,
-              avoid: Sequence | None = None, **overrides) -> QueryResult:
+              avoid: Sequence | None = None, place_hits: bool = True, **overrides) -> QueryResult:
         """Papers most similar to a paper's facet (or chosen sentences), or to several examples and unlike others.
 
         The query paper is `paper_id` (from the index; its stored vectors are reused) or `text`
@@ -254,6 +254,9 @@ class Index(IngestMixin):
         ("year>=2019"), a {"key", "op", "value"} dict, or a list of them, all of which must hold
         (esqbe.core.filters). `engine_filter` (Elasticsearch/OpenSearch only) is a query DSL clause, or its
         JSON text, that the candidates must also match, e.g. {"term": {"lang": "en"}}.
+
+        `place_hits`: each hit's percentile and band on the index's similarity scale (esqbe.index.scale; measured the
+        first time it is needed); False for work that reads only the ranking (evaluation, reranking, watches).
         """
         from ..query.combine import ExampleSpec
 
@@ -311,7 +314,8 @@ class Index(IngestMixin):
             result.query_paper_id = None
         if encode_ms is not None:
             result.timings = {"encode": encode_ms, **result.timings}
-        self._place(result, settings, meta, context)
+        if place_hits:
+            self._place(result, settings, meta, context)
         return result
 
     def similarity_scale(self, rescorer: str | None = None, **overrides):

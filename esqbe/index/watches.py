@@ -239,7 +239,7 @@ def add_watch(index, name: str, *, paper_id: str | None = None, facet: str | Non
         raise WatchError(str(e)) from None
     conditions = [c.to_dict() for c in flt.conditions] if flt else []
     result = index.query(paper_id, facet=facet, sentences=sentences, text=text, title=title,
-                         filters=conditions or None, **overrides)  # every part checked as a query is
+                         filters=conditions or None, place_hits=False, **overrides)  # checked as a query is
     meta = index.backend.meta()
     indices = [i for i, _ in result.query_sentences]
     if paper_id is not None:
