@@ -331,13 +331,17 @@ class Index(IngestMixin):
         return self._scale(settings, meta, RescoreContext(encoder=_LazyEncoder(self), backend=self.backend))
 
     def _scale(self, settings: Settings, meta: IndexMeta, context):
-        from .scale import similarity_scale
+        from .scale import SCALE_SETTINGS, similarity_scale
 
+        # measured with the index's own settings but for what decides a match's similarity (a query's deeper first
+        # stage, say, must not make each measuring query as slow as it)
+        settings = self.settings.replace(**{k: getattr(settings, k) for k in SCALE_SETTINGS})
         where = self._scale_where()
         opener = (lambda: open_backend(self.settings, create=False))  # noqa: E731  (a backend of the measuring thread's own)
         try:
+            # under a deadline the query's own work must not wait for a measurement: it runs on a thread of its own
             return similarity_scale(self.backend, settings, meta.fingerprint or meta.model, where,
-                                    wait=self.scale_waits, context=context, opener=opener)
+                                    wait=self.scale_waits and not deadline.active(), context=context, opener=opener)
         except _STORAGE_ERRORS as e:
             raise StorageError(f"cannot read the index at {self._where()}: {_reason(e, self.settings.path)}") from e
 

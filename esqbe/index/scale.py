@@ -9,12 +9,14 @@ those hits, the index's matches, are kept as percentiles (p0..p100). A hit is pl
 between.
 
 The scale is stored with the index (`Backend.write_note`: the embedded index's directory; an engine keeps it in
-this process only), keyed by the model, the rescorer and its parameters, and measured again once the index holds
+this process only), keyed by the model, the rescorer and its parameters (`SCALE_SETTINGS`: what decides a match's
+similarity; the measuring queries take the index's settings for the rest), and measured again once the index holds
 `STALE_CHANGE` (20%) more or fewer papers than it was measured on. It is measured the first time a query needs it:
 on the calling thread where the index says it may wait (`Index.scale_waits`: the CLI and the Python API, within
-`BUDGET_S`), else (the server's readers) on a thread of its own with a backend of its own, while queries go on with
-the scale already stored (or the fixed one) and say so. An index of fewer than `MIN_PAPERS` papers has too few
-matches to tell: it gets the shipped fixed scale (`FIXED`, summax and ts only), which says so.
+`BUDGET_S`, unless the query runs under a deadline), else (the server's readers) on a thread of its own with a
+backend of its own, while queries go on with the scale already stored (or the fixed one) and say so. An index of
+fewer than `MIN_PAPERS` papers has too few matches to tell: it gets the shipped fixed scale (`FIXED`, summax and ts
+only), which says so; so does one whose measurement ran out of time (remembered for its paper count).
 """
 from __future__ import annotations
 
@@ -107,6 +109,8 @@ class SimilarityScale:
                           f"{STRONG_FROM:g}", "weak": f"percentile < {WEAK_BELOW:g}"} if pct else None}
 
     def stored(self) -> dict:
+        if "unmeasured" in self.extra:
+            return {"unmeasured": self.extra["unmeasured"], "papers": self.papers, "rescorer": self.rescorer}
         return {"quantiles": [round(float(x), 6) for x in self.quantiles], "papers": self.papers,
                 "queries": self.queries, "matches": self.matches, "rescorer": self.rescorer,
                 "measured_at": self.measured_at, "sampled": int(self.extra.get("sampled", 0))}
@@ -114,6 +118,8 @@ class SimilarityScale:
     @classmethod
     def from_stored(cls, key: str, d: dict) -> SimilarityScale | None:
         """A stored scale, or None when the note is not one (hand-edited, another version's)."""
+        if isinstance(d.get("unmeasured"), str) and isinstance(d.get("papers"), int) and d["papers"] > 0:
+            return _unmeasured(str(d.get("rescorer")), d["unmeasured"], d["papers"], key)
         try:
             quantiles = tuple(float(x) for x in d["quantiles"])
             papers, queries, matches = int(d["papers"]), int(d["queries"]), int(d["matches"])
@@ -143,6 +149,16 @@ def fixed_scale(rescorer: str, why: str) -> SimilarityScale:
                            "(80% of papers scored below 0.3 against a method query, 94% below 0.4)")
 
 
+def _unmeasured(rescorer: str, why: str, papers: int, key: str) -> SimilarityScale:
+    """The fixed scale where the index's own could not be measured, remembered (stored) for its paper count."""
+    found = fixed_scale(rescorer, why)
+    return SimilarityScale(**{**found.__dict__, "papers": papers, "key": key, "extra": {"unmeasured": why}})
+
+
+#: the settings a scale is measured for (the rest, e.g. a query's candidate depth, do not change what a match is)
+SCALE_SETTINGS = ("rescorer", "rescorer_params", "vector_centering", "candidate_facet", "facet_penalty")
+
+
 def scale_key(settings: Settings, model: str) -> str:
     """What a scale is measured for: the model, the rescorer and its parameters, and the vector settings that change
     a similarity."""
@@ -162,7 +178,7 @@ def measure(backend: Backend, settings: Settings, *, context=None, sample: int =
     sims: list[float] = []
     queries = sampled = 0
     for pid in ids:
-        if time.monotonic() - start > budget_s and queries >= MIN_QUERIES:
+        if time.monotonic() - start > budget_s:
             break
         paper = backend.get([pid]).get(pid)
         if paper is None:
@@ -171,17 +187,23 @@ def measure(backend: Backend, settings: Settings, *, context=None, sample: int =
         for facet in QUERY_FACETS:
             if facet not in paper.paper.facets and "facet_probs" not in (paper.paper.metadata or {}):
                 continue
-            own = settings_for_facet(settings, facet).replace(k=TOP_K, rescorer=settings.rescorer,
-                                                              rescorer_params=settings.rescorer_params)
+            own = settings_for_facet(settings, facet).replace(k=TOP_K, **{k: getattr(settings, k) for k in
+                                                                          SCALE_SETTINGS})
             try:
                 indices = select_query_sentences(paper, facet, None, own.query_facet_threshold)
             except QueryError:
                 continue
+            if time.monotonic() - start > budget_s:
+                break
             result = run_examples(backend, [Example(paper, indices, facet)], [], own, context=context)
             queries += 1
             sims += [float(h.similarity) for h in result.hits if h.similarity is not None and np.isfinite(h.similarity)]
+    if queries < MIN_QUERIES and time.monotonic() - start > budget_s:
+        return _unmeasured(settings.rescorer, f"measuring this index's own took longer than {budget_s:g} s "
+                           f"({queries} facet queries)", corpus, key)
     if not sims:
-        return fixed_scale(settings.rescorer, "no facet query of this index's papers found a match to measure")
+        return _unmeasured(settings.rescorer, "no facet query of this index's papers found a match to measure",
+                           corpus, key)
     # as stored (esqbe's note): a process that measured it places a hit as one that reads it
     quantiles = tuple(round(float(x), 6) for x in np.percentile(np.asarray(sims), np.arange(101)))
     return SimilarityScale("index", settings.rescorer, _described(len(sims), queries, corpus, sampled), quantiles,
@@ -228,16 +250,17 @@ def similarity_scale(backend: Backend, settings: Settings, model: str, where: st
         return fixed_scale(settings.rescorer, f"this index has {papers} papers, fewer than the {MIN_PAPERS} its own "
                                               "scale needs")
     known = [x for x in (_stored(backend, key), memo[0] if memo is not None else None) if x is not None
-             and x.source == "index"]  # the stored one first: another process may have measured it since
+             and (x.source == "index" or "unmeasured" in x.extra)]  # the stored one first: another process may
+    # have measured it since
     fresh = next((x for x in known if not _stale(x, papers)), None)
     if fresh is not None:
         with _lock:
             _known[(where, key)] = (fresh, now)
         return fresh
-    scale = known[0] if known else None
+    scale = next((x for x in known if x.source == "index"), None)
     if wait:
         scale = measure(backend, settings, context=context, key=key)
-        if scale.source == "index":
+        if scale.source == "index" or "unmeasured" in scale.extra:
             try:
                 _store(backend, scale)
             except OSError as e:  # a read-only index: kept in this process only
@@ -267,7 +290,7 @@ def _measure_elsewhere(where: str, key: str, settings: Settings, opener) -> None
             backend = opener()
             try:
                 scale = measure(backend, settings, key=key)
-                if scale.source == "index":
+                if scale.source == "index" or "unmeasured" in scale.extra:
                     try:
                         _store(backend, scale)
                     except OSError as e:
