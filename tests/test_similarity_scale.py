@@ -159,3 +159,47 @@ def test_a_measuring_server_places_hits_on_what_it_has_and_says_so(indexes):
         assert later.scale["source"] == "index" and not later.scale["measuring"] and later.scale["rescorer"] == "ts"
     finally:
         index.scale_waits = True
+
+
+def test_a_query_under_a_deadline_does_not_wait_for_a_measurement(indexes):
+    """The Python API measures on the querying thread, but not under a deadline: the query is answered on what is
+    known (asym: no fixed cuts, so no band), marked `measuring`, and the scale is measured on a thread of its own."""
+    import time
+
+    from esqbe.core.deadline import Deadline
+
+    index = indexes["plain"]
+    pid = index.backend.paper_ids()[1]
+    with Deadline(120):
+        first = index.query(pid, facet="method", k=5, rescorer="asym")
+    assert first.scale["source"] == "none" and first.scale["measuring"] and all(h.band is None for h in first.hits)
+    deadline = time.monotonic() + 120
+    while scale_mod.measuring(index._scale_where()):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    later = index.query(pid, facet="method", k=5, rescorer="asym")
+    assert later.scale["source"] == "index" and later.scale["rescorer"] == "asym"
+    assert all(h.band in ("strong", "fair", "weak") for h in later.hits)
+    note = json.loads((index.backend.path / "similarity_scale.json").read_text())
+    assert any("|asym|" in key for key in note)
+
+
+def test_a_measurement_past_its_budget_leaves_the_fixed_scale_and_is_remembered(indexes, tmp_path, encoder):
+    """Out of time before `MIN_QUERIES` queries: the fixed scale, saying why, stored for the index's paper count, so
+    that the next process's query does not spend the budget again."""
+    import esqbe
+
+    path = tmp_path / "slow"
+    shutil.copytree(indexes["plain"].settings.path, path)
+    (path / "similarity_scale.json").unlink()
+    with esqbe.open_index(str(path), encoder=encoder, config=None, create=False) as index:
+        settings = index.settings.replace(rescorer="ts")
+        key = scale_mod.scale_key(settings, index.backend.meta().fingerprint)
+        scale = scale_mod.measure(index.backend, settings, budget_s=0.0, key=key)
+        assert scale.source == "fixed" and "took longer than 0 s" in scale.description
+        scale_mod._store(index.backend, scale)
+    scale_mod._known.clear()  # as a new process
+    with esqbe.open_index(str(path), encoder=encoder, config=None, create=False) as index:
+        result = index.query(index.backend.paper_ids()[0], facet="method", k=5, rescorer="ts")
+        assert result.scale["source"] == "fixed" and "took longer than 0 s" in result.scale["description"]
+        assert all(h.percentile is None and h.band for h in result.hits)
