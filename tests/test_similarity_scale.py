@@ -203,3 +203,22 @@ def test_a_measurement_past_its_budget_leaves_the_fixed_scale_and_is_remembered(
         result = index.query(index.backend.paper_ids()[0], facet="method", k=5, rescorer="ts")
         assert result.scale["source"] == "fixed" and "took longer than 0 s" in result.scale["description"]
         assert all(h.percentile is None and h.band for h in result.hits)
+
+
+def test_esqbe_query_prints_each_hit_s_band_and_percentile(indexes):
+    """`esqbe query`'s text names the scale once and each hit's band and percentile beside it, as --json has them."""
+    import re
+
+    from click.testing import CliRunner
+
+    from cli import main
+
+    path, pid = indexes["plain"].settings.path, indexes["plain"].backend.paper_ids()[2]
+    args = ["query", "--path", str(path), "--paper", pid, "--facet", "method", "-k", "8", "--no-server"]
+    text = CliRunner().invoke(main, args)
+    data = CliRunner().invoke(main, [*args, "--json"])
+    assert text.exit_code == 0 and data.exit_code == 0, text.output + data.output
+    want = json.loads(data.output)
+    assert "[strong/fair/weak, pN]: where sim stands on this index's own matches" in text.output
+    rows = re.findall(r"^\s+\d+\. sim \S+\s+score \S+\s+\[(strong|fair|weak), p(\d+)\]  (\S+)", text.output, flags=re.M)
+    assert rows == [(h["band"], str(int(h["percentile"])), h["paper_id"]) for h in want["hits"]]
