@@ -101,6 +101,9 @@ class Backend(ABC):
         """How many papers the index holds (a backend may answer cheaper than `stats`)."""
         return int(self.stats().get("papers", 0))
 
+    #: whether `write_note` keeps a note with the index (else the caller's process keeps it, if anything)
+    keeps_notes = False
+
     def read_note(self, name: str) -> dict | None:
         """A small JSON note esqbe keeps with the index (e.g. the similarity scale, esqbe.index.scale), or None. The
         engines keep none (the caller keeps it in its process)."""

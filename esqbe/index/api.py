@@ -318,19 +318,20 @@ class Index(IngestMixin):
             self._place(result, settings, meta, context)
         return result
 
-    def similarity_scale(self, rescorer: str | None = None, **overrides):
+    def similarity_scale(self, rescorer: str | None = None, *, wait: bool | None = None, **overrides):
         """Where this index's matches stand for `rescorer` (default: the settings'), an
         `esqbe.index.scale.SimilarityScale`: measured on the index's own papers where it has enough of them (stored
-        with the index, measured again when it has changed by a fifth), else the shipped fixed scale."""
+        with the index, measured again when it has changed by a fifth), else the shipped fixed scale. `wait`: measure it
+        here where due (None: as a query would, see `_scale`)."""
         from ..rescore.batches import RescoreContext
 
         meta = self.backend.meta()
         if meta is None:
             raise EmptyIndexError("the index is empty: index some papers first (`esqbe index FILE`)")
         settings = self.settings.replace(**({"rescorer": rescorer} if rescorer else {}), **overrides)
-        return self._scale(settings, meta, RescoreContext(encoder=_LazyEncoder(self), backend=self.backend))
+        return self._scale(settings, meta, RescoreContext(encoder=_LazyEncoder(self), backend=self.backend), wait)
 
-    def _scale(self, settings: Settings, meta: IndexMeta, context):
+    def _scale(self, settings: Settings, meta: IndexMeta, context, wait: bool | None = None):
         from .scale import SCALE_SETTINGS, similarity_scale
 
         # measured with the index's own settings but for what decides a match's similarity (a query's deeper first
@@ -339,9 +340,12 @@ class Index(IngestMixin):
         where = self._scale_where()
         opener = (lambda: open_backend(self.settings, create=False))  # noqa: E731  (a backend of the measuring thread's own)
         try:
-            # under a deadline the query's own work must not wait for a measurement: it runs on a thread of its own
-            return similarity_scale(self.backend, settings, meta.fingerprint or meta.model, where,
-                                    wait=self.scale_waits and not deadline.active(), context=context, opener=opener)
+            # under a deadline the query's own work must not wait for a measurement: it runs on a thread of its own;
+            # nor where the backend keeps no note of it (an engine's): a one-shot process would measure it every time
+            if wait is None:
+                wait = self.scale_waits and not deadline.active() and self.backend.keeps_notes
+            return similarity_scale(self.backend, settings, meta.fingerprint or meta.model, where, wait=wait,
+                                    context=context, opener=opener)
         except _STORAGE_ERRORS as e:
             raise StorageError(f"cannot read the index at {self._where()}: {_reason(e, self.settings.path)}") from e
 

@@ -13,10 +13,11 @@ this process only), keyed by the model, the rescorer and its parameters (`SCALE_
 similarity; the measuring queries take the index's settings for the rest), and measured again once the index holds
 `STALE_CHANGE` (20%) more or fewer papers than it was measured on. It is measured the first time a query needs it:
 on the calling thread where the index says it may wait (`Index.scale_waits`: the CLI and the Python API, within
-`BUDGET_S`, unless the query runs under a deadline), else (the server's readers) on a thread of its own with a
-backend of its own, while queries go on with the scale already stored (or the fixed one) and say so. An index of
-fewer than `MIN_PAPERS` papers has too few matches to tell: it gets the shipped fixed scale (`FIXED`, summax and ts
-only), which says so; so does one whose measurement ran out of time (remembered for its paper count).
+`BUDGET_S`, unless the query runs under a deadline or the backend keeps no note), else (the server's readers) on a
+thread of its own with a backend of its own, while queries go on with the scale already stored (or the fixed one)
+and say so. An index of fewer than `MIN_PAPERS` papers has too few matches to tell: it gets the shipped fixed scale
+(`FIXED`, summax and ts only), which says so; so does one whose measurement ran out of time (remembered for its
+paper count).
 """
 from __future__ import annotations
 

@@ -140,7 +140,7 @@ class Service:
         index.shares_encoder = False
         try:
             if index.backend.meta() is not None:
-                index.similarity_scale()
+                index.similarity_scale(wait=True)  # an engine's too: this process keeps it
         finally:
             index.close()
 

@@ -293,6 +293,8 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AliasesMixin,
     def paper_count(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM papers").fetchone()[0])
 
+    keeps_notes = True
+
     def read_note(self, name: str) -> dict | None:
         """`NAME.json` in the index directory (None when absent or not a JSON object)."""
         try:
