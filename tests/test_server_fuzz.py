@@ -42,7 +42,34 @@ def server_url(index_dir_30, encoder, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def api_schema(server_url):
-    return schemathesis.openapi.from_url(server_url + "/openapi.json")
+    """The schema as the server documents it. A request the schema forbids must be refused: schemathesis counts
+    400, 401, 403, 404, 405, 406, 409, 415, 422, 428, 429 as refusals, not 413, which the perimeter answers to a body
+    past `max_body_bytes` before it reads it (a negative example can be a 766 KB body). 413 is a refusal too, and
+    status_code_conformance still holds it to the statuses each operation documents (each with a body documents
+    413: test_every_operation_with_a_body_documents_413)."""
+    from schemathesis.config._checks import NegativeDataRejectionConfig
+
+    schema = schemathesis.openapi.from_url(server_url + "/openapi.json")
+    refusals = NegativeDataRejectionConfig().expected_statuses
+    schema.config.checks.negative_data_rejection = NegativeDataRejectionConfig(expected_statuses=[*refusals, "413"])
+    return schema
+
+
+def test_every_operation_with_a_body_documents_413(server_url):
+    """The perimeter refuses any body past the limit with 413 whichever operation it is for, so each operation that
+    takes a body documents 413, and answers it to a real over-limit body (JSON, as the schema asks)."""
+    import httpx
+
+    doc = httpx.get(server_url + "/openapi.json", timeout=30).json()
+    with_body = [(m.upper(), path) for path, ops in doc["paths"].items() for m, op in ops.items() if "requestBody" in op]
+    assert {f"{m} {p}" for m, p in with_body} == {"POST /query", "POST /papers", "POST /watches", "POST /rerank"}
+    big = b'{"text": "' + b"a" * (300 * 1024) + b'"}'
+    for method, path in with_body:
+        assert "413" in doc["paths"][path][method.lower()]["responses"], (method, path)
+        r = httpx.request(method, server_url + path, content=big, timeout=30,
+                          headers={**AUTH, "Content-Type": "application/json"})
+        assert r.status_code == 413, (method, path, r.status_code, r.text[:200])
+        assert r.json()["error"]["status"] == 413
 
 
 def test_the_schema_lists_every_operation(api_schema):

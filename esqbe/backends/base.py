@@ -97,6 +97,22 @@ class Backend(ABC):
     def add_aliases(self, aliases: dict[str, str]) -> None:  # noqa: B027 (optional: see keeps_aliases)
         """Remember that each key (`id:<merged-away id>`) names that paper."""
 
+    def paper_count(self) -> int:
+        """How many papers the index holds (a backend may answer cheaper than `stats`)."""
+        return int(self.stats().get("papers", 0))
+
+    #: whether `write_note` keeps a note with the index (else the caller's process keeps it, if anything)
+    keeps_notes = False
+
+    def read_note(self, name: str) -> dict | None:
+        """A small JSON note esqbe keeps with the index (e.g. the similarity scale, esqbe.index.scale), or None. The
+        engines keep none (the caller keeps it in its process)."""
+        return None
+
+    def write_note(self, name: str, value: dict) -> None:  # noqa: B027 (optional: see read_note)
+        """Keep `value` as the note `name` with the index, without the write lock (a reader may write it); OSError
+        where the index cannot be written."""
+
     def paper_ids(self) -> list[str]:
         """Every paper id in the index (for whole-index jobs such as `esqbe train-words --index-path`)."""
         raise BackendError(f"the {self.name} backend cannot list its papers")

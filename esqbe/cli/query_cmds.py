@@ -291,9 +291,16 @@ def _print_result(result: dict, *, chosen: bool, filters, engine_filter) -> None
     else:
         say("\nsim: the rescorer's similarity (comparable across queries); score: what this query sorted by "
             "(the rescorer fused with BM25); the number before each hit is its position")
+        scale = result.get("scale") or {}
+        if scale.get("source") in ("index", "fixed"):
+            say(f"[strong/fair/weak, pN]: where sim stands on {scale['description']}"
+                + ("; pN: higher than N% of them" if scale["source"] == "index" else ""))
     for hit in hits:
         sim = "   -  " if hit["similarity"] is None else f"{hit['similarity']:.4f}"
-        say(f"\n{hit['rank']:>3}. sim {sim}  score {hit['score']:.4f}  {hit['paper_id']}  {hit['title']}")
+        band = hit.get("band")
+        pct = hit.get("percentile")
+        place = f"[{band}{'' if pct is None else f', p{int(pct)}'}]  " if band else ""
+        say(f"\n{hit['rank']:>3}. sim {sim}  score {hit['score']:.4f}  {place}{hit['paper_id']}  {hit['title']}")
         line = _metadata_line(hit["metadata"])
         if line:
             say(f"       {line}")

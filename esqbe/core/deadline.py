@@ -69,6 +69,11 @@ class Deadline:
         _CURRENT.reset(self._tokens.pop())
 
 
+def active() -> bool:
+    """Whether the work this thread runs is under a deadline (a cancellation token)."""
+    return _CURRENT.get() is not None
+
+
 def check() -> None:
     """Raise `Cancelled` if the work this thread runs is past its deadline or cancelled."""
     current = _CURRENT.get()

@@ -166,12 +166,12 @@ def evaluate_csfcube(data_dir: str, settings: Settings, *, facets: str = "keep",
         for qid in qids:
             pid, facet = split_qid(qid)
             try:
-                result = index.query(pid, facet=facet, restrict_to=cube.pools[qid])
+                result = index.query(pid, facet=facet, restrict_to=cube.pools[qid], place_hits=False)
             except QueryError:
                 # the query paper has no sentence with that label (possible with predicted labels):
                 # rank with all its sentences rather than drop the query, and say so
                 fallbacks.append(qid)
-                result = index.query(pid, restrict_to=cube.pools[qid])
+                result = index.query(pid, restrict_to=cube.pools[qid], place_hits=False)
             run[qid] = [(h.paper_id, h.score) for h in result.hits]
         if fallbacks:
             log(f"{len(fallbacks)} queries had no sentence labelled with their facet and used all sentences: "

@@ -112,10 +112,10 @@ def evaluate_feedback(data_dir: str, settings: Settings, feedback: tuple[int, in
             pid, facet = split_qid(qid)
             judged, pool = cube.qrels[qid], cube.pools[qid]
             try:
-                first = index.query(pid, facet=facet, restrict_to=pool)
+                first = index.query(pid, facet=facet, restrict_to=pool, place_hits=False)
                 query = {"paper_id": pid, "facet": facet}
             except QueryError:  # no sentence with the facet's label: all its sentences (as `evaluate_csfcube`)
-                first = index.query(pid, restrict_to=pool)
+                first = index.query(pid, restrict_to=pool, place_hits=False)
                 query = {"paper_id": pid}
             ranking = [(h.paper_id, h.score) for h in first.hits]
             read = [h for h, _ in ranking[:READ_DEPTH]]
@@ -127,7 +127,7 @@ def evaluate_feedback(data_dir: str, settings: Settings, feedback: tuple[int, in
             if marked:
                 result = index.query(examples=[query, *(_facet_sentences(index, g, facet) for g in good)],
                                      avoid=[_facet_sentences(index, b, facet) for b in bad],
-                                     facet=facet, restrict_to=[c for c in pool if c not in marked])
+                                     facet=facet, restrict_to=[c for c in pool if c not in marked], place_hits=False)
                 fed[qid] = [(h.paper_id, h.score) for h in result.hits]
             else:  # nothing to mark: the user asks nothing more; the run is the baseline's
                 fed[qid] = baseline[qid]

@@ -50,6 +50,9 @@ class Index(IngestMixin):
     #: share a loaded model with the other indexes of this process (`esqbe.encode.loader`); False: load one of its
     #: own (the server's threads: a tokenizer must not be used from two threads at once)
     shares_encoder = True
+    #: measure the index's similarity scale on the querying thread when it is due (esqbe.index.scale); False (the
+    #: server's readers): on a thread of its own, while queries go on with the stored or fixed scale
+    scale_waits = True
 
     def __init__(self, backend: Backend, settings: Settings, encoder=None):
         self.backend = backend
@@ -169,9 +172,22 @@ class Index(IngestMixin):
             count = self.backend.delete(targets) if targets else 0
         except _STORAGE_ERRORS as e:
             raise StorageError(f"cannot write the index at {self._where()}: {_reason(e, self.settings.path)}") from e
-        centering.written(self.backend, count)
+        self._written(count)
         return ([p for p in ids if p in present or p in merged], [p for p in ids if p not in present and p not in merged],
                 merged)
+
+    def _written(self, papers: int) -> None:
+        """`papers` were added, replaced or deleted through this index: what is derived from its papers looks again
+        (the corpus directions past 10% of their corpus, the similarity scale at its next query)."""
+        from .scale import recheck
+
+        centering.written(self.backend, papers)
+        if papers > 0:
+            recheck(self._scale_where())
+
+    def _scale_where(self) -> str:
+        """The index's name for this process's memo of similarity scales (esqbe.index.scale)."""
+        return self._where() if self.settings.backend != "embedded" else str(Path(self.settings.path or "").resolve())
 
     def _merged_into(self, paper_ids: list[str]) -> dict[str, str]:
         """Each of `paper_ids` that is a record's id merged into another paper -> that paper (an alias table's)."""
@@ -220,7 +236,7 @@ class Index(IngestMixin):
     def query(self, paper_id: str | None = None, *, facet: str | None = None, sentences: Sequence[int] | None = None,
               text: str | Sequence[str] | None = None, title: str = "", restrict_to: Sequence[str] | None = None,
               filters=None, engine_filter: dict | str | None = None, examples: Sequence | None = None,
-              avoid: Sequence | None = None, **overrides) -> QueryResult:
+              avoid: Sequence | None = None, place_hits: bool = True, **overrides) -> QueryResult:
         """Papers most similar to a paper's facet (or chosen sentences), or to several examples and unlike others.
 
         The query paper is `paper_id` (from the index; its stored vectors are reused) or `text`
@@ -238,6 +254,9 @@ class Index(IngestMixin):
         ("year>=2019"), a {"key", "op", "value"} dict, or a list of them, all of which must hold
         (esqbe.core.filters). `engine_filter` (Elasticsearch/OpenSearch only) is a query DSL clause, or its
         JSON text, that the candidates must also match, e.g. {"term": {"lang": "en"}}.
+
+        `place_hits`: each hit's percentile and band on the index's similarity scale (esqbe.index.scale; measured the
+        first time it is needed); False for work that reads only the ranking (evaluation, reranking, watches).
         """
         from ..query.combine import ExampleSpec
 
@@ -295,7 +314,49 @@ class Index(IngestMixin):
             result.query_paper_id = None
         if encode_ms is not None:
             result.timings = {"encode": encode_ms, **result.timings}
+        if place_hits:
+            self._place(result, settings, meta, context)
         return result
+
+    def similarity_scale(self, rescorer: str | None = None, *, wait: bool | None = None, **overrides):
+        """Where this index's matches stand for `rescorer` (default: the settings'), an
+        `esqbe.index.scale.SimilarityScale`: measured on the index's own papers where it has enough of them (stored
+        with the index, measured again when it has changed by a fifth), else the shipped fixed scale. `wait`: measure it
+        here where due (None: as a query would, see `_scale`)."""
+        from ..rescore.batches import RescoreContext
+
+        meta = self.backend.meta()
+        if meta is None:
+            raise EmptyIndexError("the index is empty: index some papers first (`esqbe index FILE`)")
+        settings = self.settings.replace(**({"rescorer": rescorer} if rescorer else {}), **overrides)
+        return self._scale(settings, meta, RescoreContext(encoder=_LazyEncoder(self), backend=self.backend), wait)
+
+    def _scale(self, settings: Settings, meta: IndexMeta, context, wait: bool | None = None):
+        from .scale import SCALE_SETTINGS, similarity_scale
+
+        # measured with the index's own settings but for what decides a match's similarity (a query's deeper first
+        # stage, say, must not make each measuring query as slow as it)
+        settings = self.settings.replace(**{k: getattr(settings, k) for k in SCALE_SETTINGS})
+        where = self._scale_where()
+        opener = (lambda: open_backend(self.settings, create=False))  # noqa: E731  (a backend of the measuring thread's own)
+        try:
+            # under a deadline the query's own work must not wait for a measurement: it runs on a thread of its own;
+            # nor where the backend keeps no note of it (an engine's): a one-shot process would measure it every time
+            if wait is None:
+                wait = self.scale_waits and not deadline.active() and self.backend.keeps_notes
+            return similarity_scale(self.backend, settings, meta.fingerprint or meta.model, where, wait=wait,
+                                    context=context, opener=opener)
+        except _STORAGE_ERRORS as e:
+            raise StorageError(f"cannot read the index at {self._where()}: {_reason(e, self.settings.path)}") from e
+
+    def _place(self, result: QueryResult, settings: Settings, meta: IndexMeta, context) -> None:
+        """Each hit's percentile and band on the index's similarity scale (esqbe.index.scale)."""
+        t = time.perf_counter()
+        scale = self._scale(settings, meta, context)
+        for hit in result.hits:
+            hit.percentile, hit.band = scale.place(hit.similarity)
+        result.scale = scale.public()
+        result.timings = {**result.timings, "scale": round(1000 * (time.perf_counter() - t), 2)}
 
     def _text_example(self, spec, facet: str | None, meta: IndexMeta, settings: Settings) -> tuple[IndexedPaper, float]:
         """A pasted text as an example: split (refused past the caps), labelled by the tagger, encoded."""

@@ -17,7 +17,6 @@ from ..domain import IndexedPaper, IndexMeta, Paper, normalize_label
 from ..errors import ParameterError, StorageError
 from ..ingest.encoded import is_parquet
 from ..ingest.readers import InputError, ReadReport, check_source, read_papers
-from ..query import centering
 from ..settings.config import Settings
 from ..settings.table import FACET_MODES  # noqa: E402
 from .reports import _STORAGE_ERRORS, EncodeReport, IndexReport, _reason
@@ -39,6 +38,7 @@ class IngestMixin:
         def check_model(self, *, query: bool = False) -> None: ...
         def _requested_meta(self, encoder: Any) -> IndexMeta: ...
         def _stored_meta(self) -> IndexMeta | None: ...
+        def _written(self, papers: int) -> None: ...
         def _where(self) -> str: ...
     #: encode each batch in a worker thread while this thread writes the batch before it and reads the one
     #: after (False: one batch at a time, in this thread; benchmarks/bench_encode.py measures both)
@@ -167,7 +167,7 @@ class IngestMixin:
                             raise
                         _count(committed, tagged)
                         raise
-                    centering.written(self.backend, result.added + result.replaced)
+                    self._written(result.added + result.replaced)
                     _count(result, tagged)
                 else:
                     report.replaced += n_repeated
@@ -377,7 +377,7 @@ class IngestMixin:
                 report.unchanged += len(batch) - len(fresh)
                 if fresh:
                     result = self.backend.upsert(fresh)
-                    centering.written(self.backend, result.added + result.replaced)
+                    self._written(result.added + result.replaced)
                     report.indexed += result.added
                     report.replaced += result.replaced
                     report.unchanged += result.unchanged

@@ -158,7 +158,7 @@ def rerank(index, query: RerankQuery | str, documents: Sequence, **overrides) ->
     timings: dict = {}
     if pool:
         result = index.query(q.paper_id, facet=q.facet, sentences=q.sentences, text=q.text, restrict_to=pool,
-                             **{"k": len(pool), **overrides})
+                             place_hits=False, **{"k": len(pool), **overrides})
         scored = {h.paper_id: float(h.score) for h in result.hits if math.isfinite(h.score)}
         timings = dict(result.timings)
     floor = (min(scored.values()) - 1.0) if scored else 0.0

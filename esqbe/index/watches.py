@@ -264,7 +264,8 @@ def add_watch(index, name: str, *, paper_id: str | None = None, facet: str | Non
     conditions = [c.to_dict() for c in flt.conditions] if flt else []
     several = examples is not None or bool(avoid)
     result = index.query(paper_id, facet=facet, sentences=sentences, text=text, title=title, examples=examples,
-                         avoid=avoid, filters=conditions or None, **overrides)  # every part checked as a query is
+                         avoid=avoid, filters=conditions or None, place_hits=False,
+                         **overrides)  # every part checked as a query is
     meta = index.backend.meta()
     if several:  # what was asked of each (the query chose their sentences: result.examples / result.avoid)
         asked = [ExampleSpec.of(x) for x in (examples or [])], [ExampleSpec.of(x) for x in (avoid or [])]

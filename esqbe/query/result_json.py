@@ -11,8 +11,11 @@ or 0.0 (the other scores), metadata goes through a JSON round trip.
                "examples": [{paper_id (null: a text), title, facet, sentences: [{index, text, facet}], selection}],
                "avoid": [the same, for the papers to avoid]},
      "rescorer", "rescorer_params", "similarity" (what a hit's similarity is), "match_weight" (what a pair's
-     weight is),
+     weight is), "scale" (what the hits' percentile and band are placed on: esqbe.index.scale; null from a bare
+     run_query),
      "hits": [{"rank", "paper_id", "title", "similarity", "score", "first_stage_score", "bm25", "knn",
+               "percentile" (among the index's own matches; null on the fixed scale), "band" (strong, fair, weak
+               or null),
                "matches": [{query_index, query_sentence, candidate_index, candidate_sentence, candidate_facet,
                             weight, example (which example the query sentence is of)}],
                "example_similarities" (per example, its similarity to the hit),
@@ -122,6 +125,7 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
                              avoid_index=a.avoid_index, avoid_sentence=a.avoid_sentence,
                              candidate_index=a.candidate_index, candidate_sentence=a.candidate_sentence)
                         for a in h.avoided],
+            "percentile": finite(h.percentile), "band": h.band,
             "metadata": jsonable(public_metadata(h.metadata)),
             "sentences": sentences_json(papers[h.paper_id]) if papers and h.paper_id in papers else None,
         })
@@ -151,6 +155,7 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
         "rescorer_params": jsonable(result.rescorer_params or {}) if rescorer != "none" else {},
         "similarity": SIMILARITY.get(rescorer, "the rescorer's score"),
         "match_weight": MATCH_WEIGHT.get(rescorer, "weight"),
+        "scale": jsonable(result.scale) if result.scale is not None else None,
         "hits": hits,
         "timings_ms": dict(result.timings),
     }

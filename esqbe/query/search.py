@@ -128,6 +128,10 @@ class Hit:
     example_similarities: list[float | None] = field(default_factory=list)
     #: per paper to avoid, how much it pulled this hit down (same order as `QueryResult.avoid`)
     avoided: list[AvoidedMatch] = field(default_factory=list)
+    #: where the similarity stands among the index's own matches: its percentile (0..100; None on the fixed scale)
+    #: and band, "strong", "fair" or "weak" (None: no scale), on `QueryResult.scale` (set by `Index.query`)
+    percentile: float | None = None
+    band: str | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -187,6 +191,9 @@ class QueryResult:
     #: the query's examples (esqbe.query.combine.Example; the first is `query_paper_id`'s) and the papers to avoid
     examples: list[Example] = field(default_factory=list)
     avoid: list[Example] = field(default_factory=list)
+    #: what the hits' percentiles and bands are placed on (esqbe.index.scale.SimilarityScale.public; set by
+    #: `Index.query`, None from a bare `run_query`)
+    scale: dict | None = None
 
     def to_dict(self, papers: Mapping[str, Paper] | None = None) -> dict:
         """The one JSON shape of a query result, `esqbe query --json`'s and HTTP POST /query's (esqbe.query.result_json);

@@ -246,6 +246,11 @@ class Hit(BaseModel):
         default_factory=list, description="per example of the query (in order), the hit's similarity to it")
     avoided: list[AvoidedMatch] = Field(default_factory=list,
                                         description="per paper to avoid, how much it pulled the hit down")
+    percentile: float | None = Field(None, description="where the similarity stands among this index's own matches "
+                                     "(0..100: higher than that share of them; see the response's `scale`); null on "
+                                     "the fixed scale or without one")
+    band: Literal["strong", "fair", "weak"] | None = Field(None, description="the similarity's band on the response's "
+                                                           "`scale` (null: no scale for this rescorer)")
     metadata: dict[str, Any] = Field(default_factory=dict,
                                      description="the paper's stored metadata (year, venue, authors, ids, ...)")
     sentences: list[LabelledSentence] | None = None
@@ -290,6 +295,24 @@ class QueryInfo(BaseModel):
     avoid: list[QueryExample] = Field(default_factory=list, description="the papers the hits were kept unlike")
 
 
+class SimilarityScale(BaseModel):
+    """Where a hit's similarity stands (esqbe.index.scale): this index's own matches, or the shipped fixed scale."""
+
+    source: Literal["index", "fixed", "none"] = Field(
+        description="index: the similarities of the top-10 hits of facet queries by a sample of the index's own "
+                    "papers; fixed: the shipped scale (an index of fewer than 20 papers, or while its own is being "
+                    "measured); none: no scale for this rescorer")
+    rescorer: str
+    description: str = Field(description="the scale in words")
+    papers: int = Field(description="papers in the index when it was measured (index)")
+    queries: int = Field(description="facet queries measured (index)")
+    matches: int = Field(description="similarities measured (index)")
+    percentiles: dict[str, float] | None = Field(description="p5, p25, p50, p75, p95 of the index's matches (index)")
+    cuts: dict[str, float] | None = Field(description="the fixed scale's similarity from which a hit is fair, strong")
+    measuring: bool = Field(description="the index's own scale is being measured (again) now")
+    bands: dict[str, str] | None = Field(description="each band's percentiles (index)")
+
+
 class QueryResponse(BaseModel):
     """A query result in the one JSON shape `esqbe query --json` prints too (esqbe.query.result_json)."""
 
@@ -299,6 +322,7 @@ class QueryResponse(BaseModel):
     rescorer_params: dict[str, Any]
     similarity: str = Field(description="what a hit's similarity is for this rescorer")
     match_weight: str = Field(description="what a matched pair's weight is for this rescorer")
+    scale: SimilarityScale | None = Field(None, description="what the hits' percentile and band are placed on")
     hits: list[Hit]
     timings_ms: dict[str, float]
 

@@ -93,6 +93,7 @@ class Service:
 
         index = Index(open_backend(self.settings, create=create), self.settings, encoder=self._shared_encoder)
         index.shares_encoder = False
+        index.scale_waits = False  # the scale is measured on a thread of its own (esqbe.index.scale)
         index.check_model()
         _ = index.encoder
         return index
@@ -118,6 +119,10 @@ class Service:
         assert self.writer is not None  # start() made the slots before it started this thread
         futures = [slot.submit(_warm) for slot in self.readers]
         futures.append(self.writer.submit(_warm_writer))
+        try:  # here, on a backend of its own: no reader waits for it
+            self._warm_scale()
+        except Exception as e:  # a query measures it again (on a thread of its own) or uses the fixed scale
+            log.warning("measuring the similarity scale failed: %s: %s", type(e).__name__, e)
         for f in futures:
             try:
                 f.result()
@@ -125,6 +130,19 @@ class Service:
                 self.warm_error = f"{type(e).__name__}: {e}"
                 log.warning("warming up failed: %s", self.warm_error)
         self.ready.set()
+
+    def _warm_scale(self) -> None:
+        """The default rescorer's similarity scale (esqbe.index.scale), measured (or read from the index) before the
+        server says it is ready, so that the first query places its hits on the index's own matches."""
+        from ..index.api import open_backend
+
+        index = Index(open_backend(self.settings, create=False), self.settings, encoder=self._shared_encoder)
+        index.shares_encoder = False
+        try:
+            if index.backend.meta() is not None:
+                index.similarity_scale(wait=True)  # an engine's too: this process keeps it
+        finally:
+            index.close()
 
     async def read(self, fn: Callable, *args, deadline: Deadline | None = None, request: Request | None = None):
         """`fn(index, *args)` on the least busy reader. With a `deadline`, the work runs under it (esqbe.core.deadline:

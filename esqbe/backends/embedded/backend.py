@@ -23,8 +23,11 @@ Layout of an index directory (format 2; docs/performance.md says why each choice
 - `text/`: a tantivy index (BM25 over title + abstract, plus one field per facet), derived from
   SQLite: papers not yet in it are marked `text_indexed = 0` and synced by the next writer (`2`: a stored
   row it cannot take, reported once and left out of BM25, so that it never blocks a later write).
+- `similarity_scale.json`: a note derived from the papers (esqbe.index.scale: where a hit's similarity stands
+  among the index's own matches), replaced whole by whoever measured it, reader or writer; deleting it only
+  makes the next query measure it again.
 
-Readers take no lock and write nothing: opening an index never repairs it (a writer does that when
+Readers take no lock and write no paper: opening an index never repairs it (a writer does that when
 it takes the directory's write lock, `write.lock`), so queries run during a load and on a
 read-only directory. A second writer waits for the first, saying so on stderr.
 """
@@ -35,6 +38,7 @@ import json
 import math
 import numbers
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import wait as futures_wait
 from pathlib import Path
@@ -285,6 +289,28 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AliasesMixin,
 
     def paper_ids(self) -> list[str]:
         return [pid for (pid,) in self._db.execute("SELECT paper_id FROM papers ORDER BY paper_id")]
+
+    def paper_count(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM papers").fetchone()[0])
+
+    keeps_notes = True
+
+    def read_note(self, name: str) -> dict | None:
+        """`NAME.json` in the index directory (None when absent or not a JSON object)."""
+        try:
+            value = json.loads((self.path / f"{name}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def write_note(self, name: str, value: dict) -> None:
+        """`NAME.json` in the index directory, replaced whole (a reader never sees half of it; the last writer wins)."""
+        tmp = self.path / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            tmp.write_text(json.dumps(value, allow_nan=False))
+            os.replace(tmp, self.path / f"{name}.json")
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def token_counts(self) -> tuple[dict[str, int], int] | None:
         counts = dict(self._db.execute("SELECT token, count FROM token_counts"))

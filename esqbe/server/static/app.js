@@ -449,7 +449,7 @@ function renderHits(res) {
   const filters = (state.lastQuery && state.lastQuery.filters) || [];
   const filtered = filters.length ? ` · filters: ${filters.join("; ")}` : "";
   $("results-info").textContent = `${res.hits.length} papers${filtered} · rescorer ${res.rescorer} · similarity = ${res.similarity}` +
-    ` · pair weight = ${res.match_weight} · ${fmt(t.total, 0)} ms`;
+    ` · pair weight = ${res.match_weight}${scaleWords(res.scale)} · ${fmt(t.total, 0)} ms`;
   const list = $("hits");
   list.replaceChildren();
   const maxWeight = Math.max(1e-9, ...res.hits.flatMap((h) => h.matches.map((m) => Math.abs(m.weight))));
@@ -533,22 +533,29 @@ function renderHits(res) {
   if (!res.hits.length) $("results-info").textContent = `No similar paper found${filters.length ? ` with filters: ${filters.join("; ")}` : ""}.`;
 }
 
-// Where a hit's similarity stands, so that a weak match looks weak. For summax and ts (cosines) a fixed scale,
-// measured once on the bundled sample (300 CSAbstruct abstracts, the default model all-MiniLM-L6-v2, method
-// queries by 58 of its papers against every paper): 80% of papers score below 0.3 and 94% below 0.4, while a
-// query's best hit is at 0.3 or more in 98% of queries. Other rescorers' numbers are on other scales: no band.
-const STRENGTH = [[0.4, "strong", "above 0.4: higher than 94% of papers against a query"],
-  [0.3, "fair", "0.3 to 0.4: higher than 80% of papers against a query"],
-  [-Infinity, "weak", "below 0.3: as close as most unrelated papers (80% of papers against a query score below 0.3)"]];
+// Where a hit's similarity stands, so that a weak match looks weak: the band and percentile the server placed it at
+// (hit.band, hit.percentile) on the response's scale (res.scale): this index's own matches, or the shipped fixed
+// scale where the index is too small for its own (or while it is being measured). No scale (rescorer none, or a
+// rescorer the fixed scale has no cuts for): no band.
+// which scale the bands are on, in the results line (the tooltip of each band says the rest)
+function scaleWords(scale) {
+  if (!scale || scale.source === "none") return "";
+  const what = scale.source === "index" ? "this index's own matches" : "the fixed scale";
+  return ` · bands on ${what}${scale.measuring ? " (this index's own scale is being measured)" : ""}`;
+}
 
 function strength(hit, res) {
-  if (!["summax", "ts"].includes(res.rescorer) || typeof hit.similarity !== "number") return null;
-  const [, label, why] = STRENGTH.find(([low]) => hit.similarity >= low);
+  if (!hit.band || typeof hit.similarity !== "number") return null;
+  const scale = res.scale || {};
   const sims = res.hits.map((h) => h.similarity).filter((x) => typeof x === "number");
   const best = Math.max(...sims);
-  const title = `${label} match: similarity ${fmt(hit.similarity)}, ${why}. This query's best hit: ${fmt(best)}. ` +
-    "Scale measured on the bundled sample with the default model (all-MiniLM-L6-v2); see the README.";
-  return el("span", { class: `strength strength-${label}`, title, text: `${label} match` });
+  const where = typeof hit.percentile === "number"
+    ? `higher than ${Math.floor(hit.percentile)}% of this index's matches`
+    : `on the fixed scale (strong from ${fmt((scale.cuts || {}).strong, 2)}, fair from ${fmt((scale.cuts || {}).fair, 2)})`;
+  const title = `${hit.band} match: similarity ${fmt(hit.similarity)}, ${where}. This query's best hit: ${fmt(best)}. ` +
+    `Scale: ${scale.description || "?"}.`;
+  return el("span", { class: `strength strength-${hit.band}`, title, "data-scale": scale.source || "none",
+    text: `${hit.band} match` });
 }
 
 function facetOfQuery(i) {
