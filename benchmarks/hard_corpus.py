@@ -2,6 +2,7 @@
 `esqbe encode` does, cached; then extended to any number of papers (see `extend`).
 
     PYTHONPATH=. /work/notes/heavy .venv/bin/python benchmarks/hard_corpus.py build --cache /work/cache/h23b/hard
+    PYTHONPATH=. .venv/bin/python benchmarks/hard_corpus.py build --cache /work/cache/h15/hard --max-chunks 5   # session 7's corpus
     PYTHONPATH=. .venv/bin/python benchmarks/hard_corpus.py count --cache /work/cache/h23b/hard
     PYTHONPATH=. .venv/bin/python benchmarks/hard_corpus.py compare --cache /work/cache/h23b/hard --sample 300000
 
