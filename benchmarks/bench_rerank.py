@@ -8,7 +8,9 @@ seeded query paper that has the facet and N seeded candidates (all in the index)
 service sends them (the body built from the installed template, esqbe.backends.engines.reranker). For each N it
 prints the HTTP call's p50 / p95 / mean (what the engine waits for), and beside it the same reranking in this process
 through the library (`esqbe.index.rerank.rerank`: the query restricted to the candidates), so the HTTP skin's share
-shows. One warm-up call per N first. Timings from a machine shared with other work are contended: say so.
+shows. The two run interleaved, call by call on the same query and candidates (which goes first alternates), so
+neither is measured on a colder cache than the other. One warm-up round per N first. Timings from a machine shared
+with other work are contended: say so.
 """
 import argparse
 import random
@@ -63,31 +65,38 @@ def main() -> None:
             queries += [p for p in ids[start:start + 256] if p in found and args.facet in found[p].facets]
             if len(queries) >= args.calls + 1:
                 break
-        plan = {n: [(q, rng.sample([i for i in ids if i != q][: max(sizes) * 4], n)) for q in queries[: args.calls + 1]]
+        pool = max(sizes) * 4  # candidates are drawn from the first `pool` shuffled ids other than the query
+        plan = {n: [(q, rng.sample([i for i in ids[: pool + 1] if i != q][:pool], n)) for q in queries[: args.calls + 1]]
                 for n in sizes}
-        local = {n: [] for n in sizes}
-        for n in sizes:
-            for i, (q, docs) in enumerate(plan[n]):
-                t0 = time.perf_counter()
-                rerank(index, f"paper:{q} facet:{args.facet}", docs)
-                if i:
-                    local[n].append(1000 * (time.perf_counter() - t0))
-    token = "bench-rerank-token-0123"
-    app = create_app(args.path, config=None, options=ServeOptions(host="127.0.0.1", token=token))
-    http = {n: [] for n in sizes}
-    with LiveServer(app) as url, httpx.Client(timeout=120) as client:
-        body = es_inference_body(url, token)
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
-        for n in sizes:
-            for i, (q, docs) in enumerate(plan[n]):
+        local: dict[int, list[float]] = {n: [] for n in sizes}
+        http: dict[int, list[float]] = {n: [] for n in sizes}
+        token = "bench-rerank-token-0123"
+        app = create_app(args.path, config=None, options=ServeOptions(host="127.0.0.1", token=token))
+        with LiveServer(app) as url, httpx.Client(timeout=120) as client:
+            body = es_inference_body(url, token)
+            headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+
+            def by_http(q: str, docs: list[str]) -> float:
                 payload = es_request_body(body, f"paper:{q} facet:{args.facet}", docs)
                 t0 = time.perf_counter()
                 r = client.post(url + "/rerank", content=payload, headers=headers)
                 ms = 1000 * (time.perf_counter() - t0)
                 r.raise_for_status()
-                assert len(r.json()["results"]) == n
-                if i:
-                    http[n].append(ms)
+                assert len(r.json()["results"]) == len(docs)
+                return ms
+
+            def by_library(q: str, docs: list[str]) -> float:
+                t0 = time.perf_counter()
+                rerank(index, f"paper:{q} facet:{args.facet}", docs)
+                return 1000 * (time.perf_counter() - t0)
+
+            for n in sizes:
+                for i, (q, docs) in enumerate(plan[n]):  # call 0 of each size warms up
+                    runs = [(http, by_http), (local, by_library)]
+                    for out, call in runs if i % 2 else runs[::-1]:
+                        ms = call(q, docs)
+                        if i:
+                            out[n].append(ms)
     print(f"index {args.path}: {len(ids)} papers; facet {args.facet}; {args.calls} timed calls per size (ms)")
     print(f"{'docs':>6} {'http p50':>9} {'http p95':>9} {'http mean':>10} {'lib p50':>8} {'lib p95':>8}")
     for n in sizes:

@@ -2,6 +2,7 @@
 `esqbe encode` does, cached; then extended to any number of papers (see `extend`).
 
     PYTHONPATH=. /work/notes/heavy .venv/bin/python benchmarks/hard_corpus.py build --cache /work/cache/h23b/hard
+    PYTHONPATH=. .venv/bin/python benchmarks/hard_corpus.py build --cache /work/cache/h15/hard --max-chunks 5   # session 7's corpus
     PYTHONPATH=. .venv/bin/python benchmarks/hard_corpus.py count --cache /work/cache/h23b/hard
     PYTHONPATH=. .venv/bin/python benchmarks/hard_corpus.py compare --cache /work/cache/h23b/hard --sample 300000
 
@@ -97,10 +98,11 @@ def gather() -> tuple[list[dict], dict]:
 FULL_TEXT_CHUNK = 40  # full texts per encoded file: a partial build (stopped at any time) leaves whole files
 
 
-def build(cache: Path) -> dict:
+def build(cache: Path, max_chunks: int | None = None) -> dict:
     """Encode the gathered papers in chunks, each into its own Parquet file (encoded/NNN/), abstracts first, then
     the full texts in a seeded order, FULL_TEXT_CHUNK at a time; a chunk already encoded is kept (the build
-    resumes). What was encoded when a build is stopped is a seeded sample of the full texts."""
+    resumes). What was encoded when a build is stopped is a seeded sample of the full texts. `max_chunks` stops
+    after the first that many chunks (5: session 7's corpus, all abstracts and 160 full texts drawn)."""
     import esqbe
 
     cache.mkdir(parents=True, exist_ok=True)
@@ -109,6 +111,8 @@ def build(cache: Path) -> dict:
     full = [r for r in papers if r["id"].split(":", 1)[0] in FULL_TEXT_SOURCES]
     full = [full[i] for i in np.random.default_rng(0).permutation(len(full))]
     chunks = [abstracts] + [full[i:i + FULL_TEXT_CHUNK] for i in range(0, len(full), FULL_TEXT_CHUNK)]
+    if max_chunks is not None:
+        chunks = chunks[:max_chunks]
     print(f"gathered {len(papers)} papers, {sum(len(r['abstract']) for r in papers)} sentences: {counts}; "
           f"{len(chunks)} chunks", file=sys.stderr, flush=True)
     index = esqbe.encoder_only()
@@ -509,13 +513,15 @@ def main():
     ap.add_argument("--share", type=float, default=0.25, help="compare: share of the real papers extended")
     ap.add_argument("--queries", type=int, default=500)
     ap.add_argument("--no-ivf", action="store_true")
+    ap.add_argument("--max-chunks", type=int, default=None,
+                    help="build: stop after the first N chunks (5 = session 7's 7,147 papers, 78,325 sentences)")
     args = ap.parse_args()
     cache = Path(args.cache)
     if args.command == "gather":
         papers, counts = gather()
         print(json.dumps({"papers": len(papers), "sentences": sum(len(r["abstract"]) for r in papers), "by_source": counts}))
     elif args.command == "build":
-        print(json.dumps(build(cache), indent=1, default=str))
+        print(json.dumps(build(cache, args.max_chunks), indent=1, default=str))
     elif args.command == "choose":  # the choice again, from a saved comparison
         saved = json.loads((cache / f"compare-{args.share}-{args.sigmas}.json").read_text())
         print(choose(saved, cache), saved["gap"])
