@@ -349,6 +349,9 @@ class FirstStageRequest:
     filter: MetadataFilter | None = None
     #: BM25 over the candidates' sentences of this facet instead of title + abstract (None: title + abstract)
     bm25_facet: str | None = None
+    #: the share of the ANN's calibrated effort each query sentence gets (the embedded IVF's nprobe x this, at least
+    #: 1 list); a query of several examples searches with less (Settings.examples_ann_effort). Engines ignore it
+    ann_effort: float = 1.0
 
 
 @dataclass

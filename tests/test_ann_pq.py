@@ -221,3 +221,30 @@ def test_a_many_sentence_query_searches_the_ann_in_parts_with_the_same_hits(csfc
                 whole = b.knn(q, 100, facet="background")
             assert parts == [m]
             assert split == whole and len(whole) >= 100  # each sentence's 100 best papers
+
+
+def test_ann_effort_scales_the_calibrated_nprobe(csfcube_pq):
+    """A query of several examples searches each sentence with `examples_ann_effort` x the calibrated nprobe (issue
+    36): the kNN at effort e is the kNN with nprobe fixed at round(e x calibrated), at least one list."""
+    from esqbe.backends.embedded.backend import EmbeddedBackend
+
+    with EmbeddedBackend(csfcube_pq, create=False) as b:
+        everything = b.get(b.paper_ids())
+        st = b._state()
+        calibrated = b.nprobe_for("background", st)
+        assert calibrated >= 4  # a low effort can be told from the calibrated one
+        ids, _ = b.sample_papers(6, 5)
+        checked = 0
+        for pid in ids:
+            rows = everything[pid].paper.facet_indices("background")
+            if not rows:
+                continue
+            q = np.ascontiguousarray(everything[pid].vectors[rows], dtype=np.float32)
+            for effort, fixed in ((0.5, round(calibrated * 0.5)), (1e-6, 1)):
+                got = b.knn(q, 100, facet="background", exclude=frozenset({pid}), effort=effort)
+                b._overrides["nprobe"] = fixed
+                want = b.knn(q, 100, facet="background", exclude=frozenset({pid}))
+                del b._overrides["nprobe"]
+                assert got == want, (pid, effort)
+            checked += 1
+        assert checked >= 3

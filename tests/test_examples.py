@@ -135,6 +135,12 @@ def test_one_first_stage_request_and_one_candidate_batch_per_query(small_index, 
     union = sum(len(e.indices) for e in result.examples)
     assert requests[0].vectors.shape[0] == union and request_excludes(requests[0], ids)
     assert requests[0].facet == "method"
+    # several examples search the ANN with less effort per sentence (their candidates share one cap); one does not
+    assert requests[0].ann_effort == small_index.settings.examples_ann_effort < 1
+    assert small_index.query(examples=ids[:5], avoid=ids[5:], facet="method", k=5, examples_ann_effort=0.25).hits
+    assert requests[-1].ann_effort == 0.25
+    small_index.query(ids[0], facet="method", k=5)
+    assert requests[-1].ann_effort == 1.0
 
 
 def request_excludes(request, ids) -> bool:

@@ -177,6 +177,7 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
         bm25_weight=settings.fusion_bm25_weight,
         filter=filter if filter else None,
         bm25_facet=facet if (facet and settings.bm25_text == "facet" and backend.facet_text) else None,
+        ann_effort=float(settings.examples_ann_effort) if len(examples) > 1 else 1.0,
     )
     candidates = backend.first_stage(request)
     if restrict is not None:

@@ -79,6 +79,7 @@ class Settings:
     avoid_rule: str = "margin"  # margin: minus avoid_weight x how far closer to the avoided than to the examples
     #   | rocchio: minus avoid_weight x the mean similarity to the avoided
     avoid_weight: float = 0.5  # how much similarity to an avoided paper lowers a candidate
+    examples_ann_effort: float = 0.5  # a query of several examples: its IVF lists per sentence, x the calibrated nprobe
     # the embedded index's ANN (None: the index's own) and the recall the writer calibrates it for (issue 23)
     exact_threshold: int | None = None  # facets (and filtered queries) at most this many rows: exact search
     nprobe: int | None = None  # IVF lists per query sentence, fixed; None = the calibrated value

@@ -185,6 +185,11 @@ SETTINGS: tuple[Setting, ...] = (
             choices=AVOID_RULES, flag="--avoid-rule", http="avoid_rule", commands=_RANK),
     Setting("avoid_weight", float, 0.5, "Papers to avoid: how much a candidate's similarity to them lowers it.",
             low=0.0, high=4.0, flag="--avoid-weight", http="avoid_weight", commands=_RANK),
+    Setting("examples_ann_effort", float, 0.5, "Embedded index, a query of several examples: each sentence's IVF "
+            "lists as a share of the calibrated nprobe (its candidates are capped at the same number of papers as one "
+            "paper's, over several times the sentences, so each sentence's deep ANN hits are never re-scored; "
+            "docs/performance.md, issue 36). 1 = the single-paper query's effort.", low=0.05, high=1.0,
+            flag="--examples-ann-effort", commands=_RANK),
     # the embedded index's ANN and the recall it is held at (issue 23; docs/performance.md)
     Setting("exact_threshold", int, None, "Embedded index: a facet with at most this many sentence rows, and a filtered "
             "query allowing at most this many, is searched exactly; above it an IVF answers (default: the index's own, "

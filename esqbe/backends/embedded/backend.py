@@ -432,7 +432,7 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AliasesMixin,
         try:
             # kNN only ever sees the allowed papers: exact over a small allowed set, the ANN with an id bitmap otherwise
             knn = self.knn(request.vectors, request.knn_k, facet=request.facet, exclude=request.exclude,
-                           restrict_to=restrict)
+                           restrict_to=restrict, effort=request.ann_effort)
             if request.with_papers and knn and bm25_job is not None and not bm25_job.done():
                 # BM25 is still running on the other core: read the kNN's best papers meanwhile (most of the fused
                 # top k), so that only BM25's own are left to read after it (~3 ms of the warm query at 1M papers)

@@ -45,13 +45,14 @@ class KnnMixin(EmbeddedHost):
 
     def knn(self, vectors: np.ndarray, k: int, *, facet: str | None = None, exclude: frozenset[str] = frozenset(),
             restrict_to: frozenset[str] | None = None, allowed: np.ndarray | None = None,
-            exact: bool = False) -> dict[str, float]:
+            exact: bool = False, effort: float = 1.0) -> dict[str, float]:
         """Per query sentence, the k most similar papers by their best sentence (of `facet`, if given).
 
         Returns paper id -> mean over query sentences of the best cosine (0 where a query sentence did
         not reach the paper among its k), the engines' nested-kNN score model. `restrict_to` (ids) and
         `allowed` (sorted paper numbers, see `pnos()`) limit the candidates; a small allowed set is
-        searched exactly. `exact=True` searches every row exactly (the reference for recall).
+        searched exactly. `exact=True` searches every row exactly (the reference for recall). `effort` scales
+        each IVF's nprobe (at least one list; FirstStageRequest.ann_effort).
         """
         st = self._state()
         if st.rows == 0 or k <= 0 or len(vectors) == 0:
@@ -92,7 +93,8 @@ class KnnMixin(EmbeddedHost):
                 else:
                     bits = st.ok_bits()
                 # faiss's generated stubs miss the keyword arguments its SWIG constructors take
-                sp = faiss.SearchParametersIVF(nprobe=self.nprobe_for(FACET_LABELS[code], st))  # type: ignore[call-arg]
+                nprobe = max(1, round(self.nprobe_for(FACET_LABELS[code], st) * effort))
+                sp = faiss.SearchParametersIVF(nprobe=nprobe)  # type: ignore[call-arg]
                 if bits is not None:
                     sel = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))
                     sp.sel = sel
