@@ -1,8 +1,9 @@
 """Issue 36's feedback rules recombined offline (docs/results.md, "Issue 36, session 16"): for each CSFCube dev query,
 the baseline's first 10 hits read as `esqbe eval csfcube --feedback` reads them (up to 3 relevant, 1 non-relevant
-marked), each part's own query (the query paper, each marked paper) over the pool less all four marks, its
-similarity and BM25 per candidate, and the shipped query's joined-text BM25 for P = 1..3; then rules combining
-them, scored by the collection's NDCG%20 on that residual pool.
+marked), each part's own query (the query paper, each marked paper) over the pool, its similarity and BM25 per
+candidate, and the shipped query's joined-text BM25 for P = 1..3; then, for each P,N, rules combining them over
+the residual pool of that run (the pool less its own marks), scored by the collection's NDCG%20 against the
+residual baseline, exactly as the evaluation scores them (the shipped rule's row reproduces its figures).
 
     .venv/bin/python benchmarks/feedback_recombine.py INDEX [--data ../shared/data/csfcube-dev] [--cache parts.pkl]
 
@@ -44,7 +45,7 @@ def collect(data: str, path: str) -> dict:
             read = [h.paper_id for h in first.hits[:READ_DEPTH]]
             good = [h for h in read if judged.get(h, 0) >= RELEVANT][:3]
             bad = [h for h in read if judged.get(h, -1) == WRONG][:1]
-            rest = [c for c in pool if c not in set(good) | set(bad)]
+            rest = list(pool)  # each part's query never returns itself; each run drops its own marks below
             parts = {}
             for name, ex in [("q", query)] + [(p, _facet_sentences(index, p, facet)) for p in good + bad]:
                 r = index.query(examples=[ex], facet=facet, restrict_to=rest, place_hits=False)
@@ -54,7 +55,8 @@ def collect(data: str, path: str) -> dict:
                 r = index.query(examples=[query, *(_facet_sentences(index, g, facet) for g in good[:n])], facet=facet,
                                 restrict_to=rest, place_hits=False)
                 joined[n] = {h.paper_id: h.bm25 for h in r.hits}
-            out["q"][qid] = {"good": good, "bad": bad, "parts": parts, "joined": joined}
+            out["q"][qid] = {"good": good, "bad": bad, "parts": parts, "joined": joined,
+                             "baseline": [(h.paper_id, h.score) for h in first.hits]}
     return out
 
 
@@ -82,11 +84,17 @@ def main() -> None:
         return (x - np.mean(x)) / (np.std(x) + 1e-9)
 
     def ndcg(P, N, rule):
+        """NDCG%20 per facet of `rule` at P,N on each query's residual pool; rule None: the residual baseline."""
         run, qrels = {}, {}
         for qid, d in D["q"].items():
-            parts, cands = d["parts"], sorted(d["parts"]["q"])
             good, bad = d["good"][:P], d["bad"][:N]
-            qrels[qid] = {c: g for c, g in D["qrels"][qid].items() if c not in set(d["good"]) | set(d["bad"])}
+            marked = set(good) | set(bad)
+            qrels[qid] = {c: g for c, g in D["qrels"][qid].items() if c not in marked}
+            if rule is None or not marked:  # the baseline's ranking less the marks (no mark: the run is the baseline)
+                run[qid] = [(h, s) for h, s in d["baseline"] if h not in marked]
+                continue
+            parts = d["parts"]
+            cands = sorted(c for c in parts["q"] if c not in marked)
 
             def col(name, i):
                 return np.array([parts[name].get(c, (None, None))[i] for c in cands], dtype=float)
@@ -94,7 +102,7 @@ def main() -> None:
             S = {n: col(n, 0) for n in parts}
             S = {n: np.where(np.isnan(v), np.nanmin(v) - 1, v) for n, v in S.items()}
             B = {n: np.nan_to_num(col(n, 1)) for n in parts}
-            joined = d["joined"].get(len(good))
+            joined = d["joined"].get(len(good)) if good else None
             B["joined"] = np.array([joined.get(c, 0.0) for c in cands]) if joined else B["q"]
             run[qid] = sorted(zip(cands, rule(S, B, ["q", *good], bad)), key=lambda t: (-t[1], t[0]))
         a = aggregate(evaluate_run(run, qrels), D["splits"], split, rounded=False)
@@ -105,9 +113,6 @@ def main() -> None:
             return s
         raw = np.mean([S[e] for e in ex], axis=0)
         return s - 0.5 * np.maximum(0, np.max([S[b] for b in bad], axis=0) - raw) * scale
-
-    def baseline(S, B, ex, bad):
-        return 0.9 * mm(S["q"]) + 0.1 * mm(B["q"])
 
     def shipped(bm25):
         def rule(S, B, ex, bad):
@@ -132,8 +137,9 @@ def main() -> None:
              "mean of each example's own BM25": shipped("mean"), "each example's query z-scored, averaged": composed(z),
              "the same, min-max": composed(mm), "z-scored similarities, joined-text BM25": zsim_joined}
     settings = [(1, 0), (2, 0), (3, 0), (1, 1), (2, 1), (3, 1)]
-    base = {pn: ndcg(*pn, baseline) for pn in settings}
-    print(f"{split}: {len(D['q'])} queries; baseline NDCG%20 (all) on the pool less every mark: {base[(2, 1)]['all']:.2f}")
+    base = {pn: ndcg(*pn, None) for pn in settings}
+    print(f"{split}: {len(D['q'])} queries; residual baseline NDCG%20 (all) per P,N: "
+          + ", ".join(f"{p},{n} {base[(p, n)]['all']:.2f}" for p, n in settings))
     print(f"{'rule':<44}" + "".join(f"{f'{p},{n}':>8}" for p, n in settings) + "   2,1 background / method / result")
     for name, rule in rules.items():
         got = {pn: ndcg(*pn, rule) for pn in settings}
