@@ -29,6 +29,24 @@ def pct(xs, q):
     return float(np.percentile(xs, q, method="nearest"))
 
 
+def sample_groups(index, facet: str, groups: int, seed: int) -> tuple[int, list[str]]:
+    """(papers in the index, seeded papers that have sentences of `facet`, 6 per group: a query paper or 5 examples
+    and 1 to avoid). The index's ids, a Python list (1M strings at hard 1M), are dropped before anything is timed:
+    held, every full garbage collection walked them (~20 ms pauses, which landed in the p99)."""
+    ids = index.backend.paper_ids()
+    random.Random(seed).shuffle(ids)
+    have: list[str] = []
+    for start in range(0, len(ids), 256):
+        found = index.get(ids[start:start + 256])
+        have += [p for p in ids[start:start + 256] if p in found and facet in found[p].facets]
+        if len(have) >= 6 * groups:
+            break
+    n_papers = len(ids)
+    del ids
+    gc.collect()
+    return n_papers, have
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path")
@@ -47,22 +65,9 @@ def main() -> None:
 
     limit_for_query()  # as `esqbe serve` and `esqbe query` answer: one BLAS thread
     with esqbe.open_index(args.path, create=False) as index:
-        ids = index.backend.paper_ids()
-        rng = random.Random(args.seed)
-        rng.shuffle(ids)
-        have = []
-        for start in range(0, len(ids), 256):  # papers with sentences of the facet
-            found = index.get(ids[start:start + 256])
-            have += [p for p in ids[start:start + 256] if p in found and args.facet in found[p].facets]
-            if len(have) >= 6 * (args.queries + 1):
-                break
+        n_papers, have = sample_groups(index, args.facet, args.queries + 1, args.seed)
         if len(have) < 6 * (args.queries + 1):
             sys.exit(f"{args.path}: {len(have)} papers with {args.facet} sentences; need {6 * (args.queries + 1)}")
-        # the index's paper ids as a Python list (1M strings at hard 1M) are the benchmark's, not the query's: held
-        # while timing, every full garbage collection walked them (~20 ms pauses, which landed in the p99)
-        n_papers = len(ids)
-        del ids
-        gc.collect()
         calls = {"single": 0, "examples": 0}
         kind = ["single"]
         first_stage = index.backend.first_stage

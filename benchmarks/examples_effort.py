@@ -6,7 +6,6 @@ whose first stage is exact: slow, ~6 s a query at hard 1M).
     .venv/bin/python benchmarks/examples_effort.py PATH [--facet method] [--queries 50] [--efforts 1,0.75,0.5,0.375,0.25]
 """
 import argparse
-import random
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import esqbe  # noqa: E402
+from benchmarks.bench_examples import sample_groups  # noqa: E402
 
 
 def main() -> None:
@@ -32,15 +32,7 @@ def main() -> None:
     limit_for_query()
     with esqbe.open_index(args.path, create=False) as index:
         b = index.backend
-        ids = b.paper_ids()
-        random.Random(args.seed).shuffle(ids)  # the papers bench_examples.py draws, in its order
-        have: list[str] = []
-        for start in range(0, len(ids), 256):
-            found = index.get(ids[start:start + 256])
-            have += [p for p in ids[start:start + 256] if p in found and args.facet in found[p].facets]
-            if len(have) >= 6 * (args.queries + 1):
-                break
-        del ids
+        _, have = sample_groups(index, args.facet, args.queries + 1, args.seed)  # bench_examples.py's papers
         groups = [have[6 * r: 6 * r + 6] for r in range(1, args.queries + 1)]
         requests = []
         first_stage = b.first_stage

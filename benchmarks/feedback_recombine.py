@@ -20,10 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from esqbe.evaluation.csfcube import load_csfcube, split_qid  # noqa: E402
-from esqbe.evaluation.feedback import READ_DEPTH, RELEVANT, WRONG, _facet_sentences  # noqa: E402
+from esqbe.evaluation.feedback import _facet_sentences, baseline_query, simulated_marks  # noqa: E402
 from esqbe.evaluation.metrics import aggregate, evaluate_run  # noqa: E402
 from esqbe.index.api import open_index  # noqa: E402
-from esqbe.query.search import QueryError  # noqa: E402
 from esqbe.settings.config import Settings  # noqa: E402
 
 
@@ -36,15 +35,8 @@ def collect(data: str, path: str) -> dict:
         for qid in qids:
             pid, facet = split_qid(qid)
             judged, pool = cube.qrels[qid], cube.pools[qid]
-            try:
-                first = index.query(pid, facet=facet, restrict_to=pool, place_hits=False)
-                query = {"paper_id": pid, "facet": facet}
-            except QueryError:
-                first = index.query(pid, restrict_to=pool, place_hits=False)
-                query = {"paper_id": pid}
-            read = [h.paper_id for h in first.hits[:READ_DEPTH]]
-            good = [h for h in read if judged.get(h, 0) >= RELEVANT][:3]
-            bad = [h for h in read if judged.get(h, -1) == WRONG][:1]
+            first, query = baseline_query(index, pid, facet, pool)
+            good, bad = simulated_marks([(h.paper_id, h.score) for h in first.hits], judged, 3, 1)
             rest = list(pool)  # each part's query never returns itself; each run drops its own marks below
             parts = {}
             for name, ex in [("q", query)] + [(p, _facet_sentences(index, p, facet)) for p in good + bad]:

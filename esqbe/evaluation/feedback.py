@@ -65,6 +65,23 @@ class FeedbackResult:
                 "wins": self.wins, "per_query": self.per_query, "seconds": self.seconds}
 
 
+def baseline_query(index, pid: str, facet: str, pool):
+    """The single-paper query over a query's pool, and the example that stands for it in the feedback query: the
+    paper's facet sentences, or all its sentences where none has the facet's label (as `evaluate_csfcube`)."""
+    try:
+        return index.query(pid, facet=facet, restrict_to=pool, place_hits=False), {"paper_id": pid, "facet": facet}
+    except QueryError:
+        return index.query(pid, restrict_to=pool, place_hits=False), {"paper_id": pid}
+
+
+def simulated_marks(ranking, judged: dict, n_rel: int, n_wrong: int) -> tuple[list[str], list[str]]:
+    """What the simulated user marks after reading the first READ_DEPTH hits of `ranking` ((id, score) pairs): up
+    to `n_rel` relevant (grade >= RELEVANT) and `n_wrong` non-relevant (grade WRONG) ones, highest ranked first."""
+    read = [h for h, _ in ranking[:READ_DEPTH]]
+    return ([h for h in read if judged.get(h, 0) >= RELEVANT][:n_rel],
+            [h for h in read if judged.get(h, -1) == WRONG][:n_wrong])
+
+
 def _facet_sentences(index, pid: str, facet: str) -> dict:
     """An example of paper `pid` for a `facet` query: its sentences of the facet, or all of them where it has none
     (a marked paper without one would otherwise be an error; the user still marked it)."""
@@ -111,16 +128,9 @@ def evaluate_feedback(data_dir: str, settings: Settings, feedback: tuple[int, in
         for qid in qids:
             pid, facet = split_qid(qid)
             judged, pool = cube.qrels[qid], cube.pools[qid]
-            try:
-                first = index.query(pid, facet=facet, restrict_to=pool, place_hits=False)
-                query = {"paper_id": pid, "facet": facet}
-            except QueryError:  # no sentence with the facet's label: all its sentences (as `evaluate_csfcube`)
-                first = index.query(pid, restrict_to=pool, place_hits=False)
-                query = {"paper_id": pid}
+            first, query = baseline_query(index, pid, facet, pool)
             ranking = [(h.paper_id, h.score) for h in first.hits]
-            read = [h for h, _ in ranking[:READ_DEPTH]]
-            good = [h for h in read if judged.get(h, 0) >= RELEVANT][:n_rel]
-            bad = [h for h in read if judged.get(h, -1) == WRONG][:n_wrong]
+            good, bad = simulated_marks(ranking, judged, n_rel, n_wrong)
             marked = set(good) | set(bad)
             marks[qid] = {"marked_relevant": good, "marked_wrong": bad}
             baseline[qid] = [(h, s) for h, s in ranking if h not in marked]
