@@ -524,3 +524,22 @@ def test_esqbe_serve_runs_answers_and_stops_cleanly(index_path, tmp_path):
                               *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert bad.returncode == 1 and message in bad.stderr, bad.stderr
         assert "Traceback" not in bad.stderr + bad.stdout
+
+
+def test_freeze_gc_is_asked_for_and_happens_once_warm(index_path, encoder, capfd):
+    """ServeOptions.freeze_gc moves what the warm server allocated out of the collector's walks (gc.freeze); an app
+    without it (mounted in another process) leaves the collector alone."""
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    try:
+        with _client(index_path, encoder) as c:
+            _ready(c)
+            assert gc.get_freeze_count() == 0
+        with _client(index_path, encoder, freeze_gc=True) as c:
+            _ready(c)
+            assert gc.get_freeze_count() > 10_000
+            assert c.post("/query", json={"paper_id": QID, "facet": "method", "k": 3}).status_code == 200
+        assert "objects kept out of the garbage collector's walks (gc.freeze)" in capfd.readouterr().err
+    finally:
+        gc.unfreeze()

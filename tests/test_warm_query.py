@@ -116,6 +116,14 @@ def test_a_running_server_answers_paper_queries_with_the_same_output(served, ext
         assert warm.stdout == here.stdout  # byte for byte
 
 
+def test_a_warm_server_keeps_its_startup_objects_out_of_the_garbage_collectors_walks(served):
+    """`esqbe serve` freezes what warming allocated (ServeOptions.freeze_gc), after warming and before it says ready:
+    a full collection in the server then walks only what requests allocate."""
+    said = [line for line in served.lines if "kept out of the garbage collector's walks" in line]
+    assert len(said) == 1, "".join(served.lines)
+    assert int(said[0].split("warm; ")[1].split(" objects")[0].replace(",", "")) > 10_000  # the libraries, the model
+
+
 def test_a_running_server_answers_text_queries(served):
     """A --text query is encoded by the server's warm model: the same hits and sentences as encoding it here."""
     args = ("query", "--path", served.path, "--text", TEXT, "--facet", "method", "-k", "5", "--json")

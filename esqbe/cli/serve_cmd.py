@@ -53,7 +53,8 @@ def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_quer
                                allowed_hosts=list(allowed_hosts) or None, private=private or None,
                                allow_raw_engine_filter=allow_raw_engine_filter or None,
                                write_lock_timeout=write_lock_timeout, show_paths=show_paths or None,
-                               words=_parse_words(words) or None, request_timeout=request_timeout)
+                               words=_parse_words(words) or None, request_timeout=request_timeout,
+                               freeze_gc=True)
     config = kw.pop("config", None)
     overrides = overrides_from_click(kw, "serve")
     settings = load_settings(config, **overrides)
