@@ -248,3 +248,6 @@ def test_ann_effort_scales_the_calibrated_nprobe(csfcube_pq):
                 assert got == want, (pid, effort)
             checked += 1
         assert checked >= 3
+        for bad in (0.0, -1.0, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match="ANN effort"):
+                b.knn(q, 10, facet="background", effort=bad)

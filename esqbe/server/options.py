@@ -53,7 +53,7 @@ class ServeOptions(BaseModel):
     request_timeout: float = Field(REQUEST_TIMEOUT_S, gt=0, le=MAX_REQUEST_TIMEOUT_S)
     #: once warm, keep everything allocated so far (the model, the index's structures, the libraries) out of the garbage
     #: collector's walks (gc.freeze): a full collection then walks only what requests allocated since. At hard 1M
-    #: a full walk of a warm server's ~270K objects took 100-220 ms, 3 times in 1,000 queries, holding every
+    #: a full walk of a warm server's ~270K objects took 120-131 ms, 3 times in 1,000 queries, holding every
     #: thread (docs/performance.md, session 16). Process-wide, so `esqbe serve` sets it for its own process; an app
     #: mounted in another one leaves that process's collector alone unless asked
     freeze_gc: bool = False

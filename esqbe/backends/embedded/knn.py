@@ -54,6 +54,8 @@ class KnnMixin(EmbeddedHost):
         searched exactly. `exact=True` searches every row exactly (the reference for recall). `effort` scales
         each IVF's nprobe (at least one list; FirstStageRequest.ann_effort).
         """
+        if not (np.isfinite(effort) and effort > 0):
+            raise ValueError(f"ANN effort must be a finite number above 0 (got {effort!r})")
         st = self._state()
         if st.rows == 0 or k <= 0 or len(vectors) == 0:
             return {}
