@@ -29,8 +29,27 @@ def _click_type(s: Setting):
     if s.type is int:
         return click.IntRange(int(s.low), None if s.high is None else int(s.high)) if s.low is not None else int
     if s.type is float:
-        return click.FloatRange(s.low, s.high) if s.low is not None else float
+        return _finite(click.FloatRange(s.low, s.high) if s.low is not None else click.FLOAT)
     return None
+
+
+def _finite(base):
+    """`base` (a click float type) that also refuses nan and +-inf as a usage error (exit 2): a NaN compares false
+    with both bounds of a FloatRange and would otherwise pass on to the settings' own check (exit 1)."""
+    import math
+
+    import click
+
+    class Finite(click.FloatRange):
+        def convert(self, value, param, ctx):
+            number = super().convert(value, param, ctx)
+            if not math.isfinite(number):
+                self.fail(f"{value!r} is not a finite number", param, ctx)
+            return number
+
+    if isinstance(base, click.FloatRange):
+        return Finite(base.min, base.max, min_open=base.min_open, max_open=base.max_open, clamp=base.clamp)
+    return Finite()
 
 
 def _bounds(s: Setting) -> str:
