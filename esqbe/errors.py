@@ -115,7 +115,7 @@ def error_classes() -> list[type[EsqbeError]]:
 _DEFINING_MODULES = (
     "esqbe.backends.base", "esqbe.core.deadline", "esqbe.core.filters", "esqbe.distributed.raydata", "esqbe.encode.identity",
     "esqbe.encode.adapter", "esqbe.encode.citations",
-    "esqbe.evaluation.clscisumm_data", "esqbe.evaluation.csfcube", "esqbe.ingest.readers", "esqbe.query.search",
+    "esqbe.evaluation.clscisumm_data", "esqbe.evaluation.csfcube", "esqbe.ingest.readers", "esqbe.query.results",
     "esqbe.rescore.words", "esqbe.settings.config", "esqbe.tagger.net", "esqbe.server.client", "esqbe.index.watches",
 )
 

@@ -307,7 +307,7 @@ def test_cite_api_ranks_the_cited_sentence_first(mini_index, words_dir, encoder)
         top = index.cite("A", text, k=1, words=str(words_dir)).hits[0]
         assert {"beam", "pruning", "thresholds"} <= {m.query_word for m in top.matches}
         assert all(m.query_word == m.matched_word and m.cosine == pytest.approx(1.0, abs=1e-4) for m in top.matches[:3])
-        from esqbe.query.search import QueryError
+        from esqbe.query.results import QueryError
 
         with pytest.raises(QueryError, match="paper Z is not in the index"):
             index.cite("Z", text)

@@ -23,7 +23,7 @@ from esqbe.errors import (
     render_readme,
 )
 from esqbe.index.api import Index
-from esqbe.query.search import PaperNotFoundError, QueryError
+from esqbe.query.results import PaperNotFoundError, QueryError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

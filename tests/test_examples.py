@@ -7,7 +7,7 @@ import pytest
 
 from esqbe.core.limits import MAX_EXAMPLE_SENTENCES, MAX_EXAMPLES
 from esqbe.query.combine import aggregate, avoid_penalty
-from esqbe.query.search import PaperNotFoundError, QueryError, QueryTooLargeError
+from esqbe.query.results import PaperNotFoundError, QueryError, QueryTooLargeError
 
 A, B, C, NO_RESULT = "csabstruct-train-0000", "csabstruct-train-0001", "csabstruct-train-0002", "csabstruct-train-0005"
 

@@ -188,7 +188,7 @@ def test_a_config_file_gets_the_same_bounds(index_path, encoder, tmp_path):
 
 
 def test_a_megabyte_query_text_is_refused_before_tokenizing(client, direct):
-    from esqbe.query.search import QueryTooLargeError
+    from esqbe.query.results import QueryTooLargeError
 
     one_sentence = "word " * 240_000  # 1.2 MB without a sentence end
     _error(client.post("/query", json={"text": one_sentence}), 413, "at most 100000")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import esqbe
-from esqbe.query.search import QueryError
+from esqbe.query.results import QueryError
 
 from .conftest import SAMPLE
 

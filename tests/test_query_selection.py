@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from cli import main
-from esqbe.query.search import QueryError, facet_probability
+from esqbe.query.results import QueryError
+from esqbe.query.search import facet_probability
 
 from .conftest import SAMPLE, LiveServer
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 from fastapi.testclient import TestClient
 
-from esqbe.query.result_json import RESULT_JSON_VERSION
+from esqbe.query.results import RESULT_JSON_VERSION
 from esqbe.server import ServeOptions, create_app
 
 from .conftest import REPO, SAMPLE

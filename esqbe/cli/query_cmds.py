@@ -189,7 +189,7 @@ def _abstracts_from_here(result: dict, settings) -> None:
         say("esqbe: warning: the hits' abstracts cannot be read from this machine's index; the export has none",
             err=True)
         return
-    from esqbe.query.result_json import sentences_json
+    from esqbe.query.results import sentences_json
 
     for h in result["hits"]:
         if h.get("sentences") is None and h["paper_id"] in papers:
@@ -234,8 +234,7 @@ def _examples(paper_ids, avoid, sentences, text, title) -> tuple[list[dict], lis
         examples.append({"text": text, "title": title})
     avoided = [_example(v, "--not", sentences_allowed=False) for v in avoid]
     from esqbe.index.api import check_examples
-    from esqbe.query.combine import ExampleSpec
-    from esqbe.query.search import QueryError
+    from esqbe.query.results import ExampleSpec, QueryError
 
     try:
         check_examples([ExampleSpec.of(e) for e in examples], [ExampleSpec.of(a) for a in avoided])
@@ -262,7 +261,7 @@ def _from_server(settings, url, timeout, quiet, **query) -> dict | None:
 
 
 def _print_result(result: dict, *, chosen: bool, filters, engine_filter) -> None:
-    """A query's result (its one JSON shape, esqbe.query.result_json, from here or from a server) for people;
+    """A query's result (its one JSON shape, esqbe.query.results, from here or from a server) for people;
     every string in it already `printable_tree` (one line each, no control character)."""
     query = result["query"]
     facet = query["facet"]

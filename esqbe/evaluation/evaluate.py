@@ -17,7 +17,7 @@ from typing import Any
 
 from ..domain import runtime_backend
 from ..errors import DataError
-from ..query.search import QueryError
+from ..query.results import QueryError
 from ..settings.config import Settings
 from ..settings.generate import command_line
 from .csfcube import load_csfcube, split_qid

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ParameterError
-from ..query.search import QueryError
+from ..query.results import QueryError
 from ..settings.config import Settings
 from .csfcube import FACETS, anns_file, load_csfcube, load_pid2anns, split_qid
 from .evaluate import config_name, default_index_path, ranking_config

@@ -24,13 +24,17 @@ from ..errors import BackendError, ModelMismatchError, StorageError
 from ..ingest.readers import InputError
 from ..query import centering
 from ..query.combine import run_examples
-from ..query.result_json import soft_probabilities
-from ..query.search import (
+from ..query.results import (
     EmptyIndexError,
+    Example,
+    ExampleSpec,
     PaperNotFoundError,
     QueryError,
     QueryResult,
     QueryTooLargeError,
+    soft_probabilities,
+)
+from ..query.search import (
     explain_selection,
     facet_probability,
     numbered_sentences,
@@ -245,7 +249,7 @@ class Index(IngestMixin):
         the settings' `facet_settings` entry for the facet, which wins over the general settings.
 
         `examples` instead of one paper: several, each a paper id, a `{"paper_id" | "text", "facet" | "sentences",
-        "title"}` mapping or an `esqbe.query.combine.ExampleSpec`; `avoid`: papers the hits should not resemble
+        "title"}` mapping or an `esqbe.query.results.ExampleSpec`; `avoid`: papers the hits should not resemble
         (ids or mappings). An example or avoided paper without its own facet or sentences takes `facet` (neither:
         every sentence). The single-paper query is the query of one example (esqbe.query.combine); examples and
         avoided papers are never hits.
@@ -258,8 +262,6 @@ class Index(IngestMixin):
         `place_hits`: each hit's percentile and band on the index's similarity scale (esqbe.index.scale; measured the
         first time it is needed); False for work that reads only the ranking (evaluation, reranking, watches).
         """
-        from ..query.combine import ExampleSpec
-
         if examples is not None or avoid:
             if paper_id is not None or text is not None or sentences is not None:
                 raise QueryError("give the query as examples, or as one paper id or text, not both")
@@ -499,8 +501,6 @@ def check_examples(specs: Sequence, avoid: Sequence) -> None:
 
 def _example(paper: IndexedPaper, indices: list[int], facet: str | None, spec, settings: Settings):
     """An example (or paper to avoid) ready to rank with: its chosen sentences, the facet they speak for, and why."""
-    from ..query.combine import Example
-
     ex = Example(paper, indices, normalize_label(facet) if facet and spec.sentences is None else None,
                  indexed=spec.paper_id is not None)
     ex.selection = explain_selection(paper.paper, facet if spec.sentences is None else None, spec.sentences,

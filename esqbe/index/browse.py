@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from ..core.filters import MetadataFilter, coerce_filters, fold, matches
 from ..domain import Paper
-from ..query.result_json import jsonable, public_metadata
-from ..query.search import SOFT_FACET_ORDER, PaperNotFoundError, has_soft_labels
+from ..query.results import SOFT_FACET_ORDER, PaperNotFoundError, jsonable, public_metadata
+from ..query.search import has_soft_labels
 
 if TYPE_CHECKING:
     from .api import Index

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..domain import QUERY_FACETS
-from ..query.search import QueryError, QueryTooLargeError
+from ..query.results import QueryError, QueryTooLargeError
 
 #: the most candidate papers one call may score (a cluster sends its rank window: ES `rank_window_size`,
 #: OpenSearch the hits of the page); the server may lower it (`--max-batch-records` does not apply here)

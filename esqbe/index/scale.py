@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..domain import QUERY_FACETS
-from ..query.search import QueryError, select_query_sentences, settings_for_facet
+from ..query.combine import run_examples
+from ..query.results import Example, QueryError
+from ..query.search import select_query_sentences, settings_for_facet
 from ..settings.config import Settings
 
 if TYPE_CHECKING:
@@ -172,8 +174,6 @@ def measure(backend: Backend, settings: Settings, *, context=None, sample: int =
             budget_s: float = BUDGET_S, key: str = "") -> SimilarityScale:
     """The index's own scale for `settings`' rescorer: facet queries by a seeded sample of its papers, the
     similarities of their top `TOP_K` hits, kept as percentiles (see the module's docstring)."""
-    from ..query.combine import Example, run_examples
-
     start = time.monotonic()
     ids, corpus = backend.sample_papers(sample, seed)
     sims: list[float] = []

@@ -32,7 +32,8 @@ from ..core.filters import FilterError
 from ..domain import IndexedPaper, Paper, normalize_label
 from ..errors import ModelError, ParameterError, UserError
 from ..query.combine import run_examples
-from ..query.search import QueryError, QueryResult, settings_for_facet
+from ..query.results import Example, ExampleSpec, QueryError, QueryResult
+from ..query.search import settings_for_facet
 from .open import make_filter
 
 #: a watch's name: letters, digits, `_` and `-`, starting with a letter or digit (no path, no markup, no dot: the
@@ -243,8 +244,6 @@ def add_watch(index, name: str, *, paper_id: str | None = None, facet: str | Non
     `overrides` among WATCH_SETTING_KEYS) with the threshold `min_sim`; papers indexed from now on are new to it.
     Returns the watch and the query's result now (the hits it would match if they were new). Written in one
     transaction; refused past the `max_watches` setting."""
-    from ..query.combine import ExampleSpec
-
     check_name(name)
     min_sim = check_min_sim(min_sim)
     store = _store(index)
@@ -326,10 +325,8 @@ def watch_matches(index, name: str, limit: int) -> list[dict]:
 
 
 def _examples_of(watch: Watch) -> tuple[list, list]:
-    """The watch's own copy of its query: its examples and papers to avoid (esqbe.query.combine.Example), each a paper
+    """The watch's own copy of its query: its examples and papers to avoid (esqbe.query.results.Example), each a paper
     whose sentences are its query sentences, with the stored vectors."""
-    from ..query.combine import Example
-
     examples, avoid = watch.parts()
     out: tuple[list, list] = ([], [])
     row = 0

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,82 +29,8 @@ from ..rescore.registry import make_rescorer
 from ..settings.config import Settings
 from ..settings.table import AVOID_RULES, BM25_TEXTS, CANDIDATE_FACET_MODES, EXAMPLE_AGGREGATES
 from .centering import corpus_directions
-from .search import (
-    AvoidedMatch,
-    Hit,
-    MatchedPair,
-    QueryError,
-    QueryResult,
-    QuerySelection,
-    _candidate_views,
-    _final_weights,
-    _minmax,
-    abstract_similarity,
-)
-
-
-@dataclass
-class Example:
-    """One example of a query (or one paper to avoid): a paper and which of its sentences speak for it."""
-
-    paper: IndexedPaper
-    indices: list[int]
-    #: the facet its sentences were chosen by, which also chooses the candidates' sentences it is matched with
-    facet: str | None = None
-    #: why those sentences (set by `Index.query`)
-    selection: QuerySelection | None = None
-    #: False for a pasted text (its paper id is not an id in the index)
-    indexed: bool = True
-
-    @property
-    def paper_id(self) -> str:
-        return self.paper.paper_id
-
-    @property
-    def sentences(self) -> list[str]:
-        return [self.paper.paper.sentences[i] for i in self.indices]
-
-
-@dataclass(frozen=True)
-class ExampleSpec:
-    """An example as asked for (`Index.query(examples=[...], avoid=[...])`): a paper in the index (`paper_id`) or a
-    pasted `text`, and its `facet` or chosen `sentences` (neither: the query's facet, else every sentence)."""
-
-    paper_id: str | None = None
-    facet: str | None = None
-    sentences: tuple[int, ...] | None = None
-    text: str | tuple[str, ...] | None = None
-    title: str = ""
-
-    @classmethod
-    def of(cls, value) -> ExampleSpec:
-        """A spec from a paper id (str), a mapping of the fields, or a spec."""
-        if isinstance(value, ExampleSpec):
-            spec = value
-        elif isinstance(value, str):
-            spec = cls(paper_id=value)
-        elif isinstance(value, dict):
-            unknown = sorted(set(value) - {"paper_id", "facet", "sentences", "text", "title"})
-            if unknown:
-                raise QueryError(f"an example has unknown field(s) {', '.join(map(str, unknown))}; "
-                                 "fields: paper_id, facet, sentences, text, title")
-            sents = value.get("sentences")
-            text = value.get("text")
-            spec = cls(None if value.get("paper_id") is None else str(value["paper_id"]), value.get("facet"),
-                       None if sents is None else tuple(int(i) for i in sents),
-                       text if text is None or isinstance(text, str) else tuple(str(t) for t in text),
-                       str(value.get("title") or ""))
-        else:
-            raise QueryError(f"an example is a paper id, a mapping or an ExampleSpec (got {type(value).__name__})")
-        if (spec.paper_id is None) == (spec.text is None):
-            raise QueryError("an example is exactly one of a paper id or a text")
-        if spec.facet is not None and spec.sentences is not None:
-            raise QueryError(f"example {spec.name}: give either a facet or sentence indices, not both")
-        return spec
-
-    @property
-    def name(self) -> str:
-        return self.paper_id if self.paper_id is not None else "(text)"
+from .results import AvoidedMatch, Example, Hit, MatchedPair, QueryError, QueryResult
+from .search import _candidate_views, _final_weights, _minmax, abstract_similarity
 
 
 def aggregate(sims: np.ndarray, rule: str) -> np.ndarray:
@@ -310,3 +235,15 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
                        [c.to_dict() for c in filter.conditions] if filter else [],
                        query_facets=[head.paper.paper.facets[i] for i in head.indices], query_title=head.paper.paper.title,
                        rescorer_params=dict(settings.rescorer_params or {}), examples=list(examples), avoid=list(avoid))
+
+
+def run_query(backend: Backend, query: IndexedPaper, indices: list[int], settings: Settings, *,
+              facet: str | None = None, exclude: Sequence[str] = (), restrict_to: Sequence[str] | None = None,
+              context: RescoreContext | None = None, filter: MetadataFilter | None = None) -> QueryResult:
+    """Rank papers by similarity to the chosen sentences of `query` (among those `filter` allows): the single-paper
+    query, which is the query of one example and nothing to avoid.
+
+    It runs on the calling thread's own BLAS/OpenMP settings: a process that answers queries limits them once
+    (`esqbe.core.threads.limit_for_query`), the library never flips them per call."""
+    return run_examples(backend, [Example(query, list(indices), facet)], [], settings, exclude=exclude,
+                        restrict_to=restrict_to, context=context, filter=filter)

@@ -2,7 +2,7 @@
 CSL-JSON (Zotero's native import) from each hit's metadata and abstract. `esqbe query --format` and `POST /query`
 with `"format"` use it.
 
-It takes the result's one JSON shape (`esqbe.query.result_json`), so the CLI and the server export the same thing;
+It takes the result's one JSON shape (`esqbe.query.results`), so the CLI and the server export the same thing;
 a hit's abstract is its `sentences` (the caller asks for the papers). Every export round-trips through esqbe's own
 readers (tests/test_export_roundtrip.py): the paper's id (the citation key it came with), title, abstract, authors,
 year, venue, DOI, and its entry type, kept as the source named it where the export is the source's format

@@ -1,61 +1,31 @@
-"""The query pipeline: query sentences -> first stage (BM25 + kNN, fused) -> rescorer -> ranked hits.
+"""Which sentences form a query, and how a candidate is seen by the rescorer: the parts of one query that the
+composition (esqbe.query.combine) puts together.
 
-A query is a paper (from the index, or given as text) and either a facet (Definition 1: the
-sentences labelled with it) or chosen sentence indices (Definition 2: no labels needed).
+A query is a paper (from the index, or given as text) and either a facet (Definition 1: the sentences labelled with
+it) or chosen sentence indices (Definition 2: no labels needed). Here: the query text's caps, the choice of sentences
+and why (`select_query_sentences`, `explain_selection`), the per-facet settings, the candidates' facet views, and the
+whole-abstract similarity.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Sequence
 
 import numpy as np
 
-from ..backends.base import Backend
-from ..core.filters import MetadataFilter
 from ..domain import (
     QUERY_FACETS,
     IndexedPaper,
     Paper,
     normalize_label,
 )
-from ..errors import UserError
 from ..ingest.sentences import split_sentences
-from ..rescore.batches import RescoreContext
 from ..settings.config import Settings
-from .result_json import result_json
+from .results import SOFT_FACET_ORDER, QueryError, QuerySelection, QuerySentence, QueryTooLargeError
 
-if TYPE_CHECKING:
-    from .combine import Example
-
-#: the class order of the tagger's soft labels (`Paper.metadata["facet_probs"]`)
-SOFT_FACET_ORDER = ("background", "method", "result", "other")
 #: the settings a `facet_settings` entry may change: how one query is ranked, nothing about the index
 FACET_SETTING_KEYS = ("k", "rescorer", "rescorer_params", "rescore_depth", "knn_k", "bm25_k", "fusion",
                       "fusion_bm25_weight", "candidate_facet", "facet_penalty", "final_bm25_weight", "abstract_weight",
                       "bm25_text", "query_facet_threshold", "vector_centering")
-
-
-class QueryError(UserError, ValueError):
-    """The query cannot be answered as asked (unknown paper, facet absent, bad sentence index)."""
-
-
-class PaperNotFoundError(QueryError):
-    """The query paper is not in the index."""
-
-    http_status: ClassVar[int] = 404
-
-
-class EmptyIndexError(QueryError):
-    """Nothing is indexed yet."""
-
-    http_status: ClassVar[int] = 409
-
-
-class QueryTooLargeError(QueryError):
-    """The query text is past a cap of `esqbe.core.limits`."""
-
-    http_status: ClassVar[int] = 413
 
 
 def query_sentences(text: str | Sequence[str]) -> list[str]:
@@ -73,132 +43,6 @@ def query_sentences(text: str | Sequence[str]) -> list[str]:
         raise QueryTooLargeError(f"a query sentence has {longest} characters; at most {MAX_QUERY_SENTENCE_CHARS} "
                                  "per sentence (is the text missing its sentence ends?)")
     return sents
-
-
-@dataclass
-class MatchedPair:
-    query_index: int
-    query_sentence: str
-    candidate_index: int
-    candidate_sentence: str
-    candidate_facet: str
-    weight: float
-    #: which example of the query the query sentence is of (0: the first, the only one of a single-paper query)
-    example: int = 0
-
-
-@dataclass
-class AvoidedMatch:
-    """How much one paper to avoid pulled a hit down, and the sentence pair that made the hit resemble it."""
-
-    paper_id: str
-    #: the rescorer's similarity of the hit to the avoided paper (None: nothing to compare)
-    similarity: float | None
-    #: what it took off the hit's score before fusion (esqbe.query.combine; 0: nothing)
-    penalty: float
-    avoid_index: int | None = None
-    avoid_sentence: str | None = None
-    candidate_index: int | None = None
-    candidate_sentence: str | None = None
-
-
-@dataclass
-class Hit:
-    """One ranked paper.
-
-    `similarity` is the rescorer's own score for the query (e.g. summax: the mean over query sentences
-    of the best cosine), comparable across queries; None with rescorer `none` or when the candidate
-    has no sentence the rescorer may match. `score` is what the ranking sorts by: the similarity fused
-    with BM25 (each min-max scaled over this query's candidates, weight `final_bm25_weight`), so it is
-    only meaningful within one query; with `final_bm25_weight` 0 it equals the similarity.
-    """
-
-    rank: int
-    paper_id: str
-    title: str
-    score: float
-    first_stage_score: float
-    bm25: float
-    knn: float
-    matches: list[MatchedPair] = field(default_factory=list)
-    #: the paper's stored metadata (year, venue, authors, external ids, ...; see esqbe.ingest.readers)
-    metadata: dict = field(default_factory=dict)
-    similarity: float | None = None
-    #: per example of the query, the rescorer's similarity of this hit to it (same order as `QueryResult.examples`)
-    example_similarities: list[float | None] = field(default_factory=list)
-    #: per paper to avoid, how much it pulled this hit down (same order as `QueryResult.avoid`)
-    avoided: list[AvoidedMatch] = field(default_factory=list)
-    #: where the similarity stands among the index's own matches: its percentile (0..100; None on the fixed scale)
-    #: and band, "strong", "fair" or "weak" (None: no scale), on `QueryResult.scale` (set by `Index.query`)
-    percentile: float | None = None
-    band: str | None = None
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        first = ("rank", "paper_id", "title", "similarity", "score")
-        return {**{k: d[k] for k in first}, **{k: v for k, v in d.items() if k not in first}}
-
-
-@dataclass
-class QuerySentence:
-    """One sentence of the query and why it is in it."""
-
-    index: int
-    text: str
-    #: its facet label (given, or predicted by the tagger)
-    facet: str
-    #: the tagger's probability that it has the query's facet (None: no facet asked, or labels were given)
-    probability: float | None
-    #: why it is in the query: "label" (labelled with the facet), "probability" (predicted probability of the
-    #: facet >= the threshold), "most_probable" (none reached it: the most probable one), "chosen", "all"
-    why: str
-
-
-@dataclass
-class QuerySelection:
-    """Which sentences form a query, and the rule that chose them."""
-
-    #: "facet", "sentences" (chosen by index) or "all"
-    by: str
-    #: the rule in words, e.g. "sentences whose predicted p(method) >= 0.3 (query_facet_threshold)"
-    rule: str
-    sentences: list[QuerySentence]
-    #: query_facet_threshold where it chose them (a facet query on predicted labels), else None
-    threshold: float | None = None
-
-
-@dataclass
-class QueryResult:
-    query_paper_id: str | None
-    facet: str | None
-    query_sentences: list[tuple[int, str]]
-    hits: list[Hit]
-    rescorer: str
-    timings: dict = field(default_factory=dict)
-    #: the metadata conditions the candidates were restricted to (esqbe.core.filters), as dicts
-    filters: list = field(default_factory=list)
-    #: facet label of each query sentence (same order as `query_sentences`)
-    query_facets: list[str] = field(default_factory=list)
-    #: the query paper's title (a text query's given title)
-    query_title: str = ""
-    #: the rescorer's parameters the query ran with
-    rescorer_params: dict = field(default_factory=dict)
-    #: which sentences form the query and why (set by `Index.query`; None from a bare `run_query`)
-    selection: QuerySelection | None = None
-    #: each query sentence's probability of every facet where esqbe's tagger labelled it (same order as
-    #: `query_sentences`; set by `Index.query`; None where the labels were given)
-    query_probabilities: list[dict[str, float]] | None = None
-    #: the query's examples (esqbe.query.combine.Example; the first is `query_paper_id`'s) and the papers to avoid
-    examples: list[Example] = field(default_factory=list)
-    avoid: list[Example] = field(default_factory=list)
-    #: what the hits' percentiles and bands are placed on (esqbe.index.scale.SimilarityScale.public; set by
-    #: `Index.query`, None from a bare `run_query`)
-    scale: dict | None = None
-
-    def to_dict(self, papers: Mapping[str, Paper] | None = None) -> dict:
-        """The one JSON shape of a query result, `esqbe query --json`'s and HTTP POST /query's (esqbe.query.result_json);
-        with `papers` (paper id -> Paper), each hit among them gets its sentences."""
-        return result_json(self, papers)
 
 
 def select_query_sentences(paper: IndexedPaper | Paper, facet: str | None, sentences: Sequence[int] | None,
@@ -405,33 +249,3 @@ def _minmax(x: np.ndarray) -> np.ndarray:
         return x
     lo, hi = float(x.min()), float(x.max())
     return np.ones_like(x) if hi <= lo else (x - lo) / (hi - lo)
-
-
-def run_query(
-    backend: Backend,
-    query: IndexedPaper,
-    indices: list[int],
-    settings: Settings,
-    *,
-    facet: str | None = None,
-    exclude: Sequence[str] = (),
-    restrict_to: Sequence[str] | None = None,
-    context: RescoreContext | None = None,
-    filter: MetadataFilter | None = None,
-) -> QueryResult:
-    """Rank papers by similarity to the chosen sentences of `query` (among those `filter` allows).
-
-    It runs on the calling thread's own BLAS/OpenMP settings: a process that answers queries limits them once
-    (`esqbe.core.threads.limit_for_query`), the library never flips them per call."""
-    return _run_query(backend, query, indices, settings, facet=facet, exclude=exclude, restrict_to=restrict_to,
-                      context=context, filter=filter)
-
-
-def _run_query(backend: Backend, query: IndexedPaper, indices: list[int], settings: Settings, *, facet: str | None,
-               exclude: Sequence[str], restrict_to: Sequence[str] | None, context: RescoreContext | None,
-               filter: MetadataFilter | None) -> QueryResult:
-    """The single-paper query: the query of several examples (esqbe.query.combine) with one example."""
-    from .combine import Example, run_examples
-
-    return run_examples(backend, [Example(query, list(indices), facet)], [], settings, exclude=exclude,
-                        restrict_to=restrict_to, context=context, filter=filter)

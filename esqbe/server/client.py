@@ -1,6 +1,6 @@
 """A query answered by a running `esqbe serve` (what `esqbe query` does when one serves its index, or with
 `--server URL`): the command line's query as the HTTP API's own request (`models.QueryRequest`, validated here
-before it is sent), POST /query, and the result in the one JSON shape (esqbe.query.result_json) back.
+before it is sent), POST /query, and the result in the one JSON shape (esqbe.query.results) back.
 
 The server's answer is as hostile as any input. Standard library HTTP (http.client, one connection per command):
 - it never follows a redirect (http.client has none to follow): a 3xx is an error that names it, so the bearer

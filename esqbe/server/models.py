@@ -14,7 +14,7 @@ from ..core.limits import (
     MAX_QUERY_SENTENCE_CHARS,
 )
 from ..index.rerank import MAX_PAPER_ID_CHARS, MAX_RERANK_DOCUMENTS, MAX_RERANK_QUERY_CHARS
-from ..query.search import QueryError
+from ..query.results import QueryError
 from ..rescore.rescorers import available_rescorers, rescorer_params
 from ..settings.generate import http_fields, overrides_from_http
 from ..settings.table import FACET_MODES, RECORD_FORMATS
@@ -314,7 +314,7 @@ class SimilarityScale(BaseModel):
 
 
 class QueryResponse(BaseModel):
-    """A query result in the one JSON shape `esqbe query --json` prints too (esqbe.query.result_json)."""
+    """A query result in the one JSON shape `esqbe query --json` prints too (esqbe.query.results)."""
 
     version: int = Field(description="the shape's version: it changes when a key is renamed or removed")
     query: QueryInfo

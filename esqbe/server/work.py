@@ -15,9 +15,9 @@ from ..index.merge import Merger
 from ..index.reports import IndexReport
 from ..ingest.library import sniff_format
 from ..ingest.readers import ReadReport, read_papers
-from ..query.result_json import finite as _finite
-from ..query.result_json import jsonable as _jsonable
-from ..query.result_json import sentences_json as _sentences
+from ..query.results import finite as _finite
+from ..query.results import jsonable as _jsonable
+from ..query.results import sentences_json as _sentences
 from ..query.search import facet_selections
 from .errors import ApiError, _clean_validation
 from .middleware import JSON_LINES_TYPES
@@ -42,7 +42,7 @@ def _paper_page(index: Index, paper_id: str) -> dict | None:
 
 
 def _run_query(index: Index, req: QueryRequest, text, overrides: dict) -> dict:
-    """The query's result in the one JSON shape (esqbe.query.result_json), as the client named its word vectors,
+    """The query's result in the one JSON shape (esqbe.query.results), as the client named its word vectors,
     with the total time."""
     t0 = time.perf_counter()
     filters = [f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in req.filters or []]
