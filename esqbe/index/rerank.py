@@ -179,14 +179,16 @@ def install_engine_reranker(settings, server_url: str, *, token: str | None = No
     """`esqbe engine install-reranker` / `uninstall-reranker`: esqbe's POST /rerank made (or unmade) the reranker of
     the Elasticsearch or OpenSearch cluster the settings name (their URL and credentials), idempotently
     (esqbe.backends.engines.reranker)."""
+    from ..backends.engines.names import check_reranker_name
     from ..backends.engines.reranker import install_reranker, rerank_url, uninstall_reranker
     from ..errors import ParameterError
     from .open import open_backend
 
     if settings.backend not in ("elasticsearch", "opensearch"):
         raise ParameterError("the reranker is installed in a cluster: give --backend elasticsearch or opensearch and --url")
+    check_reranker_name(settings.backend, name)  # `*` or `../..` refused before the cluster is touched
     if not remove:
-        rerank_url(server_url)  # a bad --server-url refused before the cluster is touched
+        rerank_url(server_url)  # as is a bad --server-url
     backend = open_backend(settings, create=False)
     try:
         if remove:
