@@ -46,6 +46,15 @@ class PaperNotFoundError(QueryError):
     http_status: ClassVar[int] = 404
 
 
+class FacetNotFoundError(QueryError):
+    """The query (a paper or a text) has no sentence of the facet asked for: a rerank falls back on it
+    (esqbe.index.rerank), an interactive query says what to do instead."""
+
+
+class SentenceIndexError(QueryError):
+    """Chosen sentence indices outside the query paper's sentences."""
+
+
 class EmptyIndexError(QueryError):
     """Nothing is indexed yet."""
 
@@ -219,7 +228,7 @@ def select_query_sentences(paper: IndexedPaper | Paper, facet: str | None, sente
         chosen = list(dict.fromkeys(int(i) for i in sentences))
         bad = [i for i in chosen if not 0 <= i < len(p.sentences)]
         if bad or not chosen:
-            raise QueryError(
+            raise SentenceIndexError(
                 f"paper {p.paper_id} has sentences 0..{len(p.sentences) - 1}; "
                 f"{'no sentence chosen' if not chosen else 'no sentence ' + ', '.join(map(str, bad))}"
             )
@@ -232,12 +241,12 @@ def select_query_sentences(paper: IndexedPaper | Paper, facet: str | None, sente
     chosen = p.facet_indices(facet)
     if not chosen:
         if not p.is_labeled:
-            raise QueryError(
+            raise FacetNotFoundError(
                 f"paper {p.paper_id} has no facet labels (it was indexed without labels and without the tagger); "
                 "query it with --sentences, or re-index it with labels or `--facets predict`"
             )
         present = sorted(set(p.facets) - {"unlabeled"})
-        raise QueryError(f"paper {p.paper_id} has no sentence labelled {facet!r}; its facets: {', '.join(present)}")
+        raise FacetNotFoundError(f"paper {p.paper_id} has no sentence labelled {facet!r}; its facets: {', '.join(present)}")
     return chosen
 
 

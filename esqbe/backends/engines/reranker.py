@@ -144,9 +144,16 @@ def os_model_body(connector_id: str, name: str = "esqbe-rerank") -> dict:
 
 def os_pipeline_body(model_id: str, id_field: str = DEFAULT_ID_FIELD) -> dict:
     """The body of `PUT _search/pipeline/{id}`: the `rerank` response processor calling the model with each hit's
-    `id_field` as its document (the query comes from the search's `ext.rerank.query_context`)."""
+    `id_field` as its document (the query comes from the search's `ext.rerank.query_context`).
+
+    Zero hits, as neural-search and ml-commons handle them (read in their source): RescoringRerankProcessor.rerank
+    returns the response untouched when the search's *total* hits are 0 (esqbe is not called); a page past the end
+    (total > 0, no hits on the page) goes on with an empty document list, which ml-commons refuses before the
+    connector (TextSimilarityInputDataSet: "No text documents provided") and the search would fail. Hence
+    `ignore_failure`: any failure of the processor (that one, esqbe down or slow) leaves the engine's own order
+    instead of failing the cluster's search."""
     return {"description": "esqbe aspect reranking (esqbe engine install-reranker)",
-            "response_processors": [{"rerank": {"ml_opensearch": {"model_id": model_id},
+            "response_processors": [{"rerank": {"ignore_failure": True, "ml_opensearch": {"model_id": model_id},
                                                 "context": {"document_fields": [id_field]}}}]}
 
 
