@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from click.testing import CliRunner
@@ -60,7 +61,7 @@ class RerankEngine(CannedEngine):
         data = json.loads(body) if body else None
         self.requests.append({"method": method, "path": target, "body": data, "endpoint": "rerank",
                               "headers": {k.lower(): v for k, v in headers.items()}})
-        segs = path.strip("/").split("/")
+        segs = [unquote(s) for s in path.strip("/").split("/")]  # the engine decodes each path segment
         missing = 404, {"error": {"type": "resource_not_found_exception", "reason": "not found"}, "status": 404}
         if segs[0] == "_inference":
             name = segs[2]
@@ -297,7 +298,7 @@ def test_the_servers_stats_report_the_installed_reranker_and_the_endpoints_bound
     rerank = stats["server"]["rerank"]
     assert rerank == {"enabled": True, "token_required": True, "request_timeout_s": ServeOptions().request_timeout,
                       "max_documents": MAX_RERANK_DOCUMENTS, "max_query_chars": MAX_RERANK_QUERY_CHARS,
-                      "max_sentences": 64, "max_id_chars": MAX_PAPER_ID_CHARS}
+                      "max_sentences": 64, "max_id_chars": MAX_PAPER_ID_CHARS, "fallbacks": {}}
     assert (rerank["max_documents"], rerank["max_query_chars"]) == \
         (spec["properties"]["documents"]["maxItems"], spec["properties"]["query"]["maxLength"])
 

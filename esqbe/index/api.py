@@ -28,6 +28,7 @@ from ..query.results import (
     EmptyIndexError,
     Example,
     ExampleSpec,
+    FacetNotFoundError,
     PaperNotFoundError,
     QueryError,
     QueryResult,
@@ -378,7 +379,7 @@ class Index(IngestMixin):
             and bool((facet_probability(paper, normalize_label(facet)) >= float(settings.query_facet_threshold)).any())
         if facet is not None and normalize_label(facet) not in paper.facets and not likely:
             labelled = sorted(set(paper.facets) - {"unlabeled"})
-            raise QueryError(
+            raise FacetNotFoundError(
                 f"the query text has no {facet} sentence: "
                 + (f"the tagger labels its {len(sents)} sentence(s) {', '.join(labelled)}" if labelled
                    else "no facet tagger is available to label it")

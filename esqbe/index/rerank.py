@@ -50,6 +50,8 @@ class RerankResult:
     unknown: list[str] = field(default_factory=list)
     unranked: list[str] = field(default_factory=list)
     timings_ms: dict = field(default_factory=dict)
+    #: a key of FALLBACKS where the query was answered another way than asked; None: as asked
+    fallback: str | None = None
 
 
 def parse_rerank_query(query: str, *, max_chars: int = MAX_RERANK_QUERY_CHARS) -> RerankQuery:
@@ -141,12 +143,32 @@ def check_documents(documents: Sequence, *, max_documents: int = MAX_RERANK_DOCU
     return out
 
 
+#: why a well-formed rerank query was answered another way than asked (RerankResult.fallback; the server's
+#: X-Esqbe-Rerank-Fallback header and GET /stats count them): a cluster's search must not fail on what the index holds
+FALLBACKS = {
+    "facet_all_sentences": "the query has no sentence of the facet (and no tagger probabilities): all its sentences",
+    "facet_most_probable": "the query text has no sentence of the facet: its sentence most probably of the facet",
+    "sentences_out_of_range": "some chosen sentence indices are past the query paper's sentences: the others "
+                              "(all sentences if none is left)",
+    "query_paper_missing": "the query paper is not in the index: every document scored the same (the engine's "
+                           "order is kept)",
+    "no_query_sentences": "the query paper has no sentences: every document scored the same",
+}
+
+
 def rerank(index, query: RerankQuery | str, documents: Sequence, **overrides) -> RerankResult:
     """Score `documents` (paper ids) against `query` as `index.query(..., restrict_to=documents)` ranks them:
     each known id gets its hit's `score`; unknown ids, and known ones the query cannot rank (the query paper
     itself, which a query never returns), get one score below all of those. Scores are in input order; an id
-    given twice gets the same score twice. `overrides` are Settings fields, as for `Index.query`."""
+    given twice gets the same score twice. `overrides` are Settings fields, as for `Index.query`.
+
+    A well-formed query is never refused for what the index holds (FALLBACKS, named in `fallback`): a facet with
+    no sentence in the query falls back to the facet's most probable sentence (a text the tagger labelled) or to
+    every sentence; chosen indices past the paper's sentences are dropped; a query paper not in the index (or
+    without sentences) gives every document the same score."""
     import time
+
+    from ..query.results import FacetNotFoundError, PaperNotFoundError
 
     t0 = time.perf_counter()
     q = query if isinstance(query, RerankQuery) else parse_rerank_query(query)
@@ -156,16 +178,69 @@ def rerank(index, query: RerankQuery | str, documents: Sequence, **overrides) ->
     pool = [i for i in distinct if i in known]
     scored: dict[str, float] = {}
     timings: dict = {}
-    if pool:
-        result = index.query(q.paper_id, facet=q.facet, sentences=q.sentences, text=q.text, restrict_to=pool,
-                             place_hits=False, **{"k": len(pool), **overrides})
-        scored = {h.paper_id: float(h.score) for h in result.hits if math.isfinite(h.score)}
-        timings = dict(result.timings)
+    fallback: str | None = None
+    if pool and q.paper_id is not None:
+        q, fallback = _paper_fallback(index, q)
+    if pool and fallback not in ("query_paper_missing", "no_query_sentences"):
+        def run(qq: RerankQuery):
+            return index.query(qq.paper_id, facet=qq.facet, sentences=qq.sentences, text=qq.text, restrict_to=pool,
+                               place_hits=False, **{"k": len(pool), **overrides})
+        try:
+            result = run(q)
+        except FacetNotFoundError:
+            q, fallback = _facet_fallback(index, q)
+            result = run(q)
+        except PaperNotFoundError:  # deleted between the look-up and the query
+            result, fallback = None, "query_paper_missing"
+        if result is not None:
+            scored = {h.paper_id: float(h.score) for h in result.hits if math.isfinite(h.score)}
+            timings = dict(result.timings)
+    if fallback in ("query_paper_missing", "no_query_sentences"):
+        scored = dict.fromkeys(pool, 0.0)
     floor = (min(scored.values()) - 1.0) if scored else 0.0
     scores = [scored.get(i, floor) for i in ids]
     timings["total"] = round(1000 * (time.perf_counter() - t0), 2)
-    return RerankResult(scores=scores, unknown=[i for i in distinct if i not in known],
-                        unranked=[i for i in pool if i not in scored], timings_ms=timings)
+    unranked = [] if fallback in ("query_paper_missing", "no_query_sentences") else [i for i in pool if i not in scored]
+    return RerankResult(scores=scores, unknown=[i for i in distinct if i not in known], unranked=unranked,
+                        timings_ms=timings, fallback=fallback)
+
+
+def _paper_fallback(index, q: RerankQuery) -> tuple[RerankQuery, str | None]:
+    """A paper query checked against what the index holds: missing paper, no sentences, indices out of range."""
+    from dataclasses import replace
+
+    found = index.get([q.paper_id])
+    paper = found.get(q.paper_id)
+    if paper is None:
+        return q, "query_paper_missing"
+    n = len(paper.sentences)
+    if n == 0:
+        return q, "no_query_sentences"
+    if q.sentences is not None and any(i >= n for i in q.sentences):
+        kept = tuple(i for i in q.sentences if i < n)
+        return replace(q, sentences=kept or None), "sentences_out_of_range"
+    return q, None
+
+
+def _facet_fallback(index, q: RerankQuery) -> tuple[RerankQuery, str]:
+    """The query without its facet: a text's sentence the tagger finds most probably of the facet (where a tagger
+    labels it), else every sentence."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from ..domain import Paper
+    from ..query.search import facet_probability, query_sentences
+
+    if q.text is not None and getattr(index, "tagger", None) is not None and q.facet is not None:
+        sents = query_sentences(q.text)
+        paper = Paper("query", "", sents)
+        _labels, probs = index.tagger.tag_with_probabilities([paper])
+        paper.metadata = {**(paper.metadata or {}), "facet_probs": probs[0]}
+        p = facet_probability(paper, q.facet)
+        if len(p):
+            return replace(q, facet=None, sentences=(int(np.argmax(p)),)), "facet_most_probable"
+    return replace(q, facet=None, sentences=None), "facet_all_sentences"
 
 
 def rerank_bounds() -> dict:
@@ -179,14 +254,16 @@ def install_engine_reranker(settings, server_url: str, *, token: str | None = No
     """`esqbe engine install-reranker` / `uninstall-reranker`: esqbe's POST /rerank made (or unmade) the reranker of
     the Elasticsearch or OpenSearch cluster the settings name (their URL and credentials), idempotently
     (esqbe.backends.engines.reranker)."""
+    from ..backends.engines.names import check_reranker_name
     from ..backends.engines.reranker import install_reranker, rerank_url, uninstall_reranker
     from ..errors import ParameterError
     from .open import open_backend
 
     if settings.backend not in ("elasticsearch", "opensearch"):
         raise ParameterError("the reranker is installed in a cluster: give --backend elasticsearch or opensearch and --url")
+    check_reranker_name(settings.backend, name)  # `*` or `../..` refused before the cluster is touched
     if not remove:
-        rerank_url(server_url)  # a bad --server-url refused before the cluster is touched
+        rerank_url(server_url)  # as is a bad --server-url
     backend = open_backend(settings, create=False)
     try:
         if remove:

@@ -53,6 +53,15 @@ class PaperNotFoundError(QueryError):
     http_status: ClassVar[int] = 404
 
 
+class FacetNotFoundError(QueryError):
+    """The query (a paper or a text) has no sentence of the facet asked for: a rerank falls back on it
+    (esqbe.index.rerank), an interactive query says what to do instead."""
+
+
+class SentenceIndexError(QueryError):
+    """Chosen sentence indices outside the query paper's sentences."""
+
+
 class EmptyIndexError(QueryError):
     """Nothing is indexed yet."""
 

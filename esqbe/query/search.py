@@ -20,7 +20,15 @@ from ..domain import (
 )
 from ..ingest.sentences import split_sentences
 from ..settings.config import Settings
-from .results import SOFT_FACET_ORDER, QueryError, QuerySelection, QuerySentence, QueryTooLargeError
+from .results import (
+    SOFT_FACET_ORDER,
+    FacetNotFoundError,
+    QueryError,
+    QuerySelection,
+    QuerySentence,
+    QueryTooLargeError,
+    SentenceIndexError,
+)
 
 #: the settings a `facet_settings` entry may change: how one query is ranked, nothing about the index
 FACET_SETTING_KEYS = ("k", "rescorer", "rescorer_params", "rescore_depth", "knn_k", "bm25_k", "fusion",
@@ -63,7 +71,7 @@ def select_query_sentences(paper: IndexedPaper | Paper, facet: str | None, sente
         chosen = list(dict.fromkeys(int(i) for i in sentences))
         bad = [i for i in chosen if not 0 <= i < len(p.sentences)]
         if bad or not chosen:
-            raise QueryError(
+            raise SentenceIndexError(
                 f"paper {p.paper_id} has sentences 0..{len(p.sentences) - 1}; "
                 f"{'no sentence chosen' if not chosen else 'no sentence ' + ', '.join(map(str, bad))}"
             )
@@ -76,12 +84,12 @@ def select_query_sentences(paper: IndexedPaper | Paper, facet: str | None, sente
     chosen = p.facet_indices(facet)
     if not chosen:
         if not p.is_labeled:
-            raise QueryError(
+            raise FacetNotFoundError(
                 f"paper {p.paper_id} has no facet labels (it was indexed without labels and without the tagger); "
                 "query it with --sentences, or re-index it with labels or `--facets predict`"
             )
         present = sorted(set(p.facets) - {"unlabeled"})
-        raise QueryError(f"paper {p.paper_id} has no sentence labelled {facet!r}; its facets: {', '.join(present)}")
+        raise FacetNotFoundError(f"paper {p.paper_id} has no sentence labelled {facet!r}; its facets: {', '.join(present)}")
     return chosen
 
 

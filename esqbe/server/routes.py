@@ -15,7 +15,7 @@ from ..backends.engines.filters import check_safe_clause
 from ..core.deadline import Deadline
 from ..core.filters import FilterError
 from ..errors import EsqbeError
-from ..index.rerank import rerank_bounds
+from ..index.rerank import FALLBACKS, rerank_bounds
 from ..query.export import EXPORT_FORMATS, export_hits, file_name, media_type
 from ..query.search import query_sentences
 from .discovery import INDEX_HEADER, NONCE_PATTERN, PROOF_PATH, proof
@@ -55,6 +55,8 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
 def make_router(service: Service, options: ServeOptions) -> APIRouter:
+    #: POST /rerank answers given another way than asked, by FALLBACKS key (GET /stats: server.rerank.fallbacks)
+    rerank_fallbacks: dict[str, int] = {}
     """The page and the API over `service`, under `options` (limits, words, engine_filter rules)."""
     router = APIRouter()
 
@@ -136,7 +138,8 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
                          "uptime_s": round(time.time() - service.started_at, 1), "ready": service.ready.is_set(),
                          # POST /rerank (issue 39): always answered, behind the write perimeter; its bounds
                          "rerank": {"enabled": True, "token_required": bool(options.token),
-                                    "request_timeout_s": options.request_timeout, **rerank_bounds()}}
+                                    "request_timeout_s": options.request_timeout, **rerank_bounds(),
+                                    "fallbacks": dict(rerank_fallbacks)}}
         return out
 
     @router.post("/query", response_model=QueryResponse, tags=["search"],
@@ -299,7 +302,10 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
     async def rerank(req: RerankRequest, request: Request, response: Response):
         """Score a search engine's candidates (esqbe paper ids) against a query in esqbe's rerank grammar; scores in
         input order, the Cohere rerank shape Elasticsearch's `custom` inference service and OpenSearch's ML connectors
-        parse (`esqbe engine install-reranker`). Unknown ids score lowest and are counted in X-Esqbe-Rerank-Unknown."""
+        parse (`esqbe engine install-reranker`). Unknown ids score lowest and are counted in X-Esqbe-Rerank-Unknown.
+        A well-formed query is answered whatever the index holds: a facet the query lacks, sentence indices past the
+        paper's or a query paper not in the index fall back (X-Esqbe-Rerank-Fallback names how; GET /stats counts
+        them); only malformed requests are refused."""
         from ..index.rerank import check_documents, parse_rerank_query
 
         deadline = Deadline(options.request_timeout)
@@ -317,6 +323,10 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
                         ", ".join(repr(i[:80]) for i in out["unknown_ids"][:3]))
         response.headers["X-Esqbe-Rerank-Unknown"] = str(out["unknown"])
         response.headers["X-Esqbe-Rerank-Unranked"] = str(out["unranked"])
+        if out["fallback"]:  # answered, another way than asked (esqbe.index.rerank.FALLBACKS): said so, and counted
+            response.headers["X-Esqbe-Rerank-Fallback"] = out["fallback"]
+            rerank_fallbacks[out["fallback"]] = rerank_fallbacks.get(out["fallback"], 0) + 1
+            log.info("rerank: %s", FALLBACKS[out["fallback"]])
         return {"results": out["results"], "unknown": out["unknown"]}
 
     return router

@@ -199,7 +199,8 @@ def _rerank(index: Index, query, documents: list[str]) -> dict:
     """POST /rerank's answer: every document's score in input order, the unknown ids (esqbe.index.rerank)."""
     result = index.rerank(query, documents)
     return {"results": [{"index": i, "relevance_score": s} for i, s in enumerate(result.scores)],
-            "unknown": len(result.unknown), "unknown_ids": result.unknown, "unranked": len(result.unranked)}
+            "unknown": len(result.unknown), "unknown_ids": result.unknown, "unranked": len(result.unranked),
+            "fallback": result.fallback}
 
 
 def _stats(index: Index) -> dict:

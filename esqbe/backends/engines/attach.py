@@ -292,6 +292,9 @@ class AttachedMixin(_Engine):
     def reindex_into(self, new_index: str, meta: IndexMeta, id_field: str, text_fields: Sequence[str]) -> dict:
         """OpenSearch without `index.knn`: create `new_index` (their analysis + shard count, knn on, their
         mapping + esqbe's), `_reindex` into it, move the alias if `self.index` is one. Returns what was done."""
+        from .names import check_index_name
+
+        check_index_name(new_index, what="--reindex-to", creating=True)  # before any request
         mapping = self._get_mapping()
         if mapping is None:
             raise BackendError(f"index {self.index!r} does not exist at {self.url}")

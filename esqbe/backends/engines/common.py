@@ -38,6 +38,7 @@ from .mapping import (
     index_body,
     meta_from_mapping,
 )
+from .names import check_index_name
 from .search import FirstStageMixin
 from .versions import (
     MIN_VERSIONS,
@@ -91,6 +92,7 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
         arguments override the class defaults for this instance."""
         if not index:
             raise BackendError(f"the {self.name} backend needs an index name")
+        check_index_name(index)  # the engines' naming rules, before any request (`*`, `_all`, `a,b` are not names)
         if api_key and username:
             # elasticsearch-py raises on both; opensearch-py would silently drop the API key (it lower-cases
             # custom headers, then http_auth overwrites `authorization`): refuse both the same way, up front
@@ -257,6 +259,7 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
     def ensure(self, meta: IndexMeta) -> None:
         existing = self.meta()
         if existing is None:
+            check_index_name(self.index, creating=True)
             try:
                 self._call(self.client.indices.create, index=self.index, body=index_body(self.engine, meta))
             except Exception as exc:

@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 from ...errors import BackendError, ParameterError
 from .client import _exc_reason
+from .names import check_reranker_name, path_segment
 
 #: the request template of the Elasticsearch `custom` service: `${query}` becomes the query as a JSON string and
 #: `${input}` the documents as a JSON array of strings (templates are not quoted, the service encodes them)
@@ -143,9 +144,16 @@ def os_model_body(connector_id: str, name: str = "esqbe-rerank") -> dict:
 
 def os_pipeline_body(model_id: str, id_field: str = DEFAULT_ID_FIELD) -> dict:
     """The body of `PUT _search/pipeline/{id}`: the `rerank` response processor calling the model with each hit's
-    `id_field` as its document (the query comes from the search's `ext.rerank.query_context`)."""
+    `id_field` as its document (the query comes from the search's `ext.rerank.query_context`).
+
+    Zero hits, as neural-search and ml-commons handle them (read in their source): RescoringRerankProcessor.rerank
+    returns the response untouched when the search's *total* hits are 0 (esqbe is not called); a page past the end
+    (total > 0, no hits on the page) goes on with an empty document list, which ml-commons refuses before the
+    connector (TextSimilarityInputDataSet: "No text documents provided") and the search would fail. Hence
+    `ignore_failure`: any failure of the processor (that one, esqbe down or slow) leaves the engine's own order
+    instead of failing the cluster's search."""
     return {"description": "esqbe aspect reranking (esqbe engine install-reranker)",
-            "response_processors": [{"rerank": {"ml_opensearch": {"model_id": model_id},
+            "response_processors": [{"rerank": {"ignore_failure": True, "ml_opensearch": {"model_id": model_id},
                                                 "context": {"document_fields": [id_field]}}}]}
 
 
@@ -173,9 +181,10 @@ def install_reranker(backend, server_url: str, *, token: str | None = None, name
     calls this server the same way is kept ("unchanged"), anything else under that name is replaced.
     Elasticsearch: the inference endpoint `rerank/{name}`; OpenSearch: connector, model (registered and
     deployed) and search pipeline, all named `name`. Returns what was done, per part."""
+    check_reranker_name(backend.name, name)
     if backend.name == "elasticsearch":
         body = es_inference_body(server_url, token)
-        path = f"/_inference/rerank/{name}"
+        path = f"/_inference/rerank/{path_segment(name)}"
         found = _request(backend, "GET", path, missing_ok=True)
         current = next(iter((found or {}).get("endpoints") or []), None)
         same = current is not None and token is None and _es_same(current, body)  # a stored secret cannot be read
@@ -195,7 +204,7 @@ def install_reranker(backend, server_url: str, *, token: str | None = None, name
     if not model_id:
         raise BackendError(f"opensearch at {backend.url}: registering the model gave no model_id ({str(model)[:200]})")
     out["model"] = {"id": model_id, "status": "replaced" if removed.get("model") else "created"}
-    _request(backend, "PUT", f"/_search/pipeline/{name}", os_pipeline_body(model_id, id_field))
+    _request(backend, "PUT", f"/_search/pipeline/{path_segment(name)}", os_pipeline_body(model_id, id_field))
     out["search_pipeline"] = {"id": name, "status": "replaced" if removed.get("search_pipeline") else "created"}
     return out
 
@@ -207,22 +216,24 @@ def _es_same(current: dict, body: dict) -> bool:
 
 def uninstall_reranker(backend, *, name: str = "esqbe-rerank") -> dict:
     """Remove what `install_reranker` created under `name` (absent parts are no error). Returns what was removed."""
+    check_reranker_name(backend.name, name)
     if backend.name == "elasticsearch":
-        gone = _request(backend, "DELETE", f"/_inference/rerank/{name}", missing_ok=True)
+        gone = _request(backend, "DELETE", f"/_inference/rerank/{path_segment(name)}", missing_ok=True)
         return {"inference_endpoint": gone is not None}
-    removed = {"search_pipeline": _request(backend, "DELETE", f"/_search/pipeline/{name}", missing_ok=True) is not None}
+    removed = {"search_pipeline": _request(backend, "DELETE", f"/_search/pipeline/{path_segment(name)}",
+                                           missing_ok=True) is not None}
     query = {"query": {"term": {"name.keyword": name}}, "size": 100}
     models = _request(backend, "POST", "/_plugins/_ml/models/_search", query, missing_ok=True) or {}
     model_ids = [h["_id"] for h in (models.get("hits") or {}).get("hits", [])
                  if (h.get("_source") or {}).get("algorithm", "REMOTE").upper() == "REMOTE"]
     for mid in model_ids:
-        _request(backend, "POST", f"/_plugins/_ml/models/{mid}/_undeploy", missing_ok=True)
-        _request(backend, "DELETE", f"/_plugins/_ml/models/{mid}", missing_ok=True)
+        _request(backend, "POST", f"/_plugins/_ml/models/{path_segment(mid)}/_undeploy", missing_ok=True)
+        _request(backend, "DELETE", f"/_plugins/_ml/models/{path_segment(mid)}", missing_ok=True)
     removed["model"] = bool(model_ids)
     connectors = _request(backend, "POST", "/_plugins/_ml/connectors/_search", query, missing_ok=True) or {}
     connector_ids = [h["_id"] for h in (connectors.get("hits") or {}).get("hits", [])]
     for cid in connector_ids:
-        _request(backend, "DELETE", f"/_plugins/_ml/connectors/{cid}", missing_ok=True)
+        _request(backend, "DELETE", f"/_plugins/_ml/connectors/{path_segment(cid)}", missing_ok=True)
     removed["connector"] = bool(connector_ids)
     return removed
 
@@ -232,14 +243,15 @@ def reranker_status(backend, *, name: str = "esqbe-rerank") -> dict:
     calls it. Elasticsearch: the inference endpoint, its service and task type, the URL it calls. OpenSearch: the
     search pipeline, the model its rerank processor names (and the model's state), the model's connector and the URL
     that calls, the document fields sent. A part not there is None."""
+    check_reranker_name(backend.name, name)
     if backend.name == "elasticsearch":
-        found = _request(backend, "GET", f"/_inference/rerank/{name}", missing_ok=True)
+        found = _request(backend, "GET", f"/_inference/rerank/{path_segment(name)}", missing_ok=True)
         current = next(iter((found or {}).get("endpoints") or []), None) or {}
         return {"inference_endpoint": name if current else None, "service": current.get("service"),
                 "task_type": current.get("task_type"), "calls": (current.get("service_settings") or {}).get("url")}
     out: dict = {"search_pipeline": None, "model": None, "model_state": None, "connector": None, "calls": None,
                  "document_fields": None}
-    found = _request(backend, "GET", f"/_search/pipeline/{name}", missing_ok=True) or {}
+    found = _request(backend, "GET", f"/_search/pipeline/{path_segment(name)}", missing_ok=True) or {}
     pipeline = found.get(name) if isinstance(found.get(name), dict) else None
     if pipeline is None:
         return out
@@ -251,7 +263,7 @@ def reranker_status(backend, *, name: str = "esqbe-rerank") -> dict:
     if not isinstance(model_id, str) or not model_id:
         return out
     out["model"] = model_id
-    model = _request(backend, "GET", f"/_plugins/_ml/models/{quote(model_id, safe='')}", missing_ok=True)
+    model = _request(backend, "GET", f"/_plugins/_ml/models/{path_segment(model_id)}", missing_ok=True)
     if not model:
         out["model_state"] = "missing"
         return out
@@ -260,7 +272,7 @@ def reranker_status(backend, *, name: str = "esqbe-rerank") -> dict:
     if not isinstance(connector_id, str) or not connector_id:
         return out
     out["connector"] = connector_id
-    connector = _request(backend, "GET", f"/_plugins/_ml/connectors/{quote(connector_id, safe='')}", missing_ok=True) or {}
+    connector = _request(backend, "GET", f"/_plugins/_ml/connectors/{path_segment(connector_id)}", missing_ok=True) or {}
     out["calls"] = next((a.get("url") for a in connector.get("actions") or []
                          if isinstance(a, dict) and a.get("action_type", "").lower() == "predict"), None)
     return out
