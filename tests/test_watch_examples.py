@@ -155,8 +155,8 @@ def test_post_watches_takes_examples_and_avoid_on_a_real_server(tmp_path, index_
         assert web.vectors.shape[0] == sum(len(p["sentences"]) for p in (*web.examples, *web.avoid))
         feed = feedparser.parse(httpx.get(url + "/watches/web.atom").content)
         assert not feed.bozo and len(feed.entries) == 4
-        assert feed.feed.subtitle == (f"papers like paper {A} in its method, a text; unlike paper {C} "
-                                      "in its method, similarity at least -1")
+        assert feed.feed.subtitle == (f"papers like “paper {A}” in its method, “A parser”; unlike “paper {C}” "
+                                      "in its method, similarity at least -1")  # titles (these papers have none)
         # the page's watch list names every example and the paper to avoid (real Chromium)
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support import expected_conditions as EC

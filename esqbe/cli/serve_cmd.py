@@ -29,12 +29,15 @@ from .options import click_options, config_option, overrides_from_click
                    "a client never names a directory.")
 @click.option("--request-timeout", type=click.FloatRange(0, 3600, min_open=True),
               help="Seconds a query may take, waiting for a reader included, before it is abandoned with 504 (default: 30).")
+@click.option("--public-url", metavar="URL",
+              help="Where readers reach this server's page, e.g. https://papers.example.org/ behind a proxy: feed entries "
+                   "of papers with no DOI or URL link there (default: http://HOST:PORT/ on loopback).")
 @click_options("serve")
 @config_option
 @handle_errors
 def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_query_sentences, max_batch_records, no_warm,
               log_level, token_file, allowed_hosts, private, allow_raw_engine_filter, write_lock_timeout, show_paths,
-              words, request_timeout, **kw):
+              words, request_timeout, public_url, **kw):
     """Serve the index over HTTP: a JSON API (docs at /docs) and a page at /.
 
     \b
@@ -54,7 +57,7 @@ def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_quer
                                allow_raw_engine_filter=allow_raw_engine_filter or None,
                                write_lock_timeout=write_lock_timeout, show_paths=show_paths or None,
                                words=_parse_words(words) or None, request_timeout=request_timeout,
-                               freeze_gc=True)
+                               public_url=public_url, freeze_gc=True)
     config = kw.pop("config", None)
     overrides = overrides_from_click(kw, "serve")
     settings = load_settings(config, **overrides)

@@ -2,11 +2,16 @@
 
 The XML is written by xml.etree.ElementTree (it escapes markup); every text from a paper first loses the characters
 XML 1.0 cannot hold (C0 controls but tab and line feeds, surrogates, U+FFFE/U+FFFF) and the C1 controls, and is
-bounded in length. Links are made from the paper's ids (DOI, arXiv) or taken from its metadata only as http(s) URLs.
+bounded in length. Links are made from the paper's ids (DOI, arXiv) or taken from its metadata only as http(s) URLs;
+an entry with neither links to the paper on the server's own page (its public base URL, `esqbe serve --public-url`),
+so that a reader always has something to open. The summary is HTML (`type="html"`: every value escaped with
+html.escape, then the whole escaped again as XML text): title, authors, year, venue and the matched sentence pairs,
+each naming the example it belongs to.
 """
 from __future__ import annotations
 
 import datetime
+import html
 import logging
 import re
 import xml.etree.ElementTree as ET
@@ -58,20 +63,58 @@ def entry_links(metadata: dict) -> list[tuple[str, str]]:
     oa = _http_url(meta.get("open_access_url"))
     if oa:
         links.append(("open access", oa))
+    url = _http_url(meta.get("url"))
+    if url and url not in (u for _, u in links):
+        links.insert(1 if ids.get("doi") else 0, ("link", url))  # DOI, then the record's own URL, then the others
     return links
 
 
-def _summary(hit: dict) -> str:
+def page_url(base: str, paper_id) -> str:
+    """The paper on the server's page: `base` (the public base URL, ending in /) + `#paper=ID`."""
+    return base + "#paper=" + quote(xml_text(paper_id, 500), safe="")
+
+
+def short_title(title, paper_id=None, limit: int = 60) -> str:
+    """A title cut to `limit` characters at a word (the id where there is no title), to name an example."""
+    text = " ".join(xml_text(title, 2000).split())
+    if not text:
+        return f"paper {xml_text(paper_id, 200)}" if paper_id else "a text"
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1].rsplit(" ", 1)[0]
+    return (cut if len(cut) > limit // 2 else text[: limit - 1]) + "…"
+
+
+def _summary(hit: dict, authors: list[str], example_names: list[str]) -> str:
+    """The entry's summary as HTML (every value escaped): title, authors, year and venue, similarity, and the matched
+    sentence pairs, each named by its example (`example_names`, short titles) where the watch has several."""
+    esc = html.escape
     meta = _dict(hit.get("metadata"))
-    head = " · ".join(str(x) for x in (meta.get("year"), meta.get("venue") or meta.get("journal")) if x not in (None, ""))
-    lines = [head] if head else []
+    title = xml_text(hit.get("title")).strip() or xml_text(hit.get("paper_id"))
+    parts = [f"<p><strong>{esc(title)}</strong></p>"]
+    if authors:
+        parts.append(f"<p>Authors: {esc(', '.join(authors[:10]) + (' et al.' if len(authors) > 10 else ''))}</p>")
+    venue = meta.get("venue") or meta.get("journal")
+    facts = [f"Year: {esc(xml_text(meta['year'], 20))}"] if meta.get("year") not in (None, "") else []
+    if isinstance(venue, str) and venue.strip():
+        facts.append(f"Venue: {esc(xml_text(venue, _NAME_CHARS).strip())}")
     sim = hit.get("similarity")
-    lines.append(f"similarity {sim:.3f}" if isinstance(sim, (int, float)) else "similarity -")
-    for m in hit.get("matches") or []:
-        lines.append(f"query [{m.get('query_index')}] {m.get('query_sentence', '')}")
-        lines.append(f"  ~ [{m.get('candidate_index')}] ({m.get('candidate_facet')}, {float(m.get('weight') or 0):.3f}) "
-                     f"{m.get('candidate_sentence', '')}")
-    return xml_text("\n".join(lines), _SUMMARY_CHARS)
+    facts.append(f"Similarity: {sim:.3f}" if isinstance(sim, (int, float)) else "Similarity: –")
+    parts.append("<p>" + " · ".join(facts) + "</p>")
+    pairs = []
+    for m in (hit.get("matches") or [])[:20]:
+        x = m.get("example")
+        named = (f"example “{esc(example_names[x])}”, " if len(example_names) > 1 and isinstance(x, int)
+                 and 0 <= x < len(example_names) else "")
+        weight = m.get("weight")
+        pairs.append(f"<li>{named}query [{esc(str(m.get('query_index')))}]: {esc(xml_text(m.get('query_sentence')))}"
+                     f"<br>~ this paper's [{esc(str(m.get('candidate_index')))}] "
+                     f"({esc(xml_text(m.get('candidate_facet'), 40))}, "
+                     f"{float(weight) if isinstance(weight, (int, float)) else 0.0:.3f}): "
+                     f"{esc(xml_text(m.get('candidate_sentence')))}</li>")
+    if pairs:
+        parts.append("<p>Matched sentence pairs:</p><ul>" + "".join(pairs) + "</ul>")
+    return xml_text("".join(parts), _SUMMARY_CHARS * 3)
 
 
 def _authors(metadata: dict) -> list[str]:
@@ -84,9 +127,10 @@ def _authors(metadata: dict) -> list[str]:
     return out[:50]
 
 
-def atom_feed(watch, matches: list[dict], *, self_url: str) -> bytes:
+def atom_feed(watch, matches: list[dict], *, self_url: str, base_url: str = "http://127.0.0.1:8000/") -> bytes:
     """The Atom 1.0 document of watch `watch`'s `matches` (newest first, as esqbe.index.watches.watch_matches gives
-    them); `self_url` is where it was fetched."""
+    them); `self_url` is where it was fetched, `base_url` the server's public base URL (its page, ending in /): an
+    entry with no DOI or URL of its own links to the paper there."""
     ET.register_namespace("", ATOM_NS)
 
     def sub(parent, tag: str, text: str | None = None, **attrs) -> ET.Element:
@@ -101,7 +145,7 @@ def atom_feed(watch, matches: list[dict], *, self_url: str) -> bytes:
     examples, avoided = watch.parts()
 
     def like(q: dict) -> str:
-        return (f"paper {q['paper_id']}" if q["paper_id"] else "a text") + (f" in its {q['facet']}" if q["facet"] else "")
+        return f"“{short_title(q.get('title'), q.get('paper_id'))}”" + (f" in its {q['facet']}" if q.get("facet") else "")
 
     sub(feed, "subtitle", xml_text("papers like " + ", ".join(map(like, examples))
                                    + ("; unlike " + ", ".join(map(like, avoided)) if avoided else "")
@@ -111,19 +155,23 @@ def atom_feed(watch, matches: list[dict], *, self_url: str) -> bytes:
     sub(feed, "generator", "esqbe")
     author = sub(feed, "author")
     sub(author, "name", "esqbe")
+    names = [short_title(q.get("title"), q.get("paper_id")) for q in examples]
     for hit in matches:
         meta = _dict(hit.get("metadata"))
         entry = sub(feed, "entry")
         sub(entry, "id", "urn:esqbe:watch:" + watch.name + ":" + quote(xml_text(hit.get("paper_id"), 500), safe=""))
         sub(entry, "title", xml_text(hit.get("title")).strip() or xml_text(hit.get("paper_id")), type="text")
         sub(entry, "updated", _rfc3339(hit["found"]))
-        for name in _authors(meta):
+        authors = _authors(meta)
+        for name in authors:
             sub(sub(entry, "author"), "name", name)
-        for i, (title, url) in enumerate(entry_links(meta)):
+        on_page = page_url(base_url, hit.get("paper_id"))
+        links = entry_links(meta) + [("on the esqbe page", on_page)]  # the page last: the alternate where nothing else is
+        for i, (title, url) in enumerate(links):
             sub(entry, "link", rel="alternate" if i == 0 else "related", href=url, title=title)
         if isinstance(meta.get("venue"), str) and meta["venue"].strip():
             sub(entry, "category", term=xml_text(meta["venue"], _NAME_CHARS).strip() or "venue", label="venue")
-        sub(entry, "summary", _summary(hit), type="text")
+        sub(entry, "summary", _summary(hit, authors, names), type="html")
     return ET.tostring(feed, encoding="utf-8", xml_declaration=True)
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.limits import MAX_REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S
 from ..settings.config import ConfigError
@@ -57,6 +57,30 @@ class ServeOptions(BaseModel):
     #: thread (docs/performance.md, session 16). Process-wide, so `esqbe serve` sets it for its own process; an app
     #: mounted in another one leaves that process's collector alone unless asked
     freeze_gc: bool = False
+    #: where readers reach the server (its page), e.g. https://papers.example.org/esqbe/ behind a proxy: a feed entry
+    #: of a paper with no DOI or URL links to the paper on this page. None: http://HOST:PORT/ on loopback
+    public_url: str | None = Field(None, max_length=2000)
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment \
+                or any(c.isspace() or ord(c) < 32 for c in value.strip()):
+            raise ValueError("the public URL is http(s)://HOST[:PORT][/PATH], with no query, fragment or spaces")
+        return value.strip().rstrip("/") + "/"
+
+    def base_url(self) -> str:
+        """The server's public base URL, ending in /: `public_url`, else this server on loopback."""
+        if self.public_url:
+            return self.public_url
+        host = self.host if is_loopback(self.host) else "127.0.0.1"
+        host = f"[{host.strip('[]')}]" if ":" in host else host
+        return f"http://{host}:{self.port}/"
 
 
 def is_loopback(host: str) -> bool:
@@ -123,4 +147,11 @@ def options_from_env(*, token_file: str | None = None, **given) -> ServeOptions:
             raise ConfigError(f"the token file {token_file} is empty")
     elif os.environ.get("ESQBE_TOKEN"):
         clean["token"] = os.environ["ESQBE_TOKEN"]
-    return ServeOptions(**clean)
+    from pydantic import ValidationError
+
+    try:
+        return ServeOptions(**clean)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(map(str, first.get("loc") or ())).replace("_", "-")
+        raise ConfigError(f"--{field}: {first.get('msg', 'invalid')}".replace("Value error, ", "")) from None

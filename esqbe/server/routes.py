@@ -7,6 +7,7 @@ import asyncio
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -37,7 +38,7 @@ from .models import (
     SearchResponse,
     WatchRequest,
 )
-from .options import ServeOptions
+from .options import ServeOptions, is_loopback
 from .service import Service
 from .work import (
     _delete,
@@ -286,7 +287,12 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         if options.private and not (feed_key_ok(watch, key) or _token_ok(request.headers.get("authorization"),
                                                                           options.token or "")):
             raise ApiError(401, "this feed needs its secret URL or the bearer token")
-        return Response(atom_feed(watch, matches, self_url=str(request.url)),
+        # the public base URL (--public-url); else, on loopback, the address this request came to (its Host is a
+        # loopback name: the perimeter checked it), so that the links work where the server is mounted
+        base = options.public_url or (str(request.base_url).rstrip("/") + "/" if is_loopback(options.host)
+                                      else options.base_url())
+        self_url = base + f"watches/{quote(name, safe='')}.atom" + (f"?key={quote(key, safe='')}" if key else "")
+        return Response(atom_feed(watch, matches, self_url=self_url, base_url=base),
                         media_type="application/atom+xml; charset=utf-8")
 
     @router.delete("/papers/{paper_id:path}", response_model=DeleteResponse,

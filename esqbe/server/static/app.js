@@ -632,7 +632,7 @@ async function watchQuery() {
   }
 }
 
-// The index's watches (GET /watches): each name links to its Atom feed, each match to a query by it. A server
+// The index's watches (GET /watches): each opens to its finds (a query by each a click away) and its feed's address. A server
 // without watches (or an older one) shows no panel.
 function utcDate(seconds, n = 10) {
   return new Date(seconds * 1000).toISOString().slice(0, n).replace("T", " ");
@@ -640,7 +640,7 @@ function utcDate(seconds, n = 10) {
 
 async function showWatches() {
   let list = null;
-  try { list = await api("watches?latest=5"); } catch (e) { list = null; }
+  try { list = await api("watches?latest=10"); } catch (e) { list = null; }
   const panel = $("watch-panel"), ol = $("watch-list");
   ol.replaceChildren();
   if (!Array.isArray(list) || !list.length) { panel.hidden = true; return; }
@@ -655,12 +655,29 @@ async function showWatches() {
       el("a", { href: `#paper=${encodeURIComponent(m.paper_id)}`, text: m.title || m.paper_id }),
       el("span", { class: "muted", text: ` sim ${typeof m.similarity === "number" ? m.similarity.toFixed(3) : "-"}`
         + ` · found ${utcDate(m.found)}` })));
-    ol.append(el("li", { class: "watch", "data-watch": w.name },
-      el("a", { href: w.feed, class: "watch-name", text: w.name, title: "its Atom feed" }),
-      el("span", { class: "muted", text: ` ${what}, sim ≥ ${w.min_sim} · `
-        + `${w.found} found · ${run}` }),
-      matches.length ? el("ol", { class: "watch-matches" }, ...matches)
-        : el("p", { class: "muted", text: "nothing found yet" })));
+    // the watch opens to what it found, and offers its feed's address to copy into a feed reader
+    const feedUrl = new URL(w.feed, location.href).href;
+    const copy = el("button", { type: "button", class: "copy-feed", "aria-label": `Copy the feed address of ${w.name}`,
+      onclick: async () => {
+        const box = item.querySelector(".feed-url");
+        box.select();
+        let ok = false;
+        try { await navigator.clipboard.writeText(feedUrl); ok = true; } catch (e) { ok = document.execCommand("copy"); }
+        copy.textContent = ok ? "Copied" : "Select and copy";
+      } }, "Copy");
+    const item = el("li", { class: "watch", "data-watch": w.name },
+      el("details", { class: "watch-details" },
+        el("summary", {}, el("span", { class: "watch-name", text: w.name }),
+          el("span", { class: "muted", text: ` ${what}, sim ≥ ${w.min_sim} · ${w.found} found · ${run}` })),
+        matches.length ? el("ol", { class: "watch-matches", "aria-label": `What ${w.name} found, newest first` }, ...matches)
+          : el("p", { class: "muted", text: "nothing found yet" }),
+        el("p", { class: "watch-feed" },
+          el("label", {}, "Atom feed ", el("input", { type: "text", class: "feed-url", readonly: true, value: feedUrl,
+            size: Math.min(60, feedUrl.length), onfocus: (e) => e.target.select() })), " ", copy,
+          " ", el("a", { href: w.feed, class: "feed-link", text: "open" }),
+          w.feed.includes("?key=") ? null : el("span", { class: "muted",
+            text: " (on a private server: its secret address, from esqbe watch show NAME)" }))));
+    ol.append(item);
   }
   panel.hidden = false;
 }
