@@ -191,10 +191,12 @@ def test_a_megabyte_query_text_is_refused_before_tokenizing(client, direct):
     from esqbe.query.results import QueryTooLargeError
 
     one_sentence = "word " * 240_000  # 1.2 MB without a sentence end
-    _error(client.post("/query", json={"text": one_sentence}), 413, "at most 100000")
-    many = ["Word " * 3_000 + "."] * 64
+    # the schema's bounds (422, before the route runs), then the route's own (413) for what the schema cannot say
+    _error(client.post("/query", json={"text": one_sentence}), 422, "at most 100000 characters")
+    _error(client.post("/query", json={"text": ["word " * 1_200]}), 422, "at most 5000 characters")
+    many = ["Word " * 800 + "."] * 64  # each sentence within its bound, together past the text's
     _error(client.post("/query", json={"text": many}), 413, "characters")
-    _error(client.post("/query", json={"text": ["word " * 1_200]}), 413, "at most 5000 per sentence")
+    _error(client.post("/query", json={"text": "word " * 1_200}), 413, "at most 5000 per sentence")
     with pytest.raises(QueryTooLargeError, match="at most 100000"):
         direct.query(text=one_sentence)
     with pytest.raises(QueryTooLargeError, match="per sentence"):

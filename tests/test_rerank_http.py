@@ -307,7 +307,8 @@ def test_a_facet_the_text_lacks_falls_back_to_its_most_probable_sentence(server,
     import numpy as np
 
     from esqbe.domain import Paper
-    from esqbe.query.search import FacetNotFoundError, facet_probability, query_sentences
+    from esqbe.query.results import FacetNotFoundError
+    from esqbe.query.search import facet_probability, query_sentences
 
     candidates = ids[1:12]
     with esqbe.open_index(str(index_path), encoder=encoder, config=None, create=False) as index:

@@ -19,6 +19,8 @@ from .options import (
     config_option,
     open_settings,
     overrides_from_click,
+    query_text_or_file,
+    text_or_file,
 )
 from .output import echo_json, say
 
@@ -114,10 +116,7 @@ def query_cmd(paper_ids, avoid, facet, sentences, text, text_file, title, filter
         flt = make_filter(list(filters), engine_filter)
     except FilterError as e:
         raise click.BadParameter(str(e), param_hint="--engine-filter") from None
-    if text_file is not None:
-        if text is not None:
-            raise click.UsageError("give --text or --file, not both")
-        text = text_file.read()
+    text = query_text_or_file(text, text_file)  # refused past the caps before the index or the model is opened
     examples = _examples(paper_ids, avoid, sentences, text, title)
     paper_id = paper_ids[0] if paper_ids else None
     if examples is not None:
@@ -368,10 +367,7 @@ def cite_cmd(paper_id, text, text_file, k, params, as_json, **kw):
       esqbe cite --paper C00-2123 --text "dynamic-programming search (Tillmann and Ney, 2000)" -k 2
       esqbe cite --paper C00-2123 --text "..." --param words=words/acl   # in-domain word2vec
     """
-    if text_file is not None:
-        if text is not None:
-            raise click.UsageError("give --text or --file, not both")
-        text = text_file.read()
+    text = text_or_file(text, text_file)
     if text is None or not text.strip():
         raise click.UsageError("give the citing sentence with --text or --file")
     with _open(kw, "cite", create=False) as index:

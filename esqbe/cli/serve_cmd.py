@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import click
 
+from esqbe.core.limits import MAX_QUERY_SENTENCES
+
 from .errors import handle_errors
 from .options import click_options, config_option, overrides_from_click
 
@@ -14,7 +16,7 @@ from .options import click_options, config_option, overrides_from_click
 @click.option("--readers", type=click.IntRange(1, 64), help="Reader threads, each with its own index handle and model (default: 1 embedded, 4 engines).")
 @click.option("--cors-origin", "cors_origins", multiple=True, help="Allow browser pages from this origin to call the API (repeatable; default: CORS off).")
 @click.option("--max-body-bytes", type=click.IntRange(1024), help="Largest request body accepted (default: 16 MiB).")
-@click.option("--max-query-sentences", type=click.IntRange(1), help="Most sentences one query may have (default: 64).")
+@click.option("--max-query-sentences", type=click.IntRange(1, MAX_QUERY_SENTENCES), help=f"Most sentences a request's free texts may have together, each text counted whole (default and most: {MAX_QUERY_SENTENCES}).")
 @click.option("--max-batch-records", type=click.IntRange(1), help="Most records one POST /papers may carry (default: 1000).")
 @click.option("--no-warm", is_flag=True, help="Answer at once instead of loading the kNN structures first.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
@@ -28,7 +30,7 @@ from .options import click_options, config_option, overrides_from_click
               help="Word vectors (`esqbe train-words --out DIR`) that queries may use as asym_token's words=NAME (repeatable); "
                    "a client never names a directory.")
 @click.option("--request-timeout", type=click.FloatRange(0, 3600, min_open=True),
-              help="Seconds a query may take, waiting for a reader included, before it is abandoned with 504 (default: 30).")
+              help="Seconds a request (a query, a rerank, a write, a watch) may take, its wait for a thread included, before it is abandoned with 504 (default: 30).")
 @click.option("--public-url", metavar="URL",
               help="Where readers reach this server's page, e.g. https://papers.example.org/ behind a proxy: feed entries "
                    "of papers with no DOI or URL link there (default: http://HOST:PORT/ on loopback).")

@@ -10,7 +10,15 @@ from esqbe.core.textsafe import printable, printable_tree
 from esqbe.query.export import EXPORT_FORMATS
 
 from .errors import handle_errors
-from .options import FACET_CHOICES, _open, click_options, config_option, open_settings, overrides_from_click
+from .options import (
+    FACET_CHOICES,
+    _open,
+    click_options,
+    config_option,
+    open_settings,
+    overrides_from_click,
+    query_text_or_file,
+)
 from .output import echo_json, say
 
 
@@ -70,10 +78,7 @@ def watch_add_cmd(name, min_sim, paper_ids, avoid, facet, sentences, text, text_
 
     from .query_cmds import _examples
 
-    if text_file is not None:
-        if text is not None:
-            raise click.UsageError("give --text or --file, not both")
-        text = text_file.read()
+    text = query_text_or_file(text, text_file)  # refused past the caps before the index or the model is opened
     several = _examples(paper_ids, avoid, sentences, text, title)  # several examples or --not: as `esqbe query`
     paper_id = paper_ids[0] if paper_ids and several is None else None
     if several is not None:

@@ -39,7 +39,7 @@ class Deadline:
         self.expires = None if seconds is None else time.monotonic() + float(seconds)
         self._cancelled: str | None = None
         self._lock = threading.Lock()
-        self._tokens: list = []
+        self._entered = threading.local()  # per thread: one token may be entered on several threads at once
 
     def cancel(self, reason: str = "cancelled") -> None:
         with self._lock:
@@ -62,11 +62,17 @@ class Deadline:
 
     def __enter__(self) -> Deadline:
         self.check()  # work that waited past its deadline (in a queue) does not start
-        self._tokens.append(_CURRENT.set(self))
+        self._stack().append(_CURRENT.set(self))
         return self
 
     def __exit__(self, *exc) -> None:
-        _CURRENT.reset(self._tokens.pop())
+        _CURRENT.reset(self._stack().pop())
+
+    def _stack(self) -> list:
+        stack = getattr(self._entered, "tokens", None)
+        if stack is None:
+            stack = self._entered.tokens = []
+        return stack
 
 
 def active() -> bool:

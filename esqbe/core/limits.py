@@ -1,7 +1,8 @@
 """What one request may make esqbe do: the caps on a query's text and the default request deadline, in one
-place. The CLI, the Python API and `esqbe serve` all go through the library's checks of these (a query text
-past a cap is refused before any tokenizing: `esqbe.query.search.query_sentences`); the rescorers' own parameter
-bounds live in their declarations (`esqbe.rescore.registry.Param`).
+place. The CLI, the Python API and `esqbe serve` all go through the library's one check of a request's free
+texts (`esqbe.query.search.query_texts`: characters, then sentences, counted on each whole text, refused before
+any tagging or encoding, whichever sentences the request then chooses); the rescorers' own parameter bounds live
+in their declarations (`esqbe.rescore.registry.Param`).
 """
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from __future__ import annotations
 MAX_QUERY_CHARS = 100_000
 #: characters of one query sentence (one past this is not a sentence: a text without sentence ends)
 MAX_QUERY_SENTENCE_CHARS = 5_000
+#: sentences of a request's free texts, all of them together (a query text, the texts of a query's examples, a
+#: watch's, a rerank query's), each text counted whole: every sentence of a text is tagged and encoded in its
+#: context, whichever of them the request chooses. `esqbe serve --max-query-sentences` may lower it, not raise it
+MAX_QUERY_SENTENCES = 64
 #: the encoder hands the tokenizer at most this many characters per token the model takes from a sentence
 #: (or a title): far more than any wordpiece needs, so only text the model would truncate anyway is cut
 ENCODE_CHARS_PER_TOKEN = 16

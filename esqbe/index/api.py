@@ -40,6 +40,7 @@ from ..query.search import (
     facet_probability,
     numbered_sentences,
     query_sentences,
+    query_texts,
     select_query_sentences,
     settings_for_facet,
 )
@@ -276,6 +277,10 @@ class Index(IngestMixin):
                                  text if text is None or isinstance(text, str) else tuple(text), title)]
             avoid_specs = []
         check_examples(specs, avoid_specs)
+        # every text split and counted whole, all together, before anything is fetched, tagged or encoded
+        at = [i for i, x in enumerate(specs) if x.text is not None]
+        for i, sents in zip(at, query_texts([specs[i].text for i in at])):  # type: ignore[misc]
+            specs[i] = replace(specs[i], text=tuple(sents))
         shared = {normalize_label(x.facet or facet) for x in specs if x.sentences is None and (x.facet or facet)}
         settings = settings_for_facet(self.settings, shared.pop() if len(shared) == 1 else None).replace(**overrides)
         flt = make_filter(filters, engine_filter)

@@ -10,8 +10,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..core.limits import MAX_QUERY_SENTENCES
 from ..domain import QUERY_FACETS
 from ..query.results import QueryError, QueryTooLargeError
+from ..query.search import query_sentences
 
 #: the most candidate papers one call may score (a cluster sends its rank window: ES `rank_window_size`,
 #: OpenSearch the hits of the page); the server may lower it (`--max-batch-records` does not apply here)
@@ -54,7 +56,8 @@ class RerankResult:
     fallback: str | None = None
 
 
-def parse_rerank_query(query: str, *, max_chars: int = MAX_RERANK_QUERY_CHARS) -> RerankQuery:
+def parse_rerank_query(query: str, *, max_chars: int = MAX_RERANK_QUERY_CHARS,
+                       max_sentences: int | None = None) -> RerankQuery:
     """The grammar, strictly:
 
         paper:ID                       every sentence of an indexed paper
@@ -64,7 +67,9 @@ def parse_rerank_query(query: str, *, max_chars: int = MAX_RERANK_QUERY_CHARS) -
         TEXT...                        a pasted text, every sentence (anything not starting with paper: or facet:)
 
     Unknown keys, repeated keys, both facet and sentences, an empty id or text, control characters: refused
-    (RerankQueryError), as is a query longer than `max_chars`."""
+    (RerankQueryError), as is a query longer than `max_chars`, and a text is split and counted here as every query's
+    free text is (`esqbe.query.search.query_texts`: past `max_sentences`, default MAX_QUERY_SENTENCES, 413), before
+    any tagging or encoding."""
     if not isinstance(query, str):
         raise RerankQueryError("the query must be a string")
     if len(query) > max_chars:
@@ -81,8 +86,10 @@ def parse_rerank_query(query: str, *, max_chars: int = MAX_RERANK_QUERY_CHARS) -
         text = parts[1].strip() if len(parts) > 1 else ""
         if not text:
             raise RerankQueryError("facet:NAME needs a text after it (or use paper:ID facet:NAME)")
+        query_sentences(text, max_sentences=max_sentences)
         return RerankQuery(facet=facet, text=text)
     if not head.startswith("paper:"):
+        query_sentences(q, max_sentences=max_sentences)
         return RerankQuery(text=q)
     tokens = q.split()
     seen: dict[str, str] = {}
@@ -246,7 +253,8 @@ def _facet_fallback(index, q: RerankQuery) -> tuple[RerankQuery, str]:
 def rerank_bounds() -> dict:
     """The bounds of a rerank call, as GET /stats reports them (the route and RerankRequest enforce them)."""
     return {"max_documents": MAX_RERANK_DOCUMENTS, "max_query_chars": MAX_RERANK_QUERY_CHARS,
-            "max_sentences": MAX_RERANK_SENTENCES, "max_id_chars": MAX_PAPER_ID_CHARS}
+            "max_sentences": MAX_RERANK_SENTENCES, "max_text_sentences": MAX_QUERY_SENTENCES,
+            "max_id_chars": MAX_PAPER_ID_CHARS}
 
 
 def install_engine_reranker(settings, server_url: str, *, token: str | None = None, name: str = "esqbe-rerank",

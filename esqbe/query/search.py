@@ -36,21 +36,41 @@ FACET_SETTING_KEYS = ("k", "rescorer", "rescorer_params", "rescore_depth", "knn_
                       "bm25_text", "query_facet_threshold", "vector_centering")
 
 
-def query_sentences(text: str | Sequence[str]) -> list[str]:
-    """A query text (one string, or its sentences) as sentences, refused past the caps of `esqbe.core.limits`
-    before any splitting or tokenizing: a megabyte of text must not hold a reader for seconds."""
-    from ..core.limits import MAX_QUERY_CHARS, MAX_QUERY_SENTENCE_CHARS
+def query_texts(texts: Sequence[str | Sequence[str]], *, max_sentences: int | None = None) -> list[list[str]]:
+    """A request's free texts (each one string, or its sentences) as sentences: the one check every route and field
+    that takes free text goes through (a query text, each example's, a watch's, a rerank query's; `--text`/`--file`),
+    before any tagging or encoding. Refused (QueryTooLargeError, 413) past the caps of `esqbe.core.limits`: the
+    characters of all texts together (before anything is split), a sentence's characters, and the sentences of all
+    texts together past `max_sentences` (default MAX_QUERY_SENTENCES), each text counted whole: every sentence of a
+    text is tagged and encoded, whichever of them the request then chooses."""
+    from ..core.limits import MAX_QUERY_CHARS, MAX_QUERY_SENTENCE_CHARS, MAX_QUERY_SENTENCES
 
-    parts = [text] if isinstance(text, str) else [str(s) for s in text]
-    total = sum(len(s) for s in parts)
+    limit = MAX_QUERY_SENTENCES if max_sentences is None else int(max_sentences)
+    parts = [[text] if isinstance(text, str) else [str(s) for s in text] for text in texts]
+    total = sum(len(s) for p in parts for s in p)
     if total > MAX_QUERY_CHARS:
-        raise QueryTooLargeError(f"the query text has {total} characters; at most {MAX_QUERY_CHARS} per query")
-    sents = split_sentences(text) if isinstance(text, str) else [s for s in parts if s.strip()]
-    longest = max((len(s) for s in sents), default=0)
-    if longest > MAX_QUERY_SENTENCE_CHARS:
-        raise QueryTooLargeError(f"a query sentence has {longest} characters; at most {MAX_QUERY_SENTENCE_CHARS} "
-                                 "per sentence (is the text missing its sentence ends?)")
-    return sents
+        what = "the query text has" if len(parts) == 1 else f"the query's {len(parts)} texts have"
+        raise QueryTooLargeError(f"{what} {total} characters; at most {MAX_QUERY_CHARS} per query")
+    out: list[list[str]] = []
+    count = 0
+    for text, p in zip(texts, parts):
+        sents = split_sentences(text) if isinstance(text, str) else [s for s in p if s.strip()]
+        longest = max((len(s) for s in sents), default=0)
+        if longest > MAX_QUERY_SENTENCE_CHARS:
+            raise QueryTooLargeError(f"a query sentence has {longest} characters; at most {MAX_QUERY_SENTENCE_CHARS} "
+                                     "per sentence (is the text missing its sentence ends?)")
+        count += len(sents)
+        out.append(sents)
+    if count > limit:
+        what = "the query text has" if len(parts) == 1 else f"the query's {len(parts)} texts have"
+        raise QueryTooLargeError(f"{what} {count} sentences; at most {limit} per query, counted whole whichever "
+                                 "sentences are chosen (each is tagged and encoded)")
+    return out
+
+
+def query_sentences(text: str | Sequence[str], *, max_sentences: int | None = None) -> list[str]:
+    """One query text as its sentences, refused past the caps before any tagging or encoding (`query_texts`)."""
+    return query_texts([text], max_sentences=max_sentences)[0]
 
 
 def select_query_sentences(paper: IndexedPaper | Paper, facet: str | None, sentences: Sequence[int] | None,

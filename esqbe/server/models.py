@@ -12,6 +12,7 @@ from ..core.limits import (
     MAX_EXAMPLES,
     MAX_QUERY_CHARS,
     MAX_QUERY_SENTENCE_CHARS,
+    MAX_QUERY_SENTENCES,
 )
 from ..index.rerank import MAX_PAPER_ID_CHARS, MAX_RERANK_DOCUMENTS, MAX_RERANK_QUERY_CHARS
 from ..query.results import QueryError
@@ -79,6 +80,18 @@ def _rescorer_params_model() -> type[BaseModel]:
 RescorerParams = _rescorer_params_model()
 
 
+#: a free text of a request, as the schema bounds it: one string (its sentences counted when it is split: the route's
+#: 413) or its sentences; the characters and sentences of all of a request's texts together are bounded the same
+#: (esqbe.query.search.query_texts)
+QueryText = Annotated[str, Field(max_length=MAX_QUERY_CHARS,
+                                 json_schema_extra={"x-maxSentences": MAX_QUERY_SENTENCES})] | Annotated[
+    list[Annotated[str, Field(max_length=MAX_QUERY_SENTENCE_CHARS)]], Field(max_length=MAX_QUERY_SENTENCES)]
+_TEXT_BOUNDS = (f"at most {MAX_QUERY_SENTENCES} sentences, counted whole whichever are chosen, and {MAX_QUERY_CHARS} "
+                "characters, all of the request's texts together (the server may allow fewer sentences: 413)")
+#: a sentence index a request may choose (a stored abstract has at most esqbe.domain.LIMITS["sentences"])
+SentenceIndex = Annotated[int, Field(ge=0, le=100_000)]
+
+
 class ExampleRequest(BaseModel):
     """One example of a query of several: a paper of the index or a pasted text, and its facet or chosen sentences
     (neither: the request's `facet`, else every sentence)."""
@@ -87,12 +100,11 @@ class ExampleRequest(BaseModel):
         "oneOf": [{"required": ["paper_id"]}, {"required": ["text"]}], "not": {"required": ["facet", "sentences"]}})
 
     paper_id: str = Field(None, min_length=1, max_length=512, description="a paper in the index")
-    text: Annotated[str, Field(max_length=MAX_QUERY_CHARS)] | Annotated[
-        list[Annotated[str, Field(max_length=MAX_QUERY_SENTENCE_CHARS)]], Field(max_length=MAX_EXAMPLE_SENTENCES)] = Field(
-        None, description="a paper not in the index: its abstract, or its sentences")
+    text: QueryText = Field(
+        None, description="a paper not in the index: its abstract, or its sentences (" + _TEXT_BOUNDS + ")")
     title: str = Field("", max_length=2000, description="title of the `text` paper")
     facet: Literal["background", "method", "result"] = Field(None, description="use its sentences of this facet")
-    sentences: list[Annotated[int, Field(ge=0, le=100_000)]] = Field(
+    sentences: list[SentenceIndex] = Field(
         None, min_length=1, max_length=MAX_EXAMPLE_SENTENCES, description="use these of its sentences (0-based)")
 
     @model_validator(mode="after")
@@ -131,14 +143,15 @@ class _QueryRequestBase(BaseModel):
         ]})
 
     paper_id: str = Field(None, min_length=1, max_length=512, description="a paper in the index")
-    text: str | list[str] = Field(
+    text: QueryText = Field(
         None, description="a paper not in the index: its abstract, or its sentences as a list (encoded now; "
-                          "facet labels predicted when a facet is asked for)")
+                          "facet labels predicted when a facet is asked for; " + _TEXT_BOUNDS + ")")
     title: str = Field("", max_length=2000, description="title of the `text` paper (helps contextual vectors)")
     facet: Literal["background", "method", "result"] = Field(
         None, description="use the query paper's sentences labelled with this facet")
-    sentences: list[Annotated[int, Field(ge=0)]] = Field(
-        None, min_length=1, description="use these sentences of the query paper or text (0-based)")
+    sentences: list[SentenceIndex] = Field(
+        None, min_length=1, max_length=MAX_QUERY_SENTENCES,
+        description="use these sentences of the query paper or text (0-based)")
     examples: list[ExampleRequest] = Field(
         None, min_length=1, max_length=MAX_EXAMPLES, description="a query of several examples instead of one paper "
         "or text (the request's facet is the default of each); none of them is a hit")
@@ -431,7 +444,9 @@ class RerankRequest(BaseModel):
     # the bounds the schema publishes are the server's: the lengths checked here (422 past one, before any work);
     # an empty list and each id by the route's own check (esqbe.index.rerank.check_documents: 400 naming the item)
     query: str = Field(..., min_length=1, max_length=MAX_RERANK_QUERY_CHARS,
-                       description="paper:ID facet:NAME | paper:ID sentences:0,2 | facet:NAME text | text")
+                       description="paper:ID facet:NAME | paper:ID sentences:0,2 | facet:NAME text | text (a text of "
+                                   f"at most {MAX_QUERY_SENTENCES} sentences, counted as a query's: 413 past it)",
+                       json_schema_extra={"x-maxSentences": MAX_QUERY_SENTENCES})
     documents: list[Any] = Field(..., max_length=MAX_RERANK_DOCUMENTS,
                                  description="the candidates' esqbe paper ids, in the engine's order, each 1 to "
                                              f"{MAX_PAPER_ID_CHARS} printable characters without spaces",

@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..core.limits import MAX_REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S
+from ..core.limits import MAX_QUERY_SENTENCES, MAX_REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S
 from ..settings.config import ConfigError
 
 #: a name for word vectors the operator configured (`esqbe serve --words NAME=DIR`): no path separators
@@ -29,7 +29,9 @@ class ServeOptions(BaseModel):
     #: reader threads, each with its own index handle and encoder (default: 1 embedded, 4 engines)
     readers: int | None = Field(None, ge=1, le=64)
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    max_query_sentences: int = Field(64, ge=1)
+    #: sentences of a request's free texts together, each text counted whole (esqbe.query.search.query_texts): the
+    #: library's bound or lower, never higher (the schema publishes the library's)
+    max_query_sentences: int = Field(MAX_QUERY_SENTENCES, ge=1, le=MAX_QUERY_SENTENCES)
     max_batch_records: int = Field(1000, ge=1)
     max_queued_writes: int = Field(8, ge=1)
     #: origins allowed to call the API from a browser page of their own (CORS); none = CORS off

@@ -18,7 +18,7 @@ from ..core.filters import FilterError
 from ..errors import EsqbeError
 from ..index.rerank import FALLBACKS, rerank_bounds
 from ..query.export import EXPORT_FORMATS, export_hits, file_name, media_type
-from ..query.search import query_sentences
+from ..query.search import query_texts
 from .discovery import INDEX_HEADER, NONCE_PATTERN, PROOF_PATH, proof
 from .errors import ApiError, _errors, _public, api_error, log
 from .feeds import FEED_ENTRIES, MAX_FEED_ENTRIES, add_watch_work, atom_feed, feed_data, watch_list
@@ -82,9 +82,10 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         except EsqbeError as e:
             raise api_error(e) from None
 
-    async def writes(fn, *args):
+    async def writes(fn, *args, deadline: Deadline):
+        """`fn(index, *args)` on the writer's thread under the request's `deadline`, as reads are (504 past it)."""
         try:
-            return await service.write(fn, *args)
+            return await service.write(fn, *args, deadline=deadline)
         except EsqbeError as e:
             raise api_error(e) from None
 
@@ -140,7 +141,8 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
                          # POST /rerank (issue 39): always answered, behind the write perimeter; its bounds
                          "rerank": {"enabled": True, "token_required": bool(options.token),
                                     "request_timeout_s": options.request_timeout, **rerank_bounds(),
-                                    "fallbacks": dict(rerank_fallbacks)}}
+                                    "fallbacks": dict(rerank_fallbacks),
+                                    "max_text_sentences": options.max_query_sentences}}
         return out
 
     @router.post("/query", response_model=QueryResponse, tags=["search"],
@@ -151,24 +153,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         """Papers most similar to a paper's facet, to chosen sentences, or to a text, with the sentences that matched."""
         check_engine_filter(request, req.engine_filter)
         deadline = Deadline(options.request_timeout)  # from now: a wait for a reader counts
-        limit = options.max_query_sentences
-        text = req.text
-        try:
-            if text is not None:
-                text = query_sentences(text)  # past esqbe.core.limits' character caps: refused before any tokenizing
-            overrides = req.overrides(options.words)
-        except EsqbeError as e:  # a text past the caps: 413 (QueryTooLargeError); bad overrides: 400
-            raise api_error(e) from None
-        if text is not None:
-            if not text:
-                raise ApiError(400, "the query text has no sentences")
-            if len(text) > limit:
-                raise ApiError(413, f"the query text has {len(text)} sentences; at most {limit} per query")
-        if req.sentences is not None and len(set(req.sentences)) > limit:
-            raise ApiError(413, f"{len(set(req.sentences))} sentences chosen; at most {limit} per query")
-        examples = None
-        if req.examples is not None:  # a query of several: each text split (capped) here, the counts bounded
-            examples = await examples_checked(req, limit)
+        text, examples, overrides = checked_query(req)
         try:
             out = await service.read(_run_query, req, examples if examples is not None else text, overrides,
                                      deadline=deadline, request=request)
@@ -182,25 +167,36 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         response.headers.update(which)
         return out
 
-    async def examples_checked(req: QueryRequest, limit: int) -> list[dict]:
-        """The request's examples with each text as its sentences (past the caps: 413), the examples' sentences
-        known before any work bounded by `limit` together (413)."""
-        out, known = [], 0
-        for e in req.examples or []:
+    def checked_query(req: QueryRequest):
+        """A query's (or a watch's) free texts split and counted before any work, all together at most the server's
+        `max_query_sentences`, each text whole whichever sentences it chooses (esqbe.query.search.query_texts; 413),
+        the sentences chosen bounded too: (the text's sentences, the examples with theirs, the settings overrides).
+        Splitting at most MAX_QUERY_CHARS (refused before anything is split) costs a few milliseconds."""
+        limit = options.max_query_sentences
+        texts = [req.text] if req.text is not None else [e.text for e in req.examples or [] if e.text is not None]
+        try:
+            split = query_texts(texts, max_sentences=limit)
+            overrides = req.overrides(options.words)
+        except EsqbeError as err:  # a text past the caps: 413 (QueryTooLargeError); bad overrides: 400
+            raise api_error(err) from None
+        if any(not sents for sents in split):
+            raise ApiError(400, "the query text has no sentences" if req.text is not None
+                           else "an example's text has no sentences")
+        if req.sentences is not None and len(set(req.sentences)) > limit:
+            raise ApiError(413, f"{len(set(req.sentences))} sentences chosen; at most {limit} per query")
+        if req.examples is None:
+            return (split[0] if req.text is not None else None), None, overrides
+        out, known, texts_left = [], sum(map(len, split)), iter(split)
+        for e in req.examples:
             item = e.model_dump(exclude_none=True)
             if e.text is not None:
-                try:
-                    item["text"] = query_sentences(e.text)
-                except EsqbeError as err:
-                    raise api_error(err) from None
-                if not item["text"]:
-                    raise ApiError(400, "an example's text has no sentences")
-                known += len(item["text"]) if e.sentences is None else 0
-            known += len(set(e.sentences or []))
+                item["text"] = next(texts_left)
+            else:
+                known += len(set(e.sentences or []))
             out.append(item)
         if known > limit:
             raise ApiError(413, f"the examples have {known} query sentences together; at most {limit} per query")
-        return out
+        return None, out, overrides
 
     @router.get("/papers/{paper_id:path}", response_model=Paper, responses=_errors(404, 503), tags=["papers"])
     async def get_paper(paper_id: str):
@@ -241,7 +237,9 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
                                                          options.max_batch_records, deadline=deadline)
         except EsqbeError as e:
             raise api_error(e) from None
-        return await writes(_write_papers, papers, outcomes, mode)
+        # written under the same deadline: past it no further batch is encoded (what was committed stays: sent
+        # again, its papers are unchanged and skipped)
+        return await writes(_write_papers, papers, outcomes, mode, deadline, deadline=deadline)
 
     @router.get("/watches", responses=_errors(503), tags=["watches"])
     async def watches(latest: int = Query(5, ge=0, le=50)) -> list[dict[str, Any]]:
@@ -252,19 +250,13 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
     @router.post("/watches", responses=_errors(400, 404, 409, 413, 422, 503), tags=["watches"])
     async def add_watch(req: WatchRequest) -> dict[str, Any]:
         """Save a query (what POST /query takes) as a watch named `name` with the threshold `min_sim`; answers the
-        watch and its feed's path with its secret. A write: the token where the server has one."""
-        text = req.text
-        try:
-            if text is not None:
-                text = query_sentences(text)  # the caps of POST /query, before any encoding
-            overrides = req.overrides(options.words)
-        except EsqbeError as e:
-            raise api_error(e) from None
-        if text is not None and len(text) > options.max_query_sentences:
-            raise ApiError(413, f"the query text has {len(text)} sentences; at most {options.max_query_sentences}")
-        if req.examples is not None:  # several: each text split (capped) here, the sentences bounded, as for /query
-            return await writes(add_watch_work, req, await examples_checked(req, options.max_query_sentences), overrides)
-        return await writes(add_watch_work, req, text, overrides)
+        watch and its feed's path with its secret. A write: the token where the server has one. Its texts are split
+        and counted as a query's, here, before the writer's thread sees them; the write runs under the request
+        deadline."""
+        deadline = Deadline(options.request_timeout)
+        text, examples, overrides = checked_query(req)
+        return await writes(add_watch_work, req, examples if examples is not None else text, overrides,
+                            deadline=deadline)
 
     @router.get("/watches/{name}.atom", response_class=Response, tags=["watches"],
                 responses={**_errors(400, 401, 404, 422, 503),
@@ -299,7 +291,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
                 responses=_errors(401, 404, 503), tags=["papers"])
     async def delete_paper(paper_id: str):
         """Delete a paper by id."""
-        if not await writes(_delete, paper_id):
+        if not await writes(_delete, paper_id, deadline=Deadline(options.request_timeout)):
             raise ApiError(404, f"paper {paper_id} is not in the index")
         return {"deleted": paper_id}
 
@@ -316,7 +308,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
 
         deadline = Deadline(options.request_timeout)
         try:  # the grammar and the bounds before any work
-            query = parse_rerank_query(req.query)
+            query = parse_rerank_query(req.query, max_sentences=options.max_query_sentences)
             documents = check_documents(req.documents)
         except EsqbeError as e:
             raise api_error(e) from None

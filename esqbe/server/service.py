@@ -155,7 +155,12 @@ class Service:
         slot = min(self.readers, key=lambda s: s.pending)
         if deadline is None:
             return await asyncio.wrap_future(slot.submit(fn, *args))
-        work = slot.submit(_under, deadline, fn, *args)
+        return await self._wait(slot.submit(_under, deadline, fn, *args), deadline, request, "the query")
+
+    async def _wait(self, work: Future, deadline: Deadline, request: Request | None, what: str):
+        """The result of `work` (running under `deadline` on a slot's thread), given up at the deadline or as soon as
+        the client of `request` goes away: the deadline is cancelled (queued, the work never starts; running, it stops
+        at its next check) and `Cancelled` raised here, so the slot's thread is freed."""
         waiting = asyncio.wrap_future(work)
         watch = asyncio.ensure_future(_client_gone(request)) if request is not None else None
         remaining = deadline.remaining()  # None: a deadline without a time limit
@@ -185,7 +190,7 @@ class Service:
             self.abandoned += 1
             raise Cancelled("the client went away", timed_out=False)
         self.timed_out += 1
-        raise Cancelled(f"the query took longer than this server's {deadline.seconds:g} s request timeout "
+        raise Cancelled(f"{what} took longer than this server's {deadline.seconds:g} s request timeout "
                         "and was abandoned", timed_out=True)
 
     async def parse(self, fn: Callable, *args, deadline: Deadline):
@@ -215,7 +220,10 @@ class Service:
         finally:
             self.parsing -= 1
 
-    async def write(self, fn: Callable, *args):
+    async def write(self, fn: Callable, *args, deadline: Deadline | None = None, request: Request | None = None):
+        """`fn(index, *args)` on the writer's thread, one write at a time, under `deadline` as a read is (`read`):
+        a write still queued at its deadline never starts, one running stops at its next check (a batch of papers:
+        before its next batch is encoded; what was committed stays). At most `max_queued_writes` wait (503)."""
         self.start()
         assert self.writer is not None  # start() made it
         if self.writer.pending >= self.options.max_queued_writes:
@@ -224,18 +232,22 @@ class Service:
 
         def locked(index, *a):
             with self.write_lock:
+                if deadline is not None:
+                    deadline.check()  # waited past its deadline behind another write: not started
                 try:
                     begin = getattr(index.backend, "begin_write", None)  # another writer's lock: wait a bounded time
                     if begin is not None:
                         begin(self.options.write_lock_timeout)
-                    return fn(index, *a)
+                    return fn(index, *a) if deadline is None else _under(index, deadline, fn, *a)
                 finally:
                     end = getattr(index.backend, "end_write", None)  # the embedded write lock is not held while idle
                     if end is not None:
                         end()
 
         try:
-            return await asyncio.wrap_future(self.writer.submit(locked, *args))
+            if deadline is None:
+                return await asyncio.wrap_future(self.writer.submit(locked, *args))
+            return await self._wait(self.writer.submit(locked, *args), deadline, request, "the write")
         except WriteLockBusy as e:
             raise ApiError(503, f"another writer (pid {e.holder}) has held the index's write lock for over "
                                 f"{self.options.write_lock_timeout:g}s; retry later",

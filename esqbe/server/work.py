@@ -162,13 +162,15 @@ def _merge(index: Index, papers: list, outcomes: list[dict]) -> None:
             o.update(merged_into=m["into"], reason=f"the same work{first} ({m['by']}): merged into paper {m['into']}")
 
 
-def _write_papers(index: Index, papers: list, outcomes: list[dict], facets: str | None) -> dict:
+def _write_papers(index: Index, papers: list, outcomes: list[dict], facets: str | None, stop=None) -> dict:
+    """POST /papers on the writer's thread; `stop`: the request's deadline (once it is cancelled no further batch is
+    encoded; the batches committed before it stay)."""
     t0 = time.perf_counter()
     if papers:
         _merge(index, papers, outcomes)
     ids = list(dict.fromkeys(p.paper_id for _, p in papers))
     before = index.backend.content_hashes(ids)
-    report = index.add_papers([p for _, p in papers], facets=facets) if papers else None
+    report = index.add_papers([p for _, p in papers], facets=facets, stop=stop) if papers else None
     after = index.backend.content_hashes(ids)
     last = {p.paper_id: n for n, p in papers}
     errors = list(report.errors) if report else []
