@@ -282,6 +282,9 @@ def test_the_servers_stats_say_rerank_is_answered_and_its_bounds(server):
     stats = httpx.get(server + "/stats", timeout=60).json()
     rerank = dict(stats["server"]["rerank"])
     assert isinstance(rerank.pop("fallbacks"), dict)  # counted: the fallback tests below
+    from esqbe.core.limits import MAX_QUERY_SENTENCES
+
+    assert 1 <= rerank.pop("max_text_sentences") <= MAX_QUERY_SENTENCES  # the server's one count (issue 53)
     assert rerank == {
         "enabled": True, "token_required": True, "request_timeout_s": stats["server"]["rerank"]["request_timeout_s"],
         "max_documents": MAX_RERANK_DOCUMENTS, "max_query_chars": MAX_RERANK_QUERY_CHARS,
