@@ -145,7 +145,7 @@ def emulate_os(query_vectors, doc_vectors) -> float:
 # --- the Painless sources against the documented signatures --------------------------------------------------
 #: name -> the documented parameters: "vectors" (params.query_vectors, a list of vectors), "field" (a quoted field
 #: name, as the documentation writes it), "source" (params._source), "space" (a quoted space type)
-SIGNATURES = {
+SIGNATURES: dict[str, dict[str, tuple[str, ...]]] = {
     "elasticsearch": {"maxSimDotProduct": ("vectors", "field")},
     "opensearch": {"lateInteractionScore": ("vectors", "field", "source", "space")},
 }
