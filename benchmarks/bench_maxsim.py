@@ -39,6 +39,18 @@ def main() -> None:
         if idx:
             views.append(IndexedPaper(Paper(p.paper.paper_id, "", [p.paper.sentences[i] for i in idx],
                                             [args.facet] * len(idx)), unit(p.vectors[idx])))
+    # what the setting adds to each engine document (JSON as sent in _bulk), beside the whole document
+    import json
+
+    from esqbe.backends.engines.documents import paper_to_doc
+    from esqbe.domain import normalize_label
+
+    added = [len(json.dumps(doc_fields([normalize_label(f) for f in p.paper.facets], p.vectors))) for p in papers]
+    whole = [len(json.dumps(paper_to_doc(p))) for p in papers]
+    sents = sum(len(p.paper.sentences) for p in papers) / len(papers)
+    print(f"engine_facet_vectors: +{statistics.mean(added) / 1024:.1f} KB of JSON per paper ({sents:.1f} sentences, "
+          f"each vector at most twice: its facet's field and all_mv) on a {statistics.mean(whole) / 1024:.1f} KB document; "
+          f"as stored float32 by rank_vectors: {4 * 2 * sents * papers[0].vectors.shape[1] / 1024:.1f} KB")
     query, pool = views[0], views[1:]
     qv = query.vectors
     print(f"{len(papers)} papers, {len(pool)} with {args.facet} sentences; query: {len(qv)} sentences, "

@@ -7,6 +7,7 @@ integration test but those."""
 from __future__ import annotations
 
 import os
+import re
 import uuid
 
 import numpy as np
@@ -166,3 +167,54 @@ def test_live_the_cluster_ranks_by_summax(engine, papers):
                 assert got[p.paper.paper_id] == pytest.approx(want, abs=1e-5)
     finally:
         client.indices.delete(index=name)
+
+
+# --- the setting: an engine index esqbe creates carries the fields ---------------------------------------------------
+@pytest.mark.parametrize("engine,version", [("elasticsearch", "9.2.0"), ("opensearch", "3.5.0")])
+def test_the_setting_writes_the_fields_into_the_mapping_and_every_paper(engine, version):
+    from esqbe.index.open import open_backend
+    from esqbe.settings.config import load_settings
+
+    from .fakes.engines import META, CannedEngine, EngineHTTPServer, make_papers
+
+    server = EngineHTTPServer(CannedEngine(engine, version))
+    try:
+        settings = load_settings(None).replace(backend=engine, url=server.url, index="papers",
+                                               engine_facet_vectors=True)
+        backend = open_backend(settings, create=True)
+        backend.ensure(META)
+        papers = make_papers()
+        backend.upsert(papers)
+        backend.close()
+        create = next(r for r in server.canned.requests if r["method"] == "PUT" and r["path"] == "/papers")
+        body = create["lines"][0]
+        assert set(mapping_properties(engine, META.dim)) <= set(body["mappings"]["properties"])
+        assert not schema_errors(engine, "indices_create", body)
+        docs = [x for r in server.canned.requests if r["endpoint"] == "_bulk" for x in r["lines"] if "paper_id" in x]
+        assert len(docs) == len(papers)
+        for ip, doc in zip(papers, docs):
+            np.testing.assert_allclose(np.array(doc["all_mv"]), unit(ip.vectors), atol=1e-6)
+            for facet in ("background", "method", "result"):
+                n = sum(1 for f in ip.paper.facets if f == facet)
+                assert len(doc.get(mv_field(facet), [])) == n
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("engine,version", [("elasticsearch", "8.11.4"), ("opensearch", "2.19.3")])
+def test_the_setting_on_a_cluster_without_the_function_is_refused_naming_the_version(engine, version):
+    from esqbe.index.open import open_backend
+    from esqbe.settings.config import load_settings
+
+    from .fakes.engines import META, CannedEngine, EngineHTTPServer
+
+    server = EngineHTTPServer(CannedEngine(engine, version))
+    try:
+        settings = load_settings(None).replace(backend=engine, url=server.url, index="papers",
+                                               engine_facet_vectors=True)
+        backend = open_backend(settings, create=True)
+        with pytest.raises(BackendError, match=rf"{engine} {re.escape(version)} cannot rank by aspect.*needs"):
+            backend.ensure(META)
+        assert not [r for r in server.canned.requests if r["method"] == "PUT"]  # nothing created
+    finally:
+        server.close()
