@@ -20,7 +20,7 @@ from esqbe.backends.engines.names import (  # noqa: E402
 from esqbe.errors import ParameterError  # noqa: E402
 
 from .fakes.engines import EngineHTTPServer  # noqa: E402
-from .test_rerank_install import RerankEngine, _run  # noqa: E402
+from .test_rerank_install import RerankEngine, _make_index, _run  # noqa: E402
 
 
 @pytest.fixture
@@ -30,6 +30,8 @@ def engine():
     def start(kind: str, version: str):
         server = EngineHTTPServer(RerankEngine(kind, version))
         servers.append(server)
+        _make_index(kind, server.url)  # install-reranker needs an esqbe index
+        server.canned.requests.clear()
         return server.url, server.canned
 
     yield start

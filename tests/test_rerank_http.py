@@ -261,6 +261,7 @@ def test_the_openapi_document_publishes_the_bounds_the_server_enforces(server):
     assert (props["documents"]["minItems"], props["documents"]["maxItems"]) == (1, MAX_RERANK_DOCUMENTS)
     assert (props["query"]["minLength"], props["query"]["maxLength"]) == (1, MAX_RERANK_QUERY_CHARS)
     assert {"200", "422"} <= set(doc["paths"]["/rerank"]["post"]["responses"])
+    assert not {"404", "409"} & set(doc["paths"]["/rerank"]["post"]["responses"])  # the index's content: fallbacks
     auth = {"Authorization": f"Bearer {TOKEN}"}
 
     def post(query, documents):

@@ -119,9 +119,13 @@ class RerankEngine(CannedEngine):
 def engine():
     servers = []
 
-    def start(kind: str, version: str):
+    def start(kind: str, version: str, index: str | None = "papers"):
+        """A canned engine, holding the esqbe index `index` (None: no index) written by esqbe's own backend."""
         server = EngineHTTPServer(RerankEngine(kind, version))
         servers.append(server)
+        if index is not None:
+            _make_index(kind, server.url, index)
+            server.canned.requests.clear()
         return server.url, server.canned
 
     yield start
@@ -129,10 +133,26 @@ def engine():
         s.close()
 
 
+def _make_index(kind: str, url: str, index: str = "papers") -> None:
+    from esqbe.backends.engines.elasticsearch import ElasticsearchBackend
+    from esqbe.backends.engines.opensearch import OpenSearchBackend
+
+    from .fakes.engines import META, make_papers
+
+    backend = (ElasticsearchBackend if kind == "elasticsearch" else OpenSearchBackend)(url, index)
+    backend.ensure(META)
+    backend.upsert(make_papers())
+    backend.close()
+
+
 def _run(args, env=None):
-    r = CliRunner().invoke(main, args, env=env or {}, catch_exceptions=False)
+    """The command's JSON output; for `engine` commands (given --json) the `parts` of it: what was done."""
+    engine = args[0] == "engine"
+    r = CliRunner().invoke(main, [*args, "--json"] if engine and "--json" not in args else args, env=env or {},
+                           catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    return json.loads(r.output)
+    out = json.loads(r.output)
+    return out["parts"] if engine and "parts" in out else out
 
 
 def test_bodies_are_valid_for_the_official_specs():
@@ -179,7 +199,7 @@ def test_elasticsearch_install_is_one_put_with_the_token_as_a_secret_and_idempot
 def test_opensearch_install_creates_connector_model_and_pipeline_and_replaces_them(engine):
     url, canned = engine("opensearch", "3.5.0")
     args = ["engine", "install-reranker", "--backend", "opensearch", "--url", url, "--index", "papers",
-            "--server-url", "http://esqbe:8000", "--id-field", "pid"]
+            "--server-url", "http://esqbe:8000", "--id-field", "content_hash"]  # any mapped field
     out = _run(args, env={"ESQBE_TOKEN": TOKEN})
     assert {k: v["status"] for k, v in out.items()} == {"connector": "created", "model": "created",
                                                         "search_pipeline": "created"}
@@ -192,7 +212,7 @@ def test_opensearch_install_creates_connector_model_and_pipeline_and_replaces_th
     model = made["/_plugins/_ml/models/_register"]["body"]
     assert model == os_model_body(out["connector"]["id"])
     pipeline = made["/_search/pipeline/esqbe-rerank"]["body"]
-    assert pipeline == os_pipeline_body(out["model"]["id"], "pid")
+    assert pipeline == os_pipeline_body(out["model"]["id"], "content_hash")
     for key, body in (("os_ml_create_connector", connector), ("os_ml_register_model", model),
                       ("os_search_pipeline_put", pipeline)):
         assert not spec_errors(key, body), key
@@ -235,16 +255,7 @@ def test_the_documented_searches_are_valid_for_the_specs():
 
 @pytest.mark.parametrize("kind,version", [("elasticsearch", "9.2.0"), ("opensearch", "3.5.0")])
 def test_stats_reports_the_reranker(engine, kind, version):
-    from esqbe.backends.engines.elasticsearch import ElasticsearchBackend
-    from esqbe.backends.engines.opensearch import OpenSearchBackend
-
-    from .fakes.engines import META, make_papers
-
     url, canned = engine(kind, version)
-    backend = (ElasticsearchBackend if kind == "elasticsearch" else OpenSearchBackend)(url, "papers")
-    backend.ensure(META)
-    backend.upsert(make_papers())
-    backend.close()
     stats = ["stats", "--backend", kind, "--url", url, "--index", "papers", "--json"]
     part = "inference_endpoint" if kind == "elasticsearch" else "search_pipeline"
     assert _run(stats)["reranker"][part] is None
@@ -278,7 +289,7 @@ def test_the_servers_stats_report_the_installed_reranker_and_the_endpoints_bound
     from .conftest import LiveServer
     from .fakes.engines import make_papers
 
-    url, canned = engine("opensearch", "3.5.0")
+    url, canned = engine("opensearch", "3.5.0", index=None)
     backend = OpenSearchBackend(url, "papers")
     backend.ensure(IndexMeta(encoder.name, encoder.dim, "contextual", encoder.fingerprint))  # the server's model
     backend.upsert(make_papers(dim=encoder.dim))
@@ -317,3 +328,116 @@ def test_the_connector_emulation_evaluates_only_the_installed_script():
         body["actions"][0]["pre_process_function"] = script
         with pytest.raises(ValueError):
             os_request_body(body, "q", ["p1"])
+
+
+# --- issue 52 item 4: install-reranker as an operator's tool ---------------------------------------------------------
+def _invoke(args, env=None):
+    return CliRunner().invoke(main, args, env=env or {})
+
+
+@pytest.mark.parametrize("kind,version", [("elasticsearch", "9.2.0"), ("opensearch", "3.5.0")])
+def test_dry_run_prints_every_request_in_order_sends_nothing_and_redacts_the_token(engine, kind, version):
+    url, canned = engine(kind, version)
+    args = ["engine", "install-reranker", "--backend", kind, "--url", url, "--index", "papers",
+            "--server-url", "http://esqbe:8000"]
+    r = _invoke([*args, "--dry-run", "--json"], env={"ESQBE_TOKEN": TOKEN})
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output)
+    assert plan["dry_run"] is True and canned.requests == []  # nothing sent, not even GET /
+    assert TOKEN not in r.output and "<redacted>" in r.output
+    text = _invoke([*args, "--dry-run"], env={"ESQBE_TOKEN": TOKEN})
+    assert text.exit_code == 0 and TOKEN not in text.output and text.output.startswith("Dry run: nothing sent")
+    assert canned.requests == []
+    # the plan is what an install over an earlier one sends: same methods and paths, in order (ids aside)
+    _run(args, env={"ESQBE_TOKEN": TOKEN})
+    canned.requests.clear()
+    _run(args, env={"ESQBE_TOKEN": TOKEN})
+    sent = [(x["method"], x["path"]) for x in canned.sent()]
+    planned = [(x["method"], x["path"]) for x in plan["requests"]]
+
+    def shape(reqs):
+        import re as _re
+        return [(m, _re.sub(r"/(c|m)\d+(/|$)", r"/ID\2", _re.sub(r"/(EARLIER_)?(MODEL|CONNECTOR)_ID", "/ID", p)))
+                for m, p in reqs]
+    assert shape(planned) == shape(sent)
+    written = [x for x in plan["requests"] if x["method"] in ("PUT", "POST") and x["body"] and "_search" not in x["path"]]
+    assert written and all(x["when"] for x in plan["requests"])
+
+
+@pytest.mark.parametrize("kind,version", [("elasticsearch", "9.2.0"), ("opensearch", "3.5.0")])
+def test_install_refuses_a_missing_index_or_one_not_esqbes_before_writing(engine, kind, version):
+    url, canned = engine(kind, version, index=None)
+    base = ["engine", "install-reranker", "--backend", kind, "--url", url, "--server-url", "http://esqbe:8000"]
+    r = _invoke([*base, "--index", "papers"])
+    assert r.exit_code != 0 and "does not exist" in r.output and "404" in r.output and "Traceback" not in r.output
+    assert not [x for x in canned.requests if x["method"] in ("PUT", "POST", "DELETE")]
+    from esqbe.backends.engines.elasticsearch import ElasticsearchBackend
+    from esqbe.backends.engines.opensearch import OpenSearchBackend
+
+    plain = (ElasticsearchBackend if kind == "elasticsearch" else OpenSearchBackend)(url, "theirs")
+    plain.client.indices.create(index="theirs", body={"mappings": {"properties": {"title": {"type": "text"}}}})
+    plain.close()
+    canned.requests.clear()
+    r = _invoke([*base, "--index", "theirs"])
+    assert r.exit_code != 0 and "not an esqbe index" in r.output and "esqbe attach" in r.output
+    assert not [x for x in canned.requests if x["method"] in ("PUT", "DELETE") or "_plugins" in x["path"]]
+    if kind == "opensearch":  # an id field the index does not have: named, nothing written
+        url, canned = engine(kind, version)
+        r = _invoke(["engine", "install-reranker", "--backend", kind, "--url", url, "--server-url",
+                     "http://esqbe:8000", "--index", "papers", "--id-field", "pid"])
+        assert r.exit_code != 0 and "--id-field" in r.output and "paper_id" in r.output
+        assert not [x for x in canned.requests if "_plugins" in x["path"] or "_search/pipeline" in x["path"]]
+
+
+def test_an_unreachable_cluster_is_reported_within_the_connect_timeout():
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nobody listens on: refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # a silent one: a listener that never accepts, its queue full, so the kernel drops the next handshakes
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(0)
+    fillers = []
+    for _ in range(3):
+        c = socket.socket()
+        c.setblocking(False)
+        c.connect_ex(silent.getsockname())
+        fillers.append(c)
+    for url, timeout in ((f"http://127.0.0.1:{port}", "5"), (f"http://127.0.0.1:{silent.getsockname()[1]}", "1")):
+        t = time.perf_counter()
+        r = _invoke(["engine", "install-reranker", "--backend", "elasticsearch", "--url", url, "--index", "papers",
+                     "--server-url", "http://esqbe:8000", "--connect-timeout", timeout])
+        elapsed = time.perf_counter() - t
+        assert r.exit_code != 0 and "cannot connect to" in r.output and "Traceback" not in r.output, r.output
+        assert elapsed < float(timeout) + 1.5, elapsed
+    for c in (*fillers, silent):
+        c.close()
+    r = _invoke(["engine", "install-reranker", "--backend", "elasticsearch", "--url", "http://elastic:S3CRET@127.0.0.1:"
+                 f"{port}", "--server-url", "http://esqbe:8000"])
+    assert r.exit_code != 0 and "S3CRET" not in r.output and "***@127.0.0.1" in r.output
+
+
+@pytest.mark.parametrize("kind,version", [("elasticsearch", "9.2.0"), ("opensearch", "3.5.0")])
+def test_the_outcome_is_a_readable_summary(engine, kind, version):
+    url, canned = engine(kind, version)
+    base = ["--backend", kind, "--url", url, "--index", "papers"]
+    r = _invoke(["engine", "install-reranker", *base, "--server-url", "http://esqbe:8000"])
+    assert r.exit_code == 0, r.output
+    first, *rest = r.output.splitlines()
+    assert first.startswith(f"esqbe's reranker in {kind} at {url}") and "http://esqbe:8000/rerank" in first
+    assert "{" not in first and any("created" in line for line in rest)
+    assert ("search_pipeline=esqbe-rerank" if kind == "opensearch" else "inference_id") in r.output
+    r = _invoke(["engine", "uninstall-reranker", *base])
+    assert r.exit_code == 0 and "removed" in r.output and "{" not in r.output
+
+
+@pytest.mark.parametrize("command", ["install-reranker", "uninstall-reranker"])
+def test_help_shows_only_the_options_that_apply(command):
+    r = _invoke(["engine", command, "--help"])
+    assert r.exit_code == 0
+    assert "--path" not in r.output and "embedded" not in r.output
+    for flag in ("--url", "--index", "--backend", "--dry-run", "--json", "--connect-timeout", "--name"):
+        assert flag in r.output

@@ -43,10 +43,13 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
         if settings.backend == "elasticsearch":
             from ..backends.engines.elasticsearch import ElasticsearchBackend
 
-            return maybe_attached(ElasticsearchBackend(settings.url, settings.index, **kwargs))
-        from ..backends.engines.opensearch import OpenSearchBackend
+            backend: Any = ElasticsearchBackend(settings.url, settings.index, **kwargs)
+        else:
+            from ..backends.engines.opensearch import OpenSearchBackend
 
-        return maybe_attached(OpenSearchBackend(settings.url, settings.index, **kwargs))
+            backend = OpenSearchBackend(settings.url, settings.index, **kwargs)
+        backend.facet_vectors = bool(settings.engine_facet_vectors)  # issue 52: per-facet multi-vector fields
+        return maybe_attached(backend)
     raise BackendError(f"unknown backend {settings.backend!r}; choose embedded, elasticsearch or opensearch")
 
 

@@ -9,6 +9,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..core.limits import MAX_QUERY_SENTENCES
 from ..domain import QUERY_FACETS
@@ -257,28 +258,144 @@ def rerank_bounds() -> dict:
             "max_id_chars": MAX_PAPER_ID_CHARS}
 
 
+#: seconds `esqbe engine install-reranker` waits for the cluster to accept a connection (--connect-timeout)
+CONNECT_TIMEOUT = 5.0
+
+
 def install_engine_reranker(settings, server_url: str, *, token: str | None = None, name: str = "esqbe-rerank",
-                            id_field: str = "paper_id", remove: bool = False) -> dict:
+                            id_field: str = "paper_id", remove: bool = False, dry_run: bool = False,
+                            connect_timeout: float = CONNECT_TIMEOUT) -> dict:
     """`esqbe engine install-reranker` / `uninstall-reranker`: esqbe's POST /rerank made (or unmade) the reranker of
     the Elasticsearch or OpenSearch cluster the settings name (their URL and credentials), idempotently
-    (esqbe.backends.engines.reranker)."""
+    (esqbe.backends.engines.reranker). Checked before anything is sent: the engine, the name (the engine's rule),
+    --server-url. Then the cluster must accept a connection within `connect_timeout` seconds, and (installing) the
+    index must exist and be esqbe's (written by `esqbe index` or `esqbe attach`ed), with `id_field` in its mapping
+    on OpenSearch. `dry_run`: nothing is sent at all; `{"dry_run": True, "requests": [...]}` lists every request
+    in order, each with when it is sent, the server token redacted.
+    Returns {"engine", "url" (credentials masked), "index", "name", "calls", "parts" (what was done, per part)}."""
     from ..backends.engines.names import check_reranker_name
-    from ..backends.engines.reranker import install_reranker, rerank_url, uninstall_reranker
-    from ..errors import ParameterError
+    from ..backends.engines.reranker import DryRun, install_reranker, redact, rerank_url, uninstall_reranker
+    from ..errors import BackendError, ParameterError
     from .open import open_backend
 
     if settings.backend not in ("elasticsearch", "opensearch"):
         raise ParameterError("the reranker is installed in a cluster: give --backend elasticsearch or opensearch and --url")
     check_reranker_name(settings.backend, name)  # `*` or `../..` refused before the cluster is touched
-    if not remove:
-        rerank_url(server_url)  # as is a bad --server-url
-    backend = open_backend(settings, create=False)
+    calls = None if remove else rerank_url(server_url)  # as is a bad --server-url
+    if not settings.url:
+        raise ParameterError(f"the {settings.backend} backend needs --url (or ESQBE_URL, or `url:` in the config file)")
+    if not 0 < float(connect_timeout) <= 120:
+        raise ParameterError(f"--connect-timeout: expected 0 < seconds <= 120 (got {connect_timeout})")
+    out = {"engine": settings.backend, "url": masked_url(settings.url), "index": settings.index, "name": name,
+           "calls": calls}
+    if dry_run:
+        plan = DryRun(settings.backend, settings.url)
+        (uninstall_reranker(plan, name=name) if remove else
+         install_reranker(plan, server_url, token=token, name=name, id_field=id_field))
+        return {**out, "dry_run": True, "requests": redact(plan.requests, [token] if token else [])}
+    reachable(settings.url, float(connect_timeout))
+    backend: Any = open_backend(settings, create=False)  # an EngineBackend (the engine checked above)
     try:
+        backend.retry_attempts = min(backend.retry_attempts, 2)  # an operator's command: answer, do not linger
         if remove:
-            return uninstall_reranker(backend, name=name)
-        return install_reranker(backend, server_url, token=token, name=name, id_field=id_field)
+            return {**out, "parts": uninstall_reranker(backend, name=name)}
+        mapping = backend._get_mapping()  # an unreachable or refusing cluster: its own error
+        meta = None
+        if mapping is not None:
+            try:
+                meta = backend.meta()
+            except BackendError as e:
+                raise BackendError(f"install-reranker: {e}; the reranker scores the papers of an esqbe index "
+                                   "(written by `esqbe index`, or `esqbe attach`ed)") from e
+        if meta is None:
+            raise BackendError(f"install-reranker: index {settings.index!r} does not exist at {masked_url(settings.url)} "
+                               "(its mapping answers 404): index papers first (`esqbe index`), or give --index")
+        if settings.backend == "opensearch":
+            fields = _mapped_fields(backend._get_mapping() or {})
+            if id_field not in fields:
+                top = sorted(f for f in fields if "." not in f)
+                raise ParameterError(f"--id-field: {id_field!r} is not a field of index {settings.index!r} (its fields: "
+                                     f"{', '.join(top[:20])}{', ...' if len(top) > 20 else ''}); the cluster sends "
+                                     "this field of each hit to esqbe as the paper id")
+        return {**out, "parts": install_reranker(backend, server_url, token=token, name=name, id_field=id_field)}
     finally:
         backend.close()
+
+
+def _mapped_fields(mapping: dict, prefix: str = "") -> set[str]:
+    """Every field path of a mapping's properties (objects followed, nested ones too)."""
+    out: set[str] = set()
+    for key, spec in (mapping.get("properties") or {}).items():
+        if isinstance(spec, dict):
+            out.add(prefix + key)
+            out |= _mapped_fields(spec, prefix + key + ".")
+    return out
+
+
+def masked_url(url: str) -> str:
+    """`url` with any user:password in it replaced by ***."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = "***@" + (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def reachable(url: str, timeout: float) -> None:
+    """A TCP connection to the engine URL's host and port within `timeout` seconds, or a BackendError saying so
+    (before the client's own retries, which would take many seconds to report a refused or silent address)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from ..errors import BackendError, ParameterError
+
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 9200)
+    except ValueError as e:
+        raise ParameterError(f"--url: {masked_url(url)!r}: {e}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ParameterError(f"--url: expected http(s)://HOST[:PORT] (got {masked_url(url)!r})")
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as e:
+        reason = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise BackendError(f"cannot connect to {masked_url(url)} within {timeout:g} s ({reason}); "
+                           "is the cluster up, and the URL right? (--connect-timeout to wait longer)") from None
+
+
+def reranker_summary(out: dict) -> str:
+    """What `install_engine_reranker` returned, as lines for a person."""
+    head = f"{out['engine']} at {out['url']}"
+    if out.get("dry_run"):
+        lines = [f"Dry run: nothing sent. The requests to {head}, in order:"]
+        for n, r in enumerate(out["requests"], 1):
+            lines.append(f"{n:>2}. {r['method']} {r['path']}    ({r['when']})")
+            if r["body"] is not None:
+                import json
+
+                lines += ["      " + x for x in json.dumps(r["body"], indent=2, ensure_ascii=False).splitlines()]
+        return "\n".join(lines)
+    parts = out["parts"]
+    if out.get("calls") is None:  # removed
+        gone = [k.replace("_", " ") for k, v in parts.items() if v]
+        kept = [k.replace("_", " ") for k, v in parts.items() if not v]
+        return (f"{head}: removed {', '.join(gone) or 'nothing'} named {out['name']!r}"
+                + (f" ({', '.join(kept)} not there)" if kept and gone else " (none was there)" if not gone else ""))
+    lines = [f"esqbe's reranker in {head}, index {out['index']!r}, calling {out['calls']}:"]
+    for part, info in parts.items():
+        lines.append(f"  {part.replace('_', ' '):<19} {info['id']:<28} {info['status']}")
+    if out["engine"] == "elasticsearch":
+        lines.append(f"Search with a text_similarity_reranker retriever, \"inference_id\": \"{out['name']}\", "
+                     "\"field\": \"paper_id\", \"inference_text\": \"paper:ID facet:method\" (docs/engines.md).")
+    else:
+        lines.append(f"Search with POST {out['index']}/_search?search_pipeline={out['name']} and "
+                     "\"ext\": {\"rerank\": {\"query_context\": {\"query_text\": \"paper:ID facet:method\"}}} "
+                     "(docs/engines.md).")
+    return "\n".join(lines)
 
 
 def engine_reranker_status(index, name: str = "esqbe-rerank") -> dict | None:

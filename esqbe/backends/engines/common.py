@@ -16,6 +16,7 @@ from ...domain import (
     IndexedPaper,
     IndexMeta,
     UpsertResult,
+    normalize_label,
     paper_problem,
 )
 from ...errors import BackendError, ModelMismatchError
@@ -38,6 +39,10 @@ from .mapping import (
     index_body,
     meta_from_mapping,
 )
+from .maxsim import check_version as check_maxsim_version
+from .maxsim import doc_fields as mv_fields
+from .maxsim import mapping_properties as mv_mapping
+from .maxsim import mv_field
 from .names import check_index_name
 from .search import FirstStageMixin
 from .versions import (
@@ -71,6 +76,8 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
     bm25_max_clauses: int = BM25_MAX_CLAUSES
     #: `preference` of every search in a first stage's `_msearch`; None: derived from the query (see `preference_for`)
     preference: str | None = None
+    #: write per-facet multi-vector fields (esqbe.backends.engines.maxsim; the `engine_facet_vectors` setting)
+    facet_vectors: bool = False
 
     def __init__(
         self,
@@ -124,7 +131,8 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
             self.retry_wait_max = retry_wait_max
 
     #: per-instance tunables (class attributes a caller may set on one backend) that `from_connection` carries over
-    TUNABLES = ("num_candidates_factor", "max_chunk_bytes", "chunk_size", "mget_batch", "bm25_max_clauses", "preference")
+    TUNABLES = ("num_candidates_factor", "max_chunk_bytes", "chunk_size", "mget_batch", "bm25_max_clauses", "preference",
+                "facet_vectors")
 
     @classmethod
     def from_connection(cls, other: EngineBackend):
@@ -260,8 +268,12 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
         existing = self.meta()
         if existing is None:
             check_index_name(self.index, creating=True)
+            body = index_body(self.engine, meta)
+            if self.facet_vectors:  # the version that has the MaxSim function, named where it is missing
+                check_maxsim_version(self.engine, self.info().number)
+                body["mappings"]["properties"].update(mv_mapping(self.engine, meta.dim))
             try:
-                self._call(self.client.indices.create, index=self.index, body=index_body(self.engine, meta))
+                self._call(self.client.indices.create, index=self.index, body=body)
             except Exception as exc:
                 if self._status(exc) != 400 or self.meta() is None:  # 400 + exists: created by a concurrent run
                     raise self._error("creating the index", exc) from exc
@@ -270,7 +282,20 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
                 raise BackendError(f"index {self.index!r} was created but cannot be read back")
         existing.check(meta)
         self._expected = meta
+        if self.facet_vectors and not self._has_facet_vectors():
+            check_maxsim_version(self.engine, self.info().number)
+            props = mv_mapping(self.engine, meta.dim)
+            try:
+                self._call(self.client.indices.put_mapping, index=self.index, body={"properties": props})
+            except Exception as exc:
+                raise self._error("adding the per-facet multi-vector fields (engine_facet_vectors)", exc) from exc
+            if self._mapping is not None:
+                self._mapping.setdefault("properties", {}).update(props)
         self._add_stamp_field()  # an index made before papers carried `indexed_at` (watches): mapped now
+
+    def _has_facet_vectors(self) -> bool:
+        """Whether the index maps the per-facet multi-vector fields."""
+        return mv_field(None) in (self._index_mapping().get("properties") or {})
 
     def _mget_sources(self, ids: Sequence[str], **source_filter) -> dict[str, dict]:
         self.info()
@@ -342,6 +367,7 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
                 result.errors.append(f"{pid}: {problem[0]}: {problem[1]} (not stored)")
                 del by_id[pid]
         stored = self.content_hashes(list(by_id))
+        mv = self.facet_vectors and self._has_facet_vectors()
         stamps = self._stamps()  # each paper written now: a stamp past every earlier one (watches' new papers)
         actions = []
         for pid, ip in by_id.items():
@@ -349,6 +375,8 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
                 result.unchanged += 1
             else:
                 doc = paper_to_doc(ip)
+                if mv:
+                    doc.update(mv_fields([normalize_label(f) for f in ip.paper.facets], ip.vectors))
                 if stamps:
                     doc[STAMP_FIELD] = self._next_stamp()
                 actions.append({"_op_type": "index", "_index": self.index, "_id": pid, "_source": doc})

@@ -158,9 +158,61 @@ def os_pipeline_body(model_id: str, id_field: str = DEFAULT_ID_FIELD) -> dict:
 
 
 # --- installing ---------------------------------------------------------------------------------------------
+class DryRun:
+    """A stand-in for the backend in `install_reranker` / `uninstall_reranker` (`--dry-run`): nothing is sent; each
+    request is recorded with when it would be sent, and answered as if every part of an earlier install existed
+    (so the plan shows the deletes too) with placeholders for the ids the engine would give."""
+
+    def __init__(self, engine: str, url: str):
+        self.name, self.url = engine, url
+        self.requests: list[dict] = []
+
+    def answer(self, method: str, path: str, body: dict | None) -> dict | None:
+        if path.startswith("/_inference/") and method == "GET":
+            return {"endpoints": [{"service": "custom", "service_settings": {}}]}  # an earlier one: replaced
+        if path.endswith("/_create"):
+            return {"connector_id": "CONNECTOR_ID"}
+        if path.endswith("/_register?deploy=true"):
+            return {"model_id": "MODEL_ID"}
+        if path.endswith("/_search"):
+            kind = "model_id" if "/models/" in path else "connector_id"
+            return {"hits": {"hits": [{"_id": f"EARLIER_{kind.upper()}", "_source": {"algorithm": "REMOTE"}}]}}
+        return {}
+
+
+#: when a request of the plan is sent (dry run), by (method, path prefix)
+_WHEN = [(("GET", "/_inference/"), "always: is an endpoint of that name there, and the same?"),
+         (("DELETE", "/_inference/"), "only where an endpoint of that name exists (and differs, or a token is given)"),
+         (("PUT", "/_inference/"), "unless the same endpoint exists"),
+         (("DELETE", "/_search/pipeline/"), "always (a missing pipeline is no error)"),
+         (("POST", "/_plugins/_ml/models/_search"), "always: earlier models of that name"),
+         (("POST", "/_plugins/_ml/connectors/_search"), "always: earlier connectors of that name"),
+         (("POST", "/_plugins/_ml/models/EARLIER"), "for each earlier model found"),
+         (("DELETE", "/_plugins/_ml/"), "for each earlier model / connector found")]
+
+
+def _when(method: str, path: str) -> str:
+    return next((w for (m, prefix), w in _WHEN if m == method and path.startswith(prefix)), "always")
+
+
+def redact(value, secrets: Sequence[str]):
+    """`value` (a request body) with every string holding one of `secrets` replaced by "<redacted>"."""
+    if isinstance(value, dict):
+        return {k: redact(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, secrets) for v in value]
+    if isinstance(value, str) and any(s and s in value for s in secrets):
+        return "<redacted>"
+    return value
+
+
 def _request(backend, method: str, path: str, body: dict | None = None, *, missing_ok: bool = False):
     """One engine request on the backend's own client (its credentials, TLS and retries); a 404 is None when
-    `missing_ok`, every other failure a BackendError naming the call."""
+    `missing_ok`, every other failure a BackendError naming the call. On a DryRun: recorded, not sent."""
+    if isinstance(backend, DryRun):
+        backend.requests.append({"method": method, "path": path, "body": body, "when": _when(method, path)})
+        return backend.answer(method, path, body)
+
     def send():
         if backend.name == "elasticsearch":
             headers = {"accept": "application/json", **({"content-type": "application/json"} if body is not None else {})}
