@@ -7,6 +7,7 @@ import os
 
 import click
 
+from esqbe.core.redact import mask_urls
 from esqbe.settings.generate import click_options, overrides_from_click
 
 from .errors import handle_errors
@@ -57,7 +58,7 @@ def install_reranker_cmd(server_url, server_token_file, id_field, name, **kw):
             token = f.readline().strip() or None
     token = token or os.environ.get("ESQBE_TOKEN") or None
     out = install_engine_reranker(_settings(kw), server_url, token=token, name=name, id_field=id_field)
-    click.echo(json.dumps(out, indent=2))
+    click.echo(mask_urls(json.dumps(out, indent=2)))  # a --server-url's credentials, if any, are not printed
 
 
 @engine_group.command("uninstall-reranker")

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..core.limits import MAX_QUERY_SENTENCES
+from ..core.redact import mask_urls
 from ..domain import QUERY_FACETS
 from ..query.search import QueryError, QueryTooLargeError, query_sentences
 
@@ -214,4 +215,4 @@ def engine_reranker_status(index, name: str = "esqbe-rerank") -> dict | None:
     try:
         return reranker_status(index.backend, name=name)
     except BackendError as e:
-        return {"unknown": str(e)[:300]}
+        return {"unknown": mask_urls(e)[:300]}
