@@ -388,7 +388,9 @@ def test_readers_do_not_wait_for_the_writer_and_a_full_write_queue_is_503(index_
     records = [json.loads(line) for line in LINES[100:148]]
     for i, r in enumerate(records):
         r["paper_id"] = f"bulk-{i}"
-    with _client(path, encoder, max_queued_writes=1) as c:
+    # writes run under the request deadline too (issue 53): 48 papers beside queries on a busy machine may take longer
+    # than the default 30 s; this test is about readers not waiting, so the deadline is out of its way
+    with _client(path, encoder, max_queued_writes=1, request_timeout=600) as c:
         _ready(c)
         service = c.app.state.service
         done = {}

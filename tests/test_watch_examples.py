@@ -137,7 +137,7 @@ def test_post_watches_takes_examples_and_avoid_on_a_real_server(tmp_path, index_
                 ({**body, "name": "t", "examples": [{"paper_id": A}, {"paper_id": A}]}, 400, "given twice"),
                 ({**body, "name": "t", "avoid": [{"text": "x"}]}, 422, ""),
                 ({**body, "name": "t", "examples": [{"paper_id": A, "facet": "method", "sentences": [0]}]}, 422, ""),
-                ({**body, "name": "t", "examples": [{"text": "A sentence. " * 2000}]}, 413, "query sentences"),
+                ({**body, "name": "t", "examples": [{"text": "A sentence. " * 2000}]}, 413, "2000 sentences; at most 64"),
                 ({**body, "name": "web"}, 409, "exists already")):
             r = httpx.post(url + "/watches", json=bad, timeout=120)
             assert r.status_code == status and words in r.text, (bad, r.status_code, r.text)

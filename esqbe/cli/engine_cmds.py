@@ -7,6 +7,7 @@ import os
 
 import click
 
+from esqbe.core.redact import mask_urls
 from esqbe.settings.generate import overrides_from_click
 
 from .errors import handle_errors
@@ -50,7 +51,8 @@ def _settings(kw):
 def _emit(out: dict, as_json: bool) -> None:
     from esqbe.index.rerank import reranker_summary
 
-    click.echo(json.dumps(out, indent=2, ensure_ascii=False) if as_json else reranker_summary(out))
+    # a --server-url's or --url's credentials, if any, are not printed
+    click.echo(mask_urls(json.dumps(out, indent=2, ensure_ascii=False) if as_json else reranker_summary(out)))
 
 
 @engine_group.command("install-reranker")

@@ -13,6 +13,7 @@ import traceback
 
 import click
 
+from esqbe.core.redact import mask_urls
 from esqbe.core.textsafe import printable
 from esqbe.errors import EXIT_ERROR, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, EXIT_STORAGE, EXIT_USAGE, EsqbeError
 
@@ -46,17 +47,18 @@ def handle_errors(fn):
             _quiet_stdout()
             sys.exit(0)
         except (EsqbeError, sqlite3.Error, OSError) as e:
-            say(f"error: {e}", err=True)  # it may quote an id, a file's line or a server's words: controls shown
+            # it may quote an id, a file's line or a server's words (controls shown), or a URL (its credentials masked)
+            say(f"error: {mask_urls(e)}", err=True)
             sys.exit(exit_status(e))
         except click.exceptions.ClickException as e:
             # a --filter quoted back, a reason quoting data: controls shown (click declares message Final, not frozen)
-            e.message = printable(e.message, newlines=True)  # type: ignore[misc]
+            e.message = printable(mask_urls(e.message), newlines=True)  # type: ignore[misc]
             raise  # usage errors (2) stay click's
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise  # click's own exits stay click's
         except Exception as e:  # noqa: BLE001  # a bug: shown as one, with its traceback
-            say(traceback.format_exc(), err=True, nl=False)
-            say(f"internal error ({type(e).__name__}: {e}): this is a bug in esqbe, please report it "
+            say(mask_urls(traceback.format_exc()), err=True, nl=False)
+            say(f"internal error ({type(e).__name__}: {mask_urls(e)}): this is a bug in esqbe, please report it "
                 "with the traceback above", err=True)
             sys.exit(EXIT_INTERNAL)
 

@@ -128,6 +128,9 @@ def config_cmd(as_json, **kw):
     for r in rows:
         where = r["source"] + (f" {r['from']}" if r["from"] else "")
         say(f"{r['name']:<{width}}  {printable(json.dumps(r['value'], ensure_ascii=False)):<24}  {printable(where)}")
+    for r in rows:
+        if r.get("note"):
+            say(f"note: {r['name']}: {r['note']}")
 
 
 def _short(s: str, n: int) -> str:

@@ -263,6 +263,10 @@ class Index(IngestMixin):
 
         `place_hits`: each hit's percentile and band on the index's similarity scale (esqbe.index.scale; measured the
         first time it is needed); False for work that reads only the ranking (evaluation, reranking, watches).
+
+        Every text (`text`, the examples') is split and counted before anything is fetched, tagged or encoded, all
+        together at most `esqbe.core.limits.MAX_QUERY_SENTENCES` sentences, each counted whole whichever are chosen
+        (esqbe.query.search.query_texts; past it QueryTooLargeError).
         """
         if examples is not None or avoid:
             if paper_id is not None or text is not None or sentences is not None:
@@ -279,7 +283,7 @@ class Index(IngestMixin):
         check_examples(specs, avoid_specs)
         # every text split and counted whole, all together, before anything is fetched, tagged or encoded
         at = [i for i, x in enumerate(specs) if x.text is not None]
-        for i, sents in zip(at, query_texts([specs[i].text for i in at])):  # type: ignore[misc]
+        for i, sents in zip(at, query_texts([specs[i].text or "" for i in at])):
             specs[i] = replace(specs[i], text=tuple(sents))
         shared = {normalize_label(x.facet or facet) for x in specs if x.sentences is None and (x.facet or facet)}
         settings = settings_for_facet(self.settings, shared.pop() if len(shared) == 1 else None).replace(**overrides)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.limits import MAX_QUERY_SENTENCES
+from ..core.redact import mask_url, mask_urls
 from ..domain import QUERY_FACETS
 from ..query.results import QueryError, QueryTooLargeError
 from ..query.search import query_sentences
@@ -286,7 +287,7 @@ def install_engine_reranker(settings, server_url: str, *, token: str | None = No
         raise ParameterError(f"the {settings.backend} backend needs --url (or ESQBE_URL, or `url:` in the config file)")
     if not 0 < float(connect_timeout) <= 120:
         raise ParameterError(f"--connect-timeout: expected 0 < seconds <= 120 (got {connect_timeout})")
-    out = {"engine": settings.backend, "url": masked_url(settings.url), "index": settings.index, "name": name,
+    out = {"engine": settings.backend, "url": mask_url(settings.url), "index": settings.index, "name": name,
            "calls": calls}
     if dry_run:
         plan = DryRun(settings.backend, settings.url)
@@ -308,7 +309,7 @@ def install_engine_reranker(settings, server_url: str, *, token: str | None = No
                 raise BackendError(f"install-reranker: {e}; the reranker scores the papers of an esqbe index "
                                    "(written by `esqbe index`, or `esqbe attach`ed)") from e
         if meta is None:
-            raise BackendError(f"install-reranker: index {settings.index!r} does not exist at {masked_url(settings.url)} "
+            raise BackendError(f"install-reranker: index {settings.index!r} does not exist at {mask_url(settings.url)} "
                                "(its mapping answers 404): index papers first (`esqbe index`), or give --index")
         if settings.backend == "opensearch":
             fields = _mapped_fields(backend._get_mapping() or {})
@@ -332,18 +333,6 @@ def _mapped_fields(mapping: dict, prefix: str = "") -> set[str]:
     return out
 
 
-def masked_url(url: str) -> str:
-    """`url` with any user:password in it replaced by ***."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = "***@" + (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def reachable(url: str, timeout: float) -> None:
     """A TCP connection to the engine URL's host and port within `timeout` seconds, or a BackendError saying so
     (before the client's own retries, which would take many seconds to report a refused or silent address)."""
@@ -356,14 +345,14 @@ def reachable(url: str, timeout: float) -> None:
     try:
         port = parts.port or (443 if parts.scheme == "https" else 9200)
     except ValueError as e:
-        raise ParameterError(f"--url: {masked_url(url)!r}: {e}") from None
+        raise ParameterError(f"--url: {mask_url(url)!r}: {e}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ParameterError(f"--url: expected http(s)://HOST[:PORT] (got {masked_url(url)!r})")
+        raise ParameterError(f"--url: expected http(s)://HOST[:PORT] (got {mask_url(url)!r})")
     try:
         socket.create_connection((parts.hostname, port), timeout=timeout).close()
     except OSError as e:
         reason = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e))
-        raise BackendError(f"cannot connect to {masked_url(url)} within {timeout:g} s ({reason}); "
+        raise BackendError(f"cannot connect to {mask_url(url)} within {timeout:g} s ({reason}); "
                            "is the cluster up, and the URL right? (--connect-timeout to wait longer)") from None
 
 
@@ -409,4 +398,4 @@ def engine_reranker_status(index, name: str = "esqbe-rerank") -> dict | None:
     try:
         return reranker_status(index.backend, name=name)
     except BackendError as e:
-        return {"unknown": str(e)[:300]}
+        return {"unknown": mask_urls(e)[:300]}

@@ -4,7 +4,6 @@ Retry-After on a 503), and the OpenAPI error responses. Any other exception is a
 its traceback."""
 from __future__ import annotations
 
-import logging
 import os
 import re
 import secrets
@@ -16,10 +15,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..core.redact import guard_logger, mask_urls
 from ..errors import EsqbeError
 from .models import ErrorResponse
 
-log = logging.getLogger("esqbe.server")
+log = guard_logger("esqbe.server")  # its messages and tracebacks with URL credentials masked (esqbe.core.redact)
 
 
 def _errors(*codes: int) -> dict:
@@ -67,7 +67,7 @@ def _public(status: int, message: str) -> str:
     if clean == message:
         return message
     rid = secrets.token_hex(4)
-    log.warning("request %s answered %s: %s", rid, status, message)
+    log.warning("request %s answered %s: %s", rid, status, mask_urls(message))  # the log keeps URLs, not credentials
     return f"{clean} (request {rid}: the server log has the details)"
 
 

@@ -213,7 +213,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         return await reads(_search, q, k)
 
     @router.post("/papers", response_model=PapersResponse,
-              responses=_errors(400, 401, 409, 413, 415, 422, 503), tags=["papers"],
+              responses=_errors(400, 401, 409, 413, 415, 422, 503, 504), tags=["papers"],
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": PapersRequest.model_json_schema()},
                   "application/x-ndjson": {"schema": {"type": "string", "description": "JSON Lines, any format esqbe reads"}},
@@ -247,7 +247,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         secret); an empty list on a backend that keeps none."""
         return await reads(watch_list, latest)
 
-    @router.post("/watches", responses=_errors(400, 404, 409, 413, 422, 503), tags=["watches"])
+    @router.post("/watches", responses=_errors(400, 404, 409, 413, 422, 503, 504), tags=["watches"])
     async def add_watch(req: WatchRequest) -> dict[str, Any]:
         """Save a query (what POST /query takes) as a watch named `name` with the threshold `min_sim`; answers the
         watch and its feed's path with its secret. A write: the token where the server has one. Its texts are split
@@ -288,7 +288,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
                         media_type="application/atom+xml; charset=utf-8")
 
     @router.delete("/papers/{paper_id:path}", response_model=DeleteResponse,
-                responses=_errors(401, 404, 503), tags=["papers"])
+                responses=_errors(401, 404, 503, 504), tags=["papers"])
     async def delete_paper(paper_id: str):
         """Delete a paper by id."""
         if not await writes(_delete, paper_id, deadline=Deadline(options.request_timeout)):

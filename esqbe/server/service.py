@@ -15,6 +15,7 @@ from fastapi import Request
 
 from ..backends.base import WriteLockBusy
 from ..core.deadline import Cancelled, Deadline
+from ..core.redact import mask_url, mask_urls
 from ..core.threads import init_query_thread
 from ..domain import QUERY_FACETS, FirstStageRequest
 from ..errors import BackendError
@@ -123,12 +124,12 @@ class Service:
         try:  # here, on a backend of its own: no reader waits for it
             self._warm_scale()
         except Exception as e:  # a query measures it again (on a thread of its own) or uses the fixed scale
-            log.warning("measuring the similarity scale failed: %s: %s", type(e).__name__, e)
+            log.warning("measuring the similarity scale failed: %s: %s", type(e).__name__, mask_urls(e))
         for f in futures:
             try:
                 f.result()
             except Exception as e:  # reported by /health; queries report their own errors
-                self.warm_error = f"{type(e).__name__}: {e}"
+                self.warm_error = f"{type(e).__name__}: {mask_urls(e)}"
                 log.warning("warming up failed: %s", self.warm_error)
         if self.options.freeze_gc:
             _freeze_gc()
@@ -266,7 +267,7 @@ class Service:
 
 
 def _where(settings: Settings) -> str:
-    return settings.path if settings.backend == "embedded" else f"{settings.backend} {settings.url} {settings.index}"
+    return settings.path if settings.backend == "embedded" else f"{settings.backend} {mask_url(settings.url)} {settings.index}"
 
 
 def _create_if_absent(index: Index):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.filter_check import did_you_mean
+from ..core.redact import redact_settings, url_has_credentials
 from ..errors import UserError
 
 CONFIG_ENV = "ESQBE_CONFIG"
@@ -103,12 +104,9 @@ class Settings:
         return dataclasses.replace(self, **clean)
 
     def to_dict(self, *, redact: bool = True) -> dict:
+        """The settings as a dict; `redact`: the secrets and the URL's credentials masked (esqbe.core.redact)."""
         d = dataclasses.asdict(self)
-        if redact:
-            for secret in ("api_key", "password"):
-                if d[secret]:
-                    d[secret] = "***"
-        return d
+        return redact_settings(d) if redact else d
 
 
 from .table import MAX_K, SETTINGS  # noqa: E402,F401  (MAX_K: importable from here as before)
@@ -230,7 +228,8 @@ def explain_settings(config_path: str | os.PathLike | None = None, *, env: Mappi
     `{"name", "value", "source": "default" | "file" | "env" | "flag", "from": the file, variable or flag}`.
     The same layering as `load_settings` (and its checks: a bad value raises ConfigError); secrets redacted."""
     environ = os.environ if env is None else env
-    values = load_settings(config_path, env=environ, **overrides).to_dict()
+    settings = load_settings(config_path, env=environ, **overrides)
+    values, raw_url = settings.to_dict(), settings.url
     path = _config_file(config_path, environ)
     data = _read_config(path) if path is not None else {}
     out = []
@@ -242,5 +241,10 @@ def explain_settings(config_path: str | os.PathLike | None = None, *, env: Mappi
             source, origin = "env", s.env
         if overrides.get(s.name) is not None:
             source, origin = "flag", s.flag
-        out.append({"name": s.name, "value": values[s.name], "source": source, "from": origin})
+        row = {"name": s.name, "value": values[s.name], "source": source, "from": origin}
+        if s.name == "url" and url_has_credentials(raw_url):
+            row["note"] = ("the URL carries credentials (shown masked); the engine client uses them as basic auth. "
+                           "Prefer --username with --password (ESQBE_PASSWORD) or --api-key (ESQBE_API_KEY): a URL "
+                           "is printed and logged in more places than a secret is")
+        out.append(row)
     return out

@@ -7,11 +7,11 @@ The two engine modules add only what differs: the client, the kNN clause, error 
 """
 from __future__ import annotations
 
-import logging
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ...core.redact import guard_logger, mask_url
 from ...domain import (
     IndexedPaper,
     IndexMeta,
@@ -53,7 +53,7 @@ from .versions import (
 )
 from .watchstore import STAMP_FIELD, EngineWatchStoreMixin
 
-log = logging.getLogger("esqbe.backends")
+log = guard_logger("esqbe.backends")  # URL credentials masked in what it logs (esqbe.core.redact)
 
 # ---------------------------------------------------------------------------------------------
 # The backend
@@ -108,7 +108,7 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
                 "--username / ESQBE_USERNAME / username:); use one way to authenticate: the API key alone, "
                 "or --username with --password"
             )
-        self.url = url
+        self.url = mask_url(url) or ""  # for messages, stats and logs: its credentials masked (esqbe.core.redact)
         self.index = index
         self.client = client if client is not None else self._make_client(
             url,
