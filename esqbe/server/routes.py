@@ -247,8 +247,9 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
 
     @router.post("/watches", responses=_errors(400, 404, 409, 413, 422, 503), tags=["watches"])
     async def add_watch(req: WatchRequest) -> dict[str, Any]:
-        """Save a query (what POST /query takes) as a watch named `name` with the threshold `min_sim`; answers the
-        watch and its feed's path with its secret. A write: the token where the server has one."""
+        """Save a query (what POST /query takes) as a watch named `name` with the threshold `min_score` (default: the
+        index's strong matches); answers the watch and its feed's path with its secret. A write: the token where the
+        server has one."""
         text = req.text
         try:
             if text is not None:
