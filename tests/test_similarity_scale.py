@@ -219,6 +219,6 @@ def test_esqbe_query_prints_each_hit_s_band_and_percentile(indexes):
     data = CliRunner().invoke(main, [*args, "--json"])
     assert text.exit_code == 0 and data.exit_code == 0, text.output + data.output
     want = json.loads(data.output)
-    assert "[strong/fair/weak, pN]: where sim stands on this index's own matches" in text.output
-    rows = re.findall(r"^\s+\d+\. sim \S+\s+score \S+\s+\[(strong|fair|weak), p(\d+)\]  (\S+)", text.output, flags=re.M)
+    assert "[strong/fair/weak, pN]: where the score stands on this index's own matches" in text.output
+    rows = re.findall(r"^\s+\d+\. score \S+\s+\[(strong|fair|weak), p(\d+)\]  (\S+)", text.output, flags=re.M)
     assert rows == [(h["band"], str(int(h["percentile"])), h["paper_id"]) for h in want["hits"]]

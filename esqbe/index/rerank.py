@@ -144,8 +144,9 @@ def check_documents(documents: Sequence, *, max_documents: int = MAX_RERANK_DOCU
 def rerank(index, query: RerankQuery | str, documents: Sequence, **overrides) -> RerankResult:
     """Score `documents` (paper ids) against `query` as `index.query(..., restrict_to=documents)` ranks them:
     each known id gets its hit's `score`, which is the score any query of `query` gives that paper, whatever the
-    other documents are (a function of the query and the paper alone: esqbe.query.results.ScoreFormula); unknown ids, and known ones the query cannot rank (the query paper
-    itself, which a query never returns), get one score below all of those. Scores are in input order; an id
+    other documents are (a function of the query and the paper alone: esqbe.query.results.ScoreFormula); unknown
+    ids, and known ones the query cannot rank (the query paper itself, which a query never returns), get one score
+    below all of those. Scores are in input order; an id
     given twice gets the same score twice. `overrides` are Settings fields, as for `Index.query`."""
     import time
 

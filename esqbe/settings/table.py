@@ -156,7 +156,8 @@ SETTINGS: tuple[Setting, ...] = (
             "facet probability reaches this (0: their hard labels). Given labels are unaffected.", low=0.0, high=1.0,
             flag="--query-facet-threshold", http="query_facet_threshold", commands=_RANK),
     Setting("final_bm25_weight", float, 0.1, "BM25's weight in the score: BM25 over the query's best BM25 in the index "
-            "(0..1; 0 = the rescorer's similarity alone).", low=0.0, high=1.0, flag="--bm25-weight", http="bm25_weight", commands=_RANK),
+            "(0..1; 0 = the rescorer's similarity alone).", low=0.0, high=1.0, flag="--bm25-weight", http="bm25_weight",
+            commands=_RANK),
     Setting("bm25_text", str, "abstract", "What BM25 scores of a candidate: abstract (title + abstract) or facet (its "
             "sentences of the query's facet; embedded backend).", choices=BM25_TEXTS, flag="--bm25-text",
             http="bm25_text", commands=_RANK),
