@@ -250,14 +250,16 @@ def test_the_score_line_names_and_explains_each_number(server, browser):
     browser.get(server + f"/#paper={P0}&facet=method")
     _wait(browser, 90).until(lambda b: len(_hits(b)) == len(want["hits"]))
     first, hit = _hits(browser)[0], want["hits"][0]
-    expected = {".similarity": f"{hit['similarity']:.3f}", ".score-rank": f"rank score {hit['score']:.3f}",
+    expected = {".score-main": f"score {hit['score']:.3f}", ".similarity": f"{hit['similarity']:.3f}",
                 ".score-bm25": f"word match (bm25) {hit['bm25']:.1f}", ".score-knn": f"sentence kNN {hit['knn']:.3f}"}
     for selector, text in expected.items():
         assert first.find_element(By.CSS_SELECTOR, f".scores {selector}").text == text
+    # the headline number comes first, before its band and its parts
+    assert first.find_element(By.CSS_SELECTOR, ".scores > span").get_attribute("class") == "score-main"
     titles = {s: first.find_element(By.CSS_SELECTOR, f".scores {s}").get_attribute("title")
-              for s in (".score-rank", ".score-bm25", ".score-knn")}
-    assert "only within this query" in titles[".score-rank"] and "BM25" in titles[".score-rank"]
+              for s in (".score-main", ".score-bm25", ".score-knn")}
+    assert want["score"]["formula"] in titles[".score-main"] and "BM25" in titles[".score-main"]
     assert "title and abstract" in titles[".score-bm25"]
     assert "cosine" in titles[".score-knn"]
     similarity = first.find_element(By.CSS_SELECTOR, ".scores .similarity").find_element(By.XPATH, "..")
-    assert similarity.get_attribute("title") == f"similarity: {want['similarity']}"  # the server's own words
+    assert similarity.get_attribute("title") == f"similarity (part of the score): {want['similarity']}"

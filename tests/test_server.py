@@ -449,18 +449,23 @@ def test_app_mounts_inside_another_app(index_path, encoder):
         assert c.get("/esqbe/static/app.js").status_code == 200
 
 
-def test_similarity_is_comparable_across_queries_and_apart_from_the_rank_score(small_index):
-    """The rank score is min-max scaled within a query (a lone hit is 1, not 0); the similarity is the
-    rescorer's own, the same for a paper whatever else is in the pool."""
+def test_the_score_and_the_similarity_are_the_same_for_a_paper_whatever_else_is_in_the_pool(small_index):
+    """Issue 48: the score (what the hits are ordered by) and the similarity (one of its parts) of a paper do not
+    depend on the other candidates: a lone hit scores as it does among others (before, a lone hit's min-max score was
+    1). The score is made as the result says: 0.9 x similarity + 0.1 x BM25 over the query's best in the index."""
     pool = ["csabstruct-train-0003", "csabstruct-train-0009", "csabstruct-train-0012"]
     full = small_index.query(QID, facet="method", restrict_to=pool, k=3, candidate_facet="all")
     alone = small_index.query(QID, facet="method", restrict_to=pool[:1], k=1, candidate_facet="all")
-    sim = {h.paper_id: h.similarity for h in full.hits}
-    assert alone.hits[0].similarity == pytest.approx(sim[pool[0]], abs=1e-6)
-    assert alone.hits[0].score == pytest.approx(1.0)
-    assert len({round(h.score, 6) for h in full.hits}) == 3
+    got = {h.paper_id: h for h in full.hits}
+    assert alone.hits[0].similarity == pytest.approx(got[pool[0]].similarity, abs=1e-6)
+    assert alone.hits[0].score == pytest.approx(got[pool[0]].score, abs=1e-6)
+    f = full.score
+    assert f.similarity_weight == pytest.approx(0.9) and f.bm25_weight == pytest.approx(0.1) and f.bm25_reference > 0
+    for h in full.hits:
+        assert h.score == pytest.approx(0.9 * h.similarity + 0.1 * min(h.bm25 / f.bm25_reference, 1.0), abs=1e-6)
+        assert h.parts.bm25_scaled == pytest.approx(h.bm25 / f.bm25_reference, abs=1e-9)
     d = full.hits[0].to_dict()
-    assert list(d)[:5] == ["rank", "paper_id", "title", "similarity", "score"]
+    assert list(d)[:5] == ["rank", "paper_id", "title", "score", "similarity"]
 
 
 def test_cli_query_shows_similarity_and_score(small_index):
@@ -470,7 +475,7 @@ def test_cli_query_shows_similarity_and_score(small_index):
     result = CliRunner().invoke(main, ["query", "--path", str(small_index.backend.path), "--paper", QID, "--facet", "method",
                                        "-k", "2"])
     assert result.exit_code == 0, result.output
-    assert "sim 0." in result.output and "  score " in result.output and "  rank " not in result.output
+    assert "(sim 0." in result.output and ". score " in result.output and "  rank " not in result.output
     data = json.loads(CliRunner().invoke(main, ["query", "--path", str(small_index.backend.path), "--paper", QID,
                                                 "--facet", "method", "-k", "2", "--json"]).output)
     assert all(isinstance(h["similarity"], float) and "score" in h for h in data["hits"])

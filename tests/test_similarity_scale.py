@@ -1,4 +1,4 @@
-"""Where a hit's similarity stands (issue 38, item 10; esqbe.index.scale), on real small indexes with the real model:
+"""Where a hit's score stands (issue 38, item 10; issue 48: the score the hits are ordered by; esqbe.index.scale), on real small indexes with the real model:
 
 - a hit's band and percentile follow the index's own matches, and the same similarity is strong in one index and
   fair or weak in another whose matches are generally higher (the same papers, each with a near twin);
@@ -62,13 +62,13 @@ def test_hits_are_placed_on_the_index_s_own_matches(indexes):
     assert "this index's own matches" in scale["description"]
     p = {int(k): v for k, v in scale["percentiles"].items()}
     assert p[5] <= p[25] <= p[50] <= p[75] <= p[95]
-    sims = [h.similarity for h in result.hits]
+    sims = [h.score for h in result.hits]  # what is placed: the score the hits are ordered by (issue 48)
     assert {h.band for h in result.hits} >= {"strong", "weak"}  # 29 hits of 29 papers: both ends of the scale
     for h in result.hits:
         assert h.band == ("strong" if h.percentile >= 75 else "weak" if h.percentile < 25 else "fair")
-        assert (h.similarity >= p[75]) == (h.band == "strong") or abs(h.similarity - p[75]) < 1e-3
-        assert (h.similarity < p[25]) == (h.band == "weak") or abs(h.similarity - p[25]) < 1e-3
-    order = np.argsort(sims)  # a higher similarity never stands lower
+        assert (h.score >= p[75]) == (h.band == "strong") or abs(h.score - p[75]) < 1e-3
+        assert (h.score < p[25]) == (h.band == "weak") or abs(h.score - p[25]) < 1e-3
+    order = np.argsort(sims)  # a higher score never stands lower
     assert all(np.diff([result.hits[i].percentile for i in order]) >= 0)
     d = result.to_dict()
     assert d["scale"] == scale
@@ -88,7 +88,7 @@ def test_the_same_similarity_stands_where_each_index_s_matches_put_it(indexes):
     pid = indexes["twins"].backend.paper_ids()[0]
     result = indexes["twins"].query(pid, facet="method", k=5)
     assert result.hits[0].paper_id.split("-twin")[0] == pid.split("-twin")[0]
-    assert result.hits[0].band == "strong" and result.hits[0].percentile == twins.place(result.hits[0].similarity)[0]
+    assert result.hits[0].band == "strong" and result.hits[0].percentile == twins.place(result.hits[0].score)[0]
 
 
 def test_the_scale_is_stored_with_the_index_and_measured_again_when_it_grows(indexes, tmp_path, encoder, sample_lines):
@@ -132,7 +132,7 @@ def test_a_small_index_gets_the_fixed_scale_and_says_so(tmp_path, encoder, sampl
         assert scale["cuts"] == {"fair": 0.3, "strong": 0.4}
         for h in result.hits:
             assert h.percentile is None
-            assert h.band == ("strong" if h.similarity >= 0.4 else "fair" if h.similarity >= 0.3 else "weak")
+            assert h.band == ("strong" if h.score >= 0.4 else "fair" if h.score >= 0.3 else "weak")
         other = index.query(pid, facet="method", k=3, rescorer="ot")  # on a scale of its own: no cuts, no band
         assert other.scale["source"] == "none" and all(h.band is None for h in other.hits)
         assert not (tmp_path / "few" / "similarity_scale.json").exists()  # nothing measured
@@ -219,6 +219,6 @@ def test_esqbe_query_prints_each_hit_s_band_and_percentile(indexes):
     data = CliRunner().invoke(main, [*args, "--json"])
     assert text.exit_code == 0 and data.exit_code == 0, text.output + data.output
     want = json.loads(data.output)
-    assert "[strong/fair/weak, pN]: where sim stands on this index's own matches" in text.output
-    rows = re.findall(r"^\s+\d+\. sim \S+\s+score \S+\s+\[(strong|fair|weak), p(\d+)\]  (\S+)", text.output, flags=re.M)
+    assert "[strong/fair/weak, pN]: where the score stands on this index's own matches" in text.output
+    rows = re.findall(r"^\s+\d+\. score \S+\s+\[(strong|fair|weak), p(\d+)\]  (\S+)", text.output, flags=re.M)
     assert rows == [(h["band"], str(int(h["percentile"])), h["paper_id"]) for h in want["hits"]]

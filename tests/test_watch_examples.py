@@ -62,7 +62,7 @@ def test_watch_add_takes_several_examples_and_papers_to_avoid_and_a_run_ranks_as
         assert [[s for _, s in p["sentences"]] for p in (*watch.examples, *watch.avoid)] == [p.sentences for p in parts]
         assert np.array_equal(watch.vectors, np.concatenate([p.paper.vectors[p.indices] for p in parts]))
         # a second watch of the same query through the library, with a threshold in the middle of what it finds
-        sims = sorted(h.similarity for h in direct_now.hits)
+        sims = sorted(h.score for h in direct_now.hits)  # the threshold is on the score the hits are ordered by
         middle = sims[len(sims) // 2]
         add_watch(index, "half", examples=[A, {"paper_id": B, "sentences": [0, 2]}],
                   avoid=[{"paper_id": C, "facet": "result"}], facet="method", k=100, avoid_weight=1.5,
@@ -90,7 +90,7 @@ def test_watch_add_takes_several_examples_and_papers_to_avoid_and_a_run_ranks_as
         assert {m["query_index"] for m in hit["matches"] if m["example"] == 1} <= {0, 2}
     assert any(h.avoided[0].penalty > 0 for h in want.values())  # the avoided paper did pull some down
     half = {m["paper_id"] for m in runs["half"]["matches"]}
-    assert half == {pid for pid, h in want.items() if h.similarity >= middle} and 0 < len(half) < len(want)
+    assert half == {pid for pid, h in want.items() if h.score >= middle} and 0 < len(half) < len(want)
 
     text = _esqbe("watch", "run", *base, "--dry-run")  # nothing new since: the text says so; then one more paper
     assert text.returncode == 0 and "watch combo: 0 new paper(s)" in text.stdout, text.stderr
@@ -156,7 +156,7 @@ def test_post_watches_takes_examples_and_avoid_on_a_real_server(tmp_path, index_
         feed = feedparser.parse(httpx.get(url + "/watches/web.atom").content)
         assert not feed.bozo and len(feed.entries) == 4
         assert feed.feed.subtitle == (f"papers like “paper {A}” in its method, “A parser”; unlike “paper {C}” "
-                                      "in its method, similarity at least -1")  # titles (these papers have none)
+                                      "in its method, score >= -1")  # titles (these papers have none)
         # the page's watch list names every example and the paper to avoid (real Chromium)
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support import expected_conditions as EC

@@ -307,5 +307,5 @@ def test_watch_this_query_on_the_page_saves_a_watch_in_chromium(tmp_path, index_
         wait.until(EC.text_to_be_present_in_element((By.ID, "error"), "exists already"))
     with esqbe.open_index(str(path), config=None, create=False) as index:
         watch = get_watch(index, "page-watch")
-    assert watch.min_sim == 0.25 and watch.query["facet"] == "method" and watch.settings["k"] == 5
+    assert watch.min_score == 0.25 and watch.query["facet"] == "method" and watch.settings["k"] == 5
     assert watch.query["paper_id"] == QUERY and watch.vectors.shape[0] == len(watch.query["sentences"])

@@ -73,10 +73,10 @@ def test_a_run_reports_new_papers_that_pass_and_rank_within_k_once(index, tmp_pa
     assert [m["paper_id"] for m in run.matches] == [m["paper_id"] for m in dry.matches]  # a dry run changed nothing
     # the rank as it is now: exactly the new papers among the same query's top k over the whole index, at min_sim
     top = index.query(QUERY, facet="method", k=8)
-    expect = [h.paper_id for h in top.hits if h.paper_id in {r["paper_id"] for r in new} and h.similarity >= 0.1]
+    expect = [h.paper_id for h in top.hits if h.paper_id in {r["paper_id"] for r in new} and h.score >= 0.1]
     assert expect and [m["paper_id"] for m in run.matches] == expect
     for m in run.matches:
-        assert m["found"] == 1000.0 and m["similarity"] >= 0.1 and m["matches"]
+        assert m["found"] == 1000.0 and m["score"] >= 0.1 and m["matches"]
         assert all(p["query_index"] in {i for i, _ in watch.query["sentences"]} for p in m["matches"])
     assert run_watches(index)[0].matches == []  # the mark moved: not reported again
 
@@ -100,9 +100,9 @@ def test_watches_are_bounded_and_bad_input_is_said_precisely(index):
         with pytest.raises(WatchNameError, match=re.escape(words)):
             add_watch(index, name, paper_id=QUERY, facet="method", min_sim=0.5)
     for bad in (math.nan, math.inf, -math.inf, 1.5, -2, "x"):
-        with pytest.raises(WatchError, match="min_sim must be"):
+        with pytest.raises(WatchError, match="min_score must be"):
             add_watch(index, "ok", paper_id=QUERY, facet="method", min_sim=bad)
-    with pytest.raises(WatchError, match="rescorer none gives none"):
+    with pytest.raises(WatchError, match="rescorer none gives an order"):
         add_watch(index, "ok", paper_id=QUERY, facet="method", min_sim=0.5, rescorer="none")
     with pytest.raises(WatchError, match="cannot keep"):
         add_watch(index, "ok", paper_id=QUERY, facet="method", min_sim=0.5, path="/elsewhere")
@@ -235,7 +235,7 @@ def test_watch_commands_print_text_json_and_exports(tmp_path, index_dir_30):
     assert text.returncode == 0 and "watch w1: 10 new paper(s)" in out and "~ [" in out, (out, err)
     bad = _esqbe("watch", "add", "w2", *base, "--paper", QUERY, "--facet", "method", "--min-sim", "nan")
     out, err = bad.communicate(timeout=120)
-    assert bad.returncode != 0 and "Traceback" not in err and "min_sim must be a finite number" in err, err
+    assert bad.returncode != 0 and "Traceback" not in err and "min_score must be a finite number" in err, err
 
 
 def test_watch_run_waits_for_another_writer_while_readers_go_on(tmp_path, index_dir_30, encoder):

@@ -287,18 +287,20 @@ def _print_result(result: dict, *, chosen: bool, filters, engine_filter) -> None
     if not hits:
         say("no hits" + (" (no paper satisfies the filters)" if filters or engine_filter else ""))
     else:
-        say("\nsim: the rescorer's similarity (comparable across queries); score: what this query sorted by "
-            "(the rescorer fused with BM25); the number before each hit is its position")
+        formula = (result.get("score") or {}).get("formula") or "what the hits are ordered by"
+        say(f"\nscore: {formula}; the query and the paper alone decide it. (sim, bm25: its parts; the number before "
+            "each hit is its position)")
         scale = result.get("scale") or {}
         if scale.get("source") in ("index", "fixed"):
-            say(f"[strong/fair/weak, pN]: where sim stands on {scale['description']}"
+            say(f"[strong/fair/weak, pN]: where the score stands on {scale['description']}"
                 + ("; pN: higher than N% of them" if scale["source"] == "index" else ""))
     for hit in hits:
-        sim = "   -  " if hit["similarity"] is None else f"{hit['similarity']:.4f}"
+        sim = "-" if hit["similarity"] is None else f"{hit['similarity']:.4f}"
         band = hit.get("band")
         pct = hit.get("percentile")
         place = f"[{band}{'' if pct is None else f', p{int(pct)}'}]  " if band else ""
-        say(f"\n{hit['rank']:>3}. sim {sim}  score {hit['score']:.4f}  {place}{hit['paper_id']}  {hit['title']}")
+        say(f"\n{hit['rank']:>3}. score {hit['score']:.4f}  {place}{hit['paper_id']}  {hit['title']}")
+        say(f"       (sim {sim}, bm25 {hit['bm25']:.1f})")
         line = _metadata_line(hit["metadata"])
         if line:
             say(f"       {line}")

@@ -27,7 +27,7 @@ def watch_group():
     """Saved queries that keep looking: each run reports the papers indexed since the last one that match.
 
     \b
-    esqbe watch add lstm-methods --paper 1791179 --facet method --min-sim 0.6
+    esqbe watch add lstm-methods --paper 1791179 --facet method     # keeps the index's strong matches
     esqbe index today.jsonl && esqbe watch run        # the new papers that match, per watch
     esqbe serve                                       # GET /watches/lstm-methods.atom: a feed
     """
@@ -43,9 +43,9 @@ def _feed_path(watch) -> str:
 
 @watch_group.command("add")
 @click.argument("name")
-@click.option("--min-sim", type=float, required=True,
-              help="Report a new paper only when the rescorer's similarity (the `sim` hits print) is at least this "
-                   "(-1..1).")
+@click.option("--min-score", "--min-sim", "min_score", type=float, default=None,
+              help="Report a new paper only when its score (the number hits print, and are ordered by) is at least "
+                   "this (-1..1; --min-sim is its old name). Default: the matches the index's own scale calls strong.")
 @click.option("--paper", "paper_ids", multiple=True, metavar="ID[:FACET|:sentences=I,J]",
               help="Query paper id (must be in the index; the watch keeps its own copy). Repeat it for a query of "
                    "several examples, each with its own facet (ID:method) or sentences (ID:sentences=1,3), else --facet's.")
@@ -63,18 +63,18 @@ def _feed_path(watch) -> str:
 @click_options("watch add")
 @config_option
 @handle_errors
-def watch_add_cmd(name, min_sim, paper_ids, avoid, facet, sentences, text, text_file, title, filters, as_json, **kw):
+def watch_add_cmd(name, min_score, paper_ids, avoid, facet, sentences, text, text_file, title, filters, as_json, **kw):
     """Save a query (what `esqbe query` takes) as watch NAME, with a threshold.
 
-    Papers indexed from now on are new to it; `esqbe watch run` reports those that pass --min-sim and rank
-    within its k. It keeps its own copy of the query sentences and their vectors, every example's and every
+    Papers indexed from now on are new to it; `esqbe watch run` reports those whose score reaches --min-score (by
+    default: what the index's own scale calls a strong match) and that rank within its k. It keeps its own copy of the query sentences and their vectors, every example's and every
     avoided paper's (re-indexing or deleting them changes nothing).
 
     \b
-    esqbe watch add lstm --paper 1791179 --facet method --min-sim 0.6
-    esqbe watch add two --paper A --paper B:result --facet method --not C --min-sim 0.5
+    esqbe watch add lstm --paper 1791179 --facet method
+    esqbe watch add two --paper A --paper B:result --facet method --not C --min-score 0.5
     """
-    from esqbe.index.watches import add_watch
+    from esqbe.index.watches import add_watch, result_settings, strong_cut
 
     from .query_cmds import _examples
 
@@ -99,7 +99,8 @@ def watch_add_cmd(name, min_sim, paper_ids, avoid, facet, sentences, text, text_
         watch, result = add_watch(index, name, paper_id=paper_id, facet=facet,
                                   sentences=None if several else chosen, text=text, title=title,
                                   examples=several[0] if several else None, avoid=several[1] if several else None,
-                                  filters=list(filters) or None, min_sim=min_sim, **overrides)
+                                  filters=list(filters) or None, min_score=min_score, **overrides)
+        cut = watch.min_score if watch.min_score is not None else strong_cut(index, result_settings(index, facet, overrides))
     if as_json:
         echo_json({**watch.to_dict(with_key=True), "feed": _feed_path(watch)})
         return
@@ -108,8 +109,8 @@ def watch_add_cmd(name, min_sim, paper_ids, avoid, facet, sentences, text, text_
     what = f" of {len(examples)} example(s)" + (f" and {len(avoided)} paper(s) to avoid" if avoided else "") \
         if watch.examples else ""
     say(f"watch {watch.name}: {kept} query sentence(s){what} kept with it; papers indexed from now on are new to it "
-        f"(min sim {watch.min_sim:g})")
-    passing = [h for h in result.hits if h.similarity is not None and h.similarity >= watch.min_sim]
+        f"(threshold: {_threshold(watch, cut)})")
+    passing = [h for h in result.hits if cut is not None and h.score >= cut]
     say(f"  of today's top {len(result.hits)} hits, {len(passing)} pass its threshold (they are not new: not reported)")
     say(f"  feed: {_feed_path(watch)} on `esqbe serve` (the key is needed on a --private server)")
 
@@ -129,11 +130,19 @@ def watch_list_cmd(as_json, **kw):
         echo_json([w.to_dict() for w in watches])
         return
     if not watches:
-        say("no watches (`esqbe watch add NAME --paper ID --facet method --min-sim 0.6` makes one)")
+        say("no watches (`esqbe watch add NAME --paper ID --facet method` makes one)")
     for w in watches:
         examples, avoided = w.parts()
         what = "; ".join(_part(q) for q in examples) + "".join(f"; not {_part(q)}" for q in avoided)
-        say(f"{w.name}: {printable(what)}, min sim {w.min_sim:g}; last run {_when(w.last_run)}; found {w.found}")
+        say(f"{w.name}: {printable(what)}, {_threshold(w)}; last run {_when(w.last_run)}; found {w.found}")
+
+
+def _threshold(watch, cut: float | None = None) -> str:
+    """The threshold for people: `score >= 0.5`, or `strong matches (score >= 0.4123 on the index's scale now)`."""
+    if watch.min_score is not None:
+        return f"score >= {watch.min_score:g}"
+    now = f" >= {cut:.4f}" if cut is not None else ""
+    return f"strong matches (score{now} on the index's own scale now; the default, looked up at each run)"
 
 
 def _part(q: dict) -> str:
@@ -152,13 +161,20 @@ def _part(q: dict) -> str:
 @handle_errors
 def watch_show_cmd(name, as_json, limit, **kw):
     """A watch: its query (its own copy of the sentences), settings, threshold, model, feed URL, latest matches."""
-    from esqbe.index.watches import get_watch, watch_matches
+    from esqbe.errors import EsqbeError
+    from esqbe.index.watches import get_watch, strong_cut, watch_matches, watch_settings
 
     with _open(kw, "watch show", create=False) as index:
         watch = get_watch(index, name)
         found = watch_matches(index, name, limit)
+        cut = None
+        if watch.min_score is None:
+            try:
+                cut = strong_cut(index, watch_settings(index, watch))
+            except EsqbeError:
+                cut = None
     if as_json:
-        echo_json({**watch.to_dict(with_key=True), "feed": _feed_path(watch), "matches": found})
+        echo_json({**watch.to_dict(with_key=True), "feed": _feed_path(watch), "matches": found, "strong_from": cut})
         return
     w = printable_tree(watch.to_dict())
     q = w["query"]
@@ -166,9 +182,10 @@ def watch_show_cmd(name, as_json, limit, **kw):
     for n, (label, p) in enumerate([("", e) for e in examples] + [("not like ", a) for a in avoided]):
         say((f"watch {w['name']}: " if n == 0 else "  " + label)
             + (f"paper {p['paper_id']}" if p["paper_id"] else f"text {p['title']!r}")
-            + (f", facet {p['facet']}" if p["facet"] else "") + (f", min sim {w['min_sim']:g}" if n == 0 else ""))
+            + (f", facet {p['facet']}" if p["facet"] else ""))
         for (i, s), f in zip(p["sentences"], p["facets"]):
             say(f"  [{i}] ({f}) {s}")
+    say(f"  threshold: {_threshold(watch, cut)}")
     if w["filters"]:
         say("  filters: " + "; ".join(f"{c['key']} {c['op']} {c.get('value', '')}".rstrip() for c in w["filters"]))
     if w["settings"]:
@@ -177,7 +194,7 @@ def watch_show_cmd(name, as_json, limit, **kw):
     say(f"  model: {m['model']} ({m['dim']}-d, {m['encoder_mode']})")
     say(f"  last run {_when(watch.last_run)}; found {watch.found}; feed: {_feed_path(watch)}")
     for hit in printable_tree(found):
-        say(f"  {_when(hit['found'])}  sim {hit['similarity']:.4f}  {hit['paper_id']}  {hit['title']}")
+        say(f"  {_when(hit['found'])}  score {hit['score']:.4f}  {hit['paper_id']}  {hit['title']}")
 
 
 @watch_group.command("remove")

@@ -1,7 +1,9 @@
 """Fusing the first stage's two ranked lists (BM25, sentence kNN) into one, on the client.
 
 Every backend can return the two lists; fusing them here keeps rankings identical across backends
-and needs no engine licence (RRF/linear retrievers are Enterprise-only in Elasticsearch).
+and needs no engine licence (RRF/linear retrievers are Enterprise-only in Elasticsearch). This fusion only chooses
+which papers go on to rescoring (and orders them with rescorer `none`); a hit's score does not read it
+(esqbe.query.combine: a function of the query and the paper alone).
 """
 from __future__ import annotations
 

@@ -261,7 +261,7 @@ class Index(IngestMixin):
         (esqbe.core.filters). `engine_filter` (Elasticsearch/OpenSearch only) is a query DSL clause, or its
         JSON text, that the candidates must also match, e.g. {"term": {"lang": "en"}}.
 
-        `place_hits`: each hit's percentile and band on the index's similarity scale (esqbe.index.scale; measured the
+        `place_hits`: each hit's score's percentile and band on the index's scale (esqbe.index.scale; measured the
         first time it is needed); False for work that reads only the ranking (evaluation, reranking, watches).
 
         Every text (`text`, the examples') is split and counted before anything is fetched, tagged or encoded, all
@@ -366,7 +366,7 @@ class Index(IngestMixin):
         t = time.perf_counter()
         scale = self._scale(settings, meta, context)
         for hit in result.hits:
-            hit.percentile, hit.band = scale.place(hit.similarity)
+            hit.percentile, hit.band = scale.place(hit.score)  # the score that orders the hits
         result.scale = scale.public()
         result.timings = {**result.timings, "scale": round(1000 * (time.perf_counter() - t), 2)}
 

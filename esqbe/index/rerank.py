@@ -167,9 +167,11 @@ FALLBACKS = {
 
 def rerank(index, query: RerankQuery | str, documents: Sequence, **overrides) -> RerankResult:
     """Score `documents` (paper ids) against `query` as `index.query(..., restrict_to=documents)` ranks them:
-    each known id gets its hit's `score`; unknown ids, and known ones the query cannot rank (the query paper
-    itself, which a query never returns), get one score below all of those. Scores are in input order; an id
-    given twice gets the same score twice. `overrides` are Settings fields, as for `Index.query`.
+    each known id gets its hit's `score`, which is the score any query of `query` gives that paper, whatever the
+    other documents are (a function of the query and the paper alone: esqbe.query.results.ScoreFormula); unknown
+    ids, and known ones the query cannot rank (the query paper itself, which a query never returns), get one score
+    below all of those. Scores are in input order; an id given twice gets the same score twice. `overrides` are
+    Settings fields, as for `Index.query`.
 
     A well-formed query is never refused for what the index holds (FALLBACKS, named in `fallback`): a facet with
     no sentence in the query falls back to the facet's most probable sentence (a text the tagger labelled) or to

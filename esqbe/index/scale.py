@@ -1,12 +1,13 @@
-"""Where a hit's similarity stands against the index's own matches (issue 38, item 10): a weak match looks weak.
+"""Where a hit's score stands against the index's own matches (issue 38, item 10; issue 48): a weak match looks weak.
 
-A similarity means little alone (0.09 and 0.56 look alike): summax cosines of one model and corpus sit in a narrow
-band, another model's or corpus's elsewhere, and `ot` or `asym` have scales of their own. So each index measures its
-own: a seeded sample of up to `SAMPLE_PAPERS` of its papers, each queried by each facet it has (the rescorer, its
-parameters and the vector settings of the query being placed; `TOP_K` hits; no filters), and the similarities of
-those hits, the index's matches, are kept as percentiles (p0..p100). A hit is placed by its percentile among them:
-**strong** at or above p75 (higher than three quarters of the index's matches), **weak** below p25, **fair**
-between.
+A score means little alone (0.09 and 0.56 look alike): summax cosines of one model and corpus sit in a narrow band,
+another model's or corpus's elsewhere, and `ot` or `asym` have scales of their own. So each index measures its own:
+a seeded sample of up to `SAMPLE_PAPERS` of its papers, each queried by each facet it has (the rescorer, its
+parameters, the vector settings and the score's weights of the query being placed; `TOP_K` hits; no filters), and
+the scores of those hits, the index's matches, are kept as percentiles (p0..p100). A hit is placed by its score's
+percentile among them: **strong** at or above p75 (higher than three quarters of the index's matches), **weak**
+below p25, **fair** between. The score is the one that orders the hits (esqbe.query.results.ScoreFormula: a
+function of the query and the paper alone), so the band never improves down a list.
 
 The scale is stored with the index (`Backend.write_note`: the embedded index's directory; an engine keeps it in
 this process only), keyed by the model, the rescorer and its parameters (`SCALE_SETTINGS`: what decides a match's
@@ -59,13 +60,14 @@ STRONG_FROM, WEAK_BELOW = 75.0, 25.0
 NOTE = "similarity_scale"
 #: the shipped fixed scale (cosine rescorers only), measured once on the bundled sample (300 CSAbstruct abstracts,
 #: the default model all-MiniLM-L6-v2, method queries by 58 of its papers against every paper): 80% of papers scored
-#: below 0.3, 94% below 0.4
+#: below 0.3, 94% below 0.4 (measured on the similarity; applied to the score, which with the default weights is
+#: 0.9 x the similarity + 0.1 x BM25 over the query's best, 0..1)
 FIXED = {"summax": (0.3, 0.4), "ts": (0.3, 0.4)}
 
 
 @dataclass(frozen=True)
 class SimilarityScale:
-    """What a hit's similarity is placed against: the index's own matches (`source` "index"), the shipped fixed
+    """What a hit's score is placed against: the index's own matches (`source` "index"), the shipped fixed
     scale ("fixed"), or nothing ("none": a rescorer without similarities, or one the fixed scale has no cuts for)."""
 
     source: str
@@ -83,19 +85,28 @@ class SimilarityScale:
     measuring: bool = False
     extra: dict = field(default_factory=dict)
 
-    def place(self, similarity: float | None) -> tuple[float | None, str | None]:
-        """A similarity's percentile among the index's matches (None on the fixed scale) and its band."""
-        if similarity is None or not np.isfinite(similarity):
+    def place(self, score: float | None) -> tuple[float | None, str | None]:
+        """A score's percentile among the index's matches (None on the fixed scale) and its band."""
+        if score is None or not np.isfinite(score):
             return None, None
         if self.source == "index" and len(self.quantiles) == 101:
             q = np.maximum.accumulate(np.asarray(self.quantiles, dtype=np.float64))
-            pct = float(np.interp(float(similarity), q, np.arange(101.0)))
+            pct = float(np.interp(float(score), q, np.arange(101.0)))
             band = "strong" if pct >= STRONG_FROM else "weak" if pct < WEAK_BELOW else "fair"
             return round(pct, 1), band
         if self.source == "fixed" and self.rescorer in FIXED:
             fair, strong = FIXED[self.rescorer]
-            return None, "strong" if similarity >= strong else "fair" if similarity >= fair else "weak"
+            return None, "strong" if score >= strong else "fair" if score >= fair else "weak"
         return None, None
+
+    def strong_from(self) -> float | None:
+        """The lowest score this scale calls strong (p75 of the index's matches, or the fixed scale's cut); None
+        without a scale."""
+        if self.source == "index" and len(self.quantiles) == 101:
+            return float(np.maximum.accumulate(np.asarray(self.quantiles, dtype=np.float64))[int(STRONG_FROM)])
+        if self.source == "fixed" and self.rescorer in FIXED:
+            return float(FIXED[self.rescorer][1])
+        return None
 
     def public(self) -> dict:
         """The scale as a query result's JSON carries it (`scale`)."""
@@ -137,7 +148,7 @@ class SimilarityScale:
 
 
 def _described(matches: int, queries: int, papers: int, sampled: int) -> str:
-    return (f"this index's own matches: the similarities of the top {TOP_K} hits of {queries} facet queries by "
+    return (f"this index's own matches: the scores of the top {TOP_K} hits of {queries} facet queries by "
             f"{sampled} of its {papers} papers ({matches} matches)")
 
 
@@ -159,21 +170,26 @@ def _unmeasured(rescorer: str, why: str, papers: int, key: str) -> SimilaritySca
 
 
 #: the settings a scale is measured for (the rest, e.g. a query's candidate depth, do not change what a match is)
-SCALE_SETTINGS = ("rescorer", "rescorer_params", "vector_centering", "candidate_facet", "facet_penalty")
+SCALE_SETTINGS = ("rescorer", "rescorer_params", "vector_centering", "candidate_facet", "facet_penalty",
+                  "final_bm25_weight", "abstract_weight", "bm25_text")
+#: what a scale measures: the score (issue 48; a note keyed without it measured the similarity and is not reused)
+MEASURES = "score"
 
 
 def scale_key(settings: Settings, model: str) -> str:
     """What a scale is measured for: the model, the rescorer and its parameters, and the vector settings that change
     a similarity."""
     params = json.dumps(settings.rescorer_params or {}, sort_keys=True, default=str)
-    return "|".join([model, settings.rescorer, params, str(settings.vector_centering), str(settings.candidate_facet),
-                     f"{float(settings.facet_penalty or 0):g}"])
+    return "|".join([MEASURES, model, settings.rescorer, params, str(settings.vector_centering),
+                     str(settings.candidate_facet), f"{float(settings.facet_penalty or 0):g}",
+                     f"{float(settings.final_bm25_weight or 0):g}", f"{float(settings.abstract_weight or 0):g}",
+                     str(settings.bm25_text)])
 
 
 def measure(backend: Backend, settings: Settings, *, context=None, sample: int = SAMPLE_PAPERS, seed: int = 0,
             budget_s: float = BUDGET_S, key: str = "") -> SimilarityScale:
-    """The index's own scale for `settings`' rescorer: facet queries by a seeded sample of its papers, the
-    similarities of their top `TOP_K` hits, kept as percentiles (see the module's docstring)."""
+    """The index's own scale for `settings`' rescorer and score: facet queries by a seeded sample of its papers, the
+    scores of their top `TOP_K` hits, kept as percentiles (see the module's docstring)."""
     start = time.monotonic()
     ids, corpus = backend.sample_papers(sample, seed)
     sims: list[float] = []
@@ -198,7 +214,7 @@ def measure(backend: Backend, settings: Settings, *, context=None, sample: int =
                 break
             result = run_examples(backend, [Example(paper, indices, facet)], [], own, context=context)
             queries += 1
-            sims += [float(h.similarity) for h in result.hits if h.similarity is not None and np.isfinite(h.similarity)]
+            sims += [float(h.score) for h in result.hits if np.isfinite(h.score)]
     if queries < MIN_QUERIES and time.monotonic() - start > budget_s:
         return _unmeasured(settings.rescorer, f"measuring this index's own took longer than {budget_s:g} s "
                            f"({queries} facet queries)", corpus, key)

@@ -1,16 +1,19 @@
 """Watches: saved faceted queries that keep looking (issue 37; `esqbe watch`, GET /watches/NAME.atom).
 
 A watch is a query as `Index.query` takes it (a paper and a facet, chosen sentences or a text, or several examples
-and papers to avoid; filters, rescorer, k and the other ranking settings) plus a threshold on the rescorer's
-similarity (`min_sim`; of several examples and papers to avoid, the combined similarity the query ranks by:
-esqbe.query.combine). It keeps its own copy of every example's and avoided paper's query sentences and their vectors
-and the model identity they were made with, so re-indexing or deleting an example paper changes nothing, and a model
-change refuses the watch with the reason (never re-encodes it).
+and papers to avoid; filters, rescorer, k and the other ranking settings) plus a threshold on the hits' one score
+(`min_score`, the number a query's hits show and are ordered by: esqbe.query.results.ScoreFormula). Without one it
+keeps what the index's own scale calls a strong match (esqbe.index.scale: the score from which a hit is "strong",
+looked up at each run, so it follows the scale as the index grows). It keeps its own copy of every example's and
+avoided paper's query sentences and their vectors and the model identity they were made with, so re-indexing or
+deleting an example paper changes nothing, and a model change refuses the watch with the reason (never re-encodes
+it).
 
 A run (`run_watches`) looks only at the papers indexed since the watch's mark (paper numbers only grow, so they are
 a range of the paper-number index): the stored query is rescored against those papers alone; only when one of them
 passes the threshold is the query run against the whole index as it is now (one ordinary query), and a new paper is
-reported when it is among that query's k hits with its similarity at or over `min_sim`. Its cost grows with the new
+reported when it is among that query's k hits with its score at or over the threshold (a paper's score is the same
+in both: it depends on the query and the paper alone). Its cost grows with the new
 papers (and the watches that any of them passes), not with the index. Each watch's matches and new mark are written
 in one transaction under the index's write lock (readers never wait: SQLite WAL); a paper a watch has reported is
 not reported again (re-indexed, it is a new number but the same id).
@@ -35,13 +38,16 @@ from ..query.combine import run_examples
 from ..query.results import Example, ExampleSpec, QueryError, QueryResult
 from ..query.search import settings_for_facet
 from .open import make_filter
+from .scale import SCALE_SETTINGS
 
 #: a watch's name: letters, digits, `_` and `-`, starting with a letter or digit (no path, no markup, no dot: the
 #: feed is NAME.atom), at most this long
 MAX_NAME_CHARS = 64
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
-#: the similarity a threshold may ask for: the rescorers' similarities are cosine-like, in -1..1
-MIN_SIM_RANGE = (-1.0, 1.0)
+#: the score a threshold may ask for: the score is a weighted sum of cosine-like parts in -1..1 and BM25 over its best
+MIN_SCORE_RANGE = (-1.0, 1.0)
+#: what a watch without a number keeps: the hits the index's own scale calls strong
+STRONG = "strong"
 #: new papers rescored against a watch at once (a run after a big `esqbe index` goes through them in such slices)
 NEW_PAPERS_PER_PASS = 2000
 #: the settings a watch may keep (what a query ranks with; `esqbe watch add` takes the flags of `esqbe query`)
@@ -102,15 +108,17 @@ def check_name(name: str) -> str:
     return name
 
 
-def check_min_sim(value: Any) -> float:
-    """A threshold: a finite number in MIN_SIM_RANGE, else WatchError saying so."""
+def check_min_score(value: Any) -> float | None:
+    """A threshold: None (the index's strong matches) or a finite number in MIN_SCORE_RANGE, else WatchError."""
+    if value is None:
+        return None
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise WatchError(f"min_sim must be a number (got {value!r})") from None
-    lo, hi = MIN_SIM_RANGE
+        raise WatchError(f"min_score must be a number (got {value!r})") from None
+    lo, hi = MIN_SCORE_RANGE
     if not math.isfinite(x) or not lo <= x <= hi:
-        raise WatchError(f"min_sim must be a finite number in {lo:g}..{hi:g}, the rescorer's similarity (got {value!r})")
+        raise WatchError(f"min_score must be a finite number in {lo:g}..{hi:g}, the score hits show (got {value!r})")
     return x
 
 
@@ -126,7 +134,8 @@ class Watch:
     settings: dict
     #: the metadata filter's conditions, as dicts (esqbe.core.filters)
     filters: list
-    min_sim: float
+    #: the score a new paper must reach; None: what the index's own scale calls strong at each run
+    min_score: float | None
     #: the model identity the vectors were made with: model, dim, encoder_mode, fingerprint, adapter
     model: dict
     #: the paper number from which papers are new to it
@@ -148,9 +157,16 @@ class Watch:
         """The examples and the papers to avoid (one example, `query`, and none to avoid for a single query)."""
         return (self.examples or [self.query]), self.avoid
 
+    @property
+    def threshold(self) -> str:
+        """The threshold in words: the number, or the index's strong matches."""
+        return f"score >= {self.min_score:g}" if self.min_score is not None else \
+            "strong matches (score >= the index's own scale's strong cut, looked up at each run)"
+
     def to_dict(self, *, with_key: bool = False) -> dict:
         d = {"name": self.name, "query": self.query, "settings": self.settings, "filters": self.filters,
-             "min_sim": self.min_sim, "model": self.model, "mark": self.mark, "created": self.created,
+             "min_score": self.min_score, "min_sim": self.min_score, "threshold": self.threshold, "model": self.model,
+             "mark": self.mark, "created": self.created,
              "last_run": self.last_run, "found": self.found}
         if self.examples or self.avoid:
             d.update(examples=self.examples, avoid=self.avoid)
@@ -204,7 +220,9 @@ def _watch(row: dict) -> Watch:
     spec = row["spec"]
     dim = int(spec["model"]["dim"])
     vectors = np.frombuffer(row["vectors"], dtype=np.float32).reshape(-1, dim) if dim else np.zeros((0, 0), np.float32)
-    return Watch(row["name"], spec["query"], spec["settings"], spec["filters"], float(spec["min_sim"]), spec["model"],
+    given = spec.get("min_score", spec.get("min_sim"))  # `min_sim`: a watch kept before the one score (issue 48)
+    return Watch(row["name"], spec["query"], spec["settings"], spec["filters"], None if given is None else float(given),
+                 spec["model"],
                  row["mark"], row["created"], row["last_run"], row["feed_key"], row["found"], vectors,
                  list(spec.get("examples") or []), list(spec.get("avoid") or []))
 
@@ -238,24 +256,29 @@ def get_watch(index, name: str) -> Watch:
 
 def add_watch(index, name: str, *, paper_id: str | None = None, facet: str | None = None,
               sentences: Sequence[int] | None = None, text: str | Sequence[str] | None = None, title: str = "",
-              examples: Sequence | None = None, avoid: Sequence | None = None, filters=None, min_sim: float,
-              now: float | None = None, **overrides) -> tuple[Watch, QueryResult]:
+              examples: Sequence | None = None, avoid: Sequence | None = None, filters=None,
+              min_score: float | None = None, min_sim: float | None = None, now: float | None = None,
+              **overrides) -> tuple[Watch, QueryResult]:
     """Save a query as watch `name` (what `Index.query` takes: one paper or text, or `examples` and `avoid`;
-    `overrides` among WATCH_SETTING_KEYS) with the threshold `min_sim`; papers indexed from now on are new to it.
-    Returns the watch and the query's result now (the hits it would match if they were new). Written in one
-    transaction; refused past the `max_watches` setting."""
+    `overrides` among WATCH_SETTING_KEYS) with the threshold `min_score` on the hits' score (`min_sim`: its old
+    name; neither: the index's strong matches); papers indexed from now on are new to it. A name already taken is
+    refused before anything else is looked at. Returns the watch and the query's result now (the hits it would match
+    if they were new, placed on the index's scale). Written in one transaction; refused past the `max_watches`
+    setting."""
     check_name(name)
-    min_sim = check_min_sim(min_sim)
     store = _store(index)
+    if store.watch_rows(name):
+        raise WatchExistsError(f"a watch named {name} exists already (`esqbe watch remove {name}` first)")
+    if min_score is not None and min_sim is not None and float(min_score) != float(min_sim):
+        raise WatchError("give min_score (or its old name min_sim), not both")
+    min_score = check_min_score(min_score if min_score is not None else min_sim)
     unknown = sorted(set(overrides) - set(WATCH_SETTING_KEYS))
     if unknown:
         raise WatchError(f"a watch cannot keep {', '.join(unknown)}; it keeps {', '.join(WATCH_SETTING_KEYS)}")
     settings = settings_for_facet(index.settings, facet).replace(**overrides)
     if not settings.rescorer or settings.rescorer == "none":
-        raise WatchError("a watch's threshold is on the rescorer's similarity: rescorer none gives none; choose a "
-                         "rescorer (e.g. summax)")
-    if store.watch_rows(name):
-        raise WatchExistsError(f"a watch named {name} exists already (`esqbe watch remove {name}` first)")
+        raise WatchError("a watch's threshold is on the hits' score: rescorer none gives an order, not a score; choose "
+                         "a rescorer (e.g. summax)")
     try:
         flt = make_filter(filters)
     except FilterError as e:
@@ -263,8 +286,10 @@ def add_watch(index, name: str, *, paper_id: str | None = None, facet: str | Non
     conditions = [c.to_dict() for c in flt.conditions] if flt else []
     several = examples is not None or bool(avoid)
     result = index.query(paper_id, facet=facet, sentences=sentences, text=text, title=title, examples=examples,
-                         avoid=avoid, filters=conditions or None, place_hits=False,
-                         **overrides)  # every part checked as a query is
+                         avoid=avoid, filters=conditions or None, **overrides)  # every part checked as a query is
+    if min_score is None and strong_cut(index, result_settings(index, facet, overrides)) is None:
+        raise WatchError(f"the index has no scale for the {settings.rescorer} rescorer's scores to call a match strong "
+                         "by: give a threshold (--min-score)")
     meta = index.backend.meta()
     if several:  # what was asked of each (the query chose their sentences: result.examples / result.avoid)
         asked = [ExampleSpec.of(x) for x in (examples or [])], [ExampleSpec.of(x) for x in (avoid or [])]
@@ -284,7 +309,7 @@ def add_watch(index, name: str, *, paper_id: str | None = None, facet: str | Non
     head = dict(parts[0][0])
     if not several:  # as a watch of one paper or text has always been kept
         head.update(title=result.query_title or title, facet=normalize_label(facet) if facet else None)
-    spec = {"query": head, "settings": dict(overrides), "filters": conditions, "min_sim": min_sim,
+    spec = {"query": head, "settings": dict(overrides), "filters": conditions, "min_score": min_score,
             "model": _model_identity(meta)}
     if several:
         spec.update(examples=parts[0], avoid=parts[1])
@@ -349,19 +374,23 @@ class _Plan:
 
     def __init__(self, index, watch: Watch):
         self.watch = watch
-        examples, _ = watch.parts()
         # the settings of the examples' one facet, as `Index.query` chooses them (none when they differ)
-        shared = {p["facet"] for p in examples if p["facet"]} if watch.examples else {watch.query["facet"]} - {None}
-        self.settings = settings_for_facet(index.settings, shared.pop() if len(shared) == 1 else None
-                                           ).replace(**watch.settings)
+        self.settings = watch_settings(index, watch)
         try:
             self.filter = make_filter(watch.filters or None)
         except FilterError as e:
             raise QueryError(f"its filters no longer parse: {e}") from None
         self.examples, self.avoid = _examples_of(watch)
         #: each part's own sentence numbers (in its paper or text), to report the matched pairs by
-        self.original = [[int(i) for i, _ in p["sentences"]] for p in examples], \
+        self.original = [[int(i) for i, _ in p["sentences"]] for p in watch.parts()[0]], \
             [[int(i) for i, _ in p["sentences"]] for p in watch.avoid]
+
+        #: the score a new paper must reach (the index's strong cut now, for a watch without a number)
+        threshold = watch.min_score if watch.min_score is not None else strong_cut(index, self.settings)
+        if threshold is None:
+            raise QueryError("it keeps strong matches, and the index has no scale for its rescorer's scores now; "
+                             "remove it and add it again with --min-score")
+        self.threshold: float = threshold
 
     def run(self, index, context, **kw) -> QueryResult:
         return run_examples(index.backend, self.examples, self.avoid, self.settings, context=context, **kw)
@@ -378,8 +407,7 @@ def _passing(index, plan: _Plan, new: list[tuple[int, str, dict]], context) -> s
         return set()
     scored = plan.run(index, context, restrict_to=candidates)
     allowed = set(candidates)
-    return {h.paper_id for h in scored.hits
-            if h.paper_id in allowed and h.similarity is not None and h.similarity >= w.min_sim}
+    return {h.paper_id for h in scored.hits if h.paper_id in allowed and h.score >= plan.threshold}
 
 
 def _original(numbers: list[int], i):
@@ -389,18 +417,42 @@ def _original(numbers: list[int], i):
 def _ranked(index, plan: _Plan, passing: set[str], context) -> list[dict]:
     """The passing papers that rank within the watch's k over the whole index as it is now (the same query, its
     filters too, as `esqbe query` would answer), as hits' JSON, best first."""
-    w = plan.watch
     full = plan.run(index, context, filter=plan.filter)
+    meta = index.backend.meta()
+    scale = index._scale(plan.settings, meta, context) if meta is not None else None
     out = []
     examples, avoided = plan.original
     for hit in full.hits:
-        if hit.paper_id in passing and hit.similarity is not None and hit.similarity >= w.min_sim:
+        if hit.paper_id in passing and hit.score >= plan.threshold:
+            if scale is not None:  # its band, as a query's hit has it
+                hit.percentile, hit.band = scale.place(hit.score)
             for m in hit.matches:  # the query sentences' own numbers in their example
                 m.query_index = _original(examples[m.example] if 0 <= m.example < len(examples) else [], m.query_index)
             for j, a in enumerate(hit.avoided or []):
                 a.avoid_index = _original(avoided[j] if j < len(avoided) else [], a.avoid_index)
             out.append(hit.to_dict())
     return out
+
+
+def result_settings(index, facet: str | None, overrides: dict):
+    """The settings a watch made with `facet` and `overrides` ranks with (as `Index.query` chooses them)."""
+    return settings_for_facet(index.settings, facet).replace(**overrides)
+
+
+def watch_settings(index, watch: Watch):
+    """The settings `watch` ranks with now (its facet's, its own overrides)."""
+    examples, _ = watch.parts()
+    shared = {p["facet"] for p in examples if p["facet"]} if watch.examples else {watch.query["facet"]} - {None}
+    return settings_for_facet(index.settings, shared.pop() if len(shared) == 1 else None).replace(**watch.settings)
+
+
+def strong_cut(index, settings) -> float | None:
+    """The score from which the index's own scale (esqbe.index.scale, for `settings`) calls a match strong: what a
+    watch without a number keeps; None where there is no scale to say."""
+    meta = index.backend.meta()
+    if meta is None:
+        return None
+    return index.similarity_scale(wait=None, **{k: getattr(settings, k) for k in SCALE_SETTINGS}).strong_from()
 
 
 def _new_slices(store, mark: int, end: int):

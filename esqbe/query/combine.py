@@ -9,7 +9,12 @@ example and nothing to avoid).
                   margin (the default): s - avoid_weight x max(0, max_j a_j - s), only a candidate closer to an
                   avoided paper than to the examples loses; rocchio: s - avoid_weight x mean_j a_j
                   (chosen on CSFCube fold1_dev with `esqbe eval csfcube --feedback`: docs/results.md)
-    fusion        with BM25 (final_bm25_weight) and the abstract similarity (abstract_weight), as for one example
+    the score     (1 - w - x) x (s - penalty) + w x bm25 / B + x x abstract similarity, w final_bm25_weight, x
+                  abstract_weight, B the query text's best BM25 in the whole index (`bm25_reference`: nothing
+                  excluded, restricted or filtered; for a paper query usually that paper's own): a function of the
+                  query and the paper alone (and the index's statistics), whatever else the first stage found, so a
+                  rerank of any subset, a watch's new papers or a filtered page score a paper as the query does
+                  (issue 48; chosen on CSFCube fold1_dev: docs/results.md)
 
 Each hit keeps, per example, its similarity and the sentence pairs that matched (`MatchedPair.example`), and per
 avoided paper its similarity, what it took off the score and the closest sentence pair (`AvoidedMatch`)."""
@@ -29,8 +34,8 @@ from ..rescore.registry import make_rescorer
 from ..settings.config import Settings
 from ..settings.table import AVOID_RULES, BM25_TEXTS, CANDIDATE_FACET_MODES, EXAMPLE_AGGREGATES
 from .centering import corpus_directions
-from .results import AvoidedMatch, Example, Hit, MatchedPair, QueryError, QueryResult
-from .search import _candidate_views, _final_weights, _minmax, abstract_similarity
+from .results import AvoidedMatch, Example, Hit, MatchedPair, QueryError, QueryResult, ScoreFormula, ScoreParts
+from .search import _candidate_views, _final_weights, abstract_similarity
 
 
 def aggregate(sims: np.ndarray, rule: str) -> np.ndarray:
@@ -57,14 +62,42 @@ def avoid_penalty(score: np.ndarray, avoided: np.ndarray, rule: str, weight: flo
     return weight * avoided.mean(axis=0)
 
 
+#: the similarity a candidate gets where the rescorer finds nothing of it to match (no sentence of the query's facet):
+#: the lowest cosine, a constant, so that it does not depend on the other candidates
+NO_MATCH = -1.0
+
+
 def _finite_rows(x: np.ndarray) -> np.ndarray:
-    """Non-finite similarities (a candidate with nothing to match) set one below the row's lowest finite one."""
-    out = x.copy()
-    for row in out:
-        ok = np.isfinite(row)
-        if not ok.all():
-            row[~ok] = (row[ok].min() if ok.any() else 0.0) - 1.0
-    return out
+    """Non-finite similarities (a candidate with nothing to match) set to NO_MATCH."""
+    return np.where(np.isfinite(x), x, NO_MATCH)
+
+
+def bm25_reference(backend: Backend, request: FirstStageRequest) -> float:
+    """What a hit's BM25 is divided by: the query text's best BM25 over the whole index, on the same fields, nothing
+    excluded, restricted or filtered (for a paper query that is usually the paper itself: its self-score). It depends
+    on the query and the index only, never on which candidates a query or a rerank is given; 0 when no paper
+    matches a word of it."""
+    found = backend.first_stage(FirstStageRequest(
+        text=request.text, vectors=np.zeros((0, request.vectors.shape[1]), dtype=np.float32), k=1, knn_k=0, bm25_k=1,
+        fusion="bm25", with_papers=False, bm25_facet=request.bm25_facet))
+    return max((float(c.bm25) for c in found), default=0.0)
+
+
+def _complete_bm25(backend: Backend, request: FirstStageRequest, candidates: list[Candidate]) -> np.ndarray:
+    """Each candidate's own BM25: the first stage gives it only to those within its `bm25_k` best, so a candidate the
+    kNN alone brought (0 there) is scored here among themselves (restricted to their ids: the index's statistics, the
+    same score as anywhere). Skipped where the first stage was restricted to a pool it scored whole."""
+    bm25 = np.array([c.bm25 for c in candidates], dtype=np.float64)
+    whole = request.restrict_to is not None and request.bm25_k >= len(request.restrict_to)
+    unscored = [c.paper_id for c, b in zip(candidates, bm25) if b <= 0.0]
+    if whole or not unscored or not request.text.strip():
+        return bm25
+    found = backend.first_stage(FirstStageRequest(
+        text=request.text, vectors=np.zeros((0, request.vectors.shape[1]), dtype=np.float32), k=len(unscored), knn_k=0,
+        bm25_k=len(unscored), restrict_to=frozenset(unscored), fusion="bm25", with_papers=False,
+        bm25_facet=request.bm25_facet))
+    got = {c.paper_id: float(c.bm25) for c in found}
+    return np.array([got.get(c.paper_id, b) if b <= 0.0 else b for c, b in zip(candidates, bm25)], dtype=np.float64)
 
 
 def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[Example], settings: Settings, *,
@@ -189,12 +222,18 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
         scores = scores - total
         similarity = np.where(np.isfinite(similarity), scores, np.nan) if rescorer is not None else similarity
     w, a = _final_weights(settings)
-    if (w or a) and candidates:
-        bm25 = np.array([c.bm25 for c in candidates], dtype=np.float64)
-        fused = (1 - w - a) * _minmax(scores) + w * _minmax(bm25)
+    bm25 = np.array([c.bm25 for c in candidates], dtype=np.float64)
+    scaled = np.zeros(n)
+    abstract = np.full(n, np.nan)
+    reference = None
+    if rescorer is not None and (w or a) and candidates:  # the one score (the module's docstring); none: first stage
+        if w:
+            bm25 = _complete_bm25(backend, request, candidates)
+            reference = bm25_reference(backend, request)
+            scaled = np.minimum(bm25 / reference, 1.0) if reference > 0 else np.zeros(n)
         if a:
-            fused += a * _minmax(abstract_similarity(q_vectors, [c.paper for c in candidates]))
-        scores = fused
+            abstract = abstract_similarity(q_vectors, [c.paper for c in candidates])
+        scores = (1 - w - a) * scores + w * scaled + (a * abstract if a else 0.0)
     timings["rescore"] = round(1000 * (time.perf_counter() - t1), 2)
 
     order = sorted(range(n), key=lambda i: (-scores[i], candidates[i].paper_id))
@@ -226,15 +265,21 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
                 c.paper.paper.sentences[pair[1]] if pair and c.paper is not None else None))
         sim = float(similarity[i]) if np.isfinite(similarity[i]) else None
         per = [float(x) if np.isfinite(x) else None for x in per_example[:, i]]
-        hits.append(Hit(rank, c.paper_id, c.paper.paper.title if c.paper else "", float(scores[i]), c.score, c.bm25, c.knn,
-                        pairs, dict(c.paper.paper.metadata) if c.paper else {}, similarity=sim,
-                        example_similarities=per, avoided=avoided))
+        parts = ScoreParts(sim if sim is None else sim + float(penalty[:, i].sum()), float(penalty[:, i].sum()),
+                           float(bm25[i]), float(scaled[i]) if reference is not None else None,
+                           float(abstract[i]) if np.isfinite(abstract[i]) else None)
+        hits.append(Hit(rank, c.paper_id, c.paper.paper.title if c.paper else "", float(scores[i]), c.score, float(bm25[i]),
+                        c.knn, pairs, dict(c.paper.paper.metadata) if c.paper else {}, similarity=sim,
+                        example_similarities=per, avoided=avoided, parts=parts))
     head = examples[0]
     return QueryResult(head.paper_id, normalize_label(head.facet) if head.facet else None,
                        list(zip(head.indices, head.sentences)), hits, settings.rescorer or "none", timings,
                        [c.to_dict() for c in filter.conditions] if filter else [],
                        query_facets=[head.paper.paper.facets[i] for i in head.indices], query_title=head.paper.paper.title,
-                       rescorer_params=dict(settings.rescorer_params or {}), examples=list(examples), avoid=list(avoid))
+                       rescorer_params=dict(settings.rescorer_params or {}), examples=list(examples), avoid=list(avoid),
+                       score=ScoreFormula(settings.rescorer or "none", 1 - w - a if rescorer is not None else 0.0,
+                                          w if rescorer is not None else 0.0, a if rescorer is not None else 0.0,
+                                          reference))
 
 
 def run_query(backend: Backend, query: IndexedPaper, indices: list[int], settings: Settings, *,

@@ -16,10 +16,13 @@ a non-finite number is null (a similarity) or 0.0 (the other scores), metadata g
                "avoid": [the same, for the papers to avoid]},
      "rescorer", "rescorer_params", "similarity" (what a hit's similarity is), "match_weight" (what a pair's
      weight is), "scale" (what the hits' percentile and band are placed on: esqbe.index.scale; null from a bare
-     run_query),
-     "hits": [{"rank", "paper_id", "title", "similarity", "score", "first_stage_score", "bm25", "knn",
-               "percentile" (among the index's own matches; null on the fixed scale), "band" (strong, fair, weak
-               or null),
+     run_query), "score" (how a hit's score is made: {formula (in words), rescorer, similarity_weight, bm25_weight,
+     abstract_weight, bm25_reference}; null from an older answer),
+     "hits": [{"rank", "paper_id", "title", "score" (the one number: it orders the hits, and the percentile and
+               band place it), "similarity", "first_stage_score", "bm25", "knn",
+               "percentile" (of the score among the index's own matches; null on the fixed scale), "band" (strong,
+               fair, weak or null), "parts" ({similarity, avoid_penalty, bm25, bm25_scaled, abstract_similarity}:
+               what the score is made of),
                "matches": [{query_index, query_sentence, candidate_index, candidate_sentence, candidate_facet,
                             weight, example (which example the query sentence is of)}],
                "example_similarities" (per example, its similarity to the hit),
@@ -103,14 +106,61 @@ class AvoidedMatch:
 
 
 @dataclass
+class ScoreParts:
+    """What a hit's score is made of (`ScoreFormula` says how): the explanation beside the one number."""
+
+    #: the rescorer's similarity to the examples (aggregated over several), before any paper to avoid
+    similarity: float | None
+    #: what the papers to avoid took off it
+    avoid_penalty: float = 0.0
+    #: BM25 of the query text against the paper
+    bm25: float = 0.0
+    #: that BM25 over the query's reference (`ScoreFormula.bm25_reference`), 0..1; None where BM25 has no weight
+    bm25_scaled: float | None = None
+    #: cosine of the mean query vector with the paper's mean vector; None where it has no weight
+    abstract_similarity: float | None = None
+
+
+@dataclass
+class ScoreFormula:
+    """How a query's hits are scored: score = similarity_weight x (similarity - avoid_penalty) + bm25_weight x
+    bm25 / bm25_reference + abstract_weight x abstract_similarity, each part of the query and that paper alone (the
+    reference is the query text's best BM25 in the whole index), so a paper scores the same whatever else was found.
+    With rescorer `none` the score is the first stage's fused score (an order, not a measure): weights all 0."""
+
+    rescorer: str
+    similarity_weight: float = 1.0
+    bm25_weight: float = 0.0
+    abstract_weight: float = 0.0
+    bm25_reference: float | None = None
+
+    def describe(self) -> str:
+        if self.rescorer == "none" or not self.similarity_weight:
+            return "the first stage's fused score (rescorer none: an order within this query, not a measure)"
+        parts = [f"{self.similarity_weight:g} x similarity (less what papers to avoid take off)"]
+        if self.bm25_weight:
+            ref = f"{self.bm25_reference:.4g}" if self.bm25_reference else "none: no word of the query is indexed"
+            parts.append(f"{self.bm25_weight:g} x BM25 / the query's best BM25 in the index ({ref})")
+        if self.abstract_weight:
+            parts.append(f"{self.abstract_weight:g} x abstract similarity")
+        return " + ".join(parts)
+
+    def to_dict(self) -> dict:
+        return {"formula": self.describe(), "rescorer": self.rescorer, "similarity_weight": self.similarity_weight,
+                "bm25_weight": self.bm25_weight, "abstract_weight": self.abstract_weight,
+                "bm25_reference": finite(self.bm25_reference)}
+
+
+@dataclass
 class Hit:
     """One ranked paper.
 
-    `similarity` is the rescorer's own score for the query (e.g. summax: the mean over query sentences
-    of the best cosine), comparable across queries; None with rescorer `none` or when the candidate
-    has no sentence the rescorer may match. `score` is what the ranking sorts by: the similarity fused
-    with BM25 (each min-max scaled over this query's candidates, weight `final_bm25_weight`), so it is
-    only meaningful within one query; with `final_bm25_weight` 0 it equals the similarity.
+    `score` is the one number of a hit: what the ranking sorts by, and what its percentile and band place
+    (`QueryResult.score` says how it is made: `ScoreFormula`). It is a function of the query and this paper alone (and
+    the index's own statistics), so it is the same in a query, a rerank of any candidates, a watch and a filtered
+    page. `parts` are what it is made of; `similarity` is the rescorer's own score (e.g. summax: the mean over query
+    sentences of the best cosine; of several examples and papers to avoid, the combined one less the penalty), None
+    with rescorer `none` or when the candidate has no sentence the rescorer may match.
     """
 
     rank: int
@@ -128,14 +178,16 @@ class Hit:
     example_similarities: list[float | None] = field(default_factory=list)
     #: per paper to avoid, how much it pulled this hit down (same order as `QueryResult.avoid`)
     avoided: list[AvoidedMatch] = field(default_factory=list)
-    #: where the similarity stands among the index's own matches: its percentile (0..100; None on the fixed scale)
+    #: where the score stands among the index's own matches: its percentile (0..100; None on the fixed scale)
     #: and band, "strong", "fair" or "weak" (None: no scale), on `QueryResult.scale` (set by `Index.query`)
     percentile: float | None = None
     band: str | None = None
+    #: what the score is made of
+    parts: ScoreParts | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        first = ("rank", "paper_id", "title", "similarity", "score")
+        first = ("rank", "paper_id", "title", "score", "similarity")
         return {**{k: d[k] for k in first}, **{k: v for k, v in d.items() if k not in first}}
 
 
@@ -194,6 +246,8 @@ class QueryResult:
     #: what the hits' percentiles and bands are placed on (esqbe.index.scale.SimilarityScale.public; set by
     #: `Index.query`, None from a bare `run_query`)
     scale: dict | None = None
+    #: how the hits' score is made
+    score: ScoreFormula | None = None
 
     def to_dict(self, papers: Mapping[str, Paper] | None = None) -> dict:
         """The one JSON shape of a query result, `esqbe query --json`'s and HTTP POST /query's (esqbe.query.results);
@@ -339,8 +393,8 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
     hits = []
     for h in result.hits:
         hits.append({
-            "rank": h.rank, "paper_id": h.paper_id, "title": h.title, "similarity": finite(h.similarity),
-            "score": finite(h.score) or 0.0, "first_stage_score": finite(h.first_stage_score) or 0.0,
+            "rank": h.rank, "paper_id": h.paper_id, "title": h.title, "score": finite(h.score) or 0.0,
+            "similarity": finite(h.similarity), "first_stage_score": finite(h.first_stage_score) or 0.0,
             "bm25": finite(h.bm25) or 0.0, "knn": finite(h.knn) or 0.0,
             "matches": [dict(query_index=m.query_index, query_sentence=m.query_sentence,
                              candidate_index=m.candidate_index, candidate_sentence=m.candidate_sentence,
@@ -352,6 +406,9 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
                              candidate_index=a.candidate_index, candidate_sentence=a.candidate_sentence)
                         for a in h.avoided],
             "percentile": finite(h.percentile), "band": h.band,
+            "parts": {"similarity": finite(h.parts.similarity), "avoid_penalty": finite(h.parts.avoid_penalty) or 0.0,
+                      "bm25": finite(h.parts.bm25) or 0.0, "bm25_scaled": finite(h.parts.bm25_scaled),
+                      "abstract_similarity": finite(h.parts.abstract_similarity)} if h.parts else None,
             "metadata": jsonable(public_metadata(h.metadata)),
             "sentences": sentences_json(papers[h.paper_id]) if papers and h.paper_id in papers else None,
         })
@@ -382,6 +439,7 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
         "similarity": SIMILARITY.get(rescorer, "the rescorer's score"),
         "match_weight": MATCH_WEIGHT.get(rescorer, "weight"),
         "scale": jsonable(result.scale) if result.scale is not None else None,
+        "score": result.score.to_dict() if result.score is not None else None,
         "hits": hits,
         "timings_ms": dict(result.timings),
     }

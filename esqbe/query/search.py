@@ -269,11 +269,3 @@ def facet_probability(paper: Paper, facet: str) -> np.ndarray:
         except (TypeError, ValueError, IndexError):
             pass  # malformed soft labels: fall back to the hard ones
     return np.array([1.0 if f == facet else 0.0 for f in paper.facets])
-
-
-def _minmax(x: np.ndarray) -> np.ndarray:
-    """Scaled to 0..1 over this query's candidates; all equal (a lone candidate) is 1, not 0 (ranks the same)."""
-    if x.size == 0:
-        return x
-    lo, hi = float(x.min()), float(x.max())
-    return np.ones_like(x) if hi <= lo else (x - lo) / (hi - lo)

@@ -98,8 +98,11 @@ def _summary(hit: dict, authors: list[str], example_names: list[str]) -> str:
     facts = [f"Year: {esc(xml_text(meta['year'], 20))}"] if meta.get("year") not in (None, "") else []
     if isinstance(venue, str) and venue.strip():
         facts.append(f"Venue: {esc(xml_text(venue, _NAME_CHARS).strip())}")
-    sim = hit.get("similarity")
-    facts.append(f"Similarity: {sim:.3f}" if isinstance(sim, (int, float)) else "Similarity: –")
+    score, band, sim = hit.get("score"), hit.get("band"), hit.get("similarity")
+    facts.append((f"Score: {score:.3f}" if isinstance(score, (int, float)) else "Score: –")
+                 + (f" ({band} match)" if band in ("strong", "fair", "weak") else ""))
+    if isinstance(sim, (int, float)):
+        facts.append(f"Sentence similarity: {sim:.3f}")
     parts.append("<p>" + " · ".join(facts) + "</p>")
     pairs = []
     for m in (hit.get("matches") or [])[:20]:
@@ -149,7 +152,7 @@ def atom_feed(watch, matches: list[dict], *, self_url: str, base_url: str = "htt
 
     sub(feed, "subtitle", xml_text("papers like " + ", ".join(map(like, examples))
                                    + ("; unlike " + ", ".join(map(like, avoided)) if avoided else "")
-                                   + f", similarity at least {watch.min_sim:g}"))
+                                   + f", {watch.threshold}"))
     sub(feed, "updated", _rfc3339(max([m["found"] for m in matches] or [watch.last_run or watch.created])))
     sub(feed, "link", rel="self", href=xml_text(self_url, 4000), type="application/atom+xml")
     sub(feed, "generator", "esqbe")
@@ -213,7 +216,8 @@ def watch_list(index, latest: int) -> list[dict]:
     for w in watches:
         found = watch_matches(index, w.name, latest) if latest else []
         out.append({**w.to_dict(), "feed": f"watches/{w.name}.atom",
-                    "latest": [{k: m.get(k) for k in ("paper_id", "title", "similarity", "found")} for m in found]})
+                    "latest": [{k: m.get(k) for k in ("paper_id", "title", "score", "band", "similarity", "found")}
+                               for m in found]})
     return out
 
 
@@ -230,8 +234,9 @@ def add_watch_work(index, req, text, overrides: dict) -> dict:
             if req.paper_id is not None else {"text": text, "title": req.title, "facet": req.facet, "sentences": req.sentences}]
         watch, _ = add_watch(index, req.name, examples=[{k: v for k, v in e.items() if v is not None} for e in examples],
                              avoid=[a.model_dump(exclude_none=True) for a in req.avoid or []], facet=req.facet,
-                             filters=filters or None, min_sim=req.min_sim, **overrides)
+                             filters=filters or None, min_score=req.min_score, min_sim=req.min_sim, **overrides)
     else:
         watch, _ = add_watch(index, req.name, paper_id=req.paper_id, facet=req.facet, sentences=req.sentences,
-                             text=text, title=req.title, filters=filters or None, min_sim=req.min_sim, **overrides)
+                             text=text, title=req.title, filters=filters or None, min_score=req.min_score,
+                             min_sim=req.min_sim, **overrides)
     return {**watch.to_dict(), "feed": f"watches/{watch.name}.atom?key={watch.feed_key}"}

@@ -249,8 +249,9 @@ class Hit(BaseModel):
     title: str
     similarity: float | None = Field(description="the rescorer's own similarity: comparable across queries "
                                                  "(see the response's `similarity`)")
-    score: float = Field(description="the rank score this query sorted by (similarity fused with BM25, "
-                                     "min-max scaled within this query): compare only within one query")
+    score: float = Field(description="the one number of a hit: what the hits are ordered by, and what `percentile` "
+                                     "and `band` place; the query and this paper alone decide it (the response's "
+                                     "`score` says how it is made)")
     first_stage_score: float
     bm25: float
     knn: float = Field(description="first stage: mean over query sentences of the best cosine the kNN found")
@@ -259,10 +260,10 @@ class Hit(BaseModel):
         default_factory=list, description="per example of the query (in order), the hit's similarity to it")
     avoided: list[AvoidedMatch] = Field(default_factory=list,
                                         description="per paper to avoid, how much it pulled the hit down")
-    percentile: float | None = Field(None, description="where the similarity stands among this index's own matches "
+    percentile: float | None = Field(None, description="where the score stands among this index's own matches "
                                      "(0..100: higher than that share of them; see the response's `scale`); null on "
                                      "the fixed scale or without one")
-    band: Literal["strong", "fair", "weak"] | None = Field(None, description="the similarity's band on the response's "
+    band: Literal["strong", "fair", "weak"] | None = Field(None, description="the score's band on the response's "
                                                            "`scale` (null: no scale for this rescorer)")
     metadata: dict[str, Any] = Field(default_factory=dict,
                                      description="the paper's stored metadata (year, venue, authors, ids, ...)")
@@ -425,14 +426,17 @@ class ErrorResponse(BaseModel):
 
 class WatchRequest(QueryRequest):
     """A query (as POST /query takes it: one paper or text, or several `examples` and papers to `avoid`) saved as a
-    watch: papers indexed from now on that reach `min_sim` and rank within its k are what `esqbe watch run` reports.
+    watch: papers indexed from now on whose score reaches `min_score` (default: what the index's own scale calls a
+    strong match) and that rank within its k are what `esqbe watch run` reports.
     The watch keeps its own copy of every example's and avoided paper's query sentences and vectors."""
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
                       description="the watch's name: letters, digits, _ and -; its feed is /watches/NAME.atom")
-    min_sim: float = Field(ge=-1.0, le=1.0, allow_inf_nan=False,
-                           description="report a new paper when the rescorer's similarity (of several examples and "
-                                       "papers to avoid: the combined one the query ranks by) is at least this")
+    min_score: float | None = Field(None, ge=-1.0, le=1.0, allow_inf_nan=False,
+                                    description="report a new paper when its score (the number hits show and are "
+                                                "ordered by) is at least this; null: the index's strong matches")
+    min_sim: float | None = Field(None, ge=-1.0, le=1.0, allow_inf_nan=False,
+                                  description="min_score's old name (the same threshold, on the score)")
 
 
 class RerankRequest(BaseModel):

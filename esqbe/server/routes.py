@@ -249,10 +249,10 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
 
     @router.post("/watches", responses=_errors(400, 404, 409, 413, 422, 503, 504), tags=["watches"])
     async def add_watch(req: WatchRequest) -> dict[str, Any]:
-        """Save a query (what POST /query takes) as a watch named `name` with the threshold `min_sim`; answers the
-        watch and its feed's path with its secret. A write: the token where the server has one. Its texts are split
-        and counted as a query's, here, before the writer's thread sees them; the write runs under the request
-        deadline."""
+        """Save a query (what POST /query takes) as a watch named `name` with the threshold `min_score` (default: the
+        index's strong matches); answers the watch and its feed's path with its secret. A write: the token where the
+        server has one. Its texts are split and counted as a query's, here, before the writer's thread sees them; the
+        write runs under the request deadline."""
         deadline = Deadline(options.request_timeout)
         text, examples, overrides = checked_query(req)
         return await writes(add_watch_work, req, examples if examples is not None else text, overrides,

@@ -64,10 +64,10 @@ class Settings:
     facet_penalty: float = 0.2  # cosine penalty of candidate_facet soft (and auto, for predicted labels)
     query_facet_threshold: float = 0.3  # query papers with predicted (soft) labels: sentences with facet probability
     #   >= this form the query; 0 = their hard labels. Given labels are unaffected
-    final_bm25_weight: float = 0.1  # rescorer score fused with BM25 (per-query min-max), 0 = rescorer alone
+    final_bm25_weight: float = 0.1  # BM25's weight in the score (BM25 / the query's best in the index), 0 = off
     bm25_text: str = "abstract"  # what BM25 scores of a candidate: abstract (title + abstract)
     #   | facet (its sentences of the query's facet; embedded backend)
-    abstract_weight: float = 0.0  # whole-abstract similarity fused into the final score (per-query min-max), 0 = off
+    abstract_weight: float = 0.0  # whole-abstract similarity's weight in the score (cosine as is), 0 = off
     vector_centering: str = "none"  # rescoring on centred vectors: none | mean (subtract the corpus mean)
     #   | top1..top4 (also remove its top principal directions); esqbe.query.centering
     #: per query facet, settings that replace the ones above for queries of that facet, e.g.

@@ -158,13 +158,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("query_facet_threshold", float, 0.3, "Query papers with predicted (soft) labels: use every sentence whose "
             "facet probability reaches this (0: their hard labels). Given labels are unaffected.", low=0.0, high=1.0,
             flag="--query-facet-threshold", http="query_facet_threshold", commands=_RANK),
-    Setting("final_bm25_weight", float, 0.1, "Fuse the rescorer's score with BM25 (per-query min-max; 0 = rescorer "
-            "alone).", low=0.0, high=1.0, flag="--bm25-weight", http="bm25_weight", commands=_RANK),
+    Setting("final_bm25_weight", float, 0.1, "BM25's weight in the score: BM25 over the query's best BM25 in the index "
+            "(0..1; 0 = the rescorer's similarity alone).", low=0.0, high=1.0, flag="--bm25-weight", http="bm25_weight",
+            commands=_RANK),
     Setting("bm25_text", str, "abstract", "What BM25 scores of a candidate: abstract (title + abstract) or facet (its "
             "sentences of the query's facet; embedded backend).", choices=BM25_TEXTS, flag="--bm25-text",
             http="bm25_text", commands=_RANK),
-    Setting("abstract_weight", float, 0.0, "Fuse in whole-abstract similarity (mean sentence vectors; per-query "
-            "min-max; 0 = off).", low=0.0, high=1.0, flag="--abstract-weight", http="abstract_weight", commands=_RANK),
+    Setting("abstract_weight", float, 0.0, "Whole-abstract similarity's weight in the score (cosine of mean sentence "
+            "vectors; 0 = off).", low=0.0, high=1.0, flag="--abstract-weight", http="abstract_weight", commands=_RANK),
     Setting("vector_centering", str, "none", "Rescore on centred sentence vectors: none, mean (subtract the index's mean "
             "vector), topK (also remove its K principal directions; configs/quality.yaml uses top1).",
             choices=CENTRING_MODES, flag="--vector-centering", http="vector_centering", commands=_RANK),

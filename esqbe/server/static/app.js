@@ -500,12 +500,13 @@ function renderHits(res) {
       el("div", { class: "hit-head" }, el("span", { class: "hit-rank", text: `${hit.rank}.` }),
         el("h3", { class: "hit-title", text: hit.title || (hit.sentences && hit.sentences[0] ? hit.sentences[0].text.slice(0, 100) + "…" : hit.paper_id) })),
       el("div", { class: "scores" },
-        el("span", { title: `similarity: ${res.similarity}` }, "similarity ", el("strong", { class: "similarity", text: fmt(hit.similarity) })),
+        // the one number: it orders the hits and its band places it; the parts that make it follow, each explained
+        el("span", { class: "score-main", title: `score: ${(res.score || {}).formula || "what the hits are ordered by"}; ` +
+          "the query and this paper alone decide it, so it compares across pages, reranks and watches of this query" },
+          "score ", el("strong", { class: "score", text: fmt(hit.score) })),
         band,
-        // each number named and explained (its title): what it is, and whether it compares across queries
-        el("span", { class: "score-rank", title: "rank score: what this query's ranking sorts by, the similarity fused with " +
-          "the BM25 word match, each min-max scaled over this query's candidates: compare it only within this query" },
-          "rank score ", el("strong", { text: fmt(hit.score) })),
+        el("span", { class: "score-similarity", title: `similarity (part of the score): ${res.similarity}` }, "similarity ",
+          el("strong", { class: "similarity", text: fmt(hit.similarity) })),
         el("span", { class: "score-bm25", title: "word match (BM25): how strongly the query's words occur in this paper's " +
           "title and abstract (first stage; 0: no word in common; unbounded, compare only within this query)" },
           "word match (bm25) ", el("strong", { text: fmt(hit.bm25, 1) })),
@@ -545,14 +546,13 @@ function scaleWords(scale) {
 }
 
 function strength(hit, res) {
-  if (!hit.band || typeof hit.similarity !== "number") return null;
+  if (!hit.band || typeof hit.score !== "number") return null;
   const scale = res.scale || {};
-  const sims = res.hits.map((h) => h.similarity).filter((x) => typeof x === "number");
-  const best = Math.max(...sims);
+  const best = Math.max(...res.hits.map((h) => h.score).filter((x) => typeof x === "number"));
   const where = typeof hit.percentile === "number"
     ? `higher than ${Math.floor(hit.percentile)}% of this index's matches`
     : `on the fixed scale (strong from ${fmt((scale.cuts || {}).strong, 2)}, fair from ${fmt((scale.cuts || {}).fair, 2)})`;
-  const title = `${hit.band} match: similarity ${fmt(hit.similarity)}, ${where}. This query's best hit: ${fmt(best)}. ` +
+  const title = `${hit.band} match: score ${fmt(hit.score)}, ${where}. This query's best hit: ${fmt(best)}. ` +
     `Scale: ${scale.description || "?"}.`;
   return el("span", { class: `strength strength-${hit.band}`, title, "data-scale": scale.source || "none",
     text: `${hit.band} match` });
@@ -613,17 +613,15 @@ async function watchQuery() {
   if (!state.lastQuery) return;
   const name = window.prompt("Name of the watch (letters, digits, _ and -):");
   if (!name || !name.trim()) return;
-  const sims = ((state.result && state.result.hits) || []).map((h) => h.similarity).filter((x) => typeof x === "number");
-  const given = window.prompt("Report new papers whose similarity is at least:",
-    sims.length ? Math.min(...sims).toFixed(2) : "0.5");
+  const given = window.prompt("Report new papers whose score is at least (empty: the index's strong matches):", "");
   if (given === null) return;
   const { with_sentences, format, ...query } = state.lastQuery;
   showError(null);
   try {
     const w = await api("watches", { method: "POST",
-      body: JSON.stringify({ ...query, name: name.trim(), min_sim: Number(given) }) });
+      body: JSON.stringify({ ...query, name: name.trim(), min_score: given.trim() === "" ? null : Number(given) }) });
     const info = $("watch-info");
-    info.replaceChildren(`Watching as “${w.name}” (similarity ≥ ${w.min_sim}); its feed: `,
+    info.replaceChildren(`Watching as “${w.name}” (${w.threshold}); its feed: `,
       el("a", { href: w.feed, text: `watches/${w.name}.atom` }));
     info.hidden = false;
     showWatches();
@@ -653,7 +651,7 @@ async function showWatches() {
     const run = w.last_run ? `last run ${utcDate(w.last_run, 16)} UTC` : "never run";
     const matches = (w.latest || []).map((m) => el("li", { class: "watch-match", "data-paper-id": m.paper_id },
       el("a", { href: `#paper=${encodeURIComponent(m.paper_id)}`, text: m.title || m.paper_id }),
-      el("span", { class: "muted", text: ` sim ${typeof m.similarity === "number" ? m.similarity.toFixed(3) : "-"}`
+      el("span", { class: "muted", text: ` score ${typeof m.score === "number" ? m.score.toFixed(3) : "-"}`
         + ` · found ${utcDate(m.found)}` })));
     // the watch opens to what it found, and offers its feed's address to copy into a feed reader
     const feedUrl = new URL(w.feed, location.href).href;
@@ -668,7 +666,7 @@ async function showWatches() {
     const item = el("li", { class: "watch", "data-watch": w.name },
       el("details", { class: "watch-details" },
         el("summary", {}, el("span", { class: "watch-name", text: w.name }),
-          el("span", { class: "muted", text: ` ${what}, sim ≥ ${w.min_sim} · ${w.found} found · ${run}` })),
+          el("span", { class: "muted", text: ` ${what}, ${w.threshold || "score ≥ " + w.min_score} · ${w.found} found · ${run}` })),
         matches.length ? el("ol", { class: "watch-matches", "aria-label": `What ${w.name} found, newest first` }, ...matches)
           : el("p", { class: "muted", text: "nothing found yet" }),
         el("p", { class: "watch-feed" },
