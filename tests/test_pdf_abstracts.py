@@ -74,8 +74,14 @@ def test_unreadable_pdfs_skip_their_record_with_the_reason(library):
     papers, report = _read(library)
     assert set(papers) == {"zotero", "jabref", "own"}
     reasons = {r["id"]: r["reason"] for r in report.skipped_records}
-    assert reasons == {"scanned": pdf.NO_TEXT, "missing": pdf.MISSING, "broken": pdf.UNPARSABLE,
-                       "huge": pdf.TOO_LARGE, "fifo": pdf.MISSING}
+    files = library.parent / "files"  # each record's reason names the PDF where it was looked for (issue 49)
+    assert reasons == {"scanned": f"{pdf.NO_TEXT}: {files / '14' / 'scanned.pdf'}",
+                       "missing": f"{pdf.MISSING}: {files / '99' / 'gone.pdf'}",
+                       "broken": f"{pdf.UNPARSABLE}: {files / '15' / 'broken.pdf'}",
+                       "huge": f"{pdf.TOO_LARGE}: {files / '15' / 'huge.pdf'}",
+                       "fifo": f"{pdf.MISSING}: {files / '15' / 'fifo.pdf'}"}
+    # the run counts them by reason (the paths are the records' own)
+    assert report.skipped == {pdf.NO_TEXT: 1, pdf.MISSING: 2, pdf.UNPARSABLE: 1, pdf.TOO_LARGE: 1}
     assert report.errors == []
 
 
@@ -88,7 +94,8 @@ def test_ris_l1_relative_and_file_url(tmp_path):
     papers, report = _read(ris)
     assert " ".join(papers["rel"].sentences) == EXPECTED["two-column"] and papers["rel"].title == "Relative"
     assert papers["url"].title == TWO_TITLE and papers["url"].metadata["abstract_source"] == "pdf"
-    assert [(r["id"], r["reason"]) for r in report.skipped_records] == [("web", pdf.MISSING)]  # never fetched
+    assert [(r["id"], r["reason"]) for r in report.skipped_records] == [  # never fetched
+        ("web", f"{pdf.MISSING}: https://example.org/a.pdf (a web link: not fetched)")]
 
 
 def test_a_relative_path_from_stdin_is_not_resolved(library, monkeypatch):
@@ -99,7 +106,9 @@ def test_a_relative_path_from_stdin_is_not_resolved(library, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(library.read_bytes())))
     papers, report = _read("-")
     assert set(papers) == {"own"}
-    assert {r["id"]: r["reason"] for r in report.skipped_records}["zotero"] == pdf.MISSING
+    assert {r["id"]: r["reason"] for r in report.skipped_records}["zotero"] == (
+        f"{pdf.MISSING}: files/12/one-column.pdf (a relative path, and no folder to take it from: stdin, or Zotero's "
+        "base directory)")
 
 
 def test_inline_headings_and_a_title_that_starts_with_abstract(tmp_path):
@@ -135,9 +144,91 @@ def test_index_summary_counts_and_names(tmp_path, library):
     r = CliRunner().invoke(main, ["index", "--path", str(tmp_path / "ix"), "-q", str(library)], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert "read 8, indexed 3," in r.output and ", abstracts from PDFs 2 in " in r.output
-    assert f'skipped {library}:8: scanned "A Scanned Paper": {pdf.NO_TEXT}' in [s.strip() for s in r.output.splitlines()]
+    scanned = library.parent / "files" / "14" / "scanned.pdf"
+    assert f'skipped {library}:8: scanned "A Scanned Paper": {pdf.NO_TEXT}: {scanned}' in [
+        s.strip() for s in r.output.splitlines()]
     r = CliRunner().invoke(main, ["index", "--path", str(tmp_path / "ix2"), "--json", str(library)],
                            catch_exceptions=False)
     summary = json.loads(r.output)
     assert summary["abstracts_from_pdf"] == 2 and summary["indexed"] == 3
     assert summary["skipped"][pdf.NO_TEXT] == 1
+
+
+# ---------------------------------------------------------------- issue 53 item 2, issue 49 item 5
+
+def xobject_bomb(draws: int = 5000, ops: int = 20_000) -> bytes:
+    """A valid one-page PDF of a few KB whose page draws one form XObject `draws` times (pypdf's cap is 5,000); the
+    form holds `ops` text-showing operators (compressed). pypdf's extract_text parses the form again at each drawing:
+    seconds a drawing (contended), hours a file."""
+    import zlib
+
+    form = zlib.compress(b"BT /F1 1 Tf 0 0 Td (a) Tj ET\n" * ops, 9)
+    page = zlib.compress(b"q /X0 Do Q\n" * draws, 9)
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /XObject << /X0 5 0 R >> "
+        b"/Font << /F1 6 0 R >> >> /Contents 4 0 R >>",
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n%s\nendstream" % (len(page), page),
+        b"<< /Type /XObject /Subtype /Form /BBox [0 0 612 792] /Resources << /Font << /F1 6 0 R >> >> "
+        b"/Length %d /Filter /FlateDecode >>\nstream\n%s\nendstream" % (len(form), form),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out, offsets = bytearray(b"%PDF-1.7\n"), []
+    for n, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (n, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return bytes(out)
+
+
+def test_a_pdf_that_costs_hours_is_stopped_and_named_and_the_run_goes_on(tmp_path):
+    """Issue 53 item 2, through `esqbe index`: a .bib entry without an abstract whose `file` is a 3 KB PDF drawing
+    one form XObject 5,000 times is skipped at --pdf-timeout with that reason and its path; the PDF after it (a new
+    child process) and the rest of the run are read."""
+    import faulthandler
+    import time
+
+    import pypdf
+
+    bomb = tmp_path / "files" / "1" / "bomb.pdf"
+    bomb.parent.mkdir(parents=True)
+    bomb.write_bytes(xobject_bomb())
+    page = pypdf.PdfReader(bomb).pages[0]  # a PDF pypdf reads: one page, one form drawn 5,000 times
+    assert bomb.stat().st_size < 5000 and page.get_contents().get_data().count(b"/X0 Do") == 5000
+    shutil.copy(PDFS / "one-column.pdf", tmp_path / "files" / "1" / "good.pdf")
+    bib = tmp_path / "lib.bib"
+    bib.write_text("@article{bomb,\n title = {Drawn Five Thousand Times},\n file = {Full Text:files/1/bomb.pdf:"
+                   "application/pdf}}\n\n@article{after,\n title = {" + ONE_TITLE + "},\n file = {Full Text:files/1/"
+                   "good.pdf:application/pdf}}\n\n@article{own,\n title = {Own Abstract},\n abstract = {This record "
+                   "has its own abstract. The PDF is not read.}}\n")
+    faulthandler.dump_traceback_later(600, exit=True)  # a bound that fails must fail the run, not hang it
+    try:
+        started = time.monotonic()
+        r = CliRunner().invoke(main, ["index", "--path", str(tmp_path / "ix"), "--pdf-timeout", "2", "--json",
+                                      str(bib)], catch_exceptions=False)
+        seconds = time.monotonic() - started
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    reason = pdf.TOO_SLOW.format(seconds=2)
+    assert [(s["id"], s["reason"]) for s in out["skipped_records"]] == [("bomb", f"{reason}: {bomb}")]
+    assert out["skipped"] == {reason: 1} and out["indexed"] == 2 and out["abstracts_from_pdf"] == 1
+    assert seconds < 120, f"{seconds:.0f} s (contended)"
+
+
+def test_a_pdf_given_to_index_says_how_pdfs_are_read(tmp_path):
+    """Issue 49 item 5: `esqbe index paper.pdf` is told how esqbe reads PDFs, not that the file is not UTF-8."""
+    from esqbe.ingest.readers import PDF_ON_ITS_OWN
+
+    paper = tmp_path / "paper.pdf"
+    shutil.copy(PDFS / "one-column.pdf", paper)
+    r = CliRunner().invoke(main, ["index", "--path", str(tmp_path / "ix"), str(paper)], catch_exceptions=False)
+    assert r.exit_code != 0
+    assert f"{paper}: file: {PDF_ON_ITS_OWN}" in r.output and "UTF-8" not in r.output, r.output
+    _, report = _read(paper)
+    assert [str(e) for e in report.errors] == [f"{paper}: file: {PDF_ON_ITS_OWN}"]

@@ -7,11 +7,13 @@ a group library. Titles and abstracts are the real ones of tests/data/library/."
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -50,6 +52,7 @@ class Library:
     def __init__(self, path: Path):
         self.path = path
         self.db = sqlite3.connect(path)
+        self.db.execute("PRAGMA synchronous = OFF")  # a test's file: no fsync per statement of the schema
         self.db.executescript((SCHEMA / "system.sql").read_text())
         self.db.executescript((SCHEMA / "userdata.sql").read_text())
         self.db.execute("INSERT INTO libraries (libraryID, type, editable, filesEditable) VALUES (1, 'user', 1, 1)")
@@ -351,3 +354,131 @@ def test_a_pipe_is_not_sniffed_away(tmp_path):
     finally:
         writer.wait(timeout=30)
     assert list(papers) == ["p1"]
+
+
+# ---------------------------------------------------------------- issue 53 item 1, issue 49 item 5
+
+PDFS = Path(__file__).parent / "data" / "pdf"
+ENDLESS = ("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) "
+           "SELECT n AS creatorTypeID, 'author' AS creatorType FROM r")
+
+
+def endless_view(path: Path) -> Path:
+    """A Zotero database whose `creatorTypes` is a view over a recursive query that never ends."""
+    lib = Library(path)
+    bert = lib.item("conferencePaper", "VIEW2345", {"title": BERT[0], "abstractNote": BERT[1]},
+                    [("Jacob", "Devlin", 0, "author")])
+    assert bert
+    lib.db.execute("DROP TABLE creatorTypes")
+    lib.db.execute(f"CREATE VIEW creatorTypes AS {ENDLESS}")
+    return lib.close()
+
+
+def quadratic(path: Path, items: int = 5000, junk: int = 100_000) -> tuple[Path, list[str]]:
+    """A database of tables only (no view) that Zotero's schema reads in milliseconds, made slow: its itemData has no
+    key, so each item's values are a scan of every row (`items` x `junk` row visits, minutes); each item is a paper
+    with a title and an abstract, so a reader that streamed would have indexed the first ones."""
+    lib = Library(path)
+    lib.db.execute("CREATE TABLE itemData2 (itemID INT, fieldID INT, valueID INT)")  # no key, no index
+    lib.db.execute("DROP TABLE itemData")
+    lib.db.execute("ALTER TABLE itemData2 RENAME TO itemData")
+    values = []
+    for text in (ATTENTION[0], ATTENTION[1]):
+        values.append(lib.db.execute("INSERT INTO itemDataValues (value) VALUES (?)", (text,)).lastrowid)
+    keys = [f"Q{i:07d}" for i in range(items)]
+    journal = 40 - TYPES.index("journalArticle")
+    lib.db.executemany("INSERT INTO items (itemID, itemTypeID, libraryID, key) VALUES (?, ?, 1, ?)",
+                       [(i + 1, journal, k) for i, k in enumerate(keys)])
+    fields = (100 + 3 * FIELDS.index("title"), 100 + 3 * FIELDS.index("abstractNote"))
+    lib.db.executemany("INSERT INTO itemData VALUES (?, ?, ?)",
+                       [(i + 1, f, v) for i in range(items) for f, v in zip(fields, values)])
+    lib.db.executemany("INSERT INTO itemData VALUES (?, 999, 1)", [(10_000_000 + j,) for j in range(junk)])
+    return lib.close(), keys
+
+
+def with_pdfs(path: Path) -> tuple[Path, dict]:
+    """Zotero's own layout: items without an abstract whose PDF is stored under storage/KEY/ next to the database,
+    one whose stored PDF is gone, one linked under Zotero's base directory (a path relative to a folder esqbe does
+    not know), and one with its own abstract."""
+    lib = Library(path)
+    ids = {"own": lib.item("preprint", "ATTN2345", {"title": ATTENTION[0], "abstractNote": ATTENTION[1]})}
+    ids["stored"] = lib.item("journalArticle", "PDFA2345", {"title": "A Paper Read From Its PDF", "date": "2020"})
+    lib.attach(ids["stored"], "ATTK2345", "storage:Quiz - 2020.pdf")
+    (path.parent / "storage" / "ATTK2345").mkdir(parents=True)
+    shutil.copy(PDFS / "one-column.pdf", path.parent / "storage" / "ATTK2345" / "Quiz - 2020.pdf")
+    ids["untitled"] = lib.item("journalArticle", "NOTI2345", {"date": "2021"})  # no title either: the PDF's
+    lib.attach(ids["untitled"], "ATTM2345", "storage:two.pdf")
+    (path.parent / "storage" / "ATTM2345").mkdir(parents=True)
+    shutil.copy(PDFS / "two-column.pdf", path.parent / "storage" / "ATTM2345" / "two.pdf")
+    ids["gone"] = lib.item("journalArticle", "GONE2345", {"title": "Its PDF Was Moved"})
+    lib.attach(ids["gone"], "ATTG2345", "storage:gone.pdf")
+    ids["linked"] = lib.item("journalArticle", "LINK2345", {"title": "Linked Under the Base Directory"})
+    lib.attach(ids["linked"], "ATTL2345", "attachments:Papers/linked.pdf", link_mode=2)
+    return lib.close(), ids
+
+
+def test_zotero_pdfs_are_read_as_bibtex_ones_and_a_missing_one_is_named(tmp_path):
+    """Issue 49 item 5: an item without an abstract takes it from its PDF in storage/ next to the database (as the
+    BibTeX export of the same library does), marked and counted; a missing or unresolvable attachment skips its item
+    with the reason and the path."""
+    from esqbe.ingest import pdf
+
+    path, ids = with_pdfs(tmp_path / "zotero.sqlite")
+    papers, report = read_all(path)
+    expected = json.loads((PDFS / "abstracts.json").read_text())
+    assert sorted(papers) == ["ATTN2345", "NOTI2345", "PDFA2345"]
+    stored = papers["PDFA2345"]
+    assert " ".join(stored.sentences) == expected["one-column"] and stored.title == "A Paper Read From Its PDF"
+    assert stored.metadata["abstract_source"] == "pdf" and stored.metadata["year"] == 2020
+    assert papers["NOTI2345"].title == ("3D Face Recognition with a Deep Convolutional Neural Network and Expression "
+                                        "Augmentation")  # the item has none: the PDF's
+    assert "abstract_source" not in papers["ATTN2345"].metadata
+    assert report.abstracts_from_pdf == 2
+    gone = tmp_path / "storage" / "ATTG2345" / "gone.pdf"
+    reasons = {r["id"]: (r["line"], r["reason"]) for r in report.skipped_records}
+    assert reasons == {
+        "GONE2345": (ids["gone"], f"{pdf.MISSING}: {gone}"),
+        "LINK2345": (ids["linked"], f"{pdf.MISSING}: attachments:Papers/linked.pdf (a relative path, and no folder "
+                                    "to take it from: stdin, or Zotero's base directory)")}
+    assert report.skipped == {pdf.MISSING: 2} and report.errors == []
+
+
+def test_a_database_that_never_finishes_is_stopped_and_the_run_goes_on(tmp_path):
+    """Issue 53 item 1, through `esqbe index`: a zotero.sqlite whose creatorTypes is a view over an endless recursive
+    query is refused before any select from it (Zotero's schema makes it a table); one of tables only that takes
+    minutes is stopped at --zotero-timeout with nothing of it indexed; the other files of the run are indexed."""
+    import faulthandler
+
+    (tmp_path / "view").mkdir()
+    view = endless_view(tmp_path / "view" / "zotero.sqlite")
+    probe = sqlite3.connect(f"{view.as_uri()}?mode=ro", uri=True)  # the hazard is real: the view does not end
+    started = time.monotonic()
+    probe.set_progress_handler(lambda: int(time.monotonic() - started > 0.3), 1000)
+    with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+        probe.execute("SELECT count(*) FROM creatorTypes").fetchone()
+    probe.close()
+    (tmp_path / "slow").mkdir()
+    slow, slow_keys = quadratic(tmp_path / "slow" / "zotero.sqlite")
+    (tmp_path / "good").mkdir()
+    good, _ = with_pdfs(tmp_path / "good" / "zotero.sqlite")
+    jsonl = tmp_path / "more.jsonl"
+    jsonl.write_text(json.dumps({"id": "p1", "title": DIPHOTON[0], "abstract": DIPHOTON[1]}) + "\n")
+    ix = tmp_path / "ix"
+    faulthandler.dump_traceback_later(600, exit=True)  # a bound that fails must fail the run, not hang it
+    try:
+        started = time.monotonic()
+        r = CliRunner().invoke(main, ["index", "--path", str(ix), "--zotero-timeout", "1.5", "--json", str(view),
+                                      str(slow), str(good), str(jsonl)], catch_exceptions=False)
+        seconds = time.monotonic() - started
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    out = json.loads(r.stdout)
+    assert out["errors"] == [
+        f"{view}: file: not Zotero's schema: creatorTypes is a view, not a table (nothing of it is read)",
+        f"{slow}: file: reading it took over 1.5 s (zotero_timeout, --zotero-timeout): stopped, and nothing from it "
+        "is indexed (a damaged or crafted database?)"]
+    assert out["indexed"] == 4 and out["abstracts_from_pdf"] == 2, out  # good's three papers and the JSON Lines one
+    assert seconds < 120, f"{seconds:.0f} s (contended)"
+    r = CliRunner().invoke(main, ["list", "--path", str(ix), "--json"], catch_exceptions=False)
+    listed = {p["paper_id"] for p in json.loads(r.stdout)["papers"]}
+    assert listed == {"ATTN2345", "PDFA2345", "NOTI2345", "p1"} and not listed & set(slow_keys)

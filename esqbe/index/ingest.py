@@ -281,6 +281,10 @@ class IngestMixin:
         self._calibrate_knn(report, progress=bool(progress))
         return report
 
+    def _read_timeouts(self) -> dict:
+        """The readers' wall clocks from the settings: one attached PDF's text, one Zotero database."""
+        return {"pdf_timeout": self.settings.pdf_timeout, "zotero_timeout": self.settings.zotero_timeout}
+
     def _calibrate_knn(self, report, *, progress: bool = False) -> None:
         """After an index run that found the index holding papers: the kNN is calibrated for knn_recall_target when
         due (issue 23), even when no paper changed: a run with another target (or statistic) re-calibrates what was
@@ -302,7 +306,8 @@ class IngestMixin:
                 report.not_read.extend(str(s) for j, s in enumerate(sources) if j >= i and j not in problems)
                 return
             reader_report = ReadReport()
-            papers = merger.papers(read_papers(source, format, strict=strict, report=reader_report), reader_report)
+            papers = merger.papers(read_papers(source, format, strict=strict, report=reader_report,
+                                               **self._read_timeouts()), reader_report)
             if bar is not None:  # bytes of the papers done, not of those read ahead into the next batches
                 papers, bar.position = _bytes_done(papers, reader_report, bar, done_bytes)
             try:
@@ -423,7 +428,8 @@ class IngestMixin:
             for source in sources:
                 reader_report = ReadReport()
                 try:
-                    papers = (p for p in read_papers(source, format, strict=strict, report=reader_report)
+                    papers = (p for p in read_papers(source, format, strict=strict, report=reader_report,
+                                                     **self._read_timeouts())
                               if shard_of(p.paper_id, n) == i)
                     self.encode_into(writer, papers, facets=facets, report=report,
                                      on_batch=bar.update if bar is not None else None)

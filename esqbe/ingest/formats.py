@@ -26,11 +26,13 @@ class _Invalid(Exception):
 
 
 class _Skip(Exception):
-    """A well-formed record that cannot become a paper (e.g. no abstract)."""
+    """A well-formed record that cannot become a paper (e.g. no abstract): `reason` is what the run counts,
+    `detail` (default: the reason) what the record's own line says (which PDF, at what path)."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, detail: str | None = None):
         super().__init__(reason)
         self.reason = reason
+        self.detail = detail or reason
 
 
 def detect_format(record: dict) -> str:

@@ -46,10 +46,11 @@ def entries(fmt: str, text: str) -> Iterator[tuple[int, dict | _Invalid]]:
     return _csl_entries(text)
 
 
-def parse(fmt: str, record: dict, raw_labels: bool = False, folder: Path | None = None) -> Paper:
+def parse(fmt: str, record: dict, raw_labels: bool = False, folder: Path | None = None, pdf=None) -> Paper:
     """The record as a Paper. A BibTeX/RIS record without an abstract that names a PDF (`file`, `L1`) takes its
-    abstract, and its title if it has none, from the PDF (`esqbe.ingest.pdf`; paths relative to `folder`, the
-    folder of the file read; None: stdin) and is marked `abstract_source: pdf`; else it is skipped with the reason."""
+    abstract, and its title if it has none, from the PDF (`esqbe.ingest.pdf`, read by `pdf`, a `TextReader`, or a
+    new one; paths relative to `folder`, the folder of the file read; None: stdin) and is marked
+    `abstract_source: pdf`; else it is skipped with the reason."""
     try:
         return _PARSERS[fmt](record)
     except _Skip as skip:
@@ -58,7 +59,7 @@ def parse(fmt: str, record: dict, raw_labels: bool = False, folder: Path | None 
             raise
     from .pdf import read_pdf_abstract
 
-    found = read_pdf_abstract(paths, folder)
+    found = read_pdf_abstract(paths, folder, pdf)
     title_key = "title" if fmt == "bibtex" or record.get("title") or not record.get("primary_title") else "primary_title"
     with_pdf = {**record, "abstract": found.abstract}
     if not _plain(record.get(title_key)) and found.title:

@@ -6,15 +6,24 @@ the folder of the file that names it; only a regular file of at most `MAX_PDF_BY
 first page (and the second, when the abstract runs on). The abstract is the text after an "Abstract" heading up to
 the next heading ("1 Introduction", "Keywords", "Index Terms", ...), de-hyphenated and whitespace-normalised, held
 to LIMITS. A PDF that is missing, too large, cannot be parsed, has no text (a scanned image) or no abstract section
-makes the record a skipped one, with that reason (`_Skip`), as a record without an abstract always is.
+makes the record a skipped one, with that reason (`_Skip`: the reason counted, and the record's own reason naming the
+PDF's path), as a record without an abstract always is.
+
+The text is extracted in a child process (`esqbe.ingest.pdf_child`, one per source read, kept for its PDFs) under a
+wall clock per file (`pdf_timeout`) and a memory bound: a PDF that draws one form XObject thousands of times costs
+pypdf about a second a drawing, hours a file; past the clock the child is killed, the record is skipped with that
+reason, and the next PDF gets a new child.
 """
 from __future__ import annotations
 
-import logging
-import math
+import json
 import os
 import re
+import select
 import stat
+import subprocess
+import sys
+import time
 import unicodedata
 import urllib.parse
 from dataclasses import dataclass
@@ -31,12 +40,19 @@ MAX_PDF_PAGES = 2
 MAX_ATTACHMENTS = 8
 #: an abstract shorter than this (characters) is not taken for one (a heading's stray word)
 MIN_ABSTRACT_CHARS = 50
+#: the default wall clock of one PDF's text extraction, seconds (`pdf_timeout`)
+PDF_SECONDS = 20.0
+#: bytes of one answer from the child at most (two pages' text, the first page's runs, the title, as JSON)
+_MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
 MISSING = "no abstract; its PDF is not found (or not a regular file)"
 TOO_LARGE = f"no abstract; its PDF is over {MAX_PDF_BYTES // (1024 * 1024)} MB"
 UNPARSABLE = "no abstract; its PDF cannot be parsed"
 NO_TEXT = "no abstract; its PDF has no text (a scanned image?)"
 NO_SECTION = "no abstract; its PDF has no Abstract section on its first pages"
+#: past the clock (formatted with its `seconds`)
+TOO_SLOW = "no abstract; reading its PDF's text took over {seconds:g} s (pdf_timeout): stopped"
+TOO_MUCH_MEMORY = "no abstract; reading its PDF's text needed more memory than allowed (stopped)"
 
 #: an abstract's heading at a line's start: alone on its line, or with a dash, colon or full stop after it
 #: ("Abstract—We ...", IEEE; "Abstract. We ...", LNCS); then, only if there is none, "Abstract We ..." (a title
@@ -97,15 +113,109 @@ def _unescape(text: str) -> str:
     return re.sub(r"\\(.)", r"\1", text)
 
 
-def read_pdf_abstract(paths: list[str], folder: Path | None) -> PdfText:
-    """The abstract (and title) of the first of `paths` that has one; `_Skip` with the first PDF's reason if none."""
-    first_reason = None
+class TextReader:
+    """PDFs' first pages read as text in a child process (`pdf_child.py`), one file at a time, each under `timeout`
+    seconds of wall clock; past it the child is killed (and another started for the next file). Close it (or use
+    it as a context manager) when the source is read."""
+
+    def __init__(self, timeout: float | None = None):
+        self.timeout = float(timeout if timeout is not None else PDF_SECONDS)
+        self._child: subprocess.Popen | None = None
+
+    def __enter__(self) -> TextReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        child, self._child = self._child, None
+        if child is not None:
+            try:
+                if child.stdin is not None:
+                    child.stdin.close()
+                child.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                child.kill()
+                child.wait()
+
+    def _kill(self) -> None:
+        child, self._child = self._child, None
+        if child is not None:
+            child.kill()
+            child.wait()
+
+    def _start(self) -> subprocess.Popen:
+        if self._child is None or self._child.poll() is not None:
+            script = Path(__file__).with_name("pdf_child.py")
+            self._child = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+        return self._child
+
+    def pages(self, path: Path) -> tuple[list[str], list[tuple[float, str]], str]:
+        """(the text of the first MAX_PDF_PAGES pages, the first page's text runs with their font size, the PDF's
+        own title); `_Skip` with the reason when the file cannot be read so, or not within the clock."""
+        request = json.dumps({"path": str(path), "pages": MAX_PDF_PAGES, "max_bytes": MAX_PDF_BYTES}) + "\n"
+        child = self._start()
+        assert child.stdin is not None and child.stdout is not None
+        deadline = time.monotonic() + self.timeout
+        try:
+            child.stdin.write(request.encode("utf-8"))
+            child.stdin.flush()
+        except OSError:  # the child died: its next one answers the next file
+            self._kill()
+            raise _Skip(UNPARSABLE) from None
+        answer = self._answer(child, deadline)
+        error = answer.get("error")
+        if error is not None:
+            raise _Skip({"missing": MISSING, "too large": TOO_LARGE, "memory": TOO_MUCH_MEMORY}.get(error, UNPARSABLE))
+        pages, runs, title = answer.get("pages"), answer.get("runs"), answer.get("title")
+        if not isinstance(pages, list) or not isinstance(runs, list) or not isinstance(title, str):
+            raise _Skip(UNPARSABLE)
+        return ([p for p in pages if isinstance(p, str)],
+                [(float(r[0]), str(r[1])) for r in runs if isinstance(r, list) and len(r) == 2], title)
+
+    def _answer(self, child: subprocess.Popen, deadline: float) -> dict:
+        assert child.stdout is not None
+        fd, parts, size = child.stdout.fileno(), [], 0
+        while True:
+            left = deadline - time.monotonic()
+            ready = select.select([fd], [], [], max(left, 0))[0] if left > 0 else []
+            if not ready:  # past the clock: the child is stopped, whatever it was doing
+                self._kill()
+                raise _Skip(TOO_SLOW.format(seconds=self.timeout))
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:  # it died (the memory bound, a crash in a parser)
+                self._kill()
+                raise _Skip(UNPARSABLE)
+            parts.append(chunk)
+            size += len(chunk)
+            if chunk.endswith(b"\n"):
+                break
+            if size > _MAX_ANSWER_BYTES:
+                self._kill()
+                raise _Skip(UNPARSABLE)
+        try:
+            answer = json.loads(b"".join(parts))
+        except ValueError:
+            self._kill()
+            raise _Skip(UNPARSABLE) from None
+        return answer if isinstance(answer, dict) else {"error": "unparsable"}
+
+
+def read_pdf_abstract(paths: list[str], folder: Path | None, reader: TextReader | None = None) -> PdfText:
+    """The abstract (and title) of the first of `paths` that has one; `_Skip` with the first PDF's reason if none
+    (its `detail` naming that PDF's path). `reader` reads the text (a new one, closed after, if none is given)."""
+    if reader is None:
+        with TextReader() as own:
+            return read_pdf_abstract(paths, folder, own)
+    first: _Skip | None = None
     for raw in paths[:MAX_ATTACHMENTS]:
         try:
-            return _one(raw, folder)
+            return _one(raw, folder, reader)
         except _Skip as e:
-            first_reason = first_reason or e.reason
-    raise _Skip(first_reason or MISSING)
+            first = first or e
+    raise first or _Skip(MISSING)
 
 
 def _resolve(raw: str, folder: Path | None) -> Path | None:
@@ -124,8 +234,27 @@ def _resolve(raw: str, folder: Path | None) -> Path | None:
     return path
 
 
-def _one(raw: str, folder: Path | None) -> PdfText:
+def _shown(raw: str, path: Path | None) -> str:
+    """Where a PDF was looked for, in a skipped record's reason: its path, or why a path names no file here."""
+    if path is not None:
+        return str(path)
+    if "://" in raw and not raw.lower().startswith("file:"):
+        return f"{raw[:300]} (a web link: not fetched)"
+    if raw.lower().startswith("file:"):
+        return f"{raw[:300]} (a file URL of another host)"
+    return f"{raw[:300]} (a relative path, and no folder to take it from: stdin, or Zotero's base directory)"
+
+
+def _one(raw: str, folder: Path | None, reader: TextReader) -> PdfText:
     path = _resolve(raw, folder)
+    where = _shown(raw, path)
+    try:
+        return _read_one(path, reader)
+    except _Skip as e:
+        raise _Skip(e.reason, f"{e.reason}: {where}") from None
+
+
+def _read_one(path: Path | None, reader: TextReader) -> PdfText:
     if path is None:
         raise _Skip(MISSING)
     try:
@@ -136,13 +265,7 @@ def _one(raw: str, folder: Path | None) -> PdfText:
         raise _Skip(MISSING)
     if info.st_size > MAX_PDF_BYTES:
         raise _Skip(TOO_LARGE)
-    try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size > MAX_PDF_BYTES:  # replaced since it was looked at
-                raise _Skip(TOO_LARGE)
-            pages, runs, meta_title = _pages_text(f)
-    except OSError:
-        raise _Skip(MISSING) from None
+    pages, runs, meta_title = reader.pages(path)
     if not any(p.strip() for p in pages):
         raise _Skip(NO_TEXT)
     abstract = None
@@ -153,34 +276,6 @@ def _one(raw: str, folder: Path | None) -> PdfText:
     if abstract is None:
         raise _Skip(NO_SECTION)
     return PdfText(abstract, _title(meta_title, runs), str(path))
-
-
-def _pages_text(f) -> tuple[list[str], list[tuple[float, str]], str]:
-    """The text of the first pages, the first page's text runs with their font size, and the PDF's own title."""
-    import pypdf
-
-    logging.getLogger("pypdf").setLevel(logging.ERROR)  # its warnings on a broken file: the record's reason says it
-    runs: list[tuple[float, str]] = []
-
-    def visit(text, cm, tm, font_dict, font_size):
-        if len(runs) < 400 and isinstance(font_size, (int, float)):
-            scale = math.hypot(tm[0], tm[1]) * math.hypot(cm[0], cm[1])
-            runs.append((round(float(font_size) * scale, 1), text))
-
-    try:
-        reader = pypdf.PdfReader(f)
-        if reader.is_encrypted:
-            reader.decrypt("")  # many PDFs are "encrypted" with an empty password; others fail below
-        pages = []
-        for i in range(min(len(reader.pages), MAX_PDF_PAGES)):
-            pages.append(reader.pages[i].extract_text(visitor_text=visit if i == 0 else None) or "")
-        meta = reader.metadata
-        title = meta.title if meta is not None and isinstance(meta.title, str) else ""
-    except _Skip:
-        raise
-    except Exception:  # noqa: BLE001  # pypdf raises many kinds on a broken or hostile file
-        raise _Skip(UNPARSABLE) from None
-    return pages, runs, title
 
 
 def _clean(text: str) -> str:

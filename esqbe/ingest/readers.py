@@ -16,7 +16,6 @@ import itertools
 import json
 import os
 import re
-import sqlite3
 import sys
 import zlib
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ from .formats import (
     detect_format,
 )
 from .library import WHOLE_FILE_FORMATS, sniff_format
+from .pdf import TextReader
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -187,6 +187,8 @@ def read_papers(
     raw_labels: bool = False,
     report: ReadReport | None = None,
     whole_files: bool = True,
+    pdf_timeout: float | None = None,
+    zotero_timeout: float | None = None,
 ) -> Iterator[Paper]:
     """Yield the papers of one source, filling `report` with what was read, skipped or wrong.
 
@@ -195,19 +197,33 @@ def read_papers(
     `objective` apart from `background`, for training the facet tagger on the five CSAbstruct labels.
     `whole_files=False` reads JSON Lines only: a first line like BibTeX's `@...` or CSL-JSON's `[{...` is not
     taken for that format (POST /papers: one JSON object a record, whatever its text looks like).
+    `pdf_timeout`: seconds of wall clock one attached PDF's text may take (esqbe.ingest.pdf); `zotero_timeout`: the
+    seconds reading one Zotero database may take (esqbe.ingest.zotero); None: their defaults.
     """
     if format is not None and format not in FORMATS:
         raise ParameterError(f"unknown input format {format!r}; valid formats: {', '.join(FORMATS)}")
     if (format in WHOLE_FILE_FORMATS or format == "zotero") and not whole_files:
         raise ParameterError(f"{format} is read as a whole file, not a record at a time")
-    return _read(source, format, strict, raw_labels, report if report is not None else ReadReport(), whole_files)
+    return _read(source, format, strict, raw_labels, report if report is not None else ReadReport(), whole_files,
+                 (pdf_timeout, zotero_timeout))
+
+
+#: how a PDF begins (`%PDF-1.7`): a file given to read on its own, not a file of papers
+_PDF_MAGIC = b"%PDF-"
+#: what `esqbe index paper.pdf` is told
+PDF_ON_ITS_OWN = ("a PDF is not a file of papers: esqbe reads a PDF only for a library record that names it and has "
+                  "no abstract (a BibTeX `file` field, an RIS `L1`, a Zotero attachment): index that record's library "
+                  "(my-library.bib, zotero.sqlite) instead")
 
 
 def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport,
-          whole_files: bool = True) -> Iterator[Paper]:
+          whole_files: bool = True, timeouts: tuple[float | None, float | None] = (None, None)) -> Iterator[Paper]:
     if whole_files and (fmt == "zotero" or fmt is None and zotero.is_database(source)):
-        yield from _read_zotero(source, _State(str(getattr(source, "name", source)), "zotero", strict, raw_labels,
-                                               report))
+        state = _State(str(getattr(source, "name", source)), "zotero", strict, raw_labels, report, timeouts[0])
+        try:
+            yield from _read_zotero(source, state, timeouts[1])
+        finally:
+            state.close()
         return
     with ExitStack() as stack:
         try:
@@ -220,9 +236,17 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
             return
         tell = getattr(stack, "tell", None)
         first, lines = _first_line(lines)
+        if whole_files and first is not None and (first[:5] == _PDF_MAGIC if isinstance(first, bytes)
+                                                  else str(first).startswith(_PDF_MAGIC.decode())):
+            error = InputError(name, None, "file", PDF_ON_ITS_OWN)
+            if strict:
+                raise error
+            report.errors.append(error)
+            return
         if fmt is None and first is not None and whole_files:
             fmt = sniff_format(first.decode("utf-8", "replace") if isinstance(first, bytes) else str(first))
-        state = _State(name, fmt, strict, raw_labels, report)
+        state = _State(name, fmt, strict, raw_labels, report, timeouts[0])
+        stack.callback(state.close)  # the PDF reader's child process, if one was started
         if isinstance(source, (str, os.PathLike)) and str(source) != "-":  # a record's PDF paths are relative to it
             state.folder = Path(source).parent
         read_before, errors_before = report.read, len(report.errors)
@@ -306,15 +330,18 @@ def _read_whole(lines: Iterator, state: _State, tell) -> Iterator[Paper]:
     for line, record in library.entries(fmt, "".join(parts)):
         if end is not None and starts[-1]:
             state.report.position = end * starts[min(max(line, 1), len(starts)) - 1] // starts[-1]
-        paper = state.one(line, lambda: record, lambda r: library.parse(fmt, r, folder=state.folder))  # noqa: B023
+        paper = state.one(line, lambda: record,  # noqa: B023
+                          lambda r: library.parse(fmt, r, folder=state.folder, pdf=state.pdf_reader()))
         if paper is not None:
             yield paper
     if end is not None:
         state.report.position = end
 
 
-def _read_zotero(source, state: _State) -> Iterator[Paper]:
-    """A Zotero database (`zotero.sqlite`), item by item (each at its itemID), read-only."""
+def _read_zotero(source, state: _State, timeout: float | None = None) -> Iterator[Paper]:
+    """A Zotero database (`zotero.sqlite`), read whole under its clock (esqbe.ingest.zotero: past it, the file's
+    error and no paper of it), then item by item (each at its itemID); a stored PDF is read for an item without an
+    abstract."""
     if not isinstance(source, (str, os.PathLike)) or str(source) == "-":
         state.error(InputError(state.name, None, "file", "a Zotero database is read from its file, not a stream"))
         return
@@ -322,29 +349,30 @@ def _read_zotero(source, state: _State) -> Iterator[Paper]:
         state.error(check_source(source) or InputError(state.name, None, "file", "not an SQLite database (--format "
                                                                                    "zotero reads zotero.sqlite)"))
         return
+    clock = zotero.Clock(timeout if timeout is not None else zotero.READ_SECONDS)
     try:
-        conn, how = zotero.connect(source)
+        conn, how = zotero.connect(source, clock)
     except _Invalid as e:
         state.error(InputError(state.name, None, e.field, e.reason))
         return
+    try:
+        items = zotero.read_all(conn, source, clock)
+    except _Invalid as e:
+        state.error(InputError(state.name, None, e.field, e.reason))
+        return
+    finally:
+        conn.close()
     if how != "read-only":  # Zotero is running: say what was read, and what cannot be in it
         state.report.notes.append(f"{state.name}: Zotero holds it locked (it is running), so esqbe read " + (
             "a temporary copy of it and its WAL (removed after)" if how == "snapshot" else
             "the file as it stands, without a lock") + "; what Zotero had not committed then is not in")
     size, read_before, errors_before = os.path.getsize(source), state.report.read, len(state.report.errors)
-    item = 0
-    try:
-        total, done = max(zotero.count(conn), 1), 0
-        for item, record in zotero.entries(conn, source):
-            done += 1
-            state.report.position = size * min(done, total) // total
-            paper = state.one(item, lambda: record, zotero.parse)  # noqa: B023 (called at once)
-            if paper is not None:
-                yield paper
-    except sqlite3.DatabaseError as e:  # a damaged file, or one changed under an immutable read
-        state.error(InputError(state.name, item + 1 if item else None, "file", f"cannot read further: {e}"))
-    finally:
-        conn.close()
+    total = max(len(items), 1)
+    for done, (item, record) in enumerate(items, 1):
+        state.report.position = size * min(done, total) // total
+        paper = state.one(item, lambda: record, lambda r: zotero.parse(r, state.pdf_reader()))  # noqa: B023
+        if paper is not None:
+            yield paper
     state.report.position = size
     if state.report.read == read_before and len(state.report.errors) == errors_before:
         state.error(InputError(state.name, None, "file", "no items in this Zotero library"))
@@ -353,11 +381,25 @@ def _read_zotero(source, state: _State) -> Iterator[Paper]:
 class _State:
     """One source being read: its name, its format (once known), and what each record came to."""
 
-    def __init__(self, name: str, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport):
+    def __init__(self, name: str, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport,
+                 pdf_timeout: float | None = None):
         self.name, self.fmt, self.strict, self.raw_labels, self.report = name, fmt, strict, raw_labels, report
         self.detected_at: int | None = None  # the line the format was detected from (None: given or sniffed)
         self.seen: dict[str, int] = {}  # paper id -> the line it was last read from
         self.folder: Path | None = None  # the folder of the file read (None: stdin, a stream)
+        self.pdf_timeout = pdf_timeout
+        self._pdf: TextReader | None = None
+
+    def pdf_reader(self) -> TextReader:
+        """The reader of this source's attached PDFs (its child process started at its first PDF)."""
+        if self._pdf is None:
+            self._pdf = TextReader(self.pdf_timeout)
+        return self._pdf
+
+    def close(self) -> None:
+        if self._pdf is not None:
+            self._pdf.close()
+            self._pdf = None
 
     def error(self, error: InputError) -> bool:
         """Record `error` (raise it when strict); True."""
@@ -390,7 +432,7 @@ class _State:
             return None
         except _Skip as e:
             self.report.skipped[e.reason] += 1
-            self.report.skipped_records.append(skipped_record(self.name, lineno, record, e.reason))
+            self.report.skipped_records.append(skipped_record(self.name, lineno, record, e.detail))
             return None
         except RecursionError:  # a record nested deeper than a parser's recursion (each bounds its own depth)
             self.error(InputError(self.name, lineno, "record", "nested too deeply"))

@@ -11,6 +11,13 @@ library), with its line the item's `itemID`: a record in the trash (`deletedItem
 skipped and named. The paper id is the item key (`ABCD2345`, as in Zotero's CSL-JSON ids), prefixed by the group
 (`g123-ABCD2345`) in a group library. Every value is read bounded (its length first, then at most its bound),
 so a hostile database costs no more than its own bounds allow.
+
+Only tables of Zotero's own schema are read, and each only once SQLite's parsed schema (`PRAGMA table_list`) says
+it is a table: a view (over an endless recursive query, say) or a virtual table under one of those names is never
+selected from. The whole read runs under a wall clock (`zotero_timeout`, SQLite's progress handler; the time the
+papers it gave take to index is not counted) and is read whole before any item is handed on: a database that takes
+longer is an error naming the file, and nothing from it is indexed. A stored PDF of an item without an abstract is
+read as a BibTeX export's is (`esqbe.ingest.pdf`, bounded per file).
 """
 from __future__ import annotations
 
@@ -19,11 +26,12 @@ import re
 import shutil
 import sqlite3
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from ..domain import LIMITS, Paper
-from .formats import _authors, _Invalid, _metadata, _Skip, _split_text_abstract
+from .formats import NO_ABSTRACT, _authors, _Invalid, _metadata, _Skip, _split_text_abstract
 from .library import _doi, _plain, _year
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -40,6 +48,15 @@ _VENUE_FIELDS = ("publicationTitle", "proceedingsTitle", "bookTitle", "conferenc
 _MAX_CREATORS, _MAX_COLLECTIONS, _MAX_ATTACHMENTS = 1000, 200, 100
 _LIMIT = {"abstractNote": LIMITS["abstract_chars"], "title": LIMITS["title_chars"]}
 _TABLES = ("items", "itemData", "itemDataValues", "fields", "itemTypes", "itemCreators", "creators", "libraries")
+#: the other tables of Zotero's schema the reader uses where they are there; no other name is ever selected from
+_OPTIONAL_TABLES = ("itemTypesCombined", "fieldsCombined", "creatorTypes", "groups", "deletedItems", "collections",
+                    "collectionItems", "itemAttachments")
+#: the default wall clock of one database's read (seconds of SQLite's and the reader's work, not of indexing)
+READ_SECONDS = 600.0
+#: characters of text one database's items may hold together: they are read whole before any is indexed
+MAX_TEXT_CHARS = 500_000_000
+#: SQLite virtual-machine steps between two looks at the clock
+_CLOCK_STEPS = 10_000
 
 
 def is_database(source) -> bool:
@@ -65,18 +82,47 @@ class _Snapshot(sqlite3.Connection):
             self.folder = None
 
 
-def connect(path) -> tuple[sqlite3.Connection, str]:
+class Clock:
+    """The seconds one database's read may take: counted while the reader works (`running`), not while the papers it
+    gave are indexed; SQLite's progress handler looks at it every few thousand steps and stops a query past it."""
+
+    def __init__(self, seconds: float = READ_SECONDS):
+        self.seconds, self.spent = float(seconds), 0.0
+        self._since: float | None = time.monotonic()
+
+    def stop(self) -> None:
+        if self._since is not None:
+            self.spent += time.monotonic() - self._since
+            self._since = None
+
+    def start(self) -> None:
+        if self._since is None:
+            self._since = time.monotonic()
+
+    def over(self) -> bool:
+        return self.spent + (time.monotonic() - self._since if self._since is not None else 0.0) > self.seconds
+
+    def watch(self, conn: sqlite3.Connection) -> None:
+        conn.set_progress_handler(lambda: 1 if self.over() else 0, _CLOCK_STEPS)
+
+    def reason(self) -> str:
+        return (f"reading it took over {self.seconds:g} s (zotero_timeout, --zotero-timeout): stopped, and nothing "
+                "from it is indexed (a damaged or crafted database?)")
+
+
+def connect(path, clock: Clock | None = None) -> tuple[sqlite3.Connection, str]:
     """(a read-only connection to the database at `path`, how it was opened: "read-only"; "snapshot" (a writer
     holds the lock and the WAL holds changes not yet in the file: the file and its WAL are copied, and the copy
     read); "as it stands" (a writer holds the lock: the file read without one)). Raises `_Invalid("file", ...)`
-    when it cannot be read as a Zotero database."""
+    when it cannot be read as a Zotero database, or not within `clock`."""
+    clock = clock or Clock()
     uri = Path(path).resolve().as_uri()  # `?` and `#` in a file name are escaped, not taken as the URI's query
     conn: sqlite3.Connection | None = None
     how = "read-only"
     try:
         try:
             conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=0.5, check_same_thread=False)
-            _prepare(conn)
+            _prepare(conn, clock)
         except sqlite3.OperationalError as first:
             # Zotero running: its exclusive lock refuses every other reader ("database is locked"); a WAL or a hot
             # journal that a read-only reader may not open or roll back refuses it too
@@ -85,26 +131,36 @@ def connect(path) -> tuple[sqlite3.Connection, str]:
             conn = None
             wal = Path(f"{path}-wal")
             if wal.is_file() and wal.stat().st_size > 0:  # committed changes not yet in the file: read them too
-                conn, how = _snapshot(Path(path), wal), "snapshot"
+                conn, how = _snapshot(Path(path), wal, clock), "snapshot"
             if conn is None:
                 how = "as it stands"
                 try:
                     conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False)
-                    _prepare(conn)
+                    _prepare(conn, clock)
                 except sqlite3.DatabaseError:
                     raise first from None
     except sqlite3.DatabaseError as e:
         if conn is not None:
             conn.close()
+        if clock.over():
+            raise _Invalid("file", clock.reason()) from None
         raise _Invalid("file", f"cannot read it as an SQLite database: {e}") from None
-    missing = [t for t in _TABLES if t not in _tables(conn)]
+    try:
+        tables = _tables(conn)
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        raise _Invalid("file", clock.reason() if clock.over() else f"cannot read its schema: {e}") from None
+    except _Invalid:
+        conn.close()
+        raise
+    missing = [t for t in _TABLES if t not in tables]
     if missing:
         conn.close()
         raise _Invalid("file", f"not a Zotero database (no {', '.join(missing)} table)")
     return conn, how
 
 
-def _snapshot(path: Path, wal: Path) -> sqlite3.Connection | None:
+def _snapshot(path: Path, wal: Path, clock: Clock) -> sqlite3.Connection | None:
     """The database and its WAL copied (the file first: a WAL frame names the page it replaces, so frames newer than
     the copied file are replayed on it) and the copy opened; None if that fails (no room, a torn copy)."""
     folder = tempfile.mkdtemp(prefix="esqbe-zotero-")
@@ -117,64 +173,101 @@ def _snapshot(path: Path, wal: Path) -> sqlite3.Connection | None:
         return None
     conn.folder = folder
     try:
-        _prepare(conn)  # the WAL is replayed here, on the copy
+        _prepare(conn, clock)  # the WAL is replayed here, on the copy
     except sqlite3.DatabaseError:
         conn.close()
         return None
     return conn
 
 
-def _prepare(conn: sqlite3.Connection) -> None:
+def _prepare(conn: sqlite3.Connection, clock: Clock) -> None:
+    clock.watch(conn)  # from the first statement on
     conn.execute("PRAGMA query_only = ON")
     conn.execute("PRAGMA trusted_schema = OFF")  # a crafted view or trigger calls no function with side effects
     conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the lock is met here, not at the first item
 
 
 def _tables(conn: sqlite3.Connection) -> set[str]:
-    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    """The names of Zotero's schema that are ordinary tables in this file, as SQLite's parsed schema has them
+    (`PRAGMA table_list`: `view`, `virtual` and `shadow` are not `table`; sqlite_master's own `type` column is
+    what the file says). Names compare as SQLite's do, without case. `_Invalid("file", ...)` where one of those
+    names is something else: Zotero's schema makes each a table, so the file is not what it says it is."""
+    kinds = {name.lower(): kind for _schema, name, kind, *_ in conn.execute("PRAGMA main.table_list")
+             if isinstance(name, str)}
+    known = (*_TABLES, *_OPTIONAL_TABLES)
+    odd = [f"{t} is a {kinds[t.lower()]}" for t in known if kinds.get(t.lower(), "table") != "table"]
+    if odd:
+        raise _Invalid("file", f"not Zotero's schema: {', '.join(odd)}, not a table (nothing of it is read)")
+    return {t for t in known if t.lower() in kinds}
 
 
-def _names(conn: sqlite3.Connection, table: str, id_col: str, name_col: str) -> dict[int, str]:
+def _names(conn: sqlite3.Connection, tables: set[str], table: str, id_col: str, name_col: str) -> dict[int, str]:
     """Zotero fills `X` from its schema and `XCombined` (with custom types) at startup: both, by id."""
     names: dict[int, str] = {}
     for t in (table, f"{table}Combined"):
-        if t in _tables(conn):
+        if t in tables:
             names.update((i, n) for i, n in conn.execute(f"SELECT {id_col}, {name_col} FROM {t}")  # noqa: S608
                          if isinstance(n, str))
     return names
 
 
-def count(conn: sqlite3.Connection) -> int:
-    """How many items the library holds (for progress)."""
-    return int(conn.execute("SELECT count(*) FROM items").fetchone()[0])
+def read_all(conn: sqlite3.Connection, path, clock: Clock) -> list[tuple[int, dict | _Invalid]]:
+    """Every item (`entries`) read whole under `clock`, before any is handed on; `_Invalid("file", ...)` when the
+    read outlasts the clock (nothing of the file is then indexed) or its text outgrows MAX_TEXT_CHARS."""
+    clock.start()
+    items: list[tuple[int, dict | _Invalid]] = []
+    chars = 0
+    try:
+        for item_id, record in entries(conn, path):
+            if isinstance(record, dict):
+                chars += sum(_chars(v) for v in record.values())
+                if chars > MAX_TEXT_CHARS:
+                    raise _Invalid("file", f"its items hold over {MAX_TEXT_CHARS:,} characters of text together; "
+                                           "a library is read whole before it is indexed")
+            items.append((item_id, record))
+    except sqlite3.DatabaseError as e:
+        if clock.over():
+            raise _Invalid("file", clock.reason()) from None
+        raise _Invalid("file", f"cannot read further (after {len(items)} items, none of them indexed): {e}") from None
+    finally:
+        clock.stop()
+    return items
+
+
+def _chars(value) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, (list, tuple)):
+        return sum(_chars(v) for v in value)
+    return 0
 
 
 def entries(conn: sqlite3.Connection, path) -> Iterator[tuple[int, dict | _Invalid]]:
     """(itemID, the item as a dict or why it cannot be read) for each item that is not a note, attachment or
-    annotation, in itemID order."""
-    types = _names(conn, "itemTypes", "itemTypeID", "typeName")
-    fields = {n: i for i, n in _names(conn, "fields", "fieldID", "fieldName").items() if n in _FIELDS}
-    skip_types = [i for i, n in types.items() if n in _NOT_PAPERS]
+    annotation, in itemID order. Only tables of Zotero's schema that are tables (`_tables`) are read."""
     tables = _tables(conn)
+    types = _names(conn, tables, "itemTypes", "itemTypeID", "typeName")
+    fields = {n: i for i, n in _names(conn, tables, "fields", "fieldID", "fieldName").items() if n in _FIELDS}
+    skip_types = [i for i, n in types.items() if n in _NOT_PAPERS]
     groups = dict(conn.execute("SELECT libraryID, groupID FROM groups")) if "groups" in tables else {}
     feeds = {r[0] for r in conn.execute("SELECT libraryID FROM libraries WHERE type = 'feed'")}
-    deleted = "deletedItems" in tables
     collections = _collection_names(conn) if "collectionItems" in tables and "collections" in tables else {}
     storage = Path(path).resolve().parent / "storage"
     marks = ",".join("?" * len(skip_types)) or "NULL"
-    rows = conn.execute(f"SELECT itemID, itemTypeID, libraryID, key FROM items "  # noqa: S608 (only ? marks)
-                        f"WHERE itemTypeID NOT IN ({marks}) ORDER BY itemID", skip_types)
+    rows = conn.execute("SELECT itemID, itemTypeID, libraryID, "  # noqa: S608 (only ? marks)
+                        "CASE WHEN typeof(key) = 'text' THEN substr(key, 1, 65) END FROM items "
+                        f"WHERE itemTypeID NOT IN ({marks}) ORDER BY itemID", skip_types).fetchall()
     for item_id, type_id, library_id, key in rows:
         if library_id in feeds:
             continue
         try:
-            yield item_id, _item(conn, item_id, types.get(type_id), groups.get(library_id), key, fields, deleted,
+            yield item_id, _item(conn, item_id, types.get(type_id), groups.get(library_id), key, fields, tables,
                                  collections, storage)
         except _Invalid as e:
             yield item_id, e
 
 
-def _item(conn, item_id: int, type_name, group, key, fields: dict[str, int], deleted: bool, collections: dict,
+def _item(conn, item_id: int, type_name, group, key, fields: dict[str, int], tables: set[str], collections: dict,
           storage: Path) -> dict:
     if not isinstance(key, str) or not _KEY.fullmatch(key):
         shown = repr(key)[:80]
@@ -182,17 +275,20 @@ def _item(conn, item_id: int, type_name, group, key, fields: dict[str, int], del
     record: dict = {"id": f"g{group}-{key}" if group is not None else key, "key": key, "itemType": type_name}
     for name, value in _values(conn, item_id, fields):
         record[name] = value
+    deleted = "deletedItems" in tables
     if deleted and conn.execute("SELECT 1 FROM deletedItems WHERE itemID = ?", (item_id,)).fetchone():
         record["deleted"] = True
+    kind = "ct.creatorType" if "creatorTypes" in tables else "NULL"
+    join = "LEFT JOIN creatorTypes ct ON ct.creatorTypeID = ic.creatorTypeID " if "creatorTypes" in tables else ""
     record["creators"] = conn.execute(
-        "SELECT substr(c.firstName, 1, 1000), substr(c.lastName, 1, 1000), c.fieldMode, ct.creatorType "
-        "FROM itemCreators ic JOIN creators c ON c.creatorID = ic.creatorID "
-        "LEFT JOIN creatorTypes ct ON ct.creatorTypeID = ic.creatorTypeID "
+        f"SELECT substr(c.firstName, 1, 1000), substr(c.lastName, 1, 1000), c.fieldMode, {kind} "  # noqa: S608
+        f"FROM itemCreators ic JOIN creators c ON c.creatorID = ic.creatorID {join}"
         "WHERE ic.itemID = ? ORDER BY ic.orderIndex LIMIT ?", (item_id, _MAX_CREATORS)).fetchall()
     record["collections"] = sorted({collections[c] for (c,) in conn.execute(
         "SELECT collectionID FROM collectionItems WHERE itemID = ? LIMIT ?", (item_id, _MAX_COLLECTIONS))
         if c in collections}) if collections else []
-    record["attachments"] = _attachments(conn, item_id, storage, deleted)
+    record["attachments"], record["pdfs"] = (_attachments(conn, item_id, storage, deleted)
+                                             if "itemAttachments" in tables else ([], []))
     return record
 
 
@@ -222,14 +318,17 @@ def _collection_names(conn) -> dict[int, str]:
         "SELECT collectionID, substr(collectionName, 1, 500) FROM collections") if isinstance(n, str) and n.strip()}
 
 
-def _attachments(conn, item_id: int, storage: Path, deleted: bool) -> list[str]:
-    """The paths of the item's file attachments: a stored file (`storage:NAME`) under `storage/KEY/`, a linked
-    file as Zotero holds it (absolute, or `attachments:...` under the base directory set in Zotero's settings).
-    A stored name that would leave its folder is not kept; links to web pages have no path."""
+def _attachments(conn, item_id: int, storage: Path, deleted: bool) -> tuple[list[str], list[str]]:
+    """(the paths of the item's file attachments, those of them that are PDFs): a stored file (`storage:NAME`)
+    under `storage/KEY/`, a linked file as Zotero holds it (absolute, or `attachments:...` under the base directory
+    set in Zotero's settings). A stored name that would leave its folder is not kept; links to web pages have no
+    path. A PDF is one Zotero typed `application/pdf`, or named `.pdf`."""
     trash = " AND a.itemID NOT IN (SELECT itemID FROM deletedItems)" if deleted else ""
     paths: list[str] = []
-    for key, path in conn.execute(
-            "SELECT i.key, substr(a.path, 1, 4096) FROM itemAttachments a JOIN items i ON i.itemID = a.itemID "
+    pdfs: list[str] = []
+    for key, path, ctype in conn.execute(
+            "SELECT CASE WHEN typeof(i.key) = 'text' THEN substr(i.key, 1, 65) END, substr(a.path, 1, 4096), "
+            "substr(a.contentType, 1, 100) FROM itemAttachments a JOIN items i ON i.itemID = a.itemID "
             f"WHERE a.parentItemID = ?{trash} ORDER BY a.itemID LIMIT ?", (item_id, _MAX_ATTACHMENTS)):
         if not isinstance(path, str) or not path.strip() or any(ord(c) < 32 for c in path):
             continue
@@ -238,19 +337,32 @@ def _attachments(conn, item_id: int, storage: Path, deleted: bool) -> list[str]:
             if not isinstance(key, str) or not _KEY.fullmatch(key) or not name or Path(name).name != name \
                     or name in (".", ".."):
                 continue
-            paths.append(str(storage / key / name))
-        else:
-            paths.append(path)
-    return paths
+            path = str(storage / key / name)
+        paths.append(path)
+        if ctype == "application/pdf" or path.lower().endswith(".pdf"):
+            pdfs.append(path)
+    return paths, pdfs
 
 
-def parse(record: dict) -> Paper:
+def parse(record: dict, pdf=None) -> Paper:
     """One Zotero item as a Paper, its metadata under esqbe's keys (`entry_type` the Zotero item type,
-    `collection` the names of the collections it is in, `attachments` its files' paths)."""
+    `collection` the names of the collections it is in, `attachments` its files' paths). An item without an
+    abstract takes it (and its title if it has none) from its first PDF attachment that has one, as a BibTeX
+    export's record does (esqbe.ingest.pdf, read by `pdf`, a TextReader, or a new one), marked
+    `abstract_source: pdf`; else it is skipped with the first PDF's reason and path."""
     if record.get("deleted"):
         raise _Skip("in the trash")
-    title = _plain(record.get("title"))
-    sentences = _split_text_abstract(record.get("abstractNote"), "abstractNote")
+    from_pdf = None
+    try:
+        sentences = _split_text_abstract(record.get("abstractNote"), "abstractNote")
+    except _Skip as skip:
+        if skip.reason != NO_ABSTRACT or not record.get("pdfs"):
+            raise
+        from .pdf import read_pdf_abstract
+
+        from_pdf = read_pdf_abstract(record["pdfs"], None, pdf)
+        sentences = _split_text_abstract(from_pdf.abstract, "abstractNote")
+    title = _plain(record.get("title")) or (from_pdf.title if from_pdf is not None else "")
     authors: list[dict] = []
     others: list[dict] = []
     for first, last, mode, kind in record.get("creators") or []:
@@ -272,4 +384,6 @@ def parse(record: dict) -> Paper:
         entry_type=record.get("itemType"), volume=_plain(record.get("volume")), pages=_plain(record.get("pages")),
         collection=record.get("collections"), attachments=record.get("attachments"),
     )
+    if from_pdf is not None:
+        meta["abstract_source"] = "pdf"
     return Paper(str(record["id"]), title, sentences, metadata=meta)

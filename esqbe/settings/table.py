@@ -16,6 +16,8 @@ from ..ingest.formats import (  # noqa: F401 (RECORD_FORMATS: imported from here
     FORMATS,  # the readers' formats: the input-format choice of index, encode
     RECORD_FORMATS,  # those read record by record (JSON objects): tag, POST /papers
 )
+from ..ingest.pdf import PDF_SECONDS  # one attached PDF's wall clock: pdf_timeout's default
+from ..ingest.zotero import READ_SECONDS  # one Zotero database's: zotero_timeout's default
 
 BACKENDS = ("embedded", "elasticsearch", "opensearch")
 ENCODER_MODES = ("contextual", "independent")
@@ -129,6 +131,14 @@ SETTINGS: tuple[Setting, ...] = (
             path="existing-file", commands=frozenset({"index", "attach", "eval csfcube"}), group="indexing"),
     Setting("commit_every", int, 256, "Papers per committed batch while indexing (a killed run loses at most one "
             "batch); also how many papers the encoder length-sorts at once.", low=1, high=1_000_000, group="indexing"),
+    Setting("pdf_timeout", float, PDF_SECONDS, "Seconds of wall clock reading one attached PDF's text may take (a "
+            "library record without an abstract whose PDF names one; in a child process); past it the record is "
+            "skipped with that reason and the run goes on.", low=0.1, high=3600, env="ESQBE_PDF_TIMEOUT",
+            flag="--pdf-timeout", commands=frozenset({"index", "encode"}), group="indexing"),
+    Setting("zotero_timeout", float, READ_SECONDS, "Seconds of wall clock reading one Zotero database may take "
+            "(SQLite's work and the reader's, not the indexing); past it the file is an error, nothing of it is "
+            "indexed and the run goes on.", low=0.1, high=86_400, env="ESQBE_ZOTERO_TIMEOUT", flag="--zotero-timeout",
+            commands=frozenset({"index", "encode"}), group="indexing"),
     # querying
     Setting("k", int, 10, "Number of hits.", low=1, high=MAX_K, flag="--k", short="-k", http="k", http_max=HTTP_MAX_K,
             commands=frozenset({"query", "watch add"})),
