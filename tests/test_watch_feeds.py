@@ -129,7 +129,7 @@ def test_the_feed_parses_and_says_every_field(watched, encoder):
     check_atom_rfc4287(r.content)
     assert feed.version == "atom10" and feed.feed.title == "esqbe watch feed"
     # the query paper has no title: named by its id (tests/test_watch_examples.py: titles)
-    assert feed.feed.subtitle == f"papers like “paper {QUERY}” in its method, similarity at least -1"
+    assert feed.feed.subtitle == f"papers like “paper {QUERY}” in its method, score >= -1"
     assert [e.updated_parsed.tm_year for e in feed.entries] == [1970] * 5
     found = [e.id.rsplit(":", 1)[1] for e in feed.entries]
     assert set(found[:2]) == {"new-3", "new-4"} and set(found[2:]) == {"new-0", "new-1", "new-2"}  # newest first
@@ -242,7 +242,7 @@ def test_the_page_lists_the_watches_and_their_latest_matches_in_chromium(watched
         wait.until(EC.visibility_of_element_located((By.ID, "watch-panel")))
         watch = browser.find_element(By.CSS_SELECTOR, '#watch-list .watch[data-watch="feed"]')
         assert watch.find_element(By.CSS_SELECTOR, ".watch-name").text == "feed"
-        assert "paper " + QUERY in watch.text and "5 found" in watch.text and "sim ≥ -1" in watch.text
+        assert "paper " + QUERY in watch.text and "5 found" in watch.text and "score >= -1" in watch.text
         assert not watch.find_element(By.CSS_SELECTOR, ".watch-match").is_displayed()  # closed until opened
         watch.find_element(By.TAG_NAME, "summary").click()  # the watch opens to its finds and its feed's address
         items = watch.find_elements(By.CSS_SELECTOR, ".watch-match")
@@ -295,7 +295,7 @@ def test_watch_this_query_on_the_page_saves_a_watch_in_chromium(tmp_path, index_
         wait.until(EC.alert_is_present()).send_keys("0.25")
         browser.switch_to.alert.accept()
         listed = wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, '#watch-list .watch[data-watch="page-watch"]')))
-        assert "paper " + QUERY in listed.text and "method" in listed.text and "sim ≥ 0.25" in listed.text
+        assert "paper " + QUERY in listed.text and "method" in listed.text and "score >= 0.25" in listed.text
         assert "0 found" in listed.text and "nothing found yet" in listed.get_attribute("textContent")  # opened: said
         info = browser.find_element(By.ID, "watch-info")
         assert "page-watch" in info.text and "watches/page-watch.atom?key=" in info.find_element(
