@@ -151,7 +151,7 @@ def test_the_feed_parses_and_says_every_field(watched, encoder):
         shown = _html_text(entry.summary)
         assert shown[0] == " ".join((_clean(stored[pid]) or pid).split())
         assert shown[1] == "Authors: " + ", ".join(a.name for a in entry.authors)
-        assert shown[2].startswith(f"Year: {2020 + int(pid[-1])} · Venue: Venue <{pid[-1]}> & co · Similarity: ")
+        assert shown[2].startswith(f"Year: {2020 + int(pid[-1])} · Venue: Venue <{pid[-1]}> & co · Score: ")
         assert shown[3] == "Matched sentence pairs:" and shown[4].startswith("query [")
         assert "~ this paper's [" in shown[4]
         assert any(" ".join(_clean(s).split())[:40] in " ".join(shown) for s in rec["abstract"])  # a matched sentence
