@@ -49,6 +49,7 @@ from .work import (
     _search,
     _stats,
     _write_papers,
+    check_path_filters,
 )
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -146,6 +147,8 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
     async def query(req: QueryRequest, request: Request, response: Response):
         """Papers most similar to a paper's facet, to chosen sentences, or to a text, with the sentences that matched."""
         check_engine_filter(request, req.engine_filter)
+        if not options.show_paths:
+            check_path_filters(req.filters)
         deadline = Deadline(options.request_timeout)  # from now: a wait for a reader counts
         limit = options.max_query_sentences
         text = req.text
@@ -167,7 +170,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
             examples = await examples_checked(req, limit)
         try:
             out = await service.read(_run_query, req, examples if examples is not None else text, overrides,
-                                     deadline=deadline, request=request)
+                                     options.show_paths, deadline=deadline, request=request)
         except EsqbeError as e:
             raise api_error(e) from None
         # which index answered: `esqbe query` checks it against the index a discovery record promised
@@ -201,7 +204,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
     @router.get("/papers/{paper_id:path}", response_model=Paper, responses=_errors(404, 503), tags=["papers"])
     async def get_paper(paper_id: str):
         """A stored paper: title, sentences with their facet labels, metadata."""
-        found = await reads(_paper_page, paper_id)
+        found = await reads(_paper_page, paper_id, options.show_paths)
         if found is None:
             raise ApiError(404, f"paper {paper_id} is not in the index")
         return found
@@ -249,6 +252,8 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
     async def add_watch(req: WatchRequest) -> dict[str, Any]:
         """Save a query (what POST /query takes) as a watch named `name` with the threshold `min_sim`; answers the
         watch and its feed's path with its secret. A write: the token where the server has one."""
+        if not options.show_paths:
+            check_path_filters(req.filters)
         text = req.text
         try:
             if text is not None:
