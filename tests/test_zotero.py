@@ -482,3 +482,61 @@ def test_a_database_that_never_finishes_is_stopped_and_the_run_goes_on(tmp_path)
     r = CliRunner().invoke(main, ["list", "--path", str(ix), "--json"], catch_exceptions=False)
     listed = {p["paper_id"] for p in json.loads(r.stdout)["papers"]}
     assert listed == {"ATTN2345", "PDFA2345", "NOTI2345", "p1"} and not listed & set(slow_keys)
+
+
+# ---------------------------------------------------------------- issue 53 item 6
+
+def test_a_server_answers_attachment_file_names_not_paths(library, tmp_path, encoder):
+    """Attachment paths are the indexing user's own (`esqbe show` has them); a real `esqbe serve` answers GET
+    /papers/ID and POST /query hits with their file names only, and refuses a filter on them (which papers match
+    `attachments^=/home/` would tell the paths), unless --show-paths (an operator's own server)."""
+    import httpx
+
+    from esqbe.server.app import create_app
+    from esqbe.server.options import ServeOptions
+
+    from .conftest import LiveServer
+
+    path, _ = library
+    ix = tmp_path / "ix"
+    r = CliRunner().invoke(main, ["index", "--path", str(ix), "--encoder-backend", "torch", str(path), "-q"],
+                           catch_exceptions=False)  # the runtime of the test encoder the server is handed
+    assert r.exit_code == 0, r.output
+    full = [str(path.parent / "storage" / "PDFK2345" / "Devlin et al. - 2019 - BERT.pdf"), "/home/me/papers/bert.pdf"]
+    r = CliRunner().invoke(main, ["show", "--path", str(ix), "ABCD2345", "--json"], catch_exceptions=False)
+    assert json.loads(r.stdout)["metadata"]["attachments"] == full  # kept in the index, for its own user
+    query = {"paper_id": "ATTN2345", "facet": "method", "k": 5}
+    for show_paths in (False, True):
+        app = create_app(str(ix), config=None, encoder=encoder,
+                         options=ServeOptions(host="127.0.0.1", warm=False, show_paths=show_paths))
+        with LiveServer(app) as url:
+            paper = httpx.get(url + "/papers/ABCD2345", timeout=60)
+            hits = httpx.post(url + "/query", json=query, timeout=120)
+            by_path = httpx.post(url + "/query", json={**query, "filters": ["attachments^=/home/"]}, timeout=120)
+            structured = httpx.post(url + "/query", json={**query, "filters": [
+                {"key": "attachments", "op": "exists"}]}, timeout=120)
+        assert paper.status_code == hits.status_code == 200, (paper.text, hits.text)
+        [hit] = [h for h in hits.json()["hits"] if h["paper_id"] == "ABCD2345"]
+        if show_paths:
+            assert paper.json()["metadata"]["attachments"] == hit["metadata"]["attachments"] == full
+            assert by_path.status_code == structured.status_code == 200, by_path.text
+            assert [h["paper_id"] for h in by_path.json()["hits"]] == ["ABCD2345"]
+            continue
+        names = ["Devlin et al. - 2019 - BERT.pdf", "bert.pdf"]
+        assert paper.json()["metadata"]["attachments"] == hit["metadata"]["attachments"] == names
+        for answer in (paper, hits):
+            assert str(tmp_path) not in answer.text and "/home/me" not in answer.text and "storage" not in answer.text
+        for refused in (by_path, structured):
+            assert refused.status_code == 400, refused.text
+            assert "attachments holds file paths" in refused.json()["error"]["message"]
+            assert "/home/me" not in refused.text
+
+
+def test_file_names_only_takes_every_directory_away():
+    from esqbe.query.results import file_names_only
+
+    meta = {"title": "T", "attachments": ["/home/me/Zotero/storage/ABCD2345/a b.pdf", "C:\\Users\\me\\x.pdf",
+                                          "attachments:Papers/y.pdf", "file:///tmp/z.pdf", "w.pdf", 7]}
+    assert file_names_only(meta) == {"title": "T", "attachments": ["a b.pdf", "x.pdf", "y.pdf", "z.pdf", "w.pdf"]}
+    assert file_names_only({"attachments": ["/home/me/dir/"]}) == {}
+    assert meta["attachments"][0].startswith("/home")  # the paper's own metadata is not changed

@@ -35,6 +35,7 @@ a non-finite number is null (a similarity) or 0.0 (the other scores), metadata g
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
@@ -363,6 +364,36 @@ SOFT_FACET_ORDER = ("background", "method", "result", "other")
 def public_metadata(metadata: dict | None) -> dict:
     """A paper's metadata as a user reads it: esqbe's internals left out."""
     return {k: v for k, v in (metadata or {}).items() if k not in HIDDEN_METADATA_KEYS}
+
+#: metadata keys whose values are paths on the machine that indexed the paper: Zotero's attachments (the indexer
+#: reads an attached PDF when the paper is read; the index keeps the paths for its own user: `esqbe show`)
+PATH_KEYS = ("attachments",)
+#: how a path in PATH_KEYS may begin that is not a directory: Zotero's prefixes, a file URL
+_PATH_PREFIXES = ("attachments:", "storage:", "file://")
+
+
+def file_names_only(metadata: dict | None) -> dict:
+    """`metadata` with each path under PATH_KEYS cut to its file name, without directories (`/home/me/Zotero/
+    storage/ABCD2345/x.pdf`, `C:\\Users\\me\\x.pdf`, `attachments:Papers/x.pdf` -> `x.pdf`): what a server shows a
+    reader who is not its operator (`esqbe serve` without `--show-paths`). A value that is not a path is left out."""
+    out = dict(metadata or {})
+    for key in PATH_KEYS:
+        if key not in out:
+            continue
+        values = out[key] if isinstance(out[key], list) else [out[key]]
+        names = [_file_name(v) for v in values if isinstance(v, str)]
+        out[key] = [n for n in names if n]
+        if not out[key]:
+            del out[key]
+    return out
+
+
+def _file_name(path: str) -> str:
+    for prefix in _PATH_PREFIXES:
+        if path.lower().startswith(prefix):
+            path = path[len(prefix):]
+    return re.split(r"[\\/]", path)[-1].strip()
+
 
 
 def soft_probabilities(paper: Paper) -> list[dict[str, float]] | None:

@@ -50,6 +50,7 @@ from .work import (
     _search,
     _stats,
     _write_papers,
+    check_path_filters,
 )
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -152,11 +153,13 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
     async def query(req: QueryRequest, request: Request, response: Response):
         """Papers most similar to a paper's facet, to chosen sentences, or to a text, with the sentences that matched."""
         check_engine_filter(request, req.engine_filter)
+        if not options.show_paths:
+            check_path_filters(req.filters)
         deadline = Deadline(options.request_timeout)  # from now: a wait for a reader counts
         text, examples, overrides = checked_query(req)
         try:
             out = await service.read(_run_query, req, examples if examples is not None else text, overrides,
-                                     deadline=deadline, request=request)
+                                     options.show_paths, deadline=deadline, request=request)
         except EsqbeError as e:
             raise api_error(e) from None
         # which index answered: `esqbe query` checks it against the index a discovery record promised
@@ -201,7 +204,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
     @router.get("/papers/{paper_id:path}", response_model=Paper, responses=_errors(404, 503), tags=["papers"])
     async def get_paper(paper_id: str):
         """A stored paper: title, sentences with their facet labels, metadata."""
-        found = await reads(_paper_page, paper_id)
+        found = await reads(_paper_page, paper_id, options.show_paths)
         if found is None:
             raise ApiError(404, f"paper {paper_id} is not in the index")
         return found
@@ -253,6 +256,8 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         index's strong matches); answers the watch and its feed's path with its secret. A write: the token where the
         server has one. Its texts are split and counted as a query's, here, before the writer's thread sees them; the
         write runs under the request deadline."""
+        if not options.show_paths:
+            check_path_filters(req.filters)
         deadline = Deadline(options.request_timeout)
         text, examples, overrides = checked_query(req)
         return await writes(add_watch_work, req, examples if examples is not None else text, overrides,

@@ -15,6 +15,7 @@ from ..index.merge import Merger
 from ..index.reports import IndexReport
 from ..ingest.library import sniff_format
 from ..ingest.readers import ReadReport, read_papers
+from ..query.results import PATH_KEYS, file_names_only
 from ..query.results import finite as _finite
 from ..query.results import jsonable as _jsonable
 from ..query.results import sentences_json as _sentences
@@ -24,26 +25,28 @@ from .middleware import JSON_LINES_TYPES
 from .models import PapersRequest, QueryRequest
 
 
-def _paper_out(paper) -> dict:
-    metadata = dict(paper.metadata)
+def _paper_out(paper, show_paths: bool = False) -> dict:
+    """A paper as the server answers it: attachment paths as file names unless the operator shows paths."""
+    metadata = dict(paper.metadata) if show_paths else file_names_only(paper.metadata)
     predicted = bool(metadata.pop("facets_predicted", False))
     return {"paper_id": paper.paper_id, "title": paper.title, "sentences": _sentences(paper),
             "facets_predicted": predicted, "metadata": _jsonable(metadata)}
 
 
-def _paper_page(index: Index, paper_id: str) -> dict | None:
-    """A stored paper as GET /papers answers it, with the sentences each facet query of it would use (and why)."""
+def _paper_page(index: Index, paper_id: str, show_paths: bool = False) -> dict | None:
+    """A stored paper as GET /papers answers it, with the sentences each facet query of it would use (and why);
+    its attachments' paths as file names unless `show_paths`."""
     found = index.get([paper_id])
     if paper_id not in found:
         return None
-    out = _paper_out(found[paper_id])
+    out = _paper_out(found[paper_id], show_paths)
     out["facet_queries"] = {facet: asdict(sel) for facet, sel in facet_selections(found[paper_id], index.settings).items()}
     return out
 
 
-def _run_query(index: Index, req: QueryRequest, text, overrides: dict) -> dict:
+def _run_query(index: Index, req: QueryRequest, text, overrides: dict, show_paths: bool = False) -> dict:
     """The query's result in the one JSON shape (esqbe.query.results), as the client named its word vectors,
-    with the total time."""
+    with the total time; the hits' attachment paths as file names unless `show_paths`."""
     t0 = time.perf_counter()
     filters = [f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in req.filters or []]
     if req.examples is not None or req.avoid:  # a query of several examples (texts already split: `text`)
@@ -59,9 +62,27 @@ def _run_query(index: Index, req: QueryRequest, text, overrides: dict) -> dict:
     exporting = req.format != "json"  # an export carries each hit's abstract
     papers = index.get([h.paper_id for h in result.hits]) if req.with_sentences or exporting else None
     out = result.to_dict(papers)
+    if not show_paths:
+        for hit in out["hits"]:
+            hit["metadata"] = file_names_only(hit["metadata"])
     out["rescorer_params"] = _named_words(out["rescorer_params"], req)
     out["timings_ms"]["total"] = round(1000 * (time.perf_counter() - t0), 2)
     return out
+
+
+def check_path_filters(filters) -> None:
+    """A filter on a key that holds paths (PATH_KEYS) refused (400) where the server hides paths: which papers match
+    `attachments^=/home/alice/`, or the near values a filter's error suggests, would tell them."""
+    from ..core.filters import FilterError, coerce_filters
+
+    try:
+        conditions = coerce_filters([f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in filters or []])
+    except FilterError:
+        return  # said by the query itself, with its reason
+    for c in conditions:
+        if c.path.split(".", 1)[0] in PATH_KEYS:
+            raise ApiError(400, f"filter {c}: {c.key} holds file paths, which this server does not show or search "
+                                "(`esqbe serve --show-paths` for an operator's own server)")
 
 
 def _named_words(params: dict, req: QueryRequest) -> dict:
