@@ -243,9 +243,7 @@ def watch_run_cmd(names, dry_run, as_json, export_format, **kw):
     """
     if as_json and export_format:
         raise click.UsageError("give --json or --format, not both")
-    from esqbe.index.watches import run_watches
-
-    from esqbe.index.watches import with_abstracts
+    from esqbe.index.watches import run_watches, with_abstracts
 
     with _open(kw, "watch run", create=False) as index:
         runs = run_watches(index, list(names), dry_run=dry_run)
