@@ -123,7 +123,13 @@ def check_speed_cmd(seconds, papers, no_runtimes, as_json):
     click.echo(f"{report.sample['papers']} abstracts ({report.sample['source']}); {report.threads} threads; "
                f"{report.seconds:.0f} s in all")
     for rate in [report.fp32_forward, report.default, *report.runtimes]:
-        click.echo(_rate_line(rate))
+        click.echo(_rate_line(rate) + ("" if report.reliable or rate.skipped else "  (unreliable)"))
+    d = report.disturbance
+    if not report.reliable:
+        click.echo(f"warning: UNRELIABLE: {d['reason']} while measuring (esqbe's own CPU {d['own_cpu_seconds']:.0f} s "
+                   f"in {d['wall_seconds']:.0f} s; load {d['load_before']} -> {d['load_after']}): the figures are lower "
+                   "than this machine gives alone; run again when it is idle", err=True)
+        click.echo(f"UNRELIABLE: {d['reason']} while measuring; run again when the machine is idle")
 
 
 def _rate_line(rate) -> str:
