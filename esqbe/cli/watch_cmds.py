@@ -8,6 +8,7 @@ import click
 
 from esqbe.core.textsafe import printable, printable_tree
 from esqbe.query.export import EXPORT_FORMATS
+from esqbe.settings.generate import LazyChoice
 
 from .errors import handle_errors
 from .options import FACET_CHOICES, _open, click_options, config_option, open_settings, overrides_from_click
@@ -44,7 +45,7 @@ def _feed_path(watch) -> str:
 @click.option("--not", "avoid", multiple=True, metavar="ID[:FACET]",
               help="A paper the new papers should not resemble (repeatable; its --facet sentences, or ID:FACET's); "
                    "the watch keeps its own copy of it too.")
-@click.option("--facet", type=click.Choice(FACET_CHOICES), help="Use the query paper's sentences labelled with this facet.")
+@click.option("--facet", type=LazyChoice(FACET_CHOICES), help="Use the query paper's sentences labelled with this facet.")
 @click.option("--sentences", help="Use these sentences of the query paper or --text (0-based indices, e.g. 0,2).")
 @click.option("--text", help="Query with this abstract text (a paper not in the index).")
 @click.option("--file", "text_file", type=click.File("r"), help="Query with the abstract in this file (- for stdin).")
@@ -143,7 +144,7 @@ def _part(q: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the watch and its latest matches as JSON.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True,
               help="Latest matches shown (or exported).")
-@click.option("--format", "export_format", type=click.Choice(tuple(EXPORT_FORMATS)),
+@click.option("--format", "export_format", type=LazyChoice(tuple(EXPORT_FORMATS)),
               help="Print the watch's past finds (the latest --limit, newest first) as CSV, BibTeX, RIS or CSL-JSON, "
                    "each with its abstract: e.g. --format bibtex > finds.bib.")
 @click_options("watch show")
@@ -228,7 +229,7 @@ def watch_revoke_cmd(name, **kw):
 @click.argument("names", nargs=-1)
 @click.option("--dry-run", is_flag=True, help="Report, but do not advance the watches' marks.")
 @click.option("--json", "as_json", is_flag=True, help="Print each watch's run as JSON.")
-@click.option("--format", "export_format", type=click.Choice(tuple(EXPORT_FORMATS)),
+@click.option("--format", "export_format", type=LazyChoice(tuple(EXPORT_FORMATS)),
               help="Print the new matches (all watches together) as CSV, BibTeX, RIS or CSL-JSON, each with its "
                    "abstract; with none, nothing is printed and stderr says so (exit status 0).")
 @click_options("watch run")
