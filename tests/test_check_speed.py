@@ -130,3 +130,37 @@ def test_the_int8_kernel_class_follows_the_cpu_flags(tmp_path):
         assert amd.int8_kernels.startswith("AVX2 without VNNI")
     assert machine(cpuinfo=str(tmp_path / "absent"), gpu=False).flags == {}
     assert sample_path().is_file()
+
+
+def test_the_disturbance_rule_both_ways():
+    from esqbe.index.speed import judge
+
+    quiet = judge({"others_cpu_share": 0.05, "steal_share": 0.0, "load_after": 1.0, "cores": 2})
+    busy = judge({"others_cpu_share": 0.6, "steal_share": 0.0, "load_after": 5.6, "cores": 2})
+    stolen = judge({"others_cpu_share": 0.0, "steal_share": 0.2, "load_after": 1.0, "cores": 2})
+    no_proc = judge({"others_cpu_share": None, "steal_share": None, "load_after": 5.6, "cores": 2})
+    assert not quiet["disturbed"] and quiet["reason"] is None
+    assert busy["disturbed"] and "60% of the CPU" in busy["reason"]
+    assert stolen["disturbed"] and "stole 20%" in stolen["reason"]
+    assert no_proc["disturbed"] and "load average was 5.6 on 2 cores" in no_proc["reason"]
+
+
+def test_check_speed_beside_busy_processes_says_its_figures_are_unreliable(tmp_path):
+    """Busy loops on every core (bounded: killed at the end, and each stops itself after 5 minutes) while check speed
+    measures: the report says it was disturbed, in --json and on stderr."""
+    spin = "import time\nend = time.time() + 300\nwhile time.time() < end: pass\n"
+    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 2)]
+    try:
+        run = subprocess.run([sys.executable, "-m", "cli", "check", "speed", "--seconds", "10", "--papers", "8",
+                              "--no-runtimes", "--json"], cwd=REPO, env=_env(tmp_path), capture_output=True,
+                             text=True, timeout=600)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    d = report["disturbance"]
+    assert report["reliable"] is False and d["disturbed"] is True, d
+    assert d["others_cpu_share"] > 0.25 and d["own_cpu_seconds"] > 0 and d["wall_seconds"] > 0
+    assert "figures are unreliable" in run.stderr

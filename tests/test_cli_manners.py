@@ -126,3 +126,61 @@ def test_training_sizes_are_bounded_before_any_work(args):
 
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 2 and "is not in the range" in r.output and "Traceback" not in r.output
+
+
+def _commands(group, prefix=()):
+    import click
+
+    for name, cmd in sorted(group.commands.items()):
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, (*prefix, name))
+        else:
+            yield (*prefix, name), cmd
+
+
+def test_help_shows_each_range_once():
+    import re
+
+    for path, _cmd in _commands(main):
+        text = run(*path, "--help").output
+        for line in re.findall(r"\([^()]*\d\.\.\d[^()]*\)[^\n]*\[[^\]]*<=x", text):
+            raise AssertionError(f"{' '.join(path)}: a range twice: {line}")
+    text = run("query", "--help").output
+    assert "[1<=x<=4096]" in " ".join(text.split()) or "<=x<=" in text  # click's own range, once
+    assert "1..4096" not in text
+
+
+def test_every_choice_valued_option_says_did_you_mean():
+    import click
+
+    checked = 0
+    for path, cmd in _commands(main):
+        for param in cmd.params:
+            if not isinstance(param.type, click.Choice) or not param.opts[0].startswith("--"):
+                continue
+            choice = next((c for c in param.type.choices if len(str(c)) >= 4), None)
+            if choice is None:
+                continue
+            typo = str(choice)[:2] + str(choice)[3:]  # one letter dropped
+            r = run(*path, param.opts[0], typo)
+            assert r.exit_code == 2 and f"did you mean {choice!r}" in r.output, (path, param.opts, r.output)
+            checked += 1
+    assert checked >= 10  # --facet, --format, --log-level, the settings' choices, ...
+    r = run("query", "--paper", "x", "--rescorer", "sumax")  # free text, checked against the registry
+    assert r.exit_code != 0 and "did you mean 'summax'" in r.output, r.output
+
+
+def test_the_tokens_help_lists_every_write_endpoint_of_the_route_table():
+    from esqbe.server.middleware import is_write
+    from esqbe.server.options import ServeOptions
+    from esqbe.server.routes import make_router
+
+    router = make_router(None, ServeOptions(host="127.0.0.1"))
+    writes = {(m, r.path.replace(":path}", "}")) for r in router.routes for m in getattr(r, "methods", ())
+              if is_write(m, r.path)}
+    assert {("POST", "/papers"), ("DELETE", "/papers/{paper_id}"), ("POST", "/watches"), ("POST", "/rerank")} <= writes
+    text = " ".join(run("serve", "--help").output.split())
+    for method, path in writes:
+        assert f"{method} {path}" in text.replace("/ ", "/"), (method, path)
+    refused = run("serve", "--host", "0.0.0.0")
+    assert refused.exit_code != 0 and all(f"{m} {p}" in refused.output for m, p in writes)

@@ -545,8 +545,36 @@ def test_progress_has_a_total_moves_per_encoder_batch_and_prints_lines_off_a_ter
     bar = Progress(total_bytes=2048, stream=tty, tty=True)
     bar.position = lambda: 1024
     bar.update(3)
+    assert "warming up" in tty.getvalue() and "B/s" not in tty.getvalue()  # no rate, no time left during warm-up
     bar.close()
     assert "1.00k/2.00k" in tty.getvalue() and "3 papers" in tty.getvalue() and "50%" in tty.getvalue()
+    # issue 51: papers/s and the time left at the rate after warm-up: a slow first batch (the model loading) is
+    # not in them; tqdm's own kB/s and its time left (which counted it) are not shown
+    tty, clock = io.StringIO(), [1000.0]
+    bar = Progress(total_bytes=10_000, stream=tty, tty=True)
+    bar._start = bar._last = clock[0]
+    at = [0]
+    bar.position = lambda: at[0]
+    import types
+
+    import esqbe.core.progress as progress_module
+
+    real = progress_module.time
+    try:
+        progress_module.time = types.SimpleNamespace(monotonic=lambda: clock[0])  # type: ignore[assignment]
+        clock[0] += 60.0  # warm-up: a minute before the first batch
+        at[0] = 1000
+        bar.update(10)
+        for _ in range(ESTIMATE_AFTER + 1):  # then a batch of 10 papers (1,000 bytes) a second
+            clock[0] += 1.0
+            at[0] += 1000
+            bar.update(10)
+    finally:
+        progress_module.time = real  # type: ignore[assignment]
+    shown = tty.getvalue().split("\r")[-1]
+    assert "10.0 papers/s" in shown and "about 5s left" in shown, shown
+    assert "B/s" not in tty.getvalue()
+    bar.close()
 
 
 def test_cli_prints_progress_lines_when_stderr_is_not_a_terminal(tmp_path, sample):

@@ -80,7 +80,7 @@ def test_every_documented_address_key_round_trips(server, browser):
         given = dict(params)
         # the page's state shows each key
         if "paper" in given:
-            assert browser.find_element(By.ID, "paper-id").text.startswith(given["paper"])
+            assert browser.find_element(By.ID, "paper-id").text.removeprefix("id: ").startswith(given["paper"])
         if "text" in given:
             assert _value(browser, "text-input") == given["text"]
             assert _value(browser, "text-title") == given.get("title", "")
@@ -119,7 +119,7 @@ def test_no_download_buttons_before_a_query_has_hits(server, browser):
     _wait(browser).until(lambda b: b.find_element(By.ID, "paper-count").text)
     assert not _export_shown(browser)  # the page as opened
     browser.get(server + f"/#paper={P0}")  # a query paper, no query yet
-    _wait(browser).until(lambda b: b.find_element(By.ID, "paper-id").text.startswith(P0))
+    _wait(browser).until(lambda b: b.find_element(By.ID, "paper-id").text.removeprefix("id: ").startswith(P0))
     assert not _export_shown(browser)
     browser.get(server + f"/#paper={P0}&facet=method&filters=year%3E%3D3000")  # a query without hits
     _wait(browser).until(lambda b: "No similar paper" in b.find_element(By.ID, "results-info").text)

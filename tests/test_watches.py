@@ -233,6 +233,29 @@ def test_watch_commands_print_text_json_and_exports(tmp_path, index_dir_30):
     text = _esqbe("watch", "run", *base)
     out, err = text.communicate(timeout=120)
     assert text.returncode == 0 and "watch w1: 10 new paper(s)" in out and "~ [" in out, (out, err)
+    found = int(re.search(r"(\d+) match\(es\)", out).group(1))
+    assert found >= 1
+    again = _esqbe("watch", "run", *base, "--format", "bibtex")  # nothing new since: said on stderr, exit 0
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0 and out == "" and "nothing new" in err and "0 new paper(s)" in err, (out, err)
+    # past finds exported, each with its abstract, in every format
+    records = {r["paper_id"]: r for r in _records(30, 10)}
+    exports = {}
+    for fmt in ("bibtex", "ris", "csl-json", "csv"):
+        show = _esqbe("watch", "show", "w1", *base, "--format", fmt)
+        exports[fmt], err = show.communicate(timeout=120)
+        assert show.returncode == 0 and "Traceback" not in err, err
+    csl = json.loads(exports["csl-json"])
+    assert len(csl) == found and {x["id"] for x in csl} <= set(records)
+    for item in csl:
+        assert item["abstract"].startswith(records[item["id"]]["sentences"][0][:40])
+    assert exports["bibtex"].count("@") == found and exports["ris"].count("ER  -") == found
+    assert len(exports["csv"].strip().splitlines()) == found + 1
+    one = _esqbe("watch", "show", "w1", *base, "--format", "ris", "--limit", "1")
+    assert one.communicate(timeout=120)[0].count("ER  -") == 1
+    both = _esqbe("watch", "show", "w1", *base, "--format", "ris", "--json")
+    out, err = both.communicate(timeout=120)
+    assert both.returncode == 2 and "not both" in err
     bad = _esqbe("watch", "add", "w2", *base, "--paper", QUERY, "--facet", "method", "--min-sim", "nan")
     out, err = bad.communicate(timeout=120)
     assert bad.returncode != 0 and "Traceback" not in err and "min_score must be a finite number" in err, err

@@ -8,6 +8,7 @@ import sys
 import click
 
 from esqbe.index.speed import PAPERS_MAX, PAPERS_MIN, SECONDS_DEFAULT, SECONDS_MAX, SECONDS_MIN
+from esqbe.settings.generate import LazyChoice
 
 from .errors import handle_errors
 from .options import FACET_CHOICES, _open, click_options, config_option
@@ -21,7 +22,7 @@ def check_group():
 @check_group.command("recall")
 @click.option("--queries", type=click.IntRange(1, 100_000), default=50, show_default=True,
               help="Query papers sampled (seeded) from the index.")
-@click.option("--facet", type=click.Choice(FACET_CHOICES), help="Only this facet (default: every facet).")
+@click.option("--facet", type=LazyChoice(FACET_CHOICES), help="Only this facet (default: every facet).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the query sample.")
 @click.option("--calibrate", is_flag=True,
               help="First re-calibrate the approximate kNN for --knn-recall-target / --knn-recall-statistic (every "
@@ -123,7 +124,13 @@ def check_speed_cmd(seconds, papers, no_runtimes, as_json):
     click.echo(f"{report.sample['papers']} abstracts ({report.sample['source']}); {report.threads} threads; "
                f"{report.seconds:.0f} s in all")
     for rate in [report.fp32_forward, report.default, *report.runtimes]:
-        click.echo(_rate_line(rate))
+        click.echo(_rate_line(rate) + ("" if report.reliable or rate.skipped else "  (unreliable)"))
+    d = report.disturbance
+    if not report.reliable:
+        click.echo(f"warning: UNRELIABLE: {d['reason']} while measuring (esqbe's own CPU {d['own_cpu_seconds']:.0f} s "
+                   f"in {d['wall_seconds']:.0f} s; load {d['load_before']} -> {d['load_after']}): the figures are lower "
+                   "than this machine gives alone; run again when it is idle", err=True)
+        click.echo(f"UNRELIABLE: {d['reason']} while measuring; run again when the machine is idle")
 
 
 def _rate_line(rate) -> str:

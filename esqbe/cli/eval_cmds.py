@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from esqbe.settings.generate import LazyChoice
 from esqbe.settings.table import FACET_MODES
 
 from .errors import handle_errors
@@ -16,7 +17,7 @@ from .options import _parse_params, click_options, overrides_from_click
 @click.option("--data", "data_dir", required=True, type=click.Path(exists=True, file_okay=False), help="CSFCube release directory (abstracts-csfcube-preds.jsonl, test-pid2anns-csfcube-*.json, evaluation_splits.json).")
 @click.option("--out", type=click.Path(file_okay=False), help="Write OUT/<config>.run (TREC) and merge OUT/results.json.")
 @click.option("--index-path", type=click.Path(file_okay=False), help="Index to build or reuse (default: .esqbe-eval/csfcube-<model>-<mode>-<labels>).")
-@click.option("--labels", "facets", type=click.Choice([m for m in FACET_MODES if m != "none"]), default="keep", show_default=True, help="keep: the collection's sentence labels; predict: every paper's labels replaced by esqbe's tagger.")
+@click.option("--labels", "facets", type=LazyChoice([m for m in FACET_MODES if m != "none"]), default="keep", show_default=True, help="keep: the collection's sentence labels; predict: every paper's labels replaced by esqbe's tagger.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="YAML settings file.")
 @click.option("--feedback", "feedback", metavar="P,N", help="Relevance feedback on the residual collection: a user marks "

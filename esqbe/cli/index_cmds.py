@@ -9,6 +9,7 @@ import sys
 import click
 
 from esqbe.core.textsafe import printable, printable_tree
+from esqbe.settings.generate import LazyChoice
 from esqbe.settings.table import FORMATS, INDEX_FORMATS
 
 from .errors import EXIT_ERROR, EXIT_SIGINT, EXIT_SIGTERM, EXIT_STORAGE, handle_errors
@@ -41,7 +42,7 @@ def _formats_help() -> str:
 
 @click.command("index")
 @click.argument("files", nargs=-1, required=True, type=str)
-@click.option("--format", "fmt", type=click.Choice(INDEX_FORMATS), help="Input format (default: detected per file; *.parquet is pre-encoded input).")
+@click.option("--format", "fmt", type=LazyChoice(INDEX_FORMATS), help="Input format (default: detected per file; *.parquet is pre-encoded input).")
 @click.option("--strict", is_flag=True, help="Stop at the first malformed line or unreadable file (exit status 1), keeping the papers read before it, instead of reporting it and going on.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (every skipped record in `skipped_records`).")
 @click.option("--skipped", "skipped_path", type=click.Path(dir_okay=False, writable=True),
@@ -210,7 +211,7 @@ def _write_skipped(path: str, report) -> None:
 @click.argument("files", nargs=-1, required=True, type=str)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory for the Parquet output (OUT/papers-<i>-of-<n>.parquet).")
 @click.option("--shard", default="0/1", show_default=True, help="I/N: encode only the papers whose id hashes to shard I of N (run N of these anywhere).")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format (default: detected per file).")
+@click.option("--format", "fmt", type=LazyChoice(FORMATS), help="Input format (default: detected per file).")
 @click.option("--strict", is_flag=True, help="Stop at the first malformed line (exit status 1).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")

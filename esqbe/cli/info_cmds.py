@@ -25,7 +25,7 @@ def _check_filters(filters) -> None:
 
 @click.command("search")
 @click.argument("words", nargs=-1, required=True)
-@click.option("-k", "k", type=click.IntRange(1, 1000), default=10, show_default=True, help="How many papers (1..1000).")
+@click.option("-k", "k", type=click.IntRange(1, 1000), default=10, show_default=True, help="How many papers.")
 @click.option("--json", "as_json", is_flag=True, help="Print the hits as JSON.")
 @click_options("stats")
 @config_option

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from esqbe.settings.generate import LazyChoice
 from esqbe.settings.table import RECORD_FORMATS
 
 from .errors import handle_errors
@@ -16,7 +17,7 @@ from .output import say
 @click.command("tag")
 @click.argument("source", type=str)
 @click.option("--out", "-o", type=click.Path(dir_okay=False, allow_dash=True), default="-", show_default=True, help="Output JSONL (- for stdout).")
-@click.option("--format", "fmt", type=click.Choice(RECORD_FORMATS), help="Input format (default: detected).")
+@click.option("--format", "fmt", type=LazyChoice(RECORD_FORMATS), help="Input format (default: detected).")
 @click.option("--raw-labels", is_flag=True, help="Keep `objective` apart from `background` (the five CSAbstruct labels).")
 @click.option("--strict", is_flag=True, help="Stop at the first malformed line (exit status 1).")
 @click.option("--tagger", "tagger_path", type=click.Path(exists=True, dir_okay=False), help="Tagger weights (default: the ones shipped with esqbe).")
@@ -54,7 +55,7 @@ def _summary_line(summary: dict) -> str:
 @click.option("--limit", type=click.IntRange(min=1), help="Use only the first N train and dev abstracts (a quick smoke run).")
 @click.option("--tuned-layers", type=click.IntRange(min=0), help="Top encoder layers the tagger copies and fine-tunes "
               "(default: the shipped MiniLM tagger's, 2; 0: a head over the encoder's final states, for non-BERT models such as MPNet).")
-@click.option("--pool", type=click.Choice(["mean", "mean+attn"]), help="How a sentence's tokens are pooled (default: mean).")
+@click.option("--pool", type=LazyChoice(["mean", "mean+attn"]), help="How a sentence's tokens are pooled (default: mean).")
 @click.option("--token-stride", "stride", type=click.IntRange(1, 64), help="Average each sentence's tokens in groups of "
               "this many before the copied layers: shorter rows, cheaper tagging (default: the shipped MiniLM tagger's, 4; 1: every token).")
 @click.option("--select-on", "select_on", type=click.Path(exists=True, file_okay=False), help="Train every candidate "

@@ -9,6 +9,7 @@ import click
 
 from esqbe.core.textsafe import printable, printable_tree
 from esqbe.query.export import EXPORT_FORMATS
+from esqbe.settings.generate import LazyChoice
 
 from .errors import handle_errors
 from .options import (
@@ -43,7 +44,7 @@ def _single_threaded_math():
 @click.option("--not", "avoid", multiple=True, metavar="ID[:FACET]",
               help="A paper the hits should not resemble (repeatable; its --facet sentences, or ID:FACET's). It and "
                    "the examples are never hits.")
-@click.option("--facet", type=click.Choice((*FACET_CHOICES, "all")),
+@click.option("--facet", type=LazyChoice((*FACET_CHOICES, "all")),
               help="Use the query paper's sentences labelled with this facet (all: every sentence; default: the "
                    "setting default_facet, else every sentence).")
 @click.option("--sentences", help="Use these sentences of the query paper or --text instead (0-based indices, e.g. 0,2).")
@@ -58,7 +59,7 @@ def _single_threaded_math():
                    "error that names the index's keys or the near values.")
 @click.option("--engine-filter", metavar="JSON", help="Elasticsearch/OpenSearch only: a query DSL clause the papers must also match, e.g. '{\"term\": {\"lang\": \"en\"}}'.")
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
-@click.option("--format", "export_format", type=click.Choice(tuple(EXPORT_FORMATS)),
+@click.option("--format", "export_format", type=LazyChoice(tuple(EXPORT_FORMATS)),
               help="Print the hits as CSV, BibTeX, RIS or CSL-JSON (each with its abstract, authors, year, venue, DOI, "
                    "the entry type and citation key it came with) to import into a reference manager, e.g. "
                    "--format bibtex > similar.bib.")
@@ -353,7 +354,7 @@ def _short(s: str, n: int = 160) -> str:
 @click.option("--paper", "paper_id", required=True, help="The cited paper (must be in the index).")
 @click.option("--text", help="The citing sentence.")
 @click.option("--file", "text_file", type=click.File("r"), help="Read the citing sentence from this file (- for stdin).")
-@click.option("--k", "-k", type=click.IntRange(1, 1000), default=2, show_default=True, help="Number of sentences to return (1..1000).")
+@click.option("--k", "-k", type=click.IntRange(1, 1000), default=2, show_default=True, help="Number of sentences to return.")
 @click.option("--param", "params", multiple=True, help="Matcher option KEY=VALUE (repeatable): method=asym|symm|bm25, d=4, alpha=1e-4, words=DIR, max_tokens=100, markers, stopwords, exact, weights, bm25_weight.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click_options("cite")

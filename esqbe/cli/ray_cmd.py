@@ -8,6 +8,7 @@ import sys
 import click
 
 from esqbe.core.textsafe import printable
+from esqbe.settings.generate import LazyChoice
 from esqbe.settings.table import FORMATS
 
 from .errors import EXIT_ERROR, handle_errors
@@ -23,7 +24,7 @@ from .output import say
 @click.option("--cpus-per-actor", type=click.FloatRange(min=0), default=1.0, show_default=True, help="CPUs each encoder holds (its torch threads).")
 @click.option("--gpus-per-actor", type=click.FloatRange(min=0), default=0.0, show_default=True, help="GPUs each encoder holds (1: one GPU each; 0.5: two encoders share one).")
 @click.option("--papers-per-file", type=click.IntRange(min=1), default=1024, show_default=True, help="Papers per Parquet file (one encoder batch).")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format (default: detected per file).")
+@click.option("--format", "fmt", type=LazyChoice(FORMATS), help="Input format (default: detected per file).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress (Ray Data's bars and the workers' log lines).")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="YAML settings file.")

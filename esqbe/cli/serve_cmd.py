@@ -4,22 +4,37 @@ from __future__ import annotations
 import click
 
 from esqbe.core.limits import MAX_QUERY_SENTENCES
+from esqbe.settings.generate import LazyChoice
 
 from .errors import handle_errors
 from .options import click_options, config_option, overrides_from_click
+
+TOKEN_HELP = ("Bearer token the write endpoints ({writes}) require, at least 16 characters; visible in ps: prefer env "
+              "ESQBE_TOKEN or --token-file.")
+
+
+class _TokenOption(click.Option):
+    """--token, whose help lists the write endpoints from the server's route table when help is shown (so the list
+    cannot drift, and the server is not imported for every command)."""
+
+    def get_help_record(self, ctx):
+        from esqbe.server.routes import write_endpoints
+
+        self.help = TOKEN_HELP.format(writes=", ".join(write_endpoints()))
+        return super().get_help_record(ctx)
 
 
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. Anything but loopback needs a token (ESQBE_TOKEN or --token-file).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--token", help="Bearer token the write endpoints (POST /papers, DELETE /papers/ID) require, at least 16 characters; visible in ps: prefer env ESQBE_TOKEN or --token-file.")
+@click.option("--token", cls=_TokenOption, help=TOKEN_HELP)
 @click.option("--readers", type=click.IntRange(1, 64), help="Reader threads, each with its own index handle and model (default: 1 embedded, 4 engines).")
 @click.option("--cors-origin", "cors_origins", multiple=True, help="Allow browser pages from this origin to call the API (repeatable; default: CORS off).")
 @click.option("--max-body-bytes", type=click.IntRange(1024), help="Largest request body accepted (default: 16 MiB).")
 @click.option("--max-query-sentences", type=click.IntRange(1, MAX_QUERY_SENTENCES), help=f"Most sentences a request's free texts may have together, each text counted whole (default and most: {MAX_QUERY_SENTENCES}).")
 @click.option("--max-batch-records", type=click.IntRange(1), help="Most records one POST /papers may carry (default: 1000).")
 @click.option("--no-warm", is_flag=True, help="Answer at once instead of loading the kNN structures first.")
-@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
+@click.option("--log-level", type=LazyChoice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
 @click.option("--token-file", type=click.Path(dir_okay=False), help="Read the bearer token from this file (its first line).")
 @click.option("--allowed-host", "allowed_hosts", multiple=True, help="A Host name clients use, e.g. behind a reverse proxy (repeatable; default: loopback names on loopback, any name otherwise).")
 @click.option("--private", is_flag=True, help="Reads (queries, papers, search, stats) need the token too, not only writes.")

@@ -8,6 +8,7 @@ import click
 
 from esqbe.core.textsafe import printable, printable_tree
 from esqbe.query.export import EXPORT_FORMATS
+from esqbe.settings.generate import LazyChoice
 
 from .errors import handle_errors
 from .options import (
@@ -52,7 +53,7 @@ def _feed_path(watch) -> str:
 @click.option("--not", "avoid", multiple=True, metavar="ID[:FACET]",
               help="A paper the new papers should not resemble (repeatable; its --facet sentences, or ID:FACET's); "
                    "the watch keeps its own copy of it too.")
-@click.option("--facet", type=click.Choice(FACET_CHOICES), help="Use the query paper's sentences labelled with this facet.")
+@click.option("--facet", type=LazyChoice(FACET_CHOICES), help="Use the query paper's sentences labelled with this facet.")
 @click.option("--sentences", help="Use these sentences of the query paper or --text (0-based indices, e.g. 0,2).")
 @click.option("--text", help="Query with this abstract text (a paper not in the index).")
 @click.option("--file", "text_file", type=click.File("r"), help="Query with the abstract in this file (- for stdin).")
@@ -155,24 +156,44 @@ def _part(q: dict) -> str:
 @watch_group.command("show")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print the watch and its latest matches as JSON.")
-@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True, help="Latest matches shown.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True,
+              help="Latest matches shown (or exported).")
+@click.option("--format", "export_format", type=LazyChoice(tuple(EXPORT_FORMATS)),
+              help="Print the watch's past finds (the latest --limit, newest first) as CSV, BibTeX, RIS or CSL-JSON, "
+                   "each with its abstract: e.g. --format bibtex > finds.bib.")
 @click_options("watch show")
 @config_option
 @handle_errors
-def watch_show_cmd(name, as_json, limit, **kw):
-    """A watch: its query (its own copy of the sentences), settings, threshold, model, feed URL, latest matches."""
-    from esqbe.errors import EsqbeError
-    from esqbe.index.watches import get_watch, strong_cut, watch_matches, watch_settings
+def watch_show_cmd(name, as_json, limit, export_format, **kw):
+    """A watch: its query (its own copy of the sentences), settings, threshold, model, feed URL, latest matches.
 
+    \b
+    esqbe watch show lstm-methods --format bibtex --limit 100 > finds.bib   # or csv, ris, csl-json
+    """
+    from esqbe.errors import EsqbeError
+    from esqbe.index.watches import get_watch, strong_cut, watch_matches, watch_settings, with_abstracts
+
+    if as_json and export_format:
+        raise click.UsageError("give --json or --format, not both")
     with _open(kw, "watch show", create=False) as index:
         watch = get_watch(index, name)
         found = watch_matches(index, name, limit)
+        if export_format:
+            found = with_abstracts(index, found)
         cut = None
-        if watch.min_score is None:
+        if watch.min_score is None and not export_format:
             try:
                 cut = strong_cut(index, watch_settings(index, watch))
             except EsqbeError:
                 cut = None
+    if export_format:
+        from esqbe.query.export import export_hits
+
+        if not found:
+            say(f"esqbe: watch {name} has found nothing yet; nothing to export", err=True)
+            return
+        click.echo(export_hits({"hits": found}, export_format), nl=False)
+        return
     if as_json:
         echo_json({**watch.to_dict(with_key=True), "feed": _feed_path(watch), "matches": found, "strong_from": cut})
         return
@@ -230,8 +251,9 @@ def watch_revoke_cmd(name, **kw):
 @click.argument("names", nargs=-1)
 @click.option("--dry-run", is_flag=True, help="Report, but do not advance the watches' marks.")
 @click.option("--json", "as_json", is_flag=True, help="Print each watch's run as JSON.")
-@click.option("--format", "export_format", type=click.Choice(tuple(EXPORT_FORMATS)),
-              help="Print the new matches (all watches together) as CSV, BibTeX or RIS.")
+@click.option("--format", "export_format", type=LazyChoice(tuple(EXPORT_FORMATS)),
+              help="Print the new matches (all watches together) as CSV, BibTeX, RIS or CSL-JSON, each with its "
+                   "abstract; with none, nothing is printed and stderr says so (exit status 0).")
 @click_options("watch run")
 @config_option
 @handle_errors
@@ -244,17 +266,22 @@ def watch_run_cmd(names, dry_run, as_json, export_format, **kw):
     """
     if as_json and export_format:
         raise click.UsageError("give --json or --format, not both")
-    from esqbe.index.watches import run_watches
+    from esqbe.index.watches import run_watches, with_abstracts
 
     with _open(kw, "watch run", create=False) as index:
         runs = run_watches(index, list(names), dry_run=dry_run)
+        found = with_abstracts(index, [m for r in runs for m in r.matches]) if export_format else []
     if as_json or export_format:
         if as_json:
             echo_json([r.to_dict() for r in runs])
-        else:
+        elif found:
             from esqbe.query.export import export_hits
 
-            click.echo(export_hits({"hits": [m for r in runs for m in r.matches]}, export_format), nl=False)
+            click.echo(export_hits({"hits": found}, export_format), nl=False)
+        else:  # an empty file would look like a failure: say why there is nothing
+            ran = [r for r in runs if not r.refused]
+            say("esqbe: nothing new: " + (f"{len(ran)} watch(es) ran, {sum(r.new_papers for r in ran)} new paper(s) "
+                                          "looked at, none matched" if ran else "no watch ran"), err=True)
         for r in runs:  # the others ran; a refused one is said on stderr, and the exit status is 1
             if r.refused:
                 say(f"esqbe: watch {r.name} refused: {r.refused}", err=True)

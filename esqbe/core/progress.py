@@ -1,7 +1,9 @@
 """Progress of long work (indexing) on stderr: a bar on a terminal, periodic lines otherwise.
 
 On a terminal it is a tqdm bar over the input's bytes when their total is known (files), with
-the papers done beside it; when stderr is a file or a pipe (a log, a CI job) it prints one line
+the papers done, papers/s and the time left beside it (esqbe's own: at the rate since the first batch, once a few
+have come; tqdm's own rate counts the model's warm-up and once said 17 minutes for a 17 s run, in kB/s);
+when stderr is a file or a pipe (a log, a CI job) it prints one line
 every `interval` seconds ($ESQBE_PROGRESS_SECONDS, default 10) and a last line when done, so a long run shows that it is alive.
 Updates arrive per encoder batch, not per committed batch.
 """
@@ -39,13 +41,15 @@ class Progress:
         self._lines = 0
         self._updates = 0  # update() calls that reported papers
         self._first: tuple[float, int] | None = None  # (time, bytes consumed) at the first of them
+        self._first_papers = 0  # papers done by the first of them (its own batch included: the warm-up)
         self._bar = None
         self._lock = threading.Lock()  # the encoder's thread and the indexing loop both report
         if self.tty:
             from tqdm import tqdm
 
             self._bar = tqdm(total=self.total_bytes, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                             file=self.stream, dynamic_ncols=True)
+                             file=self.stream, dynamic_ncols=True,
+                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
 
     def _bytes(self) -> int | None:
         return self.position() if self.position is not None else None
@@ -62,11 +66,13 @@ class Progress:
             self._updates += 1
             if self._first is None and done is not None:
                 self._first = (time.monotonic(), done)
+                self._first_papers = self.papers
         if self._bar is not None:
             if done is not None and done >= self._bar.n:
                 self._bar.update(done - self._bar.n)
             committed = f", {self.committed} committed" if self.committed is not None else ""
-            self._bar.set_postfix_str(f"{self.papers} papers{committed}", refresh=True)
+            self._bar.set_postfix_str(f"{self.papers} papers{committed}{self._speed(time.monotonic(), done)}",
+                                      refresh=True)
             return
         now = time.monotonic()
         if now - self._last >= self.interval:
@@ -93,6 +99,15 @@ class Progress:
         self.stream.write(", ".join(parts) + "\n")
         self.stream.flush()
         self._lines += 1
+
+    def _speed(self, now: float, done: int | None) -> str:
+        """`, 12.3 papers/s, about 1m05s left` at the rate since the first batch, once a few batches have come (the
+        first carries the model's warm-up); before that `, warming up`."""
+        if self._first is None or self._updates <= ESTIMATE_AFTER or now <= self._first[0]:
+            return ", warming up"
+        rate = (self.papers - self._first_papers) / (now - self._first[0])
+        left = self._left(now, done) if done is not None else None
+        return f", {rate:.1f} papers/s" + (f", about {_duration(left)} left" if left is not None else "")
 
     def _left(self, now: float, done: int) -> float | None:
         """Seconds left at the rate since the first update, once a few updates have come (None: not yet known)."""

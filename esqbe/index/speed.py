@@ -20,6 +20,7 @@ rates (their seconds are reported apart)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -85,9 +86,71 @@ class SpeedReport:
     default: Rate
     default_tagged: int  # papers the default run tagged (all of them: the sample's labels are removed)
     runtimes: list[Rate] = field(default_factory=list)
+    #: what else used the machine meanwhile (`Disturbance`); `reliable` is False when the figures are not this
+    #: machine's alone
+    disturbance: dict = field(default_factory=dict)
+    reliable: bool = True
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+#: the CPU others may use while esqbe measures before its figures are marked unreliable: a quarter of the cores'
+#: time (or 5% stolen by the hypervisor)
+OTHERS_SHARE_MAX, STEAL_SHARE_MAX = 0.25, 0.05
+
+
+def _cpu_times() -> tuple[float, float] | None:
+    """(seconds every core was busy, seconds stolen) since boot, from /proc/stat (None where there is none)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    busy = ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6]
+    return busy / hz, ticks[7] / hz
+
+
+@dataclass
+class Disturbance:
+    """Whether others used the CPU while esqbe measured: esqbe's own CPU seconds (this process, its threads
+    included) against the wall seconds and all the cores' busy seconds over the same span, and the load average."""
+
+    started_wall: float = field(default_factory=time.perf_counter)
+    started_cpu: float = field(default_factory=time.process_time)
+    started_machine: tuple[float, float] | None = field(default_factory=_cpu_times)
+    load_before: float | None = field(default_factory=lambda: os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+
+    def finish(self, cores: int) -> dict:
+        wall = time.perf_counter() - self.started_wall
+        own = time.process_time() - self.started_cpu
+        now = _cpu_times()
+        others = steal = None
+        if now is not None and self.started_machine is not None and wall > 0:
+            others = max(0.0, (now[0] - self.started_machine[0]) - own) / (wall * max(1, cores))
+            steal = max(0.0, now[1] - self.started_machine[1]) / (wall * max(1, cores))
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        return judge({"wall_seconds": round(wall, 2), "own_cpu_seconds": round(own, 2),
+                      "others_cpu_share": None if others is None else round(others, 3),
+                      "steal_share": None if steal is None else round(steal, 3),
+                      "load_before": self.load_before, "load_after": load, "cores": cores})
+
+
+def judge(d: dict) -> dict:
+    """`d` (Disturbance's figures) with `disturbed` and `reason`: others used more than OTHERS_SHARE_MAX of the
+    cores' time, the hypervisor stole more than STEAL_SHARE_MAX, or (no /proc/stat) the load average was over the
+    cores esqbe's own threads leave free."""
+    reasons = []
+    if d.get("others_cpu_share") is not None and d["others_cpu_share"] > OTHERS_SHARE_MAX:
+        reasons.append(f"other processes used {d['others_cpu_share']:.0%} of the CPU's time")
+    if d.get("steal_share") is not None and d["steal_share"] > STEAL_SHARE_MAX:
+        reasons.append(f"the hypervisor stole {d['steal_share']:.0%} of it")
+    if d.get("others_cpu_share") is None and d.get("load_after") is not None and d["load_after"] > 1.5 * d["cores"]:
+        reasons.append(f"the load average was {d['load_after']:.1f} on {d['cores']} cores")
+    return {**d, "disturbed": bool(reasons), "reason": "; ".join(reasons) or None}
 
 
 def sample_path() -> Path:
@@ -266,6 +329,7 @@ def check_speed(*, seconds: int = SECONDS_DEFAULT, papers: int | None = None, ru
     else:
         forward_budget, default_budget = seconds * SHARE_FORWARD, seconds * SHARE_DEFAULT
     say(f"{here.cpu}, {here.cores} cores, int8 kernels: {here.int8_kernels}" + (f", GPU {here.gpu}" if here.gpu else ""))
+    watch = Disturbance()
     work = Path(tempfile.mkdtemp(prefix="esqbe-speed-", dir=workdir))
     try:  # the default run first: what a user came for, whatever happens to the rest
         default, tagged = _default_run(abstracts, work, default_budget, cap, say)
@@ -276,7 +340,10 @@ def check_speed(*, seconds: int = SECONDS_DEFAULT, papers: int | None = None, ru
     measured = [_runtime(b, d, abstracts, seconds * share, cap, say).against(forward) for b, d in plan] \
         if runtimes else []
     versions = {"torch": torch.__version__, "onnxruntime": _version("onnxruntime"), "esqbe": _version("esqbe")}
-    return SpeedReport(machine=here.to_dict(),
+    disturbance = watch.finish(os.cpu_count() or int(here.cores))  # /proc/stat counts every core
+    if disturbance["disturbed"]:
+        say(f"warning: {disturbance['reason']} while measuring: these figures are unreliable")
+    return SpeedReport(disturbance=disturbance, reliable=not disturbance["disturbed"],machine=here.to_dict(),
                        sample={"source": SAMPLE_SOURCE, "papers": len(abstracts)},
                        seconds_asked=int(seconds), seconds=round(time.perf_counter() - started, 1),
                        threads=int(torch.get_num_threads()), versions=versions, fp32_forward=forward, default=default,

@@ -349,6 +349,16 @@ def watch_matches(index, name: str, limit: int) -> list[dict]:
     return [{**hit, "found": found} for _pid, found, hit in _store(index).watch_matches(name, limit)]
 
 
+def with_abstracts(index, hits: list[dict]) -> list[dict]:
+    """`hits` (a run's matches or a watch's finds) each with its abstract's `sentences`, read from the index where the
+    paper is still in it (an export writes each hit's abstract); a paper deleted since keeps none."""
+    from ..query.results import sentences_json
+
+    papers = index.get([h["paper_id"] for h in hits if not h.get("sentences")]) if hits else {}
+    return [{**h, "sentences": sentences_json(papers[h["paper_id"]])} if not h.get("sentences")
+            and h["paper_id"] in papers else h for h in hits]
+
+
 def _examples_of(watch: Watch) -> tuple[list, list]:
     """The watch's own copy of its query: its examples and papers to avoid (esqbe.query.results.Example), each a paper
     whose sentences are its query sentences, with the stored vectors."""

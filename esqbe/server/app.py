@@ -86,7 +86,14 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
         finally:
             await asyncio.get_running_loop().run_in_executor(None, service.close)
 
-    app = FastAPI(
+    # the API docs (/docs: Swagger UI, /redoc: ReDoc) from the assets the fastapi-offline package ships, served
+    # here under /static/docs: they work with no network (FastAPI's own load them from a CDN)
+    from fastapi_offline import FastAPIOffline
+
+    app = FastAPIOffline(
+        static_url="/static/docs",
+        favicon_url="static/favicon.svg",  # relative to /docs: right where the app is mounted
+        swagger_ui_parameters={"validatorUrl": None},  # no badge fetched from the validator's site
         title="esqbe",
         summary="Faceted query-by-example search for scientific papers",
         description="Pick a paper and an aspect of it (background, method, result, or chosen sentences) and get "

@@ -23,6 +23,12 @@ _OPEN_PATHS = frozenset({"/", "/health", "/openapi.json", "/docs", "/docs/oauth2
 _FEED_PATH = re.compile(r"/watches/[^/]+\.atom")
 
 
+def is_write(method: str, path: str) -> bool:
+    """Whether a request is a write (the token where the server has one): every method but GET/HEAD/OPTIONS, except
+    POST /query (a read sent as a body)."""
+    return method not in ("GET", "HEAD", "OPTIONS") and not (method == "POST" and path == "/query")
+
+
 def _token_ok(authorization: str | None, token: str) -> bool:
     scheme, _, given = (authorization or "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
@@ -78,7 +84,7 @@ class _Perimeter:
             return _error_response(400, f"this server does not answer to the host name {host!r} (allowed: loopback "
                                         "names, and the server's --allowed-host names)")
         method, path = scope["method"], get_route_path(scope)
-        write = method not in ("GET", "HEAD", "OPTIONS") and not (method == "POST" and path == "/query")
+        write = is_write(method, path)
         origin = headers.get("origin")
         if write and origin is not None and not self._origin_ok(origin, host):
             shown = _split_host(origin.partition("://")[2])[0] or "null"  # the name alone: URLs are kept from clients

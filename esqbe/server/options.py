@@ -97,12 +97,18 @@ def is_loopback(host: str) -> bool:
 MIN_TOKEN_LENGTH = 16
 
 
+def _writes() -> list[str]:
+    from .routes import write_endpoints
+
+    return write_endpoints()
+
+
 def check_exposure(options: ServeOptions) -> None:
     """Refuse to expose the write endpoints beyond this machine without a token, weak tokens, and options
     that need a token without one."""
     if not is_loopback(options.host) and not options.token:
         raise ConfigError(
-            f"refusing to listen on {options.host}: the write endpoints (POST /papers, DELETE /papers/{{id}}) "
+            f"refusing to listen on {options.host}: the write endpoints ({', '.join(_writes())}) "
             "need a bearer token when the host is not loopback; set ESQBE_TOKEN or pass --token-file"
         )
     if options.token is not None and len(options.token) < MIN_TOKEN_LENGTH:

@@ -333,3 +333,14 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         return {"results": out["results"], "unknown": out["unknown"]}
 
     return router
+
+
+def write_endpoints() -> list[str]:
+    """`METHOD /path` of every write endpoint of the route table (what the token guards: middleware.is_write), for
+    `esqbe serve --help` and the refusal to listen beyond loopback without a token, so that neither can drift."""
+    from .middleware import is_write
+
+    router = make_router(None, ServeOptions(host="127.0.0.1"))  # type: ignore[arg-type]  # the table, no service
+    found = {(m, str(getattr(r, "path", "")).replace(":path}", "}")) for r in router.routes
+             for m in sorted(getattr(r, "methods", None) or ()) if is_write(m, str(getattr(r, "path", "")))}
+    return [f"{m} {p}" for m, p in sorted(found, key=lambda x: (x[1], x[0]))]

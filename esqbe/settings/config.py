@@ -126,13 +126,18 @@ def check_value(name: str, value) -> str | None:
     """Why `value` is not valid for setting `name`, or None if it is."""
     if value is None:
         return None
+    from ..core.filter_check import did_you_mean
+
     if name in CHOICES and value not in CHOICES[name]:
-        return f"{value!r} is not one of {', '.join(CHOICES[name])}"
+        near = did_you_mean(str(value), [str(c) for c in CHOICES[name]])
+        return f"{value!r} is not one of {', '.join(CHOICES[name])}" + (f" (did you mean {near!r}?)" if near else "")
     if name == "rescorer":
         from ..rescore.registry import available_rescorers
 
         if value not in available_rescorers():
-            return f"unknown rescorer {value!r}; choose one of {', '.join(available_rescorers())}"
+            near = did_you_mean(str(value), list(available_rescorers()))
+            return (f"unknown rescorer {value!r}; choose one of {', '.join(available_rescorers())}"
+                    + (f" (did you mean {near!r}?)" if near else ""))
     if name == "device" and not _DEVICE.match(str(value)):
         return f"{value!r} is not a torch device; use cpu, cuda, cuda:N, mps or auto"
     if name in RANGES:

@@ -59,10 +59,15 @@ def _bounds(s: Setting) -> str:
 
 
 def flag_help(s: Setting) -> str:
-    """A flag's help: the table's words, the range, the default and the environment variable."""
+    """A flag's help: the table's words, the default and the environment variable (the range only where click does
+    not show it: a number without a click range type; click adds `[1<=x<=4096]` to a range's help itself)."""
     if s.name == "rescorer_params":
         return param_help()
-    extra = [part for part in (_bounds(s), f"default: {_show(s.default)}" if s.default not in (None, {}) else "",
+    import click
+
+    shown_by_click = isinstance(_click_type(s), (click.IntRange, click.FloatRange))
+    extra = [part for part in ("" if shown_by_click else _bounds(s),
+                               f"default: {_show(s.default)}" if s.default not in (None, {}) else "",
                                f"env {s.env}" if s.env else "") if part]
     return s.help + (f" ({'; '.join(extra)})" if extra else "")
 
@@ -154,6 +159,18 @@ def _lazy_choice_class():
         @choices.setter
         def choices(self, value):
             self._source = value
+
+        def convert(self, value, param, ctx):
+            """The value if it is one of the choices; else a usage error that names the nearest one."""
+            try:
+                return super().convert(value, param, ctx)
+            except click.BadParameter as e:
+                from ..core.filter_check import did_you_mean
+
+                near = did_you_mean(str(value), [str(c) for c in self.choices])
+                if near is None:
+                    raise
+                self.fail(f"{e.message} (did you mean {near!r}?)", param, ctx)
 
     return _LazyChoice
 

@@ -5,7 +5,8 @@
 // One thing at a time: `gen` counts what the page was asked last (a paper loaded, a query run); an answer to an
 // older request is dropped, so hits of an old query never show under a new query paper.
 // `also` / `avoid`: papers added from the hits as more examples or as "not like this" (in the address as also= / not=).
-const state = { paper: null, facet: null, chosen: new Set(), lastQuery: null, result: null, gen: 0, also: [], avoid: [] };
+const state = { paper: null, facet: null, chosen: new Set(), lastQuery: null, result: null, gen: 0, also: [], avoid: [],
+  titles: new Map() };  // titles: paper id -> title, for the chips of the set (from hits and answers)
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs = {}, ...children) {
@@ -67,6 +68,15 @@ function clearResults(info = "No query yet.") {
   $("results-info").textContent = info;
   $("export").hidden = true;
   linkQuerySentences([], false);
+}
+
+// A title cut at a word to name an example or a chip (its id where it has none).
+function shortTitle(title, id, n = 48) {
+  const t = String(title || "").replace(/\s+/g, " ").trim();
+  if (!t) return id ? `paper ${id}` : "a text";
+  if (t.length <= n) return t;
+  const cut = t.slice(0, n - 1).replace(/\s+\S*$/, "");
+  return (cut.length > n / 2 ? cut : t.slice(0, n - 1)) + "…";
 }
 
 const fmt = (x, digits = 3) => (x === null || x === undefined ? "–" : Number(x).toFixed(digits));
@@ -174,10 +184,11 @@ function renderPaper() {
   $("query-empty").hidden = true;
   $("query-paper").hidden = false;
   $("paper-title").textContent = p.title || (p.isText ? "(pasted text)" : "(no title)");
+  $("paper-meta").replaceChildren(...(p.isText ? [] : [hitMeta(p.metadata || {})].filter(Boolean)));
   $("paper-id").textContent = p.isText ?
     (p.sentences.length ? `pasted text · ${p.sentences.length} sentences, labelled by esqbe's tagger` :
       "pasted text · splitting it into sentences…") :
-    `${p.paper_id} · ${p.sentences.length} sentences` + (p.facets_predicted ? " · facet labels predicted by esqbe's tagger" : "");
+    `id: ${p.paper_id} · ${p.sentences.length} sentences` + (p.facets_predicted ? " · facet labels predicted by esqbe's tagger" : "");
   for (const b of document.querySelectorAll(".facet-btn")) {
     b.disabled = !p.isText && !(p.facet_queries && p.facet_queries[b.dataset.facet]);
     b.title = b.disabled ? `This paper has no ${b.dataset.facet} sentence` : `Query by the ${b.dataset.facet} sentences`;
@@ -365,14 +376,16 @@ function renderSet() {
   const box = $("query-set");
   box.hidden = !(state.also.length || state.avoid.length);
   const row = (ids, listId, kind) => $(listId).replaceChildren(...ids.map((id) => el("li", { "data-paper-id": id },
-    el("span", { class: "pid", text: id }),
-    el("button", { type: "button", class: "set-remove", "aria-label": `Remove ${id} from ${kind}`,
+    el("span", { class: "chip-title", title: `id: ${id}` + (state.titles.get(id) ? ` · ${state.titles.get(id)}` : ""),
+      text: shortTitle(state.titles.get(id), id) }),
+    el("button", { type: "button", class: "set-remove", "aria-label": `Remove ${shortTitle(state.titles.get(id), id)} from ${kind === "also" ? "the examples" : "the papers to avoid"}`,
       onclick: () => { state[kind] = state[kind].filter((x) => x !== id); runQuery(); } }, "×"))));
   row(state.also, "also-list", "also");
   row(state.avoid, "avoid-list", "avoid");
 }
 
-function addToSet(kind, id) {
+function addToSet(kind, id, title = null) {
+  if (title) state.titles.set(id, title);
   const other = kind === "also" ? "avoid" : "also";
   state[other] = state[other].filter((x) => x !== id);
   if (!state[kind].includes(id)) state[kind] = [...state[kind], id];
@@ -411,20 +424,22 @@ function hitLinks(meta) {
   return links;
 }
 
+// A paper's metadata, each field labelled (a hit's and the query paper's alike).
 function hitMeta(meta) {
   const parts = [];
-  if (meta.year !== undefined && meta.year !== null) parts.push(el("span", { class: "year", text: String(meta.year) }));
+  const field = (cls, label, value) => el("span", { class: cls }, el("span", { class: "field", text: `${label}: ` }), value);
+  if (meta.year !== undefined && meta.year !== null) parts.push(field("year", "Year", String(meta.year)));
   const venue = meta.venue || meta.journal;
-  if (venue) parts.push(el("span", { class: "venue", text: String(typeof venue === "object" ? venue.name || "" : venue) }));
+  if (venue) parts.push(field("venue", "Venue", String(typeof venue === "object" ? venue.name || "" : venue)));
   const names = (Array.isArray(meta.authors) ? meta.authors : []).map((a) => (a && typeof a === "object" ? a.name : a)).filter(Boolean);
-  if (names.length) parts.push(el("span", { class: "authors", text: names.slice(0, 3).join(", ") + (names.length > 3 ? " et al." : "") }));
+  if (names.length) parts.push(field("authors", "Authors", names.slice(0, 2).join(", ") + (names.length > 2 ? " et al." : "")));
   const doi = (meta.external_ids || {}).doi || meta.doi;
-  if (doi) parts.push(el("span", { class: "doi", text: `doi:${doi}` }));
+  if (doi) parts.push(field("doi", "DOI", String(doi)));
   const links = hitLinks(meta).map(([label, href]) => el("a", { href, target: "_blank", rel: "noopener noreferrer", class: "ext" }, label));
   if (!parts.length && !links.length) return null;
   const line = el("div", { class: "hit-meta" });
   parts.forEach((x, i) => { if (i) line.append(" · "); line.append(x); });
-  if (links.length) line.append(el("span", { class: "links" }, ...links));
+  if (links.length) line.append(el("span", { class: "links" }, el("span", { class: "field", text: "Read: " }), ...links));
   return line;
 }
 
@@ -453,32 +468,68 @@ function renderHits(res) {
   const list = $("hits");
   list.replaceChildren();
   const maxWeight = Math.max(1e-9, ...res.hits.flatMap((h) => h.matches.map((m) => Math.abs(m.weight))));
+  const examples = res.query.examples || [];
+  const avoidList = res.query.avoid || [];
+  const several = examples.length > 1;
+  for (const x of [...examples, ...avoidList]) if (x.paper_id && x.title) state.titles.set(x.paper_id, x.title);
+  for (const h of res.hits) if (h.title) state.titles.set(h.paper_id, h.title);
+  renderSet();
   for (const hit of res.hits) {
-    const matchedQ = [...new Set(hit.matches.map((m) => m.query_index))];
+    const matchedQ = [...new Set(hit.matches.filter((m) => !m.example).map((m) => m.query_index))];  // the panel's paper's
     const weightOf = new Map();
     for (const m of hit.matches) weightOf.set(m.candidate_index, Math.max(weightOf.get(m.candidate_index) || -Infinity, m.weight));
 
-    const rows = hit.matches.map((m) => {
-      const row = el("tr", { class: "pair", "data-query-index": m.query_index, "data-candidate-index": m.candidate_index },
-        el("td", { class: `q facet-${facetOfQuery(m.query_index)}` },
-          el("button", { type: "button", class: "pair-focus", "aria-label": `Show query sentence ${m.query_index}`,
-            onfocus: () => { if (state.result === res) linkQuerySentences([m.query_index], true); }, onblur: () => linkQuerySentences([], false) },
-            el("span", { class: "num", text: `[${m.query_index}] ` }), m.query_sentence)),
+    // each pair names its example where the query has several (the query sentences of each are numbered in their own
+    // paper); the best SHOWN_PAIRS pairs show, the rest a click away
+    const byWeight = [...hit.matches].sort((a, b) => b.weight - a.weight);
+    const rows = byWeight.map((m, n) => {
+      const ex = examples[m.example || 0];
+      const own = m.example === 0 || m.example === undefined;  // the query paper in the panel
+      const row = el("tr", { class: n < SHOWN_PAIRS ? "pair" : "pair more", "data-query-index": m.query_index,
+        "data-candidate-index": m.candidate_index, "data-example": m.example || 0, hidden: n >= SHOWN_PAIRS },
+        el("td", { class: `q facet-${exampleFacet(ex, m.query_index)}` },
+          el("button", { type: "button", class: "pair-focus", "aria-label": several ?
+            `Show query sentence ${m.query_index} of example ${(m.example || 0) + 1}` : `Show query sentence ${m.query_index}`,
+            onfocus: () => { if (own && state.result === res) linkQuerySentences([m.query_index], true); }, onblur: () => linkQuerySentences([], false) },
+            el("span", { class: "stext", title: m.query_sentence },
+              several ? el("span", { class: "example-of", title: ex ? `example ${(m.example || 0) + 1}: ${ex.paper_id ? "id " + ex.paper_id + " · " : ""}${ex.title || ""}` : "",
+                text: `ex. ${(m.example || 0) + 1} “${ex ? shortTitle(ex.title, ex.paper_id, 32) : "?"}”` }) : null,
+              el("span", { class: "num", text: `[${m.query_index}] ` }), m.query_sentence))),
         el("td", { class: "w", title: res.match_weight },
           el("strong", { text: fmt(m.weight) }),
           el("span", { class: "weight-bar", "aria-hidden": "true" },
             el("span", { style: `width:${Math.round(100 * Math.abs(m.weight) / maxWeight)}%` }))),
         el("td", { class: `c facet-${m.candidate_facet}` },
-          el("span", { class: "num", text: `[${m.candidate_index}] ` }), el("span", { class: "tag", text: m.candidate_facet }),
-          m.candidate_sentence));
-      row.addEventListener("mouseenter", () => { if (state.result === res) linkQuerySentences([m.query_index], true); });
+          el("span", { class: "stext", title: m.candidate_sentence }, el("span", { class: "num", text: `[${m.candidate_index}] ` }),
+            el("span", { class: "tag", text: m.candidate_facet }), m.candidate_sentence)));
+      row.addEventListener("mouseenter", () => { if (own && state.result === res) linkQuerySentences([m.query_index], true); });
       row.addEventListener("mouseleave", () => linkQuerySentences([], false));
       return row;
     });
-    const table = el("table", { class: "pairs" },
-      el("thead", {}, el("tr", {}, el("th", { text: "Query sentence" }), el("th", { text: "Weight" }),
-        el("th", { text: "Matched sentence of this paper" }))),
+    const hiddenPairs = Math.max(0, rows.length - SHOWN_PAIRS);
+    let table = null;
+    const more = hiddenPairs ? el("button", { type: "button", class: "more-pairs", "aria-expanded": "false",
+      onclick: () => {
+        const open = more.getAttribute("aria-expanded") !== "true";
+        for (const r of rows.slice(SHOWN_PAIRS)) r.hidden = !open;
+        table.classList.toggle("open", open);  // open: every pair, each sentence whole
+        more.setAttribute("aria-expanded", open ? "true" : "false");
+        more.textContent = open ? "Fewer pairs" : `${hiddenPairs} more pair${hiddenPairs > 1 ? "s" : ""}`;
+      } }, `${hiddenPairs} more pair${hiddenPairs > 1 ? "s" : ""}`) : null;
+    table = el("table", { class: "pairs" },
+      el("thead", {}, el("tr", {}, el("th", { text: several ? "Query sentence (of which example)" : "Query sentence" }),
+        el("th", { text: "Weight" }), el("th", { text: "Matched sentence of this paper" }))),
       el("tbody", {}, ...rows));
+    // the papers to avoid that this hit is like: shown as such, by title, with the pair that made it so
+    const pulled = (hit.avoided || []).filter((a) => a.penalty > 0);
+    const avoidedBox = pulled.length ? el("div", { class: "avoided" },
+      el("span", { class: "field", text: "Like a paper to avoid: " }),
+      ...pulled.map((a) => {
+        const t = state.titles.get(a.paper_id) || (avoidList.find((x) => x.paper_id === a.paper_id) || {}).title;
+        return el("span", { class: "avoided-pair", "data-paper-id": a.paper_id, title: `id: ${a.paper_id}; its [${a.avoid_index}] “${a.avoid_sentence || ""}”` },
+          `“${shortTitle(t, a.paper_id, 32)}” (score −${fmt(a.penalty)}): its [${a.avoid_index}] ~ this paper's [${a.candidate_index}] `,
+          el("q", { text: a.candidate_sentence || "" }));
+      })) : null;
 
     const abstract = el("div", { class: "abstract-text" });
     for (const s of hit.sentences || []) {
@@ -498,7 +549,8 @@ function renderHits(res) {
     const band = strength(hit, res);
     const item = el("li", { class: band && band.classList.contains("strength-weak") ? "hit weak" : "hit", "data-paper-id": hit.paper_id, "data-query-paper": res.query.paper_id || "(text)" },
       el("div", { class: "hit-head" }, el("span", { class: "hit-rank", text: `${hit.rank}.` }),
-        el("h3", { class: "hit-title", text: hit.title || (hit.sentences && hit.sentences[0] ? hit.sentences[0].text.slice(0, 100) + "…" : hit.paper_id) })),
+        el("h3", { class: "hit-title", text: hit.title || (hit.sentences && hit.sentences[0] ? hit.sentences[0].text.slice(0, 100) + "…" : hit.paper_id) }),
+        el("span", { class: "pid" }, el("span", { class: "field", text: "id " }), hit.paper_id)),
       el("div", { class: "scores" },
         // the one number: it orders the hits and its band places it; the parts that make it follow, each explained
         el("span", { class: "score-main", title: `score: ${(res.score || {}).formula || "what the hits are ordered by"}; ` +
@@ -513,20 +565,17 @@ function renderHits(res) {
         el("span", { class: "score-knn", title: "sentence kNN: for each query sentence the best cosine the first-stage " +
           "nearest-neighbour search found among this paper's sentences, averaged (-1..1; 0: found by words only)" },
           "sentence kNN ", el("strong", { text: fmt(hit.knn) })),
-        el("span", { class: "pid", text: hit.paper_id })),
+),
       hitMeta(hit.metadata || {}),
-      table,
-      hit.sentences ? el("details", { class: "abstract" }, el("summary", { text: "Whole abstract, matched sentences marked" }), abstract) : null,
-      hit.avoided && hit.avoided.some((a) => a.penalty > 0) ? el("p", { class: "avoided muted",
-        text: "Pulled down by " + hit.avoided.filter((a) => a.penalty > 0).map((a) =>
-          `${a.paper_id} (−${fmt(a.penalty)}: its [${a.avoid_index}] ~ [${a.candidate_index}] here)`).join(", ") }) : null,
-      el("div", { class: "hit-actions" },
+      table, avoidedBox,
+      el("div", { class: "hit-actions" }, more,
         el("button", { type: "button", class: "add-example", "data-paper-id": hit.paper_id,
-          onclick: () => addToSet("also", hit.paper_id) }, "+ More like this"),
+          onclick: () => addToSet("also", hit.paper_id, hit.title) }, "+ More like this"),
         el("button", { type: "button", class: "add-avoid", "data-paper-id": hit.paper_id,
-          onclick: () => addToSet("avoid", hit.paper_id) }, "Not like this"),
+          onclick: () => addToSet("avoid", hit.paper_id, hit.title) }, "Not like this"),
         el("a", { href: `#${nextHash}`, class: "query-next" }, res.query.facet ? `Query by this paper's ${res.query.facet}` :
-          matchedC.length ? `Query by this paper's matched sentences [${matchedC.join(", ")}]` : "Query by this paper")));
+          matchedC.length ? `Query by this paper's matched sentences [${matchedC.join(", ")}]` : "Query by this paper"),
+        hit.sentences ? el("details", { class: "abstract" }, el("summary", { text: "Abstract", title: "The whole abstract, matched sentences marked" }), abstract) : null));
     item.addEventListener("mouseenter", () => { if (state.result === res) linkQuerySentences(matchedQ, true); });
     item.addEventListener("mouseleave", () => linkQuerySentences([], false));
     list.append(item);
@@ -556,6 +605,15 @@ function strength(hit, res) {
     `Scale: ${scale.description || "?"}.`;
   return el("span", { class: `strength strength-${hit.band}`, title, "data-scale": scale.source || "none",
     text: `${hit.band} match` });
+}
+
+// how many of a hit's pairs show before "N more pairs"
+const SHOWN_PAIRS = 2;
+
+// the label of query sentence `i` of example `ex` (the answer's own copy of its sentences)
+function exampleFacet(ex, i) {
+  const s = ex && (ex.sentences || []).find((x) => x.index === i);
+  return s ? s.facet : facetOfQuery(i);
 }
 
 function facetOfQuery(i) {
@@ -641,7 +699,9 @@ async function showWatches() {
   try { list = await api("watches?latest=10"); } catch (e) { list = null; }
   const panel = $("watch-panel"), ol = $("watch-list");
   ol.replaceChildren();
-  if (!Array.isArray(list) || !list.length) { panel.hidden = true; return; }
+  if (!Array.isArray(list) || !list.length) { panel.hidden = true; $("watches-link").hidden = true; return; }
+  $("watches-link").hidden = false;  // in the header: the panel is a click away wherever the page is scrolled
+  $("watches-link").textContent = `Watches (${list.length})`;
   for (const w of list) {
     // each example (one for a single query) and each paper to avoid: `paper A, method; text “T”; not paper C`
     const part = (q) => (q.paper_id ? `paper ${q.paper_id}` : `text “${q.title || "untitled"}”`)
@@ -690,6 +750,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("run-query").addEventListener("click", runQuery);
   $("use-text").addEventListener("click", useText);
   $("watch-query").addEventListener("click", watchQuery);
+  $("watches-link").addEventListener("click", () => { $("watch-panel").scrollIntoView({ block: "start" }); $("watch-panel").focus(); });
   for (const b of document.querySelectorAll(".export-btn")) b.addEventListener("click", () => download(b.dataset.format));
   $("filters").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); runQuery(); } });
   $("rescorer").addEventListener("change", () => { if (state.lastQuery) runQuery(); });
