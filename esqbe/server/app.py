@@ -51,7 +51,7 @@ from .options import (
     is_loopback,
     options_from_env,
 )
-from .routes import STATIC_DIR, make_router
+from .routes import STATIC_DIR, make_router, write_endpoints
 from .service import Service
 
 
@@ -72,7 +72,7 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
             "create_app needs to know who can reach the app: options=ServeOptions(host=\"127.0.0.1\") when only "
             "this machine can (writes need no token), or ServeOptions(host=..., token=...) when others can "
             "(mounted in another app, the host is where that app listens)")
-    check_exposure(options)
+    check_exposure(options, write_endpoints())
     settings = (settings or load_settings(config)).replace(path=path, **overrides)
     service = Service(settings, options, encoder=encoder)
 
@@ -135,7 +135,7 @@ def serve(settings: Settings, options: ServeOptions, *, log_level: str = "info")
 
     from ..core.threads import limit_for_query
 
-    check_exposure(options)
+    check_exposure(options, write_endpoints())
     limit_for_query()  # this process answers queries: small matrices, one BLAS thread (esqbe.core.threads)
     app = create_app(settings=settings, options=options)
     secret = app.state.record_secret = new_secret()  # what GET /proof proves this process wrote its record with

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -97,18 +98,13 @@ def is_loopback(host: str) -> bool:
 MIN_TOKEN_LENGTH = 16
 
 
-def _writes() -> list[str]:
-    from .routes import write_endpoints
-
-    return write_endpoints()
-
-
-def check_exposure(options: ServeOptions) -> None:
+def check_exposure(options: ServeOptions, writes: Sequence[str] = ("the writes",)) -> None:
     """Refuse to expose the write endpoints beyond this machine without a token, weak tokens, and options
-    that need a token without one."""
+    that need a token without one. `writes`: the write endpoints, named in the refusal (the app passes the route
+    table's: esqbe.server.routes.write_endpoints)."""
     if not is_loopback(options.host) and not options.token:
         raise ConfigError(
-            f"refusing to listen on {options.host}: the write endpoints ({', '.join(_writes())}) "
+            f"refusing to listen on {options.host}: the write endpoints ({', '.join(writes)}) "
             "need a bearer token when the host is not loopback; set ESQBE_TOKEN or pass --token-file"
         )
     if options.token is not None and len(options.token) < MIN_TOKEN_LENGTH:
