@@ -156,7 +156,7 @@ def test_the_page_lists_the_watches_and_their_latest_matches_in_chromium(watched
         watch = browser.find_element(By.CSS_SELECTOR, '#watch-list .watch[data-watch="feed"]')
         link = watch.find_element(By.CSS_SELECTOR, "a.watch-name")
         assert link.text == "feed" and link.get_attribute("href") == url + "/watches/feed.atom"
-        assert "paper " + QUERY in watch.text and "5 found" in watch.text and "sim ≥ -1" in watch.text
+        assert "paper " + QUERY in watch.text and "5 found" in watch.text and "score >= -1" in watch.text
         items = watch.find_elements(By.CSS_SELECTOR, ".watch-match")
         assert len(items) == 5  # the page asks for the latest five: the newest first
         assert {i.get_attribute("data-paper-id") for i in items[:2]} == {"new-3", "new-4"}
@@ -198,7 +198,7 @@ def test_watch_this_query_on_the_page_saves_a_watch_in_chromium(tmp_path, index_
         wait.until(EC.alert_is_present()).send_keys("0.25")
         browser.switch_to.alert.accept()
         listed = wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, '#watch-list .watch[data-watch="page-watch"]')))
-        assert "paper " + QUERY in listed.text and "method" in listed.text and "sim ≥ 0.25" in listed.text
+        assert "paper " + QUERY in listed.text and "method" in listed.text and "score >= 0.25" in listed.text
         assert "nothing found yet" in listed.text
         info = browser.find_element(By.ID, "watch-info")
         assert "page-watch" in info.text and "watches/page-watch.atom?key=" in info.find_element(
