@@ -165,5 +165,5 @@ def test_post_watches_takes_examples_and_avoid_on_a_real_server(tmp_path, index_
         browser.get(url + "/")
         listed = WebDriverWait(browser, 60).until(
             EC.visibility_of_element_located((By.CSS_SELECTOR, '#watch-list .watch[data-watch="web"]')))
-        assert f"paper {A}, method; text “A parser”; not paper {C}, method, sim ≥ -1" in listed.text, listed.text
+        assert f"paper {A}, method; text “A parser”; not paper {C}, method, score >= -1" in listed.text, listed.text
         assert "4 found" in listed.text
