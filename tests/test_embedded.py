@@ -111,6 +111,8 @@ def test_bm25_restrict_and_exclude(backend):
     assert hits and all(backend.get([p])[p].paper.abstract.lower().count("graph") or "Graph" in backend.get([p])[p].paper.title for p in hits)
     only = backend.bm25("graph", 20, restrict_to=frozenset({"p000", "p011"}))
     assert set(only) <= {"p000", "p011"}
+    # a paper's BM25 is the same restricted or not (issue 48: the id set is a filter, it adds nothing to the score)
+    assert only and all(abs(only[p] - hits[p]) < 1e-6 for p in only)
     assert "p000" not in backend.bm25("graph", 20, exclude=frozenset({"p000"}))
     assert backend.bm25("+-()[]{}:^~*!", 5) == {}  # query syntax never reaches the parser
 

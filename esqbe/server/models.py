@@ -243,6 +243,17 @@ class AvoidedMatch(BaseModel):
     candidate_sentence: str | None = None
 
 
+class ScoreParts(BaseModel):
+    """What a hit's score is made of (the response's `score` says how they are weighed)."""
+
+    similarity: float | None = Field(description="the rescorer's similarity to the examples, before papers to avoid")
+    avoid_penalty: float = Field(description="what the papers to avoid took off it")
+    bm25: float = Field(description="BM25 of the query text against the paper")
+    bm25_scaled: float | None = Field(description="that BM25 over the query's best BM25 in the index (0..1); null "
+                                                  "where BM25 has no weight")
+    abstract_similarity: float | None = Field(description="cosine of the mean vectors; null where it has no weight")
+
+
 class Hit(BaseModel):
     rank: int
     paper_id: str
@@ -265,6 +276,7 @@ class Hit(BaseModel):
                                      "the fixed scale or without one")
     band: Literal["strong", "fair", "weak"] | None = Field(None, description="the score's band on the response's "
                                                            "`scale` (null: no scale for this rescorer)")
+    parts: ScoreParts | None = Field(None, description="what the score is made of")
     metadata: dict[str, Any] = Field(default_factory=dict,
                                      description="the paper's stored metadata (year, venue, authors, ids, ...)")
     sentences: list[LabelledSentence] | None = None
@@ -327,6 +339,18 @@ class SimilarityScale(BaseModel):
     bands: dict[str, str] | None = Field(description="each band's percentiles (index)")
 
 
+class ScoreFormula(BaseModel):
+    """How the hits' score is made: a function of the query and each paper alone (esqbe.query.results)."""
+
+    formula: str = Field(description="the score in words, with its weights")
+    rescorer: str
+    similarity_weight: float
+    bm25_weight: float
+    abstract_weight: float
+    bm25_reference: float | None = Field(description="the query text's best BM25 over the whole index (what a hit's "
+                                                     "BM25 is divided by); null where BM25 has no weight")
+
+
 class QueryResponse(BaseModel):
     """A query result in the one JSON shape `esqbe query --json` prints too (esqbe.query.results)."""
 
@@ -337,6 +361,7 @@ class QueryResponse(BaseModel):
     similarity: str = Field(description="what a hit's similarity is for this rescorer")
     match_weight: str = Field(description="what a matched pair's weight is for this rescorer")
     scale: SimilarityScale | None = Field(None, description="what the hits' percentile and band are placed on")
+    score: ScoreFormula | None = Field(None, description="how a hit's score is made")
     hits: list[Hit]
     timings_ms: dict[str, float]
 
