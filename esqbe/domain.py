@@ -251,6 +251,8 @@ class IndexMeta:
     model_source: str | None = None
     runtime: str | None = None
     adapter: str | None = None  # the encoder adapter's name (esqbe.encode.adapter) merged into the model; None: none
+    #: a model `esqbe adapt` distilled: its teacher, data and recipe in one line (not compared: the fingerprint is)
+    distilled: str | None = None
 
     #: what an index that does not record its runtime was written with
     ASSUMED_RUNTIME: ClassVar[str] = "torch-fp32"
@@ -296,12 +298,15 @@ class IndexMeta:
             d["runtime"] = self.runtime
         if self.adapter:
             d["adapter"] = self.adapter
+        if self.distilled:
+            d["distilled"] = self.distilled
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> IndexMeta:
         return cls(d["model"], int(d["dim"]), d.get("encoder_mode", "contextual"), d.get("fingerprint") or None,
-                   d.get("model_source") or None, d.get("runtime") or None, d.get("adapter") or None)
+                   d.get("model_source") or None, d.get("runtime") or None, d.get("adapter") or None,
+                   str(d["distilled"]) if d.get("distilled") else None)
 
 
 @dataclass

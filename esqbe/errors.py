@@ -27,7 +27,8 @@ EXIT_MEANINGS = {
                  "or answered something that is not a query result; a server the query found by itself falls back "
                  "to answering locally instead",
     EXIT_SIGINT: "`esqbe index` interrupted by SIGINT (Ctrl-C): the batch being written was finished or rolled back, "
-                 "and the summary says what is committed and searchable; the same command again indexes the rest",
+                 "and the summary says what is committed and searchable; the same command again indexes the rest. "
+                 "`esqbe adapt` (SIGINT or SIGTERM): its message says what was kept, nothing or the last complete epoch",
     EXIT_SIGTERM: "`esqbe index` stopped by SIGTERM: as for SIGINT",
     EXIT_INTERNAL: "an internal error, a bug in esqbe: the traceback is printed; please report it",
 }
@@ -114,7 +115,7 @@ def error_classes() -> list[type[EsqbeError]]:
 #: the modules that define EsqbeError subclasses (error_classes imports them to find every class)
 _DEFINING_MODULES = (
     "esqbe.backends.base", "esqbe.core.deadline", "esqbe.core.filters", "esqbe.distributed.raydata", "esqbe.encode.identity",
-    "esqbe.encode.adapter", "esqbe.encode.citations",
+    "esqbe.encode.adapter", "esqbe.encode.distill", "esqbe.encode.citations",
     "esqbe.evaluation.clscisumm_data", "esqbe.evaluation.csfcube", "esqbe.ingest.readers", "esqbe.query.results",
     "esqbe.rescore.words", "esqbe.settings.config", "esqbe.tagger.net", "esqbe.server.client", "esqbe.index.watches",
 )

