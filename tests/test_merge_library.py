@@ -73,3 +73,21 @@ def test_finds_not_in_my_library_leave_out_every_library_paper(merged):
     hits = [h["paper_id"] for h in json.loads(r.stdout)["hits"]]
     assert hits and not any(h.startswith("lib") for h in hits), hits
     assert set(hits) == {f"s2-{i}" for i in range(N_LIB, 10)} - {"s2-5"}
+
+
+def test_a_likely_duplicate_across_runs_is_reported_with_both_ids(tmp_path, encoder):
+    """The trial's two-run duplicate: a BibTeX entry without DOI, then (another run) the S2ORC record of the same
+    work (same title, year): reported with both ids, both kept."""
+    record = json.loads(SAMPLE.read_text().splitlines()[0])
+    abstract = " ".join(record["sentences"]) if "sentences" in record else record["abstract"]
+    (tmp_path / "lib.bib").write_text(f"@article{{twin2019,\n  title = {{Facets of Scientific Papers}},\n"
+                                      f"  year = {{2019}},\n  abstract = {{{abstract.replace('%', '')}}}\n}}\n")
+    (tmp_path / "dump.jsonl").write_text(json.dumps({"paper_id": "s2-twin", "title": "Facets of scientific papers.",
+                                                     "abstract": abstract, "year": 2019}) + "\n")
+    with esqbe.open_index(str(tmp_path / "ix"), encoder=encoder, config=None) as index:
+        assert not index.index_files([str(tmp_path / "lib.bib")]).likely_duplicates
+        second = index.index_files([str(tmp_path / "dump.jsonl")])
+        assert sorted(index.backend.paper_ids()) == ["s2-twin", "twin2019"]
+    [dup] = second.likely_duplicates
+    assert (dup["id"], dup["like"]) == ("s2-twin", "twin2019")
+    assert any("s2-twin ~" in line and "twin2019" in line for line in second.merge_lines())

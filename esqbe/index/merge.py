@@ -122,6 +122,10 @@ class Merger:
         key = title_key(p.title, (p.metadata or {}).get("year"))
         if key is None:
             return
+        if key not in self.titles and self.backend.keeps_aliases:  # across runs (issue 49, item 3): the index's
+            known = self.backend.work_aliases([f"title:{key}"]).get(f"title:{key}")
+            if known is not None and known != p.paper_id:
+                self.titles[key] = known
         first = self.titles.setdefault(key, p.paper_id)
         if first != p.paper_id:
             self.report.likely_duplicates.append({"record": here, "id": p.paper_id, "like": first,

@@ -8,7 +8,7 @@ import json
 import sqlite3
 from collections.abc import Iterable, Sequence
 
-from ...core.workids import identifier_keys, work_keys
+from ...core.workids import identifier_keys, title_key, work_keys
 from ...domain import IndexedPaper
 from .host import EmbeddedHost
 from .layout import ALIASES_FILLED, _chunks
@@ -59,6 +59,10 @@ class AliasesMixin(EmbeddedHost):
         """In the upsert's transaction: each paper's identifiers name it, unless they already name another (the
         first stays: an index run merges a later record into it before it gets here)."""
         rows = [(key, ip.paper_id) for ip in papers for key in work_keys(ip.paper.metadata)]
+        # a title and year names the first paper stored with it: a later run's record of the same title is reported
+        # as its likely duplicate (esqbe.index.merge), never merged into it
+        titles = ((title_key(ip.paper.title, (ip.paper.metadata or {}).get("year")), ip.paper_id) for ip in papers)
+        rows += [(f"title:{key}", pid) for key, pid in titles if key is not None]
         if rows:
             self._db.executemany("INSERT OR IGNORE INTO aliases VALUES (?, ?)", rows)
 
