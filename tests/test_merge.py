@@ -75,11 +75,13 @@ def test_records_of_one_work_are_one_paper_and_the_summary_says_so(merged):
     assert (f"  likely duplicate, not merged (same title and year, no shared DOI, arXiv or PubMed id): "
             f"{root / 'dup.ris'}:10 bert-again ~ {root / 'zotero-csl.json'}:2 ABCD2345\n") in out, out
     assert ids(root / "ix") == ["0704.0001", "ABCD2345", "bert-again", "vaswani2017attention"]
-    # the later record updated the paper; either id finds it
+    # both records are the library's: the first keeps its fields (issue 49, item 2), the later one is a source of
+    # it; either id finds it
     for pid in ("vaswani2017attention", "vaswani-ris"):
         shown = json.loads(run("show", "--path", root / "ix", pid, "--json").stdout)
-        assert shown["paper_id"] == "vaswani2017attention" and shown["title"] == "Attention is all you need"
-        assert shown["metadata"]["format"] == "ris"
+        assert shown["paper_id"] == "vaswani2017attention" and shown["title"] == "Attention Is All You Need"
+        assert shown["metadata"]["format"] == "bibtex"
+        assert [s["format"] for s in shown["metadata"]["sources"]] == ["bibtex", "ris"]
     hits = json.loads(run("query", "--path", root / "ix", "--paper", "balazs2007", "--no-server", "--json").stdout)
     assert hits["query"]["paper_id"] == "0704.0001"
     assert "0704.0001" not in [h["paper_id"] for h in hits["hits"]]  # the query paper is not its own hit

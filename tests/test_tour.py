@@ -139,7 +139,7 @@ def test_the_zotero_tour_runs_as_written(tmp_path):
     assert re.search(r"^\s+1\.\s+[\d.]+\s+7XQ2M4KD\s+Attention Is All You Need", out, flags=re.M), out
     finds = json.loads((tmp_path / "finds.json").read_text())
     assert len(finds) == 10  # the query's k
-    assert all(f["id"].startswith("W") for f in finds)  # `format!=zotero`: none of the library's own papers
+    assert all(f["id"].startswith("W") for f in finds)  # `in_library!=true`: none of the library's own papers
     assert all(f.get("abstract") and f.get("DOI", "").startswith("10.5555/esqbe.tour.") for f in finds)
     assert all(f["author"][1] == {"family": "García-Mateo", "given": "Carmen"} for f in finds), finds[0]["author"]
     # the proof: the export read again is the same papers, by id and title, nothing skipped

@@ -35,6 +35,16 @@ def work_keys(metadata: dict | None) -> list[str]:
     return out
 
 
+def identifier_keys(text: str) -> list[str]:
+    """The normalised identifiers a string given as a paper's id may be (issue 49, item 4): a DOI (any case, with or
+    without `doi:` or a resolver address), an arXiv id (with or without `arXiv:`, an address or a version) or a PubMed
+    id (digits, with or without `PMID:`). `show`, `query --paper` and `--not` look these up once no paper has the id."""
+    text = (text or "").strip()
+    if not text or len(text) > MAX_KEY:
+        return []
+    return work_keys({"external_ids": {"doi": text, "arxiv": text, "pubmed": text}})
+
+
 def described(key: str) -> str:
     """`doi:10.1/x` as people read it in a summary: `doi 10.1/x`."""
     kind, _, value = key.partition(":")

@@ -81,10 +81,10 @@ def search_papers(index: Index, text: str, k: int = 10) -> list[dict]:
     "sentences", "first_sentence"}` (GET /search's hits). Identifiers and authors: on the embedded backend."""
     q = text.strip()
     exact = index.get([q]) if q else {}
-    found = [(p, 0.0, "id") for p in exact.values()]
-    seen = set(exact)
+    found = [(p, 0.0, "id" if p.paper_id == q else "identifier") for p in exact.values()]
+    seen = {p.paper_id for p in exact.values()}  # the paper's own id: a DOI asked for names it, listed once
     for how, ids in (("identifier", _by_identifier(index, q)), ("author", _by_author(index, q))):
-        ids = [pid for pid in ids if pid not in seen][:k]
+        ids = [pid for pid in dict.fromkeys(ids) if pid not in seen][:k]
         papers = index.get(ids) if ids else {}
         found += [(papers[pid], 0.0, how) for pid in ids if pid in papers]
         seen.update(ids)

@@ -4,7 +4,14 @@ paper), its own id is remembered as an alias of it (the embedded backend's alias
 and the run's report names each merge (`dup.ris:12 = my-library.bib:40 (doi 10.1088/...)`). Records are matched
 against this run's earlier records and, where the backend keeps an alias table, against every paper indexed before.
 Titles are never merged: two records of one normalised title and year but no shared identifier are reported as
-likely duplicates, and both stay."""
+likely duplicates, and both stay.
+
+A merge is field by field (issue 49, item 2): a record from the researcher's library (BibTeX, RIS, CSL-JSON, Zotero:
+`LIBRARY_FORMATS`) keeps its own title, abstract and metadata (entry type, url, authors as written, format); the
+other record only fills the fields it lacks (a venue, an id, ...); a field both give differently is a conflict, named
+in the run's report (`merge_conflicts`). Every paper remembers its sources (`sources`: each file and format) and
+whether one of them is the library (`in_library: true`, whatever is merged into it later), so that
+`--filter 'in_library!=true'` keeps a query's finds to papers not in the library yet."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
@@ -18,6 +25,10 @@ from .reports import IndexReport
 #: records remembered in memory per run (identifiers, where each was read, titles); past this the memory is cleared
 #: and identifiers are found through the alias table (committed papers) alone: a run of millions stays bounded
 MAX_REMEMBERED = 200_000
+#: the formats a researcher's own library comes in: its records keep their fields when another source's is merged in
+LIBRARY_FORMATS = frozenset({"bibtex", "ris", "csl-json", "zotero"})
+#: metadata that says where a paper came from, never a field compared or filled
+_PROVENANCE = frozenset({"sources", "in_library", "format", "input_hash", "facets_predicted", "facet_probs"})
 
 
 class Merger:
@@ -31,6 +42,7 @@ class Merger:
         self.keys: dict[str, str] = {}  # identifier key -> the paper id its first record of this run has
         self.where: dict[str, str] = {}  # paper id -> where its first record of this run is (file:line)
         self.titles: dict[str, str] = {}  # title key -> the paper id of its first record
+        self.seen: dict[str, Paper] = {}  # paper id -> its record as merged so far in this run
 
     @property
     def backend(self) -> Backend:
@@ -45,9 +57,10 @@ class Merger:
         """`papers` as read (`read` says where each starts), a record of a work already seen renamed to its paper."""
         for p in papers:
             if len(self.where) >= MAX_REMEMBERED:
-                for memory in (self.keys, self.where, self.titles):
+                for memory in (self.keys, self.where, self.titles, self.seen):
                     memory.clear()
             here = f"{read.source}:{read.line}" if read.line else read.source or "?"
+            _remember_source(p, read.source)
             keys = work_keys(p.metadata)
             found = self._named(p.paper_id, keys)
             if found is not None:
@@ -56,13 +69,43 @@ class Merger:
                     "file": read.source, "line": read.line or None, "id": p.paper_id, "into": target,
                     "into_record": self.where.get(target), "by": described(key)})
                 self.backend.add_aliases({f"id:{p.paper_id}": target})
+                earlier = self.seen.get(target) or self._stored(target)
                 p.paper_id = target
+                if earlier is not None:
+                    p = self._combined(earlier, p, here)
             else:
                 self._likely_duplicate(p, here)
             for key in keys:
                 self.keys.setdefault(key, p.paper_id)
             self.where.setdefault(p.paper_id, here)
+            self.seen[p.paper_id] = p
             yield p
+
+    def _stored(self, paper_id: str) -> Paper | None:
+        found = self.backend.get([paper_id])
+        return found[paper_id].paper if paper_id in found else None
+
+    def _combined(self, earlier: Paper, later: Paper, here: str) -> Paper:
+        """One paper of two records of one work: the library's record (the earlier one when both or neither is)
+        keeps its text and fields, the other fills what it lacks; differing fields are reported."""
+        own, other = (later, earlier) if _in_library(later) and not _in_library(earlier) else (earlier, later)
+        meta = dict(own.metadata or {})
+        for key, value in (other.metadata or {}).items():
+            if key in _PROVENANCE:
+                continue
+            if key not in meta:
+                meta[key] = value
+            elif key == "external_ids" and isinstance(value, dict) and isinstance(meta[key], dict):
+                meta[key] = {**value, **meta[key]}
+            elif (_names(meta[key]) != _names(value)) if key == "authors" else meta[key] != value:
+                self.report.merge_conflicts.append({"record": here, "id": later.paper_id, "field": key,
+                                                    "kept": _short(meta[key]), "other": _short(value)})
+        sources = [*((own.metadata or {}).get("sources") or []), *((other.metadata or {}).get("sources") or [])]
+        meta["sources"] = [dict(t) for t in dict.fromkeys(tuple(sorted(x.items())) for x in sources
+                                                          if isinstance(x, dict))]
+        if _in_library(own) or _in_library(other):
+            meta["in_library"] = True
+        return Paper(later.paper_id, own.title, own.sentences, own.facets, meta)
 
     def _named(self, paper_id: str, keys: list[str]) -> tuple[str, str] | None:
         """(the identifier, the paper it names) where one of `keys` names another paper than `paper_id`."""
@@ -79,7 +122,34 @@ class Merger:
         key = title_key(p.title, (p.metadata or {}).get("year"))
         if key is None:
             return
+        if key not in self.titles and self.backend.keeps_aliases:  # across runs (issue 49, item 3): the index's
+            known = self.backend.work_aliases([f"title:{key}"]).get(f"title:{key}")
+            if known is not None and known != p.paper_id:
+                self.titles[key] = known
         first = self.titles.setdefault(key, p.paper_id)
         if first != p.paper_id:
             self.report.likely_duplicates.append({"record": here, "id": p.paper_id, "like": first,
                                                   "like_record": self.where.get(first), "title": key})
+
+
+def _remember_source(p: Paper, source: str | None) -> None:
+    """The record's file and format as its paper's first source; `in_library` where the format is a library's."""
+    meta = p.metadata if p.metadata is not None else {}
+    fmt = meta.get("format")
+    meta.setdefault("sources", [{"file": str(source or "-"), "format": str(fmt or "")}])
+    if fmt in LIBRARY_FORMATS:
+        meta["in_library"] = True
+    p.metadata = meta
+
+
+def _in_library(p: Paper) -> bool:
+    return bool((p.metadata or {}).get("in_library")) or (p.metadata or {}).get("format") in LIBRARY_FORMATS
+
+
+def _names(authors) -> list:
+    return [a.get("name") if isinstance(a, dict) else a for a in authors] if isinstance(authors, list) else [authors]
+
+
+def _short(value) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -52,6 +52,8 @@ class IndexReport:
     #: "like", "like_record", "title"}; whether the backend remembers the merged ids (its alias table)
     merged: list[dict] = field(default_factory=list)
     likely_duplicates: list[dict] = field(default_factory=list)
+    #: fields two merged records give differently (issue 49, item 2): {"record", "id", "field", "kept", "other"}
+    merge_conflicts: list[dict] = field(default_factory=list)
     aliases_kept: bool | None = None
     #: how a source was read where the user should know it (ReadReport.notes: a Zotero database read from a copy)
     notes: list[str] = field(default_factory=list)
@@ -111,6 +113,7 @@ class IndexReport:
             "merged": list(self.merged),
             "abstracts_from_pdf": self.abstracts_from_pdf,
             "likely_duplicates": list(self.likely_duplicates),
+            "merge_conflicts": list(self.merge_conflicts),
             "notes": list(self.notes),
         }
 
@@ -130,6 +133,11 @@ class IndexReport:
                                  f"id): {d['record']} {d['id']} ~ {d['like_record'] or d['like']} {d['like']}"))
         if len(self.likely_duplicates) > first:
             out.append(f"and {len(self.likely_duplicates) - first} more likely duplicates (all: --json)")
+        for c in self.merge_conflicts[:first]:
+            out.append(printable(f"merge conflict, the library's kept: {c['record']} {c['id']} {c['field']}: "
+                                 f"{c['kept']!r} kept, {c['other']!r} not"))
+        if len(self.merge_conflicts) > first:
+            out.append(f"and {len(self.merge_conflicts) - first} more merge conflicts (all: --json)")
         return out
 
     def skipped_lines(self, first: int = 10) -> list[str]:

@@ -7,6 +7,7 @@ reason, as in every reader.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -14,12 +15,15 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..core.textsafe import one_line
 from ..domain import LIMITS, Paper
 from .formats import NO_ABSTRACT, _authors, _Invalid, _metadata, _Skip, _split_text_abstract, _type_name
 
 #: formats read as a whole file rather than line by line
 WHOLE_FILE_FORMATS = ("bibtex", "ris", "csl-json")
 
+#: RIS tags that may repeat: rispy's, and `AN` (esqbe's export writes `AN  - arXiv:...` and `AN  - PMID:...`)
+RIS_LIST_TAGS = ["A1", "A2", "A3", "A4", "AU", "KW", "N1", "UR", "AN"]
 _RIS_TAG = re.compile(r"^([A-Z][A-Z0-9])  -( |$)")
 _JSON_ARRAY_OF_OBJECTS = re.compile(r"^\[\s*(\{|$)")  # `[` alone (pretty-printed) or `[{...` (minified)
 _YEAR = re.compile(r"\b(1[5-9]\d\d|2\d\d\d)\b")
@@ -82,9 +86,67 @@ def _pdf_paths(fmt: str, record: dict) -> list[str]:
 # ---------------------------------------------------------------- BibTeX
 
 
+def carried(text) -> str:
+    """What every export carries of a text, and what every reader of these formats keeps: control characters and
+    line breaks (C0, DEL, C1, U+2028/9: no format's one-line value can hold them, `esqbe.core.textsafe.one_line`)
+    become spaces, and each run of whitespace (Unicode's, no-break spaces too) is one space, none at either end.
+    Everything else (braces, backslashes, `$...$`, accents, any other character) is carried exactly."""
+    return " ".join(one_line(text).split())
+
+
+#: the ASCII characters TeX gives a meaning; each is written as bibtexparser's LatexEncodingMiddleware (pylatexenc's
+#: latexencode) writes it: `{\\textbackslash}` (as Zotero does), `\\{`, `\\$`, `\\%`, `{\\textasciitilde}`, ...
+_TEX_SPECIALS = "\\{}$%&#_~^"
+#: a brace with no partner in the text: written as a macro, so that the field's braces stay balanced
+_UNMATCHED = {"{": "{\\textbraceleft}", "}": "{\\textbraceright}"}
+
+
+@functools.cache
+def _tex_escapes() -> dict[str, str]:
+    from pylatexenc.latexencode import unicode_to_latex  # type: ignore[import-untyped]
+
+    return {c: unicode_to_latex(c, non_ascii_only=False) for c in _TEX_SPECIALS}
+
+
+def bib_escape(text) -> str:
+    """`text` (as `carried`) as a BibTeX field value, what esqbe's reader (`_latex_decoder`) decodes back to exactly
+    that text: TeX's specials escaped (`_TEX_SPECIALS`), a brace with no partner as `{\\textbraceleft}` (braces
+    stay balanced), and what LaTeX would make a ligature or a quote kept apart: `-{}-` (not an en dash), `'{}'`,
+    `` {`} `` (not a curly quote or `¡`). Other characters (accents, any script, math symbols) are kept as UTF-8."""
+    text = carried(text)
+    escapes = _tex_escapes()
+    partners = _brace_partners(text)
+    out = []
+    for i, c in enumerate(text):
+        if c in "{}" and i not in partners:
+            out.append(_UNMATCHED[c])
+        elif c in escapes:
+            out.append(escapes[c])
+        elif c == "`":
+            out.append("{`}")
+        elif c in "-'" and text[i + 1:i + 2] == c:
+            out.append(c + "{}")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def _brace_partners(text: str) -> set[int]:
+    """The positions of the braces of `text` that pair up."""
+    stack: list[int] = []
+    paired: set[int] = set()
+    for i, c in enumerate(text):
+        if c == "{":
+            stack.append(i)
+        elif c == "}" and stack:
+            paired.update((stack.pop(), i))
+    return paired
+
+
+
 #: the fields esqbe reads from an entry (`_from_bibtex`); no other field is expanded or decoded
 _BIBTEX_FIELDS = frozenset({"title", "abstract", "author", "journal", "booktitle", "journaltitle", "year", "date", "doi",
-                            "publisher", "url", "volume", "pages", "archiveprefix", "eprinttype", "eprint"})
+                            "publisher", "url", "volume", "pages", "archiveprefix", "eprinttype", "eprint", "pmid"})
 #: a field's LaTeX as written may be longer than its decoded text (`{\'e}` is `é`): the raw text may be this many
 #: times its bound in LIMITS before it is refused without decoding; the decoded text is then held to the bound itself
 _LATEX_SLACK = 2
@@ -169,7 +231,7 @@ def _bibtex_record(entry, strings: dict[str, str], budget: list[int], decode, de
                 record[name] = decoded_strings[cache_key]
             else:
                 text = decode(raw)
-                record[name] = _BracedAuthors(text, raw) if name == "author" else text
+                record[name] = _BracedAuthors(text, raw, decode) if name == "author" else text
                 if expanded is not None:
                     decoded_strings[cache_key] = record[name]
         except Exception as e:  # noqa: BLE001 (pylatexenc raises anything; a RecursionError on deep braces)
@@ -220,54 +282,84 @@ def _latex_decoder():
 
     context = pylatexenc.latex2text.get_default_latex_context_db()
     context.add_context_category("bibtexparse-default-context", prepend=True,
-                                 macros=[MacroTextSpec("url", simplify_repl="%s")])
+                                 macros=[MacroTextSpec("url", simplify_repl="%s"),
+                                         # what `bib_escape` writes that pylatexenc reads otherwise (or not at all)
+                                         MacroTextSpec("textasciicircum", simplify_repl="^"),
+                                         MacroTextSpec("textbraceleft", simplify_repl="{"),
+                                         MacroTextSpec("textbraceright", simplify_repl="}")])
     return LatexNodes2Text(latex_context=context, keep_braced_groups=False, math_mode="verbatim").latex_to_text
 
 
 class _BracedAuthors(str):
-    """A decoded BibTeX author list that keeps its names as written: (each name decoded, braced whole or not), split
-    at ` and ` outside braces (`{Barnes and Noble}` is one name)."""
+    """A decoded BibTeX author list that keeps its names as written: split at ` and ` outside braces (`{Barnes and
+    Noble}` is one name), each name split at its first comma outside braces (family, given), each part decoded. A
+    name braced whole (`{Google AI Language}`, not a lone `{\\textmacro}`) is an organisation's (`literal`)."""
 
-    names: list[tuple[str, bool]]
+    names: list[dict]
 
-    def __new__(cls, decoded: str, raw: str):
-        from pylatexenc.latex2text import LatexNodes2Text  # bibtexparser's decoder
-
+    def __new__(cls, decoded: str, raw: str, decode):
         self = super().__new__(cls, decoded)
-        decoder = LatexNodes2Text()
-        self.names = [(" ".join(decoder.latex_to_text(p).split()), len(p) > 2 and p[0] == "{" and _depth_zero_inside(p))
-                      for p in _and_split(raw) if p]
+        self.names = []
+        for part in _and_split(raw):
+            if not part or part.lower() == "others":
+                continue
+            if len(part) > 2 and part[0] == "{" and part[1] != "\\" and _depth_zero_inside(part):
+                self.names.append({"name": carried(decode(part)), "literal": True})
+                continue
+            comma = _top_level_comma(part)
+            if comma is None:
+                self.names.append({"name": carried(decode(part))})
+                continue
+            family, given = carried(decode(part[:comma])), carried(decode(part[comma + 1:]))
+            self.names.append({"name": f"{given} {family}".strip(), "family": family, "given": given})
         return self
 
 
+#: a brace that counts: not `\{` or `\}` (an escaped one); `{\\textbackslash}` (a backslash) counts
+_COUNTED_BRACE = re.compile(r"\\.|[{}]", re.DOTALL)
+
+
+def _braces(text: str):
+    """(position, +1 or -1) of each brace of `text` that counts."""
+    for m in _COUNTED_BRACE.finditer(text):
+        if m.group() in "{}":
+            yield m.start(), 1 if m.group() == "{" else -1
+
+
 def _and_split(text: str) -> list[str]:
-    """`text` split at each ` and ` outside braces."""
-    parts: list[str] = []
+    """`text` split at each ` and ` (any case, as BibTeX) outside braces."""
+    text = " ".join(text.split())
+    parts, start, depth = [], 0, 0
+    for m in re.finditer(r"\\.|[{}]|(?i: and )", text, re.DOTALL):
+        token = m.group()
+        if token in "{}":
+            depth += 1 if token == "{" else -1
+        elif token[0] != "\\" and depth == 0:
+            parts.append(text[start:m.start()].strip())
+            start = m.end()
+    return [*parts, text[start:].strip()]
+
+
+def _top_level_comma(part: str) -> int | None:
+    """Where the first comma outside braces is (BibTeX's between family and given), or None."""
     depth = 0
-    words = re.split(r"(\s+and\s+|[{}])", " ".join(text.split()))
-    current = ""
-    for w in words:
-        if w == "{":
-            depth += 1
-        elif w == "}":
-            depth -= 1
-        elif depth == 0 and re.fullmatch(r"\s+and\s+", w or ""):
-            parts.append(current.strip())
-            current = ""
-            continue
-        current += w
-    return [*parts, current.strip()]
+    for m in re.finditer(r"\\.|[{},]", part, re.DOTALL):
+        token = m.group()
+        if token in "{}":
+            depth += 1 if token == "{" else -1
+        elif token == "," and depth == 0:
+            return m.start()
+    return None
 
 
 def _depth_zero_inside(part: str) -> bool:
     """`{...}` whose first brace closes only at its end (not `{M}uller {X}`)."""
     depth = 0
-    for i, ch in enumerate(part):
-        depth += ch == "{"
-        depth -= ch == "}"
-        if depth == 0 and i < len(part) - 1:
+    for pos, step in _braces(part):
+        depth += step
+        if depth == 0 and pos < len(part) - 1:
             return False
-    return True
+    return depth == 0
 
 
 def _bibtex_names(value) -> list[dict] | None:
@@ -276,20 +368,11 @@ def _bibtex_names(value) -> list[dict] | None:
     is BibTeX's way to keep it from being split."""
     if not isinstance(value, str):
         return None
-    names: list[dict] = []
-    parts = value.names if isinstance(value, _BracedAuthors) else \
-        [(p.strip().strip("{}"), False) for p in re.split(r"\s+and\s+", " ".join(value.split()))]
-    for part, literal in parts:
-        if not part or part.lower() == "others":
-            continue
-        if literal:
-            names.append({"name": part, "literal": True})
-        elif "," in part:
-            last, _, first = part.partition(",")
-            names.append({"name": f"{first.strip()} {last.strip()}".strip(), "family": last, "given": first})
-        else:
-            names.append({"name": part})
-    return _authors(names)
+    if isinstance(value, _BracedAuthors):
+        names = value.names
+    else:
+        names = [{"name": p.strip().strip("{}")} for p in re.split(r"\s+and\s+", " ".join(value.split()))]
+    return _authors([n for n in names if n["name"] and n["name"].lower() != "others" or n.get("literal")])
 
 
 def _from_bibtex(record: dict) -> Paper:
@@ -303,11 +386,17 @@ def _from_bibtex(record: dict) -> Paper:
         "bibtex", _year(record.get("year") or record.get("date")),
         venue=venue, journal=_plain(record.get("journal")), authors=_bibtex_names(record.get("author")),
         publisher=_plain(record.get("publisher")),
-        external_ids={"doi": _doi(record.get("doi")), "arxiv": _arxiv_eprint(record)},
+        external_ids={"doi": _doi(record.get("doi")), "arxiv": _arxiv_eprint(record),
+                      "pubmed": _plain(record.get("pmid")) or _pubmed_eprint(record)},
         url=_plain(record.get("url")), entry_type=record.get("ENTRYTYPE"),
         volume=_plain(record.get("volume")), pages=_plain(record.get("pages")),
     )
     return Paper(paper_id, title, sentences, metadata=meta)
+
+
+def _pubmed_eprint(record: dict) -> str | None:
+    prefix = str(record.get("archiveprefix") or record.get("eprinttype") or "").lower()
+    return _plain(record.get("eprint")) if prefix == "pubmed" else None
 
 
 def _arxiv_eprint(record: dict) -> str | None:
@@ -322,7 +411,7 @@ def _ris_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
     """Records split at `ER  -`, each parsed by rispy; a tag line outside a record is an error at its line."""
     import rispy
 
-    list_tags = [*rispy.LIST_TYPE_TAGS, "L1"]  # Zotero writes one `L1` per attached file (a snapshot, then the PDF)
+    list_tags = [*RIS_LIST_TAGS, "L1"]  # Zotero writes one `L1` per attached file (a snapshot, then the PDF)
     chunk: list[str] = []
     start = 0
     for lineno, line in enumerate(text.splitlines(), start=1):
@@ -350,7 +439,9 @@ def _ris_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
 def _from_ris(record: dict) -> Paper:
     title = _plain(record.get("title") or record.get("primary_title"))
     doi = _doi(record.get("doi"))
-    paper_id = _plain(record.get("id")) or doi or _derived_id("ris", title, record.get("year"))
+    ident = record.get("id")  # as written: an id with a control character is refused (domain.paper_problem), not mended
+    paper_id = (" ".join(ident.split()) if isinstance(ident, str) else "") or doi or \
+        _derived_id("ris", title, record.get("year"))
     abstract = record.get("abstract") or record.get("notes_abstract")
     if isinstance(abstract, str) and len(abstract) > _LATEX_SLACK * LIMITS["abstract_chars"]:  # before it is cleaned
         raise _Invalid("AB", f"{len(abstract)} characters as written; at most {_LATEX_SLACK * LIMITS['abstract_chars']}"
@@ -366,12 +457,24 @@ def _from_ris(record: dict) -> Paper:
     meta = _metadata(
         "ris", _year(record.get("year") or record.get("publication_year") or record.get("date")),
         venue=venue, journal=_plain(record.get("journal_name")), authors=_authors(names),
-        publisher=_plain(record.get("publisher")), external_ids={"doi": doi},
+        publisher=_plain(record.get("publisher")), external_ids={"doi": doi, **_accession_ids(record)},
         url=urls[0] if isinstance(urls, list) and urls and isinstance(urls[0], str) else None,
         entry_type=_plain(record.get("type_of_reference")),
         volume=_plain(record.get("volume")), keywords=record.get("keywords"),
     )
     return Paper(paper_id, title, sentences, metadata=meta)
+
+
+def _accession_ids(record: dict) -> dict:
+    """`AN  - arXiv:1706.03762` and `AN  - PMID:12345` (esqbe's export; PubMed's own RIS) as external ids."""
+    found = record.get("accession_number")
+    out: dict[str, str] = {}
+    for value in found if isinstance(found, list) else [found] if isinstance(found, str) else []:
+        kind, sep, ident = str(value).partition(":")
+        name = {"arxiv": "arxiv", "pmid": "pubmed", "pubmed": "pubmed"}.get(kind.strip().lower()) if sep else None
+        if name and _plain(ident):
+            out.setdefault(name, _plain(ident))
+    return out
 
 
 # ---------------------------------------------------------------- CSL-JSON
@@ -493,10 +596,13 @@ def _from_csl(record: dict) -> Paper:
         date = "-".join(f"{int(p):02d}" if i else str(p) for i, p in enumerate(nums)) if nums else None
     elif isinstance(issued, dict):
         year = _year(issued.get("raw") or issued.get("literal"))
+    custom = record.get("custom")  # CSL's place for what has no variable: esqbe's export puts the arXiv id there
     meta = _metadata(
         "csl-json", year, publication_date=date, venue=_plain(record.get("container-title")),
         authors=_authors(authors), publisher=_plain(record.get("publisher")),
-        external_ids={"doi": _doi(record.get("DOI"))}, url=_plain(record.get("URL")),
+        external_ids={"doi": _doi(record.get("DOI")), "pubmed": _plain(record.get("PMID")),
+                      "arxiv": _plain(custom.get("arxiv")) if isinstance(custom, dict) else None},
+        url=_plain(record.get("URL")),
         entry_type=_plain(record.get("type")), volume=_plain(record.get("volume")), pages=_plain(record.get("page")),
     )
     return Paper(paper_id, title, sentences, metadata=meta)
@@ -506,12 +612,13 @@ def _from_csl(record: dict) -> Paper:
 
 
 def _plain(value) -> str:
-    """A field's text with BibTeX's protective braces and runs of whitespace removed ("" if not text)."""
+    """A field's text as `carried` ("" if not text). BibTeX's protective braces are gone already (its decoder drops
+    them); a brace in RIS or CSL-JSON is text, kept."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, str):
         return ""
-    return " ".join(value.replace("{", "").replace("}", "").split())
+    return carried(value)
 
 
 def _year(value) -> int | None:

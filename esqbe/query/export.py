@@ -7,11 +7,19 @@ a hit's abstract is its `sentences` (the caller asks for the papers). Every expo
 readers (tests/test_export_roundtrip.py): the paper's id (the citation key it came with), title, abstract, authors,
 year, venue, DOI, and its entry type, kept as the source named it where the export is the source's format
 (`@inproceedings` stays one, with `booktitle`; RIS `CONF` stays `CONF`) and mapped through CSL's types otherwise.
-BibTeX titles keep their capitals (`{ASR}`). esqbe's rank and scores are written only when asked (`with_scores`):
-a reference manager would keep them as notes. BibTeX is written by hand (a field per line, braces balanced, LaTeX
-specials escaped), RIS by rispy (without its `1.` record numbers, which no RIS reader takes), CSL-JSON as the
-citation-style-language schema says (tests/specs/csl-data.json). Whatever a paper's metadata holds, every exported
-value is one line and no CSV cell is a formula (`esqbe.core.textsafe`: tests/test_hostile_export.py).
+BibTeX titles keep their capitals (`{ASR}`).
+
+Text is carried exactly (issue 49, item 1; tests/test_export_exact.py): what a reader gets back is the text,
+LaTeX-like or not (`22 $\\mu$m`, `{a, b}`, a backslash), as `esqbe.ingest.library.carried` makes it (control
+characters and whitespace runs one space); BibTeX escapes TeX's specials as bibtexparser's LatexEncodingMiddleware
+does (`esqbe.ingest.library.bib_escape`), and esqbe's BibTeX reader decodes exactly that. The arXiv and PubMed ids
+travel too: BibTeX `eprint`/`pmid`, RIS `AN  - arXiv:...`/`AN  - PMID:...`, CSL-JSON `custom.arxiv`/`PMID`.
+
+esqbe's rank and scores are written only when asked (`with_scores`): a reference manager would keep them as notes.
+BibTeX is written by hand (a field per line, braces balanced), RIS by rispy (without its `1.` record numbers, which
+no RIS reader takes), CSL-JSON as the citation-style-language schema says (tests/specs/csl-data.json). Whatever a
+paper's metadata holds, every exported value is one line and no CSV cell is a formula (`esqbe.core.textsafe`:
+tests/test_hostile_export.py).
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ import re
 
 from ..core.textsafe import csv_cell, one_line
 from ..errors import ParameterError
+from ..ingest.library import RIS_LIST_TAGS, bib_escape, carried
 
 #: the export formats, each with its media type and file extension
 EXPORT_FORMATS = {
@@ -32,8 +41,8 @@ EXPORT_FORMATS = {
 }
 
 #: CSV's columns; `SCORE_COLUMNS` come first with `with_scores`
-CSV_COLUMNS = ("paper_id", "type", "title", "abstract", "authors", "year", "venue", "publisher", "doi", "arxiv", "url",
-               "volume", "pages")
+CSV_COLUMNS = ("paper_id", "type", "title", "abstract", "authors", "year", "venue", "publisher", "doi", "arxiv",
+               "pubmed", "url", "volume", "pages")
 SCORE_COLUMNS = ("rank", "score", "similarity")
 
 # ---------------------------------------------------------------- entry types: each format's, through CSL's
@@ -128,26 +137,32 @@ def file_name(fmt: str, stem: str = "esqbe-hits") -> str:
 
 
 def _text(value) -> str:
-    return "" if value is None or isinstance(value, (dict, list)) else str(value)
+    """A metadata value as every format carries text (`carried`: one line, whitespace runs one space)."""
+    return "" if value is None or isinstance(value, (dict, list)) else carried(value)
+
+
+def _author(a) -> dict:
+    a = a if isinstance(a, dict) else {"name": a}
+    return {**a, **{k: _text(a[k]) for k in ("name", "family", "given") if k in a}}
 
 
 def _fields(hit: dict) -> dict:
     """What every export uses of one hit."""
     meta = hit.get("metadata") or {}
     ids: dict = meta["external_ids"] if isinstance(meta.get("external_ids"), dict) else {}
-    authors = [a if isinstance(a, dict) else {"name": a} for a in meta.get("authors") or [] if isinstance(a, (dict, str))]
+    authors = [_author(a) for a in meta.get("authors") or [] if isinstance(a, (dict, str))]
     sentences = hit.get("sentences") or []
-    abstract = " ".join(str(s.get("text") if isinstance(s, dict) else s) for s in sentences if s is not None)
+    abstract = _text(" ".join(str(s.get("text") if isinstance(s, dict) else s) for s in sentences if s is not None))
     venue = _text(meta.get("venue") or meta.get("journal"))
     keywords = meta.get("keywords")
     source_format, entry_type = _text(meta.get("format")), _text(meta.get("entry_type"))
     out: dict = {
-        "rank": hit.get("rank"), "paper_id": str(hit.get("paper_id", "")), "title": hit.get("title") or "",
+        "rank": hit.get("rank"), "paper_id": str(hit.get("paper_id", "")), "title": _text(hit.get("title")),
         "score": hit.get("score"), "similarity": hit.get("similarity"),
         "year": _text(meta.get("year")), "date": _text(meta.get("publication_date")),
         "venue": venue, "abstract": abstract,
         "authors": [a for a in authors if a.get("name")],
-        "doi": _text(ids.get("doi")), "arxiv": _text(ids.get("arxiv")),
+        "doi": _text(ids.get("doi")), "arxiv": _text(ids.get("arxiv")), "pubmed": _text(ids.get("pubmed")),
         "url": _text(meta.get("url") or meta.get("open_access_url") or meta.get("s2_url")),
         "publisher": _text(meta.get("publisher")), "volume": _text(meta.get("volume")),
         "pages": _text(meta.get("pages")),
@@ -210,21 +225,34 @@ def _last_first(author: dict) -> str:
 
 def _bib_author(author: dict) -> str:
     """One BibTeX author: `Family, Given`, or an organisation braced whole (`{Google AI Language}`) so that no
-    BibTeX reader splits it into a first and a last name."""
-    value = _bib_value(_last_first(author))
-    return f"{{{value}}}" if author.get("literal") else value
+    BibTeX reader splits it into a first and a last name. Inside a person's name each ` and ` is braced (`Johnson
+    {and} Johnson`: one author, not two) and so is each comma (`{,}`: the first bare comma is BibTeX's own, between
+    family and given); a family name of several words with no given name keeps its comma (`de Souza,`)."""
+    if author.get("literal") or _family_given(author) is None:
+        value = bib_escape(str(author["name"]))
+        return f"{{{value}}}" if author.get("literal") else _bib_name_part(value)
+    family, given = _family_given(author) or ("", "")
+    family, given = _bib_name_part(bib_escape(family)), _bib_name_part(bib_escape(given))
+    return f"{family}, {given}" if given else f"{family}," if " " in family else family
 
 
-_LATEX_SPECIALS = re.compile(r"([&%$#_])")
+_NAME_SEPARATOR = re.compile(r"(?<=\s)(and|others)(?=\s|$)|^(others)$|,", re.IGNORECASE)
+
+
+def _bib_name_part(escaped: str) -> str:
+    """Part of a name as BibTeX must see it: ` and ` (any case), a lone `others` and a comma braced."""
+    return _NAME_SEPARATOR.sub(lambda m: "{" + m.group() + "}", escaped)
+
+
 #: a word with a capital after its first letter (ASR, BERT, iPhone, LaTeX, 3D): styles that lower-case titles
 #: must leave it be, so it is braced
 _WORD = re.compile(r"[^\W_]+")
 
 
-def _bib_value(text: str) -> str:
-    """A field value safe inside `{...}`: braces cannot unbalance it, LaTeX specials are escaped."""
-    text = " ".join(one_line(text).split()).replace("\\", "/").replace("{", "(").replace("}", ")")
-    return _LATEX_SPECIALS.sub(r"\\\1", text)
+def bib_value(text: str) -> str:
+    """A field value safe inside `{...}` (`bib_escape`): what a BibTeX reader (esqbe's, bibtexparser with pylatexenc)
+    decodes back to `text` as every export carries it (`esqbe.ingest.library.carried`)."""
+    return bib_escape(text)
 
 
 def _bib_title(text: str) -> str:
@@ -233,7 +261,7 @@ def _bib_title(text: str) -> str:
         word = m.group()
         return f"{{{word}}}" if any(c.isupper() for c in word[1:]) else word
 
-    return _WORD.sub(brace, _bib_value(text))  # _bib_value left no backslash command with letters to break
+    return _WORD.sub(brace, bib_value(text))  # escapes are `\%` or `{\textmacro}`: no capital to brace
 
 
 #: what a BibTeX key may not hold (whitespace, the entry's own delimiters, LaTeX's specials)
@@ -260,11 +288,12 @@ def _bibtex(hits: list[dict], with_scores: bool) -> str:
                   ("publisher", h["publisher"]), ("doi", h["doi"])]
         if h["arxiv"]:
             fields += [("eprint", h["arxiv"]), ("archiveprefix", "arXiv")]
+        fields.append(("pmid", h["pubmed"]))  # as Zotero's and Better BibTeX's exports name it
         fields += [("url", h["url"]), ("keywords", ", ".join(h["keywords"])), ("abstract", h["abstract"])]
         if with_scores:
             fields.append(("note", f"esqbe rank {h['rank']}, score {_score(h['score'])}, similarity "
                                    f"{_score(h['similarity']) or '-'}"))
-        lines = [f"  {name} = {{{_bib_value(value)}}}" for name, value in fields if value and name]
+        lines = [f"  {name} = {{{bib_value(value)}}}" for name, value in fields if value and name]
         head = [f"  title = {{{_bib_title(h['title'])}}}"] if h["title"] else []
         if h["authors"]:  # each name made safe on its own: an organisation's braces must stay
             head.append(f"  author = {{{' and '.join(_bib_author(a) for a in h['authors'])}}}")
@@ -277,6 +306,7 @@ def _bibtex(hits: list[dict], with_scores: bool) -> str:
 
 
 def _ris_writer():
+    """rispy's writer (`RIS_LIST_TAGS`: `AN` may repeat, one identifier each)."""
     from rispy.writer import RisWriter
 
     class _Writer(RisWriter):
@@ -302,13 +332,17 @@ def _ris(hits: list[dict], with_scores: bool) -> str:
                 record[key] = value
         if h["url"]:
             record["urls"] = [h["url"]]
+        accession = [f"{prefix}{h[k]}" for k, prefix in (("arxiv", "arXiv:"), ("pubmed", "PMID:")) if h[k]]
+        if accession:  # RIS has no tag of its own for either: `AN` (accession number), one per identifier
+            record["accession_number"] = accession
         if h["keywords"]:
             record["keywords"] = h["keywords"]
         if with_scores:
             record["notes"] = [f"esqbe rank {h['rank']}, score {_score(h['score'])}, "
                                f"similarity {_score(h['similarity']) or '-'}"]
         records.append(record)
-    return rispy.dumps([_one_line_values(r) for r in records], implementation=_ris_writer()) if records else ""
+    return rispy.dumps([_one_line_values(r) for r in records], implementation=_ris_writer(),
+                       list_tags=RIS_LIST_TAGS) if records else ""
 
 
 def _one_line_values(record: dict) -> dict:
@@ -342,7 +376,7 @@ def _csl(hits: list[dict], with_scores: bool) -> str:
         if parts:
             item["issued"] = {"date-parts": [parts]}
         for key, value in (("container-title", h["venue"]), ("volume", h["volume"]), ("page", h["pages"]),
-                           ("publisher", h["publisher"]), ("DOI", h["doi"]), ("URL", h["url"]),
+                           ("publisher", h["publisher"]), ("DOI", h["doi"]), ("PMID", h["pubmed"]), ("URL", h["url"]),
                            ("keyword", ", ".join(h["keywords"])), ("abstract", h["abstract"])):
             if value:
                 item[key] = value

@@ -8,7 +8,7 @@ import json
 import sqlite3
 from collections.abc import Iterable, Sequence
 
-from ...core.workids import work_keys
+from ...core.workids import identifier_keys, title_key, work_keys
 from ...domain import IndexedPaper
 from .host import EmbeddedHost
 from .layout import ALIASES_FILLED, _chunks
@@ -59,6 +59,10 @@ class AliasesMixin(EmbeddedHost):
         """In the upsert's transaction: each paper's identifiers name it, unless they already name another (the
         first stays: an index run merges a later record into it before it gets here)."""
         rows = [(key, ip.paper_id) for ip in papers for key in work_keys(ip.paper.metadata)]
+        # a title and year names the first paper stored with it: a later run's record of the same title is reported
+        # as its likely duplicate (esqbe.index.merge), never merged into it
+        titles = ((title_key(ip.paper.title, (ip.paper.metadata or {}).get("year")), ip.paper_id) for ip in papers)
+        rows += [(f"title:{key}", pid) for key, pid in titles if key is not None]
         if rows:
             self._db.executemany("INSERT OR IGNORE INTO aliases VALUES (?, ?)", rows)
 
@@ -78,6 +82,9 @@ class AliasesMixin(EmbeddedHost):
             self._db.execute("INSERT OR REPLACE INTO settings VALUES (?, ?)", (ALIASES_FILLED, json.dumps(True)))
 
     def resolve_ids(self, paper_ids: Sequence[str]) -> dict[str, str]:
-        """Each of `paper_ids` that is an id merged into another paper -> that paper's id."""
-        found = self._lookup(f"id:{pid}" for pid in paper_ids)  # read-only: never takes the write lock
-        return {key[3:]: pid for key, pid in found.items()}
+        """Each of `paper_ids` that is an id merged into another paper, or an identifier of one (a DOI, exact but for
+        case; an arXiv or PubMed id: `esqbe.core.workids.identifier_keys`) -> that paper's id."""
+        asked = {pid: [f"id:{pid}", *identifier_keys(pid)] for pid in paper_ids}
+        found = self._lookup(key for keys in asked.values() for key in keys)  # read-only: never the write lock
+        return {pid: next(found[k] for k in keys if k in found) for pid, keys in asked.items()
+                if any(k in found for k in keys)}
