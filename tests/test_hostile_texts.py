@@ -19,7 +19,7 @@ import pytest
 import esqbe
 from esqbe.core.limits import MAX_QUERY_CHARS, MAX_QUERY_SENTENCES
 from esqbe.ingest.sentences import split_sentences
-from esqbe.query.search import QueryTooLargeError
+from esqbe.query.results import QueryTooLargeError
 
 from .conftest import REPO, LiveServer
 
