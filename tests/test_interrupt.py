@@ -97,3 +97,52 @@ def test_a_signal_before_the_first_batch_reads_nothing_and_says_so(tmp_path, enc
         report = index.index_files([str(src), str(src)], stop=token)
     assert (report.interrupted, report.read, report.stored, report.not_read) == ("SIGTERM", 0, 0, [str(src)] * 2)
     assert "interrupted (SIGTERM): the 0 paper(s) counted above are committed" in report.interrupt_message(0)
+
+
+def test_an_interrupt_mid_batch_writes_what_was_encoded(tmp_path):
+    """Issue 49, item 6 (a trial: Ctrl-C discarded 191 encoded papers, 0 committed): one commit batch of 300 papers,
+    SIGINT once the progress shows more than two slices (of 4 encoder batches of 4) encoded; the slices finished are
+    written, the summary says how many are committed and how many read were left, and the index holds that."""
+    from esqbe.index.ingest import _SLICE_BATCHES
+
+    lines = SAMPLE.read_text().splitlines()
+    src = tmp_path / "papers.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    config = tmp_path / "esqbe.yaml"
+    config.write_text(f"commit_every: {len(lines)}\n")  # before the fix: nothing committed until the end
+    path = tmp_path / "ix"
+    cmd = [sys.executable, "-m", "cli", "index", "--path", str(path), "--config", str(config), "--batch-size", "4",
+           str(src)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ESQBE_PROGRESS_SECONDS": "0", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    slice_size = 4 * _SLICE_BATCHES
+    err_lines, seen = [], 0
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            err_lines.append(line)
+            encoded = re.match(r"^indexing: (\d+) papers", line)
+            if not seen and encoded and int(encoded.group(1)) > 2 * slice_size:
+                seen = int(encoded.group(1))
+                proc.send_signal(signal.SIGINT)
+        out = proc.stdout.read() if proc.stdout else ""
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = "".join(err_lines)
+    where = f"signal after {seen} encoded:\n{out}\n{err}"
+    assert seen, where
+    assert proc.returncode == 130, where
+    summary = next(SUMMARY.match(x) for x in out.splitlines() if SUMMARY.match(x))
+    read, indexed, replaced, unchanged, skipped = (int(x) for x in summary.groups())
+    told = re.search(r"the (\d+) paper\(s\) counted above are committed.* (\d+) paper\(s\) read but not yet encoded "
+                     r"were left out", err)
+    assert told is not None, where
+    committed, left = int(told.group(1)), int(told.group(2))
+    held = _held(path)
+    assert len(held) == committed == indexed, where  # what the summary says is what the index holds
+    assert committed >= seen // slice_size * slice_size >= 2 * slice_size, where  # the finished slices went in
+    assert read == committed + left and left > 0, where  # nothing read is unaccounted for
+    assert f"(the {committed} committed are skipped as unchanged)" in err, where

@@ -139,7 +139,7 @@ def _run_index(kw, files, fmt, strict, facets, as_json, quiet):
 @contextlib.contextmanager
 def _interrupts():
     """A cancellation token that SIGINT and SIGTERM cancel (with the signal's name) while the block runs: the index
-    run stops after the batch being written; a second signal stops at once (KeyboardInterrupt: SQLite rolls back
+    run writes what it encoded and stops (IngestMixin.add_papers); a second signal stops at once (KeyboardInterrupt: SQLite rolls back
     the transaction it interrupts). The handlers before are put back after."""
     from esqbe.core.deadline import Deadline
 
@@ -150,8 +150,8 @@ def _interrupts():
         if token.cancelled:
             raise KeyboardInterrupt(name)
         token.cancel(name)
-        print(f"esqbe: {name}: stopping after the batch being written (again: stop at once)", file=sys.stderr,
-              flush=True)
+        print(f"esqbe: {name}: writing the papers encoded so far, then stopping (again: stop at once)",
+              file=sys.stderr, flush=True)
 
     before = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

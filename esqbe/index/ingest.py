@@ -21,6 +21,9 @@ from ..settings.config import Settings
 from ..settings.table import FACET_MODES  # noqa: E402
 from .reports import _STORAGE_ERRORS, EncodeReport, IndexReport, _reason
 
+#: encoder batches per slice of an interrupted-able run: a signal loses at most one slice of encoding work
+_SLICE_BATCHES = 4
+
 
 class IngestMixin:
     """Index's writing side. Uses the encoder, tagger and model checks that `Index` defines."""
@@ -116,8 +119,9 @@ class IngestMixin:
 
         The model is loaded (and the index created) only when a batch has papers to encode. A failing
         store (disk full, read-only) raises StorageError with `.report`: what was committed before it.
-        Once `stop` is cancelled (`esqbe index` on SIGINT/SIGTERM) no further batch is read, the batch being
-        encoded is abandoned (nothing of it written), a batch being written is finished, and the run returns with
+        Once `stop` is cancelled (`esqbe index` on SIGINT/SIGTERM) no further batch is read; the batch being encoded
+        stops at the next slice of a few encoder batches (`_encode_until`) and what it encoded is written, as is a
+        batch being written; the papers read but not encoded are counted in `report.left`, and the run returns with
         `report.interrupted` set to the token's reason: the report counts exactly what is committed."""
         facets = facets or self.settings.facets
         if facets not in FACET_MODES:
@@ -153,12 +157,16 @@ class IngestMixin:
             try:
                 if encoding is not None:
                     try:
-                        indexed, tagged = encoding.result()  # an encoder error surfaces here
+                        indexed, tagged, left = encoding.result()  # an encoder error surfaces here
                     except Cancelled:
                         if stop is None or not stop.cancelled:
                             raise
-                        return  # interrupted while encoding: nothing of this batch is written, none counted
+                        report.left += n_fresh  # (not expected: _encode_until returns what it encoded)
+                        return
+                    report.left += left  # interrupted: these were read, not encoded; the encoded ones are written
                     report.replaced += n_repeated
+                    if not indexed:  # interrupted before any of it was encoded
+                        return
                     try:
                         result = self.backend.upsert(indexed)
                     except _STORAGE_ERRORS as e:  # past its commit (the text index failed): the batch counts
@@ -185,7 +193,8 @@ class IngestMixin:
         try:
             for batch in _batches(until_bad_line(papers), max(1, int(self.settings.commit_every))):
                 if stop is not None and stop.cancelled:
-                    break  # the batch just read is not indexed (counted as read: the summary says so)
+                    report.left += len(batch)  # the batch just read is not indexed (the summary says so)
+                    break
                 latest = {p.paper_id: p for p in batch}  # an id repeated within a batch: the last one wins
                 try:
                     fresh = self._fresh(latest, facets, report)
@@ -218,11 +227,26 @@ class IngestMixin:
         return report
 
     def _encode_until(self, papers: list[Paper], facets: str, on_progress, stop: Deadline | None):
-        """`_encode`, abandoned (Cancelled) between the encoder's batches once `stop` is cancelled."""
+        """`_encode` -> (encoded papers, tagged, papers left not encoded). With `stop`, in slices of
+        `_SLICE_BATCHES` encoder batches: once it is cancelled the slice being encoded is abandoned (the encoder
+        checks the token between its batches) and the slices finished so far are returned, to be written: an
+        interrupt loses at most one slice of encoding work, never a whole committed batch (issue 49, item 6)."""
         if stop is None:
-            return self._encode(papers, facets, on_progress)
-        with stop:  # the encoder checks the token of its thread between its batches
-            return self._encode(papers, facets, on_progress)
+            return (*self._encode(papers, facets, on_progress), 0)
+        step = max(1, int(getattr(self.encoder, "batch_size", None) or self.settings.batch_size)) * _SLICE_BATCHES
+        done: list[IndexedPaper] = []
+        tagged = 0
+        for start in range(0, len(papers), step):
+            try:
+                with stop:  # raises Cancelled on entry once cancelled; the encoder checks it between its batches
+                    encoded, n = self._encode(papers[start : start + step], facets, on_progress)
+            except Cancelled:
+                if not stop.cancelled:
+                    raise
+                return done, tagged, len(papers) - start
+            done.extend(encoded)
+            tagged += n
+        return done, tagged, 0
 
     def _fresh(self, latest: dict[str, Paper], facets: str, report: IndexReport) -> list[Paper]:
         """The papers of a batch that need encoding; the others are counted as unchanged."""

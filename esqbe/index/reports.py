@@ -45,6 +45,9 @@ class IndexReport:
     repeated: list[str] = field(default_factory=list)
     #: the run was interrupted (its reason: "SIGINT", "SIGTERM"): what it counts is what was committed before
     interrupted: str | None = None
+    #: an interrupted run: papers read but not encoded (the rest of the batch being encoded, the batch read after),
+    #: so not indexed; the papers it did encode were written (issue 49, item 6)
+    left: int = 0
     #: one {"file", "line", "id", "title", "reason"} per skipped record, in the order read (see `skipped_lines`)
     skipped_records: list[dict] = field(default_factory=list)
     #: records merged into a paper named by the same identifier (esqbe.index.merge): {"file", "line", "id", "into",
@@ -91,8 +94,8 @@ class IndexReport:
         total = f"; the index holds {held} paper(s) in all" if held is not None else ""
         return (f"interrupted ({self.interrupted}): the {self.stored} paper(s) counted above are committed and "
                 f"searchable ({self.indexed} indexed, {self.replaced} replaced, {self.unchanged} unchanged){total}; "
-                f"records read after the last commit were not indexed{rest}. Run the same command again to index the "
-                f"rest (what is in already is skipped as unchanged)")
+                f"{self.left} paper(s) read but not yet encoded were left out{rest}. Run the same command again to "
+                f"index the rest (the {self.stored} committed are skipped as unchanged)")
 
     def summary(self) -> dict:
         return {
@@ -106,6 +109,7 @@ class IndexReport:
             "seconds": round(self.seconds, 2),
             "stopped": self.stopped,
             "not_read": list(self.not_read),
+            "left": self.left,
             "failed": self.failure_message() or None,
             "repeated": list(self.repeated),
             "skipped_records": list(self.skipped_records),
