@@ -130,7 +130,8 @@ SETTINGS: tuple[Setting, ...] = (
             "make your own with `esqbe train-tagger --out FILE`).", env="ESQBE_TAGGER", flag="--tagger",
             path="existing-file", commands=frozenset({"index", "attach", "eval csfcube"}), group="indexing"),
     Setting("commit_every", int, 256, "Papers per committed batch while indexing (a killed run loses at most one "
-            "batch); also how many papers the encoder length-sorts at once.", low=1, high=1_000_000, group="indexing"),
+            "batch); also how many papers the encoder length-sorts at once (`esqbe index` encodes them in slices of a "
+            "few encoder batches, so that Ctrl-C writes the slices done).", low=1, high=1_000_000, group="indexing"),
     Setting("pdf_timeout", float, PDF_SECONDS, "Seconds of wall clock reading one attached PDF's text may take (a "
             "library record without an abstract whose PDF names one; in a child process); past it the record is "
             "skipped with that reason and the run goes on.", low=0.1, high=3600, env="ESQBE_PDF_TIMEOUT",
