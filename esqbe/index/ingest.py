@@ -23,6 +23,8 @@ from .reports import _STORAGE_ERRORS, EncodeReport, IndexReport, _reason
 
 #: encoder batches per slice of an interruptible run (at least): a signal loses at most one slice of encoding work
 _SLICE_BATCHES = 4
+#: papers per slice at least (int8 on a CPU encodes one row per batch: a call per few papers would cost its set-up)
+_SLICE_MIN_PAPERS = 32
 
 
 class IngestMixin:
@@ -228,16 +230,16 @@ class IngestMixin:
 
     def _encode_until(self, papers: list[Paper], facets: str, on_progress, stop: Deadline | None):
         """`_encode` -> (encoded papers, tagged, papers left not encoded). With `stop`, in slices of
-        `_SLICE_BATCHES` encoder batches (twice the parallel ONNX sessions, if more): once it is cancelled the slice
-        being encoded is abandoned (the encoder checks the token between its batches) and the slices finished so far
-        are returned, to be written: an interrupt loses at most one slice of encoding work, never a whole committed
-        batch (issue 49, item 6)."""
+        `_SLICE_BATCHES` encoder batches (twice the parallel ONNX sessions, if more; `_SLICE_MIN_PAPERS` papers at
+        least): once it is cancelled the slice being encoded is abandoned (the encoder checks the token between its
+        batches) and the slices finished so far are returned, to be written: an interrupt loses at most one slice
+        of encoding work, never a whole committed batch (issue 49, item 6)."""
         if stop is None:
             return (*self._encode(papers, facets, on_progress), 0)
         # a slice keeps every parallel ONNX session busy (their batches run `workers` at a time)
         workers = int(getattr(getattr(self.encoder, "_runner", None), "workers", 1) or 1)
-        step = max(1, int(getattr(self.encoder, "batch_size", None) or self.settings.batch_size)) * max(
-            _SLICE_BATCHES, 2 * workers)
+        batch = max(1, int(getattr(self.encoder, "batch_size", None) or self.settings.batch_size))
+        step = max(_SLICE_MIN_PAPERS, batch * max(_SLICE_BATCHES, 2 * workers))
         done: list[IndexedPaper] = []
         tagged = 0
         for start in range(0, len(papers), step):
