@@ -137,8 +137,8 @@ def test_an_interrupt_mid_batch_writes_what_was_encoded(tmp_path):
     assert proc.returncode == 130, where
     summary = next(SUMMARY.match(x) for x in out.splitlines() if SUMMARY.match(x))
     read, indexed, replaced, unchanged, skipped = (int(x) for x in summary.groups())
-    told = re.search(r"the (\d+) paper\(s\) counted above are committed.* (\d+) paper\(s\) read but not yet encoded "
-                     r"were left out", err)
+    told = re.search(r"the (\d+) paper\(s\) counted above are committed.* (\d+) paper\(s\) read were left out, "
+                     r"their encoding not finished", err)
     assert told is not None, where
     committed, left = int(told.group(1)), int(told.group(2))
     held = _held(path)

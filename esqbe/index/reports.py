@@ -94,8 +94,9 @@ class IndexReport:
         total = f"; the index holds {held} paper(s) in all" if held is not None else ""
         return (f"interrupted ({self.interrupted}): the {self.stored} paper(s) counted above are committed and "
                 f"searchable ({self.indexed} indexed, {self.replaced} replaced, {self.unchanged} unchanged){total}; "
-                f"{self.left} paper(s) read but not yet encoded were left out{rest}. Run the same command again to "
-                f"index the rest (the {self.stored} committed are skipped as unchanged)")
+                f"{self.left} paper(s) read were left out, their encoding not finished (at most one slice of it "
+                f"lost){rest}. Run the same command again to index the rest (the {self.stored} committed are skipped "
+                f"as unchanged)")
 
     def summary(self) -> dict:
         return {
