@@ -111,9 +111,13 @@ def test_the_score_column_is_called_a_score_and_the_position_is_said_to_be_one(p
 
     r = run("query", "--path", predicted_ix, "--paper", QID, "-k", "3", "--no-server")
     assert r.exit_code == 0, r.output
-    assert "score: what this query sorted by" in r.output and "the number before each hit is its position" in r.output
-    rows = re.findall(r"^\s+(\d+)\. sim (\S+)\s+score (\S+)\s", r.output, flags=re.M)
-    assert [int(n) for n, _, _ in rows] == [1, 2, 3] and " rank " not in r.output
+    assert "the query and the paper alone decide it" in r.output and "the number before each hit is its position" in r.output
+    # issue 48: the score leads each hit (what orders them), its parts (sim, bm25) on the line below
+    rows = re.findall(r"^\s+(\d+)\. score (\S+)\s", r.output, flags=re.M)
+    assert [int(n) for n, _ in rows] == [1, 2, 3] and " rank " not in r.output
+    scores = [float(x) for _, x in rows]
+    assert scores == sorted(scores, reverse=True)
+    assert len(re.findall(r"^\s+\(sim \S+, bm25 \S+\)$", r.output, flags=re.M)) == 3
 
 
 @pytest.mark.parametrize("args", [["train-tagger", "--token-stride", "100000"], ["train-tagger", "--token-stride", "0"],

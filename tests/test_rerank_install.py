@@ -309,7 +309,8 @@ def test_the_servers_stats_report_the_installed_reranker_and_the_endpoints_bound
     rerank = stats["server"]["rerank"]
     assert rerank == {"enabled": True, "token_required": True, "request_timeout_s": ServeOptions().request_timeout,
                       "max_documents": MAX_RERANK_DOCUMENTS, "max_query_chars": MAX_RERANK_QUERY_CHARS,
-                      "max_sentences": 64, "max_id_chars": MAX_PAPER_ID_CHARS, "fallbacks": {}}
+                      "max_sentences": 64, "max_id_chars": MAX_PAPER_ID_CHARS, "fallbacks": {},
+                      "max_text_sentences": 64}
     assert (rerank["max_documents"], rerank["max_query_chars"]) == \
         (spec["properties"]["documents"]["maxItems"], spec["properties"]["query"]["maxLength"])
 

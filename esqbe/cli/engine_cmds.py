@@ -8,7 +8,7 @@ import os
 import click
 
 from esqbe.core.redact import mask_urls
-from esqbe.settings.generate import overrides_from_click
+from esqbe.settings.generate import LazyChoice, overrides_from_click
 
 from .errors import handle_errors
 from .options import config_option
@@ -30,7 +30,7 @@ def _engine_options(fn):
 
     for s in reversed([s for s in command_settings("stats", ("where",)) if s.name not in ("backend", "path")]):
         fn = click_option(s)(fn)
-    fn = click.option("--backend", type=click.Choice(["elasticsearch", "opensearch"]),
+    fn = click.option("--backend", type=LazyChoice(["elasticsearch", "opensearch"]),
                       help="The cluster's engine. (env ESQBE_BACKEND)")(fn)
     fn = click.option("--connect-timeout", type=click.FloatRange(0.1, 120), default=5.0, show_default=True,
                       help="Seconds to wait for the cluster to accept a connection.")(fn)

@@ -212,11 +212,11 @@ def train_encoder_cmd(citances_tar, out_dir, model, citances, epochs, cache, fro
 @click.option("--batch", type=int, default=16, show_default=True, help="Abstracts per training step.")
 @click.option("--max-seq-length", type=int, default=256, show_default=True, help="Tokens of title + abstract (longer abstracts keep their first sentences).")
 @click.option("--lr", type=float, default=3e-5, show_default=True, help="The student's learning rate.")
-@click.option("--loss", type=click.Choice(["regression", "relational", "both"]), default="both", show_default=True, help="regression: the teacher's vectors through a learned projection; relational: the teacher's similarities; both.")
+@click.option("--loss", type=LazyChoice(["regression", "relational", "both"]), default="both", show_default=True, help="regression: the teacher's vectors through a learned projection; relational: the teacher's similarities; both.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=int, default=2, show_default=True, help="CPU threads.")
 @click.option("--device", type=str, help="cpu, cuda, cuda:N (default: auto).")
-@click.option("--format", "fmt", type=click.Choice(RECORD_FORMATS), help="Input format (default: detected).")
+@click.option("--format", "fmt", type=LazyChoice(RECORD_FORMATS), help="Input format (default: detected).")
 @handle_errors
 def adapt_cmd(files, out_dir, teacher, student, sample, epochs, batch, max_seq_length, lr, loss, seed, threads, device, fmt):
     """Distil a stronger TEACHER into the fast default model on a sample of your own papers (FILES: any format
