@@ -540,3 +540,5 @@ def test_file_names_only_takes_every_directory_away():
     assert file_names_only(meta) == {"title": "T", "attachments": ["a b.pdf", "x.pdf", "y.pdf", "z.pdf", "w.pdf"]}
     assert file_names_only({"attachments": ["/home/me/dir/"]}) == {}
     assert meta["attachments"][0].startswith("/home")  # the paper's own metadata is not changed
+    sources = {"sources": [{"file": "/home/me/lib/a.bib", "format": "bibtex"}, {"file": "C:\\me\\z.sqlite"}]}
+    assert file_names_only(sources) == {"sources": [{"file": "a.bib", "format": "bibtex"}, {"file": "z.sqlite"}]}

@@ -366,19 +366,24 @@ def public_metadata(metadata: dict | None) -> dict:
     return {k: v for k, v in (metadata or {}).items() if k not in HIDDEN_METADATA_KEYS}
 
 #: metadata keys whose values are paths on the machine that indexed the paper: Zotero's attachments (the indexer
-#: reads an attached PDF when the paper is read; the index keeps the paths for its own user: `esqbe show`)
-PATH_KEYS = ("attachments",)
+#: reads an attached PDF when the paper is read; the index keeps the paths for its own user: `esqbe show`), and the
+#: input files a paper was read from (`sources`: [{"file": path, "format": ...}], esqbe.index.merge)
+PATH_KEYS = ("attachments", "sources")
 #: how a path in PATH_KEYS may begin that is not a directory: Zotero's prefixes, a file URL
 _PATH_PREFIXES = ("attachments:", "storage:", "file://")
 
 
 def file_names_only(metadata: dict | None) -> dict:
-    """`metadata` with each path under PATH_KEYS cut to its file name, without directories (`/home/me/Zotero/
-    storage/ABCD2345/x.pdf`, `C:\\Users\\me\\x.pdf`, `attachments:Papers/x.pdf` -> `x.pdf`): what a server shows a
-    reader who is not its operator (`esqbe serve` without `--show-paths`). A value that is not a path is left out."""
+    """`metadata` with each path under PATH_KEYS (an attachment, a source's `file`) cut to its file name, without
+    directories (`/home/me/Zotero/storage/ABCD2345/x.pdf`, `C:\\Users\\me\\x.pdf`, `attachments:Papers/x.pdf` ->
+    `x.pdf`): what a server shows a reader who is not its operator (`esqbe serve` without `--show-paths`). An
+    attachment that is not a path is left out."""
     out = dict(metadata or {})
+    if isinstance(out.get("sources"), list):  # the files a paper was read from: each file's name, its format kept
+        out["sources"] = [{**s, "file": _file_name(s["file"])} if isinstance(s.get("file"), str) else s
+                          for s in out["sources"] if isinstance(s, dict)]
     for key in PATH_KEYS:
-        if key not in out:
+        if key not in out or key == "sources":
             continue
         values = out[key] if isinstance(out[key], list) else [out[key]]
         names = [_file_name(v) for v in values if isinstance(v, str)]
