@@ -405,6 +405,26 @@ def test_bulk_lines_pass_the_spec_and_the_mapping(engine, version):
     assert canned.sent("_refresh"), "upsert must refresh at the end"
 
 
+@pytest.mark.parametrize("engine,version", ENGINE_VERSIONS)
+def test_a_papers_sources_are_updated_in_place(engine, version):
+    """A record of another file merged into a stored paper without changing it (esqbe.index.merge): its sources
+    are sent as a bulk partial update, valid by the spec, that leaves the rest of the document as it was."""
+    papers = make_papers(2)
+    backend, canned = ready_backend(engine, version, papers)
+    before = json.loads(json.dumps(canned.sources["p1"]))
+    sources = [{"file": "a.bib", "format": "bibtex"}, {"file": "b.ris", "format": "ris"}]
+    assert backend.update_sources({"p1": sources}) == 1
+    assert backend.update_sources({"p1": sources}) == 0  # the engine's noop: nothing changed
+    action, body = canned.sent("_bulk")[-1]["lines"]
+    assert_valid(engine, "bulk_action", action)
+    assert_valid(engine, "bulk_update_action_payload", body)
+    assert action == {"update": {"_index": INDEX, "_id": "p1"}} and body == {"doc": {"metadata": {"sources": sources}}}
+    after = canned.sources["p1"]
+    assert after["metadata"] == {**before["metadata"], "sources": sources}
+    assert {k: v for k, v in after.items() if k != "metadata"} == {k: v for k, v in before.items() if k != "metadata"}
+    assert backend.get(["p1"])["p1"].paper.metadata["sources"] == sources
+
+
 @pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
 def test_bulk_batches_are_sized_by_bytes(engine):
     papers = make_papers(12)

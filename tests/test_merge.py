@@ -81,7 +81,7 @@ def test_records_of_one_work_are_one_paper_and_the_summary_says_so(merged):
         shown = json.loads(run("show", "--path", root / "ix", pid, "--json").stdout)
         assert shown["paper_id"] == "vaswani2017attention" and shown["title"] == "Attention Is All You Need"
         assert shown["metadata"]["format"] == "bibtex"
-        assert shown["metadata"]["sources"][0]["format"] == "bibtex"  # every source: the known bug below
+        assert shown["metadata"]["sources"][0]["format"] == "bibtex"  # and every source (below)
     hits = json.loads(run("query", "--path", root / "ix", "--paper", "balazs2007", "--no-server", "--json").stdout)
     assert hits["query"]["paper_id"] == "0704.0001"
     assert "0704.0001" not in [h["paper_id"] for h in hits["hits"]]  # the query paper is not its own hit
@@ -159,10 +159,20 @@ def test_the_library_deletes_by_a_merged_id_and_counts_the_paper_once(merged, tm
             ["ABCD2345", "bert-again"]
 
 
-@pytest.mark.xfail(strict=True, reason="known bug (issue 49 item 2, left open): a record of another file merged into a "
-                   "paper whose content it does not change is skipped as unchanged, so its source is not added to "
-                   "`sources` (sources sit outside the content hash so that re-reading a file re-encodes nothing)")
-def test_a_paper_lists_every_source_merged_into_it(merged):
+def test_a_paper_lists_every_source_merged_into_it(merged, tmp_path):
+    """A record of another file merged into a paper without changing its content (the library's record keeps its
+    fields) is not encoded again, yet the paper names it among its sources: in the run that read both, in a later run
+    of that file alone, and a later run of the library's file alone takes none away."""
     root, _ = merged
     shown = json.loads(run("show", "--path", root / "ix", "vaswani2017attention", "--json").stdout)
-    assert [s["format"] for s in shown["metadata"]["sources"]] == ["bibtex", "ris"]
+    assert shown["metadata"]["sources"] == [{"file": str(root / "zotero.bib"), "format": "bibtex"},
+                                            {"file": str(root / "dup.ris"), "format": "ris"}]
+    ix = tmp_path / "ix"
+    run("index", "--path", ix, root / "zotero.bib")
+    (tmp_path / "copy.ris").write_text(DUP_RIS)
+    for source in (tmp_path / "copy.ris", tmp_path / "copy.ris", root / "zotero.bib"):
+        report = json.loads(run("index", "--path", ix, source, "--json").stdout)
+        assert report["replaced"] == 0 and report["unchanged"] >= 1, report  # nothing encoded again
+        shown = json.loads(run("show", "--path", ix, "vaswani-ris", "--json").stdout)
+        assert [s["file"] for s in shown["metadata"]["sources"]] == [str(root / "zotero.bib"),
+                                                                      str(tmp_path / "copy.ris")], source

@@ -97,6 +97,12 @@ class Backend(ABC):
     def add_aliases(self, aliases: dict[str, str]) -> None:  # noqa: B027 (optional: see keeps_aliases)
         """Remember that each key (`id:<merged-away id>`) names that paper."""
 
+    def update_sources(self, sources: dict[str, list[dict]]) -> int:
+        """Set the `sources` of stored papers (paper id -> [{"file", "format"}], esqbe.index.merge) whose content is
+        unchanged, so nothing is encoded again; the rest of their metadata stays. Returns how many changed.
+        Optional: a backend that cannot keeps the sources it stored with the paper."""
+        return 0
+
     def paper_count(self) -> int:
         """How many papers the index holds (a backend may answer cheaper than `stats`)."""
         return int(self.stats().get("papers", 0))

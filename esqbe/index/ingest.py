@@ -264,14 +264,17 @@ class IngestMixin:
                                                   and stored[p.paper_id] != p.content_hash()], same_input=True)
         else:
             tagged_before = set()
-        fresh = []
+        fresh, merged = [], {}
         for p in latest.values():
-            if p.paper_id in tagged_before:
-                report.unchanged += 1  # same input, labels already predicted: tagging again changes nothing
-            elif facets != "predict" and stored.get(p.paper_id) == p.content_hash():
-                report.unchanged += 1
+            if p.paper_id in tagged_before or facets != "predict" and stored.get(p.paper_id) == p.content_hash():
+                report.unchanged += 1  # (same input, labels already predicted: tagging again changes nothing)
+                sources = (p.metadata or {}).get("sources") or []
+                if len(sources) > 1:  # esqbe.index.merge combined it with the stored paper's own sources
+                    merged[p.paper_id] = sources
             else:
                 fresh.append(p)
+        if merged:  # a record of another file merged in without changing the paper: its sources are written
+            self.backend.update_sources(merged)
         return fresh
 
     def index_files(self, sources: Sequence[str], *, format: str | None = None, strict: bool = False,

@@ -266,6 +266,15 @@ class CannedEngine:
                 found = self.sources.pop(pid, None) is not None
                 items.append({op: {"_index": INDEX, "_id": pid, "status": 200 if found else 404,
                                    "result": "deleted" if found else "not_found"}})
+            elif op == "update":  # a partial document: objects merged, anything else replaced; `noop` if unchanged
+                if pid not in self.sources:
+                    items.append({op: {"_index": INDEX, "_id": pid, "status": 404,
+                                       "error": {"type": "document_missing_exception", "reason": "document missing"}}})
+                    continue
+                merged = _merge_doc(self.sources[pid], doc["doc"])
+                result = "noop" if merged == self.sources[pid] else "updated"
+                self.sources[pid] = merged
+                items.append({op: {"_index": INDEX, "_id": pid, "status": 200, "result": result, "_version": 2}})
             else:
                 existed = pid in self.sources
                 self.sources[pid] = doc
@@ -310,6 +319,14 @@ class CannedEngine:
             for facet, path in FACET_PATHS.items():
                 aggs[facet]["doc_count"] += len(src.get(path) or ())
         return 200, {"hits": {"total": {"value": len(self.sources), "relation": "eq"}, "hits": []}, "aggregations": aggs}
+
+
+def _merge_doc(source: dict, doc: dict) -> dict:
+    """An update's partial `doc` applied as the engines do: objects merged key by key, other values replaced."""
+    out = dict(source)
+    for key, value in doc.items():
+        out[key] = _merge_doc(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def lucene_clauses(node) -> int:

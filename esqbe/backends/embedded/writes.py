@@ -27,6 +27,23 @@ class WritesMixin(EmbeddedHost):
             out.update(dict(self._db.execute(q, chunk).fetchall()))
         return out
 
+    def update_sources(self, sources: dict[str, list[dict]]) -> int:
+        """Each paper's `sources` set in its stored metadata where they differ: one SQLite transaction; vectors, token
+        counts and the text index are not touched."""
+        rows = [(json.dumps(v, ensure_ascii=False, allow_nan=False), k) for k, v in sources.items()]
+        if not rows:
+            return 0
+        self._acquire_write()
+        with self._tx():
+            before = self._db.total_changes
+            self._db.executemany(
+                "UPDATE papers SET metadata = json_set(metadata, '$.sources', json(?1)) WHERE paper_id = ?2 "
+                "AND coalesce(json(json_extract(metadata, '$.sources')), '') != json(?1)", rows)
+            changed = self._db.total_changes - before
+            if changed:
+                self._bump_generation()  # a reader's cached metadata (filters) is read again
+        return changed
+
     def _append_rows(self, start: int, vectors: np.ndarray, pnos: np.ndarray, facets: np.ndarray) -> None:
         """Write rows at `start` (the committed row count) and make them durable before SQLite commits."""
         if self._files is None:

@@ -392,6 +392,21 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
             self._refresh()
         return result
 
+    def update_sources(self, sources: dict[str, list[dict]]) -> int:
+        """Each paper's `metadata.sources` by a partial update (bulk `update` with `doc`: the engine merges objects,
+        replaces arrays, and answers `noop` where nothing changed); `metadata` is stored, not indexed, so no filter
+        field moves."""
+        if not sources:
+            return 0
+        self._index_mapping()
+        actions = [{"_op_type": "update", "_index": self.index, "_id": pid, "doc": {"metadata": {"sources": value}}}
+                   for pid, value in sources.items()]
+        changed = 0
+        for _pid, (ok, info) in self._bulk(actions).items():
+            changed += bool(ok and info.get("result") == "updated")
+        self._refresh()
+        return changed
+
     def delete(self, paper_ids: Iterable[str]) -> int:
         ids = list(dict.fromkeys(str(p) for p in paper_ids))
         if not ids:
