@@ -75,19 +75,64 @@ def test_finds_not_in_my_library_leave_out_every_library_paper(merged):
     assert set(hits) == {f"s2-{i}" for i in range(N_LIB, 10)} - {"s2-5"}
 
 
-def test_a_likely_duplicate_across_runs_is_reported_with_both_ids(tmp_path, encoder):
+def test_a_likely_duplicate_across_runs_is_reported_with_both_ids_and_a_watch_never_reports_it(tmp_path, encoder):
     """The trial's two-run duplicate: a BibTeX entry without DOI, then (another run) the S2ORC record of the same
-    work (same title, year): reported with both ids, both kept."""
+    work (same title, year, first author): reported with both ids, both kept. A paper of that title and year by
+    another first author is another work. A watch on the BibTeX paper reports the new papers that match it, never
+    its own twin."""
+    from esqbe.index.watches import add_watch, run_watches
+
     record = json.loads(SAMPLE.read_text().splitlines()[0])
     abstract = " ".join(record["sentences"]) if "sentences" in record else record["abstract"]
     (tmp_path / "lib.bib").write_text(f"@article{{twin2019,\n  title = {{Facets of Scientific Papers}},\n"
+                                      f"  author = {{Smith, John and Doe, Jane}},\n"
                                       f"  year = {{2019}},\n  abstract = {{{abstract.replace('%', '')}}}\n}}\n")
-    (tmp_path / "dump.jsonl").write_text(json.dumps({"paper_id": "s2-twin", "title": "Facets of scientific papers.",
-                                                     "abstract": abstract, "year": 2019}) + "\n")
+    dump = [{"paper_id": "s2-twin", "title": "Facets of scientific papers.", "abstract": abstract, "year": 2019,
+             "authors": [{"first": "J.", "last": "Smith"}]},
+            {"paper_id": "s2-namesake", "title": "Facets of Scientific Papers", "abstract": abstract, "year": 2019,
+             "authors": [{"first": "Ada", "last": "Jones"}]},
+            {"paper_id": "s2-other", "title": "Another view of the same facets", "abstract": abstract, "year": 2020}]
+    (tmp_path / "dump.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dump))
     with esqbe.open_index(str(tmp_path / "ix"), encoder=encoder, config=None) as index:
         assert not index.index_files([str(tmp_path / "lib.bib")]).likely_duplicates
+        add_watch(index, "mine", paper_id="twin2019", min_score=0.0, k=10)
         second = index.index_files([str(tmp_path / "dump.jsonl")])
-        assert sorted(index.backend.paper_ids()) == ["s2-twin", "twin2019"]
+        assert sorted(index.backend.paper_ids()) == ["s2-namesake", "s2-other", "s2-twin", "twin2019"]
+        [run] = run_watches(index)
+    assert len(second.likely_duplicates) == 1, second.likely_duplicates
     [dup] = second.likely_duplicates
     assert (dup["id"], dup["like"]) == ("s2-twin", "twin2019")
     assert any("s2-twin ~" in line and "twin2019" in line for line in second.merge_lines())
+    assert sorted(m["paper_id"] for m in run.matches) == ["s2-namesake", "s2-other"]
+
+
+def test_an_index_made_before_title_keys_finds_a_likely_duplicate_of_its_papers(tmp_path, encoder):
+    """An index of an esqbe before title keys (no `title:` aliases, no flag) gets its papers' title keys on the next
+    run that writes it, so that run's record of the same work is reported."""
+    import sqlite3
+
+    record = json.loads(SAMPLE.read_text().splitlines()[0])
+    record = {"abstract": " ".join(record["sentences"]) if "sentences" in record else record["abstract"], "year": 2019}
+    (tmp_path / "lib.jsonl").write_text(json.dumps({**record, "paper_id": "old", "title": "Facets of Scientific Papers"}))
+    (tmp_path / "dump.jsonl").write_text(json.dumps({**record, "paper_id": "new", "title": "FACETS of scientific papers"}))
+    with esqbe.open_index(str(tmp_path / "ix"), encoder=encoder, config=None) as index:
+        index.index_files([str(tmp_path / "lib.jsonl")])
+    with sqlite3.connect(tmp_path / "ix" / "papers.sqlite") as db:  # as an esqbe before title keys left it
+        assert db.execute("DELETE FROM aliases WHERE key LIKE 'title:%'").rowcount == 1
+        db.execute("DELETE FROM settings WHERE key = 'title_keys_filled'")
+    with esqbe.open_index(str(tmp_path / "ix"), encoder=encoder, config=None) as index:
+        report = index.index_files([str(tmp_path / "dump.jsonl")])
+    assert [(d["id"], d["like"]) for d in report.likely_duplicates] == [("new", "old")]
+
+
+def test_same_work_compares_title_year_and_first_author():
+    from esqbe.core.workids import first_author, same_work
+
+    assert [first_author({"authors": a}) for a in ([{"name": "Kim, M. G."}], ["M. G. Kim"], [{"family": "van der Berg",
+            "name": "Anna van der Berg"}], [], None, [7])] == ["kim", "kim", "berg", None, None, None]
+    title = "Facets of Scientific Papers"
+    assert same_work(title, {"year": 2019, "authors": ["Smith, J."]}, "facets of scientific papers!", {"year": 2019})
+    assert same_work(title, {"authors": ["J. Smith"]}, title, {"year": 2019, "authors": [{"name": "Smith, John"}]})
+    assert not same_work(title, {"year": 2019}, title, {"year": 2020})
+    assert not same_work(title, {"authors": ["Ada Jones"]}, title, {"authors": ["J. Smith"]})
+    assert not same_work("Introduction", {}, "Introduction", {})  # too short a title to say anything

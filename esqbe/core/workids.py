@@ -1,7 +1,8 @@
 """The identifiers that name a work (issue 38, item 2), normalised so that one work read from two files compares
 equal: `doi:10.1088/1742-6596/1` (a resolver address, `doi:` and case dropped), `arxiv:1706.03762` (`arXiv:`, an
 abs/pdf address and the version dropped), `pubmed:12345`. A normalised title and year (`title_key`) only ever flags
-a likely duplicate: records are merged by identifier, never by title."""
+a likely duplicate (`same_work`: the first author's family name must agree too where both records name one): records
+are merged by identifier, never by title."""
 from __future__ import annotations
 
 import re
@@ -58,3 +59,32 @@ def title_key(title: str, year) -> str | None:
     if len(words) < 3:
         return None
     return " ".join(words) + f" ({year if isinstance(year, int) and not isinstance(year, bool) else '-'})"
+
+
+def first_author(metadata: dict | None) -> str | None:
+    """The first author's family name folded to its last word (`Kim, M. G.`, `M. G. Kim`, {"family": "van der
+    Berg"} -> `kim`, `kim`, `berg`), or None where the record names no author."""
+    authors = (metadata or {}).get("authors")
+    first = authors[0] if isinstance(authors, list) and authors else None
+    if isinstance(first, dict):
+        name = first.get("family") if isinstance(first.get("family"), str) else first.get("name")
+    else:
+        name = first
+    if not isinstance(name, str):
+        return None
+    family = name.partition(",")[0] if "," in name else name
+    words = _WORD.findall(fold(family[:MAX_KEY]))
+    return words[-1] if words else None
+
+
+def same_work(title: str, metadata: dict | None, other_title: str, other_metadata: dict | None) -> bool:
+    """Whether two records are likely one work: the same folded title (three words or more), the same year and first
+    author wherever both records give one."""
+    a, b = _WORD.findall(fold(title or "")), _WORD.findall(fold(other_title or ""))
+    if len(a) < 3 or a != b:
+        return False
+    years = [(m or {}).get("year") for m in (metadata, other_metadata)]
+    if all(isinstance(y, int) and not isinstance(y, bool) for y in years) and years[0] != years[1]:
+        return False
+    authors = [first_author(metadata), first_author(other_metadata)]
+    return None in authors or authors[0] == authors[1]

@@ -3,8 +3,8 @@ id or PubMed id (esqbe.core.workids) are one paper. The later record takes the f
 paper), its own id is remembered as an alias of it (the embedded backend's alias table: either id finds the paper),
 and the run's report names each merge (`dup.ris:12 = my-library.bib:40 (doi 10.1088/...)`). Records are matched
 against this run's earlier records and, where the backend keeps an alias table, against every paper indexed before.
-Titles are never merged: two records of one normalised title and year but no shared identifier are reported as
-likely duplicates, and both stay.
+Titles are never merged: two records of one normalised title and year (and first author, where both name one) but no
+shared identifier are reported as likely duplicates, and both stay.
 
 A merge is field by field (issue 49, item 2): a record from the researcher's library (BibTeX, RIS, CSL-JSON, Zotero:
 `LIBRARY_FORMATS`) keeps its own title, abstract and metadata (entry type, url, authors as written, format); the
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from ..backends.base import Backend
-from ..core.workids import described, title_key, work_keys
+from ..core.workids import described, same_work, title_key, work_keys
 from ..domain import Paper
 from ..ingest.readers import ReadReport
 from .reports import IndexReport
@@ -128,6 +128,9 @@ class Merger:
                 self.titles[key] = known
         first = self.titles.setdefault(key, p.paper_id)
         if first != p.paper_id:
+            other = self.seen.get(first) or self._stored(first)
+            if other is not None and not same_work(p.title, p.metadata, other.title, other.metadata):
+                return  # the same title and year by another first author: another work
             self.report.likely_duplicates.append({"record": here, "id": p.paper_id, "like": first,
                                                   "like_record": self.where.get(first), "title": key})
 

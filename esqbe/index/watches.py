@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..core.filters import FilterError
+from ..core.workids import same_work
 from ..domain import IndexedPaper, Paper, normalize_label
 from ..errors import ModelError, ParameterError, UserError
 from ..query.combine import run_examples
@@ -391,6 +392,10 @@ class _Plan:
         except FilterError as e:
             raise QueryError(f"its filters no longer parse: {e}") from None
         self.examples, self.avoid = _examples_of(watch)
+        #: each example's title and metadata (an indexed paper's as stored): a likely duplicate of one is never new
+        stored = index.get([e.paper.paper_id for e in self.examples if e.indexed])
+        self.twins_of = [(stored[e.paper.paper_id].title, stored[e.paper.paper_id].metadata)
+                         if e.paper.paper_id in stored else (e.paper.title, {}) for e in self.examples]
         #: each part's own sentence numbers (in its paper or text), to report the matched pairs by
         self.original = [[int(i) for i, _ in p["sentences"]] for p in watch.parts()[0]], \
             [[int(i) for i, _ in p["sentences"]] for p in watch.avoid]
@@ -417,7 +422,17 @@ def _passing(index, plan: _Plan, new: list[tuple[int, str, dict]], context) -> s
         return set()
     scored = plan.run(index, context, restrict_to=candidates)
     allowed = set(candidates)
-    return {h.paper_id for h in scored.hits if h.paper_id in allowed and h.score >= plan.threshold}
+    return _not_twins(index, plan, {h.paper_id for h in scored.hits if h.paper_id in allowed and h.score >= plan.threshold})
+
+
+def _not_twins(index, plan: _Plan, ids: set[str]) -> set[str]:
+    """`ids` less the likely duplicates of the watch's examples (esqbe.core.workids.same_work: the same title, year and
+    first author wherever both give one): the example's own twin from another file is not a new find (issue 49)."""
+    if not ids or not any(title for title, _ in plan.twins_of):
+        return ids
+    found = index.get(sorted(ids))
+    return {pid for pid in ids if pid not in found or not any(
+        same_work(found[pid].title, found[pid].metadata, title, meta) for title, meta in plan.twins_of)}
 
 
 def _original(numbers: list[int], i):

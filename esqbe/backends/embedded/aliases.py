@@ -1,7 +1,8 @@
 """The embedded index's alias table (issue 38, item 2): each normalised identifier (`doi:...`, `arxiv:...`,
 `pubmed:...`, esqbe.core.workids) names the paper first stored with it, and `id:<id>` names the paper a record of that
 id was merged into, so that either id finds the paper. Written with the papers (in the upsert's transaction) and by
-an index run's merges; an index from before the table gets its papers' identifiers when a writer first opens it."""
+an index run's merges; an index from before the table gets its papers' identifiers (and one from before title keys,
+its papers' titles) when a writer first opens it."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from ...core.workids import identifier_keys, title_key, work_keys
 from ...domain import IndexedPaper
 from .host import EmbeddedHost
-from .layout import ALIASES_FILLED, _chunks
+from .layout import ALIASES_FILLED, TITLES_FILLED, _chunks
 
 
 class AliasesMixin(EmbeddedHost):
@@ -39,10 +40,13 @@ class AliasesMixin(EmbeddedHost):
             self._db.executemany("INSERT OR REPLACE INTO aliases VALUES (?, ?)", list(aliases.items()))
 
     def _aliases_ready(self) -> bool:
-        """Whether the table can answer: filled (by a writer) or the index holds no paper. An index from before it,
-        holding papers, is filled now when this process may write it (an index run's first look-up), else not used."""
+        """Whether the table can answer: filled (by a writer) or the index holds no paper. An index from before it (or
+        before title keys), holding papers, is filled now when this process may write it (an index run's first
+        look-up); where it may not, identifiers already filled still answer."""
         try:
-            if self._db.execute("SELECT 1 FROM settings WHERE key = ?", (ALIASES_FILLED,)).fetchone():
+            filled = {k for (k,) in self._db.execute("SELECT key FROM settings WHERE key IN (?, ?)",
+                                                     (ALIASES_FILLED, TITLES_FILLED))}
+            if len(filled) == 2:
                 return True
             if not self._db.execute("SELECT 1 FROM papers LIMIT 1").fetchone():
                 return False
@@ -51,8 +55,8 @@ class AliasesMixin(EmbeddedHost):
         if not self.writable:
             try:
                 self._acquire_write()  # fills the table (lock.py), as every writer's first opening does
-            except Exception:  # noqa: BLE001  # read-only or locked: merged-away ids and identifiers not looked up
-                return False
+            except Exception:  # noqa: BLE001  # read-only or locked: what is filled answers, the rest is not looked up
+                return ALIASES_FILLED in filled
         return True
 
     def _remember_identifiers(self, papers: Sequence[IndexedPaper]) -> None:
@@ -67,19 +71,29 @@ class AliasesMixin(EmbeddedHost):
             self._db.executemany("INSERT OR IGNORE INTO aliases VALUES (?, ?)", rows)
 
     def _fill_aliases(self) -> None:
-        """Once per index (a writer's migration): the identifiers of the papers stored before the table existed."""
-        if self._db.execute("SELECT 1 FROM settings WHERE key = ?", (ALIASES_FILLED,)).fetchone():
+        """Once per index (a writer's migration): the identifiers of the papers stored before the table existed, and
+        the title keys (`title:...`) of those stored before titles were kept (an index of esqbe before issue 49)."""
+        done = {k for (k,) in self._db.execute("SELECT key FROM settings WHERE key IN (?, ?)",
+                                               (ALIASES_FILLED, TITLES_FILLED))}
+        if len(done) == 2:
             return
         with self._tx():
             rows: list[tuple[str, str]] = []
-            for pid, metadata in self._db.execute("SELECT paper_id, metadata FROM papers ORDER BY pno"):
+            for pid, title, metadata in self._db.execute("SELECT paper_id, title, metadata FROM papers ORDER BY pno"):
                 try:
-                    keys = work_keys(json.loads(metadata, parse_constant=lambda _: None))
+                    meta = json.loads(metadata, parse_constant=lambda _: None)
                 except ValueError:
                     continue
-                rows.extend((key, pid) for key in keys)
+                if not isinstance(meta, dict):
+                    continue
+                if ALIASES_FILLED not in done:
+                    rows.extend((key, pid) for key in work_keys(meta))
+                key = title_key(title, meta.get("year")) if TITLES_FILLED not in done else None
+                if key is not None:
+                    rows.append((f"title:{key}", pid))
             self._db.executemany("INSERT OR IGNORE INTO aliases VALUES (?, ?)", rows)
-            self._db.execute("INSERT OR REPLACE INTO settings VALUES (?, ?)", (ALIASES_FILLED, json.dumps(True)))
+            self._db.executemany("INSERT OR REPLACE INTO settings VALUES (?, ?)",
+                                 [(ALIASES_FILLED, json.dumps(True)), (TITLES_FILLED, json.dumps(True))])
 
     def resolve_ids(self, paper_ids: Sequence[str]) -> dict[str, str]:
         """Each of `paper_ids` that is an id merged into another paper, or an identifier of one (a DOI, exact but for

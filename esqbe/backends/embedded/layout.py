@@ -60,6 +60,9 @@ CREATE TABLE IF NOT EXISTS aliases (key TEXT PRIMARY KEY, paper_id TEXT NOT NULL
 #: the `settings` key set once `aliases` holds the identifiers of every paper (an index from before the table gets
 #: them from its papers' metadata when a writer first opens it: esqbe.backends.embedded.aliases)
 ALIASES_FILLED = "aliases_filled"
+#: the `settings` key set once `aliases` holds every paper's title key (`title:...`: likely duplicates across runs,
+#: esqbe.index.merge); an index made before them gets them likewise
+TITLES_FILLED = "title_keys_filled"
 
 
 def f16_to_f32(h: np.ndarray) -> np.ndarray:
