@@ -304,6 +304,14 @@ def test_cite_api_ranks_the_cited_sentence_first(mini_index, words_dir, encoder)
             assert [h.rank for h in result.hits] == [1, 2, 3]
             assert result.hits[0].sentence_id == "4", params
             assert result.hits[0].score >= result.hits[1].score
+        # the BM25 mix (issue 48): each sentence's score is the two parts on their own scales, weighed; not scaled
+        # by the other sentences' scores (so the top sentence is not pinned at 1)
+        parts = {p["method"]: {h.sentence_id: h.score for h in index.cite("A", text, k=50, **p).hits}
+                 for p in ({"words": str(words_dir), "method": "asym"}, {"words": str(words_dir), "method": "bm25"})}
+        mixed = {h.sentence_id: h.score for h in index.cite("A", text, k=50, words=str(words_dir), bm25_weight=0.5).hits}
+        assert mixed.keys() == parts["asym"].keys() and mixed["4"] == max(mixed.values()) < 1.0
+        ceiling = {sid: (2 * mixed[sid] - parts["asym"][sid]) / b for sid, b in parts["bm25"].items() if b > 0}
+        assert len(ceiling) > 1 and max(ceiling.values()) == pytest.approx(min(ceiling.values()))  # one per citance
         top = index.cite("A", text, k=1, words=str(words_dir)).hits[0]
         assert {"beam", "pruning", "thresholds"} <= {m.query_word for m in top.matches}
         assert all(m.query_word == m.matched_word and m.cosine == pytest.approx(1.0, abs=1e-4) for m in top.matches[:3])

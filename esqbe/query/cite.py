@@ -17,7 +17,8 @@ or a YAML file) are the paper's design choices:
                        min count; the published setting is 35)
     exact       auto   identical tokens match with cosine 1 (a word without a vector still matches
                        itself); auto = true with word vectors, false with the encoder's (contextual) tokens
-    bm25_weight 0      > 0: fuse per-citance min-max asym (or symm) scores with BM25's, this weight on BM25
+    bm25_weight 0      > 0: add BM25 (over its citance's ceiling, in [0, 1)) to the asym (or symm) score with this
+                       weight: (1 - w) x asym + w x BM25 / ceiling, each sentence scored on its own
 
 Token vectors: with `words`, the words of the `train-words` directory (its casing and counts);
 otherwise the encoder's final-layer wordpiece vectors, each text encoded alone, with p(w) from
@@ -37,7 +38,6 @@ from ..rescore.asym import (
     best_partners,
     bm25_scores,
     is_stop_word,
-    minmax_rows,
     strip_citation_markers,
     symm_scores,
     token_frequency_weights,
@@ -237,7 +237,7 @@ class CitedTextMatcher:
         vocab: dict[str, int] = {}
         if o.method == "bm25" or o.bm25_weight > 0:
             bq = TokenSet.build(self.bm25_tokens(queries), vocab, 0)
-            bm25 = bm25_scores(bq, TokenSet.build(self.bm25_tokens(sentences), vocab, 0))
+            bm25 = bm25_scores(bq, TokenSet.build(self.bm25_tokens(sentences), vocab, 0), of_ceiling=o.method != "bm25")
             if o.method == "bm25":
                 return bm25
         vocab = {}
@@ -249,7 +249,9 @@ class CitedTextMatcher:
         else:
             scores = asym_scores(q, self.query_weights(q, c_per), c, o.d, exact=o.exact_matching)
         if o.bm25_weight > 0:
-            scores = (1.0 - o.bm25_weight) * minmax_rows(scores) + o.bm25_weight * minmax_rows(bm25)
+            # each part on its own fixed scale (issue 48): a sentence's score never depends on the paper's other
+            # sentences' scores (asym's soft coverage and symm's cosine as they are, BM25 over its query's ceiling)
+            scores = (1.0 - o.bm25_weight) * scores + o.bm25_weight * bm25
         return scores
 
     def query_weights(self, q: TokenSet, others: Sequence[tuple[list[str], np.ndarray]] = ()) -> np.ndarray:

@@ -219,9 +219,12 @@ def symm_scores(query: TokenSet, cands: TokenSet) -> np.ndarray:
     return (means(query) @ means(cands).T).astype(np.float64)
 
 
-def bm25_scores(query: TokenSet, cands: TokenSet, *, k1: float = 1.2, b: float = 0.75) -> np.ndarray:
+def bm25_scores(query: TokenSet, cands: TokenSet, *, k1: float = 1.2, b: float = 0.75,
+                of_ceiling: bool = False) -> np.ndarray:
     """(m, S) Okapi BM25 of each query text against the S candidate texts as the collection
-    (IDF ln(1 + (N - df + 0.5) / (df + 0.5)) over the S texts; each query token occurrence counts)."""
+    (IDF ln(1 + (N - df + 0.5) / (df + 0.5)) over the S texts; each query token occurrence counts). `of_ceiling`:
+    each row over its query's ceiling, sum of IDF x (k1 + 1) over its tokens (what a text holding every query word
+    without end would score), so in [0, 1) and a function of the query, the text and the collection only."""
     m, n_seg = len(query.lengths), len(cands.lengths)
     if not len(cands.tokens) or not len(query.tokens):
         return np.zeros((m, n_seg))
@@ -235,9 +238,7 @@ def bm25_scores(query: TokenSet, cands: TokenSet, *, k1: float = 1.2, b: float =
     weight = idf[:, None] * tf * (k1 + 1.0) / (tf + norm[None, :])  # (V, S)
     qtf = np.zeros((m, vocab))
     np.add.at(qtf, (query.owner, query.ids), 1.0)
+    if of_ceiling:
+        ceiling = qtf @ (idf * (k1 + 1.0))
+        return (qtf @ weight) / np.where(ceiling > 0, ceiling, 1.0)[:, None]
     return qtf @ weight
-
-
-def minmax_rows(x: np.ndarray) -> np.ndarray:
-    lo, hi = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
-    return np.where(hi > lo, (x - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0)
