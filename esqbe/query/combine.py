@@ -228,8 +228,10 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
     reference = None
     if rescorer is not None and (w or a) and candidates:  # the one score (the module's docstring); none: first stage
         if w:
+            t2 = time.perf_counter()
             bm25 = _complete_bm25(backend, request, candidates)
             reference = bm25_reference(backend, request)
+            timings["bm25_lookups"] = round(1000 * (time.perf_counter() - t2), 2)  # (within "rescore")
             scaled = np.minimum(bm25 / reference, 1.0) if reference > 0 else np.zeros(n)
         if a:
             abstract = abstract_similarity(q_vectors, [c.paper for c in candidates])
