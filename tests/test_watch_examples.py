@@ -167,3 +167,20 @@ def test_post_watches_takes_examples_and_avoid_on_a_real_server(tmp_path, index_
             EC.visibility_of_element_located((By.CSS_SELECTOR, '#watch-list .watch[data-watch="web"]')))
         assert f"paper {A}, method; text “A parser”; not paper {C}, method, score >= -1" in listed.text, listed.text
         assert "4 found" in listed.text
+        # a paper with a title is named by it, cut at a word past 60 characters, as the feed names it
+        src = json.loads(SAMPLE.read_text().splitlines()[40])
+        title = "Scientific papers <b>faceted</b> by background, method and result, and found again by example"
+        (tmp_path / "titled.jsonl").write_text(json.dumps({"id": "titled", "title": title, "abstract": src["sentences"],
+                                                          "facets": src["labels"]}) + "\n")
+        with esqbe.open_index(str(path), encoder=encoder, config=None) as index:
+            index.index_files([str(tmp_path / "titled.jsonl")])
+        r = httpx.post(url + "/watches", json={"name": "named", "paper_id": "titled", "facet": "method", "min_sim": -1.0},
+                       timeout=120)
+        assert r.status_code == 200, r.text
+        browser.get(url + "/")
+        named = WebDriverWait(browser, 60).until(
+            EC.visibility_of_element_located((By.CSS_SELECTOR, '#watch-list .watch[data-watch="named"]')))
+        short = "Scientific papers <b>faceted</b> by background, method and…"
+        assert f"“{short}”, method, score >= -1" in named.text and "paper titled" not in named.text, named.text
+        feed = feedparser.parse(httpx.get(url + "/" + r.json()["feed"]).content)
+        assert feed.feed.subtitle == f"papers like “{short}” in its method, score >= -1"

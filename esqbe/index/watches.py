@@ -395,7 +395,7 @@ class _Plan:
         #: each example's title and metadata (an indexed paper's as stored): a likely duplicate of one is never new
         stored = index.get([e.paper.paper_id for e in self.examples if e.indexed])
         self.twins_of = [(stored[e.paper.paper_id].title, stored[e.paper.paper_id].metadata)
-                         if e.paper.paper_id in stored else (e.paper.title, {}) for e in self.examples]
+                         if e.paper.paper_id in stored else (e.paper.paper.title, {}) for e in self.examples]
         #: each part's own sentence numbers (in its paper or text), to report the matched pairs by
         self.original = [[int(i) for i, _ in p["sentences"]] for p in watch.parts()[0]], \
             [[int(i) for i, _ in p["sentences"]] for p in watch.avoid]

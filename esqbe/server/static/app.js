@@ -703,9 +703,16 @@ async function showWatches() {
   $("watches-link").hidden = false;  // in the header: the panel is a click away wherever the page is scrolled
   $("watches-link").textContent = `Watches (${list.length})`;
   for (const w of list) {
-    // each example (one for a single query) and each paper to avoid: `paper A, method; text “T”; not paper C`
-    const part = (q) => (q.paper_id ? `paper ${q.paper_id}` : `text “${q.title || "untitled"}”`)
-      + (q.facet ? ", " + q.facet : "");
+    // each example (one for a single query) and each paper to avoid, by its title as the feed names it (cut at a
+    // word past 60 characters; the id where a paper has none): `“Title A”, method; text “T”; not paper C`
+    const short = (t) => {
+      const text = (t || "").split(/\s+/).join(" ").trim();
+      if (text.length <= 60) return text;
+      const cut = text.slice(0, 59).replace(/\s+\S*$/, "");
+      return (cut.length > 30 ? cut : text.slice(0, 59)) + "…";
+    };
+    const part = (q) => (q.paper_id ? (short(q.title) ? `“${short(q.title)}”` : `paper ${q.paper_id}`)
+      : `text “${short(q.title) || "untitled"}”`) + (q.facet ? ", " + q.facet : "");
     const what = ((w.examples && w.examples.length) ? w.examples : [w.query || {}]).map(part).join("; ")
       + (w.avoid || []).map((a) => `; not ${part(a)}`).join("");
     const run = w.last_run ? `last run ${utcDate(w.last_run, 16)} UTC` : "never run";
