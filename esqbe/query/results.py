@@ -393,6 +393,14 @@ def file_names_only(metadata: dict | None) -> dict:
     return out
 
 
+def _source_names(metadata: dict) -> dict:
+    """A hit's metadata with each source's file as its name: the same hit wherever it is answered (the CLI, a server
+    that hides paths, the CLI through a warm server); the paths stay in the paper's own view (`esqbe show`)."""
+    if not isinstance(metadata.get("sources"), list):
+        return metadata
+    return {**metadata, "sources": file_names_only({"sources": metadata["sources"]})["sources"]}
+
+
 def _file_name(path: str) -> str:
     for prefix in _PATH_PREFIXES:
         if path.lower().startswith(prefix):
@@ -445,7 +453,7 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
             "parts": {"similarity": finite(h.parts.similarity), "avoid_penalty": finite(h.parts.avoid_penalty) or 0.0,
                       "bm25": finite(h.parts.bm25) or 0.0, "bm25_scaled": finite(h.parts.bm25_scaled),
                       "abstract_similarity": finite(h.parts.abstract_similarity)} if h.parts else None,
-            "metadata": jsonable(public_metadata(h.metadata)),
+            "metadata": jsonable(_source_names(public_metadata(h.metadata))),
             "sentences": sentences_json(papers[h.paper_id]) if papers and h.paper_id in papers else None,
         })
     facets = result.query_facets or ["unlabeled"] * len(result.query_sentences)
