@@ -170,6 +170,41 @@ def test_live_the_cluster_ranks_by_summax(engine, papers):
         client.indices.delete(index=name)
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("engine", ENGINES)
+def test_live_a_query_with_the_setting_is_ranked_by_the_cluster(engine, papers, index_dir_30, encoder):
+    """`Index.query` on a real cluster with engine_facet_vectors: the window scored by the cluster's own MaxSim
+    equals, in ranking and scores, the same query rescored in Python (the setting off) on the same first stage."""
+    url = os.environ.get(LIVE[engine])
+    if not url:
+        pytest.skip(f"no {engine} to run against: set {LIVE[engine]} to a running cluster's URL "
+                    f"({engine} {'8.18+ with a trial licence' if engine == 'elasticsearch' else '3.3+'})")
+    from esqbe.index.api import Index
+    from esqbe.index.open import open_backend
+    from esqbe.settings.config import load_settings
+
+    with esqbe.open_index(str(index_dir_30), encoder=encoder, config=None, create=False) as embedded:
+        meta = embedded.backend.meta()
+    settings = load_settings(None).replace(backend=engine, url=url, index=f"esqbe-maxsim-q-{uuid.uuid4().hex[:8]}",
+                                           engine_facet_vectors=True)
+    backend = open_backend(settings, create=True)
+    try:
+        backend.ensure(meta)
+        backend.upsert([IndexedPaper(p.paper, unit(p.vectors)) for p in papers])
+        index = Index(backend, settings)
+        query = next(p for p in papers if "method" in p.paper.facets).paper.paper_id
+        in_cluster = index.query(query, facet="method", k=10, place_hits=False)
+        backend.facet_vectors = False
+        in_python = index.query(query, facet="method", k=10, place_hits=False)
+        assert in_cluster.rescoring["where"] == "backend" and in_python.rescoring["where"] == "python"
+        assert [h.paper_id for h in in_cluster.hits] == [h.paper_id for h in in_python.hits]
+        for a, b in zip(in_cluster.hits, in_python.hits):
+            assert a.score == pytest.approx(b.score, abs=1e-5)
+    finally:
+        backend.client.indices.delete(index=settings.index)
+        backend.close()
+
+
 # --- the setting: an engine index esqbe creates carries the fields ---------------------------------------------------
 @pytest.mark.parametrize("engine,version", [("elasticsearch", "9.2.0"), ("opensearch", "3.5.0")])
 def test_the_setting_writes_the_fields_into_the_mapping_and_every_paper(engine, version):
@@ -412,3 +447,25 @@ def test_the_window_body_holds_the_ids_and_the_rescore_as_wide():
     np.testing.assert_allclose(np.linalg.norm(sent, axis=1), 1.0, atol=1e-6)
     with pytest.raises(ValueError):
         window_body("elasticsearch", [str(i) for i in range(WINDOW_MAX + 1)], None, q, [])
+
+
+@pytest.mark.parametrize("engine,version", [("elasticsearch", "8.17.2"), ("opensearch", "3.2.0")])
+def test_a_query_with_the_setting_on_a_cluster_without_the_function_names_the_version(engine, version, unit_papers,
+                                                                                     real_meta):
+    """An index that carries the fields (restored from a newer cluster, say) on a cluster too old for MaxSim: the
+    query is refused naming the version that has the function, before anything is searched."""
+    from esqbe.index.api import Index
+    from esqbe.settings.config import Settings
+
+    from .fakes.engines import make_backend
+
+    backend, canned = make_backend(engine, version)
+    backend.ensure(real_meta)
+    backend.upsert(unit_papers[:5])
+    canned.mapping["properties"].update(mapping_properties(engine, real_meta.dim))
+    backend._mapping = None  # a new session reads the mapping
+    backend.facet_vectors = True
+    before = len(canned.requests)
+    with pytest.raises(BackendError, match=rf"{engine} {re.escape(version)} cannot rank by aspect.*needs"):
+        Index(backend, Settings()).query(unit_papers[0].paper.paper_id, facet="method", k=3, place_hits=False)
+    assert not [r for r in canned.requests[before:] if r["endpoint"] in ("_msearch", "_search")]
