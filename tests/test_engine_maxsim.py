@@ -361,6 +361,7 @@ def test_a_query_is_scored_in_the_engine_as_python_scores_it(engine, version, fa
     # nothing of a vector in the window's answer; only the hits' papers fetched whole
     excluded = set(body["_source"]["excludes"])
     assert {"vectors_b64", *mapping_properties(engine, real_meta.dim)} <= excluded
+    assert not {f for f in body["_source"]["includes"] if f.endswith(("vector", "_mv", "text", "b64"))}
     got = {pid for r in sent if r["endpoint"] == "_mget" for pid in r["lines"][0]["ids"]}
     assert got - {query} == {h.paper_id for h in engine_result.hits}
     assert engine_result.rescoring["where"] == "backend" and engine_result.rescoring["in_python"] == 0
@@ -398,9 +399,16 @@ def test_papers_the_engine_cannot_score_as_python_does_are_scored_in_python(engi
         for field in mapping_properties(engine, real_meta.dim):
             canned.sources[pid].pop(field, None)
     query = next(p for p in soft[3:] if "method" in p.paper.facets and "facet_probs" not in p.paper.metadata)
+    before = len(canned.requests)
     engine_result, python_result = _both(index, paper_id=query.paper_id, facet="method", k=8)
+    (window,) = [r for r in canned.requests[before:] if r["endpoint"] == "_search" and "rescore" in r["lines"][0]]
+    ids = set(window["lines"][0]["query"]["ids"]["values"])
+    by_id = {p.paper_id: p for p in soft}
+    predicted = {pid for pid in ids if "facet_probs" in by_id[pid].paper.metadata}
+    unscored = {pid for pid in ids & set(stale) if "method" in by_id[pid].paper.facets}
     note = engine_result.rescoring
-    assert note["where"] == "backend" and 0 < note["in_python"] < note["in_python"] + note["in_backend"]
+    assert predicted and unscored and note["in_python"] == len(predicted | unscored)
+    assert note["where"] == "backend" and note["in_backend"] == len(ids) - note["in_python"] > 0
     assert "predicted" in note["why"]
     _same_hits(engine_result, python_result)
 
@@ -441,12 +449,12 @@ def test_the_window_body_holds_the_ids_and_the_rescore_as_wide():
     from esqbe.backends.engines.maxsim import WINDOW_MAX, window_body
 
     q = np.eye(4, dtype=np.float32)[:2] * 3.0  # sent unit length
-    body = window_body("elasticsearch", ["a", "b", "c"], "result", q, ["vectors_b64"])
+    body = window_body("elasticsearch", ["a", "b", "c"], "result", q, ["paper_id"], ["vectors_b64"])
     assert body["size"] == 3 == body["rescore"]["window_size"] and body["query"] == {"ids": {"values": ["a", "b", "c"]}}
     sent = body["rescore"]["query"]["rescore_query"]["script_score"]["script"]["params"]["query_vectors"]
     np.testing.assert_allclose(np.linalg.norm(sent, axis=1), 1.0, atol=1e-6)
     with pytest.raises(ValueError):
-        window_body("elasticsearch", [str(i) for i in range(WINDOW_MAX + 1)], None, q, [])
+        window_body("elasticsearch", [str(i) for i in range(WINDOW_MAX + 1)], None, q, [], [])
 
 
 @pytest.mark.parametrize("engine,version", [("elasticsearch", "8.17.2"), ("opensearch", "3.2.0")])

@@ -29,8 +29,9 @@ class WriteLockBusy(BackendError):
 class WindowScores:
     """What `Backend.score_window` answers: for the papers it scored, esqbe's summax against the query's vectors
     over their sentences of the facet (NaN: the paper has no sentence of it), and every paper it found, without
-    vectors (title, sentences, labels, metadata). A paper found but absent from `scores` was not scored there (e.g.
-    written before the index carried what the scoring reads): the caller scores it itself."""
+    vectors and with at least its sentences' labels and the tagger's soft labels (`metadata["facet_probs"]`; a
+    backend may leave the text out: the caller fetches the hits it shows). A paper found but absent from `scores`
+    was not scored there (e.g. written before the index carried what the scoring reads): the caller scores it."""
 
     scores: dict[str, float] = field(default_factory=dict)
     papers: dict[str, Paper] = field(default_factory=dict)
@@ -123,7 +124,7 @@ class Backend(ABC):
                      facet: str | None) -> WindowScores | None:
         """summax (the mean over the query's unit vectors of the best cosine to a paper's sentences of `facet`; None:
         every sentence) of the given papers, computed where the index lives, with no vector shipped back; the papers
-        come back without vectors. None where this backend cannot (see `window_scoring`): the caller rescores in
+        come back without vectors (`WindowScores`). None where this backend cannot (see `window_scoring`): the caller rescores in
         Python. Optional (issue 52: the engines' MaxSim over per-facet multi-vector fields)."""
         return None
 

@@ -405,6 +405,9 @@ def filter_source(src: dict, includes, excludes: set, omit_vectors: bool) -> dic
                 continue
             if not leaf:
                 wanted[path] = src[path]
+            elif isinstance(src[path], dict):  # an object's key (metadata.facet_probs)
+                if leaf in src[path]:
+                    wanted.setdefault(path, {})[leaf] = src[path][leaf]
             else:
                 rows = wanted.setdefault(path, [{} for _ in src[path]])
                 for row, full in zip(rows, src[path]):

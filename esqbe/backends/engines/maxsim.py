@@ -38,6 +38,10 @@ def mv_field(facet: str | None) -> str:
     return f"{name}_mv"
 
 
+#: every multi-vector field: left out of every `_source` esqbe fetches (its vectors come from `vectors_b64`)
+MV_FIELDS = tuple(mv_field(f) for f in (*MV_FACETS, None))
+
+
 #: the versions that have each function (named in the error where a cluster is older)
 MIN_VERSION = {"elasticsearch": (8, 18, 0), "opensearch": (3, 3, 0)}
 FEATURE = {"elasticsearch": "the rank_vectors field and maxSimDotProduct (technical preview; a licence that allows "
@@ -127,16 +131,18 @@ WINDOW_MAX = 10_000
 SCORE_SLACK = 1e-4
 
 
-def window_body(engine: str, paper_ids: Sequence[str], facet: str | None, query_vectors, excludes: Sequence[str]) -> dict:
+def window_body(engine: str, paper_ids: Sequence[str], facet: str | None, query_vectors, includes: Sequence[str],
+                excludes: Sequence[str]) -> dict:
     """The one search that scores a query's window: exactly those papers (an `ids` query, each scoring the same), every
     one of them rescored by MaxSim against the facet's field (`rescore_body`, the window as wide as the ids), the
-    query's vectors sent unit length (as summax compares them), and no vector in what comes back (`excludes`)."""
+    query's vectors sent unit length (as summax compares them), and of each paper only `includes` back, no vector
+    (`excludes`)."""
     ids = [str(p) for p in paper_ids]
     if not ids or len(ids) > WINDOW_MAX:
         raise ValueError(f"a window search holds 1 to {WINDOW_MAX} ids (got {len(ids)})")
     return {"size": len(ids), "query": {"ids": {"values": ids}},
             "rescore": rescore_body(engine, facet, unit(query_vectors), len(ids)),
-            "_source": {"excludes": list(excludes)}}
+            "_source": {"includes": list(includes), "excludes": list(excludes)}}
 
 
 def window_scores(hits, asked: Sequence[str]) -> dict[str, tuple[float, dict]]:

@@ -18,8 +18,8 @@ from .bodies import bm25_body, facet_paths
 from .client import RETRY_STATUSES, _ItemRetry, _reason
 from .documents import doc_to_text
 from .filters import MAX_RESOLVED_IDS, add_to_bm25, add_to_knn, filter_clauses, ids_body, knn_needs_ids
-from .mapping import VECTOR_FIELDS
-from .maxsim import MV_FACETS, WINDOW_MAX, mv_field, summax_from_score, window_body, window_scores
+from .mapping import FACET_PATHS, VECTOR_FIELDS
+from .maxsim import MV_FACETS, MV_FIELDS, WINDOW_MAX, summax_from_score, window_body, window_scores
 from .maxsim import check_version as check_maxsim_version
 from .versions import EngineInfo, cosine_from_score
 
@@ -237,17 +237,21 @@ class FirstStageMixin(_Host):
 
     def score_window(self, paper_ids, query_vectors, facet: str | None) -> WindowScores | None:
         """One `_search` (per 10,000 ids) over exactly `paper_ids`, rescored by MaxSim against the facet's field
-        (esqbe.backends.engines.maxsim.window_body), vectors left out of `_source`; the answer checked
+        (esqbe.backends.engines.maxsim.window_body), of each paper only its labels and soft labels back (no text, no
+        vector: the hits shown are fetched whole afterwards); the answer checked
         (`window_scores`). A paper with no sentence of the facet gets NaN (no match, as in Python); one that has some
         but scored 0 (no field: written before the index carried them) is left unscored for the caller."""
         if not self.window_scoring()[0] or (facet is not None and facet not in MV_FACETS):
             return None
         ids = list(dict.fromkeys(str(p) for p in paper_ids))
         out = WindowScores()
-        excludes = [*VECTOR_FIELDS, "vectors_b64", *(mv_field(f) for f in (*MV_FACETS, None))]
+        # of each paper, what the caller decides by: its sentences' positions and labels, and the tagger's soft labels
+        includes = ["paper_id", *(f"{path}.{leaf}" for path in FACET_PATHS.values() for leaf in ("idx", "facet")),
+                    "metadata.facet_probs"]
+        excludes = [*VECTOR_FIELDS, "vectors_b64", *MV_FIELDS]
         for start in range(0, len(ids), WINDOW_MAX):
             batch = ids[start : start + WINDOW_MAX]
-            body = window_body(self.engine, batch, facet, query_vectors, excludes)
+            body = window_body(self.engine, batch, facet, query_vectors, includes, excludes)
             try:
                 answer = self._body(self._call(self.client.search, index=self.index, body=body))
             except Exception as exc:
