@@ -326,8 +326,10 @@ def test_queries_on_an_attached_index(engine, version, encoder, settings):
 
     canned.knn_hits = knn_hits
     canned.bm25_hits = lambda body: [(p, 3.0) for p in canned.matching(body["query"]["bool"].get("filter", []))]
+    backend.facet_vectors = True  # engine_facet_vectors: an attached index has no multi-vector fields to score with
     result = index.query("N-100", sentences=[1], k=10, rescorer="summax",  # the user's own id field works as --paper
                          filters=["year>=2017", "tags in (t0, t1)"], engine_filter={"term": {"lang": "en"}})
+    assert result.rescoring["where"] == "python" and "attached" in result.rescoring["why"]
     got = {h.paper_id for h in result.hits}
     expected = {pid for pid, s in canned.sources.items() if s["year"] >= 2017 and s["lang"] == "en"} - {"d0"}
     assert got == expected

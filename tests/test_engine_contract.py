@@ -43,6 +43,7 @@ from esqbe.backends.engines.mapping import (  # noqa: E402
     index_body,
     load_index_template,
 )
+from esqbe.backends.engines.maxsim import MV_FIELDS  # noqa: E402
 from esqbe.backends.engines.opensearch import OpenSearchBackend  # noqa: E402
 from esqbe.backends.engines.versions import (  # noqa: E402
     FEATURE_SINCE,
@@ -600,7 +601,7 @@ def test_hits_become_candidates_with_cosines(engine, version):
     assert "p4" not in {c.paper_id for c in out}
     # the papers come from one _mget that leaves the indexed vectors out of _source
     (mget,) = canned.sent("_mget")[-1:]
-    assert set(mget["params"]["_source_excludes"].split(",")) == set(VECTOR_FIELDS)
+    assert set(mget["params"]["_source_excludes"].split(",")) == {*VECTOR_FIELDS, *MV_FIELDS}
 
 
 @pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
@@ -976,7 +977,7 @@ def test_get_falls_back_to_indexed_vectors_without_vectors_b64(engine, version):
         assert np.array_equal(got[pid].vectors, original.vectors), pid
         assert got[pid].paper.sentences == original.paper.sentences
     first = canned.sent("_mget")[-2 if not (engine == "elasticsearch" and parse_version(version) >= (8, 19, 0)) else -1]
-    assert set(first["params"]["_source_excludes"].split(",")) == set(VECTOR_FIELDS)  # the usual fetch stays lean
+    assert set(first["params"]["_source_excludes"].split(",")) == {*VECTOR_FIELDS, *MV_FIELDS}  # the usual fetch stays lean
     if engine == "elasticsearch" and parse_version(version) >= (8, 19, 0):
         (search,) = [r for r in canned.sent("_search") if "ids" in r["lines"][0].get("query", {})]
         assert_valid(engine, "search", search["lines"][0])

@@ -6,6 +6,7 @@ The live tests need a running cluster (ESQBE_ES_URL / ESQBE_OS_URL) and skip her
 integration test but those."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import uuid
@@ -169,6 +170,41 @@ def test_live_the_cluster_ranks_by_summax(engine, papers):
         client.indices.delete(index=name)
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("engine", ENGINES)
+def test_live_a_query_with_the_setting_is_ranked_by_the_cluster(engine, papers, index_dir_30, encoder):
+    """`Index.query` on a real cluster with engine_facet_vectors: the window scored by the cluster's own MaxSim
+    equals, in ranking and scores, the same query rescored in Python (the setting off) on the same first stage."""
+    url = os.environ.get(LIVE[engine])
+    if not url:
+        pytest.skip(f"no {engine} to run against: set {LIVE[engine]} to a running cluster's URL "
+                    f"({engine} {'8.18+ with a trial licence' if engine == 'elasticsearch' else '3.3+'})")
+    from esqbe.index.api import Index
+    from esqbe.index.open import open_backend
+    from esqbe.settings.config import load_settings
+
+    with esqbe.open_index(str(index_dir_30), encoder=encoder, config=None, create=False) as embedded:
+        meta = embedded.backend.meta()
+    settings = load_settings(None).replace(backend=engine, url=url, index=f"esqbe-maxsim-q-{uuid.uuid4().hex[:8]}",
+                                           engine_facet_vectors=True)
+    backend = open_backend(settings, create=True)
+    try:
+        backend.ensure(meta)
+        backend.upsert([IndexedPaper(p.paper, unit(p.vectors)) for p in papers])
+        index = Index(backend, settings)
+        query = next(p for p in papers if "method" in p.paper.facets).paper.paper_id
+        in_cluster = index.query(query, facet="method", k=10, place_hits=False)
+        backend.facet_vectors = False
+        in_python = index.query(query, facet="method", k=10, place_hits=False)
+        assert in_cluster.rescoring["where"] == "backend" and in_python.rescoring["where"] == "python"
+        assert [h.paper_id for h in in_cluster.hits] == [h.paper_id for h in in_python.hits]
+        for a, b in zip(in_cluster.hits, in_python.hits):
+            assert a.score == pytest.approx(b.score, abs=1e-5)
+    finally:
+        backend.client.indices.delete(index=settings.index)
+        backend.close()
+
+
 # --- the setting: an engine index esqbe creates carries the fields ---------------------------------------------------
 @pytest.mark.parametrize("engine,version", [("elasticsearch", "9.2.0"), ("opensearch", "3.5.0")])
 def test_the_setting_writes_the_fields_into_the_mapping_and_every_paper(engine, version):
@@ -218,3 +254,226 @@ def test_the_setting_on_a_cluster_without_the_function_is_refused_naming_the_ver
         assert not [r for r in server.canned.requests if r["method"] == "PUT"]  # nothing created
     finally:
         server.close()
+
+
+# --- the query path: summax scored in the engine (issue 52 item 2) ------------------------------------------------
+# `Index.query` on an engine backend (the canned engine: a mocked client that records what is sent and answers the
+# window search by running the documented MaxSim emulation over the documents it stores) against the same query
+# with the setting off, which rescores in Python on the candidates' fetched vectors: the same first stage, so the same
+# candidates; the hits must agree in ranking, scores and matched sentences.
+EDGE = [("elasticsearch", "9.2.0"), ("opensearch", "3.5.0")]
+
+
+@pytest.fixture(scope="module")
+def real_meta(index_dir_30, encoder):
+    with esqbe.open_index(str(index_dir_30), encoder=encoder, config=None, create=False) as index:
+        return index.backend.meta()
+
+
+def _engine_index(engine, version, papers, meta, **settings):
+    """An esqbe index on the canned engine holding `papers` (unit float32 vectors, as the encoder writes them) with
+    the multi-vector fields, its first stage answered from the stored documents: BM25 by the words a document's
+    title and abstract share with the query text, kNN by the exact best cosine of the path's sentences."""
+    from esqbe.index.api import Index
+    from esqbe.settings.config import Settings
+
+    from .fakes.engines import _os_knn_specs, make_backend, vectors_in
+
+    backend, canned = make_backend(engine, version)
+    backend.facet_vectors = True
+    backend.ensure(meta)
+    backend.upsert(papers)
+
+    def knn_hits(body):
+        (field, vector), = vectors_in(body)
+        path = field.split(".")[0]
+        k = body["knn"]["k"] if "knn" in body else next(s for _, s in _os_knn_specs(body))["k"]
+        q = np.asarray(vector, np.float32)
+        best = {pid: max(float(np.dot(np.asarray(r["vector"], np.float32), q)) for r in src[path])
+                for pid, src in canned.sources.items() if src.get(path)}
+        return [(pid, (1 + c) / 2) for pid, c in sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:k]]
+
+    def bm25_hits(body):
+        words = set(re.findall(r"\w+", json.dumps(body["query"]).lower()))
+        found = {pid: len(words & set(re.findall(r"\w+", f"{s['title']} {s['abstract']}".lower())))
+                 for pid, s in canned.sources.items()}
+        return sorted(((p, float(n)) for p, n in found.items() if n), key=lambda kv: (-kv[1], kv[0]))[: body["size"]]
+
+    canned.knn_hits, canned.bm25_hits = knn_hits, bm25_hits
+    return Index(backend, Settings().replace(**settings)), canned
+
+
+@pytest.fixture(scope="module")
+def unit_papers(papers):
+    return [IndexedPaper(p.paper, unit(p.vectors)) for p in papers]
+
+
+def _both(index, **query):
+    """The query with the setting on (in the engine) and off (in Python), on the same index and first stage."""
+    index.backend.facet_vectors = True
+    engine = index.query(place_hits=False, **query)
+    index.backend.facet_vectors = False
+    python = index.query(place_hits=False, **query)
+    index.backend.facet_vectors = True
+    return engine, python
+
+
+def _same_hits(engine, python):
+    assert [h.paper_id for h in engine.hits] == [h.paper_id for h in python.hits]
+    for a, b in zip(engine.hits, python.hits):
+        assert a.score == pytest.approx(b.score, abs=1e-5), a.paper_id
+        assert (a.similarity is None) == (b.similarity is None)
+        if a.similarity is not None:
+            assert a.similarity == pytest.approx(b.similarity, abs=1e-5)
+        assert [x for x in a.example_similarities if x is None] == [x for x in b.example_similarities if x is None]
+        np.testing.assert_allclose([x for x in a.example_similarities if x is not None],
+                                   [x for x in b.example_similarities if x is not None], atol=1e-5)
+        assert [(m.example, m.query_index, m.candidate_index) for m in a.matches] == \
+               [(m.example, m.query_index, m.candidate_index) for m in b.matches]
+        assert [(v.avoid_index, v.candidate_index) for v in a.avoided] == [(v.avoid_index, v.candidate_index)
+                                                                            for v in b.avoided]
+
+
+@pytest.mark.parametrize("engine,version", EDGE)
+@pytest.mark.parametrize("facet", ["method", "background", None])
+def test_a_query_is_scored_in_the_engine_as_python_scores_it(engine, version, facet, unit_papers, real_meta):
+    """One window search over exactly the first stage's ids, valid for the strict spec, no vector coming back,
+    and only the shown hits' vectors fetched; the hits equal the Python path's to float tolerance."""
+    from .fakes.engines import assert_valid
+
+    index, canned = _engine_index(engine, version, unit_papers, real_meta)
+    query = next(p for p in unit_papers if facet is None or facet in p.paper.facets).paper_id
+    before = len(canned.requests)
+    engine_result = index.query(query, facet=facet, k=5, place_hits=False)
+    sent = canned.requests[before:]
+    (window,) = [r for r in sent if r["endpoint"] == "_search" and "rescore" in r["lines"][0]]
+    body = window["lines"][0]
+    assert_valid(engine, "search", body)
+    assert check_painless(engine, body["rescore"]["query"]["rescore_query"]["script_score"]["script"]["source"]) == []
+    assert mv_field(facet) in json.dumps(body["rescore"])
+    # exactly the fused window: what the first stage gives the rescorer without the setting
+    index.backend.facet_vectors = False
+    before_python = len(canned.requests)
+    python_result = index.query(query, facet=facet, k=5, place_hits=False)
+    fetched = {pid for r in canned.requests[before_python:] if r["endpoint"] == "_mget" for pid in r["lines"][0]["ids"]}
+    assert set(body["query"]["ids"]["values"]) == fetched - {query}
+    assert len(fetched - {query}) > 5
+    # nothing of a vector in the window's answer; only the hits' papers fetched whole
+    excluded = set(body["_source"]["excludes"])
+    assert {"vectors_b64", *mapping_properties(engine, real_meta.dim)} <= excluded
+    assert not {f for f in body["_source"]["includes"] if f.endswith(("vector", "_mv", "text", "b64"))}
+    got = {pid for r in sent if r["endpoint"] == "_mget" for pid in r["lines"][0]["ids"]}
+    assert got - {query} == {h.paper_id for h in engine_result.hits}
+    assert engine_result.rescoring["where"] == "backend" and engine_result.rescoring["in_python"] == 0
+    assert python_result.rescoring["where"] == "python" and "engine_facet_vectors is off" in python_result.rescoring["why"]
+    _same_hits(engine_result, python_result)
+    assert engine_result.to_dict()["rescoring"]["in_backend"] == len(body["query"]["ids"]["values"])
+
+
+@pytest.mark.parametrize("engine,version", EDGE)
+def test_several_examples_and_a_paper_to_avoid_are_scored_in_the_engine(engine, version, unit_papers, real_meta):
+    index, canned = _engine_index(engine, version, unit_papers, real_meta, example_aggregate="max",
+                                   avoid_rule="rocchio")
+    with_method = [p.paper_id for p in unit_papers if "method" in p.paper.facets]
+    before = len(canned.requests)
+    engine_result, python_result = _both(index, examples=with_method[:2], avoid=with_method[2:3], facet="method", k=6)
+    windows = [r for r in canned.requests[before:] if r["endpoint"] == "_search" and "rescore" in r["lines"][0]]
+    assert len(windows) == 3  # one per example and per avoided paper, with the setting on only
+    assert all(h.avoided and h.avoided[0].penalty != 0 for h in python_result.hits)
+    _same_hits(engine_result, python_result)
+
+
+@pytest.mark.parametrize("engine,version", EDGE)
+def test_papers_the_engine_cannot_score_as_python_does_are_scored_in_python(engine, version, unit_papers, real_meta):
+    """candidate_facet auto: a paper whose labels the tagger predicted is matched over every sentence with a penalty,
+    which the engine's MaxSim cannot do; a paper written before the fields has none. Both are scored in Python, the
+    rest in the engine, and the hits still equal the Python path's."""
+    soft = [IndexedPaper(Paper(p.paper.paper_id, p.paper.title, p.paper.sentences, p.paper.facets,
+                               {**p.paper.metadata, "facets_predicted": True,
+                                "facet_probs": [[0.1, 0.6, 0.2, 0.1] if f == "method" else [0.4, 0.3, 0.2, 0.1]
+                                                for f in p.paper.facets]}), p.vectors)
+            if i % 3 == 1 else p for i, p in enumerate(unit_papers)]
+    index, canned = _engine_index(engine, version, soft, real_meta)
+    stale = [p.paper_id for i, p in enumerate(soft) if i % 3 == 2]
+    for pid in stale:  # as `esqbe index` wrote them before the setting
+        for field in mapping_properties(engine, real_meta.dim):
+            canned.sources[pid].pop(field, None)
+    query = next(p for p in soft[3:] if "method" in p.paper.facets and "facet_probs" not in p.paper.metadata)
+    before = len(canned.requests)
+    engine_result, python_result = _both(index, paper_id=query.paper_id, facet="method", k=8)
+    (window,) = [r for r in canned.requests[before:] if r["endpoint"] == "_search" and "rescore" in r["lines"][0]]
+    ids = set(window["lines"][0]["query"]["ids"]["values"])
+    by_id = {p.paper_id: p for p in soft}
+    predicted = {pid for pid in ids if "facet_probs" in by_id[pid].paper.metadata}
+    unscored = {pid for pid in ids & set(stale) if "method" in by_id[pid].paper.facets}
+    note = engine_result.rescoring
+    assert predicted and unscored and note["in_python"] == len(predicted | unscored)
+    assert note["where"] == "backend" and note["in_backend"] == len(ids) - note["in_python"] > 0
+    assert "predicted" in note["why"]
+    _same_hits(engine_result, python_result)
+
+
+@pytest.mark.parametrize("settings,why", [({"rescorer": "ot"}, "rescorer ot"),
+                                          ({"vector_centering": "mean"}, "vector_centering"),
+                                          ({"abstract_weight": 0.2}, "abstract_weight"),
+                                          ({"candidate_facet": "soft"}, "candidate_facet soft")])
+def test_what_the_engine_cannot_do_runs_in_python_and_says_why(settings, why, unit_papers, real_meta):
+    index, canned = _engine_index("elasticsearch", "9.2.0", unit_papers, real_meta, **settings)
+    query = next(p for p in unit_papers if "method" in p.paper.facets).paper_id
+    before = len(canned.requests)
+    result = index.query(query, facet="method", k=5, place_hits=False)
+    assert not [r for r in canned.requests[before:] if r["endpoint"] == "_search" and "rescore" in r["lines"][0]]
+    assert result.rescoring["where"] == "python" and why in result.rescoring["why"]
+    assert result.to_dict()["rescoring"] == result.rescoring and result.hits
+
+
+@pytest.mark.parametrize("engine,version", EDGE)
+@pytest.mark.parametrize("hostile,match", [
+    (lambda hits: [*hits, {**hits[0], "_id": "not-asked"}], "not asked for"),
+    (lambda hits: [*hits, hits[0]], "twice"),
+    (lambda hits: [{**hits[0], "_score": None}, *hits[1:]], "scored paper"),
+    (lambda hits: [{**hits[0], "_score": "0.7"}, *hits[1:]], "scored paper"),
+    (lambda hits: [{**hits[0], "_score": 1.5}, *hits[1:]], r"\[0, 1\]"),
+    (lambda hits: [{**hits[0], "_score": -0.25}, *hits[1:]], r"\[0, 1\]"),
+    (lambda hits: [{k: v for k, v in hits[0].items() if k != "_id"}, *hits[1:]], "not asked for"),
+])
+def test_a_hostile_window_answer_is_refused(engine, version, hostile, match, unit_papers, real_meta):
+    index, canned = _engine_index(engine, version, unit_papers, real_meta)
+    canned.window_answer = hostile
+    query = next(p for p in unit_papers if "method" in p.paper.facets).paper_id
+    with pytest.raises(BackendError, match=match):
+        index.query(query, facet="method", k=5, place_hits=False)
+
+
+def test_the_window_body_holds_the_ids_and_the_rescore_as_wide():
+    from esqbe.backends.engines.maxsim import WINDOW_MAX, window_body
+
+    q = np.eye(4, dtype=np.float32)[:2] * 3.0  # sent unit length
+    body = window_body("elasticsearch", ["a", "b", "c"], "result", q, ["paper_id"], ["vectors_b64"])
+    assert body["size"] == 3 == body["rescore"]["window_size"] and body["query"] == {"ids": {"values": ["a", "b", "c"]}}
+    sent = body["rescore"]["query"]["rescore_query"]["script_score"]["script"]["params"]["query_vectors"]
+    np.testing.assert_allclose(np.linalg.norm(sent, axis=1), 1.0, atol=1e-6)
+    with pytest.raises(ValueError):
+        window_body("elasticsearch", [str(i) for i in range(WINDOW_MAX + 1)], None, q, [], [])
+
+
+@pytest.mark.parametrize("engine,version", [("elasticsearch", "8.17.2"), ("opensearch", "3.2.0")])
+def test_a_query_with_the_setting_on_a_cluster_without_the_function_names_the_version(engine, version, unit_papers,
+                                                                                     real_meta):
+    """An index that carries the fields (restored from a newer cluster, say) on a cluster too old for MaxSim: the
+    query is refused naming the version that has the function, before anything is searched."""
+    from esqbe.index.api import Index
+    from esqbe.settings.config import Settings
+
+    from .fakes.engines import make_backend
+
+    backend, canned = make_backend(engine, version)
+    backend.ensure(real_meta)
+    backend.upsert(unit_papers[:5])
+    canned.mapping["properties"].update(mapping_properties(engine, real_meta.dim))
+    backend._mapping = None  # a new session reads the mapping
+    backend.facet_vectors = True
+    before = len(canned.requests)
+    with pytest.raises(BackendError, match=rf"{engine} {re.escape(version)} cannot rank by aspect.*needs"):
+        Index(backend, Settings()).query(unit_papers[0].paper.paper_id, facet="method", k=3, place_hits=False)
+    assert not [r for r in canned.requests[before:] if r["endpoint"] in ("_msearch", "_search")]

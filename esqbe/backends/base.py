@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..domain import Candidate, FirstStageRequest, IndexedPaper, IndexMeta, UpsertResult
+from ..domain import Candidate, FirstStageRequest, IndexedPaper, IndexMeta, Paper, UpsertResult
 from ..errors import BackendError
 
 
@@ -22,6 +23,18 @@ class WriteLockBusy(BackendError):
     def __init__(self, message: str, holder: str = "?"):
         super().__init__(message)
         self.holder = holder
+
+
+@dataclass
+class WindowScores:
+    """What `Backend.score_window` answers: for the papers it scored, esqbe's summax against the query's vectors
+    over their sentences of the facet (NaN: the paper has no sentence of it), and every paper it found, without
+    vectors and with at least its sentences' labels and the tagger's soft labels (`metadata["facet_probs"]`; a
+    backend may leave the text out: the caller fetches the hits it shows). A paper found but absent from `scores`
+    was not scored there (e.g. written before the index carried what the scoring reads): the caller scores it."""
+
+    scores: dict[str, float] = field(default_factory=dict)
+    papers: dict[str, Paper] = field(default_factory=dict)
 
 
 class Backend(ABC):
@@ -102,6 +115,18 @@ class Backend(ABC):
         unchanged, so nothing is encoded again; the rest of their metadata stays. Returns how many changed.
         Optional: a backend that cannot keeps the sources it stored with the paper."""
         return 0
+
+    def window_scoring(self) -> tuple[bool, str]:
+        """Whether `score_window` computes summax where the index lives, and in words how (or why not)."""
+        return False, f"the {self.name} backend keeps no scoring of its own: summax runs in Python"
+
+    def score_window(self, paper_ids: Sequence[str], query_vectors: np.ndarray,
+                     facet: str | None) -> WindowScores | None:
+        """summax (the mean over the query's unit vectors of the best cosine to a paper's sentences of `facet`; None:
+        every sentence) of the given papers, computed where the index lives, with no vector shipped back; the papers
+        come back without vectors (`WindowScores`). None where this backend cannot (see `window_scoring`): the caller rescores in
+        Python. Optional (issue 52: the engines' MaxSim over per-facet multi-vector fields)."""
+        return None
 
     def paper_count(self) -> int:
         """How many papers the index holds (a backend may answer cheaper than `stats`)."""

@@ -20,6 +20,7 @@ Each hit keeps, per example, its similarity and the sentence pairs that matched 
 avoided paper its similarity, what it took off the score and the closest sentence pair (`AvoidedMatch`)."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -35,7 +36,7 @@ from ..settings.config import Settings
 from ..settings.table import AVOID_RULES, BM25_TEXTS, CANDIDATE_FACET_MODES, EXAMPLE_AGGREGATES
 from .centering import corpus_directions
 from .results import AvoidedMatch, Example, Hit, MatchedPair, QueryError, QueryResult, ScoreFormula, ScoreParts
-from .search import _candidate_views, _final_weights, abstract_similarity
+from .search import _candidate_views, _final_weights, abstract_similarity, has_soft_labels
 
 
 def aggregate(sims: np.ndarray, rule: str) -> np.ndarray:
@@ -100,6 +101,123 @@ def _complete_bm25(backend: Backend, request: FirstStageRequest, candidates: lis
     return np.array([got.get(c.paper_id, b) if b <= 0.0 else b for c, b in zip(candidates, bm25)], dtype=np.float64)
 
 
+def window_plan(backend: Backend, parts: Sequence[Example], settings: Settings) -> tuple[bool, str]:
+    """Whether the query's summax runs where the index lives (`Backend.score_window`) and, in words, how or why not:
+    only summax, whose parameters, vectors and candidate sentences the backend's scoring reproduces (no centring,
+    no feedback, no abstract similarity, a facet's sentences or every sentence, without a penalty)."""
+    name = settings.rescorer or "none"
+    if name != "summax":
+        return False, f"rescorer {name}: only summax is scored in the backend, so it runs in Python"
+    facets = {normalize_label(p.facet) if p.facet else None for p in parts}
+    why = ("vector_centering" if settings.vector_centering != "none" else
+           "prf_docs" if settings.prf_docs and settings.prf_weight else
+           "abstract_weight (it reads every candidate's vectors)" if settings.abstract_weight else
+           "candidate_facet soft (a penalty per sentence)" if settings.candidate_facet == "soft" and facets - {None} else
+           "a facet without its own field" if facets - {None, "background", "method", "result"} else None)
+    if why:
+        return False, f"summax with {why} runs in Python"
+    return backend.window_scoring()
+
+
+def _view_facet(part: Example, settings: Settings) -> str | None:
+    """The candidates' sentences `part` is matched with, as `_candidate_views` picks them: its facet's, or every one."""
+    return normalize_label(part.facet) if part.facet and settings.candidate_facet != "all" else None
+
+
+def _score_in_backend(backend: Backend, candidates: list[Candidate], examples: Sequence[Example],
+                      avoid: Sequence[Example], settings: Settings, rescorer):
+    """Each example's and avoided paper's summax of the window, scored by the backend (`window_plan` said it can):
+    (the candidates still in the index, per example (E, n), per avoided paper (A, n), how many were scored in Python).
+    A candidate the backend left unscored (written before its index carried the fields), or whose labels the tagger
+    predicted under candidate_facet auto (a penalty per sentence), is scored here on its fetched vectors: the same
+    summax, so a paper's score stays a function of the query and that paper alone."""
+    ids = [c.paper_id for c in candidates]
+    parts = [*examples, *avoid]
+    answers = []
+    for part in parts:
+        got = backend.score_window(ids, part.paper.vectors[part.indices], _view_facet(part, settings))
+        if got is None:
+            raise QueryError(f"the {backend.name} backend said it scores summax, then did not")
+        answers.append(got)
+    papers = {pid: p for got in answers for pid, p in got.papers.items()}
+    auto = settings.candidate_facet == "auto"
+    python = [pid for pid in ids if pid in papers and any(
+        pid not in got.scores or (auto and _view_facet(part, settings) and has_soft_labels(papers[pid]))
+        for part, got in zip(parts, answers))]
+    full = backend.get(python) if python else {}
+    kept = [c for c in candidates if c.paper_id in papers and (c.paper_id in full or c.paper_id not in python)]
+    rows = np.array([[got.scores.get(c.paper_id, np.nan) for c in kept] for got in answers], dtype=np.float64)
+    rows = rows.reshape(len(parts), len(kept))
+    redo = [m for m, c in enumerate(kept) if c.paper_id in full]
+    if redo:
+        sub = [dataclasses.replace(kept[m], paper=full[kept[m].paper_id]) for m in redo]
+        per, _, av, _ = _rescore_python(sub, examples, avoid, settings, rescorer, None)
+        rows[:, redo] = np.concatenate([per, av]).reshape(len(parts), len(redo))
+    return kept, rows[: len(examples)], rows[len(examples):], len(redo)
+
+
+def _rescore_python(candidates: list[Candidate], examples: Sequence[Example], avoid: Sequence[Example],
+                    settings: Settings, rescorer, directions):
+    """The rescorer run here on the candidates' vectors: per example (E, n), the matched pairs of each candidate
+    (example, query sentence, candidate sentence, weight), per avoided paper (A, n) and its closest pair."""
+    n = len(candidates)
+    matches: list[list[tuple[int, int, int, float]]] = [[] for _ in candidates]
+    per_example = np.full((len(examples), n), np.nan)
+    avoided_sims = np.full((len(avoid), n), np.nan)
+    avoided_pairs: list[list[tuple[int, int] | None]] = [[None] * n for _ in avoid]
+    batches: dict = {}  # the candidates as one batch per facet view: built once, scored against every example
+
+    def batch_for(view_facet: str | None):
+        if view_facet not in batches:
+            views, bias = _candidate_views(candidates, view_facet, settings)
+            if directions is not None:
+                views = [(IndexedPaper(v.paper, directions.apply(v.vectors)), keep) for v, keep in views]
+            batches[view_facet] = (CandidateBatch.from_papers([v for v, _ in views], bias=bias), views)
+        return batches[view_facet]
+
+    def score(part: Example, feedback: bool):
+        vectors = part.paper.vectors[part.indices]
+        if directions is not None:
+            vectors = directions.apply(vectors)
+        batch, views = batch_for(part.facet)
+        result = rescorer(QueryBatch(vectors, part.sentences), batch)
+        if feedback and settings.prf_docs and settings.prf_weight:  # Rocchio feedback from the top papers
+            from .prf import feedback_queries
+
+            vectors = feedback_queries(vectors, batch, np.asarray(result.scores, dtype=np.float64),
+                                       docs=int(settings.prf_docs), weight=float(settings.prf_weight))
+            result = rescorer(QueryBatch(vectors, part.sentences), batch)
+        pairs = [[(qi, views[n_][1][ci], w) for qi, ci, w in ms if ci < len(views[n_][1]) and np.isfinite(w)]
+                 for n_, ms in enumerate(result.matches)] if result.matches else [[] for _ in candidates]
+        return np.asarray(result.scores, dtype=np.float64), pairs
+
+    if not candidates:
+        return per_example, matches, avoided_sims, avoided_pairs
+    for x, ex in enumerate(examples):
+        per_example[x], pairs = score(ex, True)
+        for m in range(n):
+            matches[m] += [(x, qi, ci, w) for qi, ci, w in pairs[m]]
+    for j, av in enumerate(avoid):
+        avoided_sims[j], pairs = score(av, False)
+        for m in range(n):
+            avoided_pairs[j][m] = (pairs[m][0][0], pairs[m][0][1]) if pairs[m] else None
+    if len(examples) > 1:  # strongest pairs first, whichever example they belong to
+        matches = [sorted(ms, key=lambda m: -m[3]) for ms in matches]
+    return per_example, matches, avoided_sims, avoided_pairs
+
+
+def _rescoring_note(rescored: bool, in_backend: bool, how: str, n: int, in_python: int) -> dict:
+    """Where the similarity was computed, in the result (`rescoring` in its JSON): the backend, Python, or nowhere."""
+    if not rescored:
+        return {"where": "none", "why": "no rescorer: the first stage's order", "in_backend": 0, "in_python": 0}
+    if not in_backend:
+        return {"where": "python", "why": how, "in_backend": 0, "in_python": n}
+    why = how + ("" if not in_python else f"; {in_python} of the {n} candidates in Python (written before the index "
+                                          "carried the fields, or labels the tagger predicted under candidate_facet "
+                                          "auto); the hits' matched sentences from their fetched vectors")
+    return {"where": "backend", "why": why, "in_backend": n - in_python, "in_python": in_python}
+
+
 def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[Example], settings: Settings, *,
                  exclude: Sequence[str] = (), restrict_to: Sequence[str] | None = None,
                  context: RescoreContext | None = None, filter: MetadataFilter | None = None) -> QueryResult:
@@ -113,6 +231,7 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
     aggregate(np.zeros((2, 0)), settings.example_aggregate)  # the rules checked before any work
     avoid_penalty(np.zeros(0), np.zeros((1, 0)), settings.avoid_rule, float(settings.avoid_weight))
     timings = {}
+    in_backend, how = window_plan(backend, [*examples, *avoid], settings)
     t0 = time.perf_counter()
     q_sentences = [s for e in examples for s in e.sentences]
     q_vectors = np.concatenate([e.paper.vectors[e.indices] for e in examples])
@@ -136,6 +255,7 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
         filter=filter if filter else None,
         bm25_facet=facet if (facet and settings.bm25_text == "facet" and backend.facet_text) else None,
         ann_effort=float(settings.examples_ann_effort) if len(examples) > 1 else 1.0,
+        with_papers=not in_backend,  # scored where the index lives: no vectors fetched for the window
     )
     candidates = backend.first_stage(request)
     if restrict is not None:
@@ -153,61 +273,31 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
 
     t1 = time.perf_counter()
     rescorer = make_rescorer(settings.rescorer, context or RescoreContext(backend=backend), **(settings.rescorer_params or {}))
+    in_python = 0
+    per_example = np.full((len(examples), len(candidates)), np.nan)
+    avoided_sims = np.full((len(avoid), len(candidates)), np.nan)
+    if rescorer is not None and candidates and in_backend:  # summax where the index lives (issue 52)
+        candidates, per_example, avoided_sims, in_python = _score_in_backend(backend, candidates, examples, avoid,
+                                                                              settings, rescorer)
     n = len(candidates)
     first = np.array([c.score for c in candidates], dtype=np.float64)
     # per example: (example, query sentence, candidate sentence, weight) of each candidate
     matches: list[list[tuple[int, int, int, float]]] = [[] for _ in candidates]
     similarity = np.full(n, np.nan)  # the rescorer's own score, before any fusion
-    per_example = np.full((len(examples), n), np.nan)
-    avoided_sims = np.full((len(avoid), n), np.nan)
     avoided_pairs: list[list[tuple[int, int] | None]] = [[None] * n for _ in avoid]
     if rescorer is not None and candidates:
-        batches: dict = {}  # the candidates as one batch per facet view: built once, scored against every example
-
-        def batch_for(view_facet: str | None):
-            if view_facet not in batches:
-                views, bias = _candidate_views(candidates, view_facet, settings)
-                if directions is not None:
-                    views = [(IndexedPaper(v.paper, directions.apply(v.vectors)), keep) for v, keep in views]
-                batches[view_facet] = (CandidateBatch.from_papers([v for v, _ in views], bias=bias), views)
-            return batches[view_facet]
-
-        directions = None
-        if settings.vector_centering != "none":  # the rescorer compares centred vectors (esqbe.query.centering)
-            try:
-                directions = corpus_directions(backend, settings.vector_centering)
-            except ValueError as err:
-                raise QueryError(str(err)) from None
-
-        def score(part: Example, feedback: bool):
-            vectors = part.paper.vectors[part.indices]
-            if directions is not None:
-                vectors = directions.apply(vectors)
-            batch, views = batch_for(part.facet)
-            result = rescorer(QueryBatch(vectors, part.sentences), batch)
-            if feedback and settings.prf_docs and settings.prf_weight:  # Rocchio feedback from the top papers
-                from .prf import feedback_queries
-
-                vectors = feedback_queries(vectors, batch, np.asarray(result.scores, dtype=np.float64),
-                                           docs=int(settings.prf_docs), weight=float(settings.prf_weight))
-                result = rescorer(QueryBatch(vectors, part.sentences), batch)
-            pairs = [[(qi, views[n_][1][ci], w) for qi, ci, w in ms if ci < len(views[n_][1]) and np.isfinite(w)]
-                     for n_, ms in enumerate(result.matches)] if result.matches else [[] for _ in candidates]
-            return np.asarray(result.scores, dtype=np.float64), pairs
-
-        for x, ex in enumerate(examples):
-            per_example[x], pairs = score(ex, True)
-            for m in range(n):
-                matches[m] += [(x, qi, ci, w) for qi, ci, w in pairs[m]]
-        for j, av in enumerate(avoid):
-            avoided_sims[j], pairs = score(av, False)
-            for m in range(n):
-                avoided_pairs[j][m] = (pairs[m][0][0], pairs[m][0][1]) if pairs[m] else None
+        if not in_backend:
+            directions = None
+            if settings.vector_centering != "none":  # the rescorer compares centred vectors (esqbe.query.centering)
+                try:
+                    directions = corpus_directions(backend, settings.vector_centering)
+                except ValueError as err:
+                    raise QueryError(str(err)) from None
+            per_example, matches, avoided_sims, avoided_pairs = _rescore_python(candidates, examples, avoid, settings,
+                                                                                rescorer, directions)
         finite = np.isfinite(per_example).all(axis=0)
         scores = aggregate(_finite_rows(per_example), settings.example_aggregate)
         similarity = np.where(finite, scores, np.nan)
-        if len(examples) > 1:  # strongest pairs first, whichever example they belong to
-            matches = [sorted(ms, key=lambda m: -m[3]) for ms in matches]
     else:
         scores = first.copy()
     penalty = np.zeros((len(avoid), n))
@@ -236,11 +326,23 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
         if a:
             abstract = abstract_similarity(q_vectors, [c.paper for c in candidates])
         scores = (1 - w - a) * scores + w * scaled + (a * abstract if a else 0.0)
-    timings["rescore"] = round(1000 * (time.perf_counter() - t1), 2)
 
     order = sorted(range(n), key=lambda i: (-scores[i], candidates[i].paper_id))
     hits = []
     limit = len(order) if restrict is not None else settings.k
+    if rescorer is not None and in_backend and order:  # the matched sentences of the hits shown: their vectors only
+        top = order[:limit]
+        full = backend.get([candidates[i].paper_id for i in top])
+        shown = [i for i in top if candidates[i].paper_id in full]
+        for i in shown:
+            candidates[i] = dataclasses.replace(candidates[i], paper=full[candidates[i].paper_id])
+        _, top_matches, _, top_pairs = _rescore_python([candidates[i] for i in shown], examples, avoid, settings,
+                                                       rescorer, None)
+        for m, i in enumerate(shown):
+            matches[i] = top_matches[m]
+            for j in range(len(avoid)):
+                avoided_pairs[j][i] = top_pairs[j][m]
+    timings["rescore"] = round(1000 * (time.perf_counter() - t1), 2)
     for rank, i in enumerate(order[:limit], start=1):
         c = candidates[i]
         pairs = []
@@ -281,7 +383,8 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
                        rescorer_params=dict(settings.rescorer_params or {}), examples=list(examples), avoid=list(avoid),
                        score=ScoreFormula(settings.rescorer or "none", 1 - w - a if rescorer is not None else 0.0,
                                           w if rescorer is not None else 0.0, a if rescorer is not None else 0.0,
-                                          reference))
+                                          reference),
+                       rescoring=_rescoring_note(rescorer is not None, in_backend, how, n, in_python))
 
 
 def run_query(backend: Backend, query: IndexedPaper, indices: list[int], settings: Settings, *,

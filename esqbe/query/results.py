@@ -29,6 +29,8 @@ a non-finite number is null (a similarity) or 0.0 (the other scores), metadata g
                "avoided": [{paper_id, similarity, penalty (taken off the score), avoid_index, avoid_sentence,
                             candidate_index, candidate_sentence}],
                "metadata", "sentences" (null unless the papers are given)}],
+     "rescoring": {where (backend: the engine's own MaxSim with engine_facet_vectors; python; none), why,
+                   in_backend, in_python} (null from an older answer),
      "timings_ms": {stage: milliseconds}}
 
 `version` changes when a key is renamed or removed (not when one is added)."""
@@ -249,6 +251,9 @@ class QueryResult:
     scale: dict | None = None
     #: how the hits' score is made
     score: ScoreFormula | None = None
+    #: where the similarity was computed: {"where": "backend" | "python" | "none", "why": in words, "in_backend": n,
+    #: "in_python": n} (esqbe.query.combine: summax in the engine with engine_facet_vectors, issue 52)
+    rescoring: dict | None = None
 
     def to_dict(self, papers: Mapping[str, Paper] | None = None) -> dict:
         """The one JSON shape of a query result, `esqbe query --json`'s and HTTP POST /query's (esqbe.query.results);
@@ -485,5 +490,6 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
         "scale": jsonable(result.scale) if result.scale is not None else None,
         "score": result.score.to_dict() if result.score is not None else None,
         "hits": hits,
+        "rescoring": dict(result.rescoring) if result.rescoring is not None else None,
         "timings_ms": dict(result.timings),
     }

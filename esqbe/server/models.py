@@ -363,6 +363,10 @@ class QueryResponse(BaseModel):
     scale: SimilarityScale | None = Field(None, description="what the hits' percentile and band are placed on")
     score: ScoreFormula | None = Field(None, description="how a hit's score is made")
     hits: list[Hit]
+    rescoring: dict[str, Any] | None = Field(None, description="where the hits' similarity was computed: `where` "
+                                             "(backend: the engine's own MaxSim with engine_facet_vectors; python; "
+                                             "none), `why` in words, and how many candidates each scored "
+                                             "(`in_backend`, `in_python`)")
     timings_ms: dict[str, float]
 
 

@@ -301,6 +301,8 @@ class CannedEngine:
     def _search(self, method, segs, record):
         body = record["lines"][0] if record["lines"] else {}
         ids = (body.get("query") or {}).get("ids", {}).get("values")
+        if ids is not None and "rescore" in body:  # a window rescored by MaxSim (esqbe.backends.engines.maxsim)
+            return self._maxsim_window(body, ids)
         if ids is not None:  # documents by id, with source filtering (ES: exclude_vectors: false rehydrates vectors)
             spec = body.get("_source") if isinstance(body.get("_source"), dict) else {}
             omit = self.omit_source_vectors and spec.get("exclude_vectors") is not False
@@ -319,6 +321,49 @@ class CannedEngine:
             for facet, path in FACET_PATHS.items():
                 aggs[facet]["doc_count"] += len(src.get(path) or ())
         return 200, {"hits": {"total": {"value": len(self.sources), "relation": "eq"}, "hits": []}, "aggregations": aggs}
+
+
+    #: a test's hook on a window search's answer (hits -> hits): hostile answers
+    window_answer = staticmethod(lambda hits: hits)
+
+    def _maxsim_window(self, body, ids):
+        """A window search answered as the engine's documented MaxSim would: each asked document that is stored
+        matches the `ids` query (score 1), the first `window_size` are rescored by the script, evaluated by the
+        documented semantics (maxsim.emulate_es / emulate_os) over the multi-vector field the script names, as the
+        documents the backend wrote hold it; the first-stage score is kept x query_weight (0) where the rescore
+        query does not match (ES: `exists` on the field; OS: the script's own 0.0). A script that calls anything but
+        the documented function, or whose params.n is not the query's vector count, is refused (400), as a real
+        engine would refuse or miscompute it. Scores are float32, as the engines answer them."""
+        from esqbe.backends.engines.maxsim import check_painless, emulate_es, emulate_os
+
+        spec = body["rescore"]
+        score_spec = spec["query"]["rescore_query"]["script_score"]
+        script = score_spec["script"]
+        problems = check_painless(self.engine, script["source"])
+        field = re.findall(r"'(\w+_mv)'", script["source"])
+        params = script["params"]
+        if problems or len(set(field)) != 1 or params.get("n") != len(params.get("query_vectors") or ()):
+            reason = "; ".join(problems) or "the script names no one field, or params.n is not the vector count"
+            return 400, {"error": {"type": "script_exception", "reason": reason}, "status": 400}
+        emulate = emulate_es if self.engine == "elasticsearch" else emulate_os
+        weights = spec["query"].get("query_weight", 1.0), spec["query"].get("rescore_query_weight", 1.0)
+        hits = []
+        for rank, pid in enumerate(p for p in ids if p in self.sources):
+            src = self.sources[pid]
+            score = 1.0
+            if rank < spec["window_size"]:
+                stored = src.get(field[0])
+                if stored:
+                    score = weights[0] * score + weights[1] * emulate(params["query_vectors"], stored)
+                else:
+                    score = weights[0] * score
+            source = body.get("_source") if isinstance(body.get("_source"), dict) else {}
+            hits.append({"_index": INDEX, "_id": pid, "_score": float(np.float32(score)),
+                         "_source": filter_source(src, source.get("includes"), set(source.get("excludes") or ()),
+                                                  self.omit_source_vectors)})
+        hits.sort(key=lambda h: -h["_score"])
+        hits = self.window_answer(hits[: body.get("size", 10)])
+        return 200, {"hits": {"total": {"value": len(hits), "relation": "eq"}, "max_score": None, "hits": hits}}
 
 
 def _merge_doc(source: dict, doc: dict) -> dict:
@@ -360,6 +405,9 @@ def filter_source(src: dict, includes, excludes: set, omit_vectors: bool) -> dic
                 continue
             if not leaf:
                 wanted[path] = src[path]
+            elif isinstance(src[path], dict):  # an object's key (metadata.facet_probs)
+                if leaf in src[path]:
+                    wanted.setdefault(path, {})[leaf] = src[path][leaf]
             else:
                 rows = wanted.setdefault(path, [{} for _ in src[path]])
                 for row, full in zip(rows, src[path]):
@@ -368,6 +416,9 @@ def filter_source(src: dict, includes, excludes: set, omit_vectors: bool) -> dic
         src = wanted
     for field in set(excludes) | (set(VECTOR_FIELDS) if omit_vectors else set()):
         path, _, leaf = field.partition(".")
+        if not leaf:  # a top-level field
+            src.pop(path, None)
+            continue
         for row in src.get(path) or ():
             row.pop(leaf, None)
     return src

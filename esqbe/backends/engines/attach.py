@@ -184,6 +184,10 @@ class AttachedMixin(_Engine):
         return (f"index {self.index!r} is attached (`esqbe attach`): its documents carry no esqbe {STAMP_FIELD} stamp, "
                 "so no paper would ever be new to a watch; watches need an index esqbe writes (`esqbe index`)")
 
+    def window_scoring(self) -> tuple[bool, str]:
+        return False, (f"index {self.index!r} is attached (`esqbe attach`), which adds no per-facet multi-vector fields: "
+                       "summax runs in Python")
+
     def set_source_hashes(self, hashes: Mapping[str, str] | None) -> None:
         """The source hash to store with each document the next upserts write (`esqbe.source_hash`, what a
         re-run compares to skip unchanged text), by document id; None: store none. The mapping is read

@@ -39,10 +39,10 @@ from .mapping import (
     index_body,
     meta_from_mapping,
 )
+from .maxsim import MV_FIELDS, mv_field
 from .maxsim import check_version as check_maxsim_version
 from .maxsim import doc_fields as mv_fields
 from .maxsim import mapping_properties as mv_mapping
-from .maxsim import mv_field
 from .names import check_index_name
 from .search import FirstStageMixin
 from .versions import (
@@ -330,7 +330,7 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
         if not ids:
             return {}
         dim = self._index_meta().dim
-        sources = self._mget_sources(ids, _source_excludes=list(VECTOR_FIELDS))
+        sources = self._mget_sources(ids, _source_excludes=[*VECTOR_FIELDS, *MV_FIELDS])  # vectors: vectors_b64
         foreign = [pid for pid, src in sources.items() if src.get("vectors_b64") is None]
         if foreign:  # written by another tool: read the indexed sentence vectors instead
             for pid, stored in self._indexed_vectors(foreign).items():

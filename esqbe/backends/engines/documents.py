@@ -56,16 +56,26 @@ def _merge_vectors(source: dict, stored: dict) -> None:
                 row["vector"] = by_idx[int(row["idx"])]
 
 
-def doc_to_paper(source: dict, dim: int) -> IndexedPaper:
-    """An IndexedPaper back from a stored `_source` (nested vectors may be absent: ES 9.2+ or source filtering)."""
-    rows = sorted((s for path in FACET_PATHS.values() for s in source.get(path) or ()), key=lambda s: int(s["idx"]))
-    paper = Paper(
+def _sentence_rows(source: dict) -> list[dict]:
+    return sorted((s for path in FACET_PATHS.values() for s in source.get(path) or ()), key=lambda s: int(s["idx"]))
+
+
+def doc_to_text(source: dict) -> Paper:
+    """The paper of a stored `_source` without its vectors: title, sentences, labels, metadata."""
+    rows = _sentence_rows(source)
+    return Paper(
         source["paper_id"],
         source.get("title") or "",
         [s.get("text") or "" for s in rows],
         [s.get("facet") or "unlabeled" for s in rows],
         dict(source.get("metadata") or {}),
     )
+
+
+def doc_to_paper(source: dict, dim: int) -> IndexedPaper:
+    """An IndexedPaper back from a stored `_source` (nested vectors may be absent: ES 9.2+ or source filtering)."""
+    rows = _sentence_rows(source)
+    paper = doc_to_text(source)
     n = len(rows)
     if source.get("vectors_b64") is not None:
         vectors = decode_vectors(source["vectors_b64"], n, dim)

@@ -38,6 +38,10 @@ def mv_field(facet: str | None) -> str:
     return f"{name}_mv"
 
 
+#: every multi-vector field: left out of every `_source` esqbe fetches (its vectors come from `vectors_b64`)
+MV_FIELDS = tuple(mv_field(f) for f in (*MV_FACETS, None))
+
+
 #: the versions that have each function (named in the error where a cluster is older)
 MIN_VERSION = {"elasticsearch": (8, 18, 0), "opensearch": (3, 3, 0)}
 FEATURE = {"elasticsearch": "the rank_vectors field and maxSimDotProduct (technical preview; a licence that allows "
@@ -118,6 +122,52 @@ def rescore_body(engine: str, facet: str | None, query_vectors: np.ndarray, wind
 def summax_from_score(score: float) -> float:
     """esqbe's summax from the engine's score (1 + summax) / 2."""
     return 2.0 * float(score) - 1.0
+
+
+# --- a query's window scored in the engine (EngineBackend.score_window) ------------------------------------------
+#: the most ids one window search holds (index.max_result_window and index.max_rescore_window default to 10,000)
+WINDOW_MAX = 10_000
+#: how far past [0, 1] an engine's (1 + summax) / 2 may stray by float rounding before it is refused
+SCORE_SLACK = 1e-4
+
+
+def window_body(engine: str, paper_ids: Sequence[str], facet: str | None, query_vectors, includes: Sequence[str],
+                excludes: Sequence[str]) -> dict:
+    """The one search that scores a query's window: exactly those papers (an `ids` query, each scoring the same), every
+    one of them rescored by MaxSim against the facet's field (`rescore_body`, the window as wide as the ids), the
+    query's vectors sent unit length (as summax compares them), and of each paper only `includes` back, no vector
+    (`excludes`)."""
+    ids = [str(p) for p in paper_ids]
+    if not ids or len(ids) > WINDOW_MAX:
+        raise ValueError(f"a window search holds 1 to {WINDOW_MAX} ids (got {len(ids)})")
+    return {"size": len(ids), "query": {"ids": {"values": ids}},
+            "rescore": rescore_body(engine, facet, unit(query_vectors), len(ids)),
+            "_source": {"includes": list(includes), "excludes": list(excludes)}}
+
+
+def window_scores(hits, asked: Sequence[str]) -> dict[str, tuple[float, dict]]:
+    """paper id -> (the engine's score (1 + summax) / 2, its `_source`) from a window search's hits, which are
+    hostile until checked: a hit not of a dict, an id not asked for or answered twice, a score missing, not a number,
+    non-finite or outside [0, 1] is a BackendError naming it. An id asked for and not answered is absent (deleted
+    since the first stage)."""
+    wanted = set(map(str, asked))
+    out: dict[str, tuple[float, dict]] = {}
+    if not isinstance(hits, list):
+        raise BackendError("the window search answered no list of hits")
+    for hit in hits:
+        pid = str(hit.get("_id")) if isinstance(hit, dict) and "_id" in hit else None
+        if pid is None or pid not in wanted:
+            raise BackendError(f"the window search answered paper {pid!r}, which it was not asked for")
+        if pid in out:
+            raise BackendError(f"the window search answered paper {pid!r} twice")
+        score = hit.get("_score")
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not np.isfinite(score) \
+                or not -SCORE_SLACK <= score <= 1 + SCORE_SLACK:
+            raise BackendError(f"the window search scored paper {pid!r} {score!r}; the MaxSim script gives a "
+                               "number in [0, 1]")
+        source = hit.get("_source")
+        out[pid] = (float(score), source if isinstance(source, dict) else {})
+    return out
 
 
 # --- the documented semantics, emulated ---------------------------------------------------------------------

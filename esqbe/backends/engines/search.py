@@ -13,9 +13,14 @@ import numpy as np
 from ...core.fusion import fuse, top_k
 from ...domain import Candidate, FirstStageRequest, IndexedPaper, IndexMeta
 from ...errors import BackendError, ModelMismatchError
+from ..base import WindowScores
 from .bodies import bm25_body, facet_paths
 from .client import RETRY_STATUSES, _ItemRetry, _reason
+from .documents import doc_to_text
 from .filters import MAX_RESOLVED_IDS, add_to_bm25, add_to_knn, filter_clauses, ids_body, knn_needs_ids
+from .mapping import FACET_PATHS, VECTOR_FIELDS
+from .maxsim import MV_FACETS, MV_FIELDS, WINDOW_MAX, summax_from_score, window_body, window_scores
+from .maxsim import check_version as check_maxsim_version
 from .versions import EngineInfo, cosine_from_score
 
 if TYPE_CHECKING:
@@ -34,6 +39,8 @@ if TYPE_CHECKING:
         def _knn_body(self, path: str, vector: list[float], k: int, num_candidates: int,
                       restrict_to: list[str] | None) -> dict: ...
         def candidates_factor(self, facet: str | None) -> tuple[int, str]: ...
+        facet_vectors: bool
+        def _has_facet_vectors(self) -> bool: ...
         def get(self, paper_ids: Any) -> dict[str, IndexedPaper]: ...
         def _retrying(self) -> Any: ...
         def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any: ...
@@ -210,6 +217,58 @@ class FirstStageMixin(_Host):
             for pid, cos in sorted(row.items(), key=lambda kv: (-kv[1], kv[0]))[: request.knn_k]:
                 knn[pid] = knn.get(pid, 0.0) + cos / m
         return bm25, knn
+
+    # --- the window scored in the engine (issue 52: engine_facet_vectors) ----------------------------
+
+    def window_scoring(self) -> tuple[bool, str]:
+        """Scoring in the engine needs the setting on and the index's per-facet multi-vector fields; a cluster whose
+        version (known exactly) lacks the MaxSim function is a BackendError naming the version that has it."""
+        if not self.facet_vectors:
+            return False, "engine_facet_vectors is off: summax runs in Python on the candidates' fetched vectors"
+        if not self._has_facet_vectors():
+            return False, (f"index {self.index!r} has no per-facet multi-vector fields (engine_facet_vectors was off "
+                           "when it was made, and no `esqbe index` run has added them since): summax runs in Python")
+        info = self.info()
+        if info.exact:
+            check_maxsim_version(self.engine, info.number)
+        function = "maxSimDotProduct" if self.engine == "elasticsearch" else "lateInteractionScore"
+        return True, (f"in {self.engine}: one search over the window's ids, rescored by {function} over the query "
+                      "facet's multi-vector field")
+
+    def score_window(self, paper_ids, query_vectors, facet: str | None) -> WindowScores | None:
+        """One `_search` (per 10,000 ids) over exactly `paper_ids`, rescored by MaxSim against the facet's field
+        (esqbe.backends.engines.maxsim.window_body), of each paper only its labels and soft labels back (no text, no
+        vector: the hits shown are fetched whole afterwards); the answer checked
+        (`window_scores`). A paper with no sentence of the facet gets NaN (no match, as in Python); one that has some
+        but scored 0 (no field: written before the index carried them) is left unscored for the caller."""
+        if not self.window_scoring()[0] or (facet is not None and facet not in MV_FACETS):
+            return None
+        ids = list(dict.fromkeys(str(p) for p in paper_ids))
+        out = WindowScores()
+        # of each paper, what the caller decides by: its sentences' positions and labels, and the tagger's soft labels
+        includes = ["paper_id", *(f"{path}.{leaf}" for path in FACET_PATHS.values() for leaf in ("idx", "facet")),
+                    "metadata.facet_probs"]
+        excludes = [*VECTOR_FIELDS, "vectors_b64", *MV_FIELDS]
+        for start in range(0, len(ids), WINDOW_MAX):
+            batch = ids[start : start + WINDOW_MAX]
+            body = window_body(self.engine, batch, facet, query_vectors, includes, excludes)
+            try:
+                answer = self._body(self._call(self.client.search, index=self.index, body=body))
+            except Exception as exc:
+                raise self._error("scoring the window in the engine", exc) from exc
+            hits = (answer.get("hits") or {}).get("hits") if isinstance(answer, dict) else None
+            for pid, (score, source) in window_scores(hits, batch).items():
+                try:
+                    paper = doc_to_text({**source, "paper_id": pid})
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise BackendError(f"the window search answered paper {pid!r} with a malformed document") from exc
+                out.papers[pid] = paper
+                has = any(facet is None or f == facet for f in paper.facets)
+                if not has:
+                    out.scores[pid] = float("nan")
+                elif score > 0.0:
+                    out.scores[pid] = summax_from_score(score)
+        return out
 
     def exact_knn(self, vectors: np.ndarray, k: int, *, facet: str | None = None,
                   exclude: frozenset[str] = frozenset()) -> dict[str, float]:
