@@ -47,10 +47,9 @@ class Merger:
     @property
     def backend(self) -> Backend:
         if self._backend is None:
-            backend = self._backend_of()
-            self.report.aliases_kept = backend.keeps_aliases
-            self._backend = backend
-            return backend
+            self._backend = self._backend_of()
+        # read each time: an engine whose companion alias index cannot be made stops keeping aliases mid-run
+        self.report.aliases_kept = self._backend.keeps_aliases
         return self._backend
 
     def papers(self, papers: Iterable[Paper], read: ReadReport) -> Iterator[Paper]:
