@@ -276,3 +276,36 @@ def test_an_attached_index_keeps_no_aliases():
     from esqbe.backends.engines.attach import AttachedElasticsearchBackend, AttachedOpenSearchBackend
 
     assert AttachedElasticsearchBackend.keeps_aliases is False and AttachedOpenSearchBackend.keeps_aliases is False
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_run_looks_up_its_records_a_read_ahead_at_a_time(engine):
+    """One `_mget` of the alias index per LOOKAHEAD records (their identifiers and titles together), not one a record."""
+    from esqbe.index.merge import LOOKAHEAD
+
+    backend, canned = make_backend(engine, VERSIONS[engine][-1], aliases=True)
+    backend.ensure(META)
+    _run(backend, [_record("lib0", "Library Paper Zero", external_ids={"doi": DOI}, year=2020)])
+    before = len([r for r in canned.requests if r["endpoint"] == "_mget" and r["path"].startswith(f"/{ALIASES}")])
+    n = 2 * LOOKAHEAD + 10
+    records = [_record(f"r{i}", f"Record number {i} of many", external_ids={"doi": f"10.5555/r.{i}"}, year=2021)
+               for i in range(n - 1)] + [_record("dup", "The library copy", external_ids={"doi": DOI})]
+    report = _run(type(backend).from_connection(backend), records)
+    lookups = [r for r in canned.requests if r["endpoint"] == "_mget" and r["path"].startswith(f"/{ALIASES}")][before:]
+    assert len(lookups) == 3 and sum(len(r["lines"][0]["ids"]) for r in lookups) == 2 * n  # an identifier and a title each
+    assert [(m["id"], m["into"]) for m in report.merged] == [("dup", "lib0")]
+
+
+def test_a_reading_error_comes_after_the_records_read_before_it():
+    """The read-ahead holds records back: a reading error mid-way is raised once those before it have gone through."""
+    def source():
+        yield _record("a", "First")
+        yield _record("b", "Second")
+        raise OSError("disk gone")
+
+    seen = []
+    merger = Merger(lambda: pytest.fail("records with no key to look up open no index"), IndexReport())
+    with pytest.raises(OSError, match="disk gone"):
+        for p in merger.papers(source(), ReadReport()):
+            seen.append(p.paper_id)
+    assert seen == ["a", "b"]
