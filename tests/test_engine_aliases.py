@@ -4,7 +4,8 @@ tests/fakes/engines.py's canned engine, which keeps the companion `<index>-esqbe
 `create` of an id answers 409, a `_delete_by_query` sees only what a refresh made searchable). These are NOT
 integration tests (tests/test_engine_integration.py::test_alias_index_on_a_live_engine runs against a live cluster).
 
-Checked: the bodies against the engines' strict specifications and the 512-byte `_id` limit; a later run's record
+Checked (through the clients, and once over a loopback socket): the bodies against the engines' strict
+specifications and the 512-byte `_id` limit; an index run's look-ups batched by its read-ahead; a later run's record
 sharing a DOI merges into the paper an earlier run stored; `get` (show, query --paper, --not) by DOI and by a
 merged-away id; a likely duplicate across runs is reported with both ids and a watch does not report it; deleting a
 paper removes its keys; an index made before the companion index is filled on the next write; hostile answers."""
@@ -309,3 +310,31 @@ def test_a_reading_error_comes_after_the_records_read_before_it():
         for p in merger.papers(source(), ReadReport()):
             seen.append(p.paper_id)
     assert seen == ["a", "b"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_alias_index_over_a_loopback_socket(engine):
+    """The same over the clients' own HTTP transports (tests/fakes/engines.py's EngineHTTPServer): what goes on the
+    wire for the companion index (its `_mget`, the marker's GET, `_delete_by_query?refresh=true&conflicts=proceed`)."""
+    from esqbe.index.open import open_backend
+
+    from .fakes.engines import CannedEngine, EngineHTTPServer
+
+    server = EngineHTTPServer(CannedEngine(engine, VERSIONS[engine][-1]))
+    try:
+        settings = load_settings(None).replace(backend=engine, url=server.url, index=INDEX)
+        first = open_backend(settings, create=True)
+        first.ensure(META)
+        _run(first, [_record("lib0", "Library Paper Zero", external_ids={"doi": DOI}, year=2020)])
+        first.close()
+        second = open_backend(settings)
+        report = _run(second, [_record("s2-0", "Dump zero", external_ids={"doi": DOI.lower()})])
+        assert [(m["id"], m["into"]) for m in report.merged] == [("s2-0", "lib0")]
+        assert second.get([DOI])[DOI].paper_id == second.get(["s2-0"])["s2-0"].paper_id == "lib0"
+        assert second.delete(["lib0"]) == 1 and second.get([DOI]) == {}
+        (forget,) = server.canned.sent("_delete_by_query")
+        assert forget["params"] == {"refresh": "true", "conflicts": "proceed"}
+        assert not any(doc.get("paper_id") == "lib0" for doc in server.canned.alias_docs.values())
+        second.close()
+    finally:
+        server.close()
