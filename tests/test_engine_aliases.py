@@ -338,3 +338,20 @@ def test_the_alias_index_over_a_loopback_socket(engine):
         second.close()
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_index_made_again_under_its_name_starts_with_an_empty_alias_table(engine):
+    """The paper index deleted (by hand) and made again by esqbe: the companion index it left names papers that are
+    gone, so esqbe empties it when it makes the index; a record of the same DOI is then a new paper under its own id."""
+    backend, canned = make_backend(engine, VERSIONS[engine][-1], aliases=True)
+    backend.ensure(META)
+    _run(backend, [_record("lib0", "Library Paper Zero", external_ids={"doi": DOI}, year=2020)])
+    assert canned.alias_docs and canned.alias_definition is not None
+    backend.client.indices.delete(index=INDEX)  # the paper index only, as a user might
+    again = type(backend).from_connection(backend)
+    again.ensure(META)
+    assert canned.alias_docs == {}
+    report = _run(again, [_record("s2-0", "Dump zero", external_ids={"doi": DOI}, year=2020)])
+    assert not report.merged and list(canned.sources) == ["s2-0"]
+    assert again.get([DOI])[DOI].paper_id == "s2-0" and FILLED_ID in canned.alias_docs

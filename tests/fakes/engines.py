@@ -344,12 +344,15 @@ class CannedEngine:
         return 200, {"took": 1, "errors": any("error" in next(iter(x.values())) for x in items), "items": items}
 
     def _delete_by_query(self, method, segs, record):
-        """On the alias index only: `terms: {paper_id: [...]}`, over the documents a refresh has made searchable."""
+        """On the alias index only: `terms: {paper_id: [...]}` or `match_all`, over the documents a refresh has made
+        searchable."""
         assert self._is_alias(segs), segs
         if self.alias_definition is None:
             return self._alias_missing(segs[0])
-        ids = set(record["lines"][0]["query"]["terms"]["paper_id"])
-        gone = [i for i, doc in self.alias_docs.items() if doc.get("paper_id") in ids and i not in self.alias_unrefreshed]
+        query = record["lines"][0]["query"]
+        ids = set(query["terms"]["paper_id"]) if "terms" in query else None  # else match_all
+        gone = [i for i, doc in self.alias_docs.items()
+                if (ids is None or doc.get("paper_id") in ids) and i not in self.alias_unrefreshed]
         for i in gone:
             del self.alias_docs[i]
         return 200, {"took": 1, "timed_out": False, "total": len(gone), "deleted": len(gone), "batches": 1,

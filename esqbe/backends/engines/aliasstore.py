@@ -11,7 +11,9 @@ is over the engines' 512-byte `_id` limit (a long title, an identifier of many n
 `sha256:<hex of the key>`; `_source` is {paper_id}. Identifiers and titles are written with the papers (bulk
 `create`: the first paper stored with a key keeps it, the engine's 409 for a later one is no error); a merge's `id:`
 key is written with bulk `index` (replaced); look-ups are `_mget`s (real time: no refresh needed); deleting papers
-deletes every key naming them (`_delete_by_query` on `paper_id`, after a refresh of the companion index).
+deletes every key naming them (`_delete_by_query` on `paper_id`, after a refresh of the companion index). When esqbe
+makes the paper index, a companion index left by an earlier index of that name is emptied (its keys name papers
+that are gone).
 
 An index made before the companion index is filled by the next write (an index run's first look-up, or an upsert):
 the writer reads every paper's id, title and metadata once (sorted by `paper_id`, `search_after`; where two papers
@@ -179,6 +181,22 @@ class EngineAliasStoreMixin(_Host):
             if self._status(exc) == 404:  # no companion index: no key names them
                 return
             raise self._error(f"removing the deleted papers' keys from {self.alias_index!r}", exc) from exc
+
+    def _clear_aliases(self) -> None:
+        """The paper index was made just now: a companion index left by an index of that name deleted before holds
+        the keys of papers that are gone (and its marker): every document of it is deleted, so the new index's first
+        write fills it afresh."""
+        if not self.keeps_aliases:
+            return
+        self._aliases_filled = False
+        try:
+            self._call(self.client.indices.refresh, index=self.alias_index)
+            self._call(self.client.delete_by_query, index=self.alias_index, body={"query": {"match_all": {}}},
+                       refresh=True, conflicts="proceed")
+        except Exception as exc:
+            if self._status(exc) == 404:  # none left: the usual case
+                return
+            raise self._error(f"clearing the alias index {self.alias_index!r} left by an earlier index", exc) from exc
 
     # --- the table ------------------------------------------------------------------------------
 

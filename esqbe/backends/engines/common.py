@@ -279,6 +279,8 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
             except Exception as exc:
                 if self._status(exc) != 400 or self.meta() is None:  # 400 + exists: created by a concurrent run
                     raise self._error("creating the index", exc) from exc
+            else:
+                self._clear_aliases()  # keys left by an earlier index of this name name none of the new one's papers
             existing = self.meta()
             if existing is None:
                 raise BackendError(f"index {self.index!r} was created but cannot be read back")
