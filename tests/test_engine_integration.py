@@ -136,6 +136,7 @@ def indexed(cluster, tmp_path_factory):
     finally:
         try:
             engine.backend.client.indices.delete(index=name)
+            engine.backend.client.indices.delete(index=engine.backend.alias_index, ignore_unavailable=True)
         finally:
             engine.close()
             embedded.close()
@@ -319,3 +320,49 @@ def test_engine_calibrates_num_candidates_for_the_recall_target(indexed):
     report = check_recall(engine.backend, queries=20)
     for f in report.facets:
         assert f.recall["@100"]["mean"] >= 0.9, f  # other query papers than the calibration's sample
+
+
+def test_alias_index_on_a_live_engine(cluster, tmp_path):
+    """Issue 49, items 3 and 4 on a live engine: a later run's record sharing a DOI merges into the paper an earlier
+    run stored, a record of the same title, year and first author is reported as its likely duplicate, the DOI and
+    the merged-away id find the paper, and deleting it removes every key naming it (tests/test_engine_aliases.py
+    checks the same by contract)."""
+    esqbe = pytest.importorskip("esqbe")
+    from esqbe.index.browse import show_paper
+
+    kind, url = cluster
+    with open(SAMPLE, encoding="utf-8") as fp:
+        record = json.loads(next(fp))
+    abstract = " ".join(record["sentences"]) if "sentences" in record else record["abstract"]
+    lib = {"paper_id": "lib0", "title": "Facets of Scientific Papers", "abstract": abstract, "year": 2019,
+           "doi": "10.5555/LIB.0", "authors": [{"first": "John", "last": "Smith"}]}
+    dump = [{"paper_id": "s2-0", "title": "Library dump zero", "abstract": abstract, "doi": "https://doi.org/10.5555/lib.0"},
+            {"paper_id": "s2-twin", "title": "Facets of scientific papers.", "abstract": abstract, "year": 2019,
+             "authors": [{"first": "J.", "last": "Smith"}]}]
+    (tmp_path / "lib.jsonl").write_text(json.dumps(lib) + "\n")
+    (tmp_path / "dump.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dump))
+    name = f"esqbe-test-{uuid.uuid4().hex[:10]}"
+    index = esqbe.open_index(None, backend=kind, url=url, index=name)
+    try:
+        assert index.index_files([str(tmp_path / "lib.jsonl")]).indexed == 1
+        second = esqbe.open_index(None, backend=kind, url=url, index=name)  # another process's run
+        try:
+            report = second.index_files([str(tmp_path / "dump.jsonl")])
+        finally:
+            second.close()
+        assert [(m["id"], m["into"]) for m in report.merged] == [("s2-0", "lib0")], report.summary()
+        assert [(d["id"], d["like"]) for d in report.likely_duplicates] == [("s2-twin", "lib0")]
+        for asked in ("s2-0", "10.5555/lib.0", "https://doi.org/10.5555/LIB.0"):
+            assert show_paper(index, asked)["paper_id"] == "lib0"
+        assert index.delete(["s2-0"]) == 1
+        client = index.backend.client
+        client.indices.refresh(index=index.backend.alias_index)
+        left = client.search(index=index.backend.alias_index, body={"query": {"term": {"paper_id": "lib0"}}})
+        assert getattr(left, "body", left)["hits"]["hits"] == []
+        assert index.get(["10.5555/lib.0"]) == {}
+    finally:
+        try:
+            index.backend.client.indices.delete(index=name)
+            index.backend.client.indices.delete(index=index.backend.alias_index, ignore_unavailable=True)
+        finally:
+            index.close()

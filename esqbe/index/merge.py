@@ -25,6 +25,10 @@ from .reports import IndexReport
 #: records remembered in memory per run (identifiers, where each was read, titles); past this the memory is cleared
 #: and identifiers are found through the alias table (committed papers) alone: a run of millions stays bounded
 MAX_REMEMBERED = 200_000
+#: records read ahead of their merge, so that their identifiers and titles are looked up in the alias table in one
+#: request (an engine's companion index answers over the network: one `_mget` a record would slow a run of unchanged
+#: records many times over)
+LOOKAHEAD = 256
 #: the formats a researcher's own library comes in: its records keep their fields when another source's is merged in
 LIBRARY_FORMATS = frozenset({"bibtex", "ris", "csl-json", "zotero"})
 #: metadata that says where a paper came from, never a field compared or filled
@@ -43,43 +47,75 @@ class Merger:
         self.where: dict[str, str] = {}  # paper id -> where its first record of this run is (file:line)
         self.titles: dict[str, str] = {}  # title key -> the paper id of its first record
         self.seen: dict[str, Paper] = {}  # paper id -> its record as merged so far in this run
+        self.known: dict[str, str] = {}  # the alias table's answer for the keys of the records read ahead
 
     @property
     def backend(self) -> Backend:
         if self._backend is None:
-            backend = self._backend_of()
-            self.report.aliases_kept = backend.keeps_aliases
-            self._backend = backend
-            return backend
+            self._backend = self._backend_of()
+        # read each time: an engine whose companion alias index cannot be made stops keeping aliases mid-run
+        self.report.aliases_kept = self._backend.keeps_aliases
         return self._backend
 
     def papers(self, papers: Iterable[Paper], read: ReadReport) -> Iterator[Paper]:
-        """`papers` as read (`read` says where each starts), a record of a work already seen renamed to its paper."""
+        """`papers` as read (`read` says where each starts), a record of a work already seen renamed to its paper.
+        Records are read LOOKAHEAD at a time (where each starts noted as it is read); a reading error is raised after
+        the records read before it have gone through."""
+        records = iter(papers)
+        while True:
+            chunk: list[tuple[Paper, str | None, int]] = []
+            failure: Exception | None = None
+            try:
+                for p in records:
+                    chunk.append((p, read.source, read.line))
+                    if len(chunk) >= LOOKAHEAD:
+                        break
+            except Exception as exc:  # noqa: BLE001  # raised below, once what was read before it is through
+                failure = exc
+            self._look_up(p for p, _, _ in chunk)
+            for p, source, line in chunk:
+                yield self._one(p, source, line)
+            if failure is not None:
+                raise failure
+            if len(chunk) < LOOKAHEAD:
+                return
+
+    def _look_up(self, papers: Iterable[Paper]) -> None:
+        """The alias table's answer for the identifiers and titles of the records read ahead, in one request."""
+        keys = []
         for p in papers:
-            if len(self.where) >= MAX_REMEMBERED:
-                for memory in (self.keys, self.where, self.titles, self.seen):
-                    memory.clear()
-            here = f"{read.source}:{read.line}" if read.line else read.source or "?"
-            _remember_source(p, read.source)
-            keys = work_keys(p.metadata)
-            found = self._named(p.paper_id, keys)
-            if found is not None:
-                key, target = found
-                self.report.merged.append({
-                    "file": read.source, "line": read.line or None, "id": p.paper_id, "into": target,
-                    "into_record": self.where.get(target), "by": described(key)})
-                self.backend.add_aliases({f"id:{p.paper_id}": target})
-                earlier = self.seen.get(target) or self._stored(target)
-                p.paper_id = target
-                if earlier is not None:
-                    p = self._combined(earlier, p, here)
-            else:
-                self._likely_duplicate(p, here)
-            for key in keys:
-                self.keys.setdefault(key, p.paper_id)
-            self.where.setdefault(p.paper_id, here)
-            self.seen[p.paper_id] = p
-            yield p
+            keys += work_keys(p.metadata)
+            title = title_key(p.title, (p.metadata or {}).get("year"))
+            if title is not None:
+                keys.append(f"title:{title}")
+        self.known = self.backend.work_aliases(keys) if keys and self.backend.keeps_aliases else {}
+
+    def _one(self, p: Paper, source: str | None, line: int) -> Paper:
+        """One record, read at `source`:`line`, renamed to the paper of its work where one is known."""
+        if len(self.where) >= MAX_REMEMBERED:
+            for memory in (self.keys, self.where, self.titles, self.seen):
+                memory.clear()
+        here = f"{source}:{line}" if line else source or "?"
+        _remember_source(p, source)
+        keys = work_keys(p.metadata)
+        found = self._named(p.paper_id, keys)
+        if found is not None:
+            key, target = found
+            self.report.merged.append({
+                "file": source, "line": line or None, "id": p.paper_id, "into": target,
+                "into_record": self.where.get(target), "by": described(key)})
+            self.backend.add_aliases({f"id:{p.paper_id}": target})
+            earlier = self.seen.get(target) or self._stored(target)
+            p.paper_id = target
+            if earlier is not None:
+                p = self._combined(earlier, p, here)
+        else:
+            self._likely_duplicate(p, here)
+        for key in keys:
+            self.keys.setdefault(key, p.paper_id)
+        self.where.setdefault(p.paper_id, here)
+        self.seen[p.paper_id] = p
+        return p
 
     def _stored(self, paper_id: str) -> Paper | None:
         found = self.backend.get([paper_id])
@@ -112,18 +148,17 @@ class Merger:
         for key in keys:
             if self.keys.get(key, paper_id) != paper_id:
                 return key, self.keys[key]
-        known = self.backend.work_aliases(keys) if keys and self.backend.keeps_aliases else {}
-        for key in keys:
-            if known.get(key, paper_id) != paper_id:
-                return key, known[key]
+        for key in keys:  # the records read ahead were looked up together (`_look_up`)
+            if self.known.get(key, paper_id) != paper_id:
+                return key, self.known[key]
         return None
 
     def _likely_duplicate(self, p: Paper, here: str) -> None:
         key = title_key(p.title, (p.metadata or {}).get("year"))
         if key is None:
             return
-        if key not in self.titles and self.backend.keeps_aliases:  # across runs (issue 49, item 3): the index's
-            known = self.backend.work_aliases([f"title:{key}"]).get(f"title:{key}")
+        if key not in self.titles:  # across runs (issue 49, item 3): the index's, looked up with the read-ahead
+            known = self.known.get(f"title:{key}")
             if known is not None and known != p.paper_id:
                 self.titles[key] = known
         first = self.titles.setdefault(key, p.paper_id)

@@ -96,6 +96,34 @@ class CannedEngine:
         self.knn_hits = lambda body: []  # body -> [(id, score)]
         self.bm25_hits = lambda body: []
         self.omit_source_vectors = engine == "elasticsearch" and parse_version(version) >= (9, 2, 0)
+        # the companion alias index (`<index>-esqbe-aliases`, esqbe.backends.engines.aliasstore): its definition as
+        # sent (or "auto-created" where a document was written before it, as the engines' auto_create_index does),
+        # its documents, and those written since its last refresh (a search, so `_delete_by_query`, does not see them)
+        self.alias_definition: dict | str | None = None
+        self.alias_docs: dict[str, dict] = {}
+        self.alias_unrefreshed: set[str] = set()
+
+    @staticmethod
+    def _is_alias(segs) -> bool:
+        return bool(segs) and segs[0].endswith("-esqbe-aliases")
+
+    def _alias_missing(self, name: str):
+        return 404, {"error": {"root_cause": [{"type": "index_not_found_exception", "reason": f"no such index [{name}]"}],
+                               "type": "index_not_found_exception", "reason": f"no such index [{name}]"}, "status": 404}
+
+    def _alias_write(self, op: str, name: str, doc_id: str, doc: dict) -> dict:
+        """One write to the alias index as the engines answer it: `create` of an existing id is a 409."""
+        if self.alias_definition is None:
+            self.alias_definition = "auto-created"
+        if op == "create" and doc_id in self.alias_docs:
+            reason = f"[{doc_id}]: version conflict, document already exists (current version [1])"
+            return {"_index": name, "_id": doc_id, "status": 409,
+                    "error": {"type": "version_conflict_engine_exception", "reason": reason}}
+        existed = doc_id in self.alias_docs
+        self.alias_docs[doc_id] = doc
+        self.alias_unrefreshed.add(doc_id)
+        return {"_index": name, "_id": doc_id, "status": 200 if existed else 201,
+                "result": "updated" if existed else "created", "_version": 1}
 
     # -- security, as on a cluster with security on: `require_auth` = the one Authorization value accepted;
     # `forbidden` = endpoints the credentials lack the privilege for (403), e.g. "info" for a key without `monitor`
@@ -168,6 +196,17 @@ class CannedEngine:
         return 200, {"name": "canned", "cluster_name": "canned", "version": version, "tagline": "canned"}
 
     def _index(self, method, segs, record):
+        if self._is_alias(segs):
+            if method == "PUT":
+                if self.alias_definition is not None:
+                    reason = f"index [{segs[0]}/canned] already exists"
+                    return 400, {"error": {"type": "resource_already_exists_exception", "reason": reason}, "status": 400}
+                self.alias_definition = record["lines"][0]
+                return 200, {"acknowledged": True, "shards_acknowledged": True, "index": segs[0]}
+            if method == "DELETE":
+                self.alias_definition, self.alias_docs = None, {}
+                return 200, {"acknowledged": True}
+            return 405, {"error": "unexpected"}
         if method == "DELETE":
             self.mapping, self.settings, self.sources = None, None, {}
             return 200, {"acknowledged": True}
@@ -201,6 +240,16 @@ class CannedEngine:
 
     def _doc(self, method, segs, record):
         pid = segs[2]
+        if self._is_alias(segs):
+            if method in ("PUT", "POST"):
+                item = self._alias_write(record["params"].get("op_type", "index"), segs[0], pid, record["lines"][0])
+                return item["status"], item
+            if self.alias_definition is None:
+                return self._alias_missing(segs[0])
+            if pid not in self.alias_docs:
+                return 404, {"_index": segs[0], "_id": pid, "found": False}
+            return 200, {"_index": segs[0], "_id": pid, "_version": 1, "found": True,
+                         "_source": json.loads(json.dumps(self.alias_docs[pid]))}
         if method in ("PUT", "POST"):
             existed = pid in self.sources
             self.sources[pid] = record["lines"][0]
@@ -214,6 +263,10 @@ class CannedEngine:
         return 200, {"_index": INDEX, "_id": pid, "found": True, "_source": filter_source(src, None, set(), self.omit_source_vectors)}
 
     def _refresh(self, method, segs, record):
+        if self._is_alias(segs):
+            if self.alias_definition is None:
+                return self._alias_missing(segs[0])
+            self.alias_unrefreshed.clear()
         return 200, {"_shards": {"total": 1, "successful": 1, "failed": 0}}
 
     def _license(self, method, segs, record):
@@ -223,7 +276,12 @@ class CannedEngine:
         return 200, [{"name": "node", "component": "opensearch-knn", "version": self.version}]
 
     def _mget(self, method, segs, record):
-        if self.mapping is None:
+        if self._is_alias(segs) and self.alias_definition is not None:
+            docs = [{"_index": segs[0], "_id": i, "_version": 1, "found": True, "_source": dict(self.alias_docs[i])}
+                    if i in self.alias_docs else {"_index": segs[0], "_id": i, "found": False}
+                    for i in record["lines"][0]["ids"]]
+            return 200, {"docs": docs}
+        if self.mapping is None or self._is_alias(segs):
             # What the engines answer (not a 404): 200, and per requested id a failure item holding the
             # IndexNotFoundException. Sources: elastic/elasticsearch
             # rest-api-spec/src/yamlRestTest/resources/rest-api-spec/test/mget/12_non_existent_index.yml (mget on a
@@ -262,6 +320,9 @@ class CannedEngine:
                 items.append({op: {"_index": INDEX, "_id": pid, "status": status,
                                    "error": {"type": "canned_rejection", "reason": f"canned {status}"}}})
                 continue
+            if self._is_alias([meta.get("_index") or (segs[0] if segs[0] != "_bulk" else "")]):
+                items.append({op: self._alias_write(op, meta["_index"], pid, doc)})
+                continue
             if op == "delete":
                 found = self.sources.pop(pid, None) is not None
                 items.append({op: {"_index": INDEX, "_id": pid, "status": 200 if found else 404,
@@ -281,6 +342,21 @@ class CannedEngine:
                 items.append({op: {"_index": INDEX, "_id": pid, "status": 200 if existed else 201,
                                    "result": "updated" if existed else "created", "_version": 1}})
         return 200, {"took": 1, "errors": any("error" in next(iter(x.values())) for x in items), "items": items}
+
+    def _delete_by_query(self, method, segs, record):
+        """On the alias index only: `terms: {paper_id: [...]}` or `match_all`, over the documents a refresh has made
+        searchable."""
+        assert self._is_alias(segs), segs
+        if self.alias_definition is None:
+            return self._alias_missing(segs[0])
+        query = record["lines"][0]["query"]
+        ids = set(query["terms"]["paper_id"]) if "terms" in query else None  # else match_all
+        gone = [i for i, doc in self.alias_docs.items()
+                if (ids is None or doc.get("paper_id") in ids) and i not in self.alias_unrefreshed]
+        for i in gone:
+            del self.alias_docs[i]
+        return 200, {"took": 1, "timed_out": False, "total": len(gone), "deleted": len(gone), "batches": 1,
+                     "version_conflicts": 0, "noops": 0, "failures": []}
 
     max_clause_count = 1024  # OpenSearch indices.query.bool.max_clause_count default; ES 8+: at least this
 
@@ -309,6 +385,14 @@ class CannedEngine:
             hits = [{"_index": INDEX, "_id": pid, "_score": 1.0, "_source": filter_source(self.sources[pid], spec.get("includes"), set(), omit)}
                     for pid in ids if pid in self.sources]
             return 200, {"hits": {"max_score": 1.0, "hits": hits}}
+        if body.get("sort") == [{"paper_id": {"order": "asc"}}]:  # papers by id, a page after `search_after`
+            after = (body.get("search_after") or [""])[0]
+            order = sorted(pid for pid in self.sources if pid > after)[: body["size"]]
+            includes = (body.get("_source") or {}).get("includes")
+            hits = [{"_index": INDEX, "_id": pid, "_score": None, "sort": [pid],
+                     "_source": filter_source(self.sources[pid], includes, set(), self.omit_source_vectors)}
+                    for pid in order]
+            return 200, {"hits": {"hits": hits}}
         functions = ((body.get("query") or {}).get("function_score") or {}).get("functions") or [{}]
         random_score = functions[0].get("random_score")
         if random_score is not None:  # a seeded random order: the same for the same seed, another for another
@@ -530,8 +614,10 @@ class EngineHTTPServer:
         self.httpd.server_close()
 
 
-def make_backend(engine: str, version: str, **client_options):
-    """The real backend on a real client whose lowest layer is the canned engine."""
+def make_backend(engine: str, version: str, aliases: bool = False, **client_options):
+    """The real backend on a real client whose lowest layer is the canned engine. `aliases`: keep the alias index
+    (esqbe.backends.engines.aliasstore) as the product does; off unless asked, so that a test counting a paper write's
+    requests counts the paper index's (tests/test_engine_aliases.py asks)."""
     canned = CannedEngine(engine, version)
     if engine == "elasticsearch":
         node = type("Node", (RecordingNode,), {"canned": canned})
@@ -545,6 +631,8 @@ def make_backend(engine: str, version: str, **client_options):
         backend = OpenSearchBackend("http://canned:9200", INDEX, client=client)
     backend.retry_wait_initial = 0.0  # no sleeping in tests
     backend.retry_wait_max = 0.0
+    if not aliases:
+        backend.keeps_aliases = False
     return backend, canned
 
 
@@ -800,7 +888,7 @@ class WatchingEngine(CannedEngine):
         return super()._search(method, segs, record)
 
 
-def make_watching_backend(engine: str, version: str):
+def make_watching_backend(engine: str, version: str, aliases: bool = False):
     """`make_backend` over a WatchingEngine."""
     canned = WatchingEngine(engine, version)
     if engine == "elasticsearch":
@@ -814,4 +902,6 @@ def make_watching_backend(engine: str, version: str):
         backend = OpenSearchBackend("http://canned:9200", INDEX, client=client)
     backend.retry_wait_initial = 0.0
     backend.retry_wait_max = 0.0
+    if not aliases:
+        backend.keeps_aliases = False
     return backend, canned

@@ -177,6 +177,10 @@ class AttachedMixin(_Engine):
     attached = True
     #: a user's documents carry no `indexed_at` stamp: nothing would ever be new to a watch
     keeps_watches = False
+    #: nor an alias table (esqbe.backends.engines.aliasstore): the documents are the user's, written by their own tools
+    #: too, so keys written with esqbe's writes alone would name some papers and not others; records merge within a
+    #: run only, and a DOI or a merged-away id does not find a paper
+    keeps_aliases = False
     #: document id -> hash of the text it was made from, stored as `esqbe.source_hash` by `upsert` (set_source_hashes)
     _source_hashes: Mapping[str, str] = {}
 

@@ -21,6 +21,7 @@ from ...domain import (
 )
 from ...errors import BackendError, ModelMismatchError
 from ..base import Backend
+from .aliasstore import EngineAliasStoreMixin
 from .bodies import BM25_MAX_CLAUSES, sample_body, stats_body
 from .calibrate import CalibrationMixin
 from .client import (
@@ -59,7 +60,8 @@ log = guard_logger("esqbe.backends")  # URL credentials masked in what it logs (
 # The backend
 
 
-class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchStoreMixin, Backend):
+class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchStoreMixin, EngineAliasStoreMixin,
+                    Backend):
     """Backend on a search engine; subclasses supply the client and the engine-specific bits."""
 
     engine: str = ""
@@ -277,6 +279,8 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
             except Exception as exc:
                 if self._status(exc) != 400 or self.meta() is None:  # 400 + exists: created by a concurrent run
                     raise self._error("creating the index", exc) from exc
+            else:
+                self._clear_aliases()  # keys left by an earlier index of this name name none of the new one's papers
             existing = self.meta()
             if existing is None:
                 raise BackendError(f"index {self.index!r} was created but cannot be read back")
@@ -326,7 +330,17 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
         return {pid: src["content_hash"] for pid, src in sources.items() if "content_hash" in src}
 
     def get(self, paper_ids: Sequence[str]) -> dict[str, IndexedPaper]:
+        """The papers stored under these ids; an id merged into another paper (esqbe.index.merge) or a DOI, arXiv or
+        PubMed id of one (the alias index, esqbe.backends.engines.aliasstore) gives that paper, under the id asked for."""
         ids = list(dict.fromkeys(str(p) for p in paper_ids))
+        out = self._get_stored(ids)
+        merged = self.resolve_ids([pid for pid in ids if pid not in out]) if len(out) < len(ids) else {}
+        if merged:
+            got = self._get_stored(sorted(set(merged.values())))
+            out.update({asked: got[pid] for asked, pid in merged.items() if pid in got})
+        return out
+
+    def _get_stored(self, ids: Sequence[str]) -> dict[str, IndexedPaper]:
         if not ids:
             return {}
         dim = self._index_meta().dim
@@ -380,8 +394,13 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
                 if stamps:
                     doc[STAMP_FIELD] = self._next_stamp()
                 actions.append({"_op_type": "index", "_index": self.index, "_id": pid, "_source": doc})
+        if actions and self.keeps_aliases:  # an index made before the alias index: its papers' keys first
+            self._aliases_ready()
+        written = []
         for pid, (ok, info) in self._bulk(actions).items():
             if ok:
+                if pid in by_id:
+                    written.append(by_id[pid])
                 if info.get("result") == "created" or info.get("status") == 201:
                     result.added += 1
                 else:
@@ -390,6 +409,7 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
                 result.errors.append(f"{pid}: {_describe(info)}")
         if actions:
             self._refresh()
+        self._remember_keys(written)  # its DOI / arXiv / PubMed id and title name it (esqbe.index.merge)
         return result
 
     def update_sources(self, sources: dict[str, list[dict]]) -> int:
@@ -413,13 +433,15 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
             return 0
         self._index_mapping()
         actions = [{"_op_type": "delete", "_index": self.index, "_id": pid} for pid in ids]
-        deleted, failed = 0, []
+        deleted, failed, gone = 0, [], []
         for pid, (ok, info) in self._bulk(actions).items():
             if ok:
                 deleted += 1
+                gone.append(pid)
             elif info.get("status") != 404:  # not found: nothing to delete
                 failed.append(f"{pid}: {_describe(info)}")
         self._refresh()
+        self._forget_keys(gone)  # the paper goes with its identifiers: a record of it indexed later is a new paper
         if failed:
             raise BackendError(f"deleting from {self.index!r} failed for {len(failed)} papers: " + "; ".join(failed[:5]))
         return deleted
