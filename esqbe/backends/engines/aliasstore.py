@@ -27,12 +27,13 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...core.workids import identifier_keys, title_key, work_keys
 from ...domain import IndexedPaper
 from ...errors import BackendError
 from .client import _describe, _error_type, _reason
+from .host import EngineHost
 
 log = logging.getLogger("esqbe.backends")
 
@@ -85,25 +86,9 @@ def forget_body(paper_ids: Sequence[str]) -> dict:
     return {"query": {"terms": {"paper_id": list(paper_ids)}}}
 
 
-if TYPE_CHECKING:
-    class _Host:
-        """What the alias store uses of EngineBackend (declared for the type checker only)."""
-
-        name: str
-        index: str
-        client: Any
-        _mapping: dict | None
-        def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any: ...
-        def _body(self, resp: Any) -> Any: ...
-        def _status(self, exc: BaseException) -> int | None: ...
-        def _error(self, what: str, exc: BaseException) -> BackendError: ...
-        def _get_mapping(self) -> dict | None: ...
-        def _bulk(self, actions: list[dict]) -> dict[str, tuple[bool, dict]]: ...
-else:
-    _Host = object
 
 
-class EngineAliasStoreMixin(_Host):
+class EngineAliasStoreMixin(EngineHost):
     """The alias table in the companion index (mixed into EngineBackend)."""
 
     keeps_aliases = True

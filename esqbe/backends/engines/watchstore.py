@@ -23,9 +23,10 @@ import base64
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import BackendError
+from .host import EngineHost
 
 log = logging.getLogger("esqbe.backends")
 
@@ -93,24 +94,9 @@ def recorded(doc: dict, mark: int, when: float, matches: list[tuple[str, Any]]) 
             "reported": reported + [pid for pid, _ in fresh]}
 
 
-if TYPE_CHECKING:
-    class _Host:
-        """What the watch store uses of EngineBackend (declared for the type checker only)."""
-
-        name: str
-        index: str
-        client: Any
-        _mapping: dict | None
-        def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any: ...
-        def _body(self, resp: Any) -> Any: ...
-        def _status(self, exc: BaseException) -> int | None: ...
-        def _error(self, what: str, exc: BaseException) -> BackendError: ...
-        def _index_mapping(self) -> dict: ...
-else:
-    _Host = object
 
 
-class EngineWatchStoreMixin(_Host):
+class EngineWatchStoreMixin(EngineHost):
     """Watch documents in the companion index (mixed into EngineBackend, which supplies `client`, `index`, `_call`,
     `_body`, `_status`, `_error` and `_index_mapping`)."""
 
