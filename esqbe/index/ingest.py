@@ -339,10 +339,11 @@ class IngestMixin:
                 report.not_read.extend(str(s) for j, s in enumerate(sources) if j >= i and j not in problems)
                 return
             reader_report = ReadReport()
-            papers = merger.papers(read_papers(source, format, strict=strict, report=reader_report,
-                                               **self._read_timeouts()), reader_report)
-            if bar is not None:  # bytes of the papers done, not of those read ahead into the next batches
+            papers = read_papers(source, format, strict=strict, report=reader_report, **self._read_timeouts())
+            if bar is not None:  # bytes of the papers done, not of those read ahead (the merger's look-ahead, the
+                # next batches): noted as each record is read, the merger passing on one paper per record
                 papers, bar.position = _bytes_done(papers, reader_report, bar, done_bytes)
+            papers = merger.papers(papers, reader_report)
             try:
                 if format in (None, "parquet") and is_parquet(source) or format == "parquet":
                     if bar is not None:
