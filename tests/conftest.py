@@ -4,12 +4,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# A suite started in the background by a script (`pytest ... &`) inherits SIGINT ignored, and every process it starts
+# would too (an ignored signal survives exec): the interrupt tests' Ctrl-C would never reach `esqbe`. A handler is
+# reset to the default across exec, so the processes the tests start hear SIGINT as a user's terminal sends it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "samples" / "csabstruct-sample.jsonl"
