@@ -38,6 +38,28 @@ def encoder():
     return Encoder.load(batch_size=16)
 
 
+#: how many CSFCube dev abstracts `csfcube_encoded` holds: the most any test's index takes (tests/test_ann_pq.py)
+CSFCUBE_ENCODED = 700
+
+
+@pytest.fixture(scope="session")
+def csfcube_encoded(tmp_path_factory, encoder) -> Path:
+    """The first CSFCUBE_ENCODED CSFCube dev abstracts (the collection's labels), encoded once by the real default
+    model into `esqbe encode`'s Parquet: every CSFCube index the tests build is written from it without encoding
+    again (tests/test_recall.py `csfcube_index`)."""
+    import esqbe
+
+    src = shared_path("data", "csfcube-dev", "abstracts-csfcube-preds.jsonl")
+    base = tmp_path_factory.mktemp("csfcube-encoded")
+    papers = base / "papers.jsonl"
+    with open(src) as f:
+        papers.write_text("".join(line for _, line in zip(range(CSFCUBE_ENCODED), f)))
+    with esqbe.open_index(str(base / "unused"), encoder=encoder, config=None) as index:
+        report = index.encode_files([str(papers)], str(base / "encoded"))
+    assert report.encoded == CSFCUBE_ENCODED, report
+    return Path(report.path)
+
+
 @pytest.fixture(scope="session")
 def sample_lines() -> list[str]:
     return SAMPLE.read_text().splitlines()

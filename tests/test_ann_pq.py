@@ -19,8 +19,8 @@ QUERIES = 30
 
 
 @pytest.fixture(scope="module")
-def csfcube_pq(tmp_path_factory, encoder):
-    return csfcube_index(tmp_path_factory.mktemp("csfcube-pq"), encoder, N_PAPERS, exact_threshold=100)
+def csfcube_pq(tmp_path_factory, csfcube_encoded):
+    return csfcube_index(tmp_path_factory.mktemp("csfcube-pq"), csfcube_encoded, N_PAPERS, exact_threshold=100)
 
 
 def test_writer_builds_pq_fastscan_calibrated_for_nprobe_and_refine(csfcube_pq):

@@ -10,6 +10,8 @@ import subprocess
 import sys
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import REPO, shared_path
@@ -19,25 +21,33 @@ QUERIES = 40
 EXACT_THRESHOLD = 100
 
 
-def csfcube_index(base, encoder, n_papers: int, exact_threshold: int):
+def csfcube_index(base, encoded, n_papers: int, exact_threshold: int):
     """A real embedded index under `base` of the first `n_papers` CSFCube dev abstracts (the collection's labels),
-    facets past `exact_threshold` rows behind an ANN."""
-    import esqbe
+    facets past `exact_threshold` rows behind an ANN: written from their vectors in `encoded` (the session's one
+    encoding, conftest `csfcube_encoded`), so no test encodes them twice."""
+    import pyarrow.parquet as pq
 
+    import esqbe
+    from tests.conftest import CSFCUBE_ENCODED
+
+    assert n_papers <= CSFCUBE_ENCODED
     src = shared_path("data", "csfcube-dev", "abstracts-csfcube-preds.jsonl")
-    papers = base / "papers.jsonl"
     with open(src) as f:
-        papers.write_text("".join(line for _, line in zip(range(n_papers), f)))
+        wanted = {json.loads(line)["paper_id"] for _, line in zip(range(n_papers), f)}
+    table = pq.read_table(encoded)
+    subset = table.filter(pc.is_in(table["paper_id"], value_set=pa.array(sorted(wanted))))
+    papers = base / "papers.parquet"
+    pq.write_table(subset, papers)
     path = base / "index"
-    with esqbe.open_index(str(path), encoder=encoder, config=None, exact_threshold=exact_threshold) as index:
+    with esqbe.open_index(str(path), config=None, exact_threshold=exact_threshold) as index:
         assert index.index_files([str(papers)]).indexed == n_papers
     return path
 
 
 @pytest.fixture(scope="session")
-def csfcube_ivf(tmp_path_factory, encoder):
+def csfcube_ivf(tmp_path_factory, csfcube_encoded):
     """A real embedded index of the first N_PAPERS CSFCube dev abstracts, every facet behind an IVF."""
-    return csfcube_index(tmp_path_factory.mktemp("csfcube-ivf"), encoder, N_PAPERS, EXACT_THRESHOLD)
+    return csfcube_index(tmp_path_factory.mktemp("csfcube-ivf"), csfcube_encoded, N_PAPERS, EXACT_THRESHOLD)
 
 
 def first_stage_recalls(b, everything, ids, facet: str) -> list[float]:
