@@ -146,6 +146,28 @@ def test_deleting_by_a_merged_id_deletes_the_paper_it_names(merged, tmp_path):
     assert ids(ix) == ["0704.0001", "ABCD2345", "bert-again", "vaswani-ris"]
 
 
+def test_deleting_by_an_identifier_deletes_the_paper_it_names(merged, tmp_path):
+    """`esqbe delete` takes what `show` takes: a paper's DOI (any case, as a resolver address) deletes that paper,
+    and says by which id; a DOI of no paper is named as not in the index; the library counts the paper once."""
+    import esqbe
+
+    root, _ = merged
+    ix = tmp_path / "ix"
+    shutil.copytree(root / "ix", ix)
+    doi = "https://doi.org/10.48550/ARXIV.1706.03762"
+    shown = CliRunner().invoke(main, ["show", "--path", str(ix), doi, "--json"], env={"ESQBE_CONFIG": None})
+    assert shown.exit_code == 0 and json.loads(shown.output)["paper_id"] == "vaswani2017attention", shown.output
+    out = run("delete", "--path", ix, doi, "10.1/none").stdout
+    assert out == (f"deleted 1 of 2; {doi}: an identifier of paper vaswani2017attention, deleted; "
+                   "not in the index: 10.1/none\n"), out
+    assert ids(ix) == ["0704.0001", "ABCD2345", "bert-again"]
+    shutil.rmtree(ix)
+    shutil.copytree(root / "ix", ix)
+    with esqbe.open_index(str(ix), config=None) as index:
+        assert index.delete(["doi:10.48550/arxiv.1706.03762", "vaswani2017attention"]) == 1
+        assert "vaswani2017attention" not in index.get(["vaswani2017attention"])
+
+
 def test_the_library_deletes_by_a_merged_id_and_counts_the_paper_once(merged, tmp_path):
     import esqbe
 

@@ -300,6 +300,14 @@ def attach_cmd(id_field, text_fields, facets, reindex_to, as_json, quiet, **kw):
                + (f", tagged {report.tagged}" if report.tagged else "") + f" in {report.seconds:.1f}s")
 
 
+def _named(given: str) -> str:
+    """How a delete's id named the paper it deleted: one of its identifiers (a DOI, an arXiv or PubMed id) or the id
+    of a record merged into it."""
+    from esqbe.core.workids import identifier_keys
+
+    return "an identifier of" if identifier_keys(given) else "merged into"
+
+
 @click.command("delete")
 @click.argument("paper_ids", nargs=-1, required=True)
 @click_options("delete")
@@ -310,7 +318,7 @@ def delete_cmd(paper_ids, **kw):
     with _open(kw, "delete", create=False) as index:
         deleted, missing, merged = index.delete_papers(paper_ids)
     say(f"deleted {len(deleted)} of {len(deleted) + len(missing)}"
-               + "".join(printable(f"; {p}: merged into paper {target}, deleted") for p, target in merged.items())
+               + "".join(printable(f"; {p}: {_named(p)} paper {target}, deleted") for p, target in merged.items())
                + (f"; not in the index: {printable(', '.join(missing))}" if missing else ""))
 
 

@@ -19,6 +19,7 @@ from ..backends.base import Backend
 from ..core import deadline
 from ..core.filters import FilterError
 from ..core.limits import MAX_AVOID, MAX_EXAMPLE_SENTENCES, MAX_EXAMPLES
+from ..core.workids import identifier_keys
 from ..domain import IndexedPaper, IndexMeta, Paper, normalize_label
 from ..errors import BackendError, ModelMismatchError, StorageError
 from ..ingest.readers import InputError
@@ -157,14 +158,16 @@ class Index(IngestMixin):
             yield from (found[i] for i in ids[start : start + batch] if i in found)
 
     def delete(self, paper_ids: Iterable[str]) -> int:
-        """Delete papers by id (an id merged into another paper deletes that paper); returns how many were deleted."""
+        """Delete papers by id (an id merged into another paper, or a paper's DOI, arXiv or PubMed id, deletes that
+        paper); returns how many were deleted."""
         ids = list(dict.fromkeys(str(p) for p in paper_ids))
         deleted, _missing, merged = self.delete_papers(ids)
         return len({merged.get(p, p) for p in deleted})
 
     def delete_papers(self, paper_ids: Iterable[str]) -> tuple[list[str], list[str], dict[str, str]]:
         """Delete papers by id; returns (the ids asked for that deleted a paper, the ids that name none, {each of them
-        that is a record's id merged into another paper (esqbe.index.merge): the paper it names, deleted}). Where the
+        that is a record's id merged into another paper (esqbe.index.merge) or an identifier of one: the paper it
+        names, deleted}). Where the
         backend keeps an alias table, any id that finds a paper (`show`, `query --paper`) deletes that paper."""
         ids = list(dict.fromkeys(str(p) for p in paper_ids))
         try:
@@ -197,11 +200,13 @@ class Index(IngestMixin):
         return self._where() if self.settings.backend != "embedded" else str(Path(self.settings.path or "").resolve())
 
     def _merged_into(self, paper_ids: list[str]) -> dict[str, str]:
-        """Each of `paper_ids` that is a record's id merged into another paper -> that paper (an alias table's)."""
+        """Each of `paper_ids` that names a paper by another id -> that paper (an alias table's): a record's id merged
+        into it, or one of its identifiers (a DOI, arXiv or PubMed id, as `show` and `query --paper` take them)."""
         if not paper_ids or not self.backend.keeps_aliases:
             return {}
-        found = self.backend.work_aliases(f"id:{p}" for p in paper_ids)
-        return {key[3:]: target for key, target in found.items() if key.startswith("id:")}
+        asked = {p: [f"id:{p}", *identifier_keys(p)] for p in paper_ids}
+        found = self.backend.work_aliases(key for keys in asked.values() for key in keys)
+        return {p: next(found[k] for k in keys if k in found) for p, keys in asked.items() if any(k in found for k in keys)}
 
     def stats(self) -> dict:
         try:
