@@ -64,6 +64,37 @@ def test_a_hostile_index_name_is_refused_before_anything_is_sent(engine, index):
     assert canned.requests == []
 
 
+@pytest.mark.parametrize("kind,version", [("elasticsearch", "9.2.0"), ("opensearch", "3.5.0")])
+def test_an_index_name_its_companions_cannot_carry_is_refused_before_it_is_made(kind, version):
+    """An esqbe index names its watches' and aliases' indexes after it (`NAME-esqbe-watches`): a name that fits the
+    engines' 255 bytes but not with that suffix is refused before the index is created, naming the bound; the longest
+    name that fits is made, and so are its companions."""
+    from esqbe.backends.engines.elasticsearch import ElasticsearchBackend
+    from esqbe.backends.engines.names import COMPANION_SUFFIXES, MAX_INDEX_NAME_BYTES
+    from esqbe.backends.engines.opensearch import OpenSearchBackend
+
+    from .fakes.engines import META, make_papers
+
+    server = EngineHTTPServer(RerankEngine(kind, version))  # an engine holding no index yet
+    url, canned = server.url, server.canned
+    most = MAX_INDEX_NAME_BYTES - max(len(x) for x in COMPANION_SUFFIXES)
+    cls = ElasticsearchBackend if kind == "elasticsearch" else OpenSearchBackend
+    too_long = cls(url, "p" * (most + 1))
+    with pytest.raises(ParameterError, match=f"at most {most} bytes"):
+        too_long.ensure(META)
+    too_long.close()
+    assert not any(r["method"] == "PUT" for r in canned.requests)  # nothing created
+    fits = cls(url, "p" * most)
+    fits.ensure(META)
+    fits.upsert(make_papers())  # written with its aliases' companion index
+    fits.close()
+    made = {r["path"].split("/")[1] for r in canned.requests if r["method"] == "PUT" and r["endpoint"] == "index"}
+    assert made == {"p" * most, "p" * most + "-esqbe-aliases"}, made
+    assert all(len(name.encode()) <= MAX_INDEX_NAME_BYTES for name in made)
+    server.close()
+    assert check_index_name("p" * (most + 1)) == "p" * (most + 1)  # an existing index or alias of that name is read
+
+
 def test_an_odd_but_valid_opensearch_name_goes_encoded_and_round_trips(engine):
     """OpenSearch documents no rule for pipeline ids: a name with `+` and `@` is valid; on the wire it is one
     percent-encoded path segment, and install, stats and uninstall all find it."""

@@ -34,11 +34,11 @@ from ...domain import IndexedPaper
 from ...errors import BackendError
 from .client import _describe, _error_type, _reason
 from .host import EngineHost
+from .names import ALIAS_INDEX_SUFFIX
 
 log = logging.getLogger("esqbe.backends")
 
 #: the companion index: `<index>` + this
-ALIAS_INDEX_SUFFIX = "-esqbe-aliases"
 #: the engines' limit on a document `_id` (UTF-8 bytes): a longer key is stored under its SHA-256
 MAX_ID_BYTES = 512
 #: the marker document written once every paper stored before the companion index has its keys (no key has no `:`)

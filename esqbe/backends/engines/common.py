@@ -269,7 +269,7 @@ class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchS
     def ensure(self, meta: IndexMeta) -> None:
         existing = self.meta()
         if existing is None:
-            check_index_name(self.index, creating=True)
+            check_index_name(self.index, creating=True, companions=True)  # its watches' and aliases' indexes too
             body = index_body(self.engine, meta)
             if self.facet_vectors:  # the version that has the MaxSim function, named where it is missing
                 check_maxsim_version(self.engine, self.info().number)

@@ -24,15 +24,20 @@ from ...errors import ParameterError
 MAX_INDEX_NAME_BYTES = 255
 MAX_INFERENCE_ID_CHARS = 64
 MAX_PIPELINE_NAME_BYTES = 255
+#: the companion indexes an esqbe index owns, named `<index><suffix>` (watchstore.py, aliasstore.py)
+WATCH_INDEX_SUFFIX = "-esqbe-watches"
+ALIAS_INDEX_SUFFIX = "-esqbe-aliases"
+COMPANION_SUFFIXES = (WATCH_INDEX_SUFFIX, ALIAS_INDEX_SUFFIX)
 
 _INDEX_FORBIDDEN = set('\\/*?"<>|,# :')
 _INFERENCE_ID = re.compile(r"[a-z0-9](?:[a-z0-9_\-.]*[a-z0-9])?")
 _PIPELINE_FORBIDDEN = set("*,/\\?#%")
 
 
-def check_index_name(name: str, *, what: str = "--index", creating: bool = False) -> str:
+def check_index_name(name: str, *, what: str = "--index", creating: bool = False, companions: bool = False) -> str:
     """`name` if it is a valid Elasticsearch/OpenSearch index (or alias) name, else ParameterError naming the rule.
-    `creating`: also the lowercase rule, which binds the names of indices (not of an existing alias)."""
+    `creating`: also the lowercase rule, which binds the names of indices (not of an existing alias). `companions`:
+    an esqbe index being made, whose companion indexes (`COMPANION_SUFFIXES`) must be valid names too."""
     if not isinstance(name, str) or not name:
         raise ParameterError(f"{what}: an index name is needed")
     shown = repr(name[:80])
@@ -48,6 +53,11 @@ def check_index_name(name: str, *, what: str = "--index", creating: bool = False
     if len(name.encode("utf-8")) > MAX_INDEX_NAME_BYTES:
         raise ParameterError(f"{what}: the index name is {len(name.encode('utf-8'))} bytes; at most "
                              f"{MAX_INDEX_NAME_BYTES}")
+    longest = max(len(x) for x in COMPANION_SUFFIXES)
+    if companions and len(name.encode("utf-8")) + longest > MAX_INDEX_NAME_BYTES:
+        named = ", ".join(f"NAME{x}" for x in COMPANION_SUFFIXES)
+        raise ParameterError(f"{what}: the index name is {len(name.encode('utf-8'))} bytes; an esqbe index names its "
+                             f"companion indexes after it ({named}), so at most {MAX_INDEX_NAME_BYTES - longest} bytes")
     if creating and name != name.lower():
         raise ParameterError(f"{what}: {shown} has capitals; the engines create only lowercase index names")
     return name

@@ -27,11 +27,11 @@ from typing import Any
 
 from ...errors import BackendError
 from .host import EngineHost
+from .names import WATCH_INDEX_SUFFIX
 
 log = logging.getLogger("esqbe.backends")
 
 #: the companion index: `<index>` + this
-WATCH_INDEX_SUFFIX = "-esqbe-watches"
 #: the paper field stamping when esqbe wrote it (a `long`, microseconds; only grows within a writer)
 STAMP_FIELD = "indexed_at"
 STAMP_MAPPING = {"type": "long"}
