@@ -335,6 +335,16 @@ def _same_hits(engine, python):
                                                                             for v in b.avoided]
 
 
+def _window_bodies(request) -> list[dict]:
+    """The window searches (an `ids` query rescored by MaxSim) in one `_msearch` request."""
+    return [b for b in request["lines"][1::2] if "rescore" in b and "ids" in (b.get("query") or {})]
+
+
+def _window_requests(requests) -> list[dict]:
+    """The requests that scored a query's window in the engine: `_msearch`es holding window searches."""
+    return [r for r in requests if r["endpoint"] == "_msearch" and _window_bodies(r)]
+
+
 @pytest.mark.parametrize("engine,version", EDGE)
 @pytest.mark.parametrize("facet", ["method", "background", None])
 def test_a_query_is_scored_in_the_engine_as_python_scores_it(engine, version, facet, unit_papers, real_meta):
@@ -347,8 +357,12 @@ def test_a_query_is_scored_in_the_engine_as_python_scores_it(engine, version, fa
     before = len(canned.requests)
     engine_result = index.query(query, facet=facet, k=5, place_hits=False)
     sent = canned.requests[before:]
-    (window,) = [r for r in sent if r["endpoint"] == "_search" and "rescore" in r["lines"][0]]
-    body = window["lines"][0]
+    (window,) = _window_requests(sent)
+    (body,) = _window_bodies(window)
+    # the query paper and the shown hits fetched (`_mget`); the first stage, the BM25 look-ups of issue 48's score
+    # and the window's MaxSim each one `_msearch`; no search of its own per part
+    assert [r["endpoint"] for r in sent if r["endpoint"] != "_mapping"] == ["_mget", "_msearch", "_msearch",
+                                                                             "_msearch", "_mget"]
     assert_valid(engine, "search", body)
     assert check_painless(engine, body["rescore"]["query"]["rescore_query"]["script_score"]["script"]["source"]) == []
     assert mv_field(facet) in json.dumps(body["rescore"])
@@ -378,8 +392,8 @@ def test_several_examples_and_a_paper_to_avoid_are_scored_in_the_engine(engine, 
     with_method = [p.paper_id for p in unit_papers if "method" in p.paper.facets]
     before = len(canned.requests)
     engine_result, python_result = _both(index, examples=with_method[:2], avoid=with_method[2:3], facet="method", k=6)
-    windows = [r for r in canned.requests[before:] if r["endpoint"] == "_search" and "rescore" in r["lines"][0]]
-    assert len(windows) == 3  # one per example and per avoided paper, with the setting on only
+    (window,) = _window_requests(canned.requests[before:])  # one request, with the setting on only ...
+    assert len(_window_bodies(window)) == 3  # ... holding a search per example and per avoided paper
     assert all(h.avoided and h.avoided[0].penalty != 0 for h in python_result.hits)
     _same_hits(engine_result, python_result)
 
@@ -402,8 +416,9 @@ def test_papers_the_engine_cannot_score_as_python_does_are_scored_in_python(engi
     query = next(p for p in soft[3:] if "method" in p.paper.facets and "facet_probs" not in p.paper.metadata)
     before = len(canned.requests)
     engine_result, python_result = _both(index, paper_id=query.paper_id, facet="method", k=8)
-    (window,) = [r for r in canned.requests[before:] if r["endpoint"] == "_search" and "rescore" in r["lines"][0]]
-    ids = set(window["lines"][0]["query"]["ids"]["values"])
+    (window,) = _window_requests(canned.requests[before:])
+    (body,) = _window_bodies(window)
+    ids = set(body["query"]["ids"]["values"])
     by_id = {p.paper_id: p for p in soft}
     predicted = {pid for pid in ids if "facet_probs" in by_id[pid].paper.metadata}
     unscored = {pid for pid in ids & set(stale) if "method" in by_id[pid].paper.facets}
@@ -423,7 +438,7 @@ def test_what_the_engine_cannot_do_runs_in_python_and_says_why(settings, why, un
     query = next(p for p in unit_papers if "method" in p.paper.facets).paper_id
     before = len(canned.requests)
     result = index.query(query, facet="method", k=5, place_hits=False)
-    assert not [r for r in canned.requests[before:] if r["endpoint"] == "_search" and "rescore" in r["lines"][0]]
+    assert not _window_requests(canned.requests[before:])
     assert result.rescoring["where"] == "python" and why in result.rescoring["why"]
     assert result.to_dict()["rescoring"] == result.rescoring and result.hits
 
@@ -444,6 +459,37 @@ def test_a_hostile_window_answer_is_refused(engine, version, hostile, match, uni
     query = next(p for p in unit_papers if "method" in p.paper.facets).paper_id
     with pytest.raises(BackendError, match=match):
         index.query(query, facet="method", k=5, place_hits=False)
+
+
+@pytest.mark.parametrize("engine,version", EDGE)
+def test_a_hostile_answer_to_one_part_of_the_window_is_refused_naming_it(engine, version, unit_papers, real_meta):
+    """Two examples and a paper to avoid are three searches in the window's one `_msearch`: the second answered
+    with a paper it was not asked for, or failing outright (a 400 no retry mends), is refused naming that part."""
+    index, canned = _engine_index(engine, version, unit_papers, real_meta)
+    with_method = [p.paper_id for p in unit_papers if "method" in p.paper.facets]
+    calls = []
+
+    def second_is_hostile(hits):
+        calls.append(1)
+        return [*hits, {**hits[0], "_id": "not-asked"}] if len(calls) == 2 else hits
+
+    canned.window_answer = second_is_hostile
+    with pytest.raises(BackendError, match="part 2 of 3.*not asked for"):
+        index.query(examples=with_method[:2], avoid=with_method[2:3], facet="method", k=5, place_hits=False)
+    assert len(calls) == 3  # all three parts were in the one request
+    real = type(canned)._maxsim_window
+    calls.clear()
+
+    def second_fails(body, ids):
+        calls.append(1)
+        if len(calls) == 2:
+            return 400, {"error": {"type": "script_exception", "reason": "compile error"}, "status": 400}
+        return real(canned, body, ids)
+
+    canned.window_answer = staticmethod(lambda hits: hits)
+    canned._maxsim_window = second_fails
+    with pytest.raises(BackendError, match=r"part 2 of 3\) \(400\).*compile error"):
+        index.query(examples=with_method[:2], avoid=with_method[2:3], facet="method", k=5, place_hits=False)
 
 
 def test_the_window_body_holds_the_ids_and_the_rescore_as_wide():

@@ -27,11 +27,12 @@ class WriteLockBusy(BackendError):
 
 @dataclass
 class WindowScores:
-    """What `Backend.score_window` answers: for the papers it scored, esqbe's summax against the query's vectors
-    over their sentences of the facet (NaN: the paper has no sentence of it), and every paper it found, without
-    vectors and with at least its sentences' labels and the tagger's soft labels (`metadata["facet_probs"]`; a
-    backend may leave the text out: the caller fetches the hits it shows). A paper found but absent from `scores`
-    was not scored there (e.g. written before the index carried what the scoring reads): the caller scores it."""
+    """What `Backend.score_windows` answers for each part of a query: for the papers it scored, esqbe's summax
+    against the part's vectors over their sentences of the facet (NaN: the paper has no sentence of it), and every
+    paper it found, without vectors and with at least its sentences' labels and the tagger's soft labels
+    (`metadata["facet_probs"]`; a backend may leave the text out: the caller fetches the hits it shows). A paper found
+    but absent from `scores` was not scored there (e.g. written before the index carried what the scoring reads): the
+    caller scores it."""
 
     scores: dict[str, float] = field(default_factory=dict)
     papers: dict[str, Paper] = field(default_factory=dict)
@@ -117,15 +118,17 @@ class Backend(ABC):
         return 0
 
     def window_scoring(self) -> tuple[bool, str]:
-        """Whether `score_window` computes summax where the index lives, and in words how (or why not)."""
+        """Whether `score_windows` computes summax where the index lives, and in words how (or why not)."""
         return False, f"the {self.name} backend keeps no scoring of its own: summax runs in Python"
 
-    def score_window(self, paper_ids: Sequence[str], query_vectors: np.ndarray,
-                     facet: str | None) -> WindowScores | None:
-        """summax (the mean over the query's unit vectors of the best cosine to a paper's sentences of `facet`; None:
-        every sentence) of the given papers, computed where the index lives, with no vector shipped back; the papers
-        come back without vectors (`WindowScores`). None where this backend cannot (see `window_scoring`): the caller rescores in
-        Python. Optional (issue 52: the engines' MaxSim over per-facet multi-vector fields)."""
+    def score_windows(self, paper_ids: Sequence[str],
+                      parts: Sequence[tuple[np.ndarray, str | None]]) -> list[WindowScores] | None:
+        """For each part of a query (its unit vectors, the candidates' facet it is matched with; None: every
+        sentence), summax (the mean over the part's vectors of the best cosine to a paper's sentences of that facet)
+        of the given papers, computed where the index lives, all parts in one request, with no vector shipped back;
+        the papers come back without vectors (`WindowScores`, one per part, in order). None where this backend
+        cannot (see `window_scoring`): the caller rescores in Python. Optional (issue 52: the engines' MaxSim over
+        per-facet multi-vector fields)."""
         return None
 
     def paper_count(self) -> int:

@@ -102,7 +102,7 @@ def _complete_bm25(backend: Backend, request: FirstStageRequest, candidates: lis
 
 
 def window_plan(backend: Backend, parts: Sequence[Example], settings: Settings) -> tuple[bool, str]:
-    """Whether the query's summax runs where the index lives (`Backend.score_window`) and, in words, how or why not:
+    """Whether the query's summax runs where the index lives (`Backend.score_windows`) and, in words, how or why not:
     only summax, whose parameters, vectors and candidate sentences the backend's scoring reproduces (no centring,
     no feedback, no abstract similarity, a facet's sentences or every sentence, without a penalty)."""
     name = settings.rescorer or "none"
@@ -133,12 +133,10 @@ def _score_in_backend(backend: Backend, candidates: list[Candidate], examples: S
     summax, so a paper's score stays a function of the query and that paper alone."""
     ids = [c.paper_id for c in candidates]
     parts = [*examples, *avoid]
-    answers = []
-    for part in parts:
-        got = backend.score_window(ids, part.paper.vectors[part.indices], _view_facet(part, settings))
-        if got is None:
-            raise QueryError(f"the {backend.name} backend said it scores summax, then did not")
-        answers.append(got)
+    got = backend.score_windows(ids, [(part.paper.vectors[part.indices], _view_facet(part, settings)) for part in parts])
+    if got is None or len(got) != len(parts):
+        raise QueryError(f"the {backend.name} backend said it scores summax, then did not")
+    answers = list(got)
     papers = {pid: p for got in answers for pid, p in got.papers.items()}
     auto = settings.candidate_facet == "auto"
     python = [pid for pid in ids if pid in papers and any(

@@ -363,6 +363,11 @@ class CannedEngine:
     def _msearch(self, method, segs, record):
         answers = []
         for body in record["lines"][1::2]:
+            ids = (body.get("query") or {}).get("ids", {}).get("values")
+            if ids is not None and "rescore" in body:  # a query's window, a search per part (maxsim.window_body)
+                status, answer = self._maxsim_window(body, ids)
+                answers.append({**answer, "status": status} if status == 200 else answer)
+                continue
             if lucene_clauses(body) > self.max_clause_count:
                 reason = f"maxClauseCount is set to {self.max_clause_count}"
                 answers.append({"error": {"root_cause": [{"type": "too_many_clauses", "reason": reason}],

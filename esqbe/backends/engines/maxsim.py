@@ -124,7 +124,7 @@ def summax_from_score(score: float) -> float:
     return 2.0 * float(score) - 1.0
 
 
-# --- a query's window scored in the engine (EngineBackend.score_window) ------------------------------------------
+# --- a query's window scored in the engine (EngineBackend.score_windows) -----------------------------------------
 #: the most ids one window search holds (index.max_result_window and index.max_rescore_window default to 10,000)
 WINDOW_MAX = 10_000
 #: how far past [0, 1] an engine's (1 + summax) / 2 may stray by float rounding before it is refused
@@ -133,10 +133,10 @@ SCORE_SLACK = 1e-4
 
 def window_body(engine: str, paper_ids: Sequence[str], facet: str | None, query_vectors, includes: Sequence[str],
                 excludes: Sequence[str]) -> dict:
-    """The one search that scores a query's window: exactly those papers (an `ids` query, each scoring the same), every
-    one of them rescored by MaxSim against the facet's field (`rescore_body`, the window as wide as the ids), the
-    query's vectors sent unit length (as summax compares them), and of each paper only `includes` back, no vector
-    (`excludes`)."""
+    """The search that scores a query's window for one part of it (all parts go in one `_msearch`): exactly those
+    papers (an `ids` query, each scoring the same), every one of them rescored by MaxSim against the facet's field
+    (`rescore_body`, the window as wide as the ids), the query's vectors sent unit length (as summax compares them),
+    and of each paper only `includes` back, no vector (`excludes`)."""
     ids = [str(p) for p in paper_ids]
     if not ids or len(ids) > WINDOW_MAX:
         raise ValueError(f"a window search holds 1 to {WINDOW_MAX} ids (got {len(ids)})")

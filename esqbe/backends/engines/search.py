@@ -131,8 +131,10 @@ class FirstStageMixin(_Host):
             h.update(f"\x00{request.filter!r}".encode())
         return f"esqbe-{h.hexdigest()[:16]}"
 
-    def _msearch_once(self, bodies: list[dict], preference: str | None = None) -> list[dict]:
-        """One `_msearch`; a search inside it failing with 429/5xx raises so the whole request is retried."""
+    def _msearch_once(self, bodies: list[dict], preference: str | None = None,
+                      labels: list[str] | None = None) -> list[dict]:
+        """One `_msearch`; a search inside it failing with 429/5xx raises so the whole request is retried; another
+        failure is a BackendError (naming the search by `labels`, where given)."""
         header = {"preference": preference} if preference else {}
         lines: list[dict] = []
         for body in bodies:
@@ -141,12 +143,15 @@ class FirstStageMixin(_Host):
         responses = self._body(resp).get("responses", [])
         if len(responses) != len(bodies):
             raise BackendError(f"_msearch returned {len(responses)} responses for {len(bodies)} searches")
-        for r in responses:
+        for i, r in enumerate(responses):
+            if not isinstance(r, dict):
+                raise BackendError(f"_msearch answered {type(r).__name__} for a search")
             if "error" in r:
                 status = r.get("status")
                 if status in RETRY_STATUSES:
                     raise _ItemRetry(status, r["error"])
-                raise BackendError(f"{self.name} search failed ({status}): {_reason(r['error'])}")
+                which = f" ({labels[i]})" if labels and i < len(labels) else ""
+                raise BackendError(f"{self.name} search failed{which} ({status}): {_reason(r['error'])}")
         return responses
 
     def first_stage(self, request: FirstStageRequest) -> list[Candidate]:
@@ -232,42 +237,54 @@ class FirstStageMixin(_Host):
         if info.exact:
             check_maxsim_version(self.engine, info.number)
         function = "maxSimDotProduct" if self.engine == "elasticsearch" else "lateInteractionScore"
-        return True, (f"in {self.engine}: one search over the window's ids, rescored by {function} over the query "
+        return True, (f"in {self.engine}: one _msearch over the window's ids (a search per example and avoided paper), "
+                      f"rescored by {function} over the query "
                       "facet's multi-vector field")
 
-    def score_window(self, paper_ids, query_vectors, facet: str | None) -> WindowScores | None:
-        """One `_search` (per 10,000 ids) over exactly `paper_ids`, rescored by MaxSim against the facet's field
-        (esqbe.backends.engines.maxsim.window_body), of each paper only its labels and soft labels back (no text, no
-        vector: the hits shown are fetched whole afterwards); the answer checked
-        (`window_scores`). A paper with no sentence of the facet gets NaN (no match, as in Python); one that has some
-        but scored 0 (no field: written before the index carried them) is left unscored for the caller."""
-        if not self.window_scoring()[0] or (facet is not None and facet not in MV_FACETS):
+    def score_windows(self, paper_ids, parts) -> list[WindowScores] | None:
+        """One `_msearch` holding, for each part of the query (its vectors, the facet it is matched with), one search
+        (per 10,000 ids) over exactly `paper_ids`, rescored by MaxSim against the facet's field
+        (esqbe.backends.engines.maxsim.window_body); of each paper only its labels and soft labels back (no text, no
+        vector: the hits shown are fetched whole afterwards). A search failing with 429/5xx retries the request; any
+        other failure, or a hostile answer (`window_scores`), is a BackendError naming the part. A paper with no
+        sentence of the facet gets NaN (no match, as in Python); one that has some but scored 0 (no field: written
+        before the index carried them) is left unscored for the caller."""
+        if not self.window_scoring()[0] or any(facet is not None and facet not in MV_FACETS for _, facet in parts):
             return None
         ids = list(dict.fromkeys(str(p) for p in paper_ids))
-        out = WindowScores()
         # of each paper, what the caller decides by: its sentences' positions and labels, and the tagger's soft labels
         includes = ["paper_id", *(f"{path}.{leaf}" for path in FACET_PATHS.values() for leaf in ("idx", "facet")),
                     "metadata.facet_probs"]
         excludes = [*VECTOR_FIELDS, "vectors_b64", *MV_FIELDS]
-        for start in range(0, len(ids), WINDOW_MAX):
-            batch = ids[start : start + WINDOW_MAX]
-            body = window_body(self.engine, batch, facet, query_vectors, includes, excludes)
-            try:
-                answer = self._body(self._call(self.client.search, index=self.index, body=body))
-            except Exception as exc:
-                raise self._error("scoring the window in the engine", exc) from exc
+        batches = [ids[start : start + WINDOW_MAX] for start in range(0, len(ids), WINDOW_MAX)]
+        searches = [(n, batch, window_body(self.engine, batch, facet, vectors, includes, excludes))
+                    for n, (vectors, facet) in enumerate(parts) for batch in batches]
+        out = [WindowScores() for _ in parts]
+        if not searches:
+            return out
+        try:
+            responses = self._retrying()(self._msearch_once, [body for _, _, body in searches],
+                                         labels=[f"part {n + 1} of {len(parts)}" for n, _, _ in searches])
+        except Exception as exc:
+            raise self._error("scoring the window in the engine", exc) from exc
+        for (n, batch, _), answer in zip(searches, responses):
+            facet = parts[n][1]
             hits = (answer.get("hits") or {}).get("hits") if isinstance(answer, dict) else None
-            for pid, (score, source) in window_scores(hits, batch).items():
+            try:
+                scored = window_scores(hits, batch)
+            except BackendError as exc:
+                raise BackendError(f"part {n + 1} of {len(parts)} of the query: {exc}") from None
+            for pid, (score, source) in scored.items():
                 try:
                     paper = doc_to_text({**source, "paper_id": pid})
                 except (KeyError, TypeError, ValueError) as exc:
                     raise BackendError(f"the window search answered paper {pid!r} with a malformed document") from exc
-                out.papers[pid] = paper
+                out[n].papers[pid] = paper
                 has = any(facet is None or f == facet for f in paper.facets)
                 if not has:
-                    out.scores[pid] = float("nan")
+                    out[n].scores[pid] = float("nan")
                 elif score > 0.0:
-                    out.scores[pid] = summax_from_score(score)
+                    out[n].scores[pid] = summax_from_score(score)
         return out
 
     def exact_knn(self, vectors: np.ndarray, k: int, *, facet: str | None = None,
