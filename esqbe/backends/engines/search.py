@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...core.fusion import fuse, top_k
-from ...domain import Candidate, FirstStageRequest, IndexedPaper, IndexMeta
+from ...domain import Candidate, FirstStageRequest, IndexedPaper, IndexMeta, Paper
 from ...errors import BackendError, ModelMismatchError
 from ..base import WindowScores
 from .bodies import bm25_body, facet_paths
@@ -227,7 +227,8 @@ class FirstStageMixin(_Host):
             return False, "engine_facet_vectors is off: summax runs in Python on the candidates' fetched vectors"
         if not self._has_facet_vectors():
             return False, (f"index {self.index!r} has no per-facet multi-vector fields (engine_facet_vectors was off "
-                           "when it was made, and no `esqbe index` run has added them since): summax runs in Python")
+                           f"when it was {self._mv_writer[0]}, and no `{self._mv_writer[1]}` run has added them since): "
+                           "summax runs in Python")
         info = self.info()
         if info.exact:
             check_maxsim_version(self.engine, info.number)
@@ -245,13 +246,10 @@ class FirstStageMixin(_Host):
             return None
         ids = list(dict.fromkeys(str(p) for p in paper_ids))
         out = WindowScores()
-        # of each paper, what the caller decides by: its sentences' positions and labels, and the tagger's soft labels
-        includes = ["paper_id", *(f"{path}.{leaf}" for path in FACET_PATHS.values() for leaf in ("idx", "facet")),
-                    "metadata.facet_probs"]
-        excludes = [*VECTOR_FIELDS, "vectors_b64", *MV_FIELDS]
+        includes, excludes = self._window_source()
         for start in range(0, len(ids), WINDOW_MAX):
             batch = ids[start : start + WINDOW_MAX]
-            body = window_body(self.engine, batch, facet, query_vectors, includes, excludes)
+            body = window_body(self.engine, batch, facet, query_vectors, includes, excludes, self._mv_namespace)
             try:
                 answer = self._body(self._call(self.client.search, index=self.index, body=body))
             except Exception as exc:
@@ -259,7 +257,7 @@ class FirstStageMixin(_Host):
             hits = (answer.get("hits") or {}).get("hits") if isinstance(answer, dict) else None
             for pid, (score, source) in window_scores(hits, batch).items():
                 try:
-                    paper = doc_to_text({**source, "paper_id": pid})
+                    paper = self._window_paper(pid, source)
                 except (KeyError, TypeError, ValueError) as exc:
                     raise BackendError(f"the window search answered paper {pid!r} with a malformed document") from exc
                 out.papers[pid] = paper
@@ -269,6 +267,23 @@ class FirstStageMixin(_Host):
                 elif score > 0.0:
                     out.scores[pid] = summax_from_score(score)
         return out
+
+    # where the window's fields live: the hooks an attached index (esqbe.backends.engines.attach) answers otherwise
+    #: (the index was ..., the command that adds the fields): the words of window_scoring's refusal
+    _mv_writer = ("made", "esqbe index")
+    #: the object of `_source` the multi-vector fields are under (None: the top level)
+    _mv_namespace: str | None = None
+
+    def _window_source(self) -> tuple[list[str], list[str]]:
+        """(includes, excludes) of each window hit's `_source`: what the caller decides by (the sentences' positions
+        and labels, the tagger's soft labels), never a vector or a text."""
+        includes = ["paper_id", *(f"{path}.{leaf}" for path in FACET_PATHS.values() for leaf in ("idx", "facet")),
+                    "metadata.facet_probs"]
+        return includes, [*VECTOR_FIELDS, "vectors_b64", *MV_FIELDS]
+
+    def _window_paper(self, pid: str, source: dict) -> Paper:
+        """The paper (no text, no vector) of one window hit's `_source`."""
+        return doc_to_text({**source, "paper_id": pid})
 
     def exact_knn(self, vectors: np.ndarray, k: int, *, facet: str | None = None,
                   exclude: frozenset[str] = frozenset()) -> dict[str, float]:
