@@ -112,3 +112,53 @@ def test_filtered_first_stage_matches_the_embedded_backend(cluster, tmp_path):  
         engine.backend.client.indices.delete(index=name, ignore_unavailable=True)
         engine.close()
         embedded.close()
+
+
+def test_attach_with_facet_vectors_ranks_by_aspect_in_the_cluster(cluster, monkeypatch):  # noqa: F811
+    """`ESQBE_ENGINE_FACET_VECTORS=true esqbe attach` on a cluster with MaxSim (ES 8.18+ with a licence that allows
+    rank_vectors, OS 3.3+): the fields are mapped under `esqbe` and written, the user's fields stay as they were, and a
+    query scored by the cluster equals, in ranking and scores, the same query rescored in Python."""
+    import esqbe
+    from cli import main
+    from esqbe.backends.engines.maxsim import check_version, mv_field
+
+    kind, url = cluster
+    handle = esqbe.open_index(None, backend=kind, url=url, index="unused")
+    client = handle.backend.client
+    try:
+        check_version(kind, client.info()["version"]["number"])
+    except Exception as exc:  # noqa: BLE001 (the reason is the skip's)
+        handle.close()
+        pytest.skip(str(exc))
+    name = f"esqbe-user-mv-{uuid.uuid4().hex[:10]}"
+    settings = {"index": {"number_of_shards": 1, "number_of_replicas": 0, **({"knn": True} if kind == "opensearch" else {})}}
+    client.indices.create(index=name, body={"settings": settings, "mappings": {"properties": {
+        "doc_no": {"type": "keyword"}, "title": {"type": "text"}, "abstract": {"type": "text"}}}})
+    docs = {f"u{i}": {"doc_no": f"N-{i}", "title": f"Paper {i}", "abstract": " ".join(r["sentences"])}
+            for i, r in enumerate(_records())}
+    try:
+        for doc_id, doc in docs.items():
+            client.index(index=name, id=doc_id, body=doc)
+        client.indices.refresh(index=name)
+        monkeypatch.setenv("ESQBE_ENGINE_FACET_VECTORS", "true")
+        r = CliRunner().invoke(main, ["attach", "--backend", kind, "--url", url, "--index", name, "--id-field", "doc_no",
+                                      "--text-fields", "title,abstract", "--json"], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["indexed"] == N
+        for doc_id, doc in docs.items():
+            src = client.get(index=name, id=doc_id)["_source"]
+            assert {k: v for k, v in src.items() if k != "esqbe"} == doc
+            assert mv_field(None) in src["esqbe"]
+        with esqbe.open_index(None, backend=kind, url=url, index=name) as index:
+            assert index.backend.facet_vectors
+            query = next(d for d in docs if "method" in index.backend.get([d])[d].paper.facets)
+            in_cluster = index.query(query, facet="method", k=10, place_hits=False)
+            index.backend.facet_vectors = False
+            in_python = index.query(query, facet="method", k=10, place_hits=False)
+        assert in_cluster.rescoring["where"] == "backend" and in_python.rescoring["where"] == "python"
+        assert [h.paper_id for h in in_cluster.hits] == [h.paper_id for h in in_python.hits]
+        for a, b in zip(in_cluster.hits, in_python.hits):
+            assert a.score == pytest.approx(b.score, abs=1e-5)
+    finally:
+        client.indices.delete(index=name, ignore_unavailable=True)
+        handle.close()

@@ -415,6 +415,10 @@ class CannedEngine:
     #: a test's hook on a window search's answer (hits -> hits): hostile answers
     window_answer = staticmethod(lambda hits: hits)
 
+    def window_source(self, src: dict, includes, excludes: set) -> dict:
+        """A window hit's `_source`, filtered (a subclass holding other documents filters them its own way)."""
+        return filter_source(src, includes, excludes, self.omit_source_vectors)
+
     def _maxsim_window(self, body, ids):
         """A window search answered as the engine's documented MaxSim would: each asked document that is stored
         matches the `ids` query (score 1), the first `window_size` are rescored by the script, evaluated by the
@@ -429,7 +433,10 @@ class CannedEngine:
         score_spec = spec["query"]["rescore_query"]["script_score"]
         script = score_spec["script"]
         problems = check_painless(self.engine, script["source"])
-        field = re.findall(r"'(\w+_mv)'", script["source"])
+        field = re.findall(r"'([\w.]+_mv)'", script["source"])
+        # an attached index keeps the fields in its `esqbe` object: named by path (ES), or that object of `_source`
+        # given to the function (OS)
+        within = re.findall(r"params\._source\['(\w+)'\]", script["source"])
         params = script["params"]
         if problems or len(set(field)) != 1 or params.get("n") != len(params.get("query_vectors") or ()):
             reason = "; ".join(problems) or "the script names no one field, or params.n is not the vector count"
@@ -441,15 +448,16 @@ class CannedEngine:
             src = self.sources[pid]
             score = 1.0
             if rank < spec["window_size"]:
-                stored = src.get(field[0])
+                stored = src
+                for part in [*within[:1], *field[0].split(".")]:
+                    stored = stored.get(part) if isinstance(stored, dict) else None
                 if stored:
                     score = weights[0] * score + weights[1] * emulate(params["query_vectors"], stored)
                 else:
                     score = weights[0] * score
             source = body.get("_source") if isinstance(body.get("_source"), dict) else {}
             hits.append({"_index": INDEX, "_id": pid, "_score": float(np.float32(score)),
-                         "_source": filter_source(src, source.get("includes"), set(source.get("excludes") or ()),
-                                                  self.omit_source_vectors)})
+                         "_source": self.window_source(src, source.get("includes"), set(source.get("excludes") or ()))})
         hits.sort(key=lambda h: -h["_score"])
         hits = self.window_answer(hits[: body.get("size", 10)])
         return 200, {"hits": {"total": {"value": len(hits), "relation": "eq"}, "max_score": None, "hits": hits}}

@@ -6,6 +6,9 @@ The user's documents stay where they are and as they are; esqbe adds its fields 
     esqbe.background_sentences, esqbe.method_sentences, ...   nested {idx, facet, text (not indexed), vector}
     esqbe.vectors_b64                                         every sentence vector (float32, base64): the rescorers' copy
     esqbe.content_hash, esqbe.source_hash, esqbe.n_sentences  re-runs skip documents whose text did not change
+    esqbe.background_mv, ..., esqbe.all_mv                    with engine_facet_vectors: the per-facet multi-vector
+                                                              fields (esqbe.backends.engines.maxsim), which queries
+                                                              score the window with in the engine
     _meta.esqbe                                               model, dim, encoder_mode, id_field, text_fields
                                                               (other _meta keys kept)
 
@@ -35,15 +38,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...core.filters import FilterError
-from ...domain import FirstStageRequest, IndexedPaper, IndexMeta, Paper, UpsertResult
+from ...domain import FirstStageRequest, IndexedPaper, IndexMeta, Paper, UpsertResult, normalize_label
 from ...errors import BackendError, ModelMismatchError
 from ...ingest.sentences import split_sentences
 from .calibrate import META_KEY
 from .common import EngineBackend
-from .documents import doc_to_paper, paper_to_doc
+from .documents import doc_to_paper, doc_to_text, paper_to_doc
 from .elasticsearch import ElasticsearchBackend
 from .filters import add_to_knn
 from .mapping import FACET_PATHS, load_index_template
+from .maxsim import MV_FIELDS, doc_fields, mapping_properties, mv_field
+from .maxsim import check_version as check_maxsim_version
 from .opensearch import OpenSearchBackend
 from .watchstore import STAMP_FIELD
 
@@ -52,6 +57,11 @@ ATTACHED_LAYOUT = "attached/1"
 #: facet -> nested path inside the user's documents
 ATTACHED_PATHS = {facet: f"{NAMESPACE}.{path}" for facet, path in FACET_PATHS.items()}
 ATTACHED_VECTOR_FIELDS = tuple(f"{p}.vector" for p in ATTACHED_PATHS.values())
+#: the per-facet multi-vector fields as an attached index holds them (engine_facet_vectors)
+ATTACHED_MV_FIELDS = tuple(f"{NAMESPACE}.{f}" for f in MV_FIELDS)
+#: ends `esqbe.source_hash` where the document's multi-vector fields were written with it: a document of an index
+#: that carries the fields whose hash lacks it (written before they were added) is encoded and written again
+MV_MARK = "+mv"
 _ESQBE_KEYS = ("content_hash", "n_sentences", "vectors_b64", *FACET_PATHS.values())
 _NUMERIC = {"long", "integer", "short", "byte", "double", "float", "half_float", "scaled_float", "unsigned_long"}
 _KEYWORDISH = {"keyword", "constant_keyword", "wildcard", "boolean", "date", "date_nanos", "ip", "version"}
@@ -62,8 +72,10 @@ _TEXT_TYPES = {"text", "match_only_text", "keyword", "search_as_you_type"}
 # request bodies
 
 
-def attach_mapping_body(engine: str, meta: IndexMeta, existing: dict, id_field: str, text_fields: Sequence[str]) -> dict:
-    """`PUT <index>/_mapping` body: esqbe's fields under `esqbe`, and `_meta.esqbe` beside the user's `_meta` keys."""
+def attach_mapping_body(engine: str, meta: IndexMeta, existing: dict, id_field: str, text_fields: Sequence[str],
+                        facet_vectors: bool = False) -> dict:
+    """`PUT <index>/_mapping` body: esqbe's fields under `esqbe` (with `facet_vectors`, the per-facet multi-vector
+    fields too), and `_meta.esqbe` beside the user's `_meta` keys."""
     template = load_index_template(engine)["mappings"]["properties"]
     dim_key = "dims" if engine == "elasticsearch" else "dimension"
     props: dict[str, Any] = {
@@ -77,6 +89,8 @@ def attach_mapping_body(engine: str, meta: IndexMeta, existing: dict, id_field: 
         nested["properties"]["text"] = {"type": "text", "index": False}  # shown with hits, not searched
         nested["properties"]["vector"][dim_key] = int(meta.dim)
         props[path] = nested
+    if facet_vectors:
+        props.update(mapping_properties(engine, meta.dim))
     meta_all = dict(existing.get("_meta") or {})
     meta_all[NAMESPACE] = {"esqbe_layout": ATTACHED_LAYOUT, **meta.to_dict(), "id_field": id_field,
                            "text_fields": list(text_fields)}
@@ -93,10 +107,14 @@ def source_hash(title: str, text: str) -> str:
     return hashlib.sha1(json.dumps([title, text], ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
-def esqbe_fields(ip: IndexedPaper, src_hash: str | None) -> dict:
-    """The `esqbe` object of one document (a partial update's `doc`)."""
+def esqbe_fields(ip: IndexedPaper, src_hash: str | None, facet_vectors: bool = False) -> dict:
+    """The `esqbe` object of one document (a partial update's `doc`); with `facet_vectors`, its multi-vector fields
+    too (maxsim.doc_fields), its source hash marked as written with them (MV_MARK)."""
     doc = paper_to_doc(ip)
     out = {k: doc[k] for k in _ESQBE_KEYS if k in doc}
+    if facet_vectors:
+        out.update(doc_fields([normalize_label(f) for f in ip.paper.facets], ip.vectors))
+        src_hash = (src_hash or "") + MV_MARK
     if src_hash:
         out["source_hash"] = src_hash
     return out
@@ -188,9 +206,30 @@ class AttachedMixin(_Engine):
         return (f"index {self.index!r} is attached (`esqbe attach`): its documents carry no esqbe {STAMP_FIELD} stamp, "
                 "so no paper would ever be new to a watch; watches need an index esqbe writes (`esqbe index`)")
 
-    def window_scoring(self) -> tuple[bool, str]:
-        return False, (f"index {self.index!r} is attached (`esqbe attach`), which adds no per-facet multi-vector fields: "
-                       "summax runs in Python")
+    # --- the per-facet multi-vector fields (engine_facet_vectors): `esqbe.<facet>_mv`; window_scoring and
+    # score_windows are the engine backend's, over these hooks
+    _mv_writer = ("attached", "esqbe attach")
+    _mv_namespace = NAMESPACE
+
+    def _has_facet_vectors(self) -> bool:
+        """Whether the attached mapping carries the multi-vector fields. Where it does, every document written gets
+        them, the setting on or off: a partial update merges `esqbe`, so a field left out would keep the vectors of
+        the document's old text, and a later query with the setting would score by them."""
+        props = ((self._index_mapping().get("properties") or {}).get(NAMESPACE) or {}).get("properties") or {}
+        return mv_field(None) in props
+
+    def _window_source(self) -> tuple[list[str], list[str]]:
+        includes = [f"{p}.{leaf}" for p in ATTACHED_PATHS.values() for leaf in ("idx", "facet")]
+        if "facet_probs" not in self.text_fields:  # a user's field of that name is the paper's metadata, as in `get`
+            includes.append("facet_probs")
+        return includes, [*ATTACHED_VECTOR_FIELDS, f"{NAMESPACE}.vectors_b64", *ATTACHED_MV_FIELDS]
+
+    def _window_paper(self, pid: str, source: dict) -> Paper:
+        ns = source.get(NAMESPACE) or {}
+        if not isinstance(ns, dict):
+            raise TypeError("esqbe is not an object")
+        metadata = {k: v for k, v in source.items() if k != NAMESPACE and k not in self.text_fields}
+        return doc_to_text({"paper_id": pid, "metadata": metadata, **{p: ns[p] for p in FACET_PATHS.values() if p in ns}})
 
     def set_source_hashes(self, hashes: Mapping[str, str] | None) -> None:
         """The source hash to store with each document the next upserts write (`esqbe.source_hash`, what a
@@ -288,7 +327,9 @@ class AttachedMixin(_Engine):
         problem = self.check_settings()
         if problem:
             raise BackendError(problem)
-        body = attach_mapping_body(self.engine, meta, mapping, id_field, text_fields)
+        if self.facet_vectors:  # the version that has the MaxSim function, named where it is missing
+            check_maxsim_version(self.engine, self.info().number)
+        body = attach_mapping_body(self.engine, meta, mapping, id_field, text_fields, self.facet_vectors)
         try:
             self._call(self.client.indices.put_mapping, index=self.index, body=body)
         except Exception as exc:
@@ -313,8 +354,10 @@ class AttachedMixin(_Engine):
         for key in ("number_of_shards", "analysis"):
             if key in theirs:
                 index_settings[key] = theirs[key]
+        if self.facet_vectors:
+            check_maxsim_version(self.engine, self.info().number)
         new_mapping = copy.deepcopy(mapping)
-        add = attach_mapping_body(self.engine, meta, mapping, id_field, text_fields)
+        add = attach_mapping_body(self.engine, meta, mapping, id_field, text_fields, self.facet_vectors)
         new_mapping["_meta"] = add["_meta"]
         new_mapping.setdefault("properties", {}).update(add["properties"])
         create = {"settings": {"index": index_settings}, "mappings": new_mapping}
@@ -339,7 +382,9 @@ class AttachedMixin(_Engine):
         return {"created": new_index, "from": concrete, "alias_moved": aliased}
 
     def scan(self, id_field: str, text_fields: Sequence[str], batch: int = 500) -> Iterator[tuple[str, Paper | None, str]]:
-        """(doc _id, paper or None when its text fields are empty, source hash) for every document."""
+        """(doc _id, paper or None when its text fields are empty, source hash) for every document. Where the index
+        carries the multi-vector fields, a document written before them (its hash unmarked) is not unchanged."""
+        mv = self._has_facet_vectors()
         for hit in self._scan_hits(scan_body(id_field, text_fields), batch):
             src = hit.get("_source") or {}
             values = [_text_value(_get_path(src, f)) for f in text_fields]
@@ -349,7 +394,7 @@ class AttachedMixin(_Engine):
             sentences = split_sentences(rest) if len(values) > 1 else split_sentences(title)
             if len(values) == 1:
                 title = ""
-            if stored == h:
+            if stored == h + MV_MARK or stored == h and not mv:
                 yield hit["_id"], None, "unchanged"
             elif not sentences:
                 yield hit["_id"], None, "no text"
@@ -364,15 +409,24 @@ class AttachedMixin(_Engine):
         ids = list(dict.fromkeys(str(p) for p in paper_ids))
         if not ids:
             return {}
-        sources = self._mget_sources(ids, _source_includes=[f"{NAMESPACE}.content_hash"])
-        return {pid: s[NAMESPACE]["content_hash"] for pid, s in sources.items() if (s.get(NAMESPACE) or {}).get("content_hash")}
+        # where the index carries the multi-vector fields, a document written before them holds an older form of its
+        # paper: its hash is not the paper's, so it is encoded and written again
+        mv = self._has_facet_vectors()
+        includes = [f"{NAMESPACE}.content_hash", *([f"{NAMESPACE}.source_hash"] if mv else [])]
+        out = {}
+        for pid, src in self._mget_sources(ids, _source_includes=includes).items():
+            ns = src.get(NAMESPACE) or {}
+            if ns.get("content_hash"):
+                stale = mv and not str(ns.get("source_hash") or "").endswith(MV_MARK)
+                out[pid] = ns["content_hash"] + (" without multi-vector fields" if stale else "")
+        return out
 
     def get(self, paper_ids: Sequence[str]) -> dict[str, IndexedPaper]:
         ids = list(dict.fromkeys(str(p) for p in paper_ids))
         if not ids:
             return {}
         dim = self._index_meta().dim
-        excludes = list(ATTACHED_VECTOR_FIELDS)
+        excludes = [*ATTACHED_VECTOR_FIELDS, *(ATTACHED_MV_FIELDS if self._has_facet_vectors() else ())]
         sources = self._mget_sources(ids, _source_excludes=excludes)
         missing = [p for p in ids if p not in sources]
         out = {pid: self._paper(pid, src, dim) for pid, src in sources.items() if src.get(NAMESPACE)}
@@ -410,12 +464,13 @@ class AttachedMixin(_Engine):
             by_id[ip.paper_id] = ip
         stored = self.content_hashes(list(by_id))
         hashes = self._source_hashes
+        mv = self._has_facet_vectors()  # the index carries them: every document written gets them (_has_facet_vectors)
         actions = []
         for pid, ip in by_id.items():
             if stored.get(pid) == ip.paper.content_hash():
                 result.unchanged += 1
             else:
-                actions.append(update_action(self.index, pid, esqbe_fields(ip, hashes.get(pid))))
+                actions.append(update_action(self.index, pid, esqbe_fields(ip, hashes.get(pid), mv)))
         for pid, (ok, info) in self._bulk(actions).items():
             if ok:
                 if pid in stored:

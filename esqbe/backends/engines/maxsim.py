@@ -94,26 +94,36 @@ def es_source(field: str) -> str:
     return f"(maxSimDotProduct(params.query_vectors, '{field}') / params.n + 1.0) / 2.0"
 
 
-def os_source(field: str) -> str:
-    """The OpenSearch script: (1 + summax) / 2; a paper without the field scores 0."""
-    return (f"params._source.containsKey('{field}') ? "
-            f"lateInteractionScore(params.query_vectors, '{field}', params._source, 'cosinesimil') / params.n : 0.0")
+def os_source(field: str, namespace: str | None = None) -> str:
+    """The OpenSearch script: (1 + summax) / 2; a paper without the field scores 0. `namespace`: the fields live in
+    that object of `_source` (an attached index's `esqbe`), whose map is what lateInteractionScore is given (it reads
+    the field as a key of the map it gets, not as a dotted path)."""
+    if namespace is None:
+        source, has = "params._source", f"params._source.containsKey('{field}')"
+    else:
+        source = f"params._source['{namespace}']"
+        has = f"params._source.containsKey('{namespace}') && {source}.containsKey('{field}')"
+    return (f"{has} ? "
+            f"lateInteractionScore(params.query_vectors, '{field}', {source}, 'cosinesimil') / params.n : 0.0")
 
 
-def rescore_body(engine: str, facet: str | None, query_vectors: np.ndarray, window: int) -> dict:
+def rescore_body(engine: str, facet: str | None, query_vectors: np.ndarray, window: int,
+                 namespace: str | None = None) -> dict:
     """The search body's `rescore`: the first stage's top `window` per shard rescored by MaxSim against the
-    facet's field, the first stage's score dropped (query_weight 0), so the hits' order is summax's."""
+    facet's field, the first stage's score dropped (query_weight 0), so the hits' order is summax's. `namespace`:
+    the object the fields are under (`esqbe` in an attached index; None: top level)."""
     qv = np.asarray(query_vectors, dtype=np.float32)
     if qv.ndim != 2 or not len(qv):
         raise ValueError("the query needs at least one sentence vector")
     field = mv_field(facet)
     params = {"query_vectors": qv.tolist(), "n": len(qv)}
     if engine == "elasticsearch":
-        inner = {"exists": {"field": field}}  # a paper without a sentence of the facet keeps score 0
-        script = {"source": es_source(field), "params": params}
+        path = field if namespace is None else f"{namespace}.{field}"
+        inner = {"exists": {"field": path}}  # a paper without a sentence of the facet keeps score 0
+        script = {"source": es_source(path), "params": params}
     else:
         inner = {"match_all": {}}
-        script = {"source": os_source(field), "params": params}
+        script = {"source": os_source(field, namespace), "params": params}
     return {"window_size": int(window),
             "query": {"rescore_query": {"script_score": {"query": inner, "script": script}},
                       "query_weight": 0.0, "rescore_query_weight": 1.0}}
@@ -132,16 +142,16 @@ SCORE_SLACK = 1e-4
 
 
 def window_body(engine: str, paper_ids: Sequence[str], facet: str | None, query_vectors, includes: Sequence[str],
-                excludes: Sequence[str]) -> dict:
+                excludes: Sequence[str], namespace: str | None = None) -> dict:
     """The search that scores a query's window for one part of it (all parts go in one `_msearch`): exactly those
     papers (an `ids` query, each scoring the same), every one of them rescored by MaxSim against the facet's field
     (`rescore_body`, the window as wide as the ids), the query's vectors sent unit length (as summax compares them),
-    and of each paper only `includes` back, no vector (`excludes`)."""
+    and of each paper only `includes` back, no vector (`excludes`). `namespace`: as for rescore_body."""
     ids = [str(p) for p in paper_ids]
     if not ids or len(ids) > WINDOW_MAX:
         raise ValueError(f"a window search holds 1 to {WINDOW_MAX} ids (got {len(ids)})")
     return {"size": len(ids), "query": {"ids": {"values": ids}},
-            "rescore": rescore_body(engine, facet, unit(query_vectors), len(ids)),
+            "rescore": rescore_body(engine, facet, unit(query_vectors), len(ids), namespace),
             "_source": {"includes": list(includes), "excludes": list(excludes)}}
 
 
@@ -194,7 +204,8 @@ def emulate_os(query_vectors, doc_vectors) -> float:
 
 # --- the Painless sources against the documented signatures --------------------------------------------------
 #: name -> the documented parameters: "vectors" (params.query_vectors, a list of vectors), "field" (a quoted field
-#: name, as the documentation writes it), "source" (params._source), "space" (a quoted space type)
+#: name, as the documentation writes it), "source" (params._source, or one object of it: a Map, as documented),
+#: "space" (a quoted space type)
 SIGNATURES: dict[str, dict[str, tuple[str, ...]]] = {
     "elasticsearch": {"maxSimDotProduct": ("vectors", "field")},
     "opensearch": {"lateInteractionScore": ("vectors", "field", "source", "space")},
@@ -202,7 +213,7 @@ SIGNATURES: dict[str, dict[str, tuple[str, ...]]] = {
 SPACES = ("innerproduct", "cosinesimil", "l2")
 _CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(([^()]*)\)")
 _KINDS = {"vectors": re.compile(r"params\.query_vectors"), "field": re.compile(r"'[\w.]+'"),
-          "source": re.compile(r"params\._source"), "space": re.compile(r"'(\w+)'")}
+          "source": re.compile(r"params\._source(?:\['\w+'\])?"), "space": re.compile(r"'(\w+)'")}
 _ALLOWED_NAMES = {"containsKey"}
 
 

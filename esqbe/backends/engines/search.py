@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...core.fusion import fuse, top_k
-from ...domain import Candidate, FirstStageRequest, IndexedPaper, IndexMeta
+from ...domain import Candidate, FirstStageRequest, IndexedPaper, IndexMeta, Paper
 from ...errors import BackendError, ModelMismatchError
 from ..base import WindowScores
 from .bodies import bm25_body, facet_paths
@@ -232,7 +232,8 @@ class FirstStageMixin(_Host):
             return False, "engine_facet_vectors is off: summax runs in Python on the candidates' fetched vectors"
         if not self._has_facet_vectors():
             return False, (f"index {self.index!r} has no per-facet multi-vector fields (engine_facet_vectors was off "
-                           "when it was made, and no `esqbe index` run has added them since): summax runs in Python")
+                           f"when it was {self._mv_writer[0]}, and no `{self._mv_writer[1]}` run has added them since): "
+                           "summax runs in Python")
         info = self.info()
         if info.exact:
             check_maxsim_version(self.engine, info.number)
@@ -252,12 +253,10 @@ class FirstStageMixin(_Host):
         if not self.window_scoring()[0] or any(facet is not None and facet not in MV_FACETS for _, facet in parts):
             return None
         ids = list(dict.fromkeys(str(p) for p in paper_ids))
-        # of each paper, what the caller decides by: its sentences' positions and labels, and the tagger's soft labels
-        includes = ["paper_id", *(f"{path}.{leaf}" for path in FACET_PATHS.values() for leaf in ("idx", "facet")),
-                    "metadata.facet_probs"]
-        excludes = [*VECTOR_FIELDS, "vectors_b64", *MV_FIELDS]
+        includes, excludes = self._window_source()
         batches = [ids[start : start + WINDOW_MAX] for start in range(0, len(ids), WINDOW_MAX)]
-        searches = [(n, batch, window_body(self.engine, batch, facet, vectors, includes, excludes))
+        searches = [(n, batch, window_body(self.engine, batch, facet, vectors, includes, excludes,
+                                           self._mv_namespace))
                     for n, (vectors, facet) in enumerate(parts) for batch in batches]
         out = [WindowScores() for _ in parts]
         if not searches:
@@ -276,7 +275,7 @@ class FirstStageMixin(_Host):
                 raise BackendError(f"part {n + 1} of {len(parts)} of the query: {exc}") from None
             for pid, (score, source) in scored.items():
                 try:
-                    paper = doc_to_text({**source, "paper_id": pid})
+                    paper = self._window_paper(pid, source)
                 except (KeyError, TypeError, ValueError) as exc:
                     raise BackendError(f"the window search answered paper {pid!r} with a malformed document") from exc
                 out[n].papers[pid] = paper
@@ -286,6 +285,23 @@ class FirstStageMixin(_Host):
                 elif score > 0.0:
                     out[n].scores[pid] = summax_from_score(score)
         return out
+
+    # where the window's fields live: the hooks an attached index (esqbe.backends.engines.attach) answers otherwise
+    #: (the index was ..., the command that adds the fields): the words of window_scoring's refusal
+    _mv_writer = ("made", "esqbe index")
+    #: the object of `_source` the multi-vector fields are under (None: the top level)
+    _mv_namespace: str | None = None
+
+    def _window_source(self) -> tuple[list[str], list[str]]:
+        """(includes, excludes) of each window hit's `_source`: what the caller decides by (the sentences' positions
+        and labels, the tagger's soft labels), never a vector or a text."""
+        includes = ["paper_id", *(f"{path}.{leaf}" for path in FACET_PATHS.values() for leaf in ("idx", "facet")),
+                    "metadata.facet_probs"]
+        return includes, [*VECTOR_FIELDS, "vectors_b64", *MV_FIELDS]
+
+    def _window_paper(self, pid: str, source: dict) -> Paper:
+        """The paper (no text, no vector) of one window hit's `_source`."""
+        return doc_to_text({**source, "paper_id": pid})
 
     def exact_knn(self, vectors: np.ndarray, k: int, *, facet: str | None = None,
                   exclude: frozenset[str] = frozenset()) -> dict[str, float]:
