@@ -99,7 +99,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ca_certs", str, None, "CA certificate bundle for https engines.", env="ESQBE_CA_CERTS",
             flag="--ca-certs", path="file", commands=_OPEN, group="where"),
     Setting("verify_certs", bool, True, "Check the engine's TLS certificate.", group="where"),
-    Setting("engine_facet_vectors", bool, False, "Engine indexes esqbe creates: also per-facet multi-vector fields "
+    Setting("engine_facet_vectors", bool, False, "Engine indexes esqbe creates or attaches to: also per-facet multi-vector fields "
             "(Elasticsearch 8.18+ rank_vectors, OpenSearch 3.3+), and queries on such an index score summax there "
             "(docs/engines.md); the version is checked on connect.", env="ESQBE_ENGINE_FACET_VECTORS", group="where"),
     # encoding
