@@ -28,15 +28,9 @@ from esqbe.index.api import Index  # noqa: E402
 from esqbe.index.attach import run_attach
 from esqbe.settings.config import Settings  # noqa: E402
 
-from .fakes.engines import (
-    INDEX,
-    CannedEngine,
-    _is_bm25,
-    _os_knn_specs,
-    assert_valid,
-    make_backend,
-    mapping_fields,
-)
+from .fakes.bodies import is_bm25, mapping_fields, os_knn_specs
+from .fakes.engines import INDEX, CannedEngine, make_backend
+from .fakes.specs import assert_valid
 from .test_filters import _engine_eval
 
 ABSTRACTS = [
@@ -318,7 +312,7 @@ def test_queries_on_an_attached_index(engine, version, encoder, settings):
     assert isinstance(backend, AttachedMixin)
 
     def knn_hits(body):
-        spec = body["knn"] if "knn" in body else next(s for _, s in _os_knn_specs(body))
+        spec = body["knn"] if "knn" in body else next(s for _, s in os_knn_specs(body))
         flt = spec.get("filter", [])
         flt = flt if isinstance(flt, list) else [flt]
         ids = canned.matching(flt)[: spec["k"]]
@@ -350,12 +344,12 @@ def test_queries_on_an_attached_index(engine, version, encoder, settings):
         text = json.dumps(body)
         if old_os:
             assert sorted(expected) == sorted(next(c["terms"]["_id"] for c in body["query"]["bool"]["filter"] if "terms" in c)) \
-                if _is_bm25(body) else True
+                if is_bm25(body) else True
         else:
             assert '"lang": "en"' in text and '"year"' in text and '"tags"' in text  # user's own fields, no meta_*
         assert "meta_" not in text
-        if not _is_bm25(body):
-            spec = body["knn"] if engine == "elasticsearch" else next(s for _, s in _os_knn_specs(body))
+        if not is_bm25(body):
+            spec = body["knn"] if engine == "elasticsearch" else next(s for _, s in os_knn_specs(body))
             assert "filter" in spec  # pre-filter inside the kNN
             assert next(iter(spec)) if engine == "opensearch" else spec["field"].startswith("esqbe.")
         else:

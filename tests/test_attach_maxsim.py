@@ -30,7 +30,9 @@ from esqbe.index.attach import run_attach
 from esqbe.settings.config import Settings
 
 from .conftest import SAMPLE
-from .fakes.engines import INDEX, _os_knn_specs, assert_valid, make_backend, vectors_in
+from .fakes.bodies import os_knn_specs, vectors_in
+from .fakes.engines import INDEX, make_backend
+from .fakes.specs import assert_valid
 from .test_attach_contract import UserIndexEngine, _get
 from .test_engine_maxsim import _same_hits, _window_bodies, _window_requests
 
@@ -70,7 +72,7 @@ class WindowUserEngine(UserIndexEngine):
     def _knn(self, body):
         (field, vector), = vectors_in(body)
         path = field.rsplit(".", 1)[0]
-        k = body["knn"]["k"] if "knn" in body else next(s for _, s in _os_knn_specs(body))["k"]
+        k = body["knn"]["k"] if "knn" in body else next(s for _, s in os_knn_specs(body))["k"]
         q = np.asarray(vector, np.float32)
         best = {pid: max(float(np.dot(np.asarray(r["vector"], np.float32), q)) for r in _get(src, path))
                 for pid, src in self.sources.items() if _get(src, path)}
@@ -247,7 +249,7 @@ def test_the_cli_honours_the_environment_setting(encoder, monkeypatch):
 
     from cli import main
 
-    from .fakes.engines import EngineHTTPServer
+    from .fakes.wire import EngineHTTPServer
 
     canned = WindowUserEngine("elasticsearch", "9.2.0")
     server = EngineHTTPServer(canned)

@@ -37,18 +37,10 @@ from esqbe.index.reports import IndexReport  # noqa: E402
 from esqbe.ingest.readers import ReadReport  # noqa: E402
 from esqbe.settings.config import load_settings  # noqa: E402
 
-from .fakes.engines import (  # noqa: E402
-    DIM,
-    ENGINE_VERSIONS,
-    INDEX,
-    META,
-    VERSIONS,
-    assert_valid,
-    make_backend,
-    make_watching_backend,
-    mapping_fields,
-    referenced_fields,
-)
+from .fakes.bodies import mapping_fields, referenced_fields  # noqa: E402
+from .fakes.engines import DIM, ENGINE_VERSIONS, INDEX, META, VERSIONS, make_backend  # noqa: E402
+from .fakes.specs import assert_valid  # noqa: E402
+from .fakes.watching import make_watching_backend  # noqa: E402
 
 ALIASES = f"{INDEX}-esqbe-aliases"
 ENGINES = ["elasticsearch", "opensearch"]
@@ -318,7 +310,8 @@ def test_the_alias_index_over_a_loopback_socket(engine):
     wire for the companion index (its `_mget`, the marker's GET, `_delete_by_query?refresh=true&conflicts=proceed`)."""
     from esqbe.index.open import open_backend
 
-    from .fakes.engines import CannedEngine, EngineHTTPServer
+    from .fakes.engines import CannedEngine
+    from .fakes.wire import EngineHTTPServer
 
     server = EngineHTTPServer(CannedEngine(engine, VERSIONS[engine][-1]))
     try:

@@ -58,6 +58,15 @@ from esqbe.core.fusion import fuse, top_k  # noqa: E402
 from esqbe.domain import FACET_LABELS, FirstStageRequest, IndexedPaper, IndexMeta, Paper  # noqa: E402
 from esqbe.errors import BackendError, ModelMismatchError  # noqa: E402
 
+from .fakes.bodies import (  # noqa: E402
+    features_in,
+    is_bm25,
+    lucene_clauses,
+    mapping_fields,
+    os_knn_specs,
+    referenced_fields,
+    vectors_in,
+)
 from .fakes.engines import (  # noqa: E402
     DIM,
     ENGINE_VERSIONS,
@@ -65,21 +74,13 @@ from .fakes.engines import (  # noqa: E402
     META,
     VERSIONS,
     CannedEngine,
-    RecordingNode,
-    _is_bm25,
-    _os_knn_specs,
-    assert_valid,
-    features_in,
-    lucene_clauses,
     make_backend,
     make_papers,
-    mapping_fields,
     ready_backend,
-    referenced_fields,
     request_variants,
-    schema_errors,
-    vectors_in,
 )
+from .fakes.specs import assert_valid, schema_errors  # noqa: E402
+from .fakes.wire import RecordingNode  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------
 # index definitions
@@ -255,8 +256,8 @@ def test_first_stage_bodies_pass_the_spec_and_the_mapping(engine, version):
             assert not missing, f"{engine} {version} lacks {missing} used by {name}"
             assert used <= FEATURES_USED[engine] | FEATURES_WHERE_SUPPORTED[engine] | {"knn_parent_filter"}
             assert body["size"] >= 1 and body["_source"] is False
-        knn = [b for b in bodies if not _is_bm25(b)]
-        bm25 = [b for b in bodies if _is_bm25(b)]
+        knn = [b for b in bodies if not is_bm25(b)]
+        bm25 = [b for b in bodies if is_bm25(b)]
         assert len(bm25) == 1
         paths = {field.split(".")[0] for b in knn for field, _ in vectors_in(b)}
         # facet filter = the facet's own path; no facet = every facet path
@@ -270,7 +271,7 @@ def test_first_stage_bodies_pass_the_spec_and_the_mapping(engine, version):
             else:
                 assert filters == set(), name
             # exclusions are dropped on the client; the kNN asks for that many more hits
-            spec = b["knn"] if engine == "elasticsearch" else next(s for _, s in _os_knn_specs(b))
+            spec = b["knn"] if engine == "elasticsearch" else next(s for _, s in os_knn_specs(b))
             wanted = request.knn_k + len(request.exclude)
             if engine == "elasticsearch":
                 assert spec["k"] == wanted and spec["num_candidates"] == max(100, 4 * wanted)
@@ -300,7 +301,7 @@ def test_bodies_do_not_depend_on_the_engine_version(engine):
 def _without_search_width(lines):
     out = json.loads(json.dumps(lines))
     for body in out[1::2]:
-        for _, spec in _os_knn_specs(body):
+        for _, spec in os_knn_specs(body):
             spec.pop("method_parameters", None)
             spec["k"] = body["size"]
     return out
@@ -572,7 +573,7 @@ def test_hits_become_candidates_with_cosines(engine, version):
         best = {}
         for pid, vec in by_path[path]:
             best[pid] = max(best.get(pid, -1.0), float(np.dot(vec, np.asarray(vector, np.float32))))
-        ranked = sorted(best.items(), key=lambda kv: -kv[1])[: (body["knn"]["k"] if "knn" in body else next(s for _, s in _os_knn_specs(body))["k"])]
+        ranked = sorted(best.items(), key=lambda kv: -kv[1])[: (body["knn"]["k"] if "knn" in body else next(s for _, s in os_knn_specs(body))["k"])]
         return [(pid, (1.0 + cos) / 2.0) for pid, cos in ranked]  # both engines' cosine score
 
     canned.knn_hits = knn_hits
@@ -610,7 +611,7 @@ def test_facet_filter_maps_objective_to_background_path(engine):
     backend.first_stage(FirstStageRequest(text="", vectors=np.ones((1, DIM), np.float32), facet="objective", with_papers=False))
     (sent,) = canned.sent("_msearch")
     assert {f.split(".")[0] for b in sent["lines"][1::2] for f, _ in vectors_in(b)} == {"background_sentences"}
-    assert not any(_is_bm25(b) for b in sent["lines"][1::2])  # no text: no BM25 search
+    assert not any(is_bm25(b) for b in sent["lines"][1::2])  # no text: no BM25 search
 
 
 @pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
@@ -813,7 +814,7 @@ WORDS = [f"w{i}x{chr(97 + i % 26)}{chr(97 + i // 26 % 26)}" for i in range(2000)
 
 
 def _bm25_of(canned) -> dict:
-    (body,) = [b for b in canned.sent("_msearch")[-1]["lines"][1::2] if _is_bm25(b)]
+    (body,) = [b for b in canned.sent("_msearch")[-1]["lines"][1::2] if is_bm25(b)]
     return body
 
 
@@ -953,7 +954,7 @@ def test_opensearch_knn_searches_as_wide_as_elasticsearch(version, expected):
     backend.first_stage(FirstStageRequest(text="", vectors=np.ones((1, DIM), np.float32), knn_k=10, with_papers=False))
     for body in canned.sent("_msearch")[-1]["lines"][1::2]:
         assert_valid("opensearch", "search", body)
-        (_, spec), = _os_knn_specs(body)
+        (_, spec), = os_knn_specs(body)
         assert body["size"] == 10
         if expected == "ef_search":
             assert spec["method_parameters"] == {"ef_search": 100} and spec["k"] == 10
@@ -1035,7 +1036,7 @@ def test_a_query_of_several_examples_is_one_msearch_over_their_sentences(engine,
     for body in bodies:
         assert_valid(engine, "search", body)
     union = sum(1 for p in papers[:2] for f in p.paper.facets if f == "method")
-    assert len([b for b in bodies if not _is_bm25(b)]) == union == sum(len(e.indices) for e in result.examples)
-    (bm25,) = [b for b in bodies if _is_bm25(b)]
+    assert len([b for b in bodies if not is_bm25(b)]) == union == sum(len(e.indices) for e in result.examples)
+    (bm25,) = [b for b in bodies if is_bm25(b)]
     assert {"p0", "p1", "p2"} <= set(re.findall(r"p\d", json.dumps(bm25["query"]["bool"]["must_not"])))
     assert not {"p0", "p1", "p2"} & {h.paper_id for h in result.hits}

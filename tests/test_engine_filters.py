@@ -25,17 +25,9 @@ from esqbe.core.filters import (
 )
 from esqbe.domain import FirstStageRequest
 
-from .fakes.engines import (
-    DIM,
-    ENGINE_VERSIONS,
-    INDEX,
-    _is_bm25,
-    _os_knn_specs,
-    assert_valid,
-    make_papers,
-    mapping_fields,
-    ready_backend,
-)
+from .fakes.bodies import is_bm25, mapping_fields, os_knn_specs
+from .fakes.engines import DIM, ENGINE_VERSIONS, INDEX, make_papers, ready_backend
+from .fakes.specs import assert_valid
 from .test_filters import _engine_eval
 
 VENUES = ["ACL", "EMNLP", "NAACL"]
@@ -73,7 +65,7 @@ def filtering_engine(canned):
             flt = body["knn"].get("filter", [])
             k = body["knn"]["k"]
         else:
-            (spec,) = [s for _, s in _os_knn_specs(body)]
+            (spec,) = [s for _, s in os_knn_specs(body)]
             flt = [spec["filter"]] if "filter" in spec else []
             k = spec["k"]
             outer = body["query"].get("bool", {}).get("filter", [])  # a post-filter, if any
@@ -132,21 +124,21 @@ def test_filtered_first_stage_bodies_and_results(engine, version, conds):
             for field in _filter_fields(body):
                 root = field.split(".")[0]
                 assert root in fields and fields[root]["type"] == "object" and fields[root]["dynamic"] == "true", field
-        knn = [b for b in bodies if not _is_bm25(b)]
-        (bm25,) = [b for b in bodies if _is_bm25(b)]
+        knn = [b for b in bodies if not is_bm25(b)]
+        (bm25,) = [b for b in bodies if is_bm25(b)]
         old_os = engine == "opensearch" and tuple(map(int, version.split(".")[:2])) < (3, 5)
         plain_terms = only_terms(to_query_dsl(flt))  # venue=ACL, venue in (...): a term/terms, runs everywhere
         if old_os and not plain_terms:
             # resolved to ids first, then a terms filter on paper_id inside the kNN, like a re-ranking pool
             assert len(resolved) == 1 and resolved[0]["path"] == f"/{INDEX}/_search"
             for b in knn:
-                (spec,) = [s for _, s in _os_knn_specs(b)]
+                (spec,) = [s for _, s in os_knn_specs(b)]
                 assert set(spec["filter"]["terms"]["paper_id"]) == expected
             assert bm25["query"]["bool"]["filter"][0]["terms"]["paper_id"] == sorted(expected)
         else:
             assert not resolved
             for b in knn:  # the metadata filter is the kNN's own filter: pre-filtering
-                spec = b["knn"] if engine == "elasticsearch" else next(s for _, s in _os_knn_specs(b))
+                spec = b["knn"] if engine == "elasticsearch" else next(s for _, s in os_knn_specs(b))
                 assert "meta_" in json.dumps(spec["filter"])
                 assert "bool" not in b.get("query", {})  # no post-filter around the kNN
                 # parent-level fields only (meta_kw.* / meta_num.* are object paths of the paper, not nested)
@@ -197,7 +189,7 @@ def test_wide_filter_on_old_opensearch_falls_back_to_a_post_filter(monkeypatch):
     assert {c.paper_id for c in got} == {ip.paper_id for ip in papers if matches(ip.paper.metadata, flt.conditions)}
     (sent,) = canned.sent("_msearch")
     for b in sent["lines"][1::2]:
-        if not _is_bm25(b):
+        if not is_bm25(b):
             assert_valid("opensearch", "search", b)
             assert "meta_num.year" in json.dumps(b["query"]["bool"]["filter"])  # around the kNN: documented limit
 

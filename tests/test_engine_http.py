@@ -21,15 +21,9 @@ from esqbe.backends.engines.versions import parse_version  # noqa: E402
 from esqbe.domain import FirstStageRequest  # noqa: E402
 from esqbe.errors import BackendError  # noqa: E402
 
-from .fakes.engines import (  # noqa: E402
-    INDEX,
-    META,
-    CannedEngine,
-    EngineHTTPServer,
-    _os_knn_specs,
-    make_papers,
-    vectors_in,
-)
+from .fakes.bodies import os_knn_specs, vectors_in  # noqa: E402
+from .fakes.engines import INDEX, META, CannedEngine, make_papers  # noqa: E402
+from .fakes.wire import EngineHTTPServer  # noqa: E402
 
 
 @pytest.fixture
@@ -204,7 +198,7 @@ def exact_knn_hits(canned: CannedEngine):
             rows = [r["vector"] for r in src.get(path) or ()]
             if rows:
                 best[pid] = float((np.asarray(rows, dtype=np.float32) @ q).max())
-        spec = body["knn"] if "knn" in body else next(s for _, s in _os_knn_specs(body))
+        spec = body["knn"] if "knn" in body else next(s for _, s in os_knn_specs(body))
         flt = json.dumps(spec.get("filter") or {})
         ranked = sorted(((pid, c) for pid, c in best.items() if not spec.get("filter") or f'"{pid}"' in flt), key=lambda kv: -kv[1])
         return [(pid, (1 + c) / 2) for pid, c in ranked[: min(spec["k"], body["size"])]]

@@ -34,7 +34,7 @@ from esqbe.errors import BackendError
 from esqbe.rescore.batches import CandidateBatch, QueryBatch, RescoreContext
 from esqbe.rescore.rescorers import rescore_summax
 
-from .fakes.engines import schema_errors
+from .fakes.specs import schema_errors
 
 ENGINES = ("elasticsearch", "opensearch")
 FACETS = ("background", "method", "result", None)
@@ -211,7 +211,8 @@ def test_the_setting_writes_the_fields_into_the_mapping_and_every_paper(engine, 
     from esqbe.index.open import open_backend
     from esqbe.settings.config import load_settings
 
-    from .fakes.engines import META, CannedEngine, EngineHTTPServer, make_papers
+    from .fakes.engines import META, CannedEngine, make_papers
+    from .fakes.wire import EngineHTTPServer
 
     server = EngineHTTPServer(CannedEngine(engine, version))
     try:
@@ -243,7 +244,8 @@ def test_the_setting_on_a_cluster_without_the_function_is_refused_naming_the_ver
     from esqbe.index.open import open_backend
     from esqbe.settings.config import load_settings
 
-    from .fakes.engines import META, CannedEngine, EngineHTTPServer
+    from .fakes.engines import META, CannedEngine
+    from .fakes.wire import EngineHTTPServer
 
     server = EngineHTTPServer(CannedEngine(engine, version))
     try:
@@ -278,7 +280,8 @@ def _engine_index(engine, version, papers, meta, **settings):
     from esqbe.index.api import Index
     from esqbe.settings.config import Settings
 
-    from .fakes.engines import _os_knn_specs, make_backend, vectors_in
+    from .fakes.bodies import os_knn_specs, vectors_in
+    from .fakes.engines import make_backend
 
     backend, canned = make_backend(engine, version)
     backend.facet_vectors = True
@@ -288,7 +291,7 @@ def _engine_index(engine, version, papers, meta, **settings):
     def knn_hits(body):
         (field, vector), = vectors_in(body)
         path = field.split(".")[0]
-        k = body["knn"]["k"] if "knn" in body else next(s for _, s in _os_knn_specs(body))["k"]
+        k = body["knn"]["k"] if "knn" in body else next(s for _, s in os_knn_specs(body))["k"]
         q = np.asarray(vector, np.float32)
         best = {pid: max(float(np.dot(np.asarray(r["vector"], np.float32), q)) for r in src[path])
                 for pid, src in canned.sources.items() if src.get(path)}
@@ -350,7 +353,7 @@ def _window_requests(requests) -> list[dict]:
 def test_a_query_is_scored_in_the_engine_as_python_scores_it(engine, version, facet, unit_papers, real_meta):
     """One window search over exactly the first stage's ids, valid for the strict spec, no vector coming back,
     and only the shown hits' vectors fetched; the hits equal the Python path's to float tolerance."""
-    from .fakes.engines import assert_valid
+    from .fakes.specs import assert_valid
 
     index, canned = _engine_index(engine, version, unit_papers, real_meta)
     query = next(p for p in unit_papers if facet is None or facet in p.paper.facets).paper_id

@@ -19,7 +19,7 @@ from esqbe.backends.engines.names import (  # noqa: E402
 )
 from esqbe.errors import ParameterError  # noqa: E402
 
-from .fakes.engines import EngineHTTPServer  # noqa: E402
+from .fakes.wire import EngineHTTPServer  # noqa: E402
 from .test_rerank_install import RerankEngine, _make_index, _run  # noqa: E402
 
 

@@ -48,17 +48,10 @@ from esqbe.index.watches import (  # noqa: E402
 )
 from esqbe.settings.config import load_settings  # noqa: E402
 
-from .fakes.engines import (  # noqa: E402
-    ENGINE_VERSIONS,
-    INDEX,
-    META,
-    VERSIONS,
-    assert_valid,
-    make_papers,
-    make_watching_backend,
-    mapping_fields,
-    referenced_fields,
-)
+from .fakes.bodies import mapping_fields, referenced_fields  # noqa: E402
+from .fakes.engines import ENGINE_VERSIONS, INDEX, META, VERSIONS, make_papers  # noqa: E402
+from .fakes.specs import assert_valid  # noqa: E402
+from .fakes.watching import make_watching_backend  # noqa: E402
 
 WATCH_INDEX = f"{INDEX}-esqbe-watches"
 ENGINES = ["elasticsearch", "opensearch"]
@@ -347,7 +340,8 @@ def test_the_watch_commands_end_to_end_over_http(tmp_path, engine, version):
     from tests.test_engine_secured import _cli
 
     from .conftest import SAMPLE
-    from .fakes.engines import EngineHTTPServer, WatchingEngine
+    from .fakes.watching import WatchingEngine
+    from .fakes.wire import EngineHTTPServer
 
     lines = SAMPLE.read_text(encoding="utf-8").splitlines()
     first, more = tmp_path / "first.jsonl", tmp_path / "more.jsonl"
@@ -393,7 +387,8 @@ def test_kill_9_during_watch_run_on_an_engine_leaves_the_old_or_the_new_document
     from tests.test_engine_secured import _cli
 
     from .conftest import REPO, SAMPLE
-    from .fakes.engines import EngineHTTPServer, WatchingEngine
+    from .fakes.watching import WatchingEngine
+    from .fakes.wire import EngineHTTPServer
 
     lines = SAMPLE.read_text(encoding="utf-8").splitlines()
     first, more = tmp_path / "first.jsonl", tmp_path / "more.jsonl"

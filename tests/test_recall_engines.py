@@ -13,14 +13,9 @@ import pytest
 from esqbe.backends.engines.mapping import FACET_PATHS  # noqa: E402
 from esqbe.domain import FirstStageRequest  # noqa: E402
 from esqbe.index.recall import check_recall  # noqa: E402
-from tests.fakes.engines import (  # noqa: E402
-    ENGINE_VERSIONS,
-    _os_knn_specs,  # noqa: E402
-    assert_valid,
-    make_papers,
-    ready_backend,
-    vectors_in,
-)
+from tests.fakes.bodies import os_knn_specs, vectors_in  # noqa: E402
+from tests.fakes.engines import ENGINE_VERSIONS, make_papers, ready_backend  # noqa: E402
+from tests.fakes.specs import assert_valid  # noqa: E402
 
 
 def _exact_from_body(body, by_path):
@@ -86,7 +81,7 @@ def _num_candidates(node) -> int | None:
     knn = node.get("knn")
     if isinstance(knn, dict) and "num_candidates" in knn:
         return int(knn["num_candidates"])
-    for _field, spec in _os_knn_specs(node):
+    for _field, spec in os_knn_specs(node):
         if "vector" in spec:
             return int((spec.get("method_parameters") or {}).get("ef_search") or spec["k"])
     return next((n for n in map(_num_candidates, node.values()) if n is not None), None)

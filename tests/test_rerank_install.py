@@ -25,7 +25,8 @@ from esqbe.backends.engines.reranker import (  # noqa: E402
     os_pipeline_body,
 )
 
-from .fakes.engines import CannedEngine, EngineHTTPServer  # noqa: E402
+from .fakes.engines import CannedEngine  # noqa: E402
+from .fakes.wire import EngineHTTPServer  # noqa: E402
 
 SCHEMA = Path(__file__).resolve().parent / "specs" / "rerank-requests.strict.schema.json"
 TOKEN = "a-server-token-of-16+"
@@ -240,7 +241,7 @@ def test_the_documented_searches_are_valid_for_the_specs():
     `ext.rerank` on OpenSearch, against the strict search-body schemas of tests/specs."""
     import re
 
-    from .fakes.engines import schema_errors
+    from .fakes.specs import schema_errors
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "engines.md").read_text(encoding="utf-8")
     section = text[text.index("## esqbe as the cluster's reranker"):text.index("## Tests")]

@@ -6,13 +6,8 @@ import json
 
 import pytest
 
-from .fakes.engines import (
-    VERSIONS,
-    _is_bm25,
-    make_papers,
-    ready_backend,
-    vectors_in,
-)
+from .fakes.bodies import is_bm25, vectors_in
+from .fakes.engines import VERSIONS, make_papers, ready_backend
 
 
 @pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
@@ -23,7 +18,7 @@ def test_engine_search_text_sends_one_bm25_search_and_no_knn(engine):
     assert backend.search_text("graphs topic", k=5) == [("p2", 7.5), ("p0", 3.0)]
     (sent,) = canned.sent("_msearch")
     bodies = sent["lines"][1::2]
-    assert len(bodies) == 1 and _is_bm25(bodies[0]) and not vectors_in(bodies[0])
+    assert len(bodies) == 1 and is_bm25(bodies[0]) and not vectors_in(bodies[0])
     assert "graphs topic" in json.dumps(bodies[0])
     assert len(canned.sent("_mget")) == mgets  # ids and scores only; the caller fetches what it shows
     assert backend.search_text("   ", k=5) == [] and len(canned.sent("_msearch")) == 1

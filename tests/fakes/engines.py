@@ -2,9 +2,10 @@
 runs: the real backend code and the official clients (`elasticsearch`, `opensearch-py`) produce every request,
 and only the lowest layer is replaced. `RecordingNode` (an elastic-transport node) and `RecordingConnection`
 (an opensearch-py connection) record the bytes a client would put on the wire and answer with the canned
-responses of `CannedEngine`; `EngineHTTPServer` serves the same canned engine on a loopback socket. The schema
-helpers check every body sent against the engines' own API specifications (strict JSON Schemas in
-tests/specs/). These are fakes that check request bodies, NOT integration tests (those need a running engine:
+responses of `CannedEngine` (tests/fakes/wire.py); `EngineHTTPServer` serves the same canned engine on a
+loopback socket. tests/fakes/specs.py checks every body sent against the engines' own API specifications,
+tests/fakes/bodies.py reads bodies as the engines would, tests/fakes/watching.py adds the companion watch index.
+These are fakes that check request bodies, NOT integration tests (those need a running engine:
 tests/test_engine_integration.py, tests/test_attach_integration.py)."""
 from __future__ import annotations
 
@@ -13,67 +14,31 @@ import itertools
 import json
 import re
 from collections import defaultdict
-from functools import cache
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import pytest
 
-pytest.importorskip("jsonschema")
 es_client = pytest.importorskip("elasticsearch")
 os_client = pytest.importorskip("opensearchpy")
-
-from elastic_transport import ApiResponseMeta, BaseNode, HttpHeaders  # noqa: E402
-from elastic_transport import ConnectionError as ESConnectionError  # noqa: E402
-from elastic_transport._node import NodeApiResponse  # noqa: E402
-from jsonschema import Draft202012Validator  # noqa: E402
-from opensearchpy.connection import Connection  # noqa: E402
 
 from esqbe.backends.engines.elasticsearch import (  # noqa: E402
     ElasticsearchBackend,
     compat_transport_class,
 )
-from esqbe.backends.engines.mapping import FACET_PATHS, VECTOR_FIELDS  # noqa: E402
+from esqbe.backends.engines.mapping import FACET_PATHS  # noqa: E402
 from esqbe.backends.engines.opensearch import OpenSearchBackend  # noqa: E402
 from esqbe.backends.engines.versions import parse_version  # noqa: E402
 from esqbe.domain import FACET_LABELS, FirstStageRequest, IndexedPaper, IndexMeta, Paper  # noqa: E402
 
-SPECS = Path(__file__).resolve().parents[1] / "specs"
-SCHEMA_FILES = {
-    "elasticsearch": SPECS / "elasticsearch-9.5-requests.strict.schema.json",
-    "opensearch": SPECS / "opensearch-3.5-requests.strict.schema.json",
-}
+from .bodies import filter_source, is_bm25, lucene_clauses  # noqa: E402
+from .wire import RecordingConnection, RecordingNode  # noqa: E402
+
 VERSIONS = {"elasticsearch": ["8.11.4", "8.19.5", "9.2.0"], "opensearch": ["2.12.0", "2.19.3", "3.5.0"]}
 ENGINE_VERSIONS = [(e, v) for e, vs in VERSIONS.items() for v in vs]
 INDEX = "papers"
 DIM = 8
 META = IndexMeta("test-encoder", DIM, "contextual")
-
-
-@cache
-def _schema_doc(engine: str) -> dict:
-    return json.loads(SCHEMA_FILES[engine].read_text(encoding="utf-8"))
-
-
-@cache
-def validator(engine: str, key: str) -> Draft202012Validator:
-    doc = _schema_doc(engine)
-    return Draft202012Validator({"$schema": doc["$schema"], "$defs": doc["$defs"], **doc[key]})
-
-
-def _leaves(errors):
-    return [leaf for e in errors for leaf in (_leaves(e.context) if e.context else [e])]
-
-
-def schema_errors(engine: str, key: str, body) -> list[str]:
-    errors = sorted(_leaves(validator(engine, key).iter_errors(body)), key=lambda e: (-len(e.absolute_path), e.validator == "type"))
-    return [f"{e.json_path}: {e.message[:200]}" for e in errors[:3]]
-
-
-def assert_valid(engine: str, key: str, body) -> None:
-    errors = schema_errors(engine, key, body)
-    assert not errors, f"{engine} {key} body rejected by the spec: {errors}\n{json.dumps(body)[:600]}"
 
 
 class CannedEngine:
@@ -374,7 +339,7 @@ class CannedEngine:
                                           "type": "search_phase_execution_exception", "reason": "all shards failed",
                                           "caused_by": {"type": "too_many_clauses", "reason": reason}}, "status": 500})
                 continue
-            hits = self.bm25_hits(body) if _is_bm25(body) else self.knn_hits(body)
+            hits = self.bm25_hits(body) if is_bm25(body) else self.knn_hits(body)
             answers.append({"took": 1, "timed_out": False, "status": 200,
                               "hits": {"max_score": None, "hits": [{"_index": INDEX, "_id": pid, "_score": s} for pid, s in hits]}})
         return 200, {"took": 1, "responses": answers}
@@ -471,167 +436,12 @@ def _merge_doc(source: dict, doc: dict) -> dict:
     return out
 
 
-def lucene_clauses(node) -> int:
-    """Leaf clauses a search body becomes in Lucene, counted as the engines' analyzer would split the text
-    (one term clause per token and field of a match/multi_match; repeats counted, as the builder sees them)."""
-    if isinstance(node, list):
-        return sum(lucene_clauses(x) for x in node)
-    if not isinstance(node, dict):
-        return 0
-    total = 0
-    for key, value in node.items():
-        if key == "multi_match":
-            total += len(re.findall(r"[^\W_]+", value["query"])) * len(value["fields"])
-        elif key == "match":
-            (spec,) = value.values()
-            total += len(re.findall(r"[^\W_]+", spec["query"] if isinstance(spec, dict) else spec))
-        else:
-            total += lucene_clauses(value)
-    return total
-
-
-def filter_source(src: dict, includes, excludes: set, omit_vectors: bool) -> dict:
-    """`_source` filtering as the engines do it (top-level and `path.leaf` includes/excludes); `omit_vectors`:
-    ES 9.2+ leaving dense_vector values out."""
-    src = json.loads(json.dumps(src))
-    if includes:
-        wanted = {}
-        for field in includes:
-            path, _, leaf = field.partition(".")
-            if path not in src:
-                continue
-            if not leaf:
-                wanted[path] = src[path]
-            elif isinstance(src[path], dict):  # an object's key (metadata.facet_probs)
-                if leaf in src[path]:
-                    wanted.setdefault(path, {})[leaf] = src[path][leaf]
-            else:
-                rows = wanted.setdefault(path, [{} for _ in src[path]])
-                for row, full in zip(rows, src[path]):
-                    if leaf in full:
-                        row[leaf] = full[leaf]
-        src = wanted
-    for field in set(excludes) | (set(VECTOR_FIELDS) if omit_vectors else set()):
-        path, _, leaf = field.partition(".")
-        if not leaf:  # a top-level field
-            src.pop(path, None)
-            continue
-        for row in src.get(path) or ():
-            row.pop(leaf, None)
-    return src
-
-
-def _is_bm25(body: dict) -> bool:
-    return "multi_match" in json.dumps(body.get("query", {}))
-
-
-class RecordingNode(BaseNode):
-    """elastic-transport node: hands the request bytes to a CannedEngine instead of a socket."""
-
-    canned: CannedEngine
-
-    def perform_request(self, method, target, body=None, headers=None, request_timeout=None):
-        sent = dict(self.headers)
-        sent.update(headers or {})
-        status, payload = self.canned.handle(method, target, sent, body)
-        if status == "connection":
-            raise ESConnectionError("canned: connection refused")
-        meta = ApiResponseMeta(
-            status=status,
-            http_version="1.1",
-            headers=HttpHeaders({"content-type": "application/json", "x-elastic-product": "Elasticsearch"}),
-            duration=0.0,
-            node=self.config,
-        )
-        return NodeApiResponse(meta, json.dumps(payload).encode("utf-8"))
-
-    def close(self):
-        pass
-
-
-class RecordingConnection(Connection):
-    """opensearch-py connection: hands the request bytes to a CannedEngine instead of a socket."""
-
-    canned: CannedEngine
-
-    def perform_request(self, method, url, params=None, body=None, timeout=None, ignore=(), headers=None):
-        target = url
-        if params:
-            from urllib.parse import urlencode
-
-            target = f"{url}?{urlencode(params)}"
-        sent = dict(self.headers)
-        sent.update(headers or {})
-        status, payload = self.canned.handle(method, target, sent, body)
-        if status == "connection":
-            raise os_client.ConnectionError("N/A", "canned: connection refused", None)
-        raw = json.dumps(payload)
-        if not (200 <= status < 300) and status not in ignore:
-            self._raise_error(status, raw, "application/json")
-        return status, {"content-type": "application/json"}, raw
-
-    def close(self):
-        pass
-
-
-class EngineHTTPServer:
-    """A real HTTP server on 127.0.0.1 that answers like the engine (a CannedEngine behind it): the clients'
-    own transports (urllib3 nodes / connections) put the request on a socket, so what is checked is what
-    goes over the wire. `delays[endpoint]` queues seconds to wait before answering (request timeouts)."""
-
-    def __init__(self, canned: CannedEngine):
-        import http.server
-        import threading
-        import time
-
-        self.canned = canned
-        self.delays: dict[str, list[float]] = defaultdict(list)
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            wbufsize = 1 << 16  # one write per response (flushed by the handler): no Nagle/delayed-ACK stalls
-            disable_nagle_algorithm = True
-
-            def _answer(self):
-                length = int(self.headers.get("content-length") or 0)
-                body = self.rfile.read(length) if length else None
-                n = len(canned.requests)
-                status, payload = canned.handle(self.command, self.path, dict(self.headers.items()), body)
-                endpoint = canned.requests[n]["endpoint"] if len(canned.requests) > n else ""
-                if server.delays[endpoint]:
-                    time.sleep(server.delays[endpoint].pop(0))
-                raw = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(raw)))
-                if canned.engine == "elasticsearch":
-                    self.send_header("x-elastic-product", "Elasticsearch")
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(raw)
-
-            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _answer
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def make_backend(engine: str, version: str, aliases: bool = False, **client_options):
-    """The real backend on a real client whose lowest layer is the canned engine. `aliases`: keep the alias index
-    (esqbe.backends.engines.aliasstore) as the product does; off unless asked, so that a test counting a paper write's
-    requests counts the paper index's (tests/test_engine_aliases.py asks)."""
-    canned = CannedEngine(engine, version)
+def make_backend(engine: str, version: str, aliases: bool = False, canned: CannedEngine | None = None,
+                 **client_options):
+    """The real backend on a real client whose lowest layer is the canned engine (`canned`, or a new CannedEngine).
+    `aliases`: keep the alias index (esqbe.backends.engines.aliasstore) as the product does; off unless asked, so that
+    a test counting a paper write's requests counts the paper index's (tests/test_engine_aliases.py asks)."""
+    canned = canned if canned is not None else CannedEngine(engine, version)
     if engine == "elasticsearch":
         node = type("Node", (RecordingNode,), {"canned": canned})
         client = es_client.Elasticsearch(
@@ -678,243 +488,4 @@ def ready_backend(engine, version, papers=None):
     backend.ensure(META)
     if papers:
         backend.upsert(papers)
-    return backend, canned
-
-
-def mapping_fields(mapping: dict) -> dict[str, dict]:
-    """Flattened field name -> field mapping (nested paths included)."""
-    out = {}
-
-    def walk(props, prefix):
-        for name, spec in props.items():
-            full = f"{prefix}{name}"
-            out[full] = spec
-            if "properties" in spec:
-                walk(spec["properties"], full + ".")
-
-    walk(mapping["properties"], "")
-    return out
-
-
-def referenced_fields(node, out=None) -> set[str]:
-    """Every field name a search body refers to."""
-    out = set() if out is None else out
-    if isinstance(node, list):
-        for x in node:
-            referenced_fields(x, out)
-    elif isinstance(node, dict):
-        for key, value in node.items():
-            if key == "knn" and isinstance(value, dict) and "field" in value:  # ES top-level knn
-                out.add(value["field"])
-                referenced_fields(value.get("filter"), out)
-            elif key == "knn" and isinstance(value, dict):  # OpenSearch knn query: {field: {...}}
-                for field, spec in value.items():
-                    out.add(field)
-                    referenced_fields(spec.get("filter"), out)
-            elif key == "nested" and isinstance(value, dict):
-                out.add(value["path"])
-                referenced_fields(value.get("query"), out)
-            elif key in ("term", "terms", "match", "match_phrase", "range", "prefix"):
-                out.update(k for k in value if k not in ("boost", "_name"))
-            elif key == "multi_match":
-                out.update(f.split("^")[0] for f in value["fields"])
-            elif key == "exists":
-                out.add(value["field"])
-            else:
-                referenced_fields(value, out)
-    return out
-
-
-def vectors_in(node, out=None) -> list[tuple[str, list]]:
-    """(field, query vector) pairs in a search body."""
-    out = [] if out is None else out
-    if isinstance(node, list):
-        for x in node:
-            vectors_in(x, out)
-    elif isinstance(node, dict):
-        if isinstance(node.get("knn"), dict) and "query_vector" in node["knn"]:
-            out.append((node["knn"]["field"], node["knn"]["query_vector"]))
-        elif isinstance(node.get("knn"), dict):
-            for field, spec in node["knn"].items():
-                if isinstance(spec, dict) and "vector" in spec:
-                    out.append((field, spec["vector"]))
-        for v in node.values():
-            vectors_in(v, out)
-    return out
-
-
-def features_in(body: dict, engine: str) -> set[str]:
-    """Version-gated engine features a search body uses (see FEATURE_SINCE)."""
-    text = json.dumps(body)
-    used = set()
-    knn_filters = []
-    if engine == "elasticsearch":
-        if "knn" in body:
-            used.add("nested_knn")
-            knn_filters = [body["knn"].get("filter")]
-            if "inner_hits" in body["knn"]:
-                used.add("knn_inner_hits")
-        if '"knn"' in json.dumps(body.get("query", {})):
-            used.add("knn_query_dsl")
-        if "exclude_vectors" in text:
-            used.add("source_exclude_vectors_param")
-    else:
-        if '"knn"' in text:
-            used.add("nested_knn")
-        if "expand_nested_docs" in text:
-            used.add("expand_nested_docs")
-        if '"hybrid"' in text:
-            used.add("hybrid_query")
-        if "method_parameters" in text:
-            used.add("knn_method_parameters")
-        knn_filters = [spec.get("filter") for _, spec in _os_knn_specs(body)]
-    for flt in knn_filters:
-        if flt is None:
-            continue
-        fields = referenced_fields(flt)  # parent fields are top-level names; nested ones are dotted paths
-        if any("." in f for f in fields) or '"nested"' in json.dumps(flt):
-            used.add("knn_nested_filter" if engine == "elasticsearch" else "knn_nested_filter_wrapped")
-        if any("." not in f for f in fields):
-            used.add("knn_parent_filter")
-    if "retriever" in body or "rank" in body:
-        used.add("rrf_retriever")
-    return used
-
-
-def _os_knn_specs(node):
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "knn" and isinstance(value, dict):
-                yield from ((f, s) for f, s in value.items() if isinstance(s, dict))
-            else:
-                yield from _os_knn_specs(value)
-    elif isinstance(node, list):
-        for x in node:
-            yield from _os_knn_specs(x)
-
-
-class WatchingEngine(CannedEngine):
-    """A CannedEngine that also keeps the companion watch index (`<index>-esqbe-watches`) the way an engine keeps
-    documents: each write gets the next `_seq_no` (primary term 1); `op_type=create` on an existing id and
-    `if_seq_no`/`if_primary_term` that do not match the stored document answer 409 `version_conflict_engine_exception`
-    as the engines do; PUT `_mapping` adds fields; searches of the paper index by the `indexed_at` range (sorted)
-    and its max aggregation are answered from the stored documents. `before_write[name]` runs a callable just before
-    a watch document write is applied (another writer's change slipped in between a read and a write),
-    `after_write[name]` just after it is applied and before it is answered."""
-
-    def __init__(self, engine: str, version: str):
-        super().__init__(engine, version)
-        self.watch_docs: dict[str, tuple[dict, int]] = {}  # id -> (source, seq_no)
-        self.watch_definition: dict | None = None
-        self.seq_no = 0
-        self.before_write: dict[str, list] = defaultdict(list)
-        self.after_write: dict[str, list] = defaultdict(list)
-
-    @staticmethod
-    def _is_watch(segs) -> bool:
-        return bool(segs) and segs[0].endswith("-esqbe-watches")
-
-    def _conflict(self, reason: str):
-        return 409, {"error": {"root_cause": [{"type": "version_conflict_engine_exception", "reason": reason}],
-                               "type": "version_conflict_engine_exception", "reason": reason}, "status": 409}
-
-    def _missing(self, name: str):
-        return 404, {"error": {"type": "index_not_found_exception", "reason": f"no such index [{name}]"}, "status": 404}
-
-    def _index(self, method, segs, record):
-        if not self._is_watch(segs):
-            return super()._index(method, segs, record)
-        if method == "PUT":
-            if self.watch_definition is not None:
-                reason = f"index [{segs[0]}/canned] already exists"
-                return 400, {"error": {"type": "resource_already_exists_exception", "reason": reason}, "status": 400}
-            self.watch_definition = record["lines"][0]
-            return 200, {"acknowledged": True, "shards_acknowledged": True, "index": segs[0]}
-        return 405, {"error": "unexpected"}
-
-    def _mapping(self, method, segs, record):
-        if method == "PUT" and not self._is_watch(segs):
-            if self.mapping is None:
-                return self._missing(segs[0])
-            body = record["lines"][0]
-            self.mapping.setdefault("properties", {}).update(body.get("properties") or {})  # fields are added
-            if "_meta" in body:  # replaced as a whole
-                self.mapping["_meta"] = body["_meta"]
-            return 200, {"acknowledged": True}
-        return super()._mapping(method, segs, record)
-
-    def _doc(self, method, segs, record):
-        if not self._is_watch(segs):
-            return super()._doc(method, segs, record)
-        if self.watch_definition is None:
-            return self._missing(segs[0])
-        name, params = segs[2], record["params"]
-        stored = self.watch_docs.get(name)
-        if method == "GET":
-            if stored is None:
-                return 404, {"_index": segs[0], "_id": name, "found": False}
-            return 200, {"_index": segs[0], "_id": name, "_version": stored[1] + 1, "_seq_no": stored[1],
-                         "_primary_term": 1, "found": True, "_source": json.loads(json.dumps(stored[0]))}
-        for hook in self.before_write.pop(name, []):
-            hook()
-            stored = self.watch_docs.get(name)
-        if method == "DELETE":
-            if stored is None:
-                return 404, {"_index": segs[0], "_id": name, "result": "not_found"}
-            del self.watch_docs[name]
-            return 200, {"_index": segs[0], "_id": name, "result": "deleted"}
-        if params.get("op_type") == "create" and stored is not None:
-            return self._conflict(f"[{name}]: version conflict, document already exists (current version [1])")
-        if "if_seq_no" in params:
-            if stored is None or (int(params["if_seq_no"]), int(params["if_primary_term"])) != (stored[1], 1):
-                return self._conflict(f"[{name}]: version conflict, required seqNo [{params['if_seq_no']}], primary "
-                                      f"term [{params['if_primary_term']}]")
-        self.seq_no += 1
-        self.watch_docs[name] = (record["lines"][0], self.seq_no)
-        for hook in self.after_write.pop(name, []):  # applied, not yet answered (a client may die meanwhile)
-            hook()
-        return (201 if stored is None else 200), {"_index": segs[0], "_id": name, "_seq_no": self.seq_no,
-                                                  "_primary_term": 1, "result": "created" if stored is None else "updated"}
-
-    def _search(self, method, segs, record):
-        body = record["lines"][0] if record["lines"] else {}
-        if self._is_watch(segs):
-            if self.watch_definition is None:
-                return self._missing(segs[0])
-            docs = sorted(self.watch_docs.items())
-            excludes = set(((body.get("_source") or {}).get("excludes")) or [])
-            hits = [{"_index": segs[0], "_id": n, "_source": {k: v for k, v in src.items() if k not in excludes}}
-                    for n, (src, _) in docs]
-            return 200, {"hits": {"total": {"value": len(docs), "relation": "eq"}, "hits": hits[: body.get("size", 10)]}}
-        stamped = {pid: src for pid, src in self.sources.items() if "indexed_at" in src}
-        if "last" in (body.get("aggs") or {}):
-            value = max((src["indexed_at"] for src in stamped.values()), default=None)
-            return 200, {"hits": {"hits": []}, "aggregations": {"last": {"value": value}}}
-        bounds = ((body.get("query") or {}).get("range") or {}).get("indexed_at")
-        if bounds is not None:
-            rows = sorted((src["indexed_at"], pid) for pid, src in stamped.items()
-                          if bounds["gte"] <= src["indexed_at"] < bounds["lt"])
-            includes = body["_source"]["includes"]
-            hits = [{"_index": INDEX, "_id": pid, "_source": {k: stamped[pid][k] for k in includes if k in stamped[pid]},
-                     "sort": [stamp]} for stamp, pid in rows[: body["size"]]]
-            return 200, {"hits": {"hits": hits}}
-        return super()._search(method, segs, record)
-
-
-def make_watching_backend(engine: str, version: str, aliases: bool = False):
-    """`make_backend` over a WatchingEngine."""
-    canned = WatchingEngine(engine, version)
-    if engine == "elasticsearch":
-        node = type("Node", (RecordingNode,), {"canned": canned})
-        client = es_client.Elasticsearch("http://canned:9200", node_class=node, transport_class=compat_transport_class(),
-                                         max_retries=0)
-        backend = ElasticsearchBackend("http://canned:9200", INDEX, client=client)
-    else:
-        conn = type("Conn", (RecordingConnection,), {"canned": canned})
-        client = os_client.OpenSearch(hosts=["http://canned:9200"], connection_class=conn, max_retries=0)
-        backend = OpenSearchBackend("http://canned:9200", INDEX, client=client)
-    backend.retry_wait_initial = 0.0
-    backend.retry_wait_max = 0.0
-    if not aliases:
-        backend.keeps_aliases = False
     return backend, canned
