@@ -90,3 +90,25 @@ def test_internal_keys_are_in_no_list_a_user_reads(library):
     assert r.exit_code == 0 and r.stdout.startswith("vaswani2017attention\t2017\t"), r.output
     shown = json.loads(run("show", "--path", library, "vaswani2017attention", "--json").stdout)
     assert not set(shown["metadata"]) & set(INTERNAL)
+
+
+def test_the_rescore_depth_from_a_flag_the_environment_and_the_config(index_copy, tmp_path):
+    """How many first-stage candidates are rescored: the flag, then ESQBE_RESCORE_DEPTH, then the config file, then the
+    default (100: every other paper of this 30-paper index); the result says how many it rescored."""
+    query = ("query", "--path", index_copy, "--paper", "csabstruct-train-0000", "--no-server", "--json", "-k", "3")
+    cfg = tmp_path / "esqbe.yaml"
+    cfg.write_text("rescore_depth: 11\n")
+
+    def rescored(*extra, env=None):
+        r = run(*query, *extra, env=env)
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        assert len(out["hits"]) == 3
+        return out["rescoring"]["in_python"]
+
+    assert rescored() == 29
+    assert rescored("--config", cfg) == 11
+    assert rescored("--config", cfg, env={"ESQBE_RESCORE_DEPTH": "9"}) == 9
+    assert rescored("--config", cfg, "--rescore-depth", "7", env={"ESQBE_RESCORE_DEPTH": "9"}) == 7
+    r = run(*query, "--rescore-depth", "0")
+    assert r.exit_code == 2 and "--rescore-depth" in r.output and "Traceback" not in r.output

@@ -150,8 +150,9 @@ SETTINGS: tuple[Setting, ...] = (
             choices=rescorer_names, flag="--rescorer", http="rescorer", commands=_RANK),
     Setting("rescorer_params", dict, {}, "Rescorer parameters (each rescorer declares its own: "
             "esqbe.rescore.registry.Param).", flag="--param", http="rescorer_params", commands=_RANK),
-    Setting("rescore_depth", int, 100, "First-stage candidates handed to the rescorer.", low=1, high=MAX_K,
-            http="first_stage.depth", http_max=HTTP_MAX_K),
+    Setting("rescore_depth", int, 100, "First-stage candidates handed to the rescorer (more: better recall, "
+            "slower queries; docs/performance.md).", low=1, high=MAX_K, flag="--rescore-depth",
+            env="ESQBE_RESCORE_DEPTH", http="first_stage.depth", http_max=HTTP_MAX_K, commands=_RANK),
     Setting("knn_k", int, 100, "Papers per query sentence from the kNN.", low=1, high=MAX_K, http="first_stage.knn_k",
             http_max=HTTP_MAX_K),
     Setting("bm25_k", int, 100, "Papers from BM25.", low=1, high=MAX_K, http="first_stage.bm25_k", http_max=HTTP_MAX_K),
