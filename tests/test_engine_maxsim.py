@@ -343,6 +343,11 @@ def _window_bodies(request) -> list[dict]:
     return [b for b in request["lines"][1::2] if "rescore" in b and "ids" in (b.get("query") or {})]
 
 
+def _lookup_bodies(request) -> list[dict]:
+    """The BM25 look-ups riding in a window's `_msearch` (esqbe.query.combine.bm25_lookups)."""
+    return [b for b in request["lines"][1::2] if b not in _window_bodies(request)]
+
+
 def _window_requests(requests) -> list[dict]:
     """The requests that scored a query's window in the engine: `_msearch`es holding window searches."""
     return [r for r in requests if r["endpoint"] == "_msearch" and _window_bodies(r)]
@@ -362,10 +367,11 @@ def test_a_query_is_scored_in_the_engine_as_python_scores_it(engine, version, fa
     sent = canned.requests[before:]
     (window,) = _window_requests(sent)
     (body,) = _window_bodies(window)
-    # the query paper and the shown hits fetched (`_mget`); the first stage, the BM25 look-ups of issue 48's score
-    # and the window's MaxSim each one `_msearch`; no search of its own per part
-    assert [r["endpoint"] for r in sent if r["endpoint"] != "_mapping"] == ["_mget", "_msearch", "_msearch",
-                                                                             "_msearch", "_mget"]
+    # the query paper and the shown hits fetched (`_mget`); the first stage one `_msearch`, the window's MaxSim and
+    # the BM25 look-ups of issue 48's score (here the index-wide reference alone) another; no search of its own per part
+    assert [r["endpoint"] for r in sent if r["endpoint"] != "_mapping"] == ["_mget", "_msearch", "_msearch", "_mget"]
+    (reference,) = _lookup_bodies(window)
+    assert reference["size"] == 1 and "filter" not in reference["query"]["bool"]  # nothing restricted
     assert_valid(engine, "search", body)
     assert check_painless(engine, body["rescore"]["query"]["rescore_query"]["script_score"]["script"]["source"]) == []
     assert mv_field(facet) in json.dumps(body["rescore"])
@@ -386,6 +392,35 @@ def test_a_query_is_scored_in_the_engine_as_python_scores_it(engine, version, fa
     assert python_result.rescoring["where"] == "python" and "engine_facet_vectors is off" in python_result.rescoring["why"]
     _same_hits(engine_result, python_result)
     assert engine_result.to_dict()["rescoring"]["in_backend"] == len(body["query"]["ids"]["values"])
+
+
+@pytest.mark.parametrize("engine,version", EDGE)
+def test_the_bm25_look_ups_ride_in_the_window_request(engine, version, unit_papers, real_meta):
+    """With a first stage whose BM25 reaches only its 3 best, the candidates the kNN alone brought get their BM25 by a
+    look-up restricted to their ids: it and the index-wide reference go in the window's `_msearch` (each with the
+    shard-copy preference `first_stage` would give it), and the hits equal the Python path's, whose look-ups are
+    first stages of their own."""
+    from .fakes.bodies import is_bm25
+
+    index, canned = _engine_index(engine, version, unit_papers, real_meta, bm25_k=3)
+    query = unit_papers[0].paper_id
+    before = len(canned.requests)
+    engine_result, python_result = _both(index, paper_id=query, facet="method", k=6)
+    sent = [r for r in canned.requests[before:] if r["endpoint"] != "_mapping"]
+    (window,) = _window_requests(sent)
+    reference, restricted = _lookup_bodies(window)
+    assert is_bm25(reference) and is_bm25(restricted) and reference["size"] == 1
+    unscored = set(restricted["query"]["bool"]["filter"][0]["terms"]["paper_id"])
+    window_ids = set(_window_bodies(window)[0]["query"]["ids"]["values"])
+    assert unscored and unscored < window_ids and len(window_ids - unscored) <= 3
+    headers = window["lines"][0::2]
+    assert all("preference" not in h for h in headers[:1]) and all(h["preference"].startswith("esqbe-")
+                                                                    for h in headers[1:])
+    python_sent = [r for r in canned.requests if r["endpoint"] == "_msearch"][-2:]  # the Python path's own look-ups
+    assert [b for r in python_sent for b in r["lines"][1::2]] == [reference, restricted]
+    assert [r["lines"][0] for r in python_sent] == headers[1:]
+    assert any(h.bm25 > 0 and h.paper_id in unscored for h in engine_result.hits)
+    _same_hits(engine_result, python_result)
 
 
 @pytest.mark.parametrize("engine,version", EDGE)
@@ -467,7 +502,8 @@ def test_a_hostile_window_answer_is_refused(engine, version, hostile, match, uni
 @pytest.mark.parametrize("engine,version", EDGE)
 def test_a_hostile_answer_to_one_part_of_the_window_is_refused_naming_it(engine, version, unit_papers, real_meta):
     """Two examples and a paper to avoid are three searches in the window's one `_msearch`: the second answered
-    with a paper it was not asked for, or failing outright (a 400 no retry mends), is refused naming that part."""
+    with a paper it was not asked for, or failing outright (a 400 no retry mends), is refused naming that part; so is
+    the BM25 look-up that rides in the same request."""
     index, canned = _engine_index(engine, version, unit_papers, real_meta)
     with_method = [p.paper_id for p in unit_papers if "method" in p.paper.facets]
     calls = []
@@ -492,6 +528,20 @@ def test_a_hostile_answer_to_one_part_of_the_window_is_refused_naming_it(engine,
     canned.window_answer = staticmethod(lambda hits: hits)
     canned._maxsim_window = second_fails
     with pytest.raises(BackendError, match=r"part 2 of 3\) \(400\).*compile error"):
+        index.query(examples=with_method[:2], avoid=with_method[2:3], facet="method", k=5, place_hits=False)
+    del canned._maxsim_window
+    real_msearch = canned._msearch
+
+    def lookup_fails(method, segs, record):  # the BM25 look-up riding in the window's request
+        status, answer = real_msearch(method, segs, record)
+        bodies = record["lines"][1::2]
+        if any("rescore" in b for b in bodies):
+            answer["responses"][-1] = {"error": {"type": "query_shard_exception", "reason": "bad look-up"},
+                                       "status": 400}
+        return status, answer
+
+    canned._msearch = lookup_fails
+    with pytest.raises(BackendError, match=r"look-up 1 of 1\) \(400\).*bad look-up"):
         index.query(examples=with_method[:2], avoid=with_method[2:3], facet="method", k=5, place_hits=False)
 
 

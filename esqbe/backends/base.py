@@ -38,6 +38,15 @@ class WindowScores:
     papers: dict[str, Paper] = field(default_factory=dict)
 
 
+@dataclass
+class WindowAnswer:
+    """What `Backend.score_windows` answers: each part's `WindowScores` (in order), and the candidates of each first
+    stage it was asked to run beside them (`lookups`, in order: the query's BM25 look-ups, in the same request)."""
+
+    parts: list[WindowScores]
+    lookups: list[list[Candidate]]
+
+
 class Backend(ABC):
     """Storage + first-stage retrieval for one index."""
 
@@ -121,14 +130,15 @@ class Backend(ABC):
         """Whether `score_windows` computes summax where the index lives, and in words how (or why not)."""
         return False, f"the {self.name} backend keeps no scoring of its own: summax runs in Python"
 
-    def score_windows(self, paper_ids: Sequence[str],
-                      parts: Sequence[tuple[np.ndarray, str | None]]) -> list[WindowScores] | None:
+    def score_windows(self, paper_ids: Sequence[str], parts: Sequence[tuple[np.ndarray, str | None]],
+                      lookups: Sequence[FirstStageRequest] = ()) -> WindowAnswer | None:
         """For each part of a query (its unit vectors, the candidates' facet it is matched with; None: every
         sentence), summax (the mean over the part's vectors of the best cosine to a paper's sentences of that facet)
-        of the given papers, computed where the index lives, all parts in one request, with no vector shipped back;
-        the papers come back without vectors (`WindowScores`, one per part, in order). None where this backend
-        cannot (see `window_scoring`): the caller rescores in Python. Optional (issue 52: the engines' MaxSim over
-        per-facet multi-vector fields)."""
+        of the given papers, computed where the index lives, with no vector shipped back; the papers come back
+        without vectors (`WindowScores`, one per part, in order). With them, in the same request, the `lookups`
+        (first stages, answered as `first_stage` answers them): a query's window costs one round trip. None where
+        this backend cannot (see `window_scoring`): the caller rescores in Python and runs the look-ups itself.
+        Optional (issue 52: the engines' MaxSim over per-facet multi-vector fields)."""
         return None
 
     def paper_count(self) -> int:

@@ -10,8 +10,9 @@ example and nothing to avoid).
                   avoided paper than to the examples loses; rocchio: s - avoid_weight x mean_j a_j
                   (chosen on CSFCube fold1_dev with `esqbe eval csfcube --feedback`: docs/results.md)
     the score     (1 - w - x) x (s - penalty) + w x bm25 / B + x x abstract similarity, w final_bm25_weight, x
-                  abstract_weight, B the query text's best BM25 in the whole index (`bm25_reference`: nothing
-                  excluded, restricted or filtered; for a paper query usually that paper's own): a function of the
+                  abstract_weight, B the query text's best BM25 in the whole index (`bm25_lookups`; the result's
+                  bm25_reference: nothing excluded, restricted or filtered; for a paper query usually that paper's
+                  own): a function of the
                   query and the paper alone (and the index's statistics), whatever else the first stage found, so a
                   rerank of any subset, a watch's new papers or a filtered page score a paper as the query does
                   (issue 48; chosen on CSFCube fold1_dev: docs/results.md)
@@ -73,32 +74,35 @@ def _finite_rows(x: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(x), x, NO_MATCH)
 
 
-def bm25_reference(backend: Backend, request: FirstStageRequest) -> float:
-    """What a hit's BM25 is divided by: the query text's best BM25 over the whole index, on the same fields, nothing
-    excluded, restricted or filtered (for a paper query that is usually the paper itself: its self-score). It depends
-    on the query and the index only, never on which candidates a query or a rerank is given; 0 when no paper
-    matches a word of it."""
-    found = backend.first_stage(FirstStageRequest(
-        text=request.text, vectors=np.zeros((0, request.vectors.shape[1]), dtype=np.float32), k=1, knn_k=0, bm25_k=1,
-        fusion="bm25", with_papers=False, bm25_facet=request.bm25_facet))
-    return max((float(c.bm25) for c in found), default=0.0)
+def bm25_lookups(request: FirstStageRequest, candidates: Sequence[Candidate]) -> list[FirstStageRequest]:
+    """The BM25 look-ups of the one score, as first stages of BM25 alone on the query's text and fields:
+    1. what a hit's BM25 is divided by: the query text's best BM25 over the whole index, nothing excluded, restricted
+       or filtered (for a paper query that is usually the paper itself: its self-score). It depends on the query and
+       the index only, never on which candidates a query or a rerank is given;
+    2. where the first stage gave some candidates no BM25 (it gives it only to those within its `bm25_k` best: a
+       candidate the kNN alone brought has 0 there), those candidates scored among themselves (restricted to their
+       ids: the index's statistics, the same score as anywhere). Not asked where the first stage was restricted to a
+       pool it scored whole, or the query has no text."""
+    def bm25_only(k: int, restrict_to: frozenset[str] | None) -> FirstStageRequest:
+        return FirstStageRequest(text=request.text, vectors=np.zeros((0, request.vectors.shape[1]), dtype=np.float32),
+                                 k=k, knn_k=0, bm25_k=k, restrict_to=restrict_to, fusion="bm25", with_papers=False,
+                                 bm25_facet=request.bm25_facet)
 
-
-def _complete_bm25(backend: Backend, request: FirstStageRequest, candidates: list[Candidate]) -> np.ndarray:
-    """Each candidate's own BM25: the first stage gives it only to those within its `bm25_k` best, so a candidate the
-    kNN alone brought (0 there) is scored here among themselves (restricted to their ids: the index's statistics, the
-    same score as anywhere). Skipped where the first stage was restricted to a pool it scored whole."""
-    bm25 = np.array([c.bm25 for c in candidates], dtype=np.float64)
+    out = [bm25_only(1, None)]
     whole = request.restrict_to is not None and request.bm25_k >= len(request.restrict_to)
-    unscored = [c.paper_id for c, b in zip(candidates, bm25) if b <= 0.0]
-    if whole or not unscored or not request.text.strip():
-        return bm25
-    found = backend.first_stage(FirstStageRequest(
-        text=request.text, vectors=np.zeros((0, request.vectors.shape[1]), dtype=np.float32), k=len(unscored), knn_k=0,
-        bm25_k=len(unscored), restrict_to=frozenset(unscored), fusion="bm25", with_papers=False,
-        bm25_facet=request.bm25_facet))
-    got = {c.paper_id: float(c.bm25) for c in found}
-    return np.array([got.get(c.paper_id, b) if b <= 0.0 else b for c, b in zip(candidates, bm25)], dtype=np.float64)
+    unscored = [c.paper_id for c in candidates if c.bm25 <= 0.0]
+    if unscored and not whole and request.text.strip():
+        out.append(bm25_only(len(unscored), frozenset(unscored)))
+    return out
+
+
+def bm25_from_lookups(candidates: Sequence[Candidate], found: Sequence[Sequence[Candidate]]) -> tuple[np.ndarray, float]:
+    """(each candidate's own BM25, the reference) from the answers to `bm25_lookups`; 0 as the reference when no
+    paper matches a word of the query."""
+    reference = max((float(c.bm25) for c in found[0]), default=0.0)
+    got = {c.paper_id: float(c.bm25) for c in found[1]} if len(found) > 1 else {}
+    bm25 = np.array([got.get(c.paper_id, c.bm25) if c.bm25 <= 0.0 else c.bm25 for c in candidates], dtype=np.float64)
+    return bm25, reference
 
 
 def window_plan(backend: Backend, parts: Sequence[Example], settings: Settings) -> tuple[bool, str]:
@@ -125,18 +129,20 @@ def _view_facet(part: Example, settings: Settings) -> str | None:
 
 
 def _score_in_backend(backend: Backend, candidates: list[Candidate], examples: Sequence[Example],
-                      avoid: Sequence[Example], settings: Settings, rescorer):
-    """Each example's and avoided paper's summax of the window, scored by the backend (`window_plan` said it can):
-    (the candidates still in the index, per example (E, n), per avoided paper (A, n), how many were scored in Python).
+                      avoid: Sequence[Example], settings: Settings, rescorer, lookups: Sequence[FirstStageRequest]):
+    """Each example's and avoided paper's summax of the window, scored by the backend (`window_plan` said it can), the
+    `lookups` answered in the same request: (the candidates still in the index, per example (E, n), per avoided paper
+    (A, n), how many were scored in Python, the look-ups' candidates).
     A candidate the backend left unscored (written before its index carried the fields), or whose labels the tagger
     predicted under candidate_facet auto (a penalty per sentence), is scored here on its fetched vectors: the same
     summax, so a paper's score stays a function of the query and that paper alone."""
     ids = [c.paper_id for c in candidates]
     parts = [*examples, *avoid]
-    got = backend.score_windows(ids, [(part.paper.vectors[part.indices], _view_facet(part, settings)) for part in parts])
-    if got is None or len(got) != len(parts):
+    got = backend.score_windows(ids, [(part.paper.vectors[part.indices], _view_facet(part, settings)) for part in parts],
+                                lookups)
+    if got is None or len(got.parts) != len(parts) or len(got.lookups) != len(lookups):
         raise QueryError(f"the {backend.name} backend said it scores summax, then did not")
-    answers = list(got)
+    answers = list(got.parts)
     papers = {pid: p for got in answers for pid, p in got.papers.items()}
     auto = settings.candidate_facet == "auto"
     python = [pid for pid in ids if pid in papers and any(
@@ -151,7 +157,7 @@ def _score_in_backend(backend: Backend, candidates: list[Candidate], examples: S
         sub = [dataclasses.replace(kept[m], paper=full[kept[m].paper_id]) for m in redo]
         per, _, av, _ = _rescore_python(sub, examples, avoid, settings, rescorer, None)
         rows[:, redo] = np.concatenate([per, av]).reshape(len(parts), len(redo))
-    return kept, rows[: len(examples)], rows[len(examples):], len(redo)
+    return kept, rows[: len(examples)], rows[len(examples):], len(redo), got.lookups
 
 
 def _rescore_python(candidates: list[Candidate], examples: Sequence[Example], avoid: Sequence[Example],
@@ -274,9 +280,12 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
     in_python = 0
     per_example = np.full((len(examples), len(candidates)), np.nan)
     avoided_sims = np.full((len(avoid), len(candidates)), np.nan)
+    w, a = _final_weights(settings)
+    lookups = bm25_lookups(request, candidates) if rescorer is not None and w and candidates else []
+    looked_up = None  # the look-ups' answers, where they rode with the window's scoring
     if rescorer is not None and candidates and in_backend:  # summax where the index lives (issue 52)
-        candidates, per_example, avoided_sims, in_python = _score_in_backend(backend, candidates, examples, avoid,
-                                                                              settings, rescorer)
+        candidates, per_example, avoided_sims, in_python, looked_up = _score_in_backend(
+            backend, candidates, examples, avoid, settings, rescorer, lookups)
     n = len(candidates)
     first = np.array([c.score for c in candidates], dtype=np.float64)
     # per example: (example, query sentence, candidate sentence, weight) of each candidate
@@ -309,7 +318,6 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
         penalty = share * total
         scores = scores - total
         similarity = np.where(np.isfinite(similarity), scores, np.nan) if rescorer is not None else similarity
-    w, a = _final_weights(settings)
     bm25 = np.array([c.bm25 for c in candidates], dtype=np.float64)
     scaled = np.zeros(n)
     abstract = np.full(n, np.nan)
@@ -317,8 +325,9 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
     if rescorer is not None and (w or a) and candidates:  # the one score (the module's docstring); none: first stage
         if w:
             t2 = time.perf_counter()
-            bm25 = _complete_bm25(backend, request, candidates)
-            reference = bm25_reference(backend, request)
+            if looked_up is None:  # rescored here: the look-ups are first stages of their own
+                looked_up = [backend.first_stage(lookup) for lookup in lookups]
+            bm25, reference = bm25_from_lookups(candidates, looked_up)
             timings["bm25_lookups"] = round(1000 * (time.perf_counter() - t2), 2)  # (within "rescore")
             scaled = np.minimum(bm25 / reference, 1.0) if reference > 0 else np.zeros(n)
         if a:

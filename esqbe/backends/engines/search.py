@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -13,7 +14,7 @@ import numpy as np
 from ...core.fusion import fuse, top_k
 from ...domain import Candidate, FirstStageRequest, IndexedPaper, IndexMeta, Paper
 from ...errors import BackendError, ModelMismatchError
-from ..base import WindowScores
+from ..base import WindowAnswer, WindowScores
 from .bodies import bm25_body, facet_paths
 from .client import RETRY_STATUSES, _ItemRetry, _reason
 from .documents import doc_to_text
@@ -131,14 +132,15 @@ class FirstStageMixin(_Host):
             h.update(f"\x00{request.filter!r}".encode())
         return f"esqbe-{h.hexdigest()[:16]}"
 
-    def _msearch_once(self, bodies: list[dict], preference: str | None = None,
+    def _msearch_once(self, bodies: list[dict], preference: str | Sequence[str | None] | None = None,
                       labels: list[str] | None = None) -> list[dict]:
         """One `_msearch`; a search inside it failing with 429/5xx raises so the whole request is retried; another
-        failure is a BackendError (naming the search by `labels`, where given)."""
-        header = {"preference": preference} if preference else {}
+        failure is a BackendError (naming the search by `labels`, where given). `preference`: every search's, or
+        one per search."""
+        prefs = [preference] * len(bodies) if preference is None or isinstance(preference, str) else list(preference)
         lines: list[dict] = []
-        for body in bodies:
-            lines.extend((dict(header), body))
+        for body, pref in zip(bodies, prefs, strict=True):
+            lines.extend(({"preference": pref} if pref else {}, body))
         resp = self.client.msearch(index=self.index, body=lines)
         responses = self._body(resp).get("responses", [])
         if len(responses) != len(bodies):
@@ -155,6 +157,21 @@ class FirstStageMixin(_Host):
         return responses
 
     def first_stage(self, request: FirstStageRequest) -> list[Candidate]:
+        planned = self._first_stage_plan(request)
+        if planned is None:
+            return []
+        request, searches = planned
+        try:
+            responses = self._retrying()(self._msearch_once, [body for _, _, body in searches], self.preference_for(request))
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise self._error("searching", exc) from exc
+        return self._first_stage_answer(request, searches, responses)
+
+    def _first_stage_plan(self, request: FirstStageRequest) -> tuple[FirstStageRequest, list] | None:
+        """The request as searched (a filter resolved to ids where it must be) and its searches; None: nothing to
+        search (an empty pool, no text and no vector)."""
         meta = self._index_meta()
         q = np.asarray(request.vectors, dtype=np.float32)
         if q.ndim == 1:
@@ -166,19 +183,13 @@ class FirstStageMixin(_Host):
         if request.filter:
             request = self._resolve_filter(request)
         if request.restrict_to is not None and not request.restrict_to:
-            return []
+            return None
         searches = self.search_bodies(request)
-        if not searches:
-            return []
-        info = self.info()
-        space = self._space_engine()
-        try:
-            responses = self._retrying()(self._msearch_once, [body for _, _, body in searches], self.preference_for(request))
-        except BackendError:
-            raise
-        except Exception as exc:
-            raise self._error("searching", exc) from exc
-        bm25, knn = self.parse_first_stage(searches, responses, request, info, space)
+        return (request, searches) if searches else None
+
+    def _first_stage_answer(self, request: FirstStageRequest, searches: list, responses: list[dict]) -> list[Candidate]:
+        """The candidates of a first stage's `_msearch` answers: parsed, fused on the client, the best `k`."""
+        bm25, knn = self.parse_first_stage(searches, responses, request, self.info(), self._space_engine())
         fused = fuse(bm25, knn, request.fusion, request.bm25_weight)
         best = top_k(fused, request.k)
         papers = self.get([pid for pid, _ in best]) if request.with_papers else {}
@@ -242,14 +253,15 @@ class FirstStageMixin(_Host):
                       f"rescored by {function} over the query "
                       "facet's multi-vector field")
 
-    def score_windows(self, paper_ids, parts) -> list[WindowScores] | None:
+    def score_windows(self, paper_ids, parts, lookups: Sequence[FirstStageRequest] = ()) -> WindowAnswer | None:
         """One `_msearch` holding, for each part of the query (its vectors, the facet it is matched with), one search
         (per 10,000 ids) over exactly `paper_ids`, rescored by MaxSim against the facet's field
-        (esqbe.backends.engines.maxsim.window_body); of each paper only its labels and soft labels back (no text, no
-        vector: the hits shown are fetched whole afterwards). A search failing with 429/5xx retries the request; any
-        other failure, or a hostile answer (`window_scores`), is a BackendError naming the part. A paper with no
-        sentence of the facet gets NaN (no match, as in Python); one that has some but scored 0 (no field: written
-        before the index carried them) is left unscored for the caller."""
+        (esqbe.backends.engines.maxsim.window_body), and the searches of the `lookups` (first stages, each with its
+        own shard-copy preference, as `first_stage` sends it); of each paper only its labels and soft labels back
+        (no text, no vector: the hits shown are fetched whole afterwards). A search failing with 429/5xx retries the
+        request; any other failure, or a hostile answer (`window_scores`), is a BackendError naming the part. A paper
+        with no sentence of the facet gets NaN (no match, as in Python); one that has some but scored 0 (no field:
+        written before the index carried them) is left unscored for the caller."""
         if not self.window_scoring()[0] or any(facet is not None and facet not in MV_FACETS for _, facet in parts):
             return None
         ids = list(dict.fromkeys(str(p) for p in paper_ids))
@@ -258,14 +270,27 @@ class FirstStageMixin(_Host):
         searches = [(n, batch, window_body(self.engine, batch, facet, vectors, includes, excludes,
                                            self._mv_namespace))
                     for n, (vectors, facet) in enumerate(parts) for batch in batches]
-        out = [WindowScores() for _ in parts]
-        if not searches:
+        labels = [f"part {n + 1} of {len(parts)}" for n, _, _ in searches]
+        bodies: list[dict] = [body for _, _, body in searches]
+        prefs: list[str | None] = [None] * len(searches)
+        planned = [self._first_stage_plan(request) for request in lookups]
+        for m, plan in enumerate(planned):
+            if plan is not None:
+                bodies += [body for _, _, body in plan[1]]
+                prefs += [self.preference_for(plan[0])] * len(plan[1])
+                labels += [f"look-up {m + 1} of {len(lookups)}"] * len(plan[1])
+        out = WindowAnswer([WindowScores() for _ in parts], [[] for _ in lookups])
+        if not bodies:
             return out
         try:
-            responses = self._retrying()(self._msearch_once, [body for _, _, body in searches],
-                                         labels=[f"part {n + 1} of {len(parts)}" for n, _, _ in searches])
+            responses = self._retrying()(self._msearch_once, bodies, prefs, labels=labels)
         except Exception as exc:
             raise self._error("scoring the window in the engine", exc) from exc
+        rest = responses[len(searches):]
+        for m, plan in enumerate(planned):
+            if plan is not None:
+                out.lookups[m] = self._first_stage_answer(plan[0], plan[1], rest[: len(plan[1])])
+                rest = rest[len(plan[1]):]
         for (n, batch, _), answer in zip(searches, responses):
             facet = parts[n][1]
             hits = (answer.get("hits") or {}).get("hits") if isinstance(answer, dict) else None
@@ -278,12 +303,12 @@ class FirstStageMixin(_Host):
                     paper = self._window_paper(pid, source)
                 except (KeyError, TypeError, ValueError) as exc:
                     raise BackendError(f"the window search answered paper {pid!r} with a malformed document") from exc
-                out[n].papers[pid] = paper
+                out.parts[n].papers[pid] = paper
                 has = any(facet is None or f == facet for f in paper.facets)
                 if not has:
-                    out[n].scores[pid] = float("nan")
+                    out.parts[n].scores[pid] = float("nan")
                 elif score > 0.0:
-                    out[n].scores[pid] = summax_from_score(score)
+                    out.parts[n].scores[pid] = summax_from_score(score)
         return out
 
     # where the window's fields live: the hooks an attached index (esqbe.backends.engines.attach) answers otherwise
