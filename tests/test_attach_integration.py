@@ -122,6 +122,8 @@ def test_attach_with_facet_vectors_ranks_by_aspect_in_the_cluster(cluster, monke
     from cli import main
     from esqbe.backends.engines.maxsim import check_version, mv_field
 
+    from .test_engine_maxsim import assert_ranked_in_the_cluster_as_in_python
+
     kind, url = cluster
     handle = esqbe.open_index(None, backend=kind, url=url, index="unused")
     client = handle.backend.client
@@ -152,13 +154,7 @@ def test_attach_with_facet_vectors_ranks_by_aspect_in_the_cluster(cluster, monke
         with esqbe.open_index(None, backend=kind, url=url, index=name) as index:
             assert index.backend.facet_vectors
             query = next(d for d in docs if "method" in index.backend.get([d])[d].paper.facets)
-            in_cluster = index.query(query, facet="method", k=10, place_hits=False)
-            index.backend.facet_vectors = False
-            in_python = index.query(query, facet="method", k=10, place_hits=False)
-        assert in_cluster.rescoring["where"] == "backend" and in_python.rescoring["where"] == "python"
-        assert [h.paper_id for h in in_cluster.hits] == [h.paper_id for h in in_python.hits]
-        for a, b in zip(in_cluster.hits, in_python.hits):
-            assert a.score == pytest.approx(b.score, abs=1e-5)
+            assert_ranked_in_the_cluster_as_in_python(index, query)
     finally:
         client.indices.delete(index=name, ignore_unavailable=True)
         handle.close()

@@ -193,13 +193,7 @@ def test_live_a_query_with_the_setting_is_ranked_by_the_cluster(engine, papers, 
         backend.upsert([IndexedPaper(p.paper, unit(p.vectors)) for p in papers])
         index = Index(backend, settings)
         query = next(p for p in papers if "method" in p.paper.facets).paper.paper_id
-        in_cluster = index.query(query, facet="method", k=10, place_hits=False)
-        backend.facet_vectors = False
-        in_python = index.query(query, facet="method", k=10, place_hits=False)
-        assert in_cluster.rescoring["where"] == "backend" and in_python.rescoring["where"] == "python"
-        assert [h.paper_id for h in in_cluster.hits] == [h.paper_id for h in in_python.hits]
-        for a, b in zip(in_cluster.hits, in_python.hits):
-            assert a.score == pytest.approx(b.score, abs=1e-5)
+        assert_ranked_in_the_cluster_as_in_python(index, query)
     finally:
         backend.client.indices.delete(index=settings.index)
         backend.close()
@@ -320,6 +314,13 @@ def _both(index, **query):
     python = index.query(place_hits=False, **query)
     index.backend.facet_vectors = True
     return engine, python
+
+
+def assert_ranked_in_the_cluster_as_in_python(index, paper_id: str) -> None:
+    """A live cluster's check: the paper's method query scored in the engine ranks and scores as Python does."""
+    in_cluster, in_python = _both(index, paper_id=paper_id, facet="method", k=10)
+    assert in_cluster.rescoring["where"] == "backend" and in_python.rescoring["where"] == "python"
+    _same_hits(in_cluster, in_python)
 
 
 def _same_hits(engine, python):
