@@ -265,3 +265,28 @@ def test_the_cli_honours_the_environment_setting(encoder, monkeypatch):
     (put,) = [x for x in canned.sent("_mapping") if x["method"] == "PUT"]
     assert mv_field(None) in put["lines"][0]["properties"][NAMESPACE]["properties"]
     assert all(mv_field(None) in s[NAMESPACE] for s in canned.sources.values())
+
+
+@pytest.mark.parametrize("engine,version", EDGE)
+@pytest.mark.parametrize("facet_vectors", [False, True])
+def test_a_facet_the_new_text_loses_leaves_nothing_behind(engine, version, facet_vectors, encoder):
+    """A partial update merges `esqbe` key by key: a document whose new text has no sentence of a facet it had gets
+    that facet's sentences cleared (null), so what esqbe reads back, and queries match, is the new text alone."""
+    from esqbe.backends.engines.mapping import FACET_PATHS
+
+    index, canned = _user_index(engine, version, encoder, facet_vectors)
+    _attach(index)
+    doc = next(d for d, s in canned.sources.items()
+               if len({f for f in FACET_PATHS.values() if s[NAMESPACE].get(f)}) >= 3)
+    had = {f for f in FACET_PATHS.values() if canned.sources[doc][NAMESPACE].get(f)}
+    canned.sources[doc]["abstract"] = "We study the problem."
+    sent = len(canned.requests)
+    again = _attach(index)
+    assert (again.replaced, again.errors) == (1, [])
+    ((_, payload),) = _updates(canned, sent)
+    now = {f for f in FACET_PATHS.values() if canned.sources[doc][NAMESPACE].get(f)}
+    assert len(now) == 1 and now < had  # one sentence now: the facets it lost were cleared
+    assert all(payload["doc"][NAMESPACE][f] is None for f in set(FACET_PATHS.values()) - now)
+    stored = index.backend.get([doc])[doc]
+    assert stored.paper.sentences == ["We study the problem."] and stored.vectors.shape[0] == 1
+    assert canned.sources[doc][NAMESPACE]["n_sentences"] == 1

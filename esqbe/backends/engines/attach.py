@@ -112,6 +112,11 @@ def esqbe_fields(ip: IndexedPaper, src_hash: str | None, facet_vectors: bool = F
     too (maxsim.doc_fields), its source hash marked as written with them (MV_MARK)."""
     doc = paper_to_doc(ip)
     out = {k: doc[k] for k in _ESQBE_KEYS if k in doc}
+    # a partial update merges `esqbe` key by key: a facet the paper's text no longer has is written as null (no
+    # value), or its old sentences and vectors would stay beside the new ones. (A multi-vector field of such a facet
+    # may stay: the window scores a paper by the facets its sentences carry, so it is never read.)
+    for path in FACET_PATHS.values():
+        out.setdefault(path, None)
     if facet_vectors:
         out.update(doc_fields([normalize_label(f) for f in ip.paper.facets], ip.vectors))
         src_hash = (src_hash or "") + MV_MARK
