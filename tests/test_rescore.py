@@ -518,3 +518,39 @@ def test_asym_token_with_the_default_model_prefers_the_paraphrase(encoder):
         out = token_rescore([cited], cands, encoder=encoder, backend=backend, d=d)
         assert 0 < out.scores[1] < out.scores[0] <= 1, (backend, d, out.scores)
         assert out.matches[0][0][:2] == (0, 1)  # the paraphrase, not the weather sentence
+
+
+def test_token_vectors_are_kept_by_text_within_their_bound(encoder):
+    """asym_token encodes candidate sentences at query time; a text the encoder encoded before is not encoded again
+    (the same vectors, read-only), and past `token_cache_bytes` the least recently used text is dropped first."""
+    from esqbe.encode.encoder import TOKEN_CACHE_BYTES
+
+    texts = ["Graph neural networks propagate node features along edges.", "We anneal the samples for two hours."]
+    rows = []
+    real = encoder._runner
+
+    def counting(enc, flag):
+        rows.append(len(enc["input_ids"]))
+        return real(enc, flag)
+
+    encoder._runner = counting
+    encoder._token_cache.clear()
+    encoder._token_cache_held = 0
+    try:
+        first = encoder.token_vectors(texts)
+        assert sum(rows) == 2
+        again = encoder.token_vectors([texts[1], texts[0], texts[1]])
+        assert sum(rows) == 2  # nothing encoded again
+        assert again[0][1] is first[1][1] and again[2][1] is first[1][1] and again[1][0] == first[0][0]
+        with pytest.raises(ValueError):
+            again[0][1][0, 0] = 1.0  # shared: nobody may change it
+        encoder.token_cache_bytes = encoder._token_cache_held  # room for these two only
+        encoder.token_vectors(["Copper."])  # shorter than either: the least recently used (texts[0]) makes room
+        assert sum(rows) == 3
+        encoder.token_vectors([texts[1]])
+        assert sum(rows) == 3  # still kept
+        np.testing.assert_allclose(encoder.token_vectors([texts[0]])[0][1], first[0][1], atol=1e-4)  # encoded again
+        assert sum(rows) == 4
+    finally:
+        encoder._runner = real
+        encoder.token_cache_bytes = TOKEN_CACHE_BYTES

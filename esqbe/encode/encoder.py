@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +35,9 @@ from .onnx import OnnxRunner
 
 #: a title longer than this (in tokens) is cut, so the abstract keeps the window
 MAX_TITLE_TOKENS = 64
+#: bytes of token vectors an encoder keeps by text (`Encoder.token_vectors`): asym_token encodes every candidate
+#: sentence at query time, and the same candidates recur across queries (a session's, the scale's measuring queries)
+TOKEN_CACHE_BYTES = 64 << 20
 
 
 @dataclass
@@ -76,6 +79,11 @@ class Encoder:
             self.config.dtype = torch.float32  # what loading the weights sets (the ONNX cache key reads the config)
         self._model = None
         self._recent: dict = {}  # id(paper) -> (paper, its sentences, their token ids), of the last contextual call
+        #: (text as cut, max_tokens) -> (tokens, vectors), least recently used first, at most `token_cache_bytes`
+        self._token_cache: OrderedDict[tuple[str, int], tuple[list[str], np.ndarray]] = OrderedDict()
+        self._token_cache_held = 0
+        self._token_lock = threading.Lock()
+        self.token_cache_bytes = TOKEN_CACHE_BYTES
         self._source, self._offline, self._model_name = source, offline, model
         self.adapter = None
         if adapter is not None and str(adapter).lower() not in ("", "none"):
@@ -315,12 +323,40 @@ class Encoder:
 
     # --- tokens --------------------------------------------------------------------------------
     def token_vectors(self, texts: Sequence[str], *, max_tokens: int = 100) -> list[tuple[list[str], np.ndarray]]:
-        """Per text: its wordpiece tokens (no special tokens) and their final-layer vectors (not normalised).
+        """Per text: its wordpiece tokens (no special tokens) and their final-layer vectors (not normalised; read-only).
 
-        Each text is encoded alone and cut at `max_tokens` tokens, as in asymmetric partial matching.
+        Each text is encoded alone and cut at `max_tokens` tokens, as in asymmetric partial matching. A text encoded
+        before (within `token_cache_bytes` of the most recently used) is not encoded again: the same text gets the
+        same vectors for as long as it is kept.
         """
+        cut = [self._cut(t, max_tokens) for t in texts]
+        out: list[tuple[list[str], np.ndarray] | None] = [None] * len(cut)
+        with self._token_lock:
+            for i, t in enumerate(cut):
+                hit = self._token_cache.get((t, max_tokens))
+                if hit is not None:
+                    self._token_cache.move_to_end((t, max_tokens))
+                    out[i] = hit
+        missing = list(dict.fromkeys(t for t, o in zip(cut, out) if o is None))
+        fresh = dict(zip(missing, self._encode_tokens(missing, max_tokens)))
+        with self._token_lock:
+            for t, got in fresh.items():
+                self._keep_tokens((t, max_tokens), got)
+        return [o if o is not None else fresh[t] for t, o in zip(cut, out)]
+
+    def _keep_tokens(self, key: tuple[str, int], got: tuple[list[str], np.ndarray]) -> None:
+        """Keep one text's token vectors (under `_token_lock`), dropping the least recently used past the bound."""
+        size = got[1].nbytes + 64 * len(got[0]) + len(key[0])
+        if key in self._token_cache or size > self.token_cache_bytes:
+            return
+        self._token_cache[key] = got
+        self._token_cache_held += size
+        while self._token_cache_held > self.token_cache_bytes:
+            (text, _), (toks, vecs) = self._token_cache.popitem(last=False)
+            self._token_cache_held -= vecs.nbytes + 64 * len(toks) + len(text)
+
+    def _encode_tokens(self, texts: Sequence[str], max_tokens: int) -> list[tuple[list[str], np.ndarray]]:
         out: list[tuple[list[str], np.ndarray] | None] = [None] * len(texts)
-        texts = [self._cut(t, max_tokens) for t in texts]
         order = np.argsort([-len(t) for t in texts], kind="stable")
         for start in range(0, len(texts), self.batch_size):
             deadline.check()
@@ -335,7 +371,9 @@ class Encoder:
                 sel = keep[row]
                 ids = enc["input_ids"][row][sel.to(enc["input_ids"].device)].tolist()
                 toks = cast(list[str], self.tokenizer.convert_ids_to_tokens(ids))  # a list, for a list of ids
-                out[i] = (toks, hidden[row][sel].numpy())
+                vecs = hidden[row][sel].numpy().copy()
+                vecs.setflags(write=False)  # kept and shared: no caller may change it
+                out[i] = (toks, vecs)
         return out  # type: ignore[return-value]
 
     def token_counts(self, paper: Paper) -> dict[str, int]:
