@@ -12,9 +12,9 @@ example and nothing to avoid).
     the score     (1 - w - x) x (s - penalty) + w x bm25 / B + x x abstract similarity, w final_bm25_weight, x
                   abstract_weight, B the query text's best BM25 in the whole index (`bm25_lookups`; the result's
                   bm25_reference: nothing excluded, restricted or filtered; for a paper query usually that paper's
-                  own): a function of the
-                  query and the paper alone (and the index's statistics), whatever else the first stage found, so a
-                  rerank of any subset, a watch's new papers or a filtered page score a paper as the query does
+                  own): a function of the query and the paper alone (and the index's statistics), whatever else the
+                  first stage found, so a rerank of any subset, a watch's new papers or a filtered page score a paper
+                  as the query does
                   (issue 48; chosen on CSFCube fold1_dev: docs/results.md)
 
 Each hit keeps, per example, its similarity and the sentence pairs that matched (`MatchedPair.example`), and per
