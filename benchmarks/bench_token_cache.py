@@ -49,8 +49,7 @@ def main() -> None:
         context = RescoreContext(encoder=encoder, backend=index.backend)
         for side, bound in (("off", 0), ("on", encoder.token_cache_bytes)):
             encoder.token_cache_bytes = bound
-            encoder._token_cache.clear()
-            encoder._token_cache_held = 0
+            encoder.forget_token_vectors()
             t = time.perf_counter()
             scale = measure(index.backend, settings, context=context, sample=args.sample, budget_s=1e9)
             measured = time.perf_counter() - t

@@ -247,6 +247,17 @@ SLOW = {"text": [f"Sentence number {i} describes a method for parsing, tagging a
 CHEAP = {"paper_id": QID, "facet": "method", "k": 3}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_token_cache(encoder):
+    """SLOW is slow because asym_token encodes the tokens of 1,000 candidates' sentences: an encoder that keeps them
+    (esqbe.encode.encoder.TOKEN_CACHE_BYTES) would answer it fast from the second run on. None kept in this module."""
+    kept = encoder.token_cache_bytes
+    encoder.token_cache_bytes = 0
+    encoder.forget_token_vectors()
+    yield
+    encoder.token_cache_bytes = kept
+
+
 @pytest.fixture(scope="module")
 def slow_seconds(direct):
     """How long SLOW takes, uncut, here and now (the fastest of two runs)."""

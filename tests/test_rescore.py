@@ -534,8 +534,7 @@ def test_token_vectors_are_kept_by_text_within_their_bound(encoder):
         return real(enc, flag)
 
     encoder._runner = counting
-    encoder._token_cache.clear()
-    encoder._token_cache_held = 0
+    encoder.forget_token_vectors()
     try:
         first = encoder.token_vectors(texts)
         assert sum(rows) == 2

@@ -344,6 +344,12 @@ class Encoder:
                 self._keep_tokens((t, max_tokens), got)
         return [o if o is not None else fresh[t] for t, o in zip(cut, out)]
 
+    def forget_token_vectors(self) -> None:
+        """Drop every token vector `token_vectors` keeps (`token_cache_bytes` 0 keeps none from then on)."""
+        with self._token_lock:
+            self._token_cache.clear()
+            self._token_cache_held = 0
+
     def _keep_tokens(self, key: tuple[str, int], got: tuple[list[str], np.ndarray]) -> None:
         """Keep one text's token vectors (under `_token_lock`), dropping the least recently used past the bound."""
         size = got[1].nbytes + 64 * len(got[0]) + len(key[0])
