@@ -1,10 +1,12 @@
 """Shared fixtures: the real default model (loaded once) and small real indexes written by the tests."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,32 @@ def shared_path(*parts) -> Path:
     if not p.exists():
         pytest.skip(f"{p} not present (shared data is only on the team's machines)")
     return p
+
+
+@dataclass
+class Ran:
+    """What a command printed and its exit status, as `subprocess.run(..., capture_output=True, text=True)` gives."""
+
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def esqbe_cli(*args, env: dict | None = None, cwd: str | Path | None = None, input: str | None = None) -> Ran:
+    """`esqbe ARGS` run in this process by click's runner: the real command (esqbe.cli.main), its options, output
+    and exit status, without starting Python and loading torch and the model again (the model comes from the
+    process's shared loader, esqbe.encode.loader). For what a test asks of a command; what is about the process
+    itself (signals, kills, pipes, the installed binary's exit statuses, what a fresh interpreter imports) is tested
+    with real processes. `env`: variables set for the run, None unsets one; `cwd`: the directory it runs in."""
+    from click.testing import CliRunner
+
+    from esqbe.cli.main import main
+
+    argv = [str(a) for a in args]
+    with contextlib.chdir(cwd or os.getcwd()):
+        r = CliRunner().invoke(main, argv, env=env, input=input, catch_exceptions=False)
+    return Ran(argv, r.exit_code, r.stdout, r.stderr)
 
 
 @pytest.fixture(scope="session")

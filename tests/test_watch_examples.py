@@ -1,15 +1,13 @@
 """Watches of several examples and papers to avoid (issue 37 item 1 on issue 36's query): `esqbe watch add` takes
 `esqbe query`'s --paper ID[:FACET|:sentences=I,J] (repeated) and --not; POST /watches takes `examples` and `avoid`;
 the watch keeps its own copy of every part's sentences and vectors; a run reports new papers by the combined
-similarity the query itself ranks with. Real CLI processes, a real server on 127.0.0.1, the real model."""
+similarity the query itself ranks with. The real commands (in this process; test_watches.py runs them as
+processes), a real server on 127.0.0.1, the real model."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 
 import httpx
 import numpy as np
@@ -20,15 +18,9 @@ from esqbe.index.watches import add_watch, get_watch, run_watches
 from esqbe.server.app import create_app
 from esqbe.server.options import ServeOptions
 
-from .conftest import REPO, SAMPLE, LiveServer
+from .conftest import SAMPLE, LiveServer, esqbe_cli
 
 A, B, C = "csabstruct-train-0000", "csabstruct-train-0001", "csabstruct-train-0002"
-
-
-def _esqbe(*args) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 def _new_papers(tmp_path, start: int = 30, n: int = 10) -> str:
@@ -46,7 +38,7 @@ def test_watch_add_takes_several_examples_and_papers_to_avoid_and_a_run_ranks_as
     path = tmp_path / "ix"
     shutil.copytree(index_dir_30, path)
     base = ("--path", path)
-    add = _esqbe("watch", "add", "combo", *base, "--paper", A, "--paper", f"{B}:sentences=0,2", "--facet", "method",
+    add = esqbe_cli("watch", "add", "combo", *base, "--paper", A, "--paper", f"{B}:sentences=0,2", "--facet", "method",
                  "--not", f"{C}:result", "--min-sim", "-1", "-k", "100", "--avoid-weight", "1.5", "--json")
     assert add.returncode == 0, add.stderr
     made = json.loads(add.stdout)
@@ -68,14 +60,14 @@ def test_watch_add_takes_several_examples_and_papers_to_avoid_and_a_run_ranks_as
                   avoid=[{"paper_id": C, "facet": "result"}], facet="method", k=100, avoid_weight=1.5,
                   min_sim=middle)
 
-    assert _esqbe("index", *base, _new_papers(tmp_path)).returncode == 0
+    assert esqbe_cli("index", *base, _new_papers(tmp_path)).returncode == 0
     with esqbe.open_index(str(path), encoder=encoder, config=None, create=False) as index:
         direct = index.query(examples=[A, {"paper_id": B, "sentences": [0, 2]}],
                              avoid=[{"paper_id": C, "facet": "result"}], facet="method", k=100, avoid_weight=1.5)
         new_ids = {json.loads(line)["paper_id"] for line in SAMPLE.read_text().splitlines()[30:40]}
         # the examples and the avoided paper changed afterwards: the watch runs on its own copy
         index.delete_papers([A, C])
-    run = _esqbe("watch", "run", *base, "--json")
+    run = esqbe_cli("watch", "run", *base, "--json")
     assert run.returncode == 0, run.stderr
     runs = {r["name"]: r for r in json.loads(run.stdout)}
     want = {h.paper_id: h for h in direct.hits if h.paper_id in new_ids}
@@ -92,15 +84,15 @@ def test_watch_add_takes_several_examples_and_papers_to_avoid_and_a_run_ranks_as
     half = {m["paper_id"] for m in runs["half"]["matches"]}
     assert half == {pid for pid, h in want.items() if h.score >= middle} and 0 < len(half) < len(want)
 
-    text = _esqbe("watch", "run", *base, "--dry-run")  # nothing new since: the text says so; then one more paper
+    text = esqbe_cli("watch", "run", *base, "--dry-run")  # nothing new since: the text says so; then one more paper
     assert text.returncode == 0 and "watch combo: 0 new paper(s)" in text.stdout, text.stderr
-    assert _esqbe("index", *base, _new_papers(tmp_path, 40, 1)).returncode == 0
-    text = _esqbe("watch", "run", "combo", *base, "--dry-run")
+    assert esqbe_cli("index", *base, _new_papers(tmp_path, 40, 1)).returncode == 0
+    text = esqbe_cli("watch", "run", "combo", *base, "--dry-run")
     assert "watch combo: 1 new paper(s), 1 match(es)" in text.stdout, text.stdout
     assert re.search(r"\n +example [12] query \[\d+\] ", text.stdout), text.stdout  # which example each pair is of
-    show = _esqbe("watch", "show", "combo", *base)
+    show = esqbe_cli("watch", "show", "combo", *base)
     assert show.returncode == 0 and f"not like paper {C}, facet result" in show.stdout, show.stderr
-    listed = _esqbe("watch", "list", *base)
+    listed = esqbe_cli("watch", "list", *base)
     assert f"paper {A}, facet method; paper {B}, chosen sentences; not paper {C}, facet result" in listed.stdout
 
 
@@ -113,9 +105,9 @@ def test_watch_add_refuses_what_the_query_refuses(tmp_path, index_dir_30):
                         ((("--paper", A), ("--not", f"{C}:sentences=1")), "takes a facet"),
                         ((("--paper", A), ("--not", "no-such-paper")), "no-such-paper is not in the index")):
         flags = [x for pair in args for x in pair]
-        bad = _esqbe("watch", "add", "w", "--path", path, *flags, "--min-sim", "0.5")
+        bad = esqbe_cli("watch", "add", "w", "--path", path, *flags, "--min-sim", "0.5")
         assert bad.returncode != 0 and words in bad.stderr and "Traceback" not in bad.stderr, (flags, bad.stderr)
-    assert _esqbe("watch", "list", "--path", path).stdout.startswith("no watches")
+    assert esqbe_cli("watch", "list", "--path", path).stdout.startswith("no watches")
 
 
 def test_post_watches_takes_examples_and_avoid_on_a_real_server(tmp_path, index_dir_30, encoder, browser):

@@ -30,7 +30,7 @@ from esqbe.index.watches import (
     watch_matches,
 )
 
-from .conftest import REPO, SAMPLE
+from .conftest import REPO, SAMPLE, esqbe_cli
 
 QUERY = "csabstruct-train-0000"
 
@@ -143,7 +143,7 @@ def test_a_watch_made_with_another_model_is_refused_with_the_reason(index, tmp_p
     assert proc.returncode == 1 and json.loads(out)[0]["refused"] == run.refused and "watch m refused" in err, err
 
 
-# ------------------------------------------------------------------------ the command line, real processes
+# ------------------------------------------------------------------------ the command line (killed: real processes)
 
 
 def _esqbe(*args, **kw) -> subprocess.Popen:
@@ -187,14 +187,13 @@ def test_kill_9_during_watch_add_and_run_leaves_the_old_or_the_new_state(tmp_pat
     shutil.copytree(index_dir_30, path)
     lock = path / "write.lock"
     base = ("--path", path)
-    add = _esqbe("watch", "add", "first", *base, "--paper", QUERY, "--facet", "method", "--min-sim", "0.1", "-k", "20")
-    assert add.wait(timeout=120) == 0, add.communicate()
-    assert _esqbe("index", *base, _write(tmp_path / "new.jsonl", _records(30, 10))).wait(timeout=300) == 0
+    add = esqbe_cli("watch", "add", "first", *base, "--paper", QUERY, "--facet", "method", "--min-sim", "0.1", "-k", "20")
+    assert add.returncode == 0, add.stderr
+    assert esqbe_cli("index", *base, _write(tmp_path / "new.jsonl", _records(30, 10))).returncode == 0
     before = _state(path)
-    expect = _esqbe("watch", "run", *base, "--dry-run", "--json")
-    out, err = expect.communicate(timeout=120)
-    assert expect.returncode == 0, err
-    want = sorted(m["paper_id"] for m in json.loads(out)[0]["matches"])
+    expect = esqbe_cli("watch", "run", *base, "--dry-run", "--json")
+    assert expect.returncode == 0, expect.stderr
+    want = sorted(m["paper_id"] for m in json.loads(expect.stdout)[0]["matches"])
     assert want, "the test needs a run that finds something"
 
     outcomes = set()
@@ -210,9 +209,8 @@ def test_kill_9_during_watch_add_and_run_leaves_the_old_or_the_new_state(tmp_pat
         after = _state(path)
         assert set(after) - {"first"} <= {f"second{int(delay * 100)}"}  # the new watch whole, or absent
         assert after["first"] == before["first"]
-    done = _esqbe("watch", "run", *base, "--json")  # a later run repairs and completes
-    out, err = done.communicate(timeout=120)
-    assert done.returncode == 0, err
+    done = esqbe_cli("watch", "run", *base, "--json")  # a later run repairs and completes
+    assert done.returncode == 0, done.stderr
     assert _state(path)["first"][1] == want
     assert "old" in outcomes  # at least one kill landed before the commit (the new state is checked just above)
 
@@ -221,44 +219,41 @@ def test_watch_commands_print_text_json_and_exports(tmp_path, index_dir_30):
     path = tmp_path / "ix"
     shutil.copytree(index_dir_30, path)
     base = ("--path", path)
-    add = _esqbe("watch", "add", "w1", *base, "--paper", QUERY, "--facet", "method", "--min-sim", "0.1", "--json")
-    out, err = add.communicate(timeout=120)
-    assert add.returncode == 0, err
-    made = json.loads(out)
+    add = esqbe_cli("watch", "add", "w1", *base, "--paper", QUERY, "--facet", "method", "--min-sim", "0.1", "--json")
+    assert add.returncode == 0, add.stderr
+    made = json.loads(add.stdout)
     assert made["feed"] == f"/watches/w1.atom?key={made['feed_key']}" and made["min_sim"] == 0.1
-    assert _esqbe("index", *base, _write(tmp_path / "new.jsonl", _records(30, 10))).wait(timeout=300) == 0
-    bib = _esqbe("watch", "run", *base, "--dry-run", "--format", "bibtex")
-    out, err = bib.communicate(timeout=120)
-    assert bib.returncode == 0 and out.count("@") >= 1, err
-    text = _esqbe("watch", "run", *base)
-    out, err = text.communicate(timeout=120)
+    assert esqbe_cli("index", *base, _write(tmp_path / "new.jsonl", _records(30, 10))).returncode == 0
+    bib = esqbe_cli("watch", "run", *base, "--dry-run", "--format", "bibtex")
+    assert bib.returncode == 0 and bib.stdout.count("@") >= 1, bib.stderr
+    text = esqbe_cli("watch", "run", *base)
+    out, err = text.stdout, text.stderr
     assert text.returncode == 0 and "watch w1: 10 new paper(s)" in out and "~ [" in out, (out, err)
     found = int(re.search(r"(\d+) match\(es\)", out).group(1))
     assert found >= 1
-    again = _esqbe("watch", "run", *base, "--format", "bibtex")  # nothing new since: said on stderr, exit 0
-    out, err = again.communicate(timeout=120)
+    again = esqbe_cli("watch", "run", *base, "--format", "bibtex")  # nothing new since: said on stderr, exit 0
+    out, err = again.stdout, again.stderr
     assert again.returncode == 0 and out == "" and "nothing new" in err and "0 new paper(s)" in err, (out, err)
     # past finds exported, each with its abstract, in every format
     records = {r["paper_id"]: r for r in _records(30, 10)}
     exports = {}
     for fmt in ("bibtex", "ris", "csl-json", "csv"):
-        show = _esqbe("watch", "show", "w1", *base, "--format", fmt)
-        exports[fmt], err = show.communicate(timeout=120)
-        assert show.returncode == 0 and "Traceback" not in err, err
+        show = esqbe_cli("watch", "show", "w1", *base, "--format", fmt)
+        exports[fmt] = show.stdout
+        assert show.returncode == 0 and "Traceback" not in show.stderr, show.stderr
     csl = json.loads(exports["csl-json"])
     assert len(csl) == found and {x["id"] for x in csl} <= set(records)
     for item in csl:
         assert item["abstract"].startswith(records[item["id"]]["sentences"][0][:40])
     assert exports["bibtex"].count("@") == found and exports["ris"].count("ER  -") == found
     assert len(exports["csv"].strip().splitlines()) == found + 1
-    one = _esqbe("watch", "show", "w1", *base, "--format", "ris", "--limit", "1")
-    assert one.communicate(timeout=120)[0].count("ER  -") == 1
-    both = _esqbe("watch", "show", "w1", *base, "--format", "ris", "--json")
-    out, err = both.communicate(timeout=120)
-    assert both.returncode == 2 and "not both" in err
-    bad = _esqbe("watch", "add", "w2", *base, "--paper", QUERY, "--facet", "method", "--min-sim", "nan")
-    out, err = bad.communicate(timeout=120)
-    assert bad.returncode != 0 and "Traceback" not in err and "min_score must be a finite number" in err, err
+    one = esqbe_cli("watch", "show", "w1", *base, "--format", "ris", "--limit", "1")
+    assert one.stdout.count("ER  -") == 1
+    both = esqbe_cli("watch", "show", "w1", *base, "--format", "ris", "--json")
+    assert both.returncode == 2 and "not both" in both.stderr
+    bad = esqbe_cli("watch", "add", "w2", *base, "--paper", QUERY, "--facet", "method", "--min-sim", "nan")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "min_score must be a finite number" in bad.stderr, \
+        bad.stderr
 
 
 def test_watch_run_waits_for_another_writer_while_readers_go_on(tmp_path, index_dir_30, encoder):
