@@ -1,12 +1,10 @@
-"""One JSON shape for a query result: `esqbe query --json` (the real command, a subprocess) and HTTP
-`POST /query` answer the same JSON for the same query, whatever the rescorer (timings apart)."""
+"""One JSON shape for a query result: `esqbe query --json` (the real command, run in this process with the CLI's own
+model loader) and HTTP `POST /query` answer the same JSON for the same query, whatever the rescorer (timings
+apart)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 from fastapi.testclient import TestClient
@@ -14,13 +12,11 @@ from fastapi.testclient import TestClient
 from esqbe.query.results import RESULT_JSON_VERSION
 from esqbe.server import ServeOptions, create_app
 
-from .conftest import REPO, SAMPLE
+from .conftest import SAMPLE, esqbe_cli
 
 QID = json.loads(SAMPLE.read_text().splitlines()[0])["paper_id"]
 TEXT = "We propose a parser for scientific abstracts. It is evaluated on two treebanks and beats the baselines."
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-for _var in ("ESQBE_CONFIG", "ESQBE_MODEL", "ESQBE_ENCODER_BACKEND", "ESQBE_BACKEND"):
-    ENV.pop(_var, None)
+ENV = dict.fromkeys(("ESQBE_CONFIG", "ESQBE_MODEL", "ESQBE_ENCODER_BACKEND", "ESQBE_BACKEND"))  # unset for the command
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +34,7 @@ def client(index_path, encoder):
 
 
 def _cli_json(*args) -> dict:
-    done = subprocess.run([sys.executable, "-m", "cli", "query", *map(str, args), "--json"], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    done = esqbe_cli("query", *args, "--json", env=ENV)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -57,7 +52,7 @@ def _without_timings(d: dict) -> dict:
 
 def _close(a, b, where="") -> None:
     """Equal JSON, but for the last bits of numbers an encoder computed now (its batches and threads differ
-    between the two processes): the same keys, strings, ids and order."""
+    between the two encoders): the same keys, strings, ids and order."""
     assert type(a) is type(b) or {type(a), type(b)} == {int, float}, (where, a, b)
     if isinstance(a, dict):
         assert list(a) == list(b) or set(a) == set(b), (where, set(a) ^ set(b))
@@ -77,7 +72,7 @@ def _close(a, b, where="") -> None:
 def test_cli_json_and_http_query_are_the_same_json(client, index_path, rescorer):
     cli = _cli_json("--path", index_path, "--paper", QID, "--facet", "method", "--rescorer", rescorer, "-k", "5")
     http = _http_json(client, {"paper_id": QID, "facet": "method", "rescorer": rescorer, "k": 5})
-    if rescorer == "asym_token":  # token vectors encoded now, by each process's own encoder
+    if rescorer == "asym_token":  # token vectors encoded now, by each side's own encoder
         _close(_without_timings(cli), _without_timings(http))
     else:  # every number from the stored vectors: the very same JSON
         assert _without_timings(cli) == _without_timings(http)
@@ -90,7 +85,7 @@ def test_cli_json_and_http_query_agree_for_a_text_with_parameters_and_a_filter(c
                     "--filter", "year not exists", "-k", "3")
     http = _http_json(client, {"text": TEXT, "title": "A parser", "rescorer": "ot", "rescorer_params": {"tau": 0.5},
                                "filters": ["year not exists"], "k": 3})
-    _close(_without_timings(cli), _without_timings(http))  # the text is encoded by each process
+    _close(_without_timings(cli), _without_timings(http))  # the text is encoded by each side
     assert cli["query"]["title"] == "A parser" and cli["rescorer_params"] == {"tau": 0.5}
     assert cli["query"]["filters"][0]["op"] == "not exists" and len(cli["hits"]) == 3
 
