@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -15,14 +13,12 @@ from esqbe.backends.embedded.backend import EmbeddedBackend
 from esqbe.domain import LIMITS
 from esqbe.ingest.readers import ReadReport, read_papers
 
-from .conftest import REPO
-from .test_storage import ENV, META, _make_read_only, _make_writable, _papers, _parquet
+from .conftest import REPO, esqbe_cli
+from .test_storage import META, _make_read_only, _make_writable, _papers, _parquet
 
 
 def _cli(*args, cwd=REPO):
-    env = {**ENV, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return esqbe_cli(*args, cwd=cwd)  # the command in this process: what it prints and its status are the point
 
 
 def _rewrite(src: Path, dst: Path, edit, schema=None) -> Path:
