@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tests.conftest import REPO, shared_path
+from tests.conftest import esqbe_cli, shared_path
 
 N_PAPERS = 250  # ~1,700 sentence rows: IVFs of 9-18 lists per facet; encoding stays under a minute on 2 cores
 QUERIES = 40
@@ -67,10 +65,13 @@ def first_stage_recalls(b, everything, ids, facet: str) -> list[float]:
     return recalls
 
 
+def _run(*args, env=None):
+    """The command, in this process, with none of the caller's ESQBE_ variables and `env`'s."""
+    return esqbe_cli(*args, env={**dict.fromkeys(k for k in os.environ if k.startswith("ESQBE_")), **(env or {})})
+
+
 def _cli(*args, env=None):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("ESQBE_")}
-    run = subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, capture_output=True, text=True,
-                         env={**environ, **(env or {})}, timeout=600)
+    run = _run(*args, env=env)
     assert run.returncode == 0, run.stderr
     return run.stdout
 
@@ -208,9 +209,7 @@ def test_a_new_target_recalibrates_the_built_ivfs_without_rebuilding_them(tmp_pa
     other = json.loads(_cli("stats", "--path", str(path), "--json", env={"ESQBE_KNN_RECALL_TARGET": "0.6"}))
     assert all(c["due"] for c in other["knn_calibration"].values())
     assert all("check recall --calibrate" in words for words in other["knn"].values() if "ivf" in words), other["knn"]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("ESQBE_")}
-    run = subprocess.run([sys.executable, "-m", "cli", "index", "--path", str(path), str(src)], cwd=REPO, capture_output=True,
-                         text=True, env={**environ, **env, "ESQBE_KNN_RECALL_TARGET": "0.6"}, timeout=600)
+    run = _run("index", "--path", str(path), str(src), env={**env, "ESQBE_KNN_RECALL_TARGET": "0.6"})
     assert run.returncode == 0, run.stderr
     assert "calibrating the background ANN index for recall@100 (mean) >= 0.6" in run.stderr  # minutes at 1M: said
     low = calibrations()
@@ -243,11 +242,8 @@ def test_calibrate_refuses_hostile_targets_and_repairs_a_damaged_calibration(tmp
     env = {"ESQBE_EXACT_THRESHOLD": "10"}
     _cli("index", "--path", str(path), "-q", str(src), env=env)
     before = json.loads(_cli("stats", "--path", str(path), "--json"))["knn_calibration"]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("ESQBE_")}
-
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, capture_output=True, text=True,
-                              env={**environ, **env}, timeout=600)
+        return _run(*args, env=env)
 
     for bad in ("nan", "inf", "-inf", "2", "0", "1e309", "x"):
         run = cli("check", "recall", "--path", str(path), "--queries", "2", "--calibrate", "--knn-recall-target", bad)
