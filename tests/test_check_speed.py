@@ -68,12 +68,11 @@ def test_check_speed_reports_every_runtime_consistently_and_leaves_nothing(tmp_p
         assert _close(rate["hours_per_million"], 1e6 / rate["papers_per_s"] / 3600)
         if rate is not forward:
             assert _close(rate["ratio_to_fp32_forward"], rate["papers_per_s"] / forward["papers_per_s"])
-    # the words say what the JSON says
-    text = subprocess.run([sys.executable, "-m", "cli", "check", "speed", "--seconds", "10", "--papers", "8",
-                           "--no-runtimes"], cwd=REPO, env=_env(tmp), capture_output=True, text=True, timeout=900)
-    assert text.returncode == 0, text.stderr[-3000:]
-    assert f"int8 kernels: {m['int8_kernels']}" in text.stdout and "h per million" in text.stdout
-    assert "encoder alone" not in text.stdout and _ours(tmp) == []
+    # whether others disturbed it (this machine may be busy: either way), said consistently
+    d = r["disturbance"]
+    assert r["reliable"] is (not d["disturbed"]) and (d["reason"] is None) is (not d["disturbed"]), d
+    assert d["own_cpu_seconds"] > 0 and d["wall_seconds"] > 0
+    # the words: test_check_speed_beside_busy_processes_says_its_figures_are_unreliable (the text report)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -147,20 +146,25 @@ def test_the_disturbance_rule_both_ways():
 
 def test_check_speed_beside_busy_processes_says_its_figures_are_unreliable(tmp_path):
     """Busy loops on every core (bounded: killed at the end, and each stops itself after 5 minutes) while check speed
-    measures: the report says it was disturbed, in --json and on stderr."""
+    measures: the text report (what a person reads; the JSON's shape is the test above) says what the machine is and
+    that its figures are unreliable, and why, on stdout and stderr; no temporary index is left."""
+    import re
+
     spin = "import time\nend = time.time() + 300\nwhile time.time() < end: pass\n"
     busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 2)]
     try:
         run = subprocess.run([sys.executable, "-m", "cli", "check", "speed", "--seconds", "10", "--papers", "8",
-                              "--no-runtimes", "--json"], cwd=REPO, env=_env(tmp_path), capture_output=True,
-                             text=True, timeout=600)
+                              "--no-runtimes"], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True,
+                             timeout=600)
     finally:
         for p in busy:
             p.kill()
             p.wait()
     assert run.returncode == 0, run.stderr
-    report = json.loads(run.stdout)
-    d = report["disturbance"]
-    assert report["reliable"] is False and d["disturbed"] is True, d
-    assert d["others_cpu_share"] > 0.25 and d["own_cpu_seconds"] > 0 and d["wall_seconds"] > 0
-    assert "figures are unreliable" in run.stderr
+    assert f"int8 kernels: {machine(gpu=False).int8_kernels}" in run.stdout, run.stdout
+    assert "h per million" in run.stdout and "encoder alone" not in run.stdout  # --no-runtimes: the two runs only
+    assert run.stdout.count("(unreliable)") == 2, run.stdout  # the fp32 forward pass and the default run
+    share = re.search(r"UNRELIABLE: other processes used (\d+)% of the CPU's time", run.stdout)
+    assert share and int(share.group(1)) > 25, run.stdout
+    assert "figures are unreliable" in run.stderr and "esqbe's own CPU" in run.stderr
+    assert _ours(tmp_path) == []
