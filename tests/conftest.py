@@ -70,26 +70,46 @@ def encoder():
 CSFCUBE_ENCODED = 700
 
 
+def once_per_run(tmp_path_factory, name: str, make) -> Path:
+    """`make(directory)` -> a path, run once for the whole test run. Alone, in a new temporary directory; under
+    pytest-xdist (`-n 2`) by the first worker that asks, in the run's shared temporary directory, while the others
+    wait on a file lock and then use the path it returned. For what is slow to make and only read afterwards."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make(tmp_path_factory.mktemp(name))
+    from filelock import FileLock
+
+    directory = tmp_path_factory.getbasetemp().parent / name  # the run's, shared by its workers
+    made = directory.with_name(name + ".made")
+    with FileLock(str(directory) + ".lock"):
+        if not made.exists():
+            directory.mkdir(exist_ok=True)  # a worker whose make failed left it: the next one tries again
+            made.write_text(str(make(directory)))
+    return Path(made.read_text())
+
+
 @pytest.fixture(scope="session")
 def csfcube_encoded(tmp_path_factory) -> Path:
     """The first CSFCUBE_ENCODED CSFCube dev abstracts (the collection's labels), encoded once by the real default
     model into `esqbe encode`'s Parquet: every CSFCube index the tests build is written from it without encoding
-    again (tests/test_recall.py `csfcube_index`). In the runtime a new index gets by default on CPU (onnx-int8, as
-    `esqbe index` and `esqbe encode` choose it): twice as fast here as the exact torch path of `encoder`."""
-    import esqbe
-    from esqbe.encode.encoder import Encoder
-
-    encoder = Encoder.load(batch_size=16, backend="auto", device="cpu")
-
+    again (tests/test_recall.py `csfcube_index`), and under `-n 2` both workers read the one encoding. In the runtime
+    a new index gets by default on CPU (onnx-int8, as `esqbe index` and `esqbe encode` choose it): twice as fast
+    here as the exact torch path of `encoder`."""
     src = shared_path("data", "csfcube-dev", "abstracts-csfcube-preds.jsonl")
-    base = tmp_path_factory.mktemp("csfcube-encoded")
-    papers = base / "papers.jsonl"
-    with open(src) as f:
-        papers.write_text("".join(line for _, line in zip(range(CSFCUBE_ENCODED), f)))
-    with esqbe.open_index(str(base / "unused"), encoder=encoder, config=None) as index:
-        report = index.encode_files([str(papers)], str(base / "encoded"))
-    assert report.encoded == CSFCUBE_ENCODED, report
-    return Path(report.path)
+
+    def make(base: Path) -> Path:
+        import esqbe
+        from esqbe.encode.encoder import Encoder
+
+        encoder = Encoder.load(batch_size=16, backend="auto", device="cpu")
+        papers = base / "papers.jsonl"
+        with open(src) as f:
+            papers.write_text("".join(line for _, line in zip(range(CSFCUBE_ENCODED), f)))
+        with esqbe.open_index(str(base / "unused"), encoder=encoder, config=None) as index:
+            report = index.encode_files([str(papers)], str(base / "encoded"))
+        assert report.encoded == CSFCUBE_ENCODED, report
+        return Path(report.path)
+
+    return once_per_run(tmp_path_factory, "csfcube-encoded", make)
 
 
 @pytest.fixture(scope="session")

@@ -14,15 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import REPO, SAMPLE
+from .conftest import REPO, SAMPLE, esqbe_cli
 
 #: the whole Ray run (a cluster's start, two actors loading the model, 24 abstracts) must end well inside this
 RAY_RUN_LIMIT_S = 420
-
-
-def cli(*args, timeout=300, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, **kw)
 
 
 @contextmanager
@@ -71,7 +66,7 @@ def test_ray_encode_matches_esqbe_encode_and_its_shards_index(tmp_path, inputs):
 
     from esqbe.distributed import ray_encode
 
-    ref = cli("encode", *inputs, "--out", tmp_path / "ref", "--quiet")
+    ref = esqbe_cli("encode", *inputs, "--out", tmp_path / "ref", "--quiet")
     assert ref.returncode == 0, ref.stderr
 
     out = tmp_path / "ray"
@@ -96,11 +91,11 @@ def test_ray_encode_matches_esqbe_encode_and_its_shards_index(tmp_path, inputs):
     assert any(p.paper.metadata.get("facets_predicted") for p in got.values())
 
     index = tmp_path / "index"
-    r = cli("index", "--path", index, *report.files, "--quiet")
+    r = esqbe_cli("index", "--path", index, *report.files, "--quiet")
     assert r.returncode == 0, r.stderr
     assert "indexed 24" in r.stdout
     paper = next(pid for pid, p in got.items() if "method" in p.paper.facets)
-    r = cli("query", "--path", index, "--paper", paper, "--facet", "method", "-k", "3", "--json")
+    r = esqbe_cli("query", "--path", index, "--paper", paper, "--facet", "method", "-k", "3", "--json")
     assert r.returncode == 0, r.stderr
     hits = json.loads(r.stdout)["hits"]
     assert len(hits) == 3 and all(h["paper_id"] in got and h["paper_id"] != paper for h in hits)
