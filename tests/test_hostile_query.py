@@ -260,14 +260,15 @@ def _no_token_cache(encoder):
 
 @pytest.fixture(scope="module")
 def slow_seconds(direct):
-    """How long SLOW takes, uncut, here and now (the fastest of two runs)."""
-    times = []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        direct.query(text=SLOW["text"], rescorer="asym_token", rescorer_params={"max_tokens": 510}, rescore_depth=1000,
-                     knn_k=1000, bm25_k=1000, k=5)
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    """How long SLOW takes, uncut, here and now: one run, after a warm-up of two of its sentences (the first query's
+    one-off costs; a second full run took as long and doubled the cost). Where the machine is busier now than later,
+    the deadlines derived from it are only longer: each test's cut still has to come before SLOW's end."""
+    slow = {"rescorer": "asym_token", "rescorer_params": {"max_tokens": 510}, "rescore_depth": 1000, "knn_k": 1000,
+            "bm25_k": 1000, "k": 5}
+    direct.query(text=SLOW["text"][:2], **slow)
+    t0 = time.perf_counter()
+    direct.query(text=SLOW["text"], **slow)
+    return time.perf_counter() - t0
 
 
 def test_a_slow_query_is_cut_at_its_deadline_and_the_next_client_is_answered(index_path, encoder, slow_seconds):
