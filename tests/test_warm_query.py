@@ -1,7 +1,8 @@
 """`esqbe query` answered by a running `esqbe serve` (issue 24, item 8: a warm model for CLI queries): a real
-`esqbe serve` process on 127.0.0.1 over a real index, and the real CLI as a process. The server's answer prints
-exactly what a local run prints; records that must not be trusted (stale, another index, writable by others,
-other settings) are not used; `--server URL` names one; a server that fails leaves the query to the CLI."""
+`esqbe serve` process on 127.0.0.1 over a real index, and the real CLI as a process (the local runs its output is
+compared with run in this process). The server's answer prints exactly what a local run prints; records that must
+not be trusted (stale, another index, writable by others, other settings) are not used; `--server URL` names one; a
+server that fails leaves the query to the CLI."""
 from __future__ import annotations
 
 import http.server
@@ -21,7 +22,7 @@ import pytest
 from esqbe.server import discovery
 from esqbe.settings.config import load_settings
 
-from .conftest import REPO, SAMPLE
+from .conftest import REPO, SAMPLE, Ran, esqbe_cli
 
 QID = json.loads(SAMPLE.read_text().splitlines()[0])["paper_id"]
 TEXT = ("We propose a neural parser trained with back-translation. We train a transformer on parallel data. "
@@ -40,6 +41,12 @@ def _port() -> int:
 def cli(*args, cwd, timeout=300, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=cwd, env={**ENV, **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
+
+
+def _here(*args, cwd) -> Ran:
+    """The same command run in this process (the reference a server's answer is compared with, or a query answered
+    locally): a real process would load the model again for every text query."""
+    return esqbe_cli(*args, cwd=cwd, env=dict.fromkeys(set(os.environ) - set(ENV)))
 
 
 class Served:
@@ -105,7 +112,7 @@ def test_a_running_server_answers_paper_queries_with_the_same_output(served, ext
     assert _answered_by(warm.stderr, served.url) and len(warm.stderr.strip().splitlines()) == 1, warm.stderr
     time.sleep(0.5)  # the access log line
     assert served.queries_answered() == before + 1  # the server's log: it answered this query
-    here = cli(*args, "--no-server", cwd=served.path.parent)
+    here = _here(*args, "--no-server", cwd=served.path.parent)
     assert here.returncode == 0 and "server" not in here.stderr, here.stderr
     assert served.queries_answered() == before + 1  # --no-server: not asked
     if extra == ("--json",):  # field for field; only the times differ
@@ -129,7 +136,7 @@ def test_a_running_server_answers_text_queries(served):
     args = ("query", "--path", served.path, "--text", TEXT, "--facet", "method", "-k", "5", "--json")
     warm = cli(*args, cwd=served.path.parent)
     assert warm.returncode == 0 and _answered_by(warm.stderr, served.url), warm.stderr
-    here = cli(*args, "--no-server", cwd=served.path.parent)
+    here = _here(*args, "--no-server", cwd=served.path.parent)
     assert here.returncode == 0, here.stderr
     a, b = json.loads(warm.stdout), json.loads(here.stdout)
     assert a["query"] == b["query"]
@@ -157,7 +164,7 @@ def test_a_configs_query_settings_go_to_the_server_with_the_query(served, tmp_pa
         assert warm.returncode == 0 and _answered_by(warm.stderr, served.url), warm.stderr
         time.sleep(0.5)  # the access log line
         assert served.queries_answered() == before + 1
-        here = cli(*args, "--no-server", cwd=served.path.parent)
+        here = _here(*args, "--no-server", cwd=served.path.parent)
         assert here.returncode == 0, here.stderr
         a, b = json.loads(warm.stdout), json.loads(here.stdout)
         assert a["query"]["facet"] == "method" and len(a["hits"]) == 3
@@ -474,7 +481,7 @@ def test_a_process_that_took_a_dead_servers_port_gets_no_query(index_dir_30, tmp
         log.unlink(missing_ok=True)  # (the probe above)
         record.write_text(json.dumps({**held, "pid": impostor.pid}))  # the recycled pid
         secret_text = "CONFIDENTIAL merger plan. " + TEXT
-        r = cli("query", "--path", path, "--text", secret_text, "--facet", "method", "-k", "2", cwd=tmp_path)
+        r = _here("query", "--path", path, "--text", secret_text, "--facet", "method", "-k", "2", cwd=tmp_path)
         received = log.read_bytes() if log.exists() else b""
     finally:
         impostor.kill()
