@@ -16,7 +16,7 @@ import esqbe
 from esqbe.errors import ModelMismatchError
 from esqbe.ingest.readers import InputError
 
-from .conftest import REPO, shared_path
+from .conftest import REPO, esqbe_cli, shared_path
 
 
 def _records(sample_lines, n, start=0):
@@ -155,7 +155,7 @@ def test_killed_index_run_opens_at_last_commit_and_rerun_completes(tmp_path, sam
     assert index.backend.text_index.searcher().num_docs == n_before
     index.close()
 
-    done = subprocess.run(cmd + ["--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = esqbe_cli(*cmd[3:], "--json")  # the same command, to its end (in this process: no kill this time)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["unchanged"] == n_before
