@@ -21,6 +21,18 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`-n 2`), each worker's PyTorch gets its share of the cores: two workers of two threads
+    each on two cores spent their time waiting for a core (the torch-heavy modules, test_tagger*.py,
+    test_encoder_backends.py and test_query.py, took 52 s and 101 CPU-seconds that way, 35 s and 66 with one thread
+    a worker). The processes the tests start keep the machine's default."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers:
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(workers)))
 SAMPLE = REPO / "samples" / "csabstruct-sample.jsonl"
 SHARED = Path(os.environ.get("ESQBE_SHARED", REPO.parent / "shared"))
 

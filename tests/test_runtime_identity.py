@@ -284,20 +284,26 @@ def test_torch_runs_one_thread_beside_the_onnx_rows_and_gets_its_threads_back(in
 
     from esqbe.encode.encoder import torch_threads
 
-    before = torch.get_num_threads()
-    seen: list[int] = []
-    int8_encoder._runner.workers = 2
+    suite_threads = torch.get_num_threads()  # one under `-n 2` (tests/conftest.py): two here, so that 1 is a change
+    torch.set_num_threads(2)
     try:
-        int8_encoder.contextual_sentence_vectors(_sample_papers(3), on_batch=lambda b: seen.append(torch.get_num_threads()))
-    finally:
-        int8_encoder._runner.workers = int8_encoder._runner._threads
-    assert seen and set(seen) == {1}
-    assert torch.get_num_threads() == before
-    with torch_threads(1):
+        before = torch.get_num_threads()
+        seen: list[int] = []
+        int8_encoder._runner.workers = 2
+        try:
+            int8_encoder.contextual_sentence_vectors(_sample_papers(3),
+                                                     on_batch=lambda b: seen.append(torch.get_num_threads()))
+        finally:
+            int8_encoder._runner.workers = int8_encoder._runner._threads
+        assert before == 2 and seen and set(seen) == {1}
+        assert torch.get_num_threads() == before
         with torch_threads(1):
+            with torch_threads(1):
+                assert torch.get_num_threads() == 1
             assert torch.get_num_threads() == 1
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before
+        assert torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(suite_threads)
 
 
 def test_a_fresh_export_says_so_and_nothing_of_the_quantisers_chatter(tmp_path):
