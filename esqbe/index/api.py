@@ -415,7 +415,7 @@ class Index(IngestMixin):
         return rerank(self, query, documents, **overrides)
 
     @overload
-    def get(self, paper_ids: str) -> Paper | None: ...
+    def get(self, paper_ids: str) -> Paper | None: ...  # type: ignore[overload-overlap]  # a str first: one id
     @overload
     def get(self, paper_ids: Iterable[str]) -> dict[str, Paper]: ...
 
