@@ -28,3 +28,13 @@ def echo_json(data, *, indent: int | None = 2) -> None:
     """`data` as JSON on stdout: non-ASCII text as it is, but no control character raw (`\\u009b`)."""
     text = json.dumps(data, indent=indent, ensure_ascii=False)
     click.echo(_RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
+
+
+def hit_head(hit: dict) -> list[str]:
+    """A hit's first two lines: `  3. score 0.5950  [strong, p97]  ID  Title` and its parts `(sim 0.6297, bm25 3.1)`:
+    the score is the number the ranking (and a watch's threshold) uses, the parts what it is made of."""
+    sim = "-" if hit["similarity"] is None else f"{hit['similarity']:.4f}"
+    band, pct = hit.get("band"), hit.get("percentile")
+    place = f"[{band}{'' if pct is None else f', p{int(pct)}'}]  " if band else ""
+    return [f"{hit['rank']:>3}. score {hit['score']:.4f}  {place}{hit['paper_id']}  {hit['title']}",
+            f"       (sim {sim}, bm25 {hit['bm25']:.1f})"]

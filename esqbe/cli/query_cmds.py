@@ -23,7 +23,7 @@ from .options import (
     query_text_or_file,
     text_or_file,
 )
-from .output import echo_json, say
+from .output import echo_json, hit_head, say
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -296,12 +296,9 @@ def _print_result(result: dict, *, chosen: bool, filters, engine_filter) -> None
             say(f"[strong/fair/weak, pN]: where the score stands on {scale['description']}"
                 + ("; pN: higher than N% of them" if scale["source"] == "index" else ""))
     for hit in hits:
-        sim = "-" if hit["similarity"] is None else f"{hit['similarity']:.4f}"
-        band = hit.get("band")
-        pct = hit.get("percentile")
-        place = f"[{band}{'' if pct is None else f', p{int(pct)}'}]  " if band else ""
-        say(f"\n{hit['rank']:>3}. score {hit['score']:.4f}  {place}{hit['paper_id']}  {hit['title']}")
-        say(f"       (sim {sim}, bm25 {hit['bm25']:.1f})")
+        say("")
+        for line in hit_head(hit):
+            say(line)
         line = _metadata_line(hit["metadata"])
         if line:
             say(f"       {line}")

@@ -190,10 +190,13 @@ class WatchRun:
     mark_to: int = 0
     advanced: bool = False
     refused: str | None = None
+    #: the score a new paper had to reach in this run (its `min_score`, or the index's strong cut now)
+    threshold: float | None = None
 
     def to_dict(self) -> dict:
         return {"name": self.name, "new_papers": self.new_papers, "passed": self.passed, "matches": self.matches,
-                "mark_from": self.mark_from, "mark_to": self.mark_to, "advanced": self.advanced, "refused": self.refused}
+                "mark_from": self.mark_from, "mark_to": self.mark_to, "advanced": self.advanced, "refused": self.refused,
+                "threshold": self.threshold}
 
     def as_result(self) -> dict:
         """The matches in a query result's JSON shape (hits), what esqbe.query.export writes."""
@@ -521,6 +524,7 @@ def run_watches(index, names: Sequence[str] | None = None, *, dry_run: bool = Fa
         if runs[w.name].refused is None:
             try:
                 plans[w.name] = _Plan(index, w)
+                runs[w.name].threshold = plans[w.name].threshold
             except UserError as e:  # its filters or settings no longer valid
                 runs[w.name].refused = f"watch {w.name}: its query no longer runs: {e}"
     passing: dict[str, set[str]] = {name: set() for name in plans}
