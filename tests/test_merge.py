@@ -69,11 +69,16 @@ def merged(tmp_path_factory):
 
 def test_records_of_one_work_are_one_paper_and_the_summary_says_so(merged):
     root, out = merged
-    assert (f"  merged 2: {root / 'dup.ris'}:1 = {root / 'zotero.bib'}:3 (doi 10.48550/arxiv.1706.03762); "
-            f"{root / 'arxiv.bib'}:1 = {root / 'arxiv-snapshot.jsonl'}:1 (arxiv 0704.0001)\n") in out, out
+    assert (f"  merged 2: {root / 'dup.ris'}:1 vaswani-ris into vaswani2017attention (read at {root / 'zotero.bib'}:3; "
+            f"same doi 10.48550/arxiv.1706.03762); {root / 'arxiv.bib'}:1 balazs2007 into 0704.0001 (read at "
+            f"{root / 'arxiv-snapshot.jsonl'}:1; same arxiv 0704.0001)\n") in out, out
     # the same title and year without a shared identifier: said, not merged
     assert (f"  likely duplicate, not merged (same title and year, no shared DOI, arXiv or PubMed id): "
-            f"{root / 'dup.ris'}:10 bert-again ~ {root / 'zotero-csl.json'}:2 ABCD2345\n") in out, out
+            f"{root / 'dup.ris'}:10 bert-again, read at {root / 'zotero-csl.json'}:2 as ABCD2345\n") in out, out
+    # a conflict in words, each value with its file; BibTeX `inproceedings` and RIS `CONF` are one type, no conflict
+    assert (f'  merge conflict, {root / "dup.ris"}:1 into vaswani2017attention: authors: kept "Ashish Vaswani; Noam '
+            f'Shazeer; Niki Parmar" ({root / "zotero.bib"}), not "Ashish Vaswani" ({root / "dup.ris"})\n') in out, out
+    assert "entry_type" not in out and "{'" not in out, out
     assert ids(root / "ix") == ["0704.0001", "ABCD2345", "bert-again", "vaswani2017attention"]
     # both records are the library's: the first keeps its fields (issue 49, item 2), the later one is a source of
     # it; either id finds it
@@ -99,8 +104,8 @@ def test_a_later_run_merges_into_the_paper_indexed_before_and_json_names_it(merg
     assert report["unchanged"] == 2 and report["indexed"] == 0
     assert ids(ix) == ["0704.0001", "ABCD2345", "bert-again", "vaswani2017attention"]
     text = run("index", "--path", ix, root / "dup.ris").stdout
-    assert (f"  merged 1: {root / 'dup.ris'}:1 = paper vaswani2017attention (already in the index) "
-            f"(doi 10.48550/arxiv.1706.03762)\n") in text, text
+    assert (f"  merged 1: {root / 'dup.ris'}:1 vaswani-ris into vaswani2017attention (already in the index; "
+            f"same doi 10.48550/arxiv.1706.03762)\n") in text, text
 
 
 def test_an_index_made_before_the_alias_table_gets_its_papers_identifiers(tmp_path):
@@ -111,7 +116,7 @@ def test_an_index_made_before_the_alias_table_gets_its_papers_identifiers(tmp_pa
         db.execute("DELETE FROM settings WHERE key = 'aliases_filled'")
     (tmp_path / "dup.ris").write_text(DUP_RIS)
     out = run("index", "--path", ix, tmp_path / "dup.ris").stdout
-    assert "merged 1: " in out and "= paper vaswani2017attention (already in the index)" in out, out
+    assert "merged 1: " in out and "vaswani-ris into vaswani2017attention (already in the index" in out, out
     assert ids(ix) == ["bert-again", "vaswani2017attention"]
 
 

@@ -133,9 +133,12 @@ class Merger:
                 meta[key] = value
             elif key == "external_ids" and isinstance(value, dict) and isinstance(meta[key], dict):
                 meta[key] = {**value, **meta[key]}
+            elif key == "entry_type" and _same_type(own, meta[key], other, value):
+                continue  # one type in two vocabularies (BibTeX `article`, RIS `JOUR`): the library's kept, no conflict
             elif (_names(meta[key]) != _names(value)) if key == "authors" else meta[key] != value:
-                self.report.merge_conflicts.append({"record": here, "id": later.paper_id, "field": key,
-                                                    "kept": _short(meta[key]), "other": _short(value)})
+                self.report.merge_conflicts.append({
+                    "record": here, "id": later.paper_id, "field": key, "kept": _in_words(key, meta[key]),
+                    "kept_from": _origin(own), "other": _in_words(key, value), "other_from": _origin(other)})
         sources = [*((own.metadata or {}).get("sources") or []), *((other.metadata or {}).get("sources") or [])]
         meta["sources"] = [dict(t) for t in dict.fromkeys(tuple(sorted(x.items())) for x in sources
                                                           if isinstance(x, dict))]
@@ -188,6 +191,27 @@ def _names(authors) -> list:
     return [a.get("name") if isinstance(a, dict) else a for a in authors] if isinstance(authors, list) else [authors]
 
 
-def _short(value) -> str:
-    text = value if isinstance(value, str) else repr(value)
+def _in_words(key: str, value) -> str:
+    """A field's value as `esqbe show` writes it (authors by name, a list joined), at most 80 characters."""
+    from .browse import metadata_text
+
+    text = dict(metadata_text({key: value})).get(key, "")
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _origin(p: Paper) -> str | None:
+    """The file a record (or a paper, its first source) was read from."""
+    sources = (p.metadata or {}).get("sources")
+    first = sources[0] if isinstance(sources, list) and sources and isinstance(sources[0], dict) else {}
+    return str(first["file"]) if first.get("file") else None
+
+
+def _same_type(a: Paper, a_type, b: Paper, b_type) -> bool:
+    """Whether two records' entry types name one type in their formats' vocabularies (BibTeX `article`, RIS `JOUR`,
+    CSL `article-journal`, Zotero `journalArticle`: esqbe.query.export's mapping through CSL's types)."""
+    from ..query.export import vocabulary_type
+
+    if not isinstance(a_type, str) or not isinstance(b_type, str):
+        return False
+    types = [vocabulary_type(str((p.metadata or {}).get("format") or ""), t) for p, t in ((a, a_type), (b, b_type))]
+    return types[0] is not None and types[0] == types[1]

@@ -94,14 +94,20 @@ _IN_A_BOOK = frozenset({"inproceedings", "conference", "incollection", "inbook"}
 def csl_type(source_format: str, entry_type: str, venue: str) -> str:
     """A paper's CSL item type from the type its source named (BibTeX, RIS, CSL or Zotero vocabulary), else a journal
     article when it names a venue, a document when not."""
-    t = entry_type.strip()
-    found = {"bibtex": _BIB_TO_CSL.get(t.lower()), "ris": _RIS_TO_CSL.get(t.upper()),
-             "csl-json": t if t in CSL_TYPES else None, "zotero": _ZOTERO_TO_CSL.get(t)}.get(source_format)
+    found = vocabulary_type(source_format, entry_type)
     if found:
         return found
     if source_format == "arxiv" and not venue:
         return "article"  # CSL's preprint
     return "article-journal" if venue else "document"
+
+
+def vocabulary_type(source_format: str, entry_type: str) -> str | None:
+    """The CSL item type an entry type names in its format's vocabulary (BibTeX `article`, RIS `JOUR`, CSL
+    `article-journal`, Zotero `journalArticle`: all `article-journal`), None where the vocabulary has no such type."""
+    t = entry_type.strip()
+    return {"bibtex": _BIB_TO_CSL.get(t.lower()), "ris": _RIS_TO_CSL.get(t.upper()),
+            "csl-json": t if t in CSL_TYPES else None, "zotero": _ZOTERO_TO_CSL.get(t)}.get(source_format)
 
 
 def _entry_type(h: dict, fmt: str) -> str:
