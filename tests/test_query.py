@@ -290,3 +290,27 @@ def test_bm25_text_facet_scores_the_candidates_facet_sentences(small_index):
 
     with pytest.raises((QueryError, ConfigError), match="bm25_text"):  # settings are checked where given
         small_index.query(QID, facet="method", bm25_text="title")
+
+
+def test_k_past_the_first_stage_lists_reaches_k_and_fewer_hits_say_why(small_index, tmp_path):
+    """k past knn_k and bm25_k: each list reaches k, so k hits come back where the index holds them (the lists stopped
+    at their own depth and the query returned fewer, unsaid); fewer than k (a small index) is said, in the JSON's
+    notes and on stderr."""
+    from click.testing import CliRunner
+
+    from cli import main
+
+    shallow = small_index.query(QID, k=20, knn_k=3, bm25_k=3, candidate_facet="all")
+    assert len(shallow.hits) == 20 and not shallow.notes, (len(shallow.hits), shallow.notes)
+    deep = small_index.query(QID, k=20, candidate_facet="all")
+    assert {h.paper_id: h.score for h in shallow.hits} == pytest.approx({h.paper_id: h.score for h in deep.hits},
+                                                                        abs=1e-6)  # the same papers, the same scores
+    r = CliRunner().invoke(main, ["query", "--path", small_index.settings.path, "--paper", QID, "-k", "250", "--json",
+                                  "--no-server"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    answer = json.loads(r.stdout)
+    assert len(answer["hits"]) == 39
+    [note] = answer["notes"]
+    assert note.startswith("39 hit(s) of the 250 asked: the first stage found no more candidates (the index holds 40 "
+                           "paper(s); 1 excluded"), note
+    assert f"esqbe: note: {note}" in r.stderr

@@ -162,6 +162,8 @@ def query_cmd(paper_ids, avoid, facet, sentences, text, text_file, title, filter
             result = answer.to_dict(index.get([h.paper_id for h in answer.hits]) if export_format else None)
     elif export_format:
         _abstracts_from_here(result, settings)
+    for note in result.get("notes") or []:  # e.g. fewer hits than asked: said on stderr, beside any output
+        say(f"esqbe: note: {printable(note)}", err=True)
     if as_json:
         echo_json(result)
         return

@@ -250,8 +250,10 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
         vectors=q_vectors,
         facet=facet if (facet and settings.candidate_facet in ("same", "auto")) else None,
         k=depth,
-        knn_k=max(settings.knn_k, depth if restrict is not None else 0),
-        bm25_k=max(settings.bm25_k, depth if restrict is not None else 0),
+        # k past knn_k / bm25_k: each list reaches k, so that k papers can be found (a limit below k would cut the
+        # hits short unsaid); a re-rank of a pool: every member
+        knn_k=max(settings.knn_k, depth if restrict is not None else settings.k),
+        bm25_k=max(settings.bm25_k, depth if restrict is not None else settings.k),
         exclude=frozenset({*(e.paper_id for e in (*examples, *avoid)), *map(str, exclude)}),
         restrict_to=restrict,
         fusion=settings.fusion,
@@ -383,6 +385,7 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
                         c.knn, pairs, dict(c.paper.paper.metadata) if c.paper else {}, similarity=sim,
                         example_similarities=per, avoided=avoided, parts=parts))
     head = examples[0]
+    notes = [] if restrict is not None or len(hits) >= settings.k else [_short_of_k(backend, request, len(hits), settings.k)]
     return QueryResult(head.paper_id, normalize_label(head.facet) if head.facet else None,
                        list(zip(head.indices, head.sentences)), hits, settings.rescorer or "none", timings,
                        [c.to_dict() for c in filter.conditions] if filter else [],
@@ -391,7 +394,21 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
                        score=ScoreFormula(settings.rescorer or "none", 1 - w - a if rescorer is not None else 0.0,
                                           w if rescorer is not None else 0.0, a if rescorer is not None else 0.0,
                                           reference),
-                       rescoring=_rescoring_note(rescorer is not None, in_backend, how, n, in_python))
+                       rescoring=_rescoring_note(rescorer is not None, in_backend, how, n, in_python), notes=notes)
+
+
+def _short_of_k(backend: Backend, request: FirstStageRequest, found: int, k: int) -> str:
+    """Why a query has fewer hits than the k asked, in words: what the first stage could find."""
+    try:
+        held = backend.paper_count()
+    except Exception:  # noqa: BLE001  # the note goes on without the total
+        held = None
+    why = [f"the index holds {held} paper(s)" if held is not None else "",
+           f"{len(request.exclude)} excluded (the query's examples, papers to avoid and --exclude)" if request.exclude
+           else "", "the filters allow only some" if request.filter is not None else "",
+           f"the kNN looks at {request.facet} sentences only" if request.facet else ""]
+    return (f"{found} hit(s) of the {k} asked: the first stage found no more candidates ("
+            + "; ".join(w for w in why if w) + f"; each list reached {min(request.knn_k, request.bm25_k)} deep)")
 
 
 def run_query(backend: Backend, query: IndexedPaper, indices: list[int], settings: Settings, *,

@@ -31,6 +31,7 @@ a non-finite number is null (a similarity) or 0.0 (the other scores), metadata g
                "metadata", "sentences" (null unless the papers are given)}],
      "rescoring": {where (backend: the engine's own MaxSim with engine_facet_vectors; python; none), why,
                    in_backend, in_python} (null from an older answer),
+     "notes": [what to know of this answer, in words: e.g. why it has fewer hits than the k asked],
      "timings_ms": {stage: milliseconds}}
 
 `version` changes when a key is renamed or removed (not when one is added)."""
@@ -254,6 +255,8 @@ class QueryResult:
     #: where the similarity was computed: {"where": "backend" | "python" | "none", "why": in words, "in_backend": n,
     #: "in_python": n} (esqbe.query.combine: summax in the engine with engine_facet_vectors, issue 52)
     rescoring: dict | None = None
+    #: what the user should know of this answer, in words (e.g. why it has fewer hits than the k asked)
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self, papers: Mapping[str, Paper] | None = None) -> dict:
         """The one JSON shape of a query result, `esqbe query --json`'s and HTTP POST /query's (esqbe.query.results);
@@ -491,5 +494,6 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
         "score": result.score.to_dict() if result.score is not None else None,
         "hits": hits,
         "rescoring": dict(result.rescoring) if result.rescoring is not None else None,
+        "notes": list(result.notes),
         "timings_ms": dict(result.timings),
     }

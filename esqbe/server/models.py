@@ -367,6 +367,8 @@ class QueryResponse(BaseModel):
                                              "(backend: the engine's own MaxSim with engine_facet_vectors; python; "
                                              "none), `why` in words, and how many candidates each scored "
                                              "(`in_backend`, `in_python`)")
+    notes: list[str] = Field(default_factory=list, description="what to know of this answer, in words: e.g. why it "
+                                                               "has fewer hits than the k asked")
     timings_ms: dict[str, float]
 
 
