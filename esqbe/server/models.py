@@ -322,7 +322,7 @@ class QueryInfo(BaseModel):
 
 
 class SimilarityScale(BaseModel):
-    """Where a hit's similarity stands (esqbe.index.scale): this index's own matches, or the shipped fixed scale."""
+    """Where a hit's score stands (esqbe.index.scale): this index's own matches, or the shipped fixed scale."""
 
     source: Literal["index", "fixed", "none"] = Field(
         description="index: the similarities of the top-10 hits of facet queries by a sample of the index's own "

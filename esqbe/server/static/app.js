@@ -583,7 +583,7 @@ function renderHits(res) {
   if (!res.hits.length) $("results-info").textContent = `No similar paper found${filters.length ? ` with filters: ${filters.join("; ")}` : ""}.`;
 }
 
-// Where a hit's similarity stands, so that a weak match looks weak: the band and percentile the server placed it at
+// Where a hit's score stands, so that a weak match looks weak: the band and percentile the server placed it at
 // (hit.band, hit.percentile) on the response's scale (res.scale): this index's own matches, or the shipped fixed
 // scale where the index is too small for its own (or while it is being measured). No scale (rescorer none, or a
 // rescorer the fixed scale has no cuts for): no band.
