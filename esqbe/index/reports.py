@@ -59,6 +59,14 @@ class IndexReport:
     #: "other", "other_from"}: each value in words (as `esqbe show` writes it), and the file it came from
     merge_conflicts: list[dict] = field(default_factory=list)
     aliases_kept: bool | None = None
+    #: library records whose citation key was another file's key for another work, indexed under a derived id
+    #: (esqbe.index.merge): {"file", "line", "key", "id", "other_record", "why"}
+    renamed: list[dict] = field(default_factory=list)
+    #: the ids of the papers this run replaced (stored before, written again: `replaced` counts them, and the records
+    #: an id repeated within one batch replaced)
+    replaced_ids: list[str] = field(default_factory=list)
+    #: per file, the fields of its records esqbe does not keep ({file: {field: records}}; ReadReport.not_kept)
+    not_kept: dict[str, dict[str, int]] = field(default_factory=dict)
     #: how a source was read where the user should know it (ReadReport.notes: a Zotero database read from a copy)
     notes: list[str] = field(default_factory=list)
 
@@ -120,6 +128,9 @@ class IndexReport:
             "abstracts_from_pdf": self.abstracts_from_pdf,
             "likely_duplicates": list(self.likely_duplicates),
             "merge_conflicts": list(self.merge_conflicts),
+            "renamed": list(self.renamed),
+            "replaced_ids": list(self.replaced_ids),
+            "not_kept": {f: dict(c) for f, c in self.not_kept.items()},
             "notes": list(self.notes),
         }
 
@@ -135,6 +146,14 @@ class IndexReport:
             if self.aliases_kept is False:
                 out.append("  (this backend keeps no alias table: a merged record's own id does not find the paper, "
                            "and later runs merge only within themselves)")
+        for r in self.renamed[:first]:
+            out.append(printable(f"renamed: {_where(r['file'], r['line'])} {r['key']} is indexed as {r['id']}: the key "
+                                 f"is {r['other_record']}'s, another work ({r['why']})"))
+        if len(self.renamed) > first:
+            out.append(f"and {len(self.renamed) - first} more renamed (all: --json)")
+        for file, fields in self.not_kept.items():
+            out.append(printable(f"not kept from {file} (fields esqbe does not read): "
+                                 + ", ".join(f"{k} ({n} record{'s' if n != 1 else ''})" for k, n in fields.items())))
         for d in self.likely_duplicates[:first]:
             like = f"read at {d['like_record']} as {d['like']}" if d["like_record"] else \
                 f"already in the index as {d['like']}"

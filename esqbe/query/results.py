@@ -370,8 +370,17 @@ SOFT_FACET_ORDER = ("background", "method", "result", "other")
 
 
 def public_metadata(metadata: dict | None) -> dict:
-    """A paper's metadata as a user reads it: esqbe's internals left out."""
-    return {k: v for k, v in (metadata or {}).items() if k not in HIDDEN_METADATA_KEYS}
+    """A paper's metadata as a user reads it: esqbe's internals left out (and each source's record hash, which
+    esqbe.index.merge keeps to find an unchanged re-run)."""
+    return without_record_hashes({k: v for k, v in (metadata or {}).items() if k not in HIDDEN_METADATA_KEYS})
+
+
+def without_record_hashes(metadata: dict) -> dict:
+    """`metadata` with its sources' record hashes left out (esqbe.index.merge keeps them for itself)."""
+    if not isinstance(metadata.get("sources"), list):
+        return metadata
+    return {**metadata, "sources": [{k: v for k, v in s.items() if k != "record"} if isinstance(s, dict) else s
+                                    for s in metadata["sources"]]}
 
 #: metadata keys whose values are paths on the machine that indexed the paper: Zotero's attachments (the indexer
 #: reads an attached PDF when the paper is read; the index keeps the paths for its own user: `esqbe show`), and the
