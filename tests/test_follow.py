@@ -15,15 +15,14 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 import esqbe
 from cli import main
-from esqbe.index.follow import FollowExistsError, FollowSpecError
+from esqbe.index.follow import FollowExistsError, FollowSpecError, add_source, list_sources
+from esqbe.index.follow_run import run_follow
 
 from .conftest import REPO, SAMPLE
 from .fakes.services import OaiPmh, OpenAlex, openalex_work
@@ -65,9 +64,9 @@ def test_arxiv_pages_retry_after_deleted_records_and_new_versions(ix, encoder):
     pages = [[rec(0), rec(1), rec(2, cats="cs.CV")], [rec(3), gone("2401.00001")]]
     with OaiPmh(pages) as oai, open_ix(ix, encoder, arxiv_interval=0.2) as index:
         oai.busy["t1"] = 1  # the second page: 503 with Retry-After: 1 first
-        index.follow_add("cl", "arxiv:cs.CL", url=oai.url + "/oai", since="2024-05-01")
+        add_source(index, "cl", "arxiv:cs.CL", url=oai.url + "/oai", since="2024-05-01")
         before = index.stats()["papers"]
-        run = index.follow_run()
+        run = run_follow(index)
         (s,) = run.sources
         asked = oai.asked()
         assert [r["params"] for r in asked] == [
@@ -87,24 +86,24 @@ def test_arxiv_pages_retry_after_deleted_records_and_new_versions(ix, encoder):
         assert meta["sources"] == [{"file": "arxiv:cs.CL", "format": "arxiv"}]
         assert [a["name"] for a in meta["authors"]] == ["Ada Lovelace", "Alan Turing Jr"]
         assert meta["publication_date"] == "2024-05-01" and meta["external_ids"]["arxiv"] == "2405.00001"
-        (source,) = index.follow_list()
+        (source,) = list_sources(index)
         assert source.state["mark"] == "2024-05-03" and "run" not in source.state  # the repository's responseDate
 
         # the next harvest asks from the mark: a new version updates its paper, a withdrawn one is named and kept
         oai.pages = [[rec(1, day="2024-05-03", abstract=text(9), updated="2024-05-03"), gone("2405.00000", "2024-05-03")]]
-        s = index.follow_run().sources[0]
+        s = run_follow(index).sources[0]
         assert oai.asked()[-1]["params"]["from"] == "2024-05-03"
         assert (s.fetched, s.indexed, s.replaced) == (1, 0, 1) and index.stats()["papers"] == before + 3
         assert " ".join(index.get(["2405.00001"])["2405.00001"].sentences) == text(9)
         assert s.deleted[0]["action"] == "kept (follow_deleted=keep)" and index.get(["2405.00000"])
 
         index.settings = index.settings.replace(follow_deleted="remove")  # the setting says: remove
-        s = index.follow_run().sources[0]
+        s = run_follow(index).sources[0]
         assert s.deleted[0]["action"] == "removed" and not index.get(["2405.00000"])
         assert (s.fetched, s.unchanged) == (1, 1)  # the day's records come again: found unchanged, not indexed again
 
         oai.pages = [[rec(4, day="2024-05-01")]]  # nothing since the mark: noRecordsMatch
-        s = index.follow_run().sources[0]
+        s = run_follow(index).sources[0]
         assert s.complete and s.fetched == 0 and s.mark == "2024-05-03" and not s.error
 
 
@@ -123,10 +122,10 @@ def test_hostile_answers_are_refused_with_source_and_page_and_the_run_goes_on(ix
         html.raw["first"] = b"<html><body>Down for maintenance</body></html>"
         nan.raw["*"] = b'{"meta": {"next_cursor": null, "count": NaN}, "results": []}'
         for name, stand in (("a-bomb", bomb), ("b-broken", broken), ("c-html", html), ("d-big", big)):
-            index.follow_add(name, "arxiv:cs.CL", url=stand.url + "/oai", since="2024-05-01")
-        index.follow_add("e-nan", "openalex:type:article", url=nan.url)
-        index.follow_add("f-good", "openalex:type:article", url=good.url)
-        run = index.follow_run()
+            add_source(index, name, "arxiv:cs.CL", url=stand.url + "/oai", since="2024-05-01")
+        add_source(index, "e-nan", "openalex:type:article", url=nan.url)
+        add_source(index, "f-good", "openalex:type:article", url=good.url)
+        run = run_follow(index)
         errors = {s.name: s.error for s in run.sources}
         assert "a-bomb (arxiv:cs.CL): page 1: the answer declares a DTD" in errors["a-bomb"]
         assert "b-broken (arxiv:cs.CL): page 1: the answer is not well-formed XML" in errors["b-broken"]
@@ -135,7 +134,7 @@ def test_hostile_answers_are_refused_with_source_and_page_and_the_run_goes_on(ix
         assert "e-nan (openalex:type:article): page 1: not the works API's JSON" in errors["e-nan"]
         assert errors["f-good"] is None and run.sources[-1].indexed == 1 and run.failed
         # the failed ones moved no mark; each keeps its error for GET /stats and `follow list`
-        kept = {s.name: s for s in index.follow_list()}
+        kept = {s.name: s for s in list_sources(index)}
         assert all("mark" not in kept[n].state and kept[n].last["error"] == errors[n] for n in errors if errors[n])
         assert kept["f-good"].last["error"] is None and kept["f-good"].state["mark"]
 
@@ -144,8 +143,8 @@ def test_openalex_cursor_pages_polite_pool_and_corrected_works(ix, encoder):
     pages = [[openalex_work("W1", "Work one", text(1), doi="10.1234/one"), openalex_work("W2", "Work two", text(2))],
              [openalex_work("W3", "Work three", text(3))]]
     with OpenAlex(pages) as oa, open_ix(ix, encoder, openalex_per_page=2) as index:
-        index.follow_add("nlp", "openalex:concepts.id:C41008148,type:article", url=oa.url, since="2024-05-01")
-        s = index.follow_run().sources[0]
+        add_source(index, "nlp", "openalex:concepts.id:C41008148,type:article", url=oa.url, since="2024-05-01")
+        s = run_follow(index).sources[0]
         sent = [r["params"] for r in oa.requests]
         assert [p["cursor"] for p in sent] == ["*", "c1", "c2"]  # until meta.next_cursor is null
         assert all(p["filter"] == "concepts.id:C41008148,type:article,from_publication_date:2024-05-01"
@@ -157,7 +156,7 @@ def test_openalex_cursor_pages_polite_pool_and_corrected_works(ix, encoder):
         assert work.metadata["sources"] == [{"file": "openalex:concepts.id:C41008148,type:article",
                                              "format": "openalex"}]
         oa.pages = [[openalex_work("W1", "Work one, corrected", text(1), doi="10.1234/one")]]
-        s = index.follow_run().sources[0]
+        s = run_follow(index).sources[0]
         assert (s.replaced, s.indexed) == (1, 0) and index.get(["W1"])["W1"].title == "Work one, corrected"
         assert oa.requests[-1]["params"]["filter"].endswith(f"from_publication_date:{s.mark}")
 
@@ -176,9 +175,9 @@ def test_a_zotero_library_that_grows_between_runs(tmp_path, ix, encoder):
         _stamp(lib, item, "2024-01-01 00:00:00")
     lib.close()
     with open_ix(ix, encoder) as index:
-        index.follow_add("mine", f"zotero:{lib.path}")
-        s = index.follow_run().sources[0]
-        assert (s.fetched, s.indexed) == (2, 2) and index.follow_list()[0].state["mark"] == "2024-01-01 00:00:00"
+        add_source(index, "mine", f"zotero:{lib.path}")
+        s = run_follow(index).sources[0]
+        assert (s.fetched, s.indexed) == (2, 2) and list_sources(index)[0].state["mark"] == "2024-01-01 00:00:00"
         assert index.get(["ABCD2345"])["ABCD2345"].metadata["in_library"] is True
 
         lib.db = sqlite3.connect(lib.path)  # Zotero adds an item, edits one, trashes one
@@ -191,12 +190,12 @@ def test_a_zotero_library_that_grows_between_runs(tmp_path, ix, encoder):
         lib.db.execute("INSERT INTO deletedItems (itemID, dateDeleted) VALUES (?, '2024-02-01 10:00:00')", (bert,))
         lib.db.execute("UPDATE items SET clientDateModified = '2024-02-01 10:00:00' WHERE itemID = ?", (bert,))
         lib.close()
-        s = index.follow_run().sources[0]
+        s = run_follow(index).sources[0]
         assert (s.indexed, s.replaced) == (1, 1) and s.skipped == {"in the trash": 1}  # read as `esqbe index` reads it
         assert s.deleted == [{"id": "ABCD2345", "when": "2024-02-01 10:00:00", "how": "trashed",
                               "action": "kept (follow_deleted=keep)"}]
-        assert index.follow_list()[0].state["mark"] == "2024-02-01 10:00:00"
-        s = index.follow_run().sources[0]  # nothing changed since: the items of the mark's second only, unchanged
+        assert list_sources(index)[0].state["mark"] == "2024-02-01 10:00:00"
+        s = run_follow(index).sources[0]  # nothing changed since: the items of the mark's second only, unchanged
         assert (s.indexed, s.replaced, s.fetched - s.unchanged - sum(s.skipped.values())) == (0, 0, 0)
 
 
@@ -208,20 +207,20 @@ def test_a_folder_that_gains_files(tmp_path, ix, encoder):
     (inbox / "notes.txt").write_text("not papers")
     (inbox / ".hidden.jsonl").write_text("{}\n")
     with open_ix(ix, encoder) as index:
-        index.follow_add("inbox", f"dir:{inbox}")
-        s = index.follow_run().sources[0]
+        add_source(index, "inbox", f"dir:{inbox}")
+        s = run_follow(index).sources[0]
         assert (s.fetched, s.indexed, s.pages) == (2, 2, 1) and "2 file(s) or folder(s) passed over" in s.notes[0]
         (inbox / "a.jsonl").write_text(json.dumps({"id": "a0", "title": "A0", "abstract": text(14)}) + "\n")
         shutil.copy(REPO / "tests" / "data" / "pdf" / "two-column.pdf", inbox / "sub" / "paper.pdf")
         (inbox / "b.ris").write_text(f"TY  - JOUR\nID  - b0\nTI  - B zero\nAB  - {text(12)}\nER  - \n")
-        s = index.follow_run().sources[0]
+        s = run_follow(index).sources[0]
         assert s.pages == 3 and (s.indexed, s.replaced) == (2, 1)  # a.jsonl again (changed), b.ris, the PDF
         assert s.deleted == [{"id": "a1", "when": None, "how": "no longer in a.jsonl", "action": "kept (follow_deleted=keep)"}]
         pdf = index.get(["inbox:sub/paper.pdf"])["inbox:sub/paper.pdf"]
         assert pdf.metadata["abstract_source"] == "pdf" and pdf.title.startswith("3D Face Recognition")
         (inbox / "b.ris").unlink()
         index.settings = index.settings.replace(follow_deleted="remove")
-        s = index.follow_run().sources[0]
+        s = run_follow(index).sources[0]
         assert s.pages == 0 and s.deleted[0]["how"] == "its file b.ris is gone" and s.deleted[0]["action"] == "removed"
         assert not index.get(["b0"]) and index.get(["a0"])
 
@@ -231,7 +230,7 @@ def test_a_kill_mid_harvest_resumes_with_nothing_lost_or_twice(ix, encoder):
     env = {**os.environ, "ESQBE_ARXIV_INTERVAL": "0.05", "HF_HUB_OFFLINE": "1"}
     with OaiPmh(pages) as oai:
         with open_ix(ix, encoder) as index:
-            index.follow_add("cl", "arxiv:cs.CL", url=oai.url + "/oai", since="2024-05-01")
+            add_source(index, "cl", "arxiv:cs.CL", url=oai.url + "/oai", since="2024-05-01")
             before = index.stats()["papers"]
         oai.hold = "t2"  # asked once page 2 is committed and its token kept: the harvest is killed there
         proc = subprocess.Popen([sys.executable, "-m", "cli", "follow", "run", "--path", str(ix), "--quiet"],
@@ -246,11 +245,11 @@ def test_a_kill_mid_harvest_resumes_with_nothing_lost_or_twice(ix, encoder):
             if proc.poll() is None:
                 proc.kill()
         with open_ix(ix, encoder) as index:
-            (source,) = index.follow_list()
+            (source,) = list_sources(index)
             assert source.state["run"]["token"] == "t2" and index.stats()["papers"] == before + 4
             numbers = {pid: index.backend.pnos([pid])[0] for pid in ("2405.00000", "2405.00003")}
             n = len(oai.asked())
-            s = index.follow_run().sources[0]
+            s = run_follow(index).sources[0]
             assert [r["params"] for r in oai.asked()[n:]] == [{"verb": "ListRecords", "resumptionToken": "t2"}]
             assert (s.fetched, s.indexed, s.replaced, s.unchanged) == (2, 2, 0, 0) and s.complete
             assert index.stats()["papers"] == before + 6  # every record once

@@ -16,7 +16,14 @@ pytest.importorskip("opensearchpy")
 
 from esqbe.backends.engines.followstore import follow_count_body, follow_index_body, follow_list_body  # noqa: E402
 from esqbe.index.api import Index  # noqa: E402
-from esqbe.index.follow import FollowExistsError, FollowNotFoundError  # noqa: E402
+from esqbe.index.follow import (  # noqa: E402
+    FollowExistsError,
+    FollowNotFoundError,
+    add_source,
+    list_sources,
+    remove_source,
+)
+from esqbe.index.follow_run import run_follow  # noqa: E402
 from esqbe.settings.config import load_settings  # noqa: E402
 
 from .fakes.engines import INDEX, VERSIONS  # noqa: E402
@@ -39,15 +46,15 @@ def test_a_source_is_one_document_written_after_each_committed_page(engine, enco
     settings = load_settings(None).replace(backend=engine, url=backend.url, index=backend.index, arxiv_interval=0.05)
     index = Index(backend, settings, encoder=encoder)
     with OaiPmh([[rec(0), rec(1)], [rec(2)]]) as oai:
-        index.follow_add("cl", "arxiv:cs.CL", url=oai.url + "/oai", since="2024-05-01")
+        add_source(index, "cl", "arxiv:cs.CL", url=oai.url + "/oai", since="2024-05-01")
         with pytest.raises(FollowExistsError):
-            index.follow_add("cl", "arxiv:cs.LG")
+            add_source(index, "cl", "arxiv:cs.LG")
         made, again = _writes(canned)  # the second add: refused by the engine (409), the first document kept
         assert made["params"] == again["params"] == {"op_type": "create", "refresh": "wait_for"}
         assert canned.follow_docs["cl"][0]["spec"] == {"kind": "arxiv", "target": "cs.CL", "url": oai.url + "/oai",
                                                        "since": "2024-05-01"}
         start = len(canned.requests)
-        run = index.follow_run()
+        run = run_follow(index)
     s = run.sources[0]
     assert (s.fetched, s.indexed, s.pages) == (3, 3, 2) and s.complete and not s.error
     assert {"2405.00000", "2405.00001", "2405.00002"} <= set(canned.sources)
@@ -61,10 +68,10 @@ def test_a_source_is_one_document_written_after_each_committed_page(engine, enco
     assert first_state["run"]["token"] == "t1" and first_state.get("mark") is None
     state = canned.follow_docs["cl"][0]["state"]
     assert state["mark"] == "2024-05-03" and "run" not in state and state["last"]["indexed"] == 3
-    assert [x.name for x in index.follow_list()] == ["cl"] and index.follow_list()[0].last["complete"]
+    assert [x.name for x in list_sources(index)] == ["cl"] and list_sources(index)[0].last["complete"]
     for body in (follow_index_body(), follow_list_body(), follow_count_body()):
         assert_valid(engine, "indices_create" if "mappings" in body else "search", body)
-    index.follow_remove("cl")
+    remove_source(index, "cl")
     assert _writes(canned)[-1]["method"] == "DELETE" and "cl" not in canned.follow_docs
     with pytest.raises(FollowNotFoundError):
-        index.follow_remove("cl")
+        remove_source(index, "cl")

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 import esqbe
+from esqbe.index.follow import add_source
 from esqbe.index.watches import add_watch
 from esqbe.server.app import create_app
 from esqbe.server.options import ServeOptions
@@ -32,8 +33,8 @@ def test_a_feed_fills_by_itself_each_paper_once_and_the_page_shows_the_sources(t
     with OaiPmh([[rec(0), rec(1)]]) as oai, OaiPmh([[]]) as down:  # `down`: asked at an address it does not serve
         with esqbe.open_index(str(path), encoder=encoder, config=None) as index:
             add_watch(index, "feed", paper_id=QUERY, facet="method", min_sim=-1.0, k=100)  # every new paper a find
-            index.follow_add("cl", "arxiv:cs.CL", url=oai.url + "/oai", since="2024-05-01")
-            index.follow_add("down", "arxiv:cs.CL", url=down.url + "/moved", since="2024-05-01")
+            add_source(index, "cl", "arxiv:cs.CL", url=oai.url + "/oai", since="2024-05-01")
+            add_source(index, "down", "arxiv:cs.CL", url=down.url + "/moved", since="2024-05-01")
         app = create_app(str(path), config=None, encoder=encoder, arxiv_interval=0.05,
                          options=ServeOptions(host="127.0.0.1", follow_every=1))
         with LiveServer(app) as url:

@@ -63,8 +63,10 @@ def follow_add_cmd(name, spec, since, source_url, as_json, **kw):
     esqbe follow add arxiv-cl arxiv:cs.CL --since 2024-05-01
     esqbe follow add nlp openalex:concepts.id:C204321447,type:article
     """
+    from esqbe.index.follow import add_source
+
     with _open(kw, "follow add") as index:
-        source = index.follow_add(name, spec, url=source_url, since=since)
+        source = add_source(index, name, spec, url=source_url, since=since)
     if as_json:
         echo_json(source.to_dict())
         return
@@ -81,8 +83,10 @@ def follow_add_cmd(name, spec, since, source_url, as_json, **kw):
 @handle_errors
 def follow_list_cmd(as_json, **kw):
     """The followed sources: spec, mark, and the last run's counts and error."""
+    from esqbe.index.follow import list_sources
+
     with _open(kw, "follow list", create=False) as index:
-        sources = index.follow_list()
+        sources = list_sources(index)
     if as_json:
         echo_json([s.to_dict() for s in sources])
         return
@@ -106,8 +110,10 @@ def follow_list_cmd(as_json, **kw):
 @handle_errors
 def follow_remove_cmd(name, **kw):
     """Stop following a source (the papers it brought stay in the index)."""
+    from esqbe.index.follow import remove_source
+
     with _open(kw, "follow remove", create=False) as index:
-        index.follow_remove(name)
+        remove_source(index, name)
     say(f"no longer following {name} (its papers stay in the index)")
 
 
@@ -130,11 +136,13 @@ def follow_run_cmd(names, as_json, quiet, **kw):
     esqbe follow run                 # every source, then every watch
     esqbe follow run arxiv-cl --json
     """
+    from esqbe.index.follow_run import run_follow
+
     from .index_cmds import _interrupts
 
     progress = None if quiet or as_json else (lambda line: say(f"esqbe: {line}", err=True))
     with _open(kw, "follow run", create=False) as index, _interrupts() as stop:
-        run = index.follow_run(list(names), stop=stop, say=progress)
+        run = run_follow(index, list(names), stop=stop, say=progress)
     if as_json:
         echo_json(run.to_dict())
     else:

@@ -224,35 +224,6 @@ class Index(IngestMixin):
                 stats["model_distilled"] = meta.distilled
         return stats
 
-    # --- followed sources (esqbe.index.follow, esqbe.index.follow_run) ---------------------------------
-    def follow_add(self, name: str, spec: str, *, url: str | None = None, since: str | None = None):
-        """Follow `spec` (`arxiv:CATEGORY`, `openalex:FILTER`, `zotero:PATH`, `dir:PATH`) as source `name`; its
-        first run starts from `since` (a day); `url`: a mirror's address instead of the service's. Returns the Source."""
-        from .follow import add_source
-
-        return add_source(self, name, spec, url=url, since=since)
-
-    def follow_list(self) -> list:
-        """The followed sources, by name, each with its mark and its last run's counts and error."""
-        from .follow import list_sources
-
-        return list_sources(self)
-
-    def follow_remove(self, name: str) -> None:
-        """Stop following `name` (the papers it brought stay)."""
-        from .follow import remove_source
-
-        remove_source(self, name)
-
-    def follow_run(self, names: Sequence[str] | None = None, *, stop: Any = None,
-                   say: Callable[[str], None] | None = None):
-        """Fetch what is new since each source's mark (all, or those named), index it as `esqbe index` does, then run
-        every watch; returns the FollowRun (esqbe.index.follow_run). `stop`: a Deadline that ends it after the page
-        being indexed."""
-        from .follow_run import run_follow
-
-        return run_follow(self, names, stop=stop, say=say)
-
     def check_recall(self, *, queries: int = 50, facet: str | None = None, seed: int = 0, k: int = 100):
         """The first stage's kNN recall@10 / @k against exact search, measured on a seeded sample of this index's
         own papers (esqbe.index.recall; `esqbe check recall`)."""

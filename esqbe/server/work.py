@@ -241,10 +241,10 @@ def _stats(index: Index) -> dict:
 def _followed(index: Index) -> list[dict]:
     """The followed sources (`esqbe follow`) with their mark and their last run's counts and error, as the index keeps
     them (whoever ran them: this server's schedule, or `esqbe follow run`); [] where the backend keeps none."""
-    from ..index.follow import FollowsUnsupportedError
+    from ..index.follow import FollowsUnsupportedError, list_sources
 
     try:
-        sources = index.follow_list()
+        sources = list_sources(index)
     except FollowsUnsupportedError:
         return []
     return [_jsonable({k: v for k, v in s.to_dict().items() if k != "state"}) for s in sources]

@@ -258,7 +258,7 @@ SETTINGS: tuple[Setting, ...] = (
             low=1024, high=1 << 32, env="ESQBE_FOLLOW_MAX_PAGE_BYTES", group="follow"),
     Setting("follow_max_pages", int, 200, "Pages one run of one source fetches at most; past them it stops with its "
             "mark at the last page committed (said in the summary) and the next run goes on from there.", low=1,
-            high=1_000_000, env="ESQBE_FOLLOW_MAX_PAGES", flag="--max-pages", commands=frozenset({"follow run"}),
+            high=100_000, env="ESQBE_FOLLOW_MAX_PAGES", flag="--max-pages", commands=frozenset({"follow run"}),
             group="follow"),
     Setting("follow_first_days", int, 7, "A source's first run without --since: arXiv and OpenAlex fetch what arrived "
             "this many days back (a Zotero library or a folder is read whole).", low=0, high=36_500,
