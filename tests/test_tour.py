@@ -20,7 +20,7 @@ TOUR = "### Five minutes: from your BibTeX file to similar papers, exported"
 def tour_blocks() -> list[str]:
     """The ```bash blocks of the README's tour section."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split(TOUR, 1)[1].split("\n### ", 1)[0]
+    section = re.split(r"\n##+ ", readme.split(TOUR, 1)[1], maxsplit=1)[0]
     return re.findall(r"```bash\n(.*?)```", section, flags=re.S)
 
 
@@ -74,7 +74,7 @@ ZOTERO_TOUR = "### From your Zotero library to finds imported back into it"
 
 def zotero_tour_blocks() -> list[str]:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split(ZOTERO_TOUR, 1)[1].split("\n### ", 1)[0]
+    section = re.split(r"\n##+ ", readme.split(ZOTERO_TOUR, 1)[1], maxsplit=1)[0]
     return re.findall(r"```bash\n(.*?)```", section, flags=re.S)
 
 

@@ -2,7 +2,7 @@
 choices, environment variable, CLI flag, HTTP field and help, and which commands take it.
 
 Data only: `esqbe.settings.config` validates against it, `esqbe.settings.generate` makes the click
-options, the HTTP query fields, `esqbe eval`'s command lines and the README's settings table from it.
+options, the HTTP query fields, `esqbe eval`'s command lines and the settings reference (docs/settings.md) from it.
 The choice tuples below are the only copies; the modules that act on a choice import them from here."""
 from __future__ import annotations
 
