@@ -3,8 +3,9 @@ themselves. The schedule is a thread of its own that only waits: each run is han
 (esqbe.server.service: its one thread, one write at a time, the index's write lock taken), never run on the event
 loop, and the next one is counted from the end of the last, so two runs never overlap. A run is the Python API's
 (`esqbe.index.follow_run.run_follow`: every source, then every watch); a shutdown cancels the run going on, which
-stops after the page being indexed (its mark not moved past what was committed). GET /stats shows `server.follow`: the interval, the next
-run, the last run's outcome; each source's own counts and last error are kept with the index (`follow`)."""
+stops after the page being indexed (its mark not moved past what was committed). GET /stats shows `server.follow`:
+the interval, the next run, the last run's outcome; each source's own counts and last error are kept with the index
+(`follow`)."""
 from __future__ import annotations
 
 import logging

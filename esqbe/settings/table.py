@@ -255,7 +255,7 @@ SETTINGS: tuple[Setting, ...] = (
             env="ESQBE_FOLLOW_MAX_RETRY_AFTER", group="follow"),
     Setting("follow_max_page_bytes", int, 64 * 1024 * 1024, "The largest answer read from a followed service (one "
             "OAI-PMH or OpenAlex page); a larger one is refused, naming the source and page, and the next source runs.",
-            low=1024, high=1 << 32, env="ESQBE_FOLLOW_MAX_PAGE_BYTES", group="follow"),
+            low=1024, high=2_000_000_000, env="ESQBE_FOLLOW_MAX_PAGE_BYTES", group="follow"),
     Setting("follow_max_pages", int, 200, "Pages one run of one source fetches at most; past them it stops with its "
             "mark at the last page committed (said in the summary) and the next run goes on from there.", low=1,
             high=100_000, env="ESQBE_FOLLOW_MAX_PAGES", flag="--max-pages", commands=frozenset({"follow run"}),
