@@ -113,15 +113,17 @@ BOMB = (b'<?xml version="1.0"?><!DOCTYPE OAI-PMH [<!ENTITY a "aaaaaaaaaa">' + b"
 
 
 def test_hostile_answers_are_refused_with_source_and_page_and_the_run_goes_on(ix, encoder):
-    huge = [rec(i) for i in range(8)]
+    huge = [rec(0, abstract="word " * 40_000)]  # 200,000 characters: the page is past 150,000 bytes
+    long = [rec(1, abstract="word " * 20_001), rec(2)]  # a record past the 100,000 characters of an abstract
     with OaiPmh([[]]) as bomb, OaiPmh([[]]) as broken, OaiPmh([[]]) as html, OaiPmh([huge, [rec(5)]]) as big, \
-            OpenAlex([[]]) as nan, OpenAlex([[openalex_work("W7", "A good work", text(7))]]) as good, \
-            open_ix(ix, encoder, follow_max_page_bytes=6000) as index:
+            OaiPmh([long]) as one, OpenAlex([[]]) as nan, \
+            OpenAlex([[openalex_work("W7", "A good work", text(7))]]) as good, \
+            open_ix(ix, encoder, follow_max_page_bytes=150_000) as index:
         bomb.raw["first"] = BOMB
         broken.raw["first"] = b'<OAI-PMH xmlns="http://www.openarchives.org/OAI/2.0/"><ListRecords><record>'
         html.raw["first"] = b"<html><body>Down for maintenance</body></html>"
         nan.raw["*"] = b'{"meta": {"next_cursor": null, "count": NaN}, "results": []}'
-        for name, stand in (("a-bomb", bomb), ("b-broken", broken), ("c-html", html), ("d-big", big)):
+        for name, stand in (("a-bomb", bomb), ("b-broken", broken), ("c-html", html), ("d-big", big), ("d-one", one)):
             add_source(index, name, "arxiv:cs.CL", url=stand.url + "/oai", since="2024-05-01")
         add_source(index, "e-nan", "openalex:type:article", url=nan.url)
         add_source(index, "f-good", "openalex:type:article", url=good.url)
@@ -130,13 +132,28 @@ def test_hostile_answers_are_refused_with_source_and_page_and_the_run_goes_on(ix
         assert "a-bomb (arxiv:cs.CL): page 1: the answer declares a DTD" in errors["a-bomb"]
         assert "b-broken (arxiv:cs.CL): page 1: the answer is not well-formed XML" in errors["b-broken"]
         assert "c-html (arxiv:cs.CL): page 1: not an OAI-PMH answer (its root is <html>)" in errors["c-html"]
-        assert "d-big (arxiv:cs.CL)" in errors["d-big"] and "at most 6,000 are read" in errors["d-big"]
+        assert "d-big (arxiv:cs.CL)" in errors["d-big"] and "at most 150,000 are read" in errors["d-big"]
+        one_run = next(s for s in run.sources if s.name == "d-one")  # that record's error; the rest of its page indexed
+        assert errors["d-one"] is None and one_run.indexed == 1 and one_run.errors == [
+            f"arxiv:cs.CL page 1:1: abstract: {len(long[0]['abstract'].strip())} characters; at most 100000"]
         assert "e-nan (openalex:type:article): page 1: not the works API's JSON" in errors["e-nan"]
         assert errors["f-good"] is None and run.sources[-1].indexed == 1 and run.failed
         # the failed ones moved no mark; each keeps its error for GET /stats and `follow list`
         kept = {s.name: s for s in list_sources(index)}
         assert all("mark" not in kept[n].state and kept[n].last["error"] == errors[n] for n in errors if errors[n])
         assert kept["f-good"].last["error"] is None and kept["f-good"].state["mark"]
+
+
+def test_an_expired_resumption_token_starts_that_harvest_again_from_its_day(ix, encoder):
+    with OaiPmh([[rec(0)], [rec(1)]]) as oai, open_ix(ix, encoder) as index:
+        add_source(index, "cl", "arxiv:cs.CL", url=oai.url + "/oai")
+        # a harvest stopped at a token the repository has forgotten since (it no longer gives tokens of that form)
+        index.backend.follow_save("cl", {"run": {"from": "2024-05-01", "started": "2024-05-03", "token": "x1", "page": 1}})
+        s = run_follow(index).sources[0]
+        asked = [r["params"].get("resumptionToken", r["params"].get("from")) for r in oai.asked()]
+        assert asked == ["x1", "2024-05-01", "t1"]  # badResumptionToken: that harvest again, from its day
+        assert "has expired: asked again from 2024-05-01" in s.notes[0] and s.complete and not s.error
+        assert (s.fetched, s.indexed) == (2, 2) and s.mark == "2024-05-03"
 
 
 def test_openalex_cursor_pages_polite_pool_and_corrected_works(ix, encoder):

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..core.deadline import Cancelled
 from ..domain import Paper
 from ..errors import EsqbeError
 from ..ingest import folder
@@ -165,6 +166,8 @@ def _run_source(index, store, source: Source, stop, say, now) -> SourceRun:
             job.folder()
     except (FetchError, folder.FolderError) as e:
         result.error = str(e)
+    except Cancelled as e:  # a wait (a Retry-After, the interval) given up: the run is cancelled
+        result.stopped = f"interrupted ({e}): the next run goes on from the last page committed"
     except _Invalid as e:
         result.error = f"{source.target}: {e.field}: {e.reason}"
     finally:

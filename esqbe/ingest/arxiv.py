@@ -131,14 +131,15 @@ class Harvest:
         yield from self._harvest(run, from_=start)
 
     def _harvest(self, run: dict, **ask) -> Iterator[Page]:
-        query = {"resumption_token": ask["resumption_token"]} if "resumption_token" in ask else \
-            {"from_": ask["from_"], "set_": self.set}
+        # a resumption token is the request's only argument (OAI-PMH 2.0, 3.5): no metadataPrefix beside it
+        query = {"resumption_token": ask["resumption_token"], "metadata_prefix": None} if "resumption_token" in ask \
+            else {"from_": ask["from_"], "set_": self.set, "metadata_prefix": METADATA_PREFIX}
         self._asking = run["page"] + 1
         yielded = False
         with client(self.transport, self.mailto, accept="text/xml, application/xml") as http, \
                 _Scythe(self.url, http) as scythe:
             try:
-                for _response in scythe.list_records(metadata_prefix=METADATA_PREFIX, **query):
+                for _response in scythe.list_records(**query):
                     page = self._page(run)
                     yielded = True
                     yield page

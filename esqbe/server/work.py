@@ -241,12 +241,15 @@ def _stats(index: Index) -> dict:
 def _followed(index: Index) -> list[dict]:
     """The followed sources (`esqbe follow`) with their mark and their last run's counts and error, as the index keeps
     them (whoever ran them: this server's schedule, or `esqbe follow run`); [] where the backend keeps none."""
+    from ..errors import BackendError
     from ..index.follow import FollowsUnsupportedError, list_sources
 
     try:
         sources = list_sources(index)
     except FollowsUnsupportedError:
         return []
+    except BackendError as e:  # the sources' store cannot be read now: said here, the index's counts still answered
+        return [{"error": f"the followed sources cannot be read: {e}"}]
     return [_jsonable({k: v for k, v in s.to_dict().items() if k != "state"}) for s in sources]
 
 
@@ -263,6 +266,8 @@ def hide_source_paths(source: dict) -> None:
     last = source.get("last")
     if isinstance(last, dict) and last.get("error"):
         last["error"] = _redact(str(last["error"]))
+    if source.get("error"):
+        source["error"] = _redact(str(source["error"]))
 
 
 def _health(index: Index) -> str:

@@ -32,12 +32,14 @@ class _Server:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # connections kept alive, as the services keep them: `port` tells them apart
+
             def do_GET(self):  # noqa: N802 (http.server's name)
                 parts = urlsplit(self.path)
                 params = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
                 with outer.lock:
                     outer.requests.append({"at": time.monotonic(), "path": parts.path, "params": params,
-                                           "headers": dict(self.headers)})
+                                           "headers": dict(self.headers), "port": self.client_address[1]})
                 status, headers, body = outer.answer(parts.path, params)
                 self.send_response(status)
                 for k, v in headers.items():

@@ -672,6 +672,7 @@ function showFollowed(sources) {
   list.replaceChildren();
   if (!Array.isArray(sources) || !sources.length) { panel.hidden = true; return; }
   for (const src of sources) {
+    if (!src.name) { list.append(el("li", { class: "follow-error", text: src.error || "unreadable" })); continue; }
     const last = src.last;
     const ran = last ? `last run ${utcDate(last.at, 16)} UTC: ${last.fetched} fetched, ${last.indexed} indexed, `
       + `${last.replaced} updated, ${last.unchanged} unchanged, ${last.deleted} gone at the source`
