@@ -91,7 +91,7 @@ class Harvest:
         self.set, self.filtered = set_spec(category)
         self.url = url or DEFAULT_URL
         self.state, self.since, self.first_days = dict(state or {}), since, int(first_days)
-        self.transport = PoliteTransport(f"{source} ({self.url})", interval=interval, timeout=timeout,
+        self.transport = PoliteTransport(f"{source} at {self.url}", interval=interval, timeout=timeout,
                                          max_bytes=max_bytes, retries=retries, max_retry_after=max_retry_after,
                                          check=self._check, stop=stop, sleep=sleep)
         self.mailto = mailto

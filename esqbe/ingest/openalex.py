@@ -59,7 +59,7 @@ class Harvest:
         self.url = (url or DEFAULT_URL).rstrip("/")
         self.state, self.since, self.first_days = dict(state or {}), since, int(first_days)
         self.mailto, self.api_key, self.per_page, self.date_filter = mailto, api_key, int(per_page), date_filter
-        self.transport = PoliteTransport(f"{source} ({self.url})", interval=interval, timeout=timeout,
+        self.transport = PoliteTransport(f"{source} at {self.url}", interval=interval, timeout=timeout,
                                          max_bytes=max_bytes, retries=retries, max_retry_after=max_retry_after,
                                          stop=stop, sleep=sleep)
         self.notes: list[str] = []
