@@ -97,9 +97,12 @@ def test_arxiv_pages_retry_after_deleted_records_and_new_versions(ix, encoder):
         assert " ".join(index.get(["2405.00001"])["2405.00001"].sentences) == text(9)
         assert s.deleted[0]["action"] == "kept (follow_deleted=keep)" and index.get(["2405.00000"])
 
+        assert run_follow(index).sources[0].deleted == []  # the mark's day again: the deletion is named once
+        oai.pages[0].append(gone("2405.00003", "2024-05-03"))
         index.settings = index.settings.replace(follow_deleted="remove")  # the setting says: remove
         s = run_follow(index).sources[0]
-        assert s.deleted[0]["action"] == "removed" and not index.get(["2405.00000"])
+        assert [(d["id"], d["action"]) for d in s.deleted] == [("2405.00003", "removed")]
+        assert not index.get(["2405.00003"]) and index.get(["2405.00000"])
         assert (s.fetched, s.unchanged) == (1, 1)  # the day's records come again: found unchanged, not indexed again
 
         oai.pages = [[rec(4, day="2024-05-01")]]  # nothing since the mark: noRecordsMatch
@@ -212,6 +215,7 @@ def test_a_zotero_library_that_grows_between_runs(tmp_path, ix, encoder):
         assert s.deleted == [{"id": "ABCD2345", "when": "2024-02-01 10:00:00", "how": "trashed",
                               "action": "kept (follow_deleted=keep)"}]
         assert list_sources(index)[0].state["mark"] == "2024-02-01 10:00:00"
+        assert run_follow(index).sources[0].deleted == []  # the trashed item, read again at the mark: named once
         s = run_follow(index).sources[0]  # nothing changed since: the items of the mark's second only, unchanged
         assert (s.indexed, s.replaced, s.fetched - s.unchanged - sum(s.skipped.values())) == (0, 0, 0)
 

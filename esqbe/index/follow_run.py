@@ -228,9 +228,16 @@ class _Job:
             raise FollowNotFoundError(f"followed source {self.source.name} was removed during its run")
 
     def _gone(self, items: list[dict]) -> None:
-        """Name the papers whose records the source says are gone; keep or remove them as `follow_deleted` says."""
+        """Name the papers whose records the source says are gone; keep or remove them as `follow_deleted` says. A
+        deletion the source gives again (a day's records come again at the next run) is named once: each one named
+        with its date is remembered while that date is not before the source's mark (`gone`)."""
+        named = set(self.state.get("gone") or [])
+        items = [d for d in items if _gone_key(d) not in named]
         if not items:
             return
+        mark = str(self.state.get("mark") or "")
+        self.state["gone"] = sorted({k for k in named if k.rpartition("@")[2] >= mark}
+                                    | {_gone_key(d) for d in items if d.get("when")})[-MAX_GONE_KEPT:]
         ids = list(dict.fromkeys(str(d["id"]) for d in items))
         if self.settings.follow_deleted == "remove":
             deleted, _missing, _merged = self.index.delete_papers(ids)
@@ -392,6 +399,14 @@ class _Job:
         self.state["mark"] = datetime.now(UTC).isoformat(timespec="seconds")
         self._save()
         self.result.complete = True
+
+
+#: deletions remembered per source so that one given again is named once (those dated at or after its mark)
+MAX_GONE_KEPT = 10_000
+
+
+def _gone_key(item: dict) -> str:
+    return f"{item['id']}@{item.get('when') or ''}"
 
 
 def _noting(papers: Iterable[Paper], ids: list[str]) -> Iterator[Paper]:
