@@ -109,6 +109,18 @@ def test_arxiv_pages_retry_after_deleted_records_and_new_versions(ix, encoder):
         s = run_follow(index).sources[0]
         assert s.complete and s.fetched == 0 and s.mark == "2024-05-03" and not s.error
 
+        # a harvest stopped at a token the repository has forgotten since: that harvest again, from its day
+        oai.pages = [[rec(5, day="2024-05-04")], [rec(6, day="2024-05-04")]]
+        oai.response_date = "2024-05-05T08:00:00Z"
+        stopped = {"from": "2024-05-04", "started": "2024-05-05", "token": "x1", "page": 1}
+        index.backend.follow_save("cl", {**list_sources(index)[0].state, "run": stopped})
+        n = len(oai.asked())
+        s = run_follow(index).sources[0]
+        asked = [r["params"].get("resumptionToken", r["params"].get("from")) for r in oai.asked()[n:]]
+        assert asked == ["x1", "2024-05-04", "t1"]  # badResumptionToken: asked again from the harvest's day
+        assert "has expired: asked again from 2024-05-04" in s.notes[0] and s.complete and not s.error
+        assert (s.fetched, s.indexed, s.mark) == (2, 2, "2024-05-05")
+
 
 BOMB = (b'<?xml version="1.0"?><!DOCTYPE OAI-PMH [<!ENTITY a "aaaaaaaaaa">' + b"".join(
     f'<!ENTITY {chr(98 + i)} "{("&" + chr(97 + i) + ";") * 10}">'.encode() for i in range(8))
@@ -145,18 +157,6 @@ def test_hostile_answers_are_refused_with_source_and_page_and_the_run_goes_on(ix
         kept = {s.name: s for s in list_sources(index)}
         assert all("mark" not in kept[n].state and kept[n].last["error"] == errors[n] for n in errors if errors[n])
         assert kept["f-good"].last["error"] is None and kept["f-good"].state["mark"]
-
-
-def test_an_expired_resumption_token_starts_that_harvest_again_from_its_day(ix, encoder):
-    with OaiPmh([[rec(0)], [rec(1)]]) as oai, open_ix(ix, encoder) as index:
-        add_source(index, "cl", "arxiv:cs.CL", url=oai.url + "/oai")
-        # a harvest stopped at a token the repository has forgotten since (it no longer gives tokens of that form)
-        index.backend.follow_save("cl", {"run": {"from": "2024-05-01", "started": "2024-05-03", "token": "x1", "page": 1}})
-        s = run_follow(index).sources[0]
-        asked = [r["params"].get("resumptionToken", r["params"].get("from")) for r in oai.asked()]
-        assert asked == ["x1", "2024-05-01", "t1"]  # badResumptionToken: that harvest again, from its day
-        assert "has expired: asked again from 2024-05-01" in s.notes[0] and s.complete and not s.error
-        assert (s.fetched, s.indexed) == (2, 2) and s.mark == "2024-05-03"
 
 
 def test_openalex_cursor_pages_polite_pool_and_corrected_works(ix, encoder):
