@@ -182,7 +182,7 @@ def main() -> None:
             return {q: sum(w * mm(feats[f][q]) for f, w in parts) for q in Q}
 
         rows = [
-            ("old default (before issue 12): summax same-facet + 0.1 BM25", [("same", 0.9), ("bm25", 0.1)]),
+            ("old default (same facet only): summax same-facet + 0.1 BM25", [("same", 0.9), ("bm25", 0.1)]),
             ("summax same-facet alone", [("same", 1.0)]),
             ("summax all sentences + 0.1 BM25", [("all", 0.9), ("bm25", 0.1)]),
             *[(f"soft facets {p:g} + 0.1 BM25", [(f"soft{p:g}", 0.9), ("bm25", 0.1)]) for p in (0.05, 0.1, 0.2, 0.3)],
