@@ -463,3 +463,18 @@ def test_the_rule_of_how_it_was_made_catches_the_usual_words():
     assert all(HOW_IT_WAS_MADE.search(s) for s in caught)
     assert not any(HOW_IT_WAS_MADE.search(s) for s in kept)
 
+
+# --- the lab ----------------------------------------------------------------------------------------------
+
+def test_every_benchmark_and_script_is_named_in_the_docs():
+    """benchmarks/ and scripts/ hold only what reproduces a figure the docs state (named beside it) or what the
+    product and its CI use; benchmarks/README.md says how to run them."""
+    docs = "\n".join(p.read_text() for p in DOCS)
+    lab = sorted(p for d in ("benchmarks", "scripts") for p in (ROOT / d).iterdir()
+                 if p.is_file() and p.name != "README.md")
+    assert len(lab) > 10
+    unnamed = [_rel(p) for p in lab if _rel(p) not in docs and f"{p.parent.name}/{p.name}" not in docs
+               and not re.search(rf"(?<![\w/-]){re.escape(p.name)}(?![\w-])", docs)]
+    assert not unnamed, f"name each beside the figure it reproduces (docs/), or remove it: {unnamed}"
+    lab_readme = (ROOT / "benchmarks" / "README.md").read_text()
+    assert not [_rel(p) for p in lab if _rel(p) not in lab_readme], "benchmarks/README.md lists every script"
