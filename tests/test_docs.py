@@ -422,3 +422,59 @@ def test_the_readmes_figures_are_the_results_pages():
     assert len(figures) >= 4, figures
     missing = [f for f in figures if not re.search(rf"(?<![\d.]){re.escape(f)}(?![\d.])", results)]
     assert not missing, f"README figures docs/results.md does not state: {missing}"
+
+
+# --- the product speaks of itself -------------------------------------------------------------------------
+
+# how the product was made, which its docs, help, configs and comments never say: a work session or a tracker's
+# issue by number, the team's notes or their machines' paths
+HOW_IT_WAS_MADE = re.compile(r"\b(?:sessions? \d+|issues? #?\d+|lead's notes|(?:this|last|next|that) session\b"
+                             r"|the lead\b|the team\b)|/work/", re.I)
+SPEAKING = ["README.md", "cli.py", "Dockerfile", "docs", "configs", "esqbe", "tests", "benchmarks", "scripts", "docker",
+            "mappings", ".ci"]
+SPEAKING_SUFFIXES = {".md", ".py", ".yaml", ".yml", ".sh", ".c", ".js", ".html", ".css", ".cfg", ".toml", ""}
+
+
+def _speaking_files() -> list[Path]:
+    files = []
+    for name in SPEAKING:
+        top = ROOT / name
+        paths = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+        files += [p for p in paths if p.suffix in SPEAKING_SUFFIXES and "data" not in p.relative_to(ROOT).parts[1:2]
+                  and "__pycache__" not in p.parts and p != Path(__file__).resolve()]
+    return files
+
+
+def test_nothing_says_how_it_was_made():
+    """README, docs/, configs, help texts and every comment and docstring describe esqbe and its figures (machine
+    class, command, date), never how it was made."""
+    files = _speaking_files()
+    assert {_rel(p) for p in files} >= {"README.md", "docs/results.md", "configs/quality.yaml", "esqbe/cli/main.py"}
+    bad = [f"{_rel(p)}:{n}: {m.group(0)!r}: {line.strip()[:100]}"
+           for p in files for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+           for m in [HOW_IT_WAS_MADE.search(line)] if m]
+    assert not bad, "say what esqbe does, not how it was made:\n" + "\n".join(bad)
+
+
+def test_the_rule_of_how_it_was_made_catches_the_usual_words():
+    caught = ["(issue 22)", "Session 19: the default", "issues 36 and 37", "see the lead's notes", "/work/notes/x.py",
+              "measured this session", "as the lead ran it"]
+    kept = ["sessionStorage", "an ONNX Runtime session", "a test session's fixtures", "k-NN #2222", "issue a warning"]
+    assert all(HOW_IT_WAS_MADE.search(s) for s in caught)
+    assert not any(HOW_IT_WAS_MADE.search(s) for s in kept)
+
+
+# --- the lab ----------------------------------------------------------------------------------------------
+
+def test_every_benchmark_and_script_is_named_in_the_docs():
+    """benchmarks/ and scripts/ hold only what reproduces a figure the docs state (named beside it) or what the
+    product and its CI use; benchmarks/README.md says how to run them."""
+    docs = "\n".join(p.read_text() for p in DOCS)
+    lab = sorted(p for d in ("benchmarks", "scripts") for p in (ROOT / d).iterdir()
+                 if p.is_file() and p.name != "README.md")
+    assert len(lab) > 10
+    unnamed = [_rel(p) for p in lab if _rel(p) not in docs and f"{p.parent.name}/{p.name}" not in docs
+               and not re.search(rf"(?<![\w/-]){re.escape(p.name)}(?![\w-])", docs)]
+    assert not unnamed, f"name each beside the figure it reproduces (docs/), or remove it: {unnamed}"
+    lab_readme = (ROOT / "benchmarks" / "README.md").read_text()
+    assert not [_rel(p) for p in lab if _rel(p) not in lab_readme], "benchmarks/README.md lists every script"

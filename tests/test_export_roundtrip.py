@@ -1,4 +1,4 @@
-"""Exports that round-trip (issue 38, item 1): a real index of a researcher's library (BibTeX, RIS, CSL-JSON, arXiv,
+"""Exports that round-trip: a real index of a researcher's library (BibTeX, RIS, CSL-JSON, arXiv,
 OpenAlex records) exported by `esqbe query --format` as BibTeX, RIS, CSL-JSON and CSV; bibtexparser, rispy and the
 citation-style-language JSON schema (tests/specs/csl-data.json) accept the files, and each of the three reference
 formats indexed again gives the same papers: ids (the citation keys they came with), titles, abstracts, authors,

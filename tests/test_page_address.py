@@ -1,4 +1,4 @@
-"""The page in real headless Chromium (issue 38, item 10), against a real server over a real index with metadata:
+"""The page in real headless Chromium, against a real server over a real index with metadata:
 
 - every key of the address table (docs/serving.md) round-trips: opened, the page's state shows it, and the address the
   page writes back after the query holds it again;
@@ -198,7 +198,7 @@ def _chips_follow_the_answer(browser, want: dict) -> None:
     from selenium.webdriver.common.by import By
 
     hits = want["hits"]
-    best = max(h["score"] for h in hits)  # issue 48: the band is placed on the score that orders the hits
+    best = max(h["score"] for h in hits)  # the band is placed on the score that orders the hits
     for element, hit in zip(_hits(browser), hits):
         assert element.get_attribute("data-paper-id") == hit["paper_id"]
         chip = element.find_element(By.CSS_SELECTOR, ".strength")
