@@ -46,7 +46,7 @@ class IndexReport:
     #: the run was interrupted (its reason: "SIGINT", "SIGTERM"): what it counts is what was committed before
     interrupted: str | None = None
     #: an interrupted run: papers read but not encoded (the rest of the batch being encoded, the batch read after),
-    #: so not indexed; the papers it did encode were written (issue 49, item 6)
+    #: so not indexed; the papers it did encode were written
     left: int = 0
     #: one {"file", "line", "id", "title", "reason"} per skipped record, in the order read (see `skipped_lines`)
     skipped_records: list[dict] = field(default_factory=list)
@@ -55,8 +55,8 @@ class IndexReport:
     #: "like", "like_record", "title"}; whether the backend remembers the merged ids (its alias table)
     merged: list[dict] = field(default_factory=list)
     likely_duplicates: list[dict] = field(default_factory=list)
-    #: fields two merged records give differently (issue 49, item 2): {"record", "id", "field", "kept", "kept_from",
-    #: "other", "other_from"}: each value in words (as `esqbe show` writes it), and the file it came from
+    #: fields two merged records give differently: {"record", "id", "field", "kept", "kept_from", "other",
+    #: "other_from"}: each value in words (as `esqbe show` writes it), and the file it came from
     merge_conflicts: list[dict] = field(default_factory=list)
     aliases_kept: bool | None = None
     #: library records whose citation key was another file's key for another work, indexed under a derived id
