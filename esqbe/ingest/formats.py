@@ -606,7 +606,7 @@ def unkept_fields(fmt: str, record: dict) -> list[str]:
     """The top-level fields of `record` (of format `fmt`) that its parser does not keep, in the record's order."""
     if fmt in _NOT_READ:
         dropped = _NOT_READ[fmt]
-        inner = record.get("metadata") if fmt == "jsonl" and isinstance(record.get("metadata"), dict) else {}
+        inner = record["metadata"] if isinstance(record.get("metadata"), dict) else {}
         return [k for k in record if k in dropped] + [f"metadata.{k}" for k in inner if k in dropped]
     read = _READ_FIELDS.get(fmt)
     return [] if read is None else [k for k in record if str(k).lower() not in read]
