@@ -297,7 +297,11 @@ def _print_result(result: dict, *, chosen: bool, filters, engine_filter) -> None
         if scale.get("source") in ("index", "fixed"):
             say(f"[strong/fair/weak, pN]: where the score stands on {scale['description']}"
                 + ("; pN: higher than N% of them" if scale["source"] == "index" else ""))
+    versions = False
     for hit in hits:
+        if hit.get("rank") is None and not versions:
+            versions = True
+            say("\nlikely versions of the query or of a hit above (nearly the same sentences; not numbered):")
         say("")
         for line in hit_head(hit):
             say(line)

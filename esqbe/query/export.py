@@ -42,7 +42,7 @@ EXPORT_FORMATS = {
 
 #: CSV's columns; `SCORE_COLUMNS` come first with `with_scores`
 CSV_COLUMNS = ("paper_id", "type", "title", "abstract", "authors", "year", "venue", "publisher", "doi", "arxiv",
-               "pubmed", "url", "volume", "pages")
+               "pubmed", "url", "volume", "pages", "likely_version_of")
 SCORE_COLUMNS = ("rank", "score", "similarity")
 
 # ---------------------------------------------------------------- entry types: each format's, through CSL's
@@ -174,7 +174,18 @@ def _fields(hit: dict) -> dict:
         "pages": _text(meta.get("pages")),
         "keywords": [str(k) for k in keywords if isinstance(k, (str, int))] if isinstance(keywords, list) else [],
         "format": source_format, "entry_type": entry_type, "type": csl_type(source_format, entry_type, venue),
+        # a likely version of another paper (esqbe.query.versions): said in every export, scores or not
+        "likely_version_of": _text(hit.get("likely_version_of")),
     }
+    return out
+
+
+def _notes(h: dict, with_scores: bool) -> list[str]:
+    """An entry's esqbe notes: its rank and scores (`with_scores`), and the paper it likely is a version of."""
+    out = [f"esqbe rank {h['rank'] if h['rank'] is not None else '-'}, score {_score(h['score'])}, similarity "
+           f"{_score(h['similarity']) or '-'}"] if with_scores else []
+    if h["likely_version_of"]:
+        out.append(f"esqbe: likely a version of {h['likely_version_of']} (nearly the same sentences)")
     return out
 
 
@@ -192,7 +203,8 @@ def _csv(hits: list[dict], with_scores: bool) -> str:
     writer.writerow(columns)
     for h in hits:
         row = {**h, "authors": "; ".join(str(a["name"]) for a in h["authors"]),
-               "score": _score(h["score"]), "similarity": _score(h["similarity"])}
+               "score": _score(h["score"]), "similarity": _score(h["similarity"]),
+               "rank": "" if h["rank"] is None else h["rank"]}  # (a likely version has none)
         writer.writerow([csv_cell(row[c]) for c in columns])  # one line, no formula (esqbe.core.textsafe)
     return out.getvalue()
 
@@ -296,9 +308,7 @@ def _bibtex(hits: list[dict], with_scores: bool) -> str:
             fields += [("eprint", h["arxiv"]), ("archiveprefix", "arXiv")]
         fields.append(("pmid", h["pubmed"]))  # as Zotero's and Better BibTeX's exports name it
         fields += [("url", h["url"]), ("keywords", ", ".join(h["keywords"])), ("abstract", h["abstract"])]
-        if with_scores:
-            fields.append(("note", f"esqbe rank {h['rank']}, score {_score(h['score'])}, similarity "
-                                   f"{_score(h['similarity']) or '-'}"))
+        fields.append(("note", "; ".join(_notes(h, with_scores))))
         lines = [f"  {name} = {{{bib_value(value)}}}" for name, value in fields if value and name]
         head = [f"  title = {{{_bib_title(h['title'])}}}"] if h["title"] else []
         if h["authors"]:  # each name made safe on its own: an organisation's braces must stay
@@ -343,9 +353,8 @@ def _ris(hits: list[dict], with_scores: bool) -> str:
             record["accession_number"] = accession
         if h["keywords"]:
             record["keywords"] = h["keywords"]
-        if with_scores:
-            record["notes"] = [f"esqbe rank {h['rank']}, score {_score(h['score'])}, "
-                               f"similarity {_score(h['similarity']) or '-'}"]
+        if _notes(h, with_scores):
+            record["notes"] = _notes(h, with_scores)
         records.append(record)
     return rispy.dumps([_one_line_values(r) for r in records], implementation=_ris_writer(),
                        list_tags=RIS_LIST_TAGS) if records else ""
@@ -386,10 +395,11 @@ def _csl(hits: list[dict], with_scores: bool) -> str:
                            ("keyword", ", ".join(h["keywords"])), ("abstract", h["abstract"])):
             if value:
                 item[key] = value
-        if h["arxiv"] or with_scores:  # CSL's place for data without a variable of its own (not `note`)
+        if h["arxiv"] or with_scores or h["likely_version_of"]:  # CSL's place for data without a variable of its own
             item["custom"] = {**({"arxiv": h["arxiv"]} if h["arxiv"] else {}),
                               **({"esqbe_rank": h["rank"], "esqbe_score": h["score"], "esqbe_similarity": h["similarity"]}
-                                 if with_scores else {})}
+                                 if with_scores else {}),
+                              **({"esqbe_likely_version_of": h["likely_version_of"]} if h["likely_version_of"] else {})}
         items.append(_one_line_tree(item))
     return json.dumps(items, ensure_ascii=False, indent=2) + "\n"
 

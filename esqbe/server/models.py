@@ -255,7 +255,8 @@ class ScoreParts(BaseModel):
 
 
 class Hit(BaseModel):
-    rank: int
+    rank: int | None = Field(description="its place in the numbered ranking (1: the best); null for a likely version "
+                                         "of another paper (`likely_version_of`), listed after the numbered hits")
     paper_id: str
     title: str
     similarity: float | None = Field(description="the rescorer's own similarity: comparable across queries "
@@ -277,6 +278,11 @@ class Hit(BaseModel):
     band: Literal["strong", "fair", "weak"] | None = Field(None, description="the score's band on the response's "
                                                            "`scale` (null: no scale for this rescorer)")
     parts: ScoreParts | None = Field(None, description="what the score is made of")
+    likely_version_of: str | None = Field(None, description="the paper whose sentences this hit's nearly are (an "
+                                          "example's id, \"(text)\" or a better-ranked hit's): a likely version of it, "
+                                          "out of the numbered ranking; null otherwise")
+    version_overlap: float | None = Field(None, description="their sentence overlap (the smaller of each abstract's "
+                                          "mean best cosine with the other's sentences)")
     metadata: dict[str, Any] = Field(default_factory=dict,
                                      description="the paper's stored metadata (year, venue, authors, ids, ...)")
     sentences: list[LabelledSentence] | None = None

@@ -463,7 +463,11 @@ function renderHits(res) {
   // the filters this query ran with (what was sent), so that a short or empty list says why
   const filters = (state.lastQuery && state.lastQuery.filters) || [];
   const filtered = filters.length ? ` · filters: ${filters.join("; ")}` : "";
-  $("results-info").textContent = `${res.hits.length} papers${filtered} · rescorer ${res.rescorer} · similarity = ${res.similarity}` +
+  // likely versions of the query or of a hit above (hit.likely_version_of) are listed after the numbered hits
+  const numbered = res.hits.filter((h) => h.rank !== null && h.rank !== undefined).length;
+  const versionCount = res.hits.length - numbered;
+  const versionWords = versionCount ? ` (and ${versionCount} likely version${versionCount > 1 ? "s" : ""})` : "";
+  $("results-info").textContent = `${numbered} papers${versionWords}${filtered} · rescorer ${res.rescorer} · similarity = ${res.similarity}` +
     ` · pair weight = ${res.match_weight}${scaleWords(res.scale)} · ${fmt(t.total, 0)} ms`;
   const list = $("hits");
   list.replaceChildren();
@@ -474,7 +478,14 @@ function renderHits(res) {
   for (const x of [...examples, ...avoidList]) if (x.paper_id && x.title) state.titles.set(x.paper_id, x.title);
   for (const h of res.hits) if (h.title) state.titles.set(h.paper_id, h.title);
   renderSet();
+  let versionsShown = false;
   for (const hit of res.hits) {
+    const version = hit.likely_version_of || null;
+    if (version && !versionsShown) {
+      versionsShown = true;
+      list.append(el("li", { class: "versions-head", text: "Likely versions of the query or of a paper above " +
+        "(nearly the same sentences; not numbered)" }));
+    }
     const matchedQ = [...new Set(hit.matches.filter((m) => !m.example).map((m) => m.query_index))];  // the panel's paper's
     const weightOf = new Map();
     for (const m of hit.matches) weightOf.set(m.candidate_index, Math.max(weightOf.get(m.candidate_index) || -Infinity, m.weight));
@@ -547,10 +558,14 @@ function renderHits(res) {
     const nextHash = queryHash({ paper: hit.paper_id, facet: res.query.facet, sentences: res.query.facet ? [] : matchedC,
       filters: asked.filters || [], rescorer: asked.rescorer || null, k: asked.k || 10 });
     const band = strength(hit, res);
-    const item = el("li", { class: band && band.classList.contains("strength-weak") ? "hit weak" : "hit", "data-paper-id": hit.paper_id, "data-query-paper": res.query.paper_id || "(text)" },
-      el("div", { class: "hit-head" }, el("span", { class: "hit-rank", text: `${hit.rank}.` }),
+    const item = el("li", { class: (band && band.classList.contains("strength-weak") ? "hit weak" : "hit") + (version ? " version" : ""), "data-paper-id": hit.paper_id, "data-query-paper": res.query.paper_id || "(text)" },
+      el("div", { class: "hit-head" }, el("span", { class: "hit-rank", text: version ? "–" : `${hit.rank}.` }),
         el("h3", { class: "hit-title", text: hit.title || (hit.sentences && hit.sentences[0] ? hit.sentences[0].text.slice(0, 100) + "…" : hit.paper_id) }),
-        el("span", { class: "pid" }, el("span", { class: "field", text: "id " }), hit.paper_id)),
+        el("span", { class: "pid" }, el("span", { class: "field", text: "id " }), hit.paper_id),
+        version ? el("span", { class: "version-mark", "data-version-of": version,
+          title: `nearly the same sentences as ${version}` + (typeof hit.version_overlap === "number" ?
+            ` (sentence overlap ${fmt(hit.version_overlap, 3)})` : "") + ": likely another version of it, not numbered",
+          text: `likely a version of ${state.titles.get(version) ? `“${state.titles.get(version)}” (${version})` : version}` }) : null),
       el("div", { class: "scores" },
         // the one number: it orders the hits and its band places it; the parts that make it follow, each explained
         el("span", { class: "score-main", title: `score: ${(res.score || {}).formula || "what the hits are ordered by"}; ` +
