@@ -312,10 +312,19 @@ def _names(authors) -> list:
 
 
 def _in_words(key: str, value) -> str:
-    """A field's value as `esqbe show` writes it (authors by name, a list joined), at most 80 characters."""
-    from .browse import metadata_text
+    """A field's value as `esqbe show` writes it (authors by name joined with "; ", a list of strings with ", ", other
+    values as JSON), at most 80 characters."""
+    import json
 
-    text = dict(metadata_text({key: value})).get(key, "")
+    if key == "authors" and isinstance(value, list):
+        text = "; ".join(str(n).strip() for n in (a.get("name") if isinstance(a, dict) else a for a in value)
+                         if isinstance(n, str) and n.strip())
+    elif isinstance(value, str):
+        text = value
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        text = ", ".join(value)
+    else:
+        text = json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
