@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import esqbe
 from cli import main
-from esqbe.query.versions import VERSION_OVERLAP, overlap_matrix, sentence_overlap, split_versions
+from esqbe.query.versions import AMONG_HITS, VERSION_OVERLAP, overlap_matrix, sentence_overlap, split_versions
 
 from .conftest import SAMPLE
 
@@ -74,6 +74,10 @@ def test_the_overlap_is_batched_and_means_nearly_the_same_sentences():
                                         [("q", papers[3])], k=3, threshold=0.9)
     assert numbered == [0, 1] and set(versions) == {2, 3}  # c repeats b; d repeats the query; the list ran out
     assert versions[2][0] == "b" and versions[3][0] == "q"
+    many = [unit(3) for _ in range(AMONG_HITS + 5)] + [papers[3]]  # past the hits compared with each other
+    numbered, versions = split_versions(many, [str(i) for i in range(len(many))], [("q", papers[3])], k=len(many),
+                                        threshold=0.9)
+    assert numbered == list(range(len(many) - 1)) and versions == {len(many) - 1: ("q", pytest.approx(1.0))}
 
 
 def test_a_retitled_copy_of_the_query_paper_is_marked_and_out_of_the_numbering(index_copy, encoder):

@@ -86,7 +86,8 @@ def split_versions(vectors: Sequence[np.ndarray], ids: Sequence[str], originals:
         if len(numbered) >= k:
             break
         near = [h for h in numbered if h < AMONG_HITS] if i < AMONG_HITS else []
-        overlaps = np.concatenate([to_originals[i], among[i, near]])  # the originals', the better numbered hits'
+        # its overlap with each original, then with each better numbered hit it is compared with
+        overlaps = np.concatenate([to_originals[i], among[i, near] if near else np.zeros(0)])
         best = int(np.argmax(overlaps)) if len(overlaps) else -1
         if best < 0 or overlaps[best] < threshold:
             numbered.append(i)
