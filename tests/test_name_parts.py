@@ -11,12 +11,16 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import esqbe
 from esqbe.core.names import FLAGS, PARTS, compared, parts_of, shown
 from esqbe.ingest.readers import ReadReport, read_papers
 from esqbe.query.export import export_hits
+
+from .conftest import SAMPLE
 
 GIVEN = st.sampled_from(["Johan", "Hans", "Martin Luther", "M. G.", "Łukasz", "José", "Ann-Marie", "Jean", "Zoë", "李"])
 FAMILY = st.sampled_from(["Vries", "Ohain", "King", "Kowalski", "Müller", "Álvarez", "Brinch Hansen", "García-Mateo",
@@ -145,3 +149,37 @@ def test_names_compare_by_their_parts():
     assert len({compared(a) for a in same}) == 1
     assert compared("Martin King Jr.") == compared({"family": "King", "given": "Martin", "suffix": "Jr."})
     assert compared("Johan de Vries") != compared("Jan de Vries") != compared("Martin King")
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory, encoder):
+    """A CSL-JSON library (names with particles and a suffix), then a dump of the same works (same DOIs) that writes
+    the names otherwise: `Last, First`, the particle dropped, and, for the second work, another author."""
+    root = tmp_path_factory.mktemp("names-merge")
+    abstracts = [json.loads(line) for line in SAMPLE.read_text().splitlines()[:2]]
+    abstracts = [" ".join(r["sentences"]) if "sentences" in r else r["abstract"] for r in abstracts]
+    library = [{"id": f"lib{i}", "type": "article-journal", "title": f"Library paper {i}", "abstract": abstracts[i],
+                "DOI": f"10.5555/names.{i}", "issued": {"date-parts": [[2020]]},
+                "author": [{"family": "Vries", "given": "Johan", "non-dropping-particle": "de"},
+                           {"family": "King", "given": "Martin", "suffix": "Jr."}]} for i in range(2)]
+    (root / "library.json").write_text(json.dumps(library))
+    dump = [{"id": "d0", "title": "Library paper 0", "abstract": abstracts[0],
+             "external_ids": {"doi": "10.5555/names.0"}, "authors": ["de Vries, Johan", "Martin King Jr."]},
+            {"id": "d1", "title": "Library paper 1", "abstract": abstracts[1],
+             "external_ids": {"doi": "10.5555/names.1"}, "authors": ["Johan Vries", "Ada Lovelace"]}]
+    (root / "dump.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dump))
+    with esqbe.open_index(str(root / "ix"), encoder=encoder, config=None) as index:
+        report = index.index_files([str(root / "library.json"), str(root / "dump.jsonl")])
+        papers = index.get(["lib0", "lib1"])
+    return report, papers
+
+
+def test_a_particle_is_never_a_merge_conflict(merged):
+    report, papers = merged
+    assert len(report.merged) == 2, report.summary()
+    conflicts = json.dumps([c for c in report.merge_conflicts if "authors" in json.dumps(c)])
+    assert "lib1" in conflicts  # another author is a conflict, named
+    assert "lib0" not in conflicts  # `de Vries, Johan` and `Martin King Jr.` are the library's names
+    for paper in papers.values():  # the library's record keeps its names, parts and all
+        assert paper.metadata["authors"][0] == {"name": "Johan de Vries", "given": "Johan",
+                                                "non-dropping-particle": "de", "family": "Vries"}
