@@ -199,7 +199,7 @@ def concatenated(value: str) -> list[str]:
 
 
 #: a value written bare: a number, or the name of an `@string` (BibTeX's own: `jan` ... `dec`)
-_BARE = re.compile(r"\d+|[A-Za-z_][\w\-.:+/']*")
+_BARE = re.compile(r"\d+|[A-Za-z_][\w\-.:+/]*")
 #: a field's name, an entry's type
 _NAME = re.compile(r"[A-Za-z][\w\-:.+]{0,63}")
 
