@@ -82,7 +82,7 @@ def check_model_dir(directory: str | os.PathLike, what: str = "model") -> Path:
         target = Path(os.path.realpath(entry.path))
         if entry.is_symlink() and not target.is_relative_to(root):
             raise ModelFilesError(f"{where} is a link to {target}, outside the directory: a model's files are read "
-                                  "from the directory itself")
+                                  "from the directory itself (copy the file into it)")
         try:
             info = os.stat(target)
         except OSError as e:
