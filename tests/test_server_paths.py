@@ -17,6 +17,7 @@ import pytest
 import esqbe
 from esqbe.encode.encoder import Encoder
 from esqbe.encode.identity import resolve_model
+from esqbe.index.follow import add_source
 from esqbe.server.app import create_app
 from esqbe.server.options import ServeOptions
 
@@ -40,6 +41,7 @@ def placed(tmp_path_factory):
     index = base / "indexes" / "my-index"
     with esqbe.open_index(str(index), config=None, encoder=encoder) as ix:
         assert ix.index_files([str(papers)]).indexed == len(RECORDS) - 1
+        add_source(ix, "notes", f"dir:{papers.parent}")  # a followed folder: /stats lists the index's sources
     return index, model, encoder
 
 
@@ -98,6 +100,7 @@ def test_no_answer_of_a_server_without_show_paths_holds_a_path(placed, tmp_path)
     with LiveServer(app) as url:
         stats = httpx.get(url + "/stats", timeout=60).json()
         assert stats["model_source"] == model.name and stats["path"] == served.name  # names, not where they live
+        assert [s["spec"] for s in stats["follow"]] == ["dir:papers"]
         answers = _walk(url, app)
     secrets = {str(served), str(model), str(index.parent.parent), str(tmp_path), os.path.expanduser("~")}
     # a path where it starts (not `</root>` in the API docs' script, for a home of /root)
@@ -121,4 +124,5 @@ def test_show_paths_shows_them_where_documented(placed, tmp_path):
         stats = httpx.get(url + "/stats", timeout=60).json()
         paper = httpx.get(url + f"/papers/{RECORDS[1]['paper_id']}", timeout=60).json()
     assert stats["path"] == str(served) and stats["model_source"] == str(model)
+    assert [s["spec"] for s in stats["follow"]] == [f"dir:{index.parent.parent / 'papers'}"]
     assert paper["metadata"]["sources"][0]["file"] == str(index.parent.parent / "papers" / "papers.jsonl")
