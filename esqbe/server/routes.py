@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 from urllib.parse import quote
 
@@ -130,9 +130,11 @@ def make_router(service: Service, options: ServeOptions, schedule: FollowSchedul
     async def stats() -> dict[str, Any]:
         """Papers, sentences per facet, model and size of the index, and the server's own state."""
         out = await reads(_stats)
-        if not options.show_paths:  # the index's name, not where it lives
+        if not options.show_paths:  # the index's and the model's names, not where they live
             if "path" in out:
                 out["path"] = Path(str(out["path"])).name
+            if isinstance(out.get("model_source"), str):  # a directory the model was loaded from; a package, hub name kept
+                out["model_source"] = location_name(out["model_source"])
             out.pop("url", None)
             reranker = out.get("reranker")
             if isinstance(reranker, dict):  # where the cluster reaches this server; why the cluster would not say
@@ -339,6 +341,14 @@ def make_router(service: Service, options: ServeOptions, schedule: FollowSchedul
         return {"results": out["results"], "unknown": out["unknown"]}
 
     return router
+
+
+def location_name(location: str) -> str:
+    """A model's location as a client of a server that hides paths sees it: a directory (absolute, on this system or
+    a Windows one) by its own name; an installed package's or a hub model's name as it is."""
+    if PurePosixPath(location).is_absolute() or PureWindowsPath(location).is_absolute():
+        return PureWindowsPath(location).name if "\\" in location else PurePosixPath(location).name
+    return location
 
 
 def write_endpoints() -> list[str]:

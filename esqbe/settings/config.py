@@ -50,6 +50,7 @@ class Settings:
     #   also how many papers the encoder length-sorts at once: 128 encoded ~7% slower than 256 (docs/performance.md)
     pdf_timeout: float = 20.0  # seconds one attached PDF's text may take to read (esqbe.ingest.pdf)
     zotero_timeout: float = 600.0  # seconds reading one Zotero database may take (esqbe.ingest.zotero)
+    max_line_bytes: int = 16_777_216  # bytes one line of input may hold (esqbe.ingest.readers)
     # querying
     k: int = 10
     default_facet: str | None = None  # esqbe query's facet when neither --facet nor --sentences is given
