@@ -272,12 +272,12 @@ def find_groups(k: int, edges: Sequence[tuple[int, int, float]], *, seed: int = 
     info["null_modularity_max"] = round(max(null), 4) if null else None
     if null and q <= max(null):
         info.update(status="no_split", note=f"no groups: the split's modularity {q:.3f} is no stronger than the same "
-                    f"edges shuffled give (up to {max(null):.3f} over {len(null)} shuffles, each hit keeping its number "
-                    "of edges): one neighbourhood, not groups")
+                    f"links shuffled give (up to {max(null):.3f} over {len(null)} shuffles, each hit keeping its links' "
+                    "total weight): one neighbourhood, not groups")
         return [], info
     big.sort(key=lambda p: (-len(p), p[0]))
     info.update(status="grouped", note=f"{len(big)} groups: modularity {q:.3f}, above every one of {len(null)} "
-                f"shuffles of the same edges (at most {max(null):.3f})" if null else f"{len(big)} groups: modularity "
+                f"shuffles of the same links (at most {max(null):.3f})" if null else f"{len(big)} groups: modularity "
                 f"{q:.3f}")
     return big, info
 

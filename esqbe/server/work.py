@@ -88,6 +88,7 @@ def _graph(index: Index, req, text, overrides: dict, show_paths: bool = False) -
         for item in (*out["result"]["hits"], *out["nodes"]):
             item["metadata"] = file_names_only(item["metadata"])
     out["result"]["rescorer_params"] = _named_words(out["result"]["rescorer_params"], req)
+    out["result"]["timings_ms"]["total"] = out["timings_ms"]["query"]  # the query's own part, as POST /query says it
     out["timings_ms"]["total"] = round(1000 * (time.perf_counter() - t0), 2)
     return out if req.format == "json" else render(out, req.format)
 
