@@ -104,6 +104,11 @@ def test_groups_are_said_only_where_the_hits_split(small_index):
     assert info["modularity"] > info["null_modularity_max"]
     groups, info = find_groups(12, _clique(list(range(12))))  # one neighbourhood: every hit as like every other
     assert (groups, info["status"]) == ([], "no_split") and "no groups" in info["note"]
+    import networkx as nx
+
+    noise = nx.random_regular_graph(4, 16, seed=0)  # Louvain splits any graph; a random one's split is no stronger
+    groups, info = find_groups(16, [(a, b, 0.5) for a, b in noise.edges()])  # than its shuffles': no groups
+    assert (groups, info["status"]) == ([], "no_split") and "shuffled" in info["note"]
     groups, info = find_groups(12, _clique(list(range(5))))  # too few hits linked
     assert (groups, info["status"]) == ([], "too_few") and "5 of the 12 hits" in info["note"]
     narrow = small_index.graph(QID, facet="method", k=5)  # a query too narrow for groups says so

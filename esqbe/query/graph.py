@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core import deadline
 from ..core.limits import MAX_QUERY_SENTENCES
 from ..domain import Candidate, IndexedPaper, normalize_label
 from ..rescore.batches import CandidateBatch, QueryBatch, RescoreContext
@@ -142,6 +143,7 @@ def best_per_hit(sides: HitSides, k: int) -> tuple[np.ndarray, np.ndarray]:
     starts, empty = _starts(sides.c_owner, k)
     cols = np.arange(nc + 1)
     for r0 in range(0, nq, _CHUNK_ROWS):
+        deadline.check()  # a request past its deadline stops between blocks
         block = sides.q_vectors[r0:r0 + _CHUNK_ROWS] @ sides.c_vectors.T + sides.c_bias[None, :]
         # one column of -inf past the end: an empty last segment still has a start, and adds nothing
         block = np.concatenate([block, np.full((len(block), 1), -np.inf, dtype=np.float32)], axis=1)
@@ -178,6 +180,7 @@ def directed_similarities(sides: HitSides, best: np.ndarray, k: int, rescorer_na
         batch = CandidateBatch.from_papers([v for v, _ in sides.views], bias=sides.bias)
         out = np.full((k, k), np.nan)
         for a in range(k):  # one rescorer call per hit, every pair of it at once
+            deadline.check()
             rows = sides.q_owner == a
             if not rows.any():
                 continue
@@ -409,6 +412,7 @@ def build_graph(result: QueryResult, papers: Mapping[str, IndexedPaper], setting
                                "cosine": finite(round(float(max(top[a, b], top[b, a])), 6))}})
     t_edges = time.perf_counter()
 
+    deadline.check()
     groups, grouping = find_groups(k, [(a, b, float(weights[a, b])) for a, b in pairs])
     named = group_names(sides, best, groups, k)
     group_of = {n: g for g, members in enumerate(groups) for n in members}
@@ -417,6 +421,7 @@ def build_graph(result: QueryResult, papers: Mapping[str, IndexedPaper], setting
                    "name_index": named[g][1]} for g, members in enumerate(groups)]
     t_groups = time.perf_counter()
 
+    deadline.check()
     anchors, links = _anchors(result, hits, scale)
     positions = _layout([h.paper_id for h in hits], [a["id"] for a in anchors],
                         [(e["source"], e["target"], e["weight"]) for e in edges]
