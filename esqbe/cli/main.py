@@ -66,15 +66,15 @@ def eval_group():
 for _command in (index_cmd, encode_cmd, query_cmd, attach_cmd, serve_cmd, cite_cmd, delete_cmd, stats_cmd, tag_cmd,
                  train_tagger_cmd, train_words_cmd, train_encoder_cmd, adapt_cmd):
     main.add_command(_command)
-for _command in (search_cmd, show_cmd, list_cmd, config_cmd):  # issue 24: find, inspect, explain the settings
+for _command in (search_cmd, show_cmd, list_cmd, config_cmd):  # find, inspect, explain the settings
     main.add_command(_command)
 main.add_command(ray_encode_cmd)  # esqbe[ray]: encode on a Ray cluster
 main.add_command(eval_group)
 eval_group.add_command(eval_csfcube_cmd)
 eval_group.add_command(eval_clscisumm_cmd)
 main.add_command(check_group)
-main.add_command(watch_group)  # issue 37: saved queries that keep looking
-main.add_command(engine_group)  # issue 39: esqbe as an engine's reranker
+main.add_command(watch_group)  # saved queries that keep looking
+main.add_command(engine_group)  # esqbe as an engine's reranker
 main.add_command(graph_cmd)  # the hits of a query as a graph (esqbe.query.graph)
 
 

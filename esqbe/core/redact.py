@@ -1,4 +1,4 @@
-"""Credentials kept out of what esqbe prints or logs, in one place (issue 53, item 5).
+"""Credentials kept out of what esqbe prints or logs, in one place.
 
 An engine URL may carry a user name and password (`http://elastic:S3CRET@host:9200`: the engine clients use them as
 basic auth), and the `api_key` and `password` settings are secrets outright. Whatever shows a setting, a backend's

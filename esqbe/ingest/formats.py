@@ -153,7 +153,7 @@ def _metadata(fmt: str, year=None, **fields) -> dict:
     return meta
 
 
-#: the metadata keys readers fill, where the S2ORC / Semantic Scholar records give them (README, "Metadata")
+#: the metadata keys readers fill, where the S2ORC / Semantic Scholar records give them (docs/library.md, "Metadata")
 METADATA_KEYS = (
     "format", "year", "publication_date", "venue", "journal", "authors", "fields_of_study", "external_ids",
     "url", "open_access_url", "open_access_status", "license", "s2_url", "publisher",

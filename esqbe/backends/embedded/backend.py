@@ -166,7 +166,7 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AliasesMixin,
 
     def refine_for(self, facet: str, st: _State | None = None) -> int:
         """Papers re-scored exactly per query sentence, as a multiple of k: the value calibrated with the facet's IVF
-        (a PQ fast-scan IVF's), else 2 (an IVF-SQ8's, and every index built before session 8)."""
+        (a PQ fast-scan IVF's), else 2 (an IVF-SQ8's, and every index built before PQ fast-scan IVFs)."""
         entry = (st or self._state()).manifest.get(facet) or {}
         return int(entry.get("refine", 2))
 
