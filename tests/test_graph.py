@@ -206,6 +206,9 @@ def test_esqbe_graph_prints_writes_and_refuses(hostile_index_dir, tmp_path):
 
 
 def test_post_graph_answers_the_graph_and_its_files(hostile_server):
+    from esqbe.server.middleware import is_write
+
+    assert not is_write("POST", "/graph")  # a read, as POST /query: no token asked where reads are open
     body = {"paper_id": "paper-0", "facet": "method", "k": 7}
     listed = httpx.post(hostile_server + "/query", json=body, timeout=60).json()
     r = httpx.post(hostile_server + "/graph", json=body, timeout=60)

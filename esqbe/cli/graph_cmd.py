@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from esqbe.core.textsafe import printable_tree
+from esqbe.settings.generate import LazyChoice
 
 from .errors import handle_errors
 from .options import click_options, config_option
@@ -20,7 +21,7 @@ TEXT_LINKS = 3
 
 @click.command("graph")
 @query_input_options
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
+@click.option("--format", "fmt", type=LazyChoice(FORMATS), default="text", show_default=True,
               help="text: the groups and each hit's strongest links, for people; json: everything (nodes, edges with "
                    "their sentence pairs, groups, positions, and the query's result); graphml: for Gephi and "
                    "Cytoscape (attributes typed); svg: a drawing that opens in any browser.")
