@@ -203,6 +203,8 @@ def test_esqbe_graph_prints_writes_and_refuses(hostile_index_dir, tmp_path):
     assert r.exit_code == 0 and out.read_text().startswith("<?xml") and "wrote the graph of 6 hits" in r.output
     r = run("-k", str(MAX_GRAPH_HITS + 1))
     assert r.exit_code != 0 and f"a graph has at most {MAX_GRAPH_HITS} hits" in r.output and "Traceback" not in r.output
+    helped = " ".join(CliRunner().invoke(main, ["graph", "--help"]).output.split())  # the help says the rule's figures
+    assert f"k at most {MAX_GRAPH_HITS};" in helped and f"keeps its {EDGES_PER_NODE} strongest links" in helped
 
 
 def test_post_graph_answers_the_graph_and_its_files(hostile_server):

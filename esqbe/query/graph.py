@@ -64,8 +64,8 @@ GRAPH_JSON_VERSION = 1
 
 @dataclass
 class HitSides:
-    """Each hit's sentences on both sides of a comparison: as a query by it would choose them (`rows`), and as the
-    ranking sees it as a candidate (`cols`, with the soft-facet bias); stacked, with the hit each belongs to."""
+    """Each hit's sentences on both sides of a comparison: as a query by it would choose them (`q_`), and as the
+    ranking sees it as a candidate (`c_`, with the soft-facet bias); stacked, with the hit each belongs to."""
 
     q_vectors: np.ndarray  # (Nq, d)
     q_owner: np.ndarray  # (Nq,) which hit
