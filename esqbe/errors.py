@@ -118,6 +118,7 @@ _DEFINING_MODULES = (
     "esqbe.encode.adapter", "esqbe.encode.distill", "esqbe.encode.citations",
     "esqbe.evaluation.clscisumm_data", "esqbe.evaluation.csfcube", "esqbe.ingest.readers", "esqbe.query.results",
     "esqbe.rescore.words", "esqbe.settings.config", "esqbe.tagger.net", "esqbe.server.client", "esqbe.index.watches",
+    "esqbe.ingest.web", "esqbe.index.follow",
 )
 
 

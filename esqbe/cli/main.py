@@ -12,6 +12,7 @@ import click
 from .check_cmds import check_group
 from .engine_cmds import engine_group
 from .eval_cmds import eval_clscisumm_cmd, eval_csfcube_cmd
+from .follow_cmds import follow_group
 from .graph_cmd import graph_cmd
 from .index_cmds import attach_cmd, delete_cmd, encode_cmd, index_cmd, stats_cmd
 from .info_cmds import config_cmd, list_cmd, search_cmd, show_cmd
@@ -75,6 +76,7 @@ eval_group.add_command(eval_clscisumm_cmd)
 main.add_command(check_group)
 main.add_command(watch_group)  # saved queries that keep looking
 main.add_command(engine_group)  # esqbe as an engine's reranker
+main.add_command(follow_group)  # sources new papers arrive from by themselves
 main.add_command(graph_cmd)  # the hits of a query as a graph (esqbe.query.graph)
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 MASK = "***"
 #: the settings whose values are secrets whole
-SECRET_SETTINGS = ("api_key", "password")
+SECRET_SETTINGS = ("api_key", "password", "openalex_api_key")
 #: a URL's scheme and whatever stands before its last `@` within one token of text (greedy: a password holding `@`,
 #: `/` or `#` unescaped is masked whole; a path with an `@` in it is masked too, which costs only what is shown)
 _USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)([^\s'\"<>]*)@", re.IGNORECASE)

@@ -63,6 +63,9 @@ class ServeOptions(BaseModel):
     #: where readers reach the server (its page), e.g. https://papers.example.org/esqbe/ behind a proxy: a feed entry
     #: of a paper with no DOI or URL links to the paper on this page. None: http://HOST:PORT/ on loopback
     public_url: str | None = Field(None, max_length=2000)
+    #: run `esqbe follow run` (every followed source, then every watch) every this many seconds, on the writer's thread
+    #: (esqbe.server.schedule); None: never (`esqbe follow run` from cron or a timer does it)
+    follow_every: float | None = Field(None, ge=1, le=30 * 86_400)
 
     @field_validator("public_url")
     @classmethod

@@ -90,6 +90,21 @@ class Settings:
     knn_recall_target: float = 0.95  # recall@100 (papers) the IVF's nprobe / the engines' candidates are calibrated for
     knn_recall_statistic: str = "mean"  # what the target bounds: the calibration sample's mean recall, or its p10
     max_watches: int = 100  # saved queries (`esqbe watch add`) an index may hold
+    # followed sources (`esqbe follow`, esqbe.index.follow)
+    follow_timeout: float = 30.0  # seconds one request to a followed service may take (connect, answer)
+    follow_mailto: str | None = None  # sent in the User-Agent and as OpenAlex's mailto (its polite pool)
+    follow_retries: int = 4  # tries again after 503/429 (Retry-After), other 5xx, a failed connection
+    follow_max_retry_after: float = 600.0  # the longest Retry-After honoured
+    follow_max_page_bytes: int = 64 * 1024 * 1024  # the largest answer read
+    follow_max_pages: int = 200  # pages one run of one source fetches at most
+    follow_first_days: int = 7  # a first run without --since: arXiv and OpenAlex look this many days back
+    follow_deleted: str = "keep"  # keep | remove: a paper whose record its source says is gone
+    max_follows: int = 50  # sources an index may follow
+    arxiv_interval: float = 3.0  # seconds between two requests to arXiv
+    openalex_interval: float = 0.1  # seconds between two requests to OpenAlex
+    openalex_per_page: int = 200  # works per OpenAlex page
+    openalex_date_filter: str = "from_publication_date"  # the filter a run adds with its mark's date
+    openalex_api_key: str | None = None  # a secret
 
     def replace(self, _source: str | None = None, **changes) -> Settings:
         """A copy with `changes` (None = not given) coerced and validated; `_source` (a config file,

@@ -60,6 +60,7 @@ from ...errors import BackendError, StorageError
 from ..base import Backend
 from .aliases import AliasesMixin
 from .ann import ANN_PQ_FASTSCAN, ANN_SQ8, AnnMixin, _calibration_due, _first_stage_pool
+from .followstore import FollowStoreMixin
 from .knn import KnnMixin
 from .layout import (
     _FACET_CODES,
@@ -92,7 +93,7 @@ def _knn_param(name: str, value) -> int | float:
 
 
 class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AliasesMixin, AnnMixin, KnnMixin, WatchStoreMixin,
-                      Backend):
+                      FollowStoreMixin, Backend):
     """A local index directory (see module docstring)."""
 
     name = "embedded"

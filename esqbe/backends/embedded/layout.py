@@ -52,10 +52,12 @@ CREATE TABLE IF NOT EXISTS watch_matches (
     name TEXT NOT NULL, paper_id TEXT NOT NULL, found REAL NOT NULL, hit TEXT NOT NULL, PRIMARY KEY (name, paper_id));
 CREATE INDEX IF NOT EXISTS watch_matches_found ON watch_matches(name, found);
 CREATE TABLE IF NOT EXISTS aliases (key TEXT PRIMARY KEY, paper_id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS follows (name TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL, created REAL NOT NULL);
 """
 #: the saved queries (`esqbe watch`, esqbe.index.watches) and what they found: tables added by CREATE ... IF NOT EXISTS
 #: like the rest, so a writer adds them to an index made before them (same format); a reader of such an index sees
-#: no watches (esqbe.backends.embedded.watchstore); `aliases` likewise (esqbe.backends.embedded.aliases)
+#: no watches (esqbe.backends.embedded.watchstore); `aliases` likewise (esqbe.backends.embedded.aliases), and `follows`
+#: (the followed sources, esqbe.backends.embedded.followstore)
 
 #: the `settings` key set once `aliases` holds the identifiers of every paper (an index from before the table gets
 #: them from its papers' metadata when a writer first opens it: esqbe.backends.embedded.aliases)
