@@ -1,6 +1,6 @@
-"""The HTTP routes: `make_router(service, options)` answers `/`, `/health`, `/proof`, `/stats`, `/query`, `/papers/{id}`,
-`/search`, `POST /rerank`, `POST /papers` and `DELETE /papers/{id}` by handing the work (esqbe.server.work) to the service's
-threads; `create_app` includes the router."""
+"""The HTTP routes: `make_router(service, options)` answers `/`, `/health`, `/proof`, `/stats`, `/query`, `/graph`,
+`/papers/{id}`, `/search`, `POST /rerank`, `POST /papers` and `DELETE /papers/{id}` by handing the work
+(esqbe.server.work) to the service's threads; `create_app` includes the router."""
 from __future__ import annotations
 
 import asyncio
@@ -18,6 +18,7 @@ from ..core.filters import FilterError
 from ..errors import EsqbeError
 from ..index.rerank import FALLBACKS, rerank_bounds
 from ..query.export import EXPORT_FORMATS, export_hits, file_name, media_type
+from ..query.graph_formats import MEDIA_TYPES as GRAPH_MEDIA
 from ..query.search import query_texts
 from .discovery import INDEX_HEADER, NONCE_PATTERN, PROOF_PATH, proof
 from .errors import ApiError, _errors, _public, api_error, log
@@ -26,6 +27,8 @@ from .middleware import _PAGE_HEADERS, JSON_LINES_TYPES, _token_ok, _type_messag
 from .models import (
     DeleteResponse,
     FacetMode,
+    GraphRequest,
+    GraphResponse,
     Health,
     InputFormat,
     Paper,
@@ -43,6 +46,7 @@ from .schedule import FollowSchedule
 from .service import Service
 from .work import (
     _delete,
+    _graph,
     _health,
     _paper_page,
     _parse_papers,
@@ -178,7 +182,29 @@ def make_router(service: Service, options: ServeOptions, schedule: FollowSchedul
         response.headers.update(which)
         return out
 
-    def checked_query(req: QueryRequest):
+    @router.post("/graph", response_model=GraphResponse, tags=["search"],
+                 responses={**_errors(400, 404, 409, 413, 422, 503, 504),
+                            200: {"content": {GRAPH_MEDIA[f]: {"schema": {"type": "string"}} for f in ("graphml", "svg")}}})
+    async def graph(req: GraphRequest, request: Request, response: Response):
+        """The hits of a query (what POST /query takes; k at most 100) as a graph: edges by the rescorer's similarity
+        between each two hits in the query's facet, groups where the hits split, a seeded layout; JSON, or GraphML
+        (Gephi, Cytoscape) or SVG as a file (`format`)."""
+        check_engine_filter(request, req.engine_filter)
+        if not options.show_paths:
+            check_path_filters(req.filters)
+        deadline = Deadline(options.request_timeout)
+        text, examples, overrides = checked_query(req)
+        try:
+            out = await service.read(_graph, req, examples if examples is not None else text, overrides,
+                                     options.show_paths, deadline=deadline, request=request)
+        except EsqbeError as e:
+            raise api_error(e) from None
+        if isinstance(out, str):
+            return Response(out, media_type=GRAPH_MEDIA[req.format], headers={
+                "Content-Disposition": f'attachment; filename="esqbe-graph.{req.format}"'})
+        return out
+
+    def checked_query(req):
         """A query's (or a watch's) free texts split and counted before any work, all together at most the server's
         `max_query_sentences`, each text whole whichever sentences it chooses (esqbe.query.search.query_texts; 413),
         the sentences chosen bounded too: (the text's sentences, the examples with theirs, the settings overrides).
