@@ -71,6 +71,7 @@ PATHS = {"/papers/{paper_id:path}": f"/papers/{PID}", "/watches/{name}.atom": "/
 QUERIES = {"/search": {"q": "parsing"}, "/proof": {"nonce": "0" * 64}, "/watches/{name}.atom": {"limit": 5}}
 BODIES = {
     "/query": {"text": "We propose a new method for parsing. It is fast.", "k": 3},
+    "/graph": {"text": "We propose a new method for parsing. It is fast.", "k": 3},
     "/papers": {"records": [RECORDS[0]]},
     "/watches": {"name": "walk", "text": "We propose a new method for parsing.", "min_score": -1.0},
     "/rerank": {"query": f"paper:{PID} facet:method", "documents": [r["paper_id"] for r in RECORDS]},
