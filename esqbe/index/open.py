@@ -23,7 +23,8 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
             try:
                 return EmbeddedBackend(settings.path, create=create, exact_threshold=settings.exact_threshold,
                                        nprobe=settings.nprobe, recall_target=settings.knn_recall_target,
-                                       recall_statistic=settings.knn_recall_statistic)
+                                       recall_statistic=settings.knn_recall_statistic,
+                                       write_lock_wait=settings.write_lock_wait)
             except (sqlite3.Error, OSError) as e:
                 raise StorageError(f"cannot open the index at {settings.path}: {_reason(e, settings.path)}") from e
 

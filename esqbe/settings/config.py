@@ -48,6 +48,7 @@ class Settings:
     tagger: str | None = None  # facet tagger weights (`esqbe train-tagger --out`); None = the ones shipped with esqbe
     commit_every: int = 256  # papers per committed batch while indexing (a killed run loses at most one batch);
     #   also how many papers the encoder length-sorts at once: 128 encoded ~7% slower than 256 (docs/performance.md)
+    write_lock_wait: float = 3600.0  # seconds a write waits for another writer of the embedded index (then an error)
     pdf_timeout: float = 20.0  # seconds one attached PDF's text may take to read (esqbe.ingest.pdf)
     zotero_timeout: float = 600.0  # seconds reading one Zotero database may take (esqbe.ingest.zotero)
     # querying

@@ -133,6 +133,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("commit_every", int, 256, "Papers per committed batch while indexing (a killed run loses at most one "
             "batch); also how many papers the encoder length-sorts at once (`esqbe index` encodes them in slices of a "
             "few encoder batches, so that Ctrl-C writes the slices done).", low=1, high=1_000_000, group="indexing"),
+    Setting("write_lock_wait", float, 3600.0, "Embedded index: seconds a write (index, delete, a watch's) "
+            "waits for another process writing to the same index (a second `esqbe index`, one creating the index) "
+            "before it stops with an error naming this bound; it says on stderr that it waits.", low=0.0,
+            high=604_800, env="ESQBE_WRITE_LOCK_WAIT", flag="--lock-wait",
+            commands=frozenset({"index", "delete"}), group="indexing"),
     Setting("pdf_timeout", float, PDF_SECONDS, "Seconds of wall clock reading one attached PDF's text may take (a "
             "library record without an abstract whose PDF names one; in a child process); past it the record is "
             "skipped with that reason and the run goes on.", low=0.1, high=3600, env="ESQBE_PDF_TIMEOUT",
