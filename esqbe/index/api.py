@@ -295,7 +295,7 @@ class Index(IngestMixin):
             specs[i] = replace(specs[i], text=tuple(sents))
         shared = {normalize_label(x.facet or facet) for x in specs if x.sentences is None and (x.facet or facet)}
         settings = settings_for_facet(self.settings, shared.pop() if len(shared) == 1 else None).replace(**overrides)
-        flt = make_filter(filters, engine_filter)
+        flt = make_filter(filters, engine_filter, settings)  # value lists bounded before anything is fetched
         meta = self.backend.meta()
         if meta is None:
             raise EmptyIndexError("the index is empty: index some papers first (`esqbe index FILE`)")

@@ -53,6 +53,8 @@ class Settings:
     zotero_timeout: float = 600.0  # seconds reading one Zotero database may take (esqbe.ingest.zotero)
     # querying
     k: int = 10
+    filter_max_values: int = 1000  # values one filter's list may hold (esqbe.core.limits.MAX_FILTER_VALUES at most)
+    filter_max_bytes: int = 65536  # bytes of text one filter's list may hold (MAX_FILTER_BYTES at most)
     default_facet: str | None = None  # esqbe query's facet when neither --facet nor --sentences is given
     rescorer: str = "summax"
     rescorer_params: dict = field(default_factory=dict)

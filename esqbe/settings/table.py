@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.fusion import FUSION_METHODS  # the first stage's fusions
+from ..core.limits import MAX_FILTER_BYTES, MAX_FILTER_VALUES  # a filter's value list: the ceilings
 from ..domain import QUERY_FACETS  # the facets a query asks with: default_facet's choices
 from ..ingest.formats import (  # noqa: F401 (RECORD_FORMATS: imported from here by tag and POST /papers)
     FORMATS,  # the readers' formats: the input-format choice of index, encode
@@ -149,6 +150,12 @@ SETTINGS: tuple[Setting, ...] = (
     # querying
     Setting("k", int, 10, "Number of hits.", low=1, high=MAX_K, flag="--k", short="-k", http="k", http_max=HTTP_MAX_K,
             commands=frozenset({"query", "watch add"})),
+    Setting("filter_max_values", int, MAX_FILTER_VALUES, "Values one filter's list may hold (`venue in (...)`, "
+            "`authors.name in [...]`); a longer list is refused before the query runs (a POST /query's schema "
+            "refuses more than the maximum).", low=1, high=MAX_FILTER_VALUES, env="ESQBE_FILTER_MAX_VALUES"),
+    Setting("filter_max_bytes", int, MAX_FILTER_BYTES, "Bytes of text (UTF-8) one filter's value list may hold, all "
+            "its values together; past it the filter is refused before the query runs.", low=16,
+            high=MAX_FILTER_BYTES, env="ESQBE_FILTER_MAX_BYTES"),
     Setting("default_facet", str, None, "The facet `esqbe query` asks with when neither --facet nor --sentences is "
             "given (default: none, all the query paper's sentences; `--facet all` asks with all of them anyway).",
             choices=QUERY_FACETS, env="ESQBE_DEFAULT_FACET"),
