@@ -92,6 +92,8 @@ class Settings:
     nprobe: int | None = None  # IVF lists per query sentence, fixed; None = the calibrated value
     knn_recall_target: float = 0.95  # recall@100 (papers) the IVF's nprobe / the engines' candidates are calibrated for
     knn_recall_statistic: str = "mean"  # what the target bounds: the calibration sample's mean recall, or its p10
+    header_timeout: float = 10.0  # esqbe serve: seconds a connection has to send its request line and headers
+    max_connections: int = 1000  # esqbe serve: client connections open at once (fewer if the open-file limit says so)
     max_watches: int = 100  # saved queries (`esqbe watch add`) an index may hold
 
     def replace(self, _source: str | None = None, **changes) -> Settings:

@@ -66,7 +66,7 @@ class Setting:
     http_max: float | None = None  # a tighter upper bound over HTTP
     http_help: str | None = None  # the HTTP field's description, where it says more than `help`
     commands: frozenset[str] = frozenset()  # the commands whose flag it is
-    group: str = "query"  # where | encoding | indexing | query (the docs table's sections)
+    group: str = "query"  # where | encoding | indexing | query | serving (the docs table's sections)
 
     def choice_list(self) -> tuple[str, ...] | None:
         return self.choices() if callable(self.choices) else self.choices
@@ -238,6 +238,16 @@ SETTINGS: tuple[Setting, ...] = (
             "(p10: nine in ten at least at the target; more lists per query, docs/performance.md).", choices=("mean", "p10"),
             env="ESQBE_KNN_RECALL_STATISTIC", flag="--knn-recall-statistic",
             commands=frozenset({"index", "attach", "check recall"}), group="indexing"),
+    # `esqbe serve`: what one client connection may hold (esqbe.server.connections)
+    Setting("header_timeout", float, 10.0, "`esqbe serve`: seconds a connection has to send its request line and "
+            "headers, from connecting (or from its previous response on a kept-alive connection); past it the "
+            "server closes it.", low=0.5, high=3600, env="ESQBE_HEADER_TIMEOUT", flag="--header-timeout",
+            commands=frozenset({"serve"}), group="serving"),
+    Setting("max_connections", int, 1000, "`esqbe serve`: client connections open at once (fewer where the "
+            "process's open-file limit leaves less room: the server says how many at start). At the limit, the "
+            "oldest connection still waiting for its request headers is closed to make room; a new one is refused "
+            "only when every open one has a request in hand.", low=1, high=100_000, env="ESQBE_MAX_CONNECTIONS",
+            flag="--max-connections", commands=frozenset({"serve"}), group="serving"),
     # saved queries (issue 37: esqbe watch, esqbe.index.watches)
     Setting("max_watches", int, 100, "Saved queries (`esqbe watch add`) an index may hold; `watch add` past it is "
             "refused.", low=1, high=10_000, env="ESQBE_MAX_WATCHES", group="indexing"),
