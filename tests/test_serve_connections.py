@@ -21,6 +21,7 @@ import pytest
 import uvicorn
 
 from esqbe.server.connections import ConnectionGuard, guarded_protocol
+from esqbe.server.middleware import _BodyLimit
 
 from .conftest import REPO
 
@@ -126,7 +127,8 @@ def test_serve_stays_reachable_while_1100_half_open_connections_are_held(index_c
 @contextmanager
 def _guarded_server(guard: ConnectionGuard):
     """A real uvicorn server on a loopback port speaking `guarded_protocol(guard)`, over an app that reads the
-    whole body of a request before answering: a request whose body has not come is a request in hand."""
+    whole body of a request before answering (through esqbe's body limit, its stall timeout the header timeout): a
+    request whose body has not come is a request in hand."""
 
     async def app(scope, receive, send):
         if scope["type"] != "http":
@@ -138,6 +140,7 @@ def _guarded_server(guard: ConnectionGuard):
         await send({"type": "http.response.body", "body": b"ok"})
 
     port = _free_port()
+    app = _BodyLimit(app, limit=1 << 20, stall=guard.header_timeout)  # as `esqbe serve`'s app reads a body
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
                                            http=guarded_protocol(guard), timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -197,6 +200,21 @@ def test_a_kept_alive_connection_that_stalls_in_its_next_headers_is_closed(caplo
         assert 0.4 < time.monotonic() - t0 < 4
         s.close()
     assert any("within 0.5 s (header_timeout)" in r.getMessage() for r in caplog.records)
+
+
+def test_a_request_body_that_stalls_is_answered_408_and_closed():
+    guard = ConnectionGuard(header_timeout=0.5, limit=100, files=1024)
+    with _guarded_server(guard) as port:
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\n01234")
+        t0 = time.monotonic()
+        s.settimeout(5)
+        answer = b""
+        while chunk := s.recv(1000):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"no bytes for 0.5 s (header_timeout)" in answer, answer
+        assert 0.4 < time.monotonic() - t0 < 4
+        s.close()
 
 
 def test_notes_are_one_line_then_counted():

@@ -112,7 +112,7 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     # outermost last: CORS (its headers on every answer, refusals too), the perimeter, then the body limit
-    app.add_middleware(_BodyLimit, limit=options.max_body_bytes)
+    app.add_middleware(_BodyLimit, limit=options.max_body_bytes, stall=settings.header_timeout)
     app.add_middleware(_Perimeter, options=options)
     if options.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware

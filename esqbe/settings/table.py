@@ -241,7 +241,8 @@ SETTINGS: tuple[Setting, ...] = (
     # `esqbe serve`: what one client connection may hold (esqbe.server.connections)
     Setting("header_timeout", float, 10.0, "`esqbe serve`: seconds a connection has to send its request line and "
             "headers, from connecting (or from its previous response on a kept-alive connection); past it the "
-            "server closes it.", low=0.5, high=3600, env="ESQBE_HEADER_TIMEOUT", flag="--header-timeout",
+            "server closes it. A request body whose next bytes take this long is answered 408.", low=0.5, high=3600,
+            env="ESQBE_HEADER_TIMEOUT", flag="--header-timeout",
             commands=frozenset({"serve"}), group="serving"),
     Setting("max_connections", int, 1000, "`esqbe serve`: client connections open at once (fewer where the "
             "process's open-file limit leaves less room: the server says how many at start). At the limit, the "
