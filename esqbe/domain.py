@@ -174,7 +174,7 @@ def paper_problem(paper: Paper, labels: tuple[str, ...] = FACET_LABELS) -> tuple
 
 #: metadata keys esqbe writes for itself (not part of a paper's content hash); facet_probs: the
 #: tagger's soft labels, written beside its predicted labels (which do count)
-#: (`sources`: where a paper was read from, issue 49 item 2: the same paper read from another file is unchanged)
+#: (`sources`: where a paper was read from: the same paper read from another file is unchanged)
 INTERNAL_METADATA_KEYS = frozenset({"facets_predicted", "facet_probs", "sources"})
 
 

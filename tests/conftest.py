@@ -24,10 +24,10 @@ SHARED = Path(os.environ.get("ESQBE_SHARED", REPO.parent / "shared"))
 
 
 def shared_path(*parts) -> Path:
-    """A file under ../shared (the team's data), or skip with the reason when it is absent."""
+    """A file under ../shared (the evaluation data, docs/quality.md), or skip with the reason when it is absent."""
     p = SHARED.joinpath(*parts)
     if not p.exists():
-        pytest.skip(f"{p} not present (shared data is only on the team's machines)")
+        pytest.skip(f"{p} not present (the evaluation data: docs/quality.md, 'The data')")
     return p
 
 
@@ -195,7 +195,7 @@ def browser():
     b.quit()
 
 
-# --- hostile text in an index (issue 40, items 4 to 6: exports, ids, the terminal) -----------------------------
+# --- hostile text in an index (items 4 to 6: exports, ids, the terminal) -----------------------------
 #: what a terminal would obey: the window title (OSC 0), a screen clear (CSI), a disguised link (OSC 8), their
 #: 8-bit C1 forms, BEL, DEL, backspaces
 TERMINAL_PAYLOADS = ("\x1b]0;pwned-title\x07", "\x1b[2J\x1b[3J\x1bc",

@@ -1,4 +1,4 @@
-"""`esqbe adapt` (issue 50) on a few real abstracts, with the default model as its own teacher (no download): the
+"""`esqbe adapt` on a few real abstracts, with the default model as its own teacher (no download): the
 model directory it writes (shape, loads as any model), its identity (teacher, data, recipe) and the index that
 records it, Ctrl-C (nothing half-written, or the last complete epoch, said which), and the bounds refused before
 anything is read or loaded."""

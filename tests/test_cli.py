@@ -112,7 +112,7 @@ def test_help_teaches(run):
     assert "esqbe query --paper" in r.output
     r = run("query", "--help")
     assert "--sentences" in r.output and "any sentences you choose" in r.output
-    assert "Definition" not in r.output  # the paper's jargon, not the user's (issue 24)
+    assert "Definition" not in r.output  # the paper's jargon, not the user's
 
 
 def test_csfcube_paper_query(run, tmp_path):

@@ -1,4 +1,4 @@
-"""The alias table on Elasticsearch/OpenSearch (issue 49, items 3 and 4), by contract: no engine runs here. The real
+"""The alias table on Elasticsearch/OpenSearch, by contract: no engine runs here. The real
 backend code and the real official clients make every request; only the lowest layer is replaced by
 tests/fakes/engines.py's canned engine, which keeps the companion `<index>-esqbe-aliases` documents (a second
 `create` of an id answers 409, a `_delete_by_query` sees only what a refresh made searchable). These are NOT

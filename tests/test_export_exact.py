@@ -1,4 +1,4 @@
-"""Exports that carry text exactly (issue 49, item 1; issue 53, item 7): BibTeX, RIS and CSL-JSON written by
+"""Exports that carry text exactly (item 7): BibTeX, RIS and CSL-JSON written by
 `esqbe.query.export`, indexed again by esqbe's readers into a real index, then exported again: every title,
 abstract, author, venue, year, DOI, arXiv id, PubMed id, key and entry type comes back identical, for any Unicode
 text and LaTeX-like text (backslashes, braces, `$\\mu$`, accents, `%`, `--`, quotes). What no format's one-line value
@@ -102,7 +102,7 @@ def test_every_format_carries_every_field_through_an_index(index_dir, encoder, t
 
 
 def test_an_author_with_and_in_the_name_stays_one_author(index_dir, encoder, tmp_path):
-    """Issue 53, item 7: `Johnson and Johnson Research` (a person's family name, and an organisation) and `Kim, M. G.`."""
+    """ `Johnson and Johnson Research` (a person's family name, and an organisation) and `Kim, M. G.`."""
     authors = [{"name": "Ann Johnson and Johnson", "family": "Johnson and Johnson", "given": "Ann"},
                {"name": "Johnson and Johnson Research", "literal": True}, _person("Kim", "M. G.")]
     meta = {"format": "bibtex", "entry_type": "article", "year": 2020, "authors": authors}

@@ -1,4 +1,4 @@
-"""Exports that round-trip (issue 38, item 1): a real index of a researcher's library (BibTeX, RIS, CSL-JSON, arXiv,
+"""Exports that round-trip: a real index of a researcher's library (BibTeX, RIS, CSL-JSON, arXiv,
 OpenAlex records) exported by `esqbe query --format` as BibTeX, RIS, CSL-JSON and CSV; bibtexparser, rispy and the
 citation-style-language JSON schema (tests/specs/csl-data.json) accept the files, and each of the three reference
 formats indexed again gives the same papers: ids (the citation keys they came with), titles, abstracts, authors,
@@ -197,8 +197,8 @@ def test_http_query_exports_csl_json_with_abstracts(library, encoder):
         assert [x["notes"][0].split(",")[0] for x in rispy.loads(r.text)] == [f"esqbe rank {i}" for i in (1, 2, 3)]
 
 
-def test_the_readme_names_every_export_format():
-    readme = Path(REPO / "README.md").read_text()
+def test_the_docs_name_every_export_format():
+    readme = Path(REPO / "docs" / "library.md").read_text()
     from esqbe.query.export import EXPORT_FORMATS
 
     assert all(f"`{fmt}`" in readme for fmt in EXPORT_FORMATS) and "--with-scores" in readme

@@ -1,4 +1,4 @@
-"""Bad input and faults (issue 9): nothing lost, nothing mixed, no traceback.
+"""Bad input and faults: nothing lost, nothing mixed, no traceback.
 
 Each test drives the real CLI (click's runner, `catch_exceptions=False`, so a traceback fails the
 test) or the API against a real index on disk and the real default model.
@@ -77,7 +77,7 @@ def test_config_typo_never_reaches_a_new_index_and_is_refused_on_an_existing_one
         assert r.exit_code == 1, (bad, r.output)
         assert r.output.startswith(f"error: {cfg}: {bad.split(':')[0]}:"), r.output
     r = run("query", "--path", built, "--paper", FIRST_ID, "--facet", "method", "--rescorer", "summmax")
-    # a flag's bad value is a usage error (issue 24): exit 2, naming the flag
+    # a flag's bad value is a usage error: exit 2, naming the flag
     assert r.exit_code == 2 and "--rescorer" in r.output and "unknown rescorer 'summmax'; choose one of" in r.output
     # and through the environment, the variable is named
     r = run("stats", "--path", built, env={"ESQBE_DEVICE": "gpu"})
@@ -529,11 +529,11 @@ def test_progress_has_a_total_moves_per_encoder_batch_and_prints_lines_off_a_ter
     assert len(lines) >= 6 + 1  # one line per encoder batch of 2 (commit_every is 256), and a last one
     assert counts == sorted(counts) and counts[0] < 12 and counts[-1] == 12
     assert f"of {src.stat().st_size / 1024:.1f} KB" in lines[-1] and "(100%)" in lines[-1] and "all read in" in lines[-1]
-    # issue 24: the share is of the papers done, not of the bytes read ahead (the reader runs a batch ahead), with
+    # the share is of the papers done, not of the bytes read ahead (the reader runs a batch ahead), with
     # the time left; before, the first line already said 100% and the last counted the file twice
     shares = [int(line.split("(")[1].split("%)")[0]) for line in lines]
     assert shares == sorted(shares) and all(s < 100 for s, c in zip(shares, counts) if c < 12), lines
-    # issue 38: the time left only once a few batches have come (the first carries the start), then on each line
+    # the time left only once a few batches have come (the first carries the start), then on each line
     for share, count, line in zip(shares, counts, lines):
         if count <= 2 * ESTIMATE_AFTER:
             assert " left" not in line, lines
@@ -548,7 +548,7 @@ def test_progress_has_a_total_moves_per_encoder_batch_and_prints_lines_off_a_ter
     assert "warming up" in tty.getvalue() and "B/s" not in tty.getvalue()  # no rate, no time left during warm-up
     bar.close()
     assert "1.00k/2.00k" in tty.getvalue() and "3 papers" in tty.getvalue() and "50%" in tty.getvalue()
-    # issue 51: papers/s and the time left at the rate after warm-up: a slow first batch (the model loading) is
+    # papers/s and the time left at the rate after warm-up: a slow first batch (the model loading) is
     # not in them; tqdm's own kB/s and its time left (which counted it) are not shown
     tty, clock = io.StringIO(), [1000.0]
     bar = Progress(total_bytes=10_000, stream=tty, tty=True)

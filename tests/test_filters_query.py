@@ -117,7 +117,7 @@ def test_s2orc_and_s2ag_metadata_come_back_with_hits(tmp_path, encoder):
     index.close()
 
 
-# --- filters that cannot match as written (issue 24, item 5) ---------------------------------------------
+# --- filters that cannot match as written ---------------------------------------------
 
 
 def test_unknown_key_is_an_error_listing_the_index_keys(meta_index):

@@ -1,4 +1,4 @@
-"""Issue 40, items 4 and 5: exports of hostile papers. No CSV cell is a formula a spreadsheet runs (OWASP), every
+""" exports of hostile papers. No CSV cell is a formula a spreadsheet runs (OWASP), every
 exported value is one line (a text year must not forge RIS records, a title must not close its BibTeX entry),
 from `esqbe query --format` and from POST /query's `format` (what the page's download asks for); and no reader
 lets a control character into a paper id. A real index of hostile records (tests/conftest.py), the real CLI,

@@ -1,4 +1,4 @@
-"""Nothing skipped unnamed (issue 38, item 3): `esqbe index` names every record it skips (file:line, key or
+"""Nothing skipped unnamed: `esqbe index` names every record it skips (file:line, key or
 id, reason): the first 10 in the text summary then "and N more", all of them in `--json`, and `--skipped FILE`
 writes them as JSON Lines. Through the real CLI on real BibTeX, RIS and JSON Lines files."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One paper per paper (issue 38, item 2), through the real CLI on a real embedded index: records naming the same
+"""One paper per paper, through the real CLI on a real embedded index: records naming the same
 work by DOI or arXiv id (written differently: a resolver address, upper case, `arXiv:` and a version) are one paper,
 the later record updating it; both ids find it, in this run and later ones (the alias table in the index's SQLite,
 filled for an index made before it); the summary names each merge; a shared title and year without a shared
@@ -75,7 +75,7 @@ def test_records_of_one_work_are_one_paper_and_the_summary_says_so(merged):
     assert (f"  likely duplicate, not merged (same title and year, no shared DOI, arXiv or PubMed id): "
             f"{root / 'dup.ris'}:10 bert-again ~ {root / 'zotero-csl.json'}:2 ABCD2345\n") in out, out
     assert ids(root / "ix") == ["0704.0001", "ABCD2345", "bert-again", "vaswani2017attention"]
-    # both records are the library's: the first keeps its fields (issue 49, item 2), the later one is a source of
+    # both records are the library's: the first keeps its fields, the later one is a source of
     # it; either id finds it
     for pid in ("vaswani2017attention", "vaswani-ris"):
         shown = json.loads(run("show", "--path", root / "ix", pid, "--json").stdout)

@@ -1,4 +1,4 @@
-"""A merge keeps the library's own record (issue 49, item 2), the trial's case on real files and a real index: a
+"""A merge keeps the library's own record, the trial's case on real files and a real index: a
 BibTeX library is indexed, then (in a second run) an S2ORC dump that shares its DOIs. The library's papers keep
 their key, entry type, url, authors as written and format; the dump fills the venue; the conflict is reported;
 each paper remembers both sources; and the README's "finds not in my library" filter keeps every library paper

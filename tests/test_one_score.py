@@ -1,4 +1,4 @@
-"""Issue 48: one score that a researcher and an engine can trust, on a real index of 120 sample abstracts with the
+""" one score that a researcher and an engine can trust, on a real index of 120 sample abstracts with the
 real model.
 
 - over many random queries (a paper's facet or chosen sentences, a text, several examples and papers to avoid, a

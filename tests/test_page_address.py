@@ -1,6 +1,6 @@
-"""The page in real headless Chromium (issue 38, item 10), against a real server over a real index with metadata:
+"""The page in real headless Chromium, against a real server over a real index with metadata:
 
-- every key of the README's address table round-trips: opened, the page's state shows it, and the address the
+- every key of the address table (docs/serving.md) round-trips: opened, the page's state shows it, and the address the
   page writes back after the query holds it again;
 - no download button before a query has hits;
 - the active filters are in the query summary;
@@ -41,7 +41,7 @@ def server(encoder, tmp_path_factory):
 
 
 def _documented_keys() -> list[str]:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "serving.md").read_text()
     table = text.split("The page's address is the query", 1)[1].split("\n\n", 2)[1]
     return re.findall(r"^\| `(\w+)` \|", table, flags=re.M)
 
@@ -198,7 +198,7 @@ def _chips_follow_the_answer(browser, want: dict) -> None:
     from selenium.webdriver.common.by import By
 
     hits = want["hits"]
-    best = max(h["score"] for h in hits)  # issue 48: the band is placed on the score that orders the hits
+    best = max(h["score"] for h in hits)  # the band is placed on the score that orders the hits
     for element, hit in zip(_hits(browser), hits):
         assert element.get_attribute("data-paper-id") == hit["paper_id"]
         chip = element.find_element(By.CSS_SELECTOR, ".strength")
@@ -216,7 +216,7 @@ def test_a_weak_match_looks_weak(server, browser):
     scale, and the rescorer `none` (no similarity) none."""
     from selenium.webdriver.common.by import By
 
-    readme = " ".join((REPO / "README.md").read_text().split())
+    readme = " ".join((REPO / "docs" / "querying.md").read_text().split())
     assert "higher than 92% of this index's matches" in readme
     want = _placed(server, "summax", 29)
     assert want["scale"]["source"] == "index" and want["scale"]["papers"] == 30

@@ -1,4 +1,4 @@
-"""Records without an abstract, with a PDF (issue 38, item 4): a BibTeX `file` (Zotero's and JabRef's forms) or an
+"""Records without an abstract, with a PDF: a BibTeX `file` (Zotero's and JabRef's forms) or an
 RIS `L1` names the PDF; its abstract (and title, if the record has none) is read from the PDF's first page and the
 paper is marked `abstract_source: pdf` and counted. The PDFs are real LaTeX output (one and two columns, IEEE-style
 inline headings; made from
@@ -74,7 +74,7 @@ def test_unreadable_pdfs_skip_their_record_with_the_reason(library):
     papers, report = _read(library)
     assert set(papers) == {"zotero", "jabref", "own"}
     reasons = {r["id"]: r["reason"] for r in report.skipped_records}
-    files = library.parent / "files"  # each record's reason names the PDF where it was looked for (issue 49)
+    files = library.parent / "files"  # each record's reason names the PDF where it was looked for
     assert reasons == {"scanned": f"{pdf.NO_TEXT}: {files / '14' / 'scanned.pdf'}",
                        "missing": f"{pdf.MISSING}: {files / '99' / 'gone.pdf'}",
                        "broken": f"{pdf.UNPARSABLE}: {files / '15' / 'broken.pdf'}",
@@ -154,7 +154,7 @@ def test_index_summary_counts_and_names(tmp_path, library):
     assert summary["skipped"][pdf.NO_TEXT] == 1
 
 
-# ---------------------------------------------------------------- issue 53 item 2, issue 49 item 5
+# ---------------------------------------------------------------- a PDF too costly to read
 
 def xobject_bomb(draws: int = 5000, ops: int = 20_000) -> bytes:
     """A valid one-page PDF of a few KB whose page draws one form XObject `draws` times (pypdf's cap is 5,000); the
@@ -186,7 +186,7 @@ def xobject_bomb(draws: int = 5000, ops: int = 20_000) -> bytes:
 
 
 def test_a_pdf_that_costs_hours_is_stopped_and_named_and_the_run_goes_on(tmp_path):
-    """Issue 53 item 2, through `esqbe index`: a .bib entry without an abstract whose `file` is a 3 KB PDF drawing
+    """Through `esqbe index`: a .bib entry without an abstract whose `file` is a 3 KB PDF drawing
     one form XObject 5,000 times is skipped at --pdf-timeout with that reason and its path; the PDF after it (a new
     child process) and the rest of the run are read."""
     import faulthandler
@@ -222,7 +222,7 @@ def test_a_pdf_that_costs_hours_is_stopped_and_named_and_the_run_goes_on(tmp_pat
 
 
 def test_a_pdf_given_to_index_says_how_pdfs_are_read(tmp_path):
-    """Issue 49 item 5: `esqbe index paper.pdf` is told how esqbe reads PDFs, not that the file is not UTF-8."""
+    """ `esqbe index paper.pdf` is told how esqbe reads PDFs, not that the file is not UTF-8."""
     from esqbe.ingest.readers import PDF_ON_ITS_OWN
 
     paper = tmp_path / "paper.pdf"

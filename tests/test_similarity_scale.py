@@ -1,4 +1,4 @@
-"""Where a hit's score stands (issue 38, item 10; issue 48: the score the hits are ordered by; esqbe.index.scale), on real small indexes with the real model:
+"""Where a hit's score stands (the score the hits are ordered by; esqbe.index.scale), on real small indexes with the real model:
 
 - a hit's band and percentile follow the index's own matches, and the same similarity is strong in one index and
   fair or weak in another whose matches are generally higher (the same papers, each with a near twin);
@@ -62,7 +62,7 @@ def test_hits_are_placed_on_the_index_s_own_matches(indexes):
     assert "this index's own matches" in scale["description"]
     p = {int(k): v for k, v in scale["percentiles"].items()}
     assert p[5] <= p[25] <= p[50] <= p[75] <= p[95]
-    sims = [h.score for h in result.hits]  # what is placed: the score the hits are ordered by (issue 48)
+    sims = [h.score for h in result.hits]  # what is placed: the score the hits are ordered by
     assert {h.band for h in result.hits} >= {"strong", "weak"}  # 29 hits of 29 papers: both ends of the scale
     for h in result.hits:
         assert h.band == ("strong" if h.percentile >= 75 else "weak" if h.percentile < 25 else "fair")

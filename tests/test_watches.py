@@ -1,4 +1,4 @@
-"""Watches (issue 37): saved queries on a real embedded index with the real default model; runs that report the
+"""Watches: saved queries on a real embedded index with the real default model; runs that report the
 papers indexed since the last one; bad input refused precisely; real `esqbe watch` processes killed mid-work."""
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, tuned_
     The encoder's lower layers stay frozen and shared with indexing; copies of its top layers are
     fine-tuned with a BiLSTM over the sentences, so tagging during indexing costs a fraction of encoding.
     The probabilities are calibrated on dev (one temperature); --calibrate does only that for existing weights.
-    Choosing the tagger by the ranking it gives (issue 42):
+    Choosing the tagger by the ranking it gives:
       esqbe train-tagger --select-on ../shared/data/csfcube-dev --out tagger.pt
     """
     from esqbe.encode.loader import ModelSpec, load_encoder

@@ -1,4 +1,4 @@
-"""Text from papers made safe for where it goes, in one place (issue 40, items 4 to 6).
+"""Text from papers made safe for where it goes, in one place.
 
 A title, an id, a venue or a metadata key is whatever the input file, the POST or another server's answer
 said: it may hold line breaks, terminal escape sequences or a spreadsheet formula. Three destinations:

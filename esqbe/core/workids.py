@@ -1,4 +1,4 @@
-"""The identifiers that name a work (issue 38, item 2), normalised so that one work read from two files compares
+"""The identifiers that name a work, normalised so that one work read from two files compares
 equal: `doi:10.1088/1742-6596/1` (a resolver address, `doi:` and case dropped), `arxiv:1706.03762` (`arXiv:`, an
 abs/pdf address and the version dropped), `pubmed:12345`; a value holding a control, bidirectional or invisible
 character (esqbe.core.textsafe.NOT_IN_ID) names no work (on screen it would read as another one's). A normalised
@@ -39,7 +39,7 @@ def work_keys(metadata: dict | None) -> list[str]:
 
 
 def identifier_keys(text: str) -> list[str]:
-    """The normalised identifiers a string given as a paper's id may be (issue 49, item 4): a DOI (any case, with or
+    """The normalised identifiers a string given as a paper's id may be: a DOI (any case, with or
     without `doi:` or a resolver address), an arXiv id (with or without `arXiv:`, an address or a version) or a PubMed
     id (digits, with or without `PMID:`). `show`, `query --paper` and `--not` look these up once no paper has the id."""
     text = (text or "").strip()

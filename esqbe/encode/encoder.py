@@ -112,7 +112,7 @@ class Encoder:
             # text only, and on 2 CPU cores it is also faster (no padding): 87 against 67 papers/s.
             self.batch_size = 1
         # an ONNX runtime whose export is cached never needs the PyTorch weights: they load on first use of `model`
-        # (the tagger's compact weights, an export), not at start-up (a second or two per process: issue 22)
+        # (the tagger's compact weights, an export), not at start-up (a second or two per process)
         self._runner = make_runner(self.backend, lambda: self.model, self.config, source=source, device=self.device,
                                    cache_dir=cache_dir,
                                    offline=offline, fingerprint=self.fingerprint)
@@ -213,7 +213,7 @@ class Encoder:
         rows: list[tuple[int, list[int]]] = []  # (paper index, sentence indices in this window)
         row_texts: list[tuple[str, str, np.ndarray]] = []  # (title, body, char start of each sentence)
         # every title and sentence is tokenised for its length in one call (the tokenizer's own threads), not two
-        # calls per paper: with the encoder's runs side by side, that serial pass had left a core idle (issue 22)
+        # calls per paper: with the encoder's runs side by side, that serial pass had left a core idle
         todo = [(pi, paper) for pi, paper in enumerate(papers) if paper.sentences]
         cut = [(self._cut(p.title or "", MAX_TITLE_TOKENS), [self._cut(s) for s in p.sentences]) for _, p in todo]
         ids = tok([x for title, ss in cut for x in (title, *ss)], add_special_tokens=False)["input_ids"] if todo else []
@@ -250,7 +250,7 @@ class Encoder:
         def finish(batch, enc, offsets, last, hidden_states) -> None:
             nonlocal finished
             # pooling in numpy, one thread: torch's OpenMP ops here fought the runtime's threads for the 2 cores
-            # (index_add_ took as long as the transformer: issue 22)
+            # (index_add_ took as long as the transformer)
             hidden = last.cpu().float().numpy()
             spans = []
             for i, r in enumerate(batch):
@@ -278,7 +278,7 @@ class Encoder:
                 on_batch(encoded)
                 return
             # the listener (the tagger's copied layers) runs on a thread of its own, in batch order: on this thread
-            # it held back tokenising and pooling, so the encoder's rows waited (+17% wall for +4% CPU: issue 22);
+            # it held back tokenising and pooling, so the encoder's rows waited (+17% wall for +4% CPU);
             # at most two batches wait for it, so a slow listener bounds the hidden states held
             listening.append(listener_pool.submit(on_batch, encoded))
             while len(listening) > 2 or (listening and listening[0].done()):
@@ -386,7 +386,7 @@ class Encoder:
         """Wordpiece token counts of a paper's sentences: the corpus statistics behind token weights."""
         if not paper.sentences:
             return {}
-        hit = self._recent.get(id(paper))  # tokenised by the last contextual call: not again (issue 22)
+        hit = self._recent.get(id(paper))  # tokenised by the last contextual call: not again
         if hit is not None and hit[0] is paper and hit[1] == paper.sentences:
             ids = hit[2]
         else:
@@ -458,7 +458,7 @@ def torch_threads(n: int):
     """PyTorch's intra-op threads set to `n` for the block, back to what they were when the last such block ends
     (blocks in other threads nest: the count is process-wide). For the small torch ops beside an ONNX encoder whose
     rows already keep every core busy: with two threads, the tagger's BiLSTM over 256 abstracts took 0.22-0.53 s
-    against 0.05-0.06 s on one, waiting for a core for its second thread (issue 22)."""
+    against 0.05-0.06 s on one, waiting for a core for its second thread."""
     import torch
 
     with _THREADS_LOCK:

@@ -37,7 +37,7 @@ AUTO_CPU_BACKEND = "onnx-int8"
 #: (mean, min) over the papers a test encodes), on whatever CPU runs it: int8 kernels differ between CPU classes
 #: (VNNI and AMX sum in 32 bits, AVX2 alone in saturating 16-bit pairs), and every class must hold its runtime's
 #: bound. onnx-int8 measured 0.9946 / 0.9862 on a VNNI CPU (96 CSFCube abstracts) and 0.992 / 0.98 on AVX2 kernels
-#: (docs/performance.md, issue 41); CSFCube dev NDCG%20 stayed within 0.3 of fp32 on both classes.
+#: (docs/performance.md); CSFCube dev NDCG%20 stayed within 0.3 of fp32 on both classes.
 VECTOR_BOUNDS = {"onnx-fp32": (0.9999, 0.9995), "onnx-int8": (0.98, 0.95), "torch-int8": (0.96, 0.90)}
 
 
@@ -226,7 +226,7 @@ class EncoderBackendError(ModelError, ValueError):
 def int8_holds_bounds(fingerprint: str | None) -> bool:
     """Whether `auto` may run this model (by its base fingerprint, without an adapter) on an int8 runtime: only
     where int8 was measured inside the quality bounds (CSFCube dev aggregated NDCG%20 within 0.3 of fp32,
-    docs/results.md "Issue 22"). That is the default model (+0.15); the quality preset's all-mpnet-base-v2
+    docs/results.md). That is the default model (+0.15); the quality preset's all-mpnet-base-v2
     measured 1.61 below its fp32 path, so it and any unmeasured model run the exact fp32 path under `auto`.
     None (the caller does not know the model) means the default model."""
     return fingerprint is None or fingerprint == model_info(None).fingerprint

@@ -21,7 +21,7 @@ training, and every step runs only the top `layers` layers over it (~3x cheaper 
 tests/test_adapter.py checks). Deterministic on CPU for a seed and a thread count
 (`torch.use_deterministic_algorithms`).
 
-**Grouped citances** (`group` > 1, issue 25): a paper has 3-20 citing sentences in the pack (median 17), and the
+**Grouped citances** (`group` > 1): a paper has 3-20 citing sentences in the pack (median 17), and the
 abstract is the expensive text to encode. With `group` G, each paper's citing sentences are split (seeded) into
 groups of up to G, and a guidance batch holds `batch` groups of distinct papers: every abstract is encoded once per
 batch for up to G citances. Each citing sentence is contrasted with the batch's papers as before (its cited paper

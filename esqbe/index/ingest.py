@@ -46,7 +46,7 @@ class IngestMixin:
         def _written(self, papers: int) -> None: ...
         def _where(self) -> str: ...
     #: encode each batch in a worker thread while this thread writes the batch before it and reads the one
-    #: after (False: one batch at a time, in this thread; benchmarks/bench_encode.py measures both)
+    #: after (False: one batch at a time, in this thread)
     pipelined = True
 
     # --- writing --------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ class IngestMixin:
         `_SLICE_BATCHES` encoder batches (twice the parallel ONNX sessions, if more; `_SLICE_MIN_PAPERS` papers at
         least): once it is cancelled the slice being encoded is abandoned (the encoder checks the token between its
         batches) and the slices finished so far are returned, to be written: an interrupt loses at most one slice
-        of encoding work, never a whole committed batch (issue 49, item 6)."""
+        of encoding work, never a whole committed batch."""
         if stop is None:
             return (*self._encode(papers, facets, on_progress), 0)
         # a slice keeps every parallel ONNX session busy (their batches run `workers` at a time)
@@ -320,7 +320,7 @@ class IngestMixin:
 
     def _calibrate_knn(self, report, *, progress: bool = False) -> None:
         """After an index run that found the index holding papers: the kNN is calibrated for knn_recall_target when
-        due (issue 23), even when no paper changed: a run with another target (or statistic) re-calibrates what was
+        due, even when no paper changed: a run with another target (or statistic) re-calibrates what was
         built for the old one (an engine's num_candidates, the embedded IVFs' nprobe); one with the same target finds
         nothing due. A run that read nothing touches no index (none is created)."""
         if report.indexed or report.replaced or report.unchanged:

@@ -1,4 +1,4 @@
-"""One paper per paper (issue 38, item 2): records of an index run that name the same work by a normalised DOI, arXiv
+"""One paper per paper: records of an index run that name the same work by a normalised DOI, arXiv
 id or PubMed id (esqbe.core.workids) are one paper. The later record takes the first one's id (so it updates that
 paper), its own id is remembered as an alias of it (the embedded backend's alias table: either id finds the paper),
 and the run's report names each merge (`dup.ris:12 = my-library.bib:40 (doi 10.1088/...)`). Records are matched
@@ -6,7 +6,7 @@ against this run's earlier records and, where the backend keeps an alias table, 
 Titles are never merged: two records of one normalised title and year (and first author, where both name one) but no
 shared identifier are reported as likely duplicates, and both stay.
 
-A merge is field by field (issue 49, item 2): a record from the researcher's library (BibTeX, RIS, CSL-JSON, Zotero:
+A merge is field by field: a record from the researcher's library (BibTeX, RIS, CSL-JSON, Zotero:
 `LIBRARY_FORMATS`) keeps its own title, abstract and metadata (entry type, url, authors as written, format); the
 other record only fills the fields it lacks (a venue, an id, ...); a field both give differently is a conflict, named
 in the run's report (`merge_conflicts`). Every paper remembers its sources (`sources`: each file and format) and
@@ -157,7 +157,7 @@ class Merger:
         key = title_key(p.title, (p.metadata or {}).get("year"))
         if key is None:
             return
-        if key not in self.titles:  # across runs (issue 49, item 3): the index's, looked up with the read-ahead
+        if key not in self.titles:  # across runs: the index's, looked up with the read-ahead
             known = self.known.get(f"title:{key}")
             if known is not None and known != p.paper_id:
                 self.titles[key] = known

@@ -49,7 +49,7 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
             from ..backends.engines.opensearch import OpenSearchBackend
 
             backend = OpenSearchBackend(settings.url, settings.index, **kwargs)
-        backend.facet_vectors = bool(settings.engine_facet_vectors)  # issue 52: per-facet multi-vector fields
+        backend.facet_vectors = bool(settings.engine_facet_vectors)  # per-facet multi-vector fields
         return maybe_attached(backend)
     raise BackendError(f"unknown backend {settings.backend!r}; choose embedded, elasticsearch or opensearch")
 

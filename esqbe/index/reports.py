@@ -46,7 +46,7 @@ class IndexReport:
     #: the run was interrupted (its reason: "SIGINT", "SIGTERM"): what it counts is what was committed before
     interrupted: str | None = None
     #: an interrupted run: papers read but not encoded (the rest of the batch being encoded, the batch read after),
-    #: so not indexed; the papers it did encode were written (issue 49, item 6)
+    #: so not indexed; the papers it did encode were written
     left: int = 0
     #: one {"file", "line", "id", "title", "reason"} per skipped record, in the order read (see `skipped_lines`)
     skipped_records: list[dict] = field(default_factory=list)
@@ -55,7 +55,7 @@ class IndexReport:
     #: "like", "like_record", "title"}; whether the backend remembers the merged ids (its alias table)
     merged: list[dict] = field(default_factory=list)
     likely_duplicates: list[dict] = field(default_factory=list)
-    #: fields two merged records give differently (issue 49, item 2): {"record", "id", "field", "kept", "other"}
+    #: fields two merged records give differently: {"record", "id", "field", "kept", "other"}
     merge_conflicts: list[dict] = field(default_factory=list)
     aliases_kept: bool | None = None
     #: how a source was read where the user should know it (ReadReport.notes: a Zotero database read from a copy)

@@ -1,4 +1,4 @@
-"""Where a hit's score stands against the index's own matches (issue 38, item 10; issue 48): a weak match looks weak.
+"""Where a hit's score stands against the index's own matches: a weak match looks weak.
 
 A score means little alone (0.09 and 0.56 look alike): summax cosines of one model and corpus sit in a narrow band,
 another model's or corpus's elsewhere, and `ot` or `asym` have scales of their own. So each index measures its own:
@@ -172,7 +172,7 @@ def _unmeasured(rescorer: str, why: str, papers: int, key: str) -> SimilaritySca
 #: the settings a scale is measured for (the rest, e.g. a query's candidate depth, do not change what a match is)
 SCALE_SETTINGS = ("rescorer", "rescorer_params", "vector_centering", "candidate_facet", "facet_penalty",
                   "final_bm25_weight", "abstract_weight", "bm25_text")
-#: what a scale measures: the score (issue 48; a note keyed without it measured the similarity and is not reused)
+#: what a scale measures: the score (a note keyed without it measured the similarity and is not reused)
 MEASURES = "score"
 
 

@@ -1,4 +1,4 @@
-"""Watches: saved faceted queries that keep looking (issue 37; `esqbe watch`, GET /watches/NAME.atom).
+"""Watches: saved faceted queries that keep looking (`esqbe watch`, GET /watches/NAME.atom).
 
 A watch is a query as `Index.query` takes it (a paper and a facet, chosen sentences or a text, or several examples
 and papers to avoid; filters, rescorer, k and the other ranking settings) plus a threshold on the hits' one score
@@ -221,7 +221,7 @@ def _watch(row: dict) -> Watch:
     spec = row["spec"]
     dim = int(spec["model"]["dim"])
     vectors = np.frombuffer(row["vectors"], dtype=np.float32).reshape(-1, dim) if dim else np.zeros((0, 0), np.float32)
-    given = spec.get("min_score", spec.get("min_sim"))  # `min_sim`: a watch kept before the one score (issue 48)
+    given = spec.get("min_score", spec.get("min_sim"))  # `min_sim`: a watch kept before the one score
     return Watch(row["name"], spec["query"], spec["settings"], spec["filters"], None if given is None else float(given),
                  spec["model"],
                  row["mark"], row["created"], row["last_run"], row["feed_key"], row["found"], vectors,
@@ -427,7 +427,7 @@ def _passing(index, plan: _Plan, new: list[tuple[int, str, dict]], context) -> s
 
 def _not_twins(index, plan: _Plan, ids: set[str]) -> set[str]:
     """`ids` less the likely duplicates of the watch's examples (esqbe.core.workids.same_work: the same title, year and
-    first author wherever both give one): the example's own twin from another file is not a new find (issue 49)."""
+    first author wherever both give one): the example's own twin from another file is not a new find."""
     if not ids or not any(title for title, _ in plan.twins_of):
         return ids
     found = index.get(sorted(ids))

@@ -163,7 +163,7 @@ def _metadata(fmt: str, year=None, **fields) -> dict:
     return meta
 
 
-#: the metadata keys readers fill, where the S2ORC / Semantic Scholar records give them (README, "Metadata")
+#: the metadata keys readers fill, where the S2ORC / Semantic Scholar records give them (docs/library.md, "Metadata")
 METADATA_KEYS = (
     "format", "year", "publication_date", "venue", "journal", "authors", "fields_of_study", "external_ids",
     "url", "open_access_url", "open_access_status", "license", "s2_url", "publisher",
@@ -466,7 +466,7 @@ def _from_arxiv(record: dict, raw_labels: bool) -> Paper:
         names = []
     versions = record.get("versions")
     created = versions[0].get("created") if isinstance(versions, list) and versions and isinstance(versions[0], dict) else None
-    date = _rfc2822_date(created)
+    date = _rfc2822_date(created) or _iso_date(record.get("created"))  # the snapshot's, or OAI-PMH's `<created>`
     categories = record.get("categories")
     meta = _metadata(
         "arxiv", int(date[:4]) if date else None, publication_date=date,
@@ -500,6 +500,18 @@ def _rfc2822_date(value) -> str | None:
     try:
         return parsedate_to_datetime(value).date().isoformat()
     except (TypeError, ValueError):
+        return None
+
+
+def _iso_date(value) -> str | None:
+    """`2007-04-02` as it is, where it is a date (arXiv's OAI-PMH metadata gives its dates so)."""
+    if not isinstance(value, str):
+        return None
+    from datetime import date
+
+    try:
+        return date.fromisoformat(value.strip()[:10]).isoformat()
+    except ValueError:
         return None
 
 

@@ -189,6 +189,7 @@ def read_papers(
     whole_files: bool = True,
     pdf_timeout: float | None = None,
     zotero_timeout: float | None = None,
+    zotero_since: str | None = None,
 ) -> Iterator[Paper]:
     """Yield the papers of one source, filling `report` with what was read, skipped or wrong.
 
@@ -198,14 +199,15 @@ def read_papers(
     `whole_files=False` reads JSON Lines only: a first line like BibTeX's `@...` or CSL-JSON's `[{...` is not
     taken for that format (POST /papers: one JSON object a record, whatever its text looks like).
     `pdf_timeout`: seconds of wall clock one attached PDF's text may take (esqbe.ingest.pdf); `zotero_timeout`: the
-    seconds reading one Zotero database may take (esqbe.ingest.zotero); None: their defaults.
+    seconds reading one Zotero database may take (esqbe.ingest.zotero); None: their defaults. `zotero_since`: only
+    the items of a Zotero database added or changed at or after this stamp of Zotero's (`esqbe follow`).
     """
     if format is not None and format not in FORMATS:
         raise ParameterError(f"unknown input format {format!r}; valid formats: {', '.join(FORMATS)}")
     if (format in WHOLE_FILE_FORMATS or format == "zotero") and not whole_files:
         raise ParameterError(f"{format} is read as a whole file, not a record at a time")
     return _read(source, format, strict, raw_labels, report if report is not None else ReadReport(), whole_files,
-                 (pdf_timeout, zotero_timeout))
+                 (pdf_timeout, zotero_timeout), zotero_since)
 
 
 #: how a PDF begins (`%PDF-1.7`): a file given to read on its own, not a file of papers
@@ -217,11 +219,12 @@ PDF_ON_ITS_OWN = ("a PDF is not a file of papers: esqbe reads a PDF only for a l
 
 
 def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport,
-          whole_files: bool = True, timeouts: tuple[float | None, float | None] = (None, None)) -> Iterator[Paper]:
+          whole_files: bool = True, timeouts: tuple[float | None, float | None] = (None, None),
+          zotero_since: str | None = None) -> Iterator[Paper]:
     if whole_files and (fmt == "zotero" or fmt is None and zotero.is_database(source)):
         state = _State(str(getattr(source, "name", source)), "zotero", strict, raw_labels, report, timeouts[0])
         try:
-            yield from _read_zotero(source, state, timeouts[1])
+            yield from _read_zotero(source, state, timeouts[1], zotero_since)
         finally:
             state.close()
         return
@@ -338,7 +341,7 @@ def _read_whole(lines: Iterator, state: _State, tell) -> Iterator[Paper]:
         state.report.position = end
 
 
-def _read_zotero(source, state: _State, timeout: float | None = None) -> Iterator[Paper]:
+def _read_zotero(source, state: _State, timeout: float | None = None, since: str | None = None) -> Iterator[Paper]:
     """A Zotero database (`zotero.sqlite`), read whole under its clock (esqbe.ingest.zotero: past it, the file's
     error and no paper of it), then item by item (each at its itemID); a stored PDF is read for an item without an
     abstract."""
@@ -356,7 +359,7 @@ def _read_zotero(source, state: _State, timeout: float | None = None) -> Iterato
         state.error(InputError(state.name, None, e.field, e.reason))
         return
     try:
-        items = zotero.read_all(conn, source, clock)
+        items = zotero.read_all(conn, source, clock, since)
     except _Invalid as e:
         state.error(InputError(state.name, None, e.field, e.reason))
         return
@@ -374,8 +377,31 @@ def _read_zotero(source, state: _State, timeout: float | None = None) -> Iterato
         if paper is not None:
             yield paper
     state.report.position = size
-    if state.report.read == read_before and len(state.report.errors) == errors_before:
+    if state.report.read == read_before and len(state.report.errors) == errors_before and since is None:
         state.error(InputError(state.name, None, "file", "no items in this Zotero library"))
+
+
+def read_pdf_paper(path, paper_id: str, *, report: ReadReport, pdf_timeout: float | None = None) -> Iterator[Paper]:
+    """A PDF on its own (a followed folder's, esqbe.ingest.folder) as one paper `paper_id`: its title and abstract from
+    its first pages as a library record's attached PDF is read (`abstract_source: pdf`), counted in `report` as any
+    record is (skipped with the PDF's reason where it gives no abstract)."""
+    from .formats import _metadata, _split_text_abstract
+    from .pdf import read_pdf_abstract
+
+    state = _State(str(path), "pdf", False, False, report, pdf_timeout)
+
+    def parse(record: dict) -> Paper:
+        text = read_pdf_abstract([record["path"]], None, state.pdf_reader())
+        meta = _metadata("pdf", attachments=[record["path"]])
+        meta["abstract_source"] = "pdf"
+        return Paper(paper_id, text.title, _split_text_abstract(text.abstract, "abstract"), metadata=meta)
+
+    try:
+        paper = state.one(1, lambda: {"id": paper_id, "path": str(Path(path).resolve())}, parse)
+    finally:
+        state.close()
+    if paper is not None:
+        yield paper
 
 
 class _State:

@@ -15,7 +15,7 @@ example and nothing to avoid).
                   own): a function of the query and the paper alone (and the index's statistics), whatever else the
                   first stage found, so a rerank of any subset, a watch's new papers or a filtered page score a paper
                   as the query does
-                  (issue 48; chosen on CSFCube fold1_dev: docs/results.md)
+                  (chosen on CSFCube fold1_dev: docs/results.md)
 
 Each hit keeps, per example, its similarity and the sentence pairs that matched (`MatchedPair.example`), and per
 avoided paper its similarity, what it took off the score and the closest sentence pair (`AvoidedMatch`)."""
@@ -283,7 +283,7 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
     w, a = _final_weights(settings)
     lookups = bm25_lookups(request, candidates) if rescorer is not None and w and candidates else []
     looked_up = None  # the look-ups' answers, where they rode with the window's scoring
-    if rescorer is not None and candidates and in_backend:  # summax where the index lives (issue 52)
+    if rescorer is not None and candidates and in_backend:  # summax where the index lives
         candidates, per_example, avoided_sims, in_python, looked_up = _score_in_backend(
             backend, candidates, examples, avoid, settings, rescorer, lookups)
     n = len(candidates)

@@ -9,7 +9,7 @@ year, venue, DOI, and its entry type, kept as the source named it where the expo
 (`@inproceedings` stays one, with `booktitle`; RIS `CONF` stays `CONF`) and mapped through CSL's types otherwise.
 BibTeX titles keep their capitals (`{ASR}`).
 
-Text is carried exactly (issue 49, item 1; tests/test_export_exact.py): what a reader gets back is the text,
+Text is carried exactly (tests/test_export_exact.py): what a reader gets back is the text,
 LaTeX-like or not (`22 $\\mu$m`, `{a, b}`, a backslash), as `esqbe.ingest.library.carried` makes it (control
 characters and whitespace runs one space); BibTeX escapes TeX's specials as bibtexparser's LatexEncodingMiddleware
 does (`esqbe.ingest.library.bib_escape`), and esqbe's BibTeX reader decodes exactly that. The arXiv and PubMed ids

@@ -252,7 +252,7 @@ class QueryResult:
     #: how the hits' score is made
     score: ScoreFormula | None = None
     #: where the similarity was computed: {"where": "backend" | "python" | "none", "why": in words, "in_backend": n,
-    #: "in_python": n} (esqbe.query.combine: summax in the engine with engine_facet_vectors, issue 52)
+    #: "in_python": n} (esqbe.query.combine: summax in the engine with engine_facet_vectors)
     rescoring: dict | None = None
 
     def to_dict(self, papers: Mapping[str, Paper] | None = None) -> dict:

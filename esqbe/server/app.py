@@ -54,6 +54,7 @@ from .options import (
     options_from_env,
 )
 from .routes import STATIC_DIR, make_router, write_endpoints
+from .schedule import FollowSchedule
 from .service import Service
 
 
@@ -80,12 +81,18 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
 
     from contextlib import asynccontextmanager
 
+    schedule = FollowSchedule(service, options.follow_every) if options.follow_every else None
+
     @asynccontextmanager
     async def lifespan(app):
         await asyncio.get_running_loop().run_in_executor(None, service.start)
+        if schedule is not None:
+            schedule.start()
         try:
             yield
         finally:
+            if schedule is not None:
+                await asyncio.get_running_loop().run_in_executor(None, schedule.stop)
             await asyncio.get_running_loop().run_in_executor(None, service.close)
 
     # the API docs (/docs: Swagger UI, /redoc: ReDoc) from the assets the fastapi-offline package ships, served
@@ -105,10 +112,11 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
         lifespan=lifespan,
     )
     app.state.service = service
+    app.state.follow_schedule = schedule
     redact_access_log()  # a feed's secret URL is never written to the access log
 
     install_error_handlers(app)
-    app.include_router(make_router(service, options))
+    app.include_router(make_router(service, options, schedule))
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     # outermost last: CORS (its headers on every answer, refusals too), the perimeter, then the body limit

@@ -39,6 +39,7 @@ from .models import (
     WatchRequest,
 )
 from .options import ServeOptions, is_loopback
+from .schedule import FollowSchedule
 from .service import Service
 from .work import (
     _delete,
@@ -51,12 +52,13 @@ from .work import (
     _stats,
     _write_papers,
     check_path_filters,
+    hide_source_paths,
 )
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
-def make_router(service: Service, options: ServeOptions) -> APIRouter:
+def make_router(service: Service, options: ServeOptions, schedule: FollowSchedule | None = None) -> APIRouter:
     #: POST /rerank answers given another way than asked, by FALLBACKS key (GET /stats: server.rerank.fallbacks)
     rerank_fallbacks: dict[str, int] = {}
     """The page and the API over `service`, under `options` (limits, words, engine_filter rules)."""
@@ -137,13 +139,17 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
                 reranker.pop("calls", None)
                 if "unknown" in reranker:
                     reranker["unknown"] = _public(200, reranker["unknown"])
+            for source in out.get("follow") or []:  # a library's or folder's name, not where it lives
+                hide_source_paths(source)
         out["server"] = {"readers": len(service.readers), "writes_queued": service.writer.pending if service.writer else 0,
                          "uptime_s": round(time.time() - service.started_at, 1), "ready": service.ready.is_set(),
-                         # POST /rerank (issue 39): always answered, behind the write perimeter; its bounds
+                         # POST /rerank: always answered, behind the write perimeter; its bounds
                          "rerank": {"enabled": True, "token_required": bool(options.token),
                                     "request_timeout_s": options.request_timeout, **rerank_bounds(),
                                     "fallbacks": dict(rerank_fallbacks),
-                                    "max_text_sentences": options.max_query_sentences}}
+                                    "max_text_sentences": options.max_query_sentences},
+                         # `--follow-every`: the schedule of `esqbe follow run` (each source's own state: `follow`)
+                         "follow": schedule.status() if schedule is not None else None}
         return out
 
     @router.post("/query", response_model=QueryResponse, tags=["search"],

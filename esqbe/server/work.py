@@ -234,7 +234,40 @@ def _stats(index: Index) -> dict:
     reranker = engine_reranker_status(index)
     if reranker is not None:
         out["reranker"] = reranker
+    out["follow"] = _followed(index)
     return out
+
+
+def _followed(index: Index) -> list[dict]:
+    """The followed sources (`esqbe follow`) with their mark and their last run's counts and error, as the index keeps
+    them (whoever ran them: this server's schedule, or `esqbe follow run`); [] where the backend keeps none."""
+    from ..errors import BackendError
+    from ..index.follow import FollowsUnsupportedError, list_sources
+
+    try:
+        sources = list_sources(index)
+    except FollowsUnsupportedError:
+        return []
+    except BackendError as e:  # the sources' store cannot be read now: said here, the index's counts still answered
+        return [{"error": f"the followed sources cannot be read: {e}"}]
+    return [_jsonable({k: v for k, v in s.to_dict().items() if k != "state"}) for s in sources]
+
+
+def hide_source_paths(source: dict) -> None:
+    """A followed source as a client of a server that hides paths sees it: a Zotero database's or a folder's name, not
+    where it lives; the last error without paths or URLs (esqbe.server.errors)."""
+    from pathlib import Path
+
+    from .errors import _redact
+
+    if source.get("kind") in ("zotero", "dir"):
+        source["target"] = Path(str(source.get("target") or "")).name
+        source["spec"] = f"{source['kind']}:{source['target']}"
+    last = source.get("last")
+    if isinstance(last, dict) and last.get("error"):
+        last["error"] = _redact(str(last["error"]))
+    if source.get("error"):
+        source["error"] = _redact(str(source["error"]))
 
 
 def _health(index: Index) -> str:

@@ -2,7 +2,7 @@
 choices, environment variable, CLI flag, HTTP field and help, and which commands take it.
 
 Data only: `esqbe.settings.config` validates against it, `esqbe.settings.generate` makes the click
-options, the HTTP query fields, `esqbe eval`'s command lines and the README's settings table from it.
+options, the HTTP query fields, `esqbe eval`'s command lines and the settings reference (docs/settings.md) from it.
 The choice tuples below are the only copies; the modules that act on a choice import them from here."""
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ EXAMPLE_AGGREGATES = ("mean", "max")
 AVOID_RULES = ("rocchio", "margin")
 #: `esqbe index` also reads pre-encoded Parquet (`esqbe encode`'s output)
 INDEX_FORMATS = (*FORMATS, "parquet")
+
+#: what `esqbe follow run` does with a paper whose record its source says is gone (esqbe.index.follow)
+FOLLOW_DELETED = ("keep", "remove")
+#: the OpenAlex filters a followed OpenAlex source's mark may be given as (esqbe.ingest.openalex)
+OPENALEX_DATE_FILTERS = ("from_publication_date", "from_created_date", "from_updated_date")
 
 #: a sane maximum of the result and candidate counts (guards against typos like k: 1000000)
 MAX_K = 10_000
@@ -73,11 +78,16 @@ class Setting:
 
 
 _OPEN = frozenset({"index", "attach", "delete", "stats", "query", "cite", "serve", "check recall"})  # commands that open an index
-#: the `esqbe watch` commands (issue 37): each opens an index; `watch add` takes what `query` ranks with
+#: the `esqbe watch` commands: each opens an index; `watch add` takes what `query` ranks with
 _WATCH = frozenset({"watch add", "watch run", "watch list", "watch show", "watch remove", "watch revoke-url"})
 _OPEN = _OPEN | _WATCH
+#: the `esqbe follow` commands: each opens an index; `follow run` indexes what arrives as `esqbe index` does
+_FOLLOW = frozenset({"follow add", "follow list", "follow remove", "follow run"})
+_OPEN = _OPEN | _FOLLOW
 _MODEL = frozenset({"index", "encode", "attach", "query", "cite", "serve", "eval csfcube", "eval clscisumm", "tag",
-                    "train-tagger"})
+                    "train-tagger", "follow run"})
+#: the commands that ask a followed service (`follow run`, and `serve --follow-every` on its schedule)
+_FETCH = frozenset({"follow run", "serve"})
 _ENCODE = _MODEL - {"cite", "tag", "train-tagger"}
 _RANK = frozenset({"query", "eval csfcube", "watch add"})
 
@@ -126,7 +136,7 @@ SETTINGS: tuple[Setting, ...] = (
             group="encoding"),
     # indexing
     Setting("facets", str, "keep", "keep: use given labels, tag papers without; predict: tag every paper; none: never "
-            "tag.", choices=FACET_MODES, flag="--facets", commands=frozenset({"index", "encode", "attach"}),
+            "tag.", choices=FACET_MODES, flag="--facets", commands=frozenset({"index", "encode", "attach", "follow run"}),
             group="indexing"),
     Setting("tagger", str, None, "Facet tagger weights for papers without labels (default: the ones shipped with esqbe; "
             "make your own with `esqbe train-tagger --out FILE`).", env="ESQBE_TAGGER", flag="--tagger",
@@ -142,11 +152,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("pdf_timeout", float, PDF_SECONDS, "Seconds of wall clock reading one attached PDF's text may take (a "
             "library record without an abstract whose PDF names one; in a child process); past it the record is "
             "skipped with that reason and the run goes on.", low=0.1, high=3600, env="ESQBE_PDF_TIMEOUT",
-            flag="--pdf-timeout", commands=frozenset({"index", "encode"}), group="indexing"),
+            flag="--pdf-timeout", commands=frozenset({"index", "encode", "follow run"}), group="indexing"),
     Setting("zotero_timeout", float, READ_SECONDS, "Seconds of wall clock reading one Zotero database may take "
             "(SQLite's work and the reader's, not the indexing); past it the file is an error, nothing of it is "
             "indexed and the run goes on.", low=0.1, high=86_400, env="ESQBE_ZOTERO_TIMEOUT", flag="--zotero-timeout",
-            commands=frozenset({"index", "encode"}), group="indexing"),
+            commands=frozenset({"index", "encode", "follow run"}), group="indexing"),
     # querying
     Setting("k", int, 10, "Number of hits.", low=1, high=MAX_K, flag="--k", short="-k", http="k", http_max=HTTP_MAX_K,
             commands=frozenset({"query", "watch add"})),
@@ -205,9 +215,9 @@ SETTINGS: tuple[Setting, ...] = (
             flag="--prf-docs", commands=_RANK),
     Setting("prf_weight", float, 0.5, "With prf_docs: how far the query sentences move (q + w x centroid, normalised).",
             low=0.0, high=1.0, flag="--prf-weight", commands=_RANK),
-    # a query of several examples and papers to avoid (issue 36; esqbe/query/combine.py)
+    # a query of several examples and papers to avoid (esqbe/query/combine.py)
     Setting("example_aggregate", str, "mean", "A query of several examples: how each example's similarity to a "
-            "candidate combines (mean or max; docs/results.md, issue 36).", choices=EXAMPLE_AGGREGATES,
+            "candidate combines (mean or max; docs/results.md).", choices=EXAMPLE_AGGREGATES,
             flag="--example-aggregate", http="example_aggregate", commands=_RANK),
     Setting("avoid_rule", str, "margin", "Papers to avoid: rocchio subtracts avoid_weight x the candidate's "
             "similarity to them; margin subtracts avoid_weight x how far it is closer to them than to the examples.",
@@ -217,9 +227,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("examples_ann_effort", float, 0.5, "Embedded index, a query of several examples: each sentence's IVF "
             "lists as a share of the calibrated nprobe (its candidates are capped at the same number of papers as one "
             "paper's, over several times the sentences, so each sentence's deep ANN hits are never re-scored; "
-            "docs/performance.md, issue 36). 1 = the single-paper query's effort.", low=0.05, high=1.0,
+            "docs/performance.md). 1 = the single-paper query's effort.", low=0.05, high=1.0,
             flag="--examples-ann-effort", commands=_RANK),
-    # the embedded index's ANN and the recall it is held at (issue 23; docs/performance.md)
+    # the embedded index's ANN and the recall it is held at (docs/performance.md)
     Setting("exact_threshold", int, None, "Embedded index: a facet with at most this many sentence rows, and a filtered "
             "query allowing at most this many, is searched exactly; above it an IVF answers (default: the index's own, "
             "20000).", low=0, high=500_000, env="ESQBE_EXACT_THRESHOLD", flag="--exact-threshold",
@@ -249,9 +259,51 @@ SETTINGS: tuple[Setting, ...] = (
             "oldest connection still waiting for its request headers is closed to make room; a new one is refused "
             "only when every open one has a request in hand.", low=1, high=100_000, env="ESQBE_MAX_CONNECTIONS",
             flag="--max-connections", commands=frozenset({"serve"}), group="serving"),
-    # saved queries (issue 37: esqbe watch, esqbe.index.watches)
+    # saved queries (esqbe watch, esqbe.index.watches)
     Setting("max_watches", int, 100, "Saved queries (`esqbe watch add`) an index may hold; `watch add` past it is "
             "refused.", low=1, high=10_000, env="ESQBE_MAX_WATCHES", group="indexing"),
+    # followed sources (`esqbe follow`, esqbe.index.follow; the services' rules: docs/follow.md)
+    Setting("follow_timeout", float, 30.0, "Seconds one request to a followed service (arXiv, OpenAlex) may take to "
+            "connect, and again to answer; past it the request counts as failed (tried again up to follow_retries).",
+            low=1.0, high=600.0, env="ESQBE_FOLLOW_TIMEOUT", flag="--follow-timeout", commands=_FETCH, group="follow"),
+    Setting("follow_mailto", str, None, "An e-mail address sent with every request to a followed service: in "
+            "esqbe's User-Agent, and as OpenAlex's `mailto` (its polite pool).", env="ESQBE_FOLLOW_MAILTO",
+            flag="--mailto", commands=_FETCH, group="follow"),
+    Setting("follow_retries", int, 4, "Times a request is tried again after a 503 or 429 (waiting as its Retry-After "
+            "says), another 5xx or a failed connection (waiting 1, 2, 4... seconds); then that source's run stops "
+            "(what it committed stays) and the next source runs.", low=0, high=20, env="ESQBE_FOLLOW_RETRIES",
+            group="follow"),
+    Setting("follow_max_retry_after", float, 600.0, "The longest wait a service's Retry-After is honoured for; one "
+            "asking longer ends that source's run (it goes on from there at the next run).", low=0.0, high=86_400.0,
+            env="ESQBE_FOLLOW_MAX_RETRY_AFTER", group="follow"),
+    Setting("follow_max_page_bytes", int, 64 * 1024 * 1024, "The largest answer read from a followed service (one "
+            "OAI-PMH or OpenAlex page); a larger one is refused, naming the source and page, and the next source runs.",
+            low=1024, high=2_000_000_000, env="ESQBE_FOLLOW_MAX_PAGE_BYTES", group="follow"),
+    Setting("follow_max_pages", int, 200, "Pages one run of one source fetches at most; past them it stops with its "
+            "mark at the last page committed (said in the summary) and the next run goes on from there.", low=1,
+            high=100_000, env="ESQBE_FOLLOW_MAX_PAGES", flag="--max-pages", commands=frozenset({"follow run"}),
+            group="follow"),
+    Setting("follow_first_days", int, 7, "A source's first run without --since: arXiv and OpenAlex fetch what arrived "
+            "this many days back (a Zotero library or a folder is read whole).", low=0, high=36_500,
+            env="ESQBE_FOLLOW_FIRST_DAYS", group="follow"),
+    Setting("follow_deleted", str, "keep", "A record its source says is gone (OAI-PMH `status=\"deleted\"`, a Zotero "
+            "item trashed or deleted, a file or record gone from a followed folder): keep its paper, or remove it "
+            "from the index; either way the run names it.", choices=FOLLOW_DELETED, env="ESQBE_FOLLOW_DELETED",
+            flag="--deleted", commands=frozenset({"follow run", "serve"}), group="follow"),
+    Setting("max_follows", int, 50, "Sources (`esqbe follow add`) an index may follow; `follow add` past it is "
+            "refused.", low=1, high=1000, env="ESQBE_MAX_FOLLOWS", group="follow"),
+    Setting("arxiv_interval", float, 3.0, "Seconds between two requests to arXiv's OAI-PMH, on one connection (arXiv "
+            "asks for one request every 3 seconds).", low=0.01, high=3600.0, env="ESQBE_ARXIV_INTERVAL", group="follow"),
+    Setting("openalex_interval", float, 0.1, "Seconds between two requests to OpenAlex, on one connection (OpenAlex "
+            "allows 10 a second).", low=0.01, high=3600.0, env="ESQBE_OPENALEX_INTERVAL", group="follow"),
+    Setting("openalex_per_page", int, 200, "Works per OpenAlex page (its `per-page`, at most 200).", low=1, high=200,
+            env="ESQBE_OPENALEX_PER_PAGE", group="follow"),
+    Setting("openalex_date_filter", str, "from_publication_date", "The OpenAlex filter a run adds with the date of "
+            "its source's mark: from_publication_date (free), or from_created_date / from_updated_date (works new to "
+            "OpenAlex, or also corrected; OpenAlex gives these to premium API keys).", choices=OPENALEX_DATE_FILTERS,
+            env="ESQBE_OPENALEX_DATE_FILTER", group="follow"),
+    Setting("openalex_api_key", str, None, "OpenAlex API key, sent as its `api_key` (a secret: never printed).",
+            env="ESQBE_OPENALEX_API_KEY", group="follow"),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

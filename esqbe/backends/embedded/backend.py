@@ -66,6 +66,7 @@ from ...errors import BackendError, StorageError
 from ..base import Backend
 from .aliases import AliasesMixin
 from .ann import ANN_PQ_FASTSCAN, ANN_SQ8, AnnMixin, _calibration_due, _first_stage_pool
+from .followstore import FollowStoreMixin
 from .knn import KnnMixin
 from .layout import (
     _FACET_CODES,
@@ -98,7 +99,7 @@ def _knn_param(name: str, value) -> int | float:
 
 
 class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AliasesMixin, AnnMixin, KnnMixin, WatchStoreMixin,
-                      Backend):
+                      FollowStoreMixin, Backend):
     """A local index directory (see module docstring)."""
 
     name = "embedded"
@@ -179,7 +180,7 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AliasesMixin,
 
     def refine_for(self, facet: str, st: _State | None = None) -> int:
         """Papers re-scored exactly per query sentence, as a multiple of k: the value calibrated with the facet's IVF
-        (a PQ fast-scan IVF's), else 2 (an IVF-SQ8's, and every index built before session 8)."""
+        (a PQ fast-scan IVF's), else 2 (an IVF-SQ8's, and every index built before PQ fast-scan IVFs)."""
         entry = (st or self._state()).manifest.get(facet) or {}
         return int(entry.get("refine", 2))
 

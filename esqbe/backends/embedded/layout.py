@@ -25,11 +25,11 @@ KNN_DEFAULTS = {
     "oversample": 4,  # ANN sentence hits asked per query sentence, as a multiple of k
     # papers from the ANN re-scored exactly per query, at most (0: all; never below refine * k), each sentence's best
     # candidates first: bounds a many-sentence query's re-score (12 sentences x 300 papers at refine 3); at hard 1M
-    # recall@100 0.966 against 0.969 uncapped, 0.947 for queries of 6+ sentences (docs/performance.md, session 10)
+    # recall@100 0.966 against 0.969 uncapped, 0.947 for queries of 6+ sentences (docs/performance.md)
     "exact_cap": 1_000,
     "bm25_max_df": 0.2,  # BM25 query terms in more than this fraction of the documents are dropped; see bm25()
     # BM25 keeps at most this many query terms, the most selective (0: all); see bm25(): BM25's p99 at hard 1M 36-43 ->
-    # 18 ms, CSFCube dev 62.01 / 42.68 -> 61.98 / 42.62 (64 terms: unchanged, p99 27 ms; docs/performance.md, session 10)
+    # 18 ms, CSFCube dev 62.01 / 42.68 -> 61.98 / 42.62 (64 terms: unchanged, p99 27 ms; docs/performance.md)
     "bm25_max_terms": 48,
 }
 #: the range each first-stage parameter may take (`EmbeddedBackend.configure` refuses others)
@@ -55,10 +55,12 @@ CREATE TABLE IF NOT EXISTS watch_matches (
     name TEXT NOT NULL, paper_id TEXT NOT NULL, found REAL NOT NULL, hit TEXT NOT NULL, PRIMARY KEY (name, paper_id));
 CREATE INDEX IF NOT EXISTS watch_matches_found ON watch_matches(name, found);
 CREATE TABLE IF NOT EXISTS aliases (key TEXT PRIMARY KEY, paper_id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS follows (name TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL, created REAL NOT NULL);
 """
 #: the saved queries (`esqbe watch`, esqbe.index.watches) and what they found: tables added by CREATE ... IF NOT EXISTS
 #: like the rest, so a writer adds them to an index made before them (same format); a reader of such an index sees
-#: no watches (esqbe.backends.embedded.watchstore); `aliases` likewise (esqbe.backends.embedded.aliases)
+#: no watches (esqbe.backends.embedded.watchstore); `aliases` likewise (esqbe.backends.embedded.aliases), and `follows`
+#: (the followed sources, esqbe.backends.embedded.followstore)
 
 #: the tables of esqbe's schema, and those every index has had since format 2 (a database with both was created whole)
 SCHEMA_TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _SCHEMA))
@@ -139,7 +141,7 @@ TITLES_FILLED = "title_keys_filled"
 
 def f16_to_f32(h: np.ndarray) -> np.ndarray:
     """Stored float16 rows as float32, bit for bit what `h.astype(np.float32)` gives for every finite value, in
-    ~0.9 ms for 4,800 x 384 against numpy's 3.1 ms (its half cast is scalar; docs/performance.md, session 10): the
+    ~0.9 ms for 4,800 x 384 against numpy's 3.1 ms (its half cast is scalar; docs/performance.md): the
     half's bits moved into a float32's (sign kept, exponent and mantissa shifted down three bits) and the float32
     scaled by 2^112, the difference of the two exponent biases; the scaling is exact, and it makes subnormal halves
     come out right too. An infinity or NaN would come out finite: the writer refuses non-finite vectors, so stored

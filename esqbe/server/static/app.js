@@ -660,9 +660,29 @@ async function showIndexInfo() {
     $("index-info").textContent = `${h.backend}: ${h.detail || h.status}`;
     const s = await api("stats");
     $("paper-count").textContent = `${Number(s.papers).toLocaleString("en")} papers in the index`;
+    showFollowed(s.follow);
   } catch (e) {
     $("index-info").textContent = `index: ${e.message}`;
   }
+}
+
+// The followed sources (GET /stats `follow`, `esqbe follow add`): each one's last run, its counts and its last error.
+function showFollowed(sources) {
+  const panel = $("follow-panel"), list = $("follow-list");
+  list.replaceChildren();
+  if (!Array.isArray(sources) || !sources.length) { panel.hidden = true; return; }
+  for (const src of sources) {
+    if (!src.name) { list.append(el("li", { class: "follow-error", text: src.error || "unreadable" })); continue; }
+    const last = src.last;
+    const ran = last ? `last run ${utcDate(last.at, 16)} UTC: ${last.fetched} fetched, ${last.indexed} indexed, `
+      + `${last.replaced} updated, ${last.unchanged} unchanged, ${last.deleted} gone at the source`
+      + (last.stopped ? ` (stopped: ${last.stopped})` : "") : "never run";
+    list.append(el("li", { class: "follow-source", "data-source": src.name },
+      el("span", { class: "watch-name", text: src.name }),
+      el("span", { class: "muted", text: ` ${src.spec} · ${ran}` }),
+      last && last.error ? el("span", { class: "follow-error", role: "status", text: ` · last error: ${last.error}` }) : null));
+  }
+  panel.hidden = false;
 }
 
 // "Watch this query": the last query saved as a watch (POST /watches, a write) under a name and a threshold the
