@@ -2,7 +2,7 @@
 header_timeout; at max_connections the oldest connection still waiting for its headers makes room for a new one, and
 a new one is refused only when every open one has a request in hand; each kind is a line or two in the log, not a
 traceback per connection; the soft open-file limit is raised at start. Real sockets on 127.0.0.1 only, each closed
-at the end; the real `esqbe serve` started with a soft open-file limit of 1,024, as a login session has."""
+at the end; the real `esqbe serve` started with a soft open-file limit of 1,024, the default on many systems."""
 from __future__ import annotations
 
 import asyncio
@@ -82,7 +82,7 @@ def _hold(port: int, n: int) -> list[socket.socket]:
 
 
 def test_serve_stays_reachable_while_1100_half_open_connections_are_held(index_copy, tmp_path):
-    """The issue's attack on the real `esqbe serve` (soft open-file limit 1,024): a fresh GET /health answers while
+    """A slow-headers attack on the real `esqbe serve` (soft open-file limit 1,024): a fresh GET /health answers while
     1,100 connections hold half their headers; every one of them is closed by the server (the oldest to make room
     at max_connections, the rest after header_timeout); the log says so in a few lines."""
     port = _free_port()

@@ -144,7 +144,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("commit_every", int, 256, "Papers per committed batch while indexing (a killed run loses at most one "
             "batch); also how many papers the encoder length-sorts at once (`esqbe index` encodes them in slices of a "
             "few encoder batches, so that Ctrl-C writes the slices done).", low=1, high=1_000_000, group="indexing"),
-    Setting("write_lock_wait", float, 3600.0, "Embedded index: seconds a write (index, delete, a watch's) "
+    Setting("write_lock_wait", float, 3600.0, "Embedded index: seconds a write (index, delete, a watch or follow run) "
             "waits for another process writing to the same index (a second `esqbe index`, one creating the index) "
             "before it stops with an error naming this bound; it says on stderr that it waits.", low=0.0,
             high=604_800, env="ESQBE_WRITE_LOCK_WAIT", flag="--lock-wait",
