@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from .filters import (
     KEY_ALIASES,
     TEXT_OPS,
+    UNFILTERED_METADATA_KEYS,
     Condition,
     FilterError,
     MetadataColumns,
@@ -20,6 +21,7 @@ from .filters import (
     _as_text,
     fold,
 )
+from .names import FLAGS, PARTS
 
 #: the operators whose value must match something (negations and ranges may rightly match nothing)
 _VALUE_OPS = ("=", "in", *TEXT_OPS)
@@ -34,13 +36,15 @@ _NEAR_MAX_STORED = 200_000
 #: metadata esqbe keeps for itself (the tagger's flag and soft labels, the hash of the input a paper was tagged from)
 INTERNAL_KEYS = frozenset({"facets_predicted", "facet_probs", "input_hash"})
 #: the parts of a split author name (and the organisation flag): kept to write a citation, searched as `author`
-_UNLISTED_PATHS = frozenset({"authors.family", "authors.given", "authors.literal"})
+_UNLISTED_PATHS = frozenset({f"authors.{part}" for part in (*PARTS, *FLAGS, "literal")})
 
 
 def listed_key(path: str) -> bool:
     """Whether a metadata key (a dotted path) is one to show a user in a list of keys (`esqbe stats`, a filter's
-    key list): esqbe's internal keys and a name's parts are not (they still filter when named)."""
-    return path.split(".", 1)[0] not in INTERNAL_KEYS and path not in _UNLISTED_PATHS
+    key list): esqbe's internal keys and a name's parts are not (they still filter when named), nor what no filter
+    reads (UNFILTERED_METADATA_KEYS)."""
+    top = path.split(".", 1)[0]
+    return top not in INTERNAL_KEYS and top not in UNFILTERED_METADATA_KEYS and path not in _UNLISTED_PATHS
 
 
 def did_you_mean(word: str, known: Sequence[str]) -> str | None:

@@ -54,8 +54,9 @@ KEY_ALIASES = {"author": "authors.name", "author_id": "authors.id"}
 #: engine documents: every metadata leaf under one of these, split by type (see flatten_for_engine)
 ENGINE_KEYWORD_ROOT = "meta_kw"
 ENGINE_NUMBER_ROOT = "meta_num"
-#: metadata keys that are not filter fields (the tagger's soft labels: a matrix of floats per paper)
-UNFILTERED_METADATA_KEYS = frozenset({"facet_probs"})
+#: metadata keys that are not filter fields (the tagger's soft labels: a matrix of floats per paper; a BibTeX entry as
+#: written, its LaTeX and all, esqbe.ingest.library.AS_WRITTEN: its decoded fields are the ones to filter by)
+UNFILTERED_METADATA_KEYS = frozenset({"facet_probs", "bibtex"})
 
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 _KEY = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)*$")
@@ -356,7 +357,10 @@ def _as_text(v) -> str:
 
 def leaf_values(metadata: dict, path: str, deep: bool = False) -> list:
     """The scalars at `path` (dotted; lists flattened at any level); None left out. With `deep`, also
-    every scalar inside objects found there (what `exists` counts, as the engines do for object fields)."""
+    every scalar inside objects found there (what `exists` counts, as the engines do for object fields). A key of
+    UNFILTERED_METADATA_KEYS has none, as it has no column or engine field."""
+    if path.split(".", 1)[0] in UNFILTERED_METADATA_KEYS:
+        return []
     current: list = [metadata]
     for part in path.split("."):
         nxt = []

@@ -9,6 +9,8 @@ said: it may hold line breaks, terminal escape sequences or a spreadsheet formul
   run as a formula (it starts with `=`, `+`, `-`, `@`, a tab or a carriage return, or their full-width forms,
   after any spaces) gets a leading `'`; the writer quotes every cell. A cell that is a plain decimal number
   (`-0.1234`, a negative similarity or a year `-44`) is a value, not a formula, and stays a number;
+- an XML document (GraphML, SVG): `xml_text`, one line with every character XML 1.0 cannot hold (a surrogate,
+  U+FFFE, U+FFFF) a space too; the writer escapes the rest (`<`, `&`, quotes);
 - a terminal: `printable` (and `printable_tree` for a whole result), C0 and C1 control characters and DEL
   shown as `\\x1b`, `\\n`, ... instead of obeyed, so that no title sets the window title, clears the screen or
   hides a link; a tab is kept; a line break only where the caller prints text that is several lines by design.
@@ -45,6 +47,15 @@ _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 def one_line(text) -> str:
     """`text` as one line: each control character (C0, DEL, C1) and line or paragraph separator a space."""
     return CONTROLS_AND_BREAKS.sub(" ", str(text))
+
+
+#: what XML 1.0 may not hold at all (escaped or not) once the controls are gone: surrogates, U+FFFE, U+FFFF
+_NOT_XML = re.compile("[\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_text(text) -> str:
+    """`text` for an XML document's text or attribute: `one_line`, and no character XML 1.0 forbids."""
+    return _NOT_XML.sub(" ", one_line(text))
 
 
 def csv_cell(value) -> str:

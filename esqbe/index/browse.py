@@ -48,13 +48,17 @@ def author_names(metadata: dict | None) -> list[str]:
 
 def metadata_text(metadata: dict | None) -> list[tuple[str, str]]:
     """(key, value as one line of text) per metadata field, for `esqbe show`: authors by name joined with "; ",
-    a list of strings joined with ", ", other values as JSON (all of it is in `--json` as data)."""
+    a BibTeX entry as written by its type, key and field names, a list of strings joined with ", ", other values as
+    JSON (all of it is in `--json` as data)."""
     import json
 
     out = []
     for key, value in (metadata or {}).items():
         if key == "authors" and isinstance(value, list):
             text = "; ".join(author_names(metadata))
+        elif key == "bibtex" and isinstance(value, dict) and isinstance(value.get("fields"), dict):
+            # the entry as written (esqbe.ingest.library.AS_WRITTEN): what a BibTeX export writes back (--json: all)
+            text = f"@{value.get('type')}{{{value.get('key')}}} as written: {', '.join(map(str, value['fields']))}"
         elif isinstance(value, str):
             text = value
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):

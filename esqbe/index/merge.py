@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from ..backends.base import Backend
+from ..core.names import compared
 from ..core.workids import described, same_work, title_key, work_keys
 from ..domain import Paper
 from ..ingest.readers import ReadReport
@@ -32,7 +33,8 @@ LOOKAHEAD = 256
 #: the formats a researcher's own library comes in: its records keep their fields when another source's is merged in
 LIBRARY_FORMATS = frozenset({"bibtex", "ris", "csl-json", "zotero"})
 #: metadata that says where a paper came from, never a field compared or filled
-_PROVENANCE = frozenset({"sources", "in_library", "format", "input_hash", "facets_predicted", "facet_probs"})
+#: (`bibtex`: an entry as written, esqbe.ingest.library.AS_WRITTEN, is its own record's: never filled from another)
+_PROVENANCE = frozenset({"sources", "in_library", "format", "input_hash", "facets_predicted", "facet_probs", "bibtex"})
 
 
 class Merger:
@@ -185,7 +187,8 @@ def _in_library(p: Paper) -> bool:
 
 
 def _names(authors) -> list:
-    return [a.get("name") if isinstance(a, dict) else a for a in authors] if isinstance(authors, list) else [authors]
+    """Authors as a merge compares them: by their names' parts, particles left out (esqbe.core.names.compared)."""
+    return [compared(a) for a in authors] if isinstance(authors, list) else [authors]
 
 
 def _short(value) -> str:

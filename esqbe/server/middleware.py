@@ -26,8 +26,8 @@ _FEED_PATH = re.compile(r"/watches/[^/]+\.atom")
 
 def is_write(method: str, path: str) -> bool:
     """Whether a request is a write (the token where the server has one): every method but GET/HEAD/OPTIONS, except
-    POST /query (a read sent as a body)."""
-    return method not in ("GET", "HEAD", "OPTIONS") and not (method == "POST" and path == "/query")
+    POST /query and POST /graph (reads sent as a body)."""
+    return method not in ("GET", "HEAD", "OPTIONS") and not (method == "POST" and path in ("/query", "/graph"))
 
 
 def _token_ok(authorization: str | None, token: str) -> bool:

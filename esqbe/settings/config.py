@@ -51,6 +51,7 @@ class Settings:
     write_lock_wait: float = 3600.0  # seconds a write waits for another writer of the embedded index (then an error)
     pdf_timeout: float = 20.0  # seconds one attached PDF's text may take to read (esqbe.ingest.pdf)
     zotero_timeout: float = 600.0  # seconds reading one Zotero database may take (esqbe.ingest.zotero)
+    max_line_bytes: int = 16_777_216  # bytes one line of input may hold (esqbe.ingest.readers)
     # querying
     k: int = 10
     filter_max_values: int = 1000  # values one filter's list may hold (esqbe.core.limits.MAX_FILTER_VALUES at most)

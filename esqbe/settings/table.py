@@ -18,6 +18,7 @@ from ..ingest.formats import (  # noqa: F401 (RECORD_FORMATS: imported from here
     RECORD_FORMATS,  # those read record by record (JSON objects): tag, POST /papers
 )
 from ..ingest.pdf import PDF_SECONDS  # one attached PDF's wall clock: pdf_timeout's default
+from ..ingest.readers import MAX_LINE_BYTES  # one line of input at most: max_line_bytes' default
 from ..ingest.zotero import READ_SECONDS  # one Zotero database's: zotero_timeout's default
 
 BACKENDS = ("embedded", "elasticsearch", "opensearch")
@@ -157,6 +158,12 @@ SETTINGS: tuple[Setting, ...] = (
             "(SQLite's work and the reader's, not the indexing); past it the file is an error, nothing of it is "
             "indexed and the run goes on.", low=0.1, high=86_400, env="ESQBE_ZOTERO_TIMEOUT", flag="--zotero-timeout",
             commands=frozenset({"index", "encode", "follow run"}), group="indexing"),
+    Setting("max_line_bytes", int, MAX_LINE_BYTES, "Bytes one line of input may hold (files, gzipped or not, and "
+            "stdin), far more than any record within esqbe's limits takes: a longer line is skipped without being "
+            "parsed, reported with its file and line, and the run goes on (in a BibTeX, RIS or CSL-JSON file, the "
+            "rest of that file is not read); reading never holds more than about this much of one line.",
+            low=1024, high=1_000_000_000, env="ESQBE_MAX_LINE_BYTES", flag="--max-line-bytes",
+            commands=frozenset({"index", "encode", "tag", "follow run"}), group="indexing"),
     # querying
     Setting("k", int, 10, "Number of hits.", low=1, high=MAX_K, flag="--k", short="-k", http="k", http_max=HTTP_MAX_K,
             commands=frozenset({"query", "watch add"})),
