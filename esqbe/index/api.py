@@ -337,7 +337,7 @@ class Index(IngestMixin):
         settings = settings_for_facet(self.settings, shared.pop() if len(shared) == 1 else None).replace(**overrides)
         if max_k is not None and settings.k > max_k:
             raise QueryError(f"k is {settings.k}; a graph has at most {max_k} hits (its pairs grow as k squared)")
-        flt = make_filter(filters, engine_filter)
+        flt = make_filter(filters, engine_filter, settings)  # value lists bounded before anything is fetched
         meta = self.backend.meta()
         if meta is None:
             raise EmptyIndexError("the index is empty: index some papers first (`esqbe index FILE`)")

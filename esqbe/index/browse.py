@@ -101,7 +101,8 @@ def search_papers(index: Index, text: str, k: int = 10) -> list[dict]:
 
 def list_papers(index: Index, filters: Sequence | None = None, limit: int | None = None) -> tuple[list[dict], int]:
     """(papers in id order, `{"paper_id", "title", "year", "sentences"}`, at most `limit`; how many match in all)."""
-    conditions = coerce_filters(filters) if filters else ()
+    conditions = coerce_filters(filters, max_values=index.settings.filter_max_values,
+                                max_bytes=index.settings.filter_max_bytes) if filters else ()
     if conditions:  # a key no paper has (a typo) is said, with the index's keys, as a query says it
         index.backend.check_filter(MetadataFilter(tuple(conditions)))
     ids = sorted(index.backend.paper_ids())

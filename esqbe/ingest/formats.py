@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ..core.names import FLAGS, PARTS, person
-from ..domain import FACET_LABELS, LIMITS, RAW_LABELS, Paper, normalize_label
+from ..domain import FACET_LABELS, LIMITS, RAW_LABELS, Paper, id_problem, normalize_label
 from .sentences import split_sentences
 
 NO_ABSTRACT = "no abstract"
@@ -80,7 +80,17 @@ def _paper_id(record: dict, key: str) -> str:
         raise _Invalid(key, "missing")
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise _Invalid(key, f"expected a string or integer, got {_type_name(value)}")
-    return str(value).strip()
+    return _checked_id(str(value).strip(), key)
+
+
+def _checked_id(paper_id: str, key: str) -> str:
+    """An id as the record gave it, or the record refused under its own field name (`id`, `paper_id`, the BibTeX key):
+    no control, bidirectional or invisible character (esqbe.domain.id_problem; paper_problem checks it again for
+    every path that makes a Paper)."""
+    problem = id_problem(paper_id)
+    if problem:
+        raise _Invalid(key, problem)
+    return paper_id
 
 
 def _title(record: dict, key: str = "title") -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..core.names import FLAGS, PARTS, person, split_particles
 from ..domain import LIMITS, Paper
-from .formats import NO_ABSTRACT, _authors, _Invalid, _metadata, _Skip, _split_text_abstract, _type_name
+from .formats import NO_ABSTRACT, _authors, _checked_id, _Invalid, _metadata, _Skip, _split_text_abstract, _type_name
 from .latex import carried, concatenated, latex_decoder, strip_enclosing, written
 
 #: formats read as a whole file rather than line by line
@@ -297,6 +297,7 @@ def _from_bibtex(record: dict) -> Paper:
     paper_id = (record.get("ID") or "").strip()
     if not paper_id:
         raise _Invalid("key", "missing (every entry needs a citation key)")
+    _checked_id(paper_id, "key")
     title = _plain(record.get("title"))
     sentences = _split_text_abstract(_plain(record.get("abstract")) or None, "abstract")
     venue = next((_plain(record.get(k)) for k in ("journal", "booktitle", "journaltitle") if record.get(k)), None)
@@ -361,7 +362,7 @@ def _from_ris(record: dict) -> Paper:
     title = _plain(record.get("title") or record.get("primary_title"))
     doi = _doi(record.get("doi"))
     ident = record.get("id")  # as written: an id with a control character is refused (domain.paper_problem), not mended
-    paper_id = (" ".join(ident.split()) if isinstance(ident, str) else "") or doi or \
+    paper_id = (_checked_id(" ".join(ident.split()), "ID") if isinstance(ident, str) else "") or doi or \
         _derived_id("ris", title, record.get("year"))
     abstract = record.get("abstract") or record.get("notes_abstract")
     if isinstance(abstract, str) and len(abstract) > _LATEX_SLACK * LIMITS["abstract_chars"]:  # before it is cleaned
@@ -497,7 +498,7 @@ def _from_csl(record: dict) -> Paper:
     ident = record.get("id")
     if ident is None or isinstance(ident, bool) or not isinstance(ident, (str, int)) or not str(ident).strip():
         raise _Invalid("id", "missing" if ident is None else f"expected a string or integer, got {_type_name(ident)}")
-    paper_id = str(ident).strip()
+    paper_id = _checked_id(str(ident).strip(), "id")
     if "://" in paper_id:  # Zotero: http://zotero.org/users/1/items/ABCD; an id such as a DOI keeps its slashes
         paper_id = paper_id.rstrip("/").rsplit("/", 1)[-1]
     title = _plain(record.get("title"))

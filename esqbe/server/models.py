@@ -10,6 +10,8 @@ from ..core.limits import (
     MAX_AVOID,
     MAX_EXAMPLE_SENTENCES,
     MAX_EXAMPLES,
+    MAX_FILTER_BYTES,
+    MAX_FILTER_VALUES,
     MAX_QUERY_CHARS,
     MAX_QUERY_SENTENCE_CHARS,
     MAX_QUERY_SENTENCES,
@@ -50,8 +52,18 @@ class FilterCondition(BaseModel):
                      description="a dotted metadata key: year, venue, authors.name, external_ids.doi")
     op: Literal["=", "!=", "<", "<=", ">", ">=", "in", "not in", "exists", "not exists", "~=", "^="] = Field(
         ..., description="~= equals ignoring case, ^= starts with ignoring case (text values)")
-    value: str | float | int | list[str | float | int] = Field(
-        None, description="the value (a list for in / not in; absent for exists / not exists)")
+    value: str | float | int | Annotated[list[str | float | int], Field(max_length=MAX_FILTER_VALUES)] = Field(
+        None, description=f"the value (a list for in / not in, of at most {MAX_FILTER_VALUES} values and "
+                          f"{MAX_FILTER_BYTES} bytes of text together; absent for exists / not exists)")
+
+    @model_validator(mode="after")
+    def _bounded(self):
+        """A value list's bytes bounded here, before anything reads it (its count by the schema above)."""
+        if isinstance(self.value, list):
+            size = sum(len(v.encode("utf-8", "surrogatepass")) if isinstance(v, str) else len(str(v)) for v in self.value)
+            if size > MAX_FILTER_BYTES:
+                raise ValueError(f"{size} bytes of values; at most {MAX_FILTER_BYTES} (filter_max_bytes)")
+        return self
 
 
 def _rescorer_params_model() -> type[BaseModel]:
