@@ -115,7 +115,7 @@ def error_classes() -> list[type[EsqbeError]]:
 #: the modules that define EsqbeError subclasses (error_classes imports them to find every class)
 _DEFINING_MODULES = (
     "esqbe.backends.base", "esqbe.core.deadline", "esqbe.core.filters", "esqbe.distributed.raydata", "esqbe.encode.identity",
-    "esqbe.encode.adapter", "esqbe.encode.distill", "esqbe.encode.citations",
+    "esqbe.encode.modeldir", "esqbe.encode.adapter", "esqbe.encode.distill", "esqbe.encode.citations",
     "esqbe.evaluation.clscisumm_data", "esqbe.evaluation.csfcube", "esqbe.ingest.readers", "esqbe.query.results",
     "esqbe.rescore.words", "esqbe.settings.config", "esqbe.tagger.net", "esqbe.server.client", "esqbe.index.watches",
     "esqbe.ingest.web", "esqbe.index.follow",

@@ -31,6 +31,21 @@ def shared_path(*parts) -> Path:
     return p
 
 
+def model_copy(dest: Path) -> Path:
+    """`dest`, a directory holding the default model's files (hard links where the file system allows, else
+    copies): a model directory of its own, since one whose files are links out of it is refused."""
+    from esqbe.encode.identity import resolve_model
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in Path(resolve_model(None)[0]).iterdir():
+        if f.is_file():
+            try:
+                (dest / f.name).hardlink_to(f)
+            except OSError:
+                shutil.copyfile(f, dest / f.name)
+    return dest
+
+
 @pytest.fixture(scope="session")
 def encoder():
     from esqbe.encode.encoder import Encoder

@@ -128,7 +128,9 @@ def test_bibtex_keeps_booktitle_and_capitals_and_parses(library):
     entry = {e.key: e for e in parsed.entries}["garcia2021asr"]
     assert entry.entry_type == "inproceedings" and "journal" not in entry.fields_dict
     assert entry.fields_dict["booktitle"].value == "Proceedings of Interspeech"
-    assert "title = {Streaming {ASR} for Galícian with {BERT}-based Rescoring}" in text
+    assert "title = {Streaming {ASR} for Gal{\\'i}cian with {BERT}-based Rescoring}" in text  # as written
+    assert "author = {Garc{\\'i}a-Mateo, Carmen and van der Maaten, Laurens}" in text
+    assert "school = {University of Somewhere}" in text  # a field esqbe does not read goes back too
     assert "abstract = {We build a streaming speech recogniser" in text and "50\\% more text" in text
     assert "esqbe rank" not in text and "note =" not in text  # no scores unless asked
 

@@ -15,7 +15,7 @@ import esqbe
 from cli import main
 from esqbe.settings.config import ConfigError
 
-from .conftest import SAMPLE
+from .conftest import SAMPLE, model_copy
 
 
 @pytest.fixture
@@ -138,10 +138,7 @@ def other_models(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("models")
     src = _default_model_dir()
-    a = root / "a" / "model"
-    a.mkdir(parents=True)
-    for f in os.listdir(src):
-        os.symlink(os.path.join(src, f), a / f)
+    a = model_copy(root / "a" / "model")
     tokenizer = AutoTokenizer.from_pretrained(src)
     model = AutoModel.from_pretrained(src)
     torch.manual_seed(0)

@@ -60,7 +60,7 @@ def test_every_documented_address_key_round_trips(server, browser):
     from selenium.webdriver.common.by import By
 
     keys = _documented_keys()
-    assert set(keys) == {"paper", "text", "title", "facet", "sentences", "also", "not", "filters", "rescorer", "k"}
+    assert set(keys) == {"paper", "text", "title", "facet", "sentences", "also", "not", "filters", "rescorer", "k", "view"}
     app_js = (REPO / "esqbe" / "server" / "static" / "app.js").read_text()
     for key in keys:  # the page reads each, and reads no other
         assert f'params.get("{key}")' in app_js or f'params.getAll("{key}")' in app_js, key
@@ -69,7 +69,7 @@ def test_every_documented_address_key_round_trips(server, browser):
     addresses = [
         [("paper", P0), ("facet", "method"), ("also", P1), ("also", P2), ("not", RECORDS[3]["id"]),
          ("filters", "year>=2011; venue in (ACL, EMNLP, NeurIPS)"), ("rescorer", "ts"), ("k", "7")],
-        [("paper", P0), ("sentences", "0,2")],
+        [("paper", P0), ("sentences", "0,2"), ("view", "graph")],
         [("text", TEXT), ("title", "Low-resource MT"), ("facet", "result")],
         [("text", TEXT), ("sentences", "1,2"), ("k", "5")],
     ]
@@ -96,6 +96,9 @@ def test_every_documented_address_key_round_trips(server, browser):
         assert _value(browser, "filters") == given.get("filters", "")
         assert _value(browser, "rescorer") == given.get("rescorer", "summax")
         assert _value(browser, "k") == given.get("k", "10")
+        view = given.get("view", "list")  # the view the address names is the one pressed and shown
+        assert browser.find_element(By.CSS_SELECTOR, f'.view-btn[data-view="{view}"]').get_attribute("aria-pressed") == "true"
+        assert browser.find_element(By.ID, "graph-view").is_displayed() == (view == "graph")
         assert len(_hits(browser)) <= int(given.get("k", "10"))
         # and the address the page wrote back after running the query holds the same pairs
         assert sorted(_params(browser)) == sorted(params)

@@ -51,7 +51,7 @@ def test_bibtex_latex_is_decoded_and_names_turned_round():
     assert paper.title == "Café Models"
     assert paper.sentences == ["We study cafés.", "They are nice."]
     assert paper.metadata["authors"] == [{"name": "Jörg Müller", "family": "Müller", "given": "Jörg"},
-                                         {"name": "Ada Lovelace"}]
+                                         {"name": "Ada Lovelace", "given": "Ada", "family": "Lovelace"}]
     assert paper.metadata["venue"] == "J. of X"
 
 
@@ -113,7 +113,7 @@ def test_arxiv_metadata_snapshot():
     assert p.paper_id == "0704.0001"
     assert p.title == "Calculation of prompt diphoton production cross sections at Tevatron and LHC energies"
     assert p.metadata["year"] == 2007 and p.metadata["publication_date"] == "2007-04-02"
-    assert p.metadata["authors"][0] == {"name": "C. Balázs"}
+    assert p.metadata["authors"][0] == {"name": "C. Balázs", "family": "Balázs", "given": "C."}  # [last, first, suffix]
     assert p.metadata["external_ids"] == {"arxiv": "0704.0001", "doi": "10.1103/PhysRevD.76.013009"}
     assert p.metadata["fields_of_study"] == ["hep-ph"]
     assert p.metadata["open_access_url"] == "https://arxiv.org/pdf/0704.0001"  # every arXiv paper is open

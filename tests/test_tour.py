@@ -25,15 +25,19 @@ def tour_blocks() -> list[str]:
 
 
 def my_library() -> str:
-    """A library export: the sample abstracts as BibTeX entries (one author an organisation, braced), then the
-    Zotero export of tests/data/library (Attention Is All You Need, an entry without abstract, a broken one)."""
+    """A library export: the sample abstracts as hand-written BibTeX entries (math, accent macros, a tie, a dash,
+    protected capitals; names with a particle and a suffix, an organisation braced), then the Zotero export of
+    tests/data/library (Attention Is All You Need, an entry without abstract, a broken one)."""
     entries = []
     for i, line in enumerate(SAMPLE.read_text().splitlines()[:24]):
         r = json.loads(line)
         abstract = " ".join(r["sentences"]).replace("{", "(").replace("}", ")")
         title = " ".join(r["sentences"][0].split()[:8]).replace("{", "(").replace("}", ")")
-        entries.append(f"@article{{paper{i},\n  title = {{{title}}},\n  author = {{Doe, Jane and {{Some Lab}}}},\n"
-                       f"  year = {{{2000 + i}}},\n  journal = {{Journal {i % 3}}},\n  abstract = {{{abstract}}}\n}}\n")
+        entries.append(f"@Article{{paper{i},\n  title = {{{title} for the {{ACM}}}},\n"
+                       "  author = {Doe, Jane and de Vries, Johan and King, Jr., Martin and {Some Lab}},\n"
+                       f"  year = {{{2000 + i}}},\n  journal = {{Journal {i % 3}}},\n  pages = {{1--10}},\n"
+                       "  note = {Grown to 5~$\\mu$m by {\\L}ukasz \\& Caf{\\'e} {Mie}},\n"
+                       f"  abstract = {{{abstract}}}\n}}\n")
     return "\n".join(entries) + "\n" + (REPO / "tests" / "data" / "library" / "zotero.bib").read_text()
 
 
@@ -59,14 +63,20 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     assert not bib.failed_blocks and len(bib.entries) == 10
     assert all(e.key.startswith("paper") for e in bib.entries)
     assert "{Some Lab}" in (tmp_path / "like-its-method.bib").read_text()  # an organisation stays one name
+    # each find goes back as it was written: its entry type, key and every field, byte for byte
+    written = {e.key: e for e in bibtexparser.parse_string(my_library(), parse_stack=[]).entries}
+    for entry in bibtexparser.parse_string((tmp_path / "like-its-method.bib").read_text(), parse_stack=[]).entries:
+        assert entry.raw.split("{", 1)[0] == "@Article"
+        assert [(f.key, " ".join(f.value.split())) for f in entry.fields] == [
+            (f.key, " ".join(f.value.split())) for f in written[entry.key].fields]
     # the finds go back whole: CSL-JSON for Zotero, and the BibTeX export indexed again as the same papers
     items = json.loads((tmp_path / "like-its-method.json").read_text())
     assert [i["id"] for i in items] == [e.key for e in bib.entries] and all(i.get("abstract") for i in items)
     assert "read 10, indexed 10, replaced 0, unchanged 0, skipped 0 (none), errors 0" in out
     assert re.search(r"^  skipped my-library\.bib:\d+: mueller2019 .*: no abstract$", out, flags=re.M), out
     ris = rispy.loads((tmp_path / "like-this.ris").read_text())
-    assert len(ris) == 10 and all(r["authors"] == ["Doe, Jane", "Some Lab"] or r["id"] == "vaswani2017attention"
-                                  for r in ris)
+    assert len(ris) == 10 and all(r["authors"] == ["Doe, Jane", "de Vries, Johan", "King, Martin, Jr.", "Some Lab"]
+                                  or r["id"] == "vaswani2017attention" for r in ris)
 
 
 ZOTERO_TOUR = "### From your Zotero library to finds imported back into it"

@@ -13,6 +13,7 @@ from .check_cmds import check_group
 from .engine_cmds import engine_group
 from .eval_cmds import eval_clscisumm_cmd, eval_csfcube_cmd
 from .follow_cmds import follow_group
+from .graph_cmd import graph_cmd
 from .index_cmds import attach_cmd, delete_cmd, encode_cmd, index_cmd, stats_cmd
 from .info_cmds import config_cmd, list_cmd, search_cmd, show_cmd
 from .model_cmds import adapt_cmd, tag_cmd, train_encoder_cmd, train_tagger_cmd, train_words_cmd
@@ -76,6 +77,7 @@ main.add_command(check_group)
 main.add_command(watch_group)  # saved queries that keep looking
 main.add_command(engine_group)  # esqbe as an engine's reranker
 main.add_command(follow_group)  # sources new papers arrive from by themselves
+main.add_command(graph_cmd)  # the hits of a query as a graph (esqbe.query.graph)
 
 
 if __name__ == "__main__":

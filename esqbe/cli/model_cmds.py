@@ -23,7 +23,8 @@ from .output import say
 @click.option("--tagger", "tagger_path", type=click.Path(exists=True, dir_okay=False), help="Tagger weights (default: the ones shipped with esqbe).")
 @click_options("tag")
 @handle_errors
-def tag_cmd(source, out, fmt, raw_labels, strict, tagger_path, model, device, batch_size, encoder_backend):
+def tag_cmd(source, out, fmt, raw_labels, strict, tagger_path, model, device, batch_size, encoder_backend,
+            max_line_bytes):
     """Label every sentence of SOURCE's abstracts with a facet (background, method, result, other).
 
     \b
@@ -32,13 +33,15 @@ def tag_cmd(source, out, fmt, raw_labels, strict, tagger_path, model, device, ba
       esqbe tag papers.jsonl --out tagged.jsonl
     """
     from esqbe.encode.loader import ModelSpec, load_encoder
+    from esqbe.settings.config import load_settings
     from esqbe.tagger.files import tag_file
     from esqbe.tagger.runtime import FacetTagger
 
     encoder = load_encoder(ModelSpec(model, device, batch_size or 32, encoder_backend))
     tagger = FacetTagger.load(tagger_path, encoder=encoder)
     summary = tag_file(source, out, format=fmt, raw=raw_labels, tagger=tagger, encoder=encoder, strict=strict,
-                       progress=sys.stderr.isatty())
+                       progress=sys.stderr.isatty(),  # the flag, else ESQBE_MAX_LINE_BYTES or the config's
+                       max_line_bytes=max_line_bytes or load_settings().max_line_bytes)
     click.echo(json.dumps(summary) if out == "-" else _summary_line(summary), err=out == "-")
 
 

@@ -5,7 +5,8 @@ escape sequence (a window title, a screen clear, a disguised link). `say` is the
 reaches the terminal: C0 and C1 controls and DEL written out (`\\x1b`) by `esqbe.core.textsafe.printable`,
 tabs and the text's own line feeds kept; a value printed inside one line is made `printable` (or the whole
 result `printable_tree`) first, so that a line break in it cannot forge a line either. `echo_json` is
-`json.dumps`, which escapes C0 controls, with DEL and the C1 controls escaped too (still the same JSON).
+`json.dumps`, which escapes C0 controls, with DEL, the C1 controls and the format characters (Cf: bidirectional
+and invisible ones) escaped too (still the same JSON).
 """
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import re
 
 import click
 
-from esqbe.core.textsafe import printable
+from esqbe.core.textsafe import FORMAT_CHARS, printable
 
-_RAW_IN_JSON = re.compile("[\x7f-\x9f]")
+#: what `json.dumps` leaves raw that a terminal obeys or draws otherwise: DEL, C1, format characters (Cf)
+_RAW_IN_JSON = re.compile(f"[\x7f-\x9f{FORMAT_CHARS}]")
 
 
 def say(text: str = "", *, err: bool = False, nl: bool = True) -> None:
@@ -27,7 +29,16 @@ def say(text: str = "", *, err: bool = False, nl: bool = True) -> None:
 def echo_json(data, *, indent: int | None = 2) -> None:
     """`data` as JSON on stdout: non-ASCII text as it is, but no control character raw (`\\u009b`)."""
     text = json.dumps(data, indent=indent, ensure_ascii=False)
-    click.echo(_RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
+    click.echo(_RAW_IN_JSON.sub(_json_escape, text))
+
+
+def _json_escape(match: re.Match) -> str:
+    """A character as JSON writes it escaped: `\\u202e`; one past U+FFFF as its UTF-16 surrogate pair."""
+    n = ord(match.group())
+    if n < 0x10000:
+        return f"\\u{n:04x}"
+    n -= 0x10000
+    return f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}"
 
 
 def hit_head(hit: dict) -> list[str]:

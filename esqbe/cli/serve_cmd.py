@@ -61,7 +61,7 @@ class Duration(click.ParamType):
 @click.option("--private", is_flag=True, help="Reads (queries, papers, search, stats) need the token too, not only writes.")
 @click.option("--allow-raw-engine-filter", is_flag=True, help="Requests with the token may send any engine_filter query DSL (default: term, terms, range, exists, match, prefix, bool only).")
 @click.option("--write-lock-timeout", type=click.FloatRange(0, 3600, min_open=True), help="Seconds a write waits for another writer's lock before answering 503 (default: 30).")
-@click.option("--show-paths", is_flag=True, help="Show the index path and engine URL in /stats and error messages (default: hidden from clients).")
+@click.option("--show-paths", is_flag=True, help="Show the index path, the model's directory and engine URL in /stats, papers' source files and error messages (default: hidden from clients: names only).")
 @click.option("--words", "words", multiple=True, metavar="NAME=DIR",
               help="Word vectors (`esqbe train-words --out DIR`) that queries may use as asym_token's words=NAME (repeatable); "
                    "a client never names a directory.")

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
+from .limits import MAX_FILTER_BYTES, MAX_FILTER_VALUES
 
 OPERATORS = ("=", "!=", "<", "<=", ">", ">=", "in", "not in", "exists", "not exists", "~=", "^=")
 #: the text operators: `~=` equal ignoring case, `^=` starts with, ignoring case (text values only)
@@ -53,8 +54,9 @@ KEY_ALIASES = {"author": "authors.name", "author_id": "authors.id"}
 #: engine documents: every metadata leaf under one of these, split by type (see flatten_for_engine)
 ENGINE_KEYWORD_ROOT = "meta_kw"
 ENGINE_NUMBER_ROOT = "meta_num"
-#: metadata keys that are not filter fields (the tagger's soft labels: a matrix of floats per paper)
-UNFILTERED_METADATA_KEYS = frozenset({"facet_probs"})
+#: metadata keys that are not filter fields (the tagger's soft labels: a matrix of floats per paper; a BibTeX entry as
+#: written, its LaTeX and all, esqbe.ingest.library.AS_WRITTEN: its decoded fields are the ones to filter by)
+UNFILTERED_METADATA_KEYS = frozenset({"facet_probs", "bibtex"})
 
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 _KEY = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)*$")
@@ -87,9 +89,13 @@ class Condition:
             values = tuple(self.value)
             if not values:
                 raise FilterError(f"filter {self.key} {self.op} (): the list is empty")
+            if len(values) > MAX_FILTER_VALUES:  # counted before anything is done with the values
+                raise FilterError(f"filter {self.key} {self.op}: {len(values)} values; at most {MAX_FILTER_VALUES} "
+                                  "(filter_max_values)")
             for v in values:
                 _check_scalar(self.key, self.op, v)
             object.__setattr__(self, "value", values)
+            check_value_list(self)
         elif self.op in ("exists", "not exists"):
             if self.value is not None:
                 raise FilterError(f"filter {self.key} {self.op}: takes no value (got {self.value!r})")
@@ -142,6 +148,19 @@ class MetadataFilter:
 
     def matches(self, metadata: dict) -> bool:
         return matches(metadata, self.conditions)
+
+
+def check_value_list(c: Condition, max_values: int = MAX_FILTER_VALUES, max_bytes: int = MAX_FILTER_BYTES) -> None:
+    """FilterError where an `in` / `not in` list holds more than `max_values` values or more than `max_bytes` bytes
+    of text (UTF-8, all values together): what one filter may make a query examine (settings filter_max_values,
+    filter_max_bytes)."""
+    if not isinstance(c.value, tuple):
+        return
+    if len(c.value) > max_values:
+        raise FilterError(f"filter {c.key} {c.op}: {len(c.value)} values; at most {max_values} (filter_max_values)")
+    size = sum(len(_as_text(v).encode("utf-8", "surrogatepass")) for v in c.value)
+    if size > max_bytes:
+        raise FilterError(f"filter {c.key} {c.op}: {size} bytes of values; at most {max_bytes} (filter_max_bytes)")
 
 
 def _check_scalar(key: str, op: str, value) -> None:
@@ -305,8 +324,10 @@ def _one_word(lex: _Lexer, op: str, raw: str, start: int) -> None:
                     f"quoted: \"{raw}\")")
 
 
-def coerce_filters(filters) -> tuple[Condition, ...]:
-    """The API's filter argument in any of its forms -> conditions.
+def coerce_filters(filters, *, max_values: int = MAX_FILTER_VALUES, max_bytes: int = MAX_FILTER_BYTES
+                   ) -> tuple[Condition, ...]:
+    """The API's filter argument in any of its forms -> conditions, each value list within `max_values` values
+    and `max_bytes` bytes (`check_value_list`).
 
     Accepts None, a grammar string, a `{"key", "op", "value"}` dict, a Condition, or a list of any
     of these (all must hold). JSON-friendly both ways: `[c.to_dict() for c in conditions]`.
@@ -330,6 +351,7 @@ def coerce_filters(filters) -> tuple[Condition, ...]:
             out.append(Condition.from_dict(item))
         else:
             raise FilterError(f"a filter is a string or a {{'key', 'op', 'value'}} object, got {item!r}")
+        check_value_list(out[-1], max_values, max_bytes)
     return tuple(out)
 
 
@@ -358,7 +380,10 @@ def _as_text(v) -> str:
 
 def leaf_values(metadata: dict, path: str, deep: bool = False) -> list:
     """The scalars at `path` (dotted; lists flattened at any level); None left out. With `deep`, also
-    every scalar inside objects found there (what `exists` counts, as the engines do for object fields)."""
+    every scalar inside objects found there (what `exists` counts, as the engines do for object fields). A key of
+    UNFILTERED_METADATA_KEYS has none, as it has no column or engine field."""
+    if path.split(".", 1)[0] in UNFILTERED_METADATA_KEYS:
+        return []
     current: list = [metadata]
     for part in path.split("."):
         nxt = []
@@ -461,6 +486,7 @@ class MetadataColumns:
         self._kw_index: dict[str, dict[str, np.ndarray]] = {}
         self._kw_sorted: dict[str, list[str]] = {}
         self._kw_folded: dict[str, list[tuple[str, np.ndarray]]] = {}
+        self._kw_distinct: dict[str, list[tuple[str, str]]] = {}
 
     def _folded(self, path: str) -> list[tuple[str, np.ndarray]]:
         """(a distinct text value at `path` folded, its rows), built once per path."""
@@ -468,6 +494,14 @@ class MetadataColumns:
             self._text_rows(path, "")  # builds the value index
             self._kw_folded[path] = [(fold(v), rows) for v, rows in self._kw_index[path].items()]
         return self._kw_folded[path]
+
+    def distinct_texts(self, path: str) -> list[tuple[str, str]]:
+        """(each distinct text value at `path`, folded), sorted by value, built once per path: what the near-value
+        search of a value no paper has reads (esqbe.core.filter_check)."""
+        if path not in self._kw_distinct:
+            folded = self._folded(path)
+            self._kw_distinct[path] = sorted(zip(self._kw_index[path], (f for f, _ in folded)))
+        return self._kw_distinct[path]
 
     def __len__(self) -> int:
         return len(self.ids)

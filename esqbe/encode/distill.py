@@ -297,10 +297,10 @@ def adapt(sources: Sequence[str], out: str | os.PathLike, *, teacher: str, stude
     `AdaptInterrupted` saying what was kept. `on_step(step)` is called after every training step."""
     import numpy as np
     import torch
-    from transformers import AutoModel, AutoTokenizer
 
     from .encoder import Encoder
     from .identity import DeviceError, ModelNotFoundError, _pick_device, model_info
+    from .modeldir import pretrained
 
     cfg = cfg or AdaptConfig()
     check_config(cfg)
@@ -315,7 +315,7 @@ def adapt(sources: Sequence[str], out: str | os.PathLike, *, teacher: str, stude
                                  f"(HF_HUB_OFFLINE); {teacher_hint(teacher)}")
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    tokenizer = AutoTokenizer.from_pretrained(student_info.source, local_files_only=True)
+    tokenizer = pretrained("tokenizer", student_info.source, offline=True)
     papers, data = draw_sample(sources, cfg, tokenizer, log=log, fmt=fmt)
     log(f"sample: {data['sample_sentences']} sentences of {len(papers)} papers "
         f"(of {data['papers_with_abstracts']} with abstracts in {len(sources)} file(s))")
@@ -327,7 +327,7 @@ def adapt(sources: Sequence[str], out: str | os.PathLike, *, teacher: str, stude
         if teacher_info.fingerprint is not None:
             raise
         raise ModelNotFoundError(f"{e}\n{teacher_hint(teacher)}") from None
-    model = AutoModel.from_pretrained(student_info.source, local_files_only=True).to(device)
+    model = pretrained("model", student_info.source, offline=True).to(device)
     projection = torch.nn.Linear(int(model.config.hidden_size), teacher_enc.dim).to(device)
     steps_per_epoch = (len(papers) + cfg.batch - 1) // cfg.batch
     total_steps = steps_per_epoch * cfg.epochs

@@ -31,6 +31,7 @@ from .identity import (
     resolve_backend,
     runtime_name,
 )
+from .modeldir import pretrained
 from .onnx import OnnxRunner
 
 #: a title longer than this (in tokens) is cut, so the abstract keeps the window
@@ -60,7 +61,6 @@ class Encoder:
         """Load `model` (see `resolve_model`). `offline`: never reach for a hub, even for a hub name. Loading
         leaves transformers' logging and progress bars as the host process set them (the CLI quiets them)."""
         import torch
-        from transformers import AutoConfig, AutoTokenizer
 
         info = model_info(model)
         source, self.name, self.location, self.fingerprint = info.source, info.name, info.location, info.fingerprint
@@ -71,8 +71,8 @@ class Encoder:
         self.device = _pick_device(device)
         self.batch_size = int(batch_size)
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
-            self.config = AutoConfig.from_pretrained(source, local_files_only=offline)
+            self.tokenizer = pretrained("tokenizer", source, offline=offline)
+            self.config = pretrained("config", source, offline=offline)
         except OSError as e:
             raise ModelNotFoundError(f"cannot load model {model or DEFAULT_MODEL!r} from {source}: {e}") from e
         if getattr(self.config, "dtype", None) is None:
@@ -123,10 +123,8 @@ class Encoder:
     def model(self):
         """The PyTorch model (the adapter merged in), loaded on first use."""
         if self._model is None:
-            from transformers import AutoModel
-
             try:
-                model = AutoModel.from_pretrained(self._source, local_files_only=self._offline).to(self.device).eval()
+                model = pretrained("model", self._source, offline=self._offline).to(self.device).eval()
             except OSError as e:
                 raise ModelNotFoundError(f"cannot load model {self._model_name or DEFAULT_MODEL!r} "
                                          f"from {self._source}: {e}") from e

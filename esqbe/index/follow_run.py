@@ -376,7 +376,7 @@ class _Job:
                                         pdf_timeout=s.pdf_timeout)
             else:
                 papers = read_papers(str(path), None, report=reader_report, pdf_timeout=s.pdf_timeout,
-                                     zotero_timeout=s.zotero_timeout)
+                                     zotero_timeout=s.zotero_timeout, max_line_bytes=s.max_line_bytes)
             if not self._index(papers, reader_report, ids):
                 return
             before = set((known.get(rel) or {}).get("ids") or [])

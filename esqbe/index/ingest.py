@@ -344,8 +344,10 @@ class IngestMixin:
         return report
 
     def _read_timeouts(self) -> dict:
-        """The readers' wall clocks from the settings: one attached PDF's text, one Zotero database."""
-        return {"pdf_timeout": self.settings.pdf_timeout, "zotero_timeout": self.settings.zotero_timeout}
+        """The readers' bounds from the settings: the wall clocks of one attached PDF's text and of one Zotero
+        database, the bytes of one line."""
+        return {"pdf_timeout": self.settings.pdf_timeout, "zotero_timeout": self.settings.zotero_timeout,
+                "max_line_bytes": self.settings.max_line_bytes}
 
     def _calibrate_knn(self, report, *, progress: bool = False) -> None:
         """After an index run that found the index holding papers: the kNN is calibrated for knn_recall_target when

@@ -27,6 +27,7 @@ from pathlib import PurePath
 
 from ..backends.base import Backend
 from ..core.filters import fold
+from ..core.names import compared
 from ..core.workids import described, same_work, title_key, work_keys
 from ..domain import Paper
 from ..ingest.readers import ReadReport
@@ -42,7 +43,8 @@ LOOKAHEAD = 256
 #: the formats a researcher's own library comes in: its records keep their fields when another source's is merged in
 LIBRARY_FORMATS = frozenset({"bibtex", "ris", "csl-json", "zotero"})
 #: metadata that says where a paper came from, never a field compared or filled
-_PROVENANCE = frozenset({"sources", "in_library", "format", "input_hash", "facets_predicted", "facet_probs"})
+#: (`bibtex`: an entry as written, esqbe.ingest.library.AS_WRITTEN, is its own record's: never filled from another)
+_PROVENANCE = frozenset({"sources", "in_library", "format", "input_hash", "facets_predicted", "facet_probs", "bibtex"})
 
 
 class Merger:
@@ -308,7 +310,8 @@ def _in_library(p: Paper) -> bool:
 
 
 def _names(authors) -> list:
-    return [a.get("name") if isinstance(a, dict) else a for a in authors] if isinstance(authors, list) else [authors]
+    """Authors as a merge compares them: by their names' parts, particles left out (esqbe.core.names.compared)."""
+    return [compared(a) for a in authors] if isinstance(authors, list) else [authors]
 
 
 def _in_words(key: str, value) -> str:

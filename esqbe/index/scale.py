@@ -99,6 +99,22 @@ class SimilarityScale:
             return None, "strong" if score >= strong else "fair" if score >= fair else "weak"
         return None, None
 
+    def bands(self, scores) -> list[str | None]:
+        """`place`'s band of each of `scores` (an array of any shape, flattened), all at once."""
+        x = np.asarray(scores, dtype=np.float64).ravel()
+        out: list[str | None] = [None] * len(x)
+        ok = np.isfinite(x)
+        if self.source == "index" and len(self.quantiles) == 101:
+            q = np.maximum.accumulate(np.asarray(self.quantiles, dtype=np.float64))
+            pct = np.interp(x, q, np.arange(101.0))
+            names = np.where(pct >= STRONG_FROM, "strong", np.where(pct < WEAK_BELOW, "weak", "fair"))
+        elif self.source == "fixed" and self.rescorer in FIXED:
+            fair, strong = FIXED[self.rescorer]
+            names = np.where(x >= strong, "strong", np.where(x >= fair, "fair", "weak"))
+        else:
+            return out
+        return [str(n) if good else None for n, good in zip(names, ok)]
+
     def strong_from(self) -> float | None:
         """The lowest score this scale calls strong (p75 of the index's matches, or the fixed scale's cut); None
         without a scale."""

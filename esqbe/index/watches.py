@@ -286,7 +286,7 @@ def add_watch(index, name: str, *, paper_id: str | None = None, facet: str | Non
         raise WatchError("a watch's threshold is on the hits' score: rescorer none gives an order, not a score; choose "
                          "a rescorer (e.g. summax)")
     try:
-        flt = make_filter(filters)
+        flt = make_filter(filters, settings=settings)
     except FilterError as e:
         raise WatchError(str(e)) from None
     conditions = [c.to_dict() for c in flt.conditions] if flt else []

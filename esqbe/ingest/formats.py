@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..domain import FACET_LABELS, LIMITS, RAW_LABELS, Paper, normalize_label
+from ..core.names import FLAGS, PARTS, person
+from ..domain import FACET_LABELS, LIMITS, RAW_LABELS, Paper, id_problem, normalize_label
 from .sentences import split_sentences
 
 NO_ABSTRACT = "no abstract"
@@ -79,7 +80,17 @@ def _paper_id(record: dict, key: str) -> str:
         raise _Invalid(key, "missing")
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise _Invalid(key, f"expected a string or integer, got {_type_name(value)}")
-    return str(value).strip()
+    return _checked_id(str(value).strip(), key)
+
+
+def _checked_id(paper_id: str, key: str) -> str:
+    """An id as the record gave it, or the record refused under its own field name (`id`, `paper_id`, the BibTeX key):
+    no control, bidirectional or invisible character (esqbe.domain.id_problem; paper_problem checks it again for
+    every path that makes a Paper)."""
+    problem = id_problem(paper_id)
+    if problem:
+        raise _Invalid(key, problem)
+    return paper_id
 
 
 def _title(record: dict, key: str = "title") -> str:
@@ -199,17 +210,21 @@ def _external_ids(ids: dict | None, corpus_id=None) -> dict:
 
 
 def _s2orc_author(a) -> dict | None:
+    """S2ORC's {first, middle, last, suffix} as esqbe's author, its parts kept (given: first and middle names)."""
     if not isinstance(a, dict):
         return {"name": str(a)} if isinstance(a, str) else None
-    parts = [a.get("first")] + list(a.get("middle") or []) + [a.get("last"), a.get("suffix")]
-    name = " ".join(str(p) for p in parts if p)
-    return {"name": name} if name.strip() else None
+    middle = a.get("middle")
+    given = [a.get("first"), *(middle if isinstance(middle, list) else [])]
+    return person({"given": " ".join(str(p) for p in given if p), "family": str(a.get("last") or ""),
+                   "suffix": str(a.get("suffix") or "")})
 
 
 def _authors(value) -> list | None:
-    """Authors as [{"name", "id"?, "family"?, "given"?, "literal"?}]: S2AG's {authorId, name}, strings, or objects
-    given as such. Where the source splits a name, `family` and `given` keep the split (a family name of several
-    words stays whole); `literal: true` marks a name that is not a person's (an organisation), kept whole."""
+    """Authors as [{"name", "id"?, the name's parts?, "literal"?}] (esqbe.core.names): S2AG's {authorId, name},
+    strings, S2ORC's {first, middle, last, suffix}, or objects given as such. Where the source splits a name, its
+    parts are kept under CSL's keys (`family`, `given`, `non-dropping-particle`, `dropping-particle`, `suffix`; a
+    family name of several words stays whole), and a name not given is told from them (`Johan de Vries`);
+    `literal: true` (or CSL's `literal: "..."`) marks a name that is not a person's (an organisation), kept whole."""
     if not isinstance(value, list):
         return None
     out: list[dict] = []
@@ -218,14 +233,18 @@ def _authors(value) -> list | None:
             out.append({"name": a})
         elif isinstance(a, dict):
             a = {str(k).lower(): v for k, v in a.items()}
-            entry: dict = {"name": a.get("name")} if a.get("name") else _s2orc_author(a) or {}
-            ident = a.get("authorid", a.get("id"))
-            if ident not in (None, ""):
-                entry["id"] = str(ident)
+            parts = {k: a[k].strip() for k in PARTS if isinstance(a.get(k), str) and a[k].strip()}
+            literal = a["literal"].strip() if isinstance(a.get("literal"), str) else ""
+            entry: dict = ({"name": a["name"]} if isinstance(a.get("name"), str) and a["name"].strip() else
+                           {"name": literal} if literal else person(parts) or _s2orc_author(a) or {})
             if entry:
-                entry.update({k: a[k].strip() for k in ("family", "given") if isinstance(a.get(k), str) and a[k].strip()})
-                if a.get("literal") is True:
+                entry.update(parts)
+                entry.update({k: True for k in FLAGS if a.get(k) is True})
+                if a.get("literal") is True or literal:
                     entry["literal"] = True
+            ident = a.get("authorid", a.get("id"))
+            if entry and ident not in (None, ""):
+                entry["id"] = str(ident)
             if entry:
                 out.append(entry)
     return out or None
@@ -457,8 +476,9 @@ def _from_arxiv(record: dict, raw_labels: bool) -> Paper:
     title = _title(record)
     sentences = _split_text_abstract(record.get("abstract"), "abstract")
     parsed = record.get("authors_parsed")
-    if isinstance(parsed, list) and all(isinstance(a, list) for a in parsed):
-        names = [" ".join(str(p) for p in (a[1:2] + a[:1] + a[2:3]) if p) for a in parsed]
+    names: list
+    if isinstance(parsed, list) and all(isinstance(a, list) for a in parsed):  # [last, first, suffix]: parts kept
+        names = [person(dict(zip(("family", "given", "suffix"), (str(p) if p else "" for p in a[:3])))) for a in parsed]
     elif isinstance(record.get("authors"), str):
         names = [n for n in _re_split(r",\s*|\s+and\s+", record["authors"]) if n.strip()]
     else:
@@ -470,7 +490,8 @@ def _from_arxiv(record: dict, raw_labels: bool) -> Paper:
     meta = _metadata(
         "arxiv", int(date[:4]) if date else None, publication_date=date,
         venue=record.get("journal-ref") if isinstance(record.get("journal-ref"), str) else None,
-        authors=_authors(names), fields_of_study=categories.split() if isinstance(categories, str) else None,
+        authors=_authors([n for n in names if n]),
+        fields_of_study=categories.split() if isinstance(categories, str) else None,
         external_ids={"arxiv": paper_id, "doi": record.get("doi") if isinstance(record.get("doi"), str) else None},
         license=record.get("license") if isinstance(record.get("license"), str) else None,
         open_access_url=f"https://arxiv.org/pdf/{_quote(paper_id, safe='/.')}",  # every arXiv paper is free to read

@@ -41,6 +41,11 @@ from .library import WHOLE_FILE_FORMATS, sniff_format
 from .pdf import TextReader
 
 _GZIP_MAGIC = b"\x1f\x8b"
+#: bytes one line of input may hold (`max_line_bytes`' default): a record within every LIMITS bound, written with
+#: JSON's longest escapes, stays well under it; a longer line is skipped unparsed, and never held whole
+MAX_LINE_BYTES = 16 << 20
+#: how much of a line past the bound is read at a time, to find where it ends (and dropped)
+_SKIP_CHUNK = 1 << 20
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
@@ -129,20 +134,58 @@ class ReadReport:
 # ---------------------------------------------------------------- sources
 
 
-def _open_source(source, stack: ExitStack) -> tuple[str, Iterator]:
-    """(name for messages, iterator of raw lines as bytes or str) for a path, `-` or a stream.
-    For a path, `_tell` is set to the bytes of the file consumed so far (compressed bytes for gzip)."""
+@dataclass(frozen=True)
+class LongLine:
+    """A line past the bound, in place of its text: read to its end a chunk at a time and dropped."""
+
+    size: int  # bytes it held (characters, from a text stream), its newline included
+    bound: int
+
+    def strip(self) -> LongLine:  # not a blank line
+        return self
+
+    def reason(self, whole_file: bool = False) -> str:
+        return (f"{self.size:,} bytes; a line holds at most {self.bound:,} (max_line_bytes)"
+                + ("; the rest of the file is not read" if whole_file else ": skipped without being parsed"))
+
+
+def bounded_lines(stream, bound: int = MAX_LINE_BYTES) -> Iterator:
+    """The lines of `stream` (bytes or text, as it reads), each read under `bound` bytes (characters, from a text
+    stream): a longer line comes as a `LongLine`, having been read on to its end in chunks and dropped, so that no
+    more than about `bound` is ever held, whatever the line."""
+    while True:
+        line = stream.readline(bound + 1)
+        if not line:
+            return
+        newline = b"\n" if isinstance(line, bytes) else "\n"
+        if len(line) <= bound or (len(line) == bound + 1 and line.endswith(newline)):
+            yield line
+            continue
+        size = len(line)
+        while not line.endswith(newline):
+            line = stream.readline(_SKIP_CHUNK)
+            if not line:
+                break
+            size += len(line)
+        yield LongLine(size, bound)
+
+
+def open_lines(source, stack: ExitStack, max_line_bytes: int | None = None) -> tuple[str, Iterator]:
+    """(name for messages, iterator of raw lines as bytes or str, each under `max_line_bytes`: see `bounded_lines`)
+    for a path, `-` or a stream; gzip is told by its content (a path's, stdin's). For a path, `stack.tell` is set
+    to the bytes of the file consumed so far (compressed bytes for gzip)."""
+    bound = int(max_line_bytes or MAX_LINE_BYTES)
     if isinstance(source, str) and source == "-":
         stream = getattr(sys.stdin, "buffer", None)
         if stream is None:  # a text stream put in place of stdin: already decoded, cannot be gzip
-            return "<stdin>", iter(sys.stdin)
+            return "<stdin>", bounded_lines(sys.stdin, bound)
         if not hasattr(stream, "peek"):
             stream = io.BufferedReader(stream)
         if stream.peek(2)[:2] == _GZIP_MAGIC:  # `cat x.jsonl.gz | esqbe index -`: sniffed as files are
             stream = stack.enter_context(gzip.open(stream, "rb"))
-        return "<stdin>", iter(stream)
+        return "<stdin>", bounded_lines(stream, bound)
     if hasattr(source, "read"):
-        return str(getattr(source, "name", "<stream>")), iter(source)
+        return str(getattr(source, "name", "<stream>")), bounded_lines(source, bound)
     name = str(source)
     raw = stack.enter_context(open(source, "rb"))
     if raw.seekable():  # a named pipe (`<(zcat x.gz)`) has no position: no progress by bytes, not a traceback
@@ -150,7 +193,7 @@ def _open_source(source, stack: ExitStack) -> tuple[str, Iterator]:
     f: io.BufferedIOBase = raw
     if raw.peek(2)[:2] == _GZIP_MAGIC:  # by content, so a `.gz` name is neither needed nor trusted
         f = stack.enter_context(gzip.open(raw, "rb"))
-    return name, iter(f)
+    return name, bounded_lines(f, bound)
 
 
 def _decode(raw, lineno: int) -> str:
@@ -195,6 +238,7 @@ def read_papers(
     pdf_timeout: float | None = None,
     zotero_timeout: float | None = None,
     zotero_since: str | None = None,
+    max_line_bytes: int | None = None,
 ) -> Iterator[Paper]:
     """Yield the papers of one source, filling `report` with what was read, skipped or wrong.
 
@@ -206,13 +250,15 @@ def read_papers(
     `pdf_timeout`: seconds of wall clock one attached PDF's text may take (esqbe.ingest.pdf); `zotero_timeout`: the
     seconds reading one Zotero database may take (esqbe.ingest.zotero); None: their defaults. `zotero_since`: only
     the items of a Zotero database added or changed at or after this stamp of Zotero's (`esqbe follow`).
+    `max_line_bytes`: the bytes one line may hold (a longer one is an error of its line, read no further than that
+    bound; None: MAX_LINE_BYTES).
     """
     if format is not None and format not in FORMATS:
         raise ParameterError(f"unknown input format {format!r}; valid formats: {', '.join(FORMATS)}")
     if (format in WHOLE_FILE_FORMATS or format == "zotero") and not whole_files:
         raise ParameterError(f"{format} is read as a whole file, not a record at a time")
     return _read(source, format, strict, raw_labels, report if report is not None else ReadReport(), whole_files,
-                 (pdf_timeout, zotero_timeout), zotero_since)
+                 (pdf_timeout, zotero_timeout), zotero_since, max_line_bytes)
 
 
 #: how a PDF begins (`%PDF-1.7`): a file given to read on its own, not a file of papers
@@ -225,7 +271,7 @@ PDF_ON_ITS_OWN = ("a PDF is not a file of papers: esqbe reads a PDF only for a l
 
 def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport,
           whole_files: bool = True, timeouts: tuple[float | None, float | None] = (None, None),
-          zotero_since: str | None = None) -> Iterator[Paper]:
+          zotero_since: str | None = None, max_line_bytes: int | None = None) -> Iterator[Paper]:
     if whole_files and (fmt == "zotero" or fmt is None and zotero.is_database(source)):
         state = _State(str(getattr(source, "name", source)), "zotero", strict, raw_labels, report, timeouts[0])
         try:
@@ -235,7 +281,7 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
         return
     with ExitStack() as stack:
         try:
-            name, lines = _open_source(source, stack)
+            name, lines = open_lines(source, stack, max_line_bytes)
         except OSError as e:  # missing, a directory, unreadable: the source as a whole is one error
             error = check_source(source) or InputError(str(source), None, "file", e.strerror or str(e))
             if strict:
@@ -244,15 +290,16 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
             return
         tell = getattr(stack, "tell", None)
         first, lines = _first_line(lines)
-        if whole_files and first is not None and (first[:5] == _PDF_MAGIC if isinstance(first, bytes)
-                                                  else str(first).startswith(_PDF_MAGIC.decode())):
+        head = None if isinstance(first, LongLine) else first  # a line past the bound tells no format: JSON Lines
+        if whole_files and head is not None and (head[:5] == _PDF_MAGIC if isinstance(head, bytes)
+                                                 else str(head).startswith(_PDF_MAGIC.decode())):
             error = InputError(name, None, "file", PDF_ON_ITS_OWN)
             if strict:
                 raise error
             report.errors.append(error)
             return
-        if fmt is None and first is not None and whole_files:
-            fmt = sniff_format(first.decode("utf-8", "replace") if isinstance(first, bytes) else str(first))
+        if fmt is None and head is not None and whole_files:
+            fmt = sniff_format(head.decode("utf-8", "replace") if isinstance(head, bytes) else str(head))
         state = _State(name, fmt, strict, raw_labels, report, timeouts[0])
         stack.callback(state.close)  # the PDF reader's child process, if one was started
         if isinstance(source, (str, os.PathLike)) and str(source) != "-":  # a record's PDF paths are relative to it
@@ -282,6 +329,9 @@ def _read_lines(lines: Iterator, state: _State, tell) -> Iterator[Paper]:
         lineno += 1
         if tell is not None:
             report.position = tell()
+        if isinstance(raw, LongLine):  # an error of its line, as any bad line is; the run goes on
+            state.one(lineno, lambda: _Invalid("line", raw.reason()))  # noqa: B023 (called at once)
+            continue
         if not raw.strip():
             continue
         paper = state.one(lineno, lambda: _parse_json(_decode(raw, lineno)))  # noqa: B023 (called at once)
@@ -322,6 +372,9 @@ def _read_whole(lines: Iterator, state: _State, tell) -> Iterator[Paper]:
     try:
         for raw in lines:
             lineno += 1
+            if isinstance(raw, LongLine):  # the records cannot be delimited past a line not read
+                state.error(InputError(state.name, lineno, "line", raw.reason(whole_file=True)))
+                return
             parts.append(_decode(raw, lineno))
     except _Invalid as e:  # not UTF-8: the records cannot be delimited past this line
         state.error(InputError(state.name, lineno, "file", f"{e.reason}; the rest of the file is not read"))

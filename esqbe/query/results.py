@@ -402,8 +402,11 @@ def file_names_only(metadata: dict | None) -> dict:
     """`metadata` with each path under PATH_KEYS (an attachment, a source's `file`) cut to its file name, without
     directories (`/home/me/Zotero/storage/ABCD2345/x.pdf`, `C:\\Users\\me\\x.pdf`, `attachments:Papers/x.pdf` ->
     `x.pdf`): what a server shows a reader who is not its operator (`esqbe serve` without `--show-paths`). An
-    attachment that is not a path is left out."""
+    attachment that is not a path is left out, and so is the `file` field of a BibTeX entry kept as written."""
     out = dict(metadata or {})
+    kept = out.get("bibtex")  # an entry as written (esqbe.ingest.library.AS_WRITTEN): its `file` field holds paths
+    if isinstance(kept, dict) and isinstance(kept.get("fields"), dict):
+        out["bibtex"] = {**kept, "fields": {k: v for k, v in kept["fields"].items() if str(k).lower() != "file"}}
     if isinstance(out.get("sources"), list):  # the files a paper was read from: each file's name, its format kept
         out["sources"] = [{**s, "file": _file_name(s["file"])} if isinstance(s.get("file"), str) else s
                           for s in out["sources"] if isinstance(s, dict)]

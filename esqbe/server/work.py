@@ -48,17 +48,7 @@ def _run_query(index: Index, req: QueryRequest, text, overrides: dict, show_path
     """The query's result in the one JSON shape (esqbe.query.results), as the client named its word vectors,
     with the total time; the hits' attachment paths as file names unless `show_paths`."""
     t0 = time.perf_counter()
-    filters = [f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in req.filters or []]
-    if req.examples is not None or req.avoid:  # a query of several examples (texts already split: `text`)
-        examples = text if req.examples is not None else [
-            {"paper_id": req.paper_id, "facet": req.facet, "sentences": req.sentences}
-            if req.paper_id is not None else {"text": text, "title": req.title, "facet": req.facet, "sentences": req.sentences}]
-        avoid = [a.model_dump(exclude_none=True) for a in req.avoid or []]
-        result = index.query(examples=[{k: v for k, v in e.items() if v is not None} for e in examples], avoid=avoid,
-                             facet=req.facet, filters=filters or None, engine_filter=req.engine_filter, **overrides)
-    else:
-        result = index.query(req.paper_id, facet=req.facet, sentences=req.sentences, text=text, title=req.title,
-                             filters=filters or None, engine_filter=req.engine_filter, **overrides)
+    result = index.query(**_query_arguments(req, text), **overrides)
     exporting = req.format != "json"  # an export carries each hit's abstract
     papers = index.get([h.paper_id for h in result.hits]) if req.with_sentences or exporting else None
     out = result.to_dict(papers)
@@ -68,6 +58,39 @@ def _run_query(index: Index, req: QueryRequest, text, overrides: dict, show_path
     out["rescorer_params"] = _named_words(out["rescorer_params"], req)
     out["timings_ms"]["total"] = round(1000 * (time.perf_counter() - t0), 2)
     return out
+
+
+def _query_arguments(req, text) -> dict:
+    """The arguments of `Index.query` (and `Index.graph`) for a POST /query (/graph, /watches) body; `text`: its text's
+    sentences, or its examples with their texts split (the route's `checked_query`)."""
+    filters = [f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in req.filters or []]
+    if req.examples is not None or req.avoid:  # a query of several examples (texts already split: `text`)
+        examples = text if req.examples is not None else [
+            {"paper_id": req.paper_id, "facet": req.facet, "sentences": req.sentences}
+            if req.paper_id is not None else {"text": text, "title": req.title, "facet": req.facet, "sentences": req.sentences}]
+        return {"examples": [{k: v for k, v in e.items() if v is not None} for e in examples],
+                "avoid": [a.model_dump(exclude_none=True) for a in req.avoid or []], "facet": req.facet,
+                "filters": filters or None, "engine_filter": req.engine_filter}
+    return {"paper_id": req.paper_id, "facet": req.facet, "sentences": req.sentences, "text": text, "title": req.title,
+            "filters": filters or None, "engine_filter": req.engine_filter}
+
+
+def _graph(index: Index, req, text, overrides: dict, show_paths: bool = False) -> dict | str:
+    """POST /graph's answer: the query's hits as a graph (esqbe.query.graph), in its JSON shape, or as the GraphML or
+    SVG file `req.format` asks for (made here, off the event loop); paths as file names unless `show_paths`."""
+    from ..query.graph_formats import render
+
+    t0 = time.perf_counter()
+    graph = index.graph(**_query_arguments(req, text), **overrides)
+    papers = index.get([h.paper_id for h in graph.result.hits]) if req.with_sentences else None
+    out = graph.to_dict(papers)
+    if not show_paths:
+        for item in (*out["result"]["hits"], *out["nodes"]):
+            item["metadata"] = file_names_only(item["metadata"])
+    out["result"]["rescorer_params"] = _named_words(out["result"]["rescorer_params"], req)
+    out["result"]["timings_ms"]["total"] = out["timings_ms"]["query"]  # the query's own part, as POST /query says it
+    out["timings_ms"]["total"] = round(1000 * (time.perf_counter() - t0), 2)
+    return out if req.format == "json" else render(out, req.format)
 
 
 def check_path_filters(filters) -> None:
@@ -85,7 +108,7 @@ def check_path_filters(filters) -> None:
                                 "(`esqbe serve --show-paths` for an operator's own server)")
 
 
-def _named_words(params: dict, req: QueryRequest) -> dict:
+def _named_words(params: dict, req) -> dict:
     """The parameters as the client gave them: a `words` name, not the server's directory behind it."""
     given: dict = req.rescorer_params.model_dump(exclude_unset=True) if req.rescorer_params is not None else {}
     return {**params, "words": given["words"]} if "words" in given and "words" in params else params

@@ -48,10 +48,14 @@ class Settings:
     tagger: str | None = None  # facet tagger weights (`esqbe train-tagger --out`); None = the ones shipped with esqbe
     commit_every: int = 256  # papers per committed batch while indexing (a killed run loses at most one batch);
     #   also how many papers the encoder length-sorts at once: 128 encoded ~7% slower than 256 (docs/performance.md)
+    write_lock_wait: float = 3600.0  # seconds a write waits for another writer of the embedded index (then an error)
     pdf_timeout: float = 20.0  # seconds one attached PDF's text may take to read (esqbe.ingest.pdf)
     zotero_timeout: float = 600.0  # seconds reading one Zotero database may take (esqbe.ingest.zotero)
+    max_line_bytes: int = 16_777_216  # bytes one line of input may hold (esqbe.ingest.readers)
     # querying
     k: int = 10
+    filter_max_values: int = 1000  # values one filter's list may hold (esqbe.core.limits.MAX_FILTER_VALUES at most)
+    filter_max_bytes: int = 65536  # bytes of text one filter's list may hold (MAX_FILTER_BYTES at most)
     default_facet: str | None = None  # esqbe query's facet when neither --facet nor --sentences is given
     rescorer: str = "summax"
     rescorer_params: dict = field(default_factory=dict)
@@ -89,6 +93,8 @@ class Settings:
     nprobe: int | None = None  # IVF lists per query sentence, fixed; None = the calibrated value
     knn_recall_target: float = 0.95  # recall@100 (papers) the IVF's nprobe / the engines' candidates are calibrated for
     knn_recall_statistic: str = "mean"  # what the target bounds: the calibration sample's mean recall, or its p10
+    header_timeout: float = 10.0  # esqbe serve: seconds a connection has to send its request line and headers
+    max_connections: int = 1000  # esqbe serve: client connections open at once (fewer if the open-file limit says so)
     max_watches: int = 100  # saved queries (`esqbe watch add`) an index may hold
     # followed sources (`esqbe follow`, esqbe.index.follow)
     follow_timeout: float = 30.0  # seconds one request to a followed service may take (connect, answer)

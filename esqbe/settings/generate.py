@@ -272,7 +272,7 @@ def command_line(config: dict, data_dir: str = "../shared/data/csfcube-dev") -> 
 
 # ---------------------------------------------------------------------------------------------------- docs
 GROUP_TITLES = {"where": "Where the index lives", "encoding": "Encoding", "indexing": "Indexing",
-                "query": "Querying", "follow": "Following sources (`esqbe follow`)"}
+                "query": "Querying", "follow": "Following sources (`esqbe follow`)", "serving": "Serving (`esqbe serve`)"}
 
 
 def _cell(text: str) -> str:

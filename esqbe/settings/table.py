@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.fusion import FUSION_METHODS  # the first stage's fusions
+from ..core.limits import MAX_FILTER_BYTES, MAX_FILTER_VALUES  # a filter's value list: the ceilings
 from ..domain import QUERY_FACETS  # the facets a query asks with: default_facet's choices
 from ..ingest.formats import (  # noqa: F401 (RECORD_FORMATS: imported from here by tag and POST /papers)
     FORMATS,  # the readers' formats: the input-format choice of index, encode
     RECORD_FORMATS,  # those read record by record (JSON objects): tag, POST /papers
 )
 from ..ingest.pdf import PDF_SECONDS  # one attached PDF's wall clock: pdf_timeout's default
+from ..ingest.readers import MAX_LINE_BYTES  # one line of input at most: max_line_bytes' default
 from ..ingest.zotero import READ_SECONDS  # one Zotero database's: zotero_timeout's default
 
 BACKENDS = ("embedded", "elasticsearch", "opensearch")
@@ -70,7 +72,7 @@ class Setting:
     http_max: float | None = None  # a tighter upper bound over HTTP
     http_help: str | None = None  # the HTTP field's description, where it says more than `help`
     commands: frozenset[str] = frozenset()  # the commands whose flag it is
-    group: str = "query"  # where | encoding | indexing | query (the docs table's sections)
+    group: str = "query"  # where | encoding | indexing | query | serving (the docs table's sections)
 
     def choice_list(self) -> tuple[str, ...] | None:
         return self.choices() if callable(self.choices) else self.choices
@@ -143,6 +145,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("commit_every", int, 256, "Papers per committed batch while indexing (a killed run loses at most one "
             "batch); also how many papers the encoder length-sorts at once (`esqbe index` encodes them in slices of a "
             "few encoder batches, so that Ctrl-C writes the slices done).", low=1, high=1_000_000, group="indexing"),
+    Setting("write_lock_wait", float, 3600.0, "Embedded index: seconds a write (index, delete, a watch or follow run) "
+            "waits for another process writing to the same index (a second `esqbe index`, one creating the index) "
+            "before it stops with an error naming this bound; it says on stderr that it waits.", low=0.0,
+            high=604_800, env="ESQBE_WRITE_LOCK_WAIT", flag="--lock-wait",
+            commands=frozenset({"index", "delete"}), group="indexing"),
     Setting("pdf_timeout", float, PDF_SECONDS, "Seconds of wall clock reading one attached PDF's text may take (a "
             "library record without an abstract whose PDF names one; in a child process); past it the record is "
             "skipped with that reason and the run goes on.", low=0.1, high=3600, env="ESQBE_PDF_TIMEOUT",
@@ -151,9 +158,21 @@ SETTINGS: tuple[Setting, ...] = (
             "(SQLite's work and the reader's, not the indexing); past it the file is an error, nothing of it is "
             "indexed and the run goes on.", low=0.1, high=86_400, env="ESQBE_ZOTERO_TIMEOUT", flag="--zotero-timeout",
             commands=frozenset({"index", "encode", "follow run"}), group="indexing"),
+    Setting("max_line_bytes", int, MAX_LINE_BYTES, "Bytes one line of input may hold (files, gzipped or not, and "
+            "stdin), far more than any record within esqbe's limits takes: a longer line is skipped without being "
+            "parsed, reported with its file and line, and the run goes on (in a BibTeX, RIS or CSL-JSON file, the "
+            "rest of that file is not read); reading never holds more than about this much of one line.",
+            low=1024, high=1_000_000_000, env="ESQBE_MAX_LINE_BYTES", flag="--max-line-bytes",
+            commands=frozenset({"index", "encode", "tag", "follow run"}), group="indexing"),
     # querying
     Setting("k", int, 10, "Number of hits.", low=1, high=MAX_K, flag="--k", short="-k", http="k", http_max=HTTP_MAX_K,
             commands=frozenset({"query", "watch add"})),
+    Setting("filter_max_values", int, MAX_FILTER_VALUES, "Values one filter's list may hold (`venue in (...)`, "
+            "`authors.name in [...]`); a longer list is refused before the query runs (a POST /query's schema "
+            "refuses more than the maximum).", low=1, high=MAX_FILTER_VALUES, env="ESQBE_FILTER_MAX_VALUES"),
+    Setting("filter_max_bytes", int, MAX_FILTER_BYTES, "Bytes of text (UTF-8) one filter's value list may hold, all "
+            "its values together; past it the filter is refused before the query runs.", low=16,
+            high=MAX_FILTER_BYTES, env="ESQBE_FILTER_MAX_BYTES"),
     Setting("default_facet", str, None, "The facet `esqbe query` asks with when neither --facet nor --sentences is "
             "given (default: none, all the query paper's sentences; `--facet all` asks with all of them anyway).",
             choices=QUERY_FACETS, env="ESQBE_DEFAULT_FACET"),
@@ -236,6 +255,17 @@ SETTINGS: tuple[Setting, ...] = (
             "(p10: nine in ten at least at the target; more lists per query, docs/performance.md).", choices=("mean", "p10"),
             env="ESQBE_KNN_RECALL_STATISTIC", flag="--knn-recall-statistic",
             commands=frozenset({"index", "attach", "check recall"}), group="indexing"),
+    # `esqbe serve`: what one client connection may hold (esqbe.server.connections)
+    Setting("header_timeout", float, 10.0, "`esqbe serve`: seconds a connection has to send its request line and "
+            "headers, from connecting (or from its previous response on a kept-alive connection); past it the "
+            "server closes it. A request body whose next bytes take this long is answered 408.", low=0.5, high=3600,
+            env="ESQBE_HEADER_TIMEOUT", flag="--header-timeout",
+            commands=frozenset({"serve"}), group="serving"),
+    Setting("max_connections", int, 1000, "`esqbe serve`: client connections open at once (fewer where the "
+            "process's open-file limit leaves less room: the server says how many at start). At the limit, the "
+            "oldest connection still waiting for its request headers is closed to make room; a new one is refused "
+            "only when every open one has a request in hand.", low=1, high=100_000, env="ESQBE_MAX_CONNECTIONS",
+            flag="--max-connections", commands=frozenset({"serve"}), group="serving"),
     # saved queries (esqbe watch, esqbe.index.watches)
     Setting("max_watches", int, 100, "Saved queries (`esqbe watch add`) an index may hold; `watch add` past it is "
             "refused.", low=1, high=10_000, env="ESQBE_MAX_WATCHES", group="indexing"),
