@@ -478,3 +478,21 @@ def test_every_benchmark_and_script_is_named_in_the_docs():
     assert not unnamed, f"name each beside the figure it reproduces (docs/), or remove it: {unnamed}"
     lab_readme = (ROOT / "benchmarks" / "README.md").read_text()
     assert not [_rel(p) for p in lab if _rel(p) not in lab_readme], "benchmarks/README.md lists every script"
+
+
+#: what a score was once said to be, before it became a function of the query and the paper alone
+OLD_SCORE_WORDS = ("scaled over this query's candidates", "only meaningful within one query", "this query's rank score",
+                   "where its similarity stands", "where a hit's similarity stands")
+
+
+def test_one_statement_of_what_a_score_is_everywhere():
+    """The docs, the code's docstrings and comments, and the page say one thing of a hit's score: the query and the
+    paper alone decide it (esqbe.query.combine computes it so); the bands place the score, not the similarity."""
+    places = [*DOCS, *(ROOT / "esqbe").rglob("*.py"), *(ROOT / "esqbe" / "server" / "static").glob("*.js")]
+    said = [f"{_rel(p)}: {w!r}" for p in places if p.name != "results.md" and p.name != "performance.md"
+            for w in OLD_SCORE_WORDS if w in " ".join(p.read_text().lower().split())]
+    assert not said, said
+    from esqbe.query.results import Hit, ScoreFormula
+
+    for text in (ScoreFormula.__doc__, Hit.__doc__, (ROOT / "docs" / "querying.md").read_text()):
+        assert "the query and th" in " ".join(str(text).split()) and "alone" in str(text)

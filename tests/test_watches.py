@@ -230,11 +230,17 @@ def test_watch_commands_print_text_json_and_exports(tmp_path, index_dir_30):
     bib = _esqbe("watch", "run", *base, "--dry-run", "--format", "bibtex")
     out, err = bib.communicate(timeout=120)
     assert bib.returncode == 0 and out.count("@") >= 1, err
+    dry = _esqbe("watch", "run", *base, "--dry-run", "--json")
+    [planned] = json.loads(dry.communicate(timeout=120)[0])
     text = _esqbe("watch", "run", *base)
     out, err = text.communicate(timeout=120)
     assert text.returncode == 0 and "watch w1: 10 new paper(s)" in out and "~ [" in out, (out, err)
-    found = int(re.search(r"(\d+) match\(es\)", out).group(1))
-    assert found >= 1
+    found = int(re.search(r"(\d+) match\(es\) with score >= 0\.1000", out).group(1))
+    assert found >= 1 and planned["threshold"] == 0.1 and len(planned["matches"]) == found
+    for m in planned["matches"]:  # the number it thresholds is the number printed, its parts as `query` prints them
+        assert re.search(rf"score {m['score']:.4f}  (\[\w+, p\d+\]  )?{m['paper_id']}", out) and m["score"] >= 0.1, out
+        assert f"(sim {m['similarity']:.4f}, bm25 {m['bm25']:.1f})" in out
+    assert not re.search(r"\d\. sim ", out)
     again = _esqbe("watch", "run", *base, "--format", "bibtex")  # nothing new since: said on stderr, exit 0
     out, err = again.communicate(timeout=120)
     assert again.returncode == 0 and out == "" and "nothing new" in err and "0 new paper(s)" in err, (out, err)

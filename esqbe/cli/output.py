@@ -39,3 +39,19 @@ def _json_escape(match: re.Match) -> str:
         return f"\\u{n:04x}"
     n -= 0x10000
     return f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}"
+
+
+def hit_head(hit: dict) -> list[str]:
+    """A hit's first two lines: `  3. score 0.5950  [strong, p97]  ID  Title` and its parts `(sim 0.6297, bm25 3.1)`:
+    the score is the number the ranking (and a watch's threshold) uses, the parts what it is made of; a likely
+    version (no rank: `  -.`) says which paper it repeats."""
+    sim = "-" if hit["similarity"] is None else f"{hit['similarity']:.4f}"
+    band, pct = hit.get("band"), hit.get("percentile")
+    place = f"[{band}{'' if pct is None else f', p{int(pct)}'}]  " if band else ""
+    rank = f"{hit['rank']:>3}." if hit.get("rank") is not None else "  -"
+    head = [f"{rank} score {hit['score']:.4f}  {place}{hit['paper_id']}  {hit['title']}",
+            f"       (sim {sim}, bm25 {hit['bm25']:.1f})"]
+    if hit.get("likely_version_of"):  # out of the numbered ranking: which paper it repeats
+        overlap = f", sentence overlap {hit['version_overlap']:.3f}" if hit.get("version_overlap") is not None else ""
+        head.append(f"       likely a version of {hit['likely_version_of']} (nearly the same sentences{overlap})")
+    return head

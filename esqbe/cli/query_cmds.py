@@ -25,7 +25,7 @@ from .options import (
     query_text_or_file,
     text_or_file,
 )
-from .output import echo_json, say
+from .output import echo_json, hit_head, say
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -208,6 +208,8 @@ def query_cmd(paper_ids, avoid, facet, sentences, text, text_file, title, filter
             result = answer.to_dict(index.get([h.paper_id for h in answer.hits]) if export_format else None)
     elif export_format:
         _abstracts_from_here(result, settings)
+    for note in result.get("notes") or []:  # e.g. fewer hits than asked: said on stderr, beside any output
+        say(f"esqbe: note: {printable(note)}", err=True)
     if as_json:
         echo_json(result)
         return
@@ -341,13 +343,14 @@ def _print_result(result: dict, *, chosen: bool, filters, engine_filter) -> None
         if scale.get("source") in ("index", "fixed"):
             say(f"[strong/fair/weak, pN]: where the score stands on {scale['description']}"
                 + ("; pN: higher than N% of them" if scale["source"] == "index" else ""))
+    versions = False
     for hit in hits:
-        sim = "-" if hit["similarity"] is None else f"{hit['similarity']:.4f}"
-        band = hit.get("band")
-        pct = hit.get("percentile")
-        place = f"[{band}{'' if pct is None else f', p{int(pct)}'}]  " if band else ""
-        say(f"\n{hit['rank']:>3}. score {hit['score']:.4f}  {place}{hit['paper_id']}  {hit['title']}")
-        say(f"       (sim {sim}, bm25 {hit['bm25']:.1f})")
+        if hit.get("rank") is None and not versions:
+            versions = True
+            say("\nlikely versions of the query or of a hit above (nearly the same sentences; not numbered):")
+        say("")
+        for line in hit_head(hit):
+            say(line)
         line = _metadata_line(hit["metadata"])
         if line:
             say(f"       {line}")

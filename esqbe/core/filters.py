@@ -262,9 +262,12 @@ def parse_filter(text: str) -> Condition:
         lex.skip()
         if lex.pos < len(text) and text[lex.pos] in "=<>!~^":
             raise lex.error(f"unexpected {text[lex.pos]!r} after operator {op!r}")
+        lex.skip()
+        start = lex.pos
         raw = lex.value()
         if not lex.at_end():
             raise lex.error("unexpected text after the value (quote values holding spaces or quotes)")
+        _one_word(lex, op, raw, start)
         return Condition(key, op, raw)
     word = lex.peek_word().lower()
     if word == "not":
@@ -286,7 +289,12 @@ def parse_filter(text: str) -> Condition:
     lex.pos += 1
     values = []
     while True:
+        lex.skip()
+        start = lex.pos
         values.append(lex.value(stop=",)"))
+        end = lex.pos
+        _one_word(lex, "=", values[-1], start)
+        lex.pos = end
         lex.skip()
         if lex.pos >= len(text):
             raise lex.error("missing ')'")
@@ -299,6 +307,21 @@ def parse_filter(text: str) -> Condition:
     if not lex.at_end():
         raise lex.error("unexpected text after ')'")
     return Condition(key, word, tuple(values))
+
+
+def _one_word(lex: _Lexer, op: str, raw: str, start: int) -> None:
+    """A bare value of several words is one text value (`collection=Chapter 2: Methods`), except where it cannot be:
+    after an order operator (`<` `<=` `>` `>=`) or when it begins with a number (`year>=20 15`), a second word is a
+    stray token, refused at its column."""
+    if lex.text[start] in "\"'":
+        return
+    words = raw.split()
+    if len(words) < 2 or (op not in RANGE_OPS and not _NUMBER.match(words[0])):
+        return
+    lex.pos = lex.text.index(words[1], start + len(words[0]))
+    why = "a number is one word" if _NUMBER.match(words[0]) else f"{op!r} compares with one word"
+    raise lex.error(f"unexpected {words[1]!r} after the value {words[0]!r} ({why}; a value that holds spaces is "
+                    f"quoted: \"{raw}\")")
 
 
 def coerce_filters(filters, *, max_values: int = MAX_FILTER_VALUES, max_bytes: int = MAX_FILTER_BYTES

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from ..backends.base import Backend
 from ..core import deadline
@@ -456,8 +456,18 @@ class Index(IngestMixin):
 
         return rerank(self, query, documents, **overrides)
 
-    def get(self, paper_ids: Sequence[str]) -> dict[str, Paper]:
-        """Stored papers by id (sentences, facet labels, metadata); missing ids are absent."""
+    @overload
+    def get(self, paper_ids: str) -> Paper | None: ...  # type: ignore[overload-overlap]  # a str first: one id
+    @overload
+    def get(self, paper_ids: Iterable[str]) -> dict[str, Paper]: ...
+
+    def get(self, paper_ids):
+        """Stored papers (sentences, facet labels, metadata): of one id (a str), its Paper or None where the index
+        holds none; of a list (any iterable) of ids, {id: Paper} with the missing ids absent."""
+        if isinstance(paper_ids, (str, bytes)):
+            one = paper_ids.decode() if isinstance(paper_ids, bytes) else paper_ids
+            found = self.backend.get([one])
+            return found[one].paper if one in found else None
         return {pid: ip.paper for pid, ip in self.backend.get([str(p) for p in paper_ids]).items()}
 
     def search(self, text: str, k: int = 10) -> list[tuple[Paper, float]]:

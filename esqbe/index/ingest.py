@@ -265,17 +265,46 @@ class IngestMixin:
         else:
             tagged_before = set()
         fresh, merged = [], {}
+        same_records = self._same_records([p for p in latest.values() if p.paper_id in stored and p.paper_id not in
+                                           tagged_before and stored[p.paper_id] != p.content_hash()], facets)
         for p in latest.values():
-            if p.paper_id in tagged_before or facets != "predict" and stored.get(p.paper_id) == p.content_hash():
+            if p.paper_id in same_records:  # every record of it already in the stored paper (a merged paper)
+                report.unchanged += 1
+            elif p.paper_id in tagged_before or facets != "predict" and stored.get(p.paper_id) == p.content_hash():
                 report.unchanged += 1  # (same input, labels already predicted: tagging again changes nothing)
                 sources = (p.metadata or {}).get("sources") or []
                 if len(sources) > 1:  # esqbe.index.merge combined it with the stored paper's own sources
                     merged[p.paper_id] = sources
             else:
                 fresh.append(p)
-        if merged:  # a record of another file merged in without changing the paper: its sources are written
-            self.backend.update_sources(merged)
+        if merged:  # a record of another file merged in without changing the paper: its sources are written, added
+            # to those the stored paper has (a file of an earlier run not read in this one stays among them)
+            from .merge import merged_sources
+
+            before = self.backend.get(sorted(merged))
+            self.backend.update_sources({pid: merged_sources(
+                (before[pid].paper.metadata or {}).get("sources") if pid in before else [], sources, later=sources)
+                for pid, sources in merged.items()})
+        report.replaced_ids.extend(p.paper_id for p in fresh if p.paper_id in stored)
         return fresh
+
+    def _same_records(self, papers: list[Paper], facets: str) -> set[str]:
+        """The ids of `papers` whose stored paper already holds each of their records, as read (esqbe.index.merge:
+        every source's file and record hash among the stored paper's sources): a re-run of the files a merged paper
+        was made of finds it unchanged, whichever of them it reads first."""
+        def records(p) -> set[tuple[str, str]] | None:
+            sources = [s for s in (p.metadata or {}).get("sources") or [] if isinstance(s, dict)]
+            if not sources or any(not s.get("record") for s in sources):
+                return None
+            return {(os.path.basename(str(s.get("file"))), str(s["record"])) for s in sources}
+
+        wanted = {p.paper_id: r for p in papers if (r := records(p)) is not None}
+        if not wanted:
+            return set()
+        found = self.backend.get(sorted(wanted))
+        return {pid for pid, need in wanted.items() if pid in found
+                and need <= (records(found[pid].paper) or set())
+                and (facets != "predict" or found[pid].paper.metadata.get("facets_predicted"))}
 
     def index_files(self, sources: Sequence[str], *, format: str | None = None, strict: bool = False,
                     facets: str | None = None, progress: bool = False, stop: Deadline | None = None) -> IndexReport:
@@ -376,6 +405,10 @@ class IngestMixin:
                 report.abstracts_from_pdf += reader_report.abstracts_from_pdf
                 report.skipped_records.extend(reader_report.skipped_records)
                 report.notes.extend(reader_report.notes)
+                if reader_report.not_kept:
+                    counts = report.not_kept.setdefault(str(source), {})
+                    for key, n in reader_report.not_kept.items():
+                        counts[key] = counts.get(key, 0) + n
                 done_bytes += reader_report.position
                 if bar is not None:
                     bar.position = lambda d=done_bytes: d  # this source is done: counted once
@@ -416,6 +449,7 @@ class IngestMixin:
                 hashes = self.backend.content_hashes(p.paper_id for p in batch)
                 fresh = [p for p in batch if hashes.get(p.paper_id) != p.paper.content_hash()]
                 report.unchanged += len(batch) - len(fresh)
+                report.replaced_ids.extend(p.paper_id for p in fresh if p.paper_id in hashes)
                 if fresh:
                     result = self.backend.upsert(fresh)
                     self._written(result.added + result.replaced)

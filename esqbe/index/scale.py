@@ -230,7 +230,9 @@ def measure(backend: Backend, settings: Settings, *, context=None, sample: int =
                 break
             result = run_examples(backend, [Example(paper, indices, facet)], [], own, context=context)
             queries += 1
-            sims += [float(h.score) for h in result.hits if np.isfinite(h.score)]
+            # its TOP_K best scores (a likely version of the paper or of a hit, listed after the numbered hits, is a
+            # match by its score as it was before versions were told apart: the scale is of scores)
+            sims += sorted((float(h.score) for h in result.hits if np.isfinite(h.score)), reverse=True)[:TOP_K]
     if queries < MIN_QUERIES and time.monotonic() - start > budget_s:
         return _unmeasured(settings.rescorer, f"measuring this index's own took longer than {budget_s:g} s "
                            f"({queries} facet queries)", corpus, key)

@@ -416,10 +416,19 @@ def _from_csfcube(record: dict, raw_labels: bool) -> Paper:
 
 
 def _from_csabstruct(record: dict, raw_labels: bool) -> Paper:
-    paper_id = _paper_id(record, "paper_id")
+    """A record of pre-split `sentences` (CSAbstruct's shape, or plain JSON Lines given so): its id (`paper_id`, else
+    `id`), labels (`labels`, else `facets`), title, and every other field but the per-sentence annotations
+    (`confs`) kept as metadata, as plain JSON Lines keeps them (year, authors, identifiers, ...)."""
+    paper_id = _paper_id(record, "paper_id" if "paper_id" in record or "id" not in record else "id")
     sentences = _sentence_list(record.get("sentences"), "sentences")
-    facets = _labels(record.get("labels"), len(sentences), "labels", raw_labels)
-    return Paper(paper_id, "", sentences, facets, metadata=_metadata("csabstruct"))
+    labels_key = "labels" if "labels" in record or "facets" not in record else "facets"
+    facets = _labels(record.get(labels_key), len(sentences), labels_key, raw_labels)
+    extra = {k: v for k, v in record.items() if k not in _CSABSTRUCT_OWN and k != labels_key}
+    return Paper(paper_id, _title(record), sentences, facets, metadata=_jsonl_metadata(extra, "csabstruct"))
+
+
+#: the csabstruct shape's own fields (the id under either name, the sentences, their annotators' confidences)
+_CSABSTRUCT_OWN = frozenset({"paper_id", "id", "title", "sentences", "confs"})
 
 
 def _from_jsonl(record: dict, raw_labels: bool) -> Paper:
@@ -443,7 +452,7 @@ def _from_jsonl(record: dict, raw_labels: bool) -> Paper:
 _JSONL_FIELDS = ("id", "title", "abstract", "facets")
 
 
-def _jsonl_metadata(record: dict) -> dict:
+def _jsonl_metadata(record: dict, fmt: str = "jsonl") -> dict:
     """Every key besides id/title/abstract/facets, plus the keys of a `metadata` object, kept as given
     (`authors` as a list of names becomes [{"name"}] so that `author=...` filters work everywhere)."""
     extra = {k: v for k, v in record.items() if k not in _JSONL_FIELDS and k != "metadata"}
@@ -455,7 +464,7 @@ def _jsonl_metadata(record: dict) -> dict:
     if "authors" in extra:
         extra["authors"] = _authors(extra["authors"]) if isinstance(extra["authors"], list) else extra["authors"]
     year = extra.pop("year", None)
-    meta = _metadata("jsonl", year, **extra)
+    meta = _metadata(fmt, year, **extra)
     if year is not None and "year" not in meta:
         meta["year"] = year  # kept as given (a string year still filters as text)
     return meta
@@ -588,6 +597,40 @@ def _from_openalex(record: dict, raw_labels: bool) -> Paper:
         open_access_status=oa.get("oa_status") if isinstance(oa.get("oa_status"), str) else None,
     )
     return Paper(paper_id, title, sentences, metadata=meta)
+
+
+#: the top-level fields each record format's parser reads (keys compared lower-cased); a record's other fields are
+#: not kept, and an index run names them per file (`unkept_fields`). Plain JSON Lines keeps every field but esqbe's
+#: own `format`; the csabstruct shape the same, less its per-sentence `confs`.
+_READ_FIELDS = {
+    "s2orc": frozenset({"paper_id", "title", "abstract", "year", "doi", "arxiv_id", "acl_id", "pubmed_id", "pmc_id",
+                        "mag_id", "venue", "journal", "authors", "mag_field_of_study", "s2fieldsofstudy",
+                        "fieldsofstudy", "s2_url"}),
+    "s2ag-abstracts": frozenset({"corpusid", "abstract", "title", "year", "publicationdate", "venue", "journal",
+                                 "authors", "s2fieldsofstudy", "fieldsofstudy", "externalids", "openaccessinfo",
+                                 "openaccesspdf", "url"}),
+    "s2ag-s2orc": frozenset({"corpusid", "content", "title", "year", "publicationdate", "venue", "journal", "authors",
+                             "s2fieldsofstudy", "fieldsofstudy", "externalids", "openaccessinfo", "openaccesspdf",
+                             "url"}),
+    "csfcube": frozenset({"paper_id", "title", "abstract", "pred_labels", "metadata"}),
+    "arxiv": frozenset({"id", "title", "abstract", "authors", "authors_parsed", "versions", "categories",
+                        "journal-ref", "doi", "license"}),
+    "openalex": frozenset({"id", "title", "display_name", "abstract_inverted_index", "authorships",
+                           "primary_location", "ids", "doi", "open_access", "concepts", "publication_year",
+                           "publication_date"}),
+}
+#: the fields the JSON Lines shapes read: all but these
+_NOT_READ = {"jsonl": frozenset({"format"}), "csabstruct": frozenset({"format", "confs"})}
+
+
+def unkept_fields(fmt: str, record: dict) -> list[str]:
+    """The top-level fields of `record` (of format `fmt`) that its parser does not keep, in the record's order."""
+    if fmt in _NOT_READ:
+        dropped = _NOT_READ[fmt]
+        inner = record["metadata"] if isinstance(record.get("metadata"), dict) else {}
+        return [k for k in record if k in dropped] + [f"metadata.{k}" for k in inner if k in dropped]
+    read = _READ_FIELDS.get(fmt)
+    return [] if read is None else [k for k in record if str(k).lower() not in read]
 
 
 _PARSERS = {

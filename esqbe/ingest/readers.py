@@ -35,6 +35,7 @@ from .formats import (
     _Skip,
     _type_name,
     detect_format,
+    unkept_fields,
 )
 from .library import WHOLE_FILE_FORMATS, sniff_format
 from .pdf import TextReader
@@ -100,6 +101,8 @@ class ReadReport:
     line: int = 0
     #: how a source was read where the user should know it (a Zotero database read from a copy while Zotero ran)
     notes: list[str] = field(default_factory=list)
+    #: the fields of the records read that esqbe does not keep (`formats.unkept_fields`): field -> records
+    not_kept: collections.Counter = field(default_factory=collections.Counter)
 
     def summary(self) -> dict:
         summary = {
@@ -114,6 +117,8 @@ class ReadReport:
             summary["abstracts_from_pdf"] = self.abstracts_from_pdf
         if self.notes:
             summary["notes"] = list(self.notes)
+        if self.not_kept:
+            summary["not_kept"] = dict(self.not_kept)
         return summary
 
 
@@ -506,6 +511,8 @@ class _State:
             problem = paper_problem(paper, _RAW_LABELS if self.raw_labels else FACET_LABELS)  # NaN metadata, LIMITS
             if problem:
                 raise _Invalid(*problem)
+            if parse is None:  # a JSON record: its fields the parser does not keep, counted for the run's summary
+                self.report.not_kept.update(unkept_fields(self.fmt, record))
         except _Invalid as e:
             self.error(InputError(self.name, lineno, e.field, self._reason(e, record)))
             return None

@@ -50,7 +50,7 @@ EXPORT_FORMATS = {
 
 #: CSV's columns; `SCORE_COLUMNS` come first with `with_scores`
 CSV_COLUMNS = ("paper_id", "type", "title", "abstract", "authors", "year", "venue", "publisher", "doi", "arxiv",
-               "pubmed", "url", "volume", "pages")
+               "pubmed", "url", "volume", "pages", "likely_version_of")
 SCORE_COLUMNS = ("rank", "score", "similarity")
 
 # ---------------------------------------------------------------- entry types: each format's, through CSL's
@@ -102,14 +102,20 @@ _IN_A_BOOK = frozenset({"inproceedings", "conference", "incollection", "inbook"}
 def csl_type(source_format: str, entry_type: str, venue: str) -> str:
     """A paper's CSL item type from the type its source named (BibTeX, RIS, CSL or Zotero vocabulary), else a journal
     article when it names a venue, a document when not."""
-    t = entry_type.strip()
-    found = {"bibtex": _BIB_TO_CSL.get(t.lower()), "ris": _RIS_TO_CSL.get(t.upper()),
-             "csl-json": t if t in CSL_TYPES else None, "zotero": _ZOTERO_TO_CSL.get(t)}.get(source_format)
+    found = vocabulary_type(source_format, entry_type)
     if found:
         return found
     if source_format == "arxiv" and not venue:
         return "article"  # CSL's preprint
     return "article-journal" if venue else "document"
+
+
+def vocabulary_type(source_format: str, entry_type: str) -> str | None:
+    """The CSL item type an entry type names in its format's vocabulary (BibTeX `article`, RIS `JOUR`, CSL
+    `article-journal`, Zotero `journalArticle`: all `article-journal`), None where the vocabulary has no such type."""
+    t = entry_type.strip()
+    return {"bibtex": _BIB_TO_CSL.get(t.lower()), "ris": _RIS_TO_CSL.get(t.upper()),
+            "csl-json": t if t in CSL_TYPES else None, "zotero": _ZOTERO_TO_CSL.get(t)}.get(source_format)
 
 
 def _entry_type(h: dict, fmt: str) -> str:
@@ -176,8 +182,19 @@ def _fields(hit: dict) -> dict:
         "pages": _text(meta.get("pages")),
         "keywords": [str(k) for k in keywords if isinstance(k, (str, int))] if isinstance(keywords, list) else [],
         "format": source_format, "entry_type": entry_type, "type": csl_type(source_format, entry_type, venue),
+        # a likely version of another paper (esqbe.query.versions): said in every export, scores or not
+        "likely_version_of": _text(hit.get("likely_version_of")),
         "as_written": _as_written(meta.get(AS_WRITTEN)),
     }
+    return out
+
+
+def _notes(h: dict, with_scores: bool) -> list[str]:
+    """An entry's esqbe notes: its rank and scores (`with_scores`), and the paper it likely is a version of."""
+    out = [f"esqbe rank {h['rank'] if h['rank'] is not None else '-'}, score {_score(h['score'])}, similarity "
+           f"{_score(h['similarity']) or '-'}"] if with_scores else []
+    if h["likely_version_of"]:
+        out.append(f"esqbe: likely a version of {h['likely_version_of']} (nearly the same sentences)")
     return out
 
 
@@ -203,7 +220,8 @@ def _csv(hits: list[dict], with_scores: bool) -> str:
     writer.writerow(columns)
     for h in hits:
         row = {**h, "authors": "; ".join(str(a["name"]) for a in h["authors"]),
-               "score": _score(h["score"]), "similarity": _score(h["similarity"])}
+               "score": _score(h["score"]), "similarity": _score(h["similarity"]),
+               "rank": "" if h["rank"] is None else h["rank"]}  # (a likely version has none)
         writer.writerow([csv_cell(row[c]) for c in columns])  # one line, no formula (esqbe.core.textsafe)
     return out.getvalue()
 
@@ -348,11 +366,11 @@ def _bibtex(hits: list[dict], with_scores: bool) -> str:
             held = {name.lower() for name in kept["fields"]}
             fields = [(name, value) for name, value in fields if not held & set(_CARRIED_BY.get(name, (name,)))]
         lines += [f"  {name} = {{{value}}}" for name, value in fields if value and name]
-        if with_scores:  # in a field of its own: a `note` the entry holds is kept as it is
+        notes = _notes(h, with_scores)
+        if notes:  # in a field of its own: a `note` the entry holds is kept as it is
             held = {line.split("=", 1)[0].strip().lower() for line in lines}
             note = next(n for n in ("note", "annote", "esqbe") if n not in held)
-            lines.append(f"  {note} = {{esqbe rank {h['rank']}, score {_score(h['score'])}, similarity "
-                         f"{_score(h['similarity']) or '-'}}}")
+            lines.append(f"  {note} = {{{bib_value('; '.join(notes))}}}")
         entries.append(f"@{kind}{{{key},\n" + ",\n".join(lines) + "\n}\n")
     return "\n".join(entries)
 
@@ -392,9 +410,8 @@ def _ris(hits: list[dict], with_scores: bool) -> str:
             record["accession_number"] = accession
         if h["keywords"]:
             record["keywords"] = h["keywords"]
-        if with_scores:
-            record["notes"] = [f"esqbe rank {h['rank']}, score {_score(h['score'])}, "
-                               f"similarity {_score(h['similarity']) or '-'}"]
+        if _notes(h, with_scores):
+            record["notes"] = _notes(h, with_scores)
         records.append(record)
     return rispy.dumps([_one_line_values(r) for r in records], implementation=_ris_writer(),
                        list_tags=RIS_LIST_TAGS) if records else ""
@@ -435,10 +452,11 @@ def _csl(hits: list[dict], with_scores: bool) -> str:
                            ("keyword", ", ".join(h["keywords"])), ("abstract", h["abstract"])):
             if value:
                 item[key] = value
-        if h["arxiv"] or with_scores:  # CSL's place for data without a variable of its own (not `note`)
+        if h["arxiv"] or with_scores or h["likely_version_of"]:  # CSL's place for data without a variable of its own
             item["custom"] = {**({"arxiv": h["arxiv"]} if h["arxiv"] else {}),
                               **({"esqbe_rank": h["rank"], "esqbe_score": h["score"], "esqbe_similarity": h["similarity"]}
-                                 if with_scores else {})}
+                                 if with_scores else {}),
+                              **({"esqbe_likely_version_of": h["likely_version_of"]} if h["likely_version_of"] else {})}
         items.append(_one_line_tree(item))
     return json.dumps(items, ensure_ascii=False, indent=2) + "\n"
 

@@ -1,7 +1,8 @@
 """The neighbourhood of a query's hits: how the hits relate to each other in the query's aspect, as a graph.
 
-    nodes     exactly the query's hits (a QueryResult's, in its order, with its scores and bands): the graph is built
-              from the result, never from a query of its own
+    nodes     exactly the query's numbered hits (a QueryResult's, in its order, with its scores and bands): the graph
+              is built from the result, never from a query of its own; a likely version of an example or of a hit
+              (esqbe.query.versions) is no node, and the graph's JSON lists it under `versions`
     edges     between two hits, the rescorer's own similarity in the query's facet, each way: hit A's sentences of
               the facet (as a query by A would choose them) against hit B's (as the ranking sees a candidate), and
               B's against A's; the edge's weight is the mean of the two. It is a function of the two papers alone
@@ -348,7 +349,10 @@ class QueryGraph:
                 "nodes": [dict(n) for n in self.nodes], "edges": [dict(e) for e in self.edges],
                 "groups": [dict(g) for g in self.groups], "grouping": dict(self.grouping),
                 "anchors": [dict(a) for a in self.anchors], "anchor_links": [dict(x) for x in self.anchor_links],
-                "layout": dict(self.layout), "result": result, "timings_ms": dict(self.timings)}
+                "layout": dict(self.layout), "result": result, "timings_ms": dict(self.timings),
+                # the hits that are likely versions of an example or of a node: in `result`, listed here, not drawn
+                "versions": [{"id": h["paper_id"], "likely_version_of": h["likely_version_of"],
+                              "version_overlap": h["version_overlap"]} for h in result["hits"] if h["rank"] is None]}
 
 
 def _year(metadata: dict) -> int | None:
@@ -373,15 +377,16 @@ def build_graph(result: QueryResult, papers: Mapping[str, IndexedPaper], setting
     (esqbe.index.scale.SimilarityScale: `bands(values)`, the band of each); `directions`: the query's corpus
     directions, if it centred."""
     t0 = time.perf_counter()
-    if len(result.hits) > MAX_GRAPH_HITS:
-        raise QueryError(f"a graph has at most {MAX_GRAPH_HITS} hits (got {len(result.hits)})")
+    numbered = [h for h in result.hits if h.rank is not None]  # the likely versions (esqbe.query.versions) are no nodes
+    if len(numbered) > MAX_GRAPH_HITS:
+        raise QueryError(f"a graph has at most {MAX_GRAPH_HITS} hits (got {len(numbered)})")
     rescorer = make_rescorer(settings.rescorer, context or RescoreContext(), **(settings.rescorer_params or {}))
     if rescorer is None:
         raise QueryError("a graph's edges are the rescorer's similarity, and rescorer none has none: choose a "
                          "rescorer (summax, the default)")
-    hits = [h for h in result.hits if h.paper_id in papers]
-    if len(hits) != len(result.hits):
-        gone = [h.paper_id for h in result.hits if h.paper_id not in papers]
+    hits = [h for h in numbered if h.paper_id in papers]
+    if len(hits) != len(numbered):
+        gone = [h.paper_id for h in numbered if h.paper_id not in papers]
         raise QueryError(f"hit(s) {', '.join(gone[:3])} left the index while the graph was drawn; ask again")
     k = len(hits)
     facet = graph_facet(result)

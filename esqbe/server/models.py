@@ -292,7 +292,8 @@ class ScoreParts(BaseModel):
 
 
 class Hit(BaseModel):
-    rank: int
+    rank: int | None = Field(description="its place in the numbered ranking (1: the best); null for a likely version "
+                                         "of another paper (`likely_version_of`), listed after the numbered hits")
     paper_id: str
     title: str
     similarity: float | None = Field(description="the rescorer's own similarity: comparable across queries "
@@ -314,6 +315,11 @@ class Hit(BaseModel):
     band: Literal["strong", "fair", "weak"] | None = Field(None, description="the score's band on the response's "
                                                            "`scale` (null: no scale for this rescorer)")
     parts: ScoreParts | None = Field(None, description="what the score is made of")
+    likely_version_of: str | None = Field(None, description="the paper whose sentences this hit's nearly are (an "
+                                          "example's id, \"(text)\" or a better-ranked hit's): a likely version of it, "
+                                          "out of the numbered ranking; null otherwise")
+    version_overlap: float | None = Field(None, description="their sentence overlap (the smaller of each abstract's "
+                                          "mean best cosine with the other's sentences)")
     metadata: dict[str, Any] = Field(default_factory=dict,
                                      description="the paper's stored metadata (year, venue, authors, ids, ...)")
     sentences: list[LabelledSentence] | None = None
@@ -359,7 +365,7 @@ class QueryInfo(BaseModel):
 
 
 class SimilarityScale(BaseModel):
-    """Where a hit's similarity stands (esqbe.index.scale): this index's own matches, or the shipped fixed scale."""
+    """Where a hit's score stands (esqbe.index.scale): this index's own matches, or the shipped fixed scale."""
 
     source: Literal["index", "fixed", "none"] = Field(
         description="index: the similarities of the top-10 hits of facet queries by a sample of the index's own "
@@ -404,6 +410,8 @@ class QueryResponse(BaseModel):
                                              "(backend: the engine's own MaxSim with engine_facet_vectors; python; "
                                              "none), `why` in words, and how many candidates each scored "
                                              "(`in_backend`, `in_python`)")
+    notes: list[str] = Field(default_factory=list, description="what to know of this answer, in words: e.g. why it "
+                                                               "has fewer hits than the k asked")
     timings_ms: dict[str, float]
 
 
@@ -482,7 +490,7 @@ class GraphResponse(BaseModel):
     similarity: str = Field(description="what an edge's forward and backward similarities are")
     scale: SimilarityScale | None
     edge_rule: dict[str, Any] = Field(description="which edges are kept, in words (`rule`) and figures")
-    nodes: list[GraphNode] = Field(description="exactly the query's hits, in their order")
+    nodes: list[GraphNode] = Field(description="exactly the query's numbered hits, in their order")
     edges: list[GraphEdge]
     groups: list[GraphGroup]
     grouping: dict[str, Any] = Field(description="whether the hits split into groups (`status`: grouped, too_few, "
@@ -492,6 +500,9 @@ class GraphResponse(BaseModel):
     layout: dict[str, Any]
     result: QueryResponse = Field(description="the query's result, in POST /query's shape")
     timings_ms: dict[str, float]
+    versions: list[dict[str, Any]] = Field(default_factory=list, description="the hits that are likely versions of "
+                                           "an example or of a node (`id`, `likely_version_of`, `version_overlap`): "
+                                           "in `result`, not drawn")
 
 
 class FacetQuery(QuerySelection):

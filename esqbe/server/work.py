@@ -15,7 +15,7 @@ from ..index.merge import Merger
 from ..index.reports import IndexReport
 from ..ingest.library import sniff_format
 from ..ingest.readers import ReadReport, read_papers
-from ..query.results import PATH_KEYS, file_names_only
+from ..query.results import PATH_KEYS, file_names_only, without_record_hashes
 from ..query.results import finite as _finite
 from ..query.results import jsonable as _jsonable
 from ..query.results import sentences_json as _sentences
@@ -27,7 +27,7 @@ from .models import PapersRequest, QueryRequest
 
 def _paper_out(paper, show_paths: bool = False) -> dict:
     """A paper as the server answers it: attachment paths as file names unless the operator shows paths."""
-    metadata = dict(paper.metadata) if show_paths else file_names_only(paper.metadata)
+    metadata = without_record_hashes(dict(paper.metadata) if show_paths else file_names_only(paper.metadata))
     predicted = bool(metadata.pop("facets_predicted", False))
     return {"paper_id": paper.paper_id, "title": paper.title, "sentences": _sentences(paper),
             "facets_predicted": predicted, "metadata": _jsonable(metadata)}

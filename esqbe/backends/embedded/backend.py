@@ -23,7 +23,7 @@ Layout of an index directory (format 2; docs/performance.md says why each choice
 - `text/`: a tantivy index (BM25 over title + abstract, plus one field per facet), derived from
   SQLite: papers not yet in it are marked `text_indexed = 0` and synced by the next writer (`2`: a stored
   row it cannot take, reported once and left out of BM25, so that it never blocks a later write).
-- `similarity_scale.json`: a note derived from the papers (esqbe.index.scale: where a hit's similarity stands
+- `similarity_scale.json`: a note derived from the papers (esqbe.index.scale: where a hit's score stands
   among the index's own matches), replaced whole by whoever measured it, reader or writer; deleting it only
   makes the next query measure it again.
 

@@ -469,7 +469,11 @@ function renderHits(res) {
   // the filters this query ran with (what was sent), so that a short or empty list says why
   const filters = (state.lastQuery && state.lastQuery.filters) || [];
   const filtered = filters.length ? ` · filters: ${filters.join("; ")}` : "";
-  $("results-info").textContent = `${res.hits.length} papers${filtered} · rescorer ${res.rescorer} · similarity = ${res.similarity}` +
+  // likely versions of the query or of a hit above (hit.likely_version_of) are listed after the numbered hits
+  const numbered = res.hits.filter((h) => h.rank !== null && h.rank !== undefined).length;
+  const versionCount = res.hits.length - numbered;
+  const versionWords = versionCount ? ` (and ${versionCount} likely version${versionCount > 1 ? "s" : ""})` : "";
+  $("results-info").textContent = `${numbered} papers${versionWords}${filtered} · rescorer ${res.rescorer} · similarity = ${res.similarity}` +
     ` · pair weight = ${res.match_weight}${scaleWords(res.scale)} · ${fmt(t.total, 0)} ms`;
   const list = $("hits");
   list.replaceChildren();
@@ -477,7 +481,15 @@ function renderHits(res) {
   for (const h of res.hits) if (h.title) state.titles.set(h.paper_id, h.title);
   renderSet();
   const ctx = hitContext(res);
-  for (const hit of res.hits) list.append(hitItem(hit, res, ctx));
+  let versionsShown = false;
+  for (const hit of res.hits) {
+    if (hit.likely_version_of && !versionsShown) {
+      versionsShown = true;
+      list.append(el("li", { class: "versions-head", text: "Likely versions of the query or of a paper above " +
+        "(nearly the same sentences; not numbered)" }));
+    }
+    list.append(hitItem(hit, res, ctx));
+  }
   if (!res.hits.length) $("results-info").textContent = `No similar paper found${filters.length ? ` with filters: ${filters.join("; ")}` : ""}.`;
 }
 
@@ -574,10 +586,15 @@ function hitItem(hit, res, { maxWeight, examples, avoidList, several }) {
   const matchedC = matchedSentences(hit);
   const nextHash = nextQueryHash(hit, res);
   const band = strength(hit, res);
-  const item = el("li", { class: band && band.classList.contains("strength-weak") ? "hit weak" : "hit", "data-paper-id": hit.paper_id, "data-query-paper": res.query.paper_id || "(text)" },
-    el("div", { class: "hit-head" }, el("span", { class: "hit-rank", text: `${hit.rank}.` }),
+  const version = hit.likely_version_of || null;  // a likely version of the query or of a hit above: not numbered
+  const item = el("li", { class: (band && band.classList.contains("strength-weak") ? "hit weak" : "hit") + (version ? " version" : ""), "data-paper-id": hit.paper_id, "data-query-paper": res.query.paper_id || "(text)" },
+    el("div", { class: "hit-head" }, el("span", { class: "hit-rank", text: version ? "–" : `${hit.rank}.` }),
       el("h3", { class: "hit-title", text: hit.title || (hit.sentences && hit.sentences[0] ? hit.sentences[0].text.slice(0, 100) + "…" : hit.paper_id) }),
-      el("span", { class: "pid" }, el("span", { class: "field", text: "id " }), hit.paper_id)),
+      el("span", { class: "pid" }, el("span", { class: "field", text: "id " }), hit.paper_id),
+      version ? el("span", { class: "version-mark", "data-version-of": version,
+        title: `nearly the same sentences as ${version}` + (typeof hit.version_overlap === "number" ?
+          ` (sentence overlap ${fmt(hit.version_overlap, 3)})` : "") + ": likely another version of it, not numbered",
+        text: `likely a version of ${state.titles.get(version) ? `“${state.titles.get(version)}” (${version})` : version}` }) : null),
     el("div", { class: "scores" },
       // the one number: it orders the hits and its band places it; the parts that make it follow, each explained
       el("span", { class: "score-main", title: `score: ${(res.score || {}).formula || "what the hits are ordered by"}; ` +
@@ -608,7 +625,7 @@ function hitItem(hit, res, { maxWeight, examples, avoidList, several }) {
   return item;
 }
 
-// Where a hit's similarity stands, so that a weak match looks weak: the band and percentile the server placed it at
+// Where a hit's score stands, so that a weak match looks weak: the band and percentile the server placed it at
 // (hit.band, hit.percentile) on the response's scale (res.scale): this index's own matches, or the shipped fixed
 // scale where the index is too small for its own (or while it is being measured). No scale (rescorer none, or a
 // rescorer the fixed scale has no cuts for): no band.
