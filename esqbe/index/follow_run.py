@@ -216,7 +216,7 @@ class _Job:
             self.index.add_papers(_noting(merged, ids) if ids is not None else merged, report=self.report,
                                   stop=self.stop)
         finally:
-            _fold(self.report, reader_report)
+            self.report.add_read(reader_report)
         complete = self.report.left == left and not (self.stop is not None and self.stop.cancelled)
         if not complete:
             self.result.stopped = f"interrupted ({self.stop.cancelled if self.stop else '?'}): the part committed " \
@@ -416,12 +416,3 @@ def _noting(papers: Iterable[Paper], ids: list[str]) -> Iterator[Paper]:
         yield p
 
 
-def _fold(report: IndexReport, reader_report: ReadReport) -> None:
-    """What a reader counted, into the run's report (as `esqbe index` folds each file's)."""
-    report.read += reader_report.read
-    report.skipped.update(reader_report.skipped)
-    report.errors.extend(str(e) for e in reader_report.errors)
-    report.repeated.extend(reader_report.repeated)
-    report.abstracts_from_pdf += reader_report.abstracts_from_pdf
-    report.skipped_records.extend(reader_report.skipped_records)
-    report.notes.extend(reader_report.notes)

@@ -398,17 +398,7 @@ class IngestMixin:
                 e.with_report(report)
                 raise
             finally:
-                report.read += reader_report.read
-                report.skipped.update(reader_report.skipped)
-                report.errors.extend(str(e) for e in reader_report.errors)
-                report.repeated.extend(reader_report.repeated)
-                report.abstracts_from_pdf += reader_report.abstracts_from_pdf
-                report.skipped_records.extend(reader_report.skipped_records)
-                report.notes.extend(reader_report.notes)
-                if reader_report.not_kept:
-                    counts = report.not_kept.setdefault(str(source), {})
-                    for key, n in reader_report.not_kept.items():
-                        counts[key] = counts.get(key, 0) + n
+                report.add_read(reader_report, str(source))
                 done_bytes += reader_report.position
                 if bar is not None:
                     bar.position = lambda d=done_bytes: d  # this source is done: counted once
@@ -468,11 +458,7 @@ class IngestMixin:
                 bar.close()
             report.seconds += time.perf_counter() - start
             if own_reader_report:
-                report.read += reader_report.read
-                report.skipped.update(reader_report.skipped)
-                report.abstracts_from_pdf += reader_report.abstracts_from_pdf
-                report.skipped_records.extend(reader_report.skipped_records)
-                report.errors.extend(str(e) for e in reader_report.errors)
+                report.add_read(reader_report, str(source))
         return report
 
     def encode_files(self, sources: Sequence[str], out: str, *, shard: tuple[int, int] = (0, 1), format: str | None = None,

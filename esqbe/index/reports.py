@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..core.textsafe import printable
+from ..ingest.readers import ReadReport
 
 
 def _reason(e: BaseException, path: str | None = None) -> str:
@@ -133,6 +134,21 @@ class IndexReport:
             "not_kept": {f: dict(c) for f, c in self.not_kept.items()},
             "notes": list(self.notes),
         }
+
+    def add_read(self, read: ReadReport, source: str | None = None) -> None:
+        """What a reader counted while this run read one source, folded into the run's report (every indexing path:
+        files, pre-encoded Parquet, followed sources); its unkept fields listed under `source` (or the reader's)."""
+        self.read += read.read
+        self.skipped.update(read.skipped)
+        self.errors.extend(str(e) for e in read.errors)
+        self.repeated.extend(read.repeated)
+        self.abstracts_from_pdf += read.abstracts_from_pdf
+        self.skipped_records.extend(read.skipped_records)
+        self.notes.extend(read.notes)
+        if read.not_kept:
+            counts = self.not_kept.setdefault(source if source is not None else read.source, {})
+            for key, n in read.not_kept.items():
+                counts[key] = counts.get(key, 0) + n
 
     def merge_lines(self, first: int = 10) -> list[str]:
         """`merged N: file:line = file:line (doi ...); ...` and the likely duplicates, in words (the first `first`)."""
