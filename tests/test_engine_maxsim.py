@@ -397,7 +397,7 @@ def test_a_query_is_scored_in_the_engine_as_python_scores_it(engine, version, fa
 
 @pytest.mark.parametrize("engine,version", EDGE)
 def test_the_bm25_look_ups_ride_in_the_window_request(engine, version, unit_papers, real_meta):
-    """With a first stage whose BM25 reaches only its 3 best, the candidates the kNN alone brought get their BM25 by a
+    """With a first stage whose BM25 reaches only its 3 best (k no more than that, or the list would reach k), the candidates the kNN alone brought get their BM25 by a
     look-up restricted to their ids: it and the index-wide reference go in the window's `_msearch` (each with the
     shard-copy preference `first_stage` would give it), and the hits equal the Python path's, whose look-ups are
     first stages of their own."""
@@ -406,7 +406,7 @@ def test_the_bm25_look_ups_ride_in_the_window_request(engine, version, unit_pape
     index, canned = _engine_index(engine, version, unit_papers, real_meta, bm25_k=3)
     query = unit_papers[0].paper_id
     before = len(canned.requests)
-    engine_result, python_result = _both(index, paper_id=query, facet="method", k=6)
+    engine_result, python_result = _both(index, paper_id=query, facet="method", k=3)  # k past bm25_k would raise it
     sent = [r for r in canned.requests[before:] if r["endpoint"] != "_mapping"]
     (window,) = _window_requests(sent)
     reference, restricted = _lookup_bodies(window)

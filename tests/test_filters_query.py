@@ -81,7 +81,8 @@ def test_cli_filter_shows_metadata_and_json(meta_index):
     assert " · Author " in r.output  # year · venue · authors under each hit
     r = runner.invoke(main, ["query", "--path", ix, "--paper", QID, "--facet", "method", "-k", "40", "--json",
                              "--filter", "doi exists"], catch_exceptions=False)
-    data = json.loads(r.output)
+    data = json.loads(r.stdout)  # stderr says why fewer than 40 came back
+    assert "hit(s) of the 40 asked" in r.stderr
     assert data["hits"] and all("doi" in h["metadata"] for h in data["hits"])
     assert data["query"]["filters"] == [{"key": "doi", "op": "exists"}]
     r = runner.invoke(main, ["query", "--path", ix, "--paper", QID, "--facet", "method", "--filter", "venue in ACL"])
