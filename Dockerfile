@@ -1,4 +1,4 @@
-# esqbe with both engine clients; `esqbe serve` by default (README: "Serving it").
+# esqbe with both engine clients; `esqbe serve` by default (docs/serving.md).
 #   docker build -t esqbe .
 #   docker run -p 127.0.0.1:8000:8000 -v "$PWD/esqbe-index:/data/esqbe-index" -e ESQBE_TOKEN esqbe
 # Listening on 0.0.0.0 inside the container, the server refuses to start without ESQBE_TOKEN.

@@ -1,6 +1,6 @@
 /* avx2_view.c: an LD_PRELOAD shim that shows the process an AVX2-only x86-64 CPU (no AVX-512, no VNNI of any
  * kind, no AMX) on a CPU that has them, so that ONNX Runtime's MLAS (and PyTorch) pick the kernels an AVX2-only
- * CPU (e.g. an AMD EPYC before Zen 4) runs. Issue 41: how the int8 encoder behaves and what it costs there,
+ * CPU (e.g. an AMD EPYC before Zen 4) runs: how the int8 encoder behaves and what it costs there,
  * measured on a machine that has VNNI.
  *
  * How: Linux's CPUID faulting (arch_prctl(ARCH_SET_CPUID, 0); needs the `cpuid_fault` flag in /proc/cpuinfo)

@@ -1,11 +1,11 @@
-"""ANN structures for one facet of a kept index, measured off-line (issue 23, session 8): today's IVF-SQ8 (the
+"""ANN structures for one facet of a kept index, measured off-line: today's IVF-SQ8 (the
 index's own file) against a finer IVF-SQ8 and IVF 4-bit PQ fast-scan, each on the facet's real rows, with the
 calibration's recall@100 definition and query sample (esqbe.backends.embedded.recall: the facet's sentences drawn
 with seed 0, own paper left out, per query sentence the ANN's hits folded to the best papers, which the first stage
 re-scores exactly; truth by brute force over the facet).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_ann_options.py INDEX --facet method \
-        --options ivf-sq8-file,ivf8192-sq8,ivf2048-pq96x4fs,ivf8192-pq96x4fs --work /work/cache/h23c/ann-options
+        --options ivf-sq8-file,ivf8192-sq8,ivf2048-pq96x4fs,ivf8192-pq96x4fs --work DIR
 
 Per option: build (train + add) seconds and the index's bytes, then for each "refine" factor r (papers re-scored per
 query sentence: r x k; the ANN asked for 2 r k + 16 sentence hits, today's rule at r = 2) the smallest nprobe of the
@@ -86,7 +86,7 @@ def main():
     ap.add_argument("--options", default="ivf-sq8-file,ivf2048-pq96x4fs,ivf8192-sq8,ivf8192-pq96x4fs")
     ap.add_argument("--refine", default="2,4,8", help="papers re-scored per query sentence, as multiples of k")
     ap.add_argument("--target", type=float, default=0.95)
-    ap.add_argument("--work", default="/work/cache/h23c/ann-options")
+    ap.add_argument("--work", default=".esqbe-bench/ann-options")
     ap.add_argument("--timed", type=int, default=128, help="query sentences timed one at a time per setting")
     args = ap.parse_args()
     work = Path(args.work)

@@ -1,8 +1,8 @@
-"""What the writer's nprobe calibration (esqbe.backends.embedded.recall, issue 23) costs on a facet the size of the
+"""What the writer's nprobe calibration (esqbe.backends.embedded.recall) costs on a facet the size of the
 largest one at 1M papers (~3M sentence rows): the rows are written in the embedded index's own layout (float16
 vectors, paper numbers, facet codes; seeded clustered unit vectors, 384-d), an IVF-SQ8 is built as the writer
-builds it (nlist 2048), and `calibrate_nprobe` is timed. The build is CPU-heavy (run it under /work/notes/heavy with
---build-only), the timing short (run it alone, e.g. under /work/notes/quiet, on the kept directory).
+builds it (nlist 2048), and `calibrate_nprobe` is timed. The build is CPU-heavy (run it with
+--build-only), the timing short (run it alone, with nothing else on the machine, on the kept directory).
 
     python benchmarks/bench_calibration.py --rows 3000000 --work /tmp/cal --build-only
     python benchmarks/bench_calibration.py --rows 3000000 --work /tmp/cal

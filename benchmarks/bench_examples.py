@@ -1,5 +1,5 @@
 """A query of 5 example papers with 1 paper to avoid against the single-paper query, side by side in one run on
-the index given (issue 36, item 4: at most 2x the single-paper query's warm p50 and p99).
+the index given (item 4: at most 2x the single-paper query's warm p50 and p99).
 
     .venv/bin/python benchmarks/bench_examples.py PATH [--facet method] [--queries 50] [--seed 0] [--k 10]
 

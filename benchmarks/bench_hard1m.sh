@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
-# The hard-1M figures of issues 36, 37 and 39 in one run, on the index bench_scale.py --corpus hard --keep built.
+# docs/performance.md's hard-1M figures (several examples, POST /rerank, watch run) in one run, on the index bench_scale.py --corpus hard --keep built.
 #
-#   benchmarks/bench_hard1m.sh [INDEX]          # INDEX default /work/cache/h15/scale/1000000/index
+#   benchmarks/bench_hard1m.sh INDEX
 #
 # Environment: REPO (checkout whose benchmarks/ run, default this one), PY (default $REPO/.venv/bin/python),
-# LOGDIR (default /tmp/esqbe-bench1m), ESQBE_SHARED (default /work/shared), CSFCUBE_INDEX (optional: an esqbe index of
-# CSFCube dev, e.g. the one `esqbe eval csfcube` builds; issue 39 also asks for the rerank latency there).
+# LOGDIR (default /tmp/esqbe-bench1m), ESQBE_SHARED (default ../shared), CSFCUBE_INDEX (optional: an esqbe index of
+# CSFCube dev, e.g. the one `esqbe eval csfcube` builds: the rerank latency there too).
 # Order: warm the page cache (read every index file once), then
-#   (a) bench_examples.py   issue 36: 5 examples + 1 avoided against the single-paper query, warm p50/p99 -> bench1m-examples.log
-#   (b) bench_rerank.py     issue 39: POST /rerank per call for 50/100/500 candidates         -> bench1m-rerank.log
-#   (c) bench_watch_run.py  issue 37: 1,000 new papers against 50 watches (bound 60 s)        -> bench1m-watch.log
+#   (a) bench_examples.py   5 examples + 1 avoided against the single-paper query, warm p50/p99 -> bench1m-examples.log
+#   (b) bench_rerank.py     POST /rerank per call for 50/100/500 candidates         -> bench1m-rerank.log
+#   (c) bench_watch_run.py  1,000 new papers against 50 watches (bound 60 s)        -> bench1m-watch.log
 # (c) writes to the index it is given (50 watches, 1,000 copies of papers) and puts it back by deleting them, which
 # leaves ~7K retired rows in the exact delta each time: so it runs on a copy (INDEX.watch-copy, ~9 GB, removed
 # afterwards) and every run of this script measures the same index. Each log starts with the machine, the commit,
 # the index, its size and the load average, and ends with the step's wall seconds and the load average after it
 # (a quiet run has a 1-minute load average near 1 or below).
 set -euo pipefail
-INDEX=${1:-/work/cache/h15/scale/1000000/index}
+INDEX=${1:?usage: benchmarks/bench_hard1m.sh INDEX}
 REPO=${REPO:-$(cd "$(dirname "$0")/.." && pwd)}
 PY=${PY:-$REPO/.venv/bin/python}
 LOGDIR=${LOGDIR:-/tmp/esqbe-bench1m}; mkdir -p "$LOGDIR"
-export PYTHONPATH=$REPO HF_HUB_OFFLINE=1 ESQBE_SHARED=${ESQBE_SHARED:-/work/shared}
+export PYTHONPATH=$REPO HF_HUB_OFFLINE=1 ESQBE_SHARED=${ESQBE_SHARED:-$REPO/../shared}
 [ -d "$INDEX" ] || { echo "no index at $INDEX" >&2; exit 2; }
 cd "$REPO"
 

@@ -1,4 +1,4 @@
-"""Raw unlabelled JSONL -> queryable index, end to end, with the default settings, as a user runs it (issue 22).
+"""Raw unlabelled JSONL -> queryable index, end to end, with the default settings, as a user runs it.
 
     HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python benchmarks/bench_index_e2e.py [--limit N] [--workdir DIR]
         [--no-tagging] [--json]          # ESQBE_SHARED=DIR: the shared/ directory, if not ../shared
@@ -16,7 +16,7 @@
    A warm-up run on 2 papers first builds the one-off ONNX export if it is not cached (timed apart).
 
 Prints papers/s for each, the ratio to the baseline and hours per million papers on this machine. Asserts
-nothing; run it on a quiet machine for figures (/work/notes/quiet on the team's machine).
+nothing; run it on a quiet machine for figures (nothing else running).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The int8 encoder on the kernels of other CPU classes, on one machine (issue 41): vectors and speed of ONNX Runtime's
+"""The int8 encoder on the kernels of other CPU classes, on one machine: vectors and speed of ONNX Runtime's
 int8 variants as this CPU runs them, as it runs them with AMX hidden (AVX-512 VNNI), and as it runs them with
 AVX-512, every VNNI and AMX hidden (the kernels of an AVX2-only CPU, e.g. an AMD EPYC before Zen 4).
 

@@ -1,4 +1,4 @@
-"""Issue 52 item 5: what the engine-side MaxSim costs per candidate, against esqbe's Python summax rescorer, at
+""" what the engine-side MaxSim costs per candidate, against esqbe's Python summax rescorer, at
 100 and 1,000 candidates, on a real embedded index's vectors (candidates cycle through its papers to reach the
 count). Three timings, each the median of --repeat runs:
 

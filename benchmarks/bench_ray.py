@@ -3,7 +3,7 @@ model load included) and in steady state (from the times its Parquet files were 
 per million papers per node that follow. Beside it, `--engine encode` runs plain `esqbe encode` (one
 process) over the same files, for Ray's own overhead.
 
-    /work/notes/quiet python benchmarks/bench_ray.py FILES... --out /work/cache/h22b/ray-bench \
+    python benchmarks/bench_ray.py FILES... --out OUT \
         --encoder-backend onnx-int8 --actors 2 --cpus-per-actor 1 --papers-per-file 128
 
 Run it on a quiet machine; OUT is emptied first."""
@@ -42,7 +42,7 @@ def main() -> None:
             report = ray_encode(args.files, args.out, actors=args.actors, cpus_per_actor=args.cpus_per_actor,
                                 papers_per_file=args.papers_per_file, **overrides)
             # the cluster's daemons and workers are not this process's waited-for children: their CPU time is
-            # not in /work/notes/quiet's "this job", so it is printed here to take out of its "other processes"
+            # not counted as this job's by a tool that measures the rest of the machine, so it is printed here
             ray_cpu = 0.0
             for child in psutil.Process().children(recursive=True):
                 try:

@@ -1,4 +1,4 @@
-"""What the calibration's bound costs (issue 23): on an embedded index with IVFs, per facet, the nprobe calibration
+"""What the calibration's bound costs: on an embedded index with IVFs, per facet, the nprobe calibration
 chooses for knn_recall_target when it bounds the sample's mean recall@100 and when it bounds its 10th percentile
 (esqbe.backends.embedded.recall.calibrate_nprobe, same seeded sample), then, for seeded query papers of the index
 (not the calibration's sample), the first stage's kNN at each of the two nprobe values against exact search:
@@ -7,7 +7,7 @@ recall@100 per query paper (mean, p10, min) and the kNN's latency (p50 / p99). T
     PYTHONPATH=. .venv/bin/python benchmarks/bench_recall_bound.py INDEX_DIR --queries 60
 
 Latency is the kNN alone (`Backend.first_stage`, knn fusion, no BM25, no rescoring), one query at a time in this
-process after one warm-up pass; report it only from a quiet run (/work/notes/quiet).
+process after one warm-up pass; report it only from a quiet run (nothing else on the machine).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""POST /rerank's latency per call for 50, 100 and 500 candidates on the index given (issue 39, item 4): what esqbe
+"""POST /rerank's latency per call for 50, 100 and 500 candidates on the index given: what esqbe
 adds to an engine's search when the engine calls it as its reranker.
 
     .venv/bin/python benchmarks/bench_rerank.py PATH [--docs 50,100,500] [--calls 30] [--facet method] [--seed 0]

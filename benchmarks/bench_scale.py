@@ -20,7 +20,7 @@ topic per paper (N/500 topics, cosine to the topic ~0.6), stored as float16-exac
   peak RSS of that process
 - recall@100: first-stage kNN (papers) at the default setting against exact brute force, the 100 best by
   score on each side as `esqbe check recall` counts (and, as `recall_all_hits`, over every paper knn()
-  returns, this benchmark's figure until session 10), same run, in a process of its own (the exact pass
+  returns, a stricter figure for a query of several sentences), same run, in a process of its own (the exact pass
   maps the whole vector file; its peak RSS is reported apart)
 - upsert: `esqbe index` of 1,000 new papers into the full index, then a query that returns one of
   them: wall time from the start of the write to that result; then `esqbe delete` of 10 papers and
@@ -213,8 +213,8 @@ def recall_worker(path: str, n_recall: int, seed: int) -> dict:
         # recall@100 as `esqbe check recall` counts it: the 100 best papers by the first stage's score
         top_a, top_e = _top(a, 100), _top(e, 100)
         recalls.append(len(set(top_a) & set(top_e)) / max(1, len(top_e)))
-        # until session 10 this benchmark counted every paper knn() returns (each query sentence's top 100, up to
-        # 100 x its sentences), a stricter figure than recall@100 for a query of several sentences: kept beside it
+        # and over every paper knn() returns (each query sentence's top 100, up to 100 x its sentences), a stricter
+        # figure than recall@100 for a query of several sentences
         hit_recalls.append(len(set(a) & set(e)) / max(1, len(e)))
     return {
         "recall_at_100": float(np.mean(recalls)),
@@ -346,7 +346,7 @@ def main():
     ap.add_argument("--corpus", choices=("synthetic", "hard"), default="synthetic",
                     help="synthetic: clustered random vectors (above); hard: real encoded sentences of ../shared/data, "
                          "extended (benchmarks/hard_corpus.py, which builds the cache first)")
-    ap.add_argument("--hard-cache", default="/work/cache/h23b/hard", help="--corpus hard: the cache hard_corpus.py build made")
+    ap.add_argument("--hard-cache", default=".esqbe-bench/hard", help="--corpus hard: the cache hard_corpus.py build made")
     args = ap.parse_args()
     rows = []
     print("| papers (sentences) | load | disk | peak RSS | cold CLI query | warm p50 / p99 | kNN recall@100 | 1,000-paper upsert to visible |")

@@ -1,4 +1,4 @@
-"""What issue 48's one score costs a query: the two BM25 look-ups it adds (each candidate's own BM25 where the first
+"""What the one score costs a query: the two BM25 look-ups it adds (each candidate's own BM25 where the first
 stage did not give it, and the query text's best BM25 in the whole index) against the whole query, in one run on one
 index: N seeded single-paper queries per facet after 5 warm-up ones; prints the look-ups' share of the query time
 and their p50 / p99 (ms). Run it quiet (nothing else on the machine):

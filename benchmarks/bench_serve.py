@@ -41,7 +41,7 @@ def load_pool() -> list[dict]:
 
     path = SHARED / "data" / "csfcube-dev" / "abstracts-csfcube-preds.jsonl"
     if not path.exists():
-        sys.exit(f"bench_serve: {path} not found (the team's shared data); set ESQBE_SHARED")
+        sys.exit(f"bench_serve: {path} not found (the evaluation data: docs/quality.md); set ESQBE_SHARED")
     pool = []
     for line in path.open():
         r = json.loads(line)

@@ -1,4 +1,4 @@
-"""The warm server's garbage collector (session 16): the same HTTP app with and without ServeOptions.freeze_gc, each in a
+"""The warm server's garbage collector: the same HTTP app with and without ServeOptions.freeze_gc, each in a
 server process of its own on 127.0.0.1, answering the same bounded sequence of paper+facet queries one at a time from
 this process. Prints per run the latency p50 / p99 / p99.9 / max and the server's own collections per generation (count,
 longest, total ms, from gc.callbacks in the server process).

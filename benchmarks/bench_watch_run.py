@@ -1,4 +1,4 @@
-"""`esqbe watch run`'s cost (issue 37): N new papers against W watches on the index it is given, timed.
+"""`esqbe watch run`'s cost: N new papers against W watches on the index it is given, timed.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_watch_run.py INDEX --new 1000 --watches 50 --min-sim 0.5
 

@@ -1,4 +1,4 @@
-"""What a lower ANN effort per sentence changes in a query of several examples (issue 36, session 16): for the
+"""What a lower ANN effort per sentence changes in a query of several examples: for the
 composed queries bench_examples.py times (5 examples + 1 avoided, seeded), each effort's kNN recall@100 against an
 exact kNN of the same sentences, and its final top 10 against effort 1 (and, with --exact-final, against the query
 whose first stage is exact: slow, ~6 s a query at hard 1M).

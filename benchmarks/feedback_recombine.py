@@ -1,9 +1,11 @@
-"""Issue 36's feedback rules recombined offline (docs/results.md, "Issue 36, session 16"): for each CSFCube dev query,
+"""Rules for a query of several examples and papers to avoid, recombined offline (docs/results.md, "Tried and not
+kept"): for each CSFCube dev query,
 the baseline's first 10 hits read as `esqbe eval csfcube --feedback` reads them (up to 3 relevant, 1 non-relevant
 marked), each part's own query (the query paper, each marked paper) over the pool, its similarity and BM25 per
 candidate, and the shipped query's joined-text BM25 for P = 1..3; then, for each P,N, rules combining them over
 the residual pool of that run (the pool less its own marks), scored by the collection's NDCG%20 against the
-residual baseline, exactly as the evaluation scores them (the shipped rule's row reproduces its figures).
+residual baseline, exactly as the evaluation scores them. The rules fuse with the per-query min-max shipped before
+the one score (its "shipped" row reproduced the product's figures then, not since): read the rows against each other.
 
     .venv/bin/python benchmarks/feedback_recombine.py INDEX [--data ../shared/data/csfcube-dev] [--cache parts.pkl]
         [--config configs/quality.yaml]

@@ -1,10 +1,10 @@
-"""The hard corpus (issue 23): every sentence in ../shared/data encoded with the default model and runtime, as
+"""The hard corpus: every sentence in ../shared/data encoded with the default model and runtime, as
 `esqbe encode` does, cached; then extended to any number of papers (see `extend`).
 
-    PYTHONPATH=. /work/notes/heavy .venv/bin/python benchmarks/hard_corpus.py build --cache /work/cache/h23b/hard
-    PYTHONPATH=. .venv/bin/python benchmarks/hard_corpus.py build --cache /work/cache/h15/hard --max-chunks 5   # session 7's corpus
-    PYTHONPATH=. .venv/bin/python benchmarks/hard_corpus.py count --cache /work/cache/h23b/hard
-    PYTHONPATH=. .venv/bin/python benchmarks/hard_corpus.py compare --cache /work/cache/h23b/hard --sample 300000
+    PYTHONPATH=. .venv/bin/python benchmarks/hard_corpus.py build --cache CACHE                  # every paper (~2 h on 2 cores)
+    PYTHONPATH=. .venv/bin/python benchmarks/hard_corpus.py build --cache CACHE --max-chunks 5   # docs/performance.md's corpus
+    PYTHONPATH=. .venv/bin/python benchmarks/hard_corpus.py count --cache CACHE
+    PYTHONPATH=. .venv/bin/python benchmarks/hard_corpus.py compare --cache CACHE --sample 300000
 
 `build` writes CACHE/papers.jsonl (every paper, ids prefixed by their source) and encodes it through
 `Index.encode_files` (the library function behind `esqbe encode`: default settings, so the default model,
@@ -102,7 +102,7 @@ def build(cache: Path, max_chunks: int | None = None) -> dict:
     """Encode the gathered papers in chunks, each into its own Parquet file (encoded/NNN/), abstracts first, then
     the full texts in a seeded order, FULL_TEXT_CHUNK at a time; a chunk already encoded is kept (the build
     resumes). What was encoded when a build is stopped is a seeded sample of the full texts. `max_chunks` stops
-    after the first that many chunks (5: session 7's corpus, all abstracts and 160 full texts drawn)."""
+    after the first that many chunks (5: docs/performance.md's corpus, all abstracts and 160 full texts drawn)."""
     import esqbe
 
     cache.mkdir(parents=True, exist_ok=True)
@@ -420,7 +420,7 @@ def compare(cache: Path, work: Path, sigmas: list[float], share: float, queries:
     return out
 
 
-#: the noise scale of synthetic sentences, chosen by `compare` (docs/performance.md, issue 23)
+#: the noise scale of synthetic sentences, chosen by `compare` (docs/performance.md)
 SIGMA = 0.6
 _EXTENDER: dict = {}
 
@@ -507,14 +507,14 @@ def table(result: dict) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=("build", "count", "gather", "compare", "choose"))
-    ap.add_argument("--cache", default="/work/cache/h23b/hard")
+    ap.add_argument("--cache", default=".esqbe-bench/hard")
     ap.add_argument("--work", default="/tmp/h23b-compare")
     ap.add_argument("--sigmas", default="0.0,0.2,0.4")
     ap.add_argument("--share", type=float, default=0.25, help="compare: share of the real papers extended")
     ap.add_argument("--queries", type=int, default=500)
     ap.add_argument("--no-ivf", action="store_true")
     ap.add_argument("--max-chunks", type=int, default=None,
-                    help="build: stop after the first N chunks (5 = session 7's 7,147 papers, 78,325 sentences)")
+                    help="build: stop after the first N chunks (5 = docs/performance.md's 7,147 papers, 78,325 sentences)")
     args = ap.parse_args()
     cache = Path(args.cache)
     if args.command == "gather":

@@ -1,4 +1,4 @@
-"""Where the warm query's time goes on a kept index (issue 23, session 8): bench_scale's own warm worker's queries
+"""Where the warm query's time goes on a kept index: bench_scale's own warm worker's queries
 (same seed, same warm-up), each timed whole and in parts by timers wrapped around the embedded backend's steps.
 
     PYTHONPATH=. .venv/bin/python benchmarks/profile_query.py INDEX [--queries 200] [--passes 2] [--json OUT]

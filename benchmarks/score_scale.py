@@ -1,11 +1,11 @@
-"""Issue 48: how a hit's similarity and BM25 are brought to one scale without looking at the other candidates,
+""" how a hit's similarity and BM25 are brought to one scale without looking at the other candidates,
 measured on CSFCube dev (given labels) through the product's own query path, offline.
 
 For each fold1_dev query: the query as `esqbe eval csfcube` runs it (restricted to its pool) with final_bm25_weight 0,
 giving each candidate's rescorer similarity and BM25; the query text's best BM25 over the whole index (nothing
 excluded: for a paper query, usually the paper itself) and the query paper's own BM25 (its self-score). Then each rule
 ranks the pool and is scored by the collection's NDCG%20 as the evaluation scores it. The rule `minmax` is the
-pool-dependent fusion shipped before issue 48 (it reproduces `esqbe eval csfcube`'s figure).
+pool-dependent fusion shipped before the one score (it reproduces `esqbe eval csfcube`'s figure).
 
     PYTHONPATH=. .venv/bin/python benchmarks/score_scale.py INDEX [--data ../shared/data/csfcube-dev] [--cache F]
 
@@ -89,7 +89,7 @@ def main():
     def floor_rows(sim, floor):
         return np.where(np.isfinite(sim), sim, floor)
 
-    def minmax(w):  # shipped before issue 48: non-finite one below the lowest, each min-max over the pool
+    def minmax(w):  # shipped before  non-finite one below the lowest, each min-max over the pool
         return lambda sim, bm, d: (1 - w) * mm(floor_rows(sim, np.nanmin(sim) - 1.0)) + w * mm(bm)
 
     def over(w, key, floor=-1.0):  # similarity as is, BM25 over a per-query reference that sees no other candidate

@@ -8,13 +8,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import unicodedata
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
 from .core.filters import MetadataFilter
-from .core.textsafe import CONTROLS_AND_BREAKS
+from .core.textsafe import NOT_IN_ID
 from .errors import DataError, ModelMismatchError, ParameterError
 
 #: facets a user can query by (CSFCube's three; `objective` is folded into `background`)
@@ -114,6 +115,22 @@ def _storable(text: str) -> bool:
         return False
 
 
+def id_problem(pid: str) -> str | None:
+    """Why `pid` cannot be a paper's id, or None. An id is one line of text everywhere it goes (an export's record, a
+    terminal, a TSV listing), so no control character or line break; and it is typed as it is read, so no format
+    character (Unicode Cf: a bidirectional control shows `sec4-\\u202e54321` as `sec4-12345`, another paper's id; a
+    zero-width one is not seen at all)."""
+    bad = NOT_IN_ID.search(pid)
+    if not bad:
+        return None
+    c = bad.group()
+    if ord(c) >= 0xA0 and c not in "\u2028\u2029":
+        name = unicodedata.name(c, "")
+        return (f"invisible or bidirectional format character U+{ord(c):04X}{f' ({name})' if name else ''} at position "
+                f"{bad.start()}; an id reads as it is typed")
+    return f"control character U+{ord(c):04X} at position {bad.start()}; an id is one line of printable text"
+
+
 def paper_problem(paper: Paper, labels: tuple[str, ...] = FACET_LABELS) -> tuple[str, str] | None:
     """(field, reason) for a paper no index may store (wrong types, unknown labels, past LIMITS), or None.
 
@@ -124,10 +141,9 @@ def paper_problem(paper: Paper, labels: tuple[str, ...] = FACET_LABELS) -> tuple
         return "paper_id", "missing or empty"
     if len(pid) > LIMITS["id_chars"]:
         return "paper_id", f"{len(pid)} characters; at most {LIMITS['id_chars']}"
-    bad = CONTROLS_AND_BREAKS.search(pid)
-    if bad:  # an id is one line of text everywhere it goes: an export's record, a terminal, a TSV listing
-        return "paper_id", (f"control character U+{ord(bad.group()):04X} at position {bad.start()}; an id is one "
-                            "line of printable text")
+    problem = id_problem(pid)
+    if problem:
+        return "paper_id", problem
     if not isinstance(paper.title, str):
         return "title", f"expected a string, got {type(paper.title).__name__}"
     if len(paper.title) > LIMITS["title_chars"]:
@@ -158,7 +174,7 @@ def paper_problem(paper: Paper, labels: tuple[str, ...] = FACET_LABELS) -> tuple
 
 #: metadata keys esqbe writes for itself (not part of a paper's content hash); facet_probs: the
 #: tagger's soft labels, written beside its predicted labels (which do count)
-#: (`sources`: where a paper was read from, issue 49 item 2: the same paper read from another file is unchanged)
+#: (`sources`: where a paper was read from: the same paper read from another file is unchanged)
 INTERNAL_METADATA_KEYS = frozenset({"facets_predicted", "facet_probs", "sources"})
 
 

@@ -4,7 +4,7 @@ failure; any other exception out of the library is a bug (the CLI prints a trace
 `EXIT_INTERNAL`, the server answers 500 with a request id).
 
 The classes of the modules that raise them stay defined (and importable) there, deriving from the bases
-here; `error_classes()` walks them all (README's exit-status table is generated from it). Classes that were
+here; `error_classes()` walks them all (docs/faults.md's exit-status table is generated from it). Classes that were
 a `ValueError` before the hierarchy keep `ValueError` as a second base, so callers catching it keep working.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_STORAGE, EXIT_INTERNAL = 0, 1, 2, 3, 70
 EXIT_SERVER = 4  # `esqbe query --server URL`: that server did not answer
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # `esqbe index` interrupted: 128 + the signal's number, as shells report it
 
-#: what each exit status means (README "Bad input, faults and exit statuses" is generated from it)
+#: what each exit status means (docs/faults.md's table is generated from it)
 EXIT_MEANINGS = {
     EXIT_OK: "done (bad lines, if any, were reported as warnings and the rest indexed)",
     EXIT_ERROR: "the input, a setting or the request is wrong: bad config value, unknown paper, model mismatch, "
@@ -115,18 +115,21 @@ def error_classes() -> list[type[EsqbeError]]:
 #: the modules that define EsqbeError subclasses (error_classes imports them to find every class)
 _DEFINING_MODULES = (
     "esqbe.backends.base", "esqbe.core.deadline", "esqbe.core.filters", "esqbe.distributed.raydata", "esqbe.encode.identity",
-    "esqbe.encode.adapter", "esqbe.encode.distill", "esqbe.encode.citations",
+    "esqbe.encode.modeldir", "esqbe.encode.adapter", "esqbe.encode.distill", "esqbe.encode.citations",
     "esqbe.evaluation.clscisumm_data", "esqbe.evaluation.csfcube", "esqbe.ingest.readers", "esqbe.query.results",
     "esqbe.rescore.words", "esqbe.settings.config", "esqbe.tagger.net", "esqbe.server.client", "esqbe.index.watches",
+    "esqbe.ingest.web", "esqbe.index.follow",
 )
 
 
-README_BEGIN, README_END = "<!-- errors table: generated from esqbe/errors.py (python -m esqbe.errors README.md) -->", \
+#: where the table is, and its markers there
+PAGE = "docs/faults.md"
+TABLE_BEGIN, TABLE_END = f"<!-- errors table: generated from esqbe/errors.py (python -m esqbe.errors {PAGE}) -->", \
     "<!-- end of errors table -->"
 
 
-def readme_table() -> str:
-    """README's exit statuses and the status of each error class, as markdown."""
+def markdown_table() -> str:
+    """The exit statuses and the status of each error class, as markdown (docs/faults.md)."""
     lines = ["| exit status | meaning |", "|---|---|"]
     lines += [f"| {status} | {meaning} |" for status, meaning in EXIT_MEANINGS.items()]
     lines += ["", "Each of esqbe's errors (`esqbe.errors.EsqbeError` and its subclasses, importable from the module "
@@ -141,11 +144,11 @@ def readme_table() -> str:
     return "\n".join(lines)
 
 
-def render_readme(text: str) -> str:
-    """`text` (README.md) with the table between its markers regenerated."""
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
-    return f"{head}{README_BEGIN}\n{readme_table()}\n{README_END}{tail}"
+def render_page(text: str) -> str:
+    """`text` (docs/faults.md) with the table between its markers regenerated."""
+    head, rest = text.split(TABLE_BEGIN, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    return f"{head}{TABLE_BEGIN}\n{markdown_table()}\n{TABLE_END}{tail}"
 
 
 if __name__ == "__main__":
@@ -155,5 +158,8 @@ if __name__ == "__main__":
     # the module itself, not this __main__ copy (its classes are the ones subclassed)
     from esqbe import errors
 
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
-    path.write_text(errors.render_readme(path.read_text(encoding="utf-8")), encoding="utf-8")
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else PAGE)
+    text = path.read_text(encoding="utf-8")
+    if errors.TABLE_BEGIN not in text or errors.TABLE_END not in text:
+        sys.exit(f"{path} has no errors table's markers: the table is in {PAGE}")
+    path.write_text(errors.render_page(text), encoding="utf-8")

@@ -6,9 +6,9 @@
 
 Each dev query's pool is re-ranked with numpy from the stored sentence vectors, labels and soft labels,
 and BM25 from the index's tantivy fields (title+abstract, or the candidate's text of the query's facet),
-then scored with esqbe.evaluation.metrics. Its rows reproduce `esqbe eval csfcube` (the same formulas: e.g. the old default, summax
-over same-facet candidate sentences + 0.1 BM25 per-query min-max, gives 61.92 as `esqbe eval` does); levers that are not product
-settings (BM25 on the facet's text, pseudo-relevance feedback) are measured here only, and the table in
+then scored with esqbe.evaluation.metrics. Its rows fuse with the per-query min-max shipped before the one score (its
+"old default" row equals benchmarks/score_scale.py's "minmax w0.1" row on the same index; the product's score is
+score_scale.py's "sim + BM25/best-in-index w0.1"); levers that are not product settings (BM25 on the facet's text, pseudo-relevance feedback) are measured here only, and the table in
 docs/results.md says which. `--loqo` adds leave-one-query-out estimates of what choosing among the
 levers (per facet or globally) is worth on unseen queries: with 8 queries per facet, in-sample gains
 under about a point are noise.
@@ -182,7 +182,7 @@ def main() -> None:
             return {q: sum(w * mm(feats[f][q]) for f, w in parts) for q in Q}
 
         rows = [
-            ("old default (before issue 12): summax same-facet + 0.1 BM25", [("same", 0.9), ("bm25", 0.1)]),
+            ("old default (same facet only): summax same-facet + 0.1 BM25", [("same", 0.9), ("bm25", 0.1)]),
             ("summax same-facet alone", [("same", 1.0)]),
             ("summax all sentences + 0.1 BM25", [("all", 0.9), ("bm25", 0.1)]),
             *[(f"soft facets {p:g} + 0.1 BM25", [(f"soft{p:g}", 0.9), ("bm25", 0.1)]) for p in (0.05, 0.1, 0.2, 0.3)],

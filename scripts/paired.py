@@ -1,4 +1,4 @@
-"""Paired per-query comparison of two `esqbe eval csfcube --out DIR` configurations (docs/results.md, issue 25's rule):
+"""Paired per-query comparison of two `esqbe eval csfcube --out DIR` configurations (the rule of docs/results.md):
 mean NDCG%20 difference over the dev queries, wins/losses, per facet, a paired bootstrap 95% interval, and the mean
 difference in each of 4 folds (queries sorted by id, consecutive blocks) as the spread.
 

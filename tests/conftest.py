@@ -38,10 +38,10 @@ SHARED = Path(os.environ.get("ESQBE_SHARED", REPO.parent / "shared"))
 
 
 def shared_path(*parts) -> Path:
-    """A file under ../shared (the team's data), or skip with the reason when it is absent."""
+    """A file under ../shared (the evaluation data, docs/quality.md), or skip with the reason when it is absent."""
     p = SHARED.joinpath(*parts)
     if not p.exists():
-        pytest.skip(f"{p} not present (shared data is only on the team's machines)")
+        pytest.skip(f"{p} not present (the evaluation data: docs/quality.md, 'The data')")
     return p
 
 
@@ -69,6 +69,21 @@ def esqbe_cli(*args, env: dict | None = None, cwd: str | Path | None = None, inp
     with contextlib.chdir(cwd or os.getcwd()):
         r = CliRunner().invoke(main, argv, env=env, input=input, catch_exceptions=False)
     return Ran(argv, r.exit_code, r.stdout, r.stderr)
+
+
+def model_copy(dest: Path) -> Path:
+    """`dest`, a directory holding the default model's files (hard links where the file system allows, else
+    copies): a model directory of its own, since one whose files are links out of it is refused."""
+    from esqbe.encode.identity import resolve_model
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in Path(resolve_model(None)[0]).iterdir():
+        if f.is_file():
+            try:
+                (dest / f.name).hardlink_to(f)
+            except OSError:
+                shutil.copyfile(f, dest / f.name)
+    return dest
 
 
 @pytest.fixture(scope="session")
@@ -255,7 +270,7 @@ def browser():
     b.quit()
 
 
-# --- hostile text in an index (issue 40, items 4 to 6: exports, ids, the terminal) -----------------------------
+# --- hostile text in an index (items 4 to 6: exports, ids, the terminal) -----------------------------
 #: what a terminal would obey: the window title (OSC 0), a screen clear (CSI), a disguised link (OSC 8), their
 #: 8-bit C1 forms, BEL, DEL, backspaces
 TERMINAL_PAYLOADS = ("\x1b]0;pwned-title\x07", "\x1b[2J\x1b[3J\x1bc",

@@ -1,4 +1,4 @@
-"""`esqbe adapt` (issue 50) on a few real abstracts, with the default model as its own teacher (no download): the
+"""`esqbe adapt` on a few real abstracts, with the default model as its own teacher (no download): the
 model directory it writes (shape, loads as any model), its identity (teacher, data, recipe) and the index that
 records it, Ctrl-C (nothing half-written, or the last complete epoch, said which), and the bounds refused before
 anything is read or loaded."""
@@ -170,3 +170,51 @@ def test_bad_inputs_refused(papers_file, tmp_path):
     with pytest.raises(ParameterError, match="loss must be one of"):
         adapt([str(papers_file)], tmp_path / "m", teacher=TEACHER, cfg=AdaptConfig(loss="cosine"))
     assert not (tmp_path / "m").exists()
+
+
+def _help_examples(text: str) -> list[str]:
+    """The command lines of a --help's example block (the lines that start with `esqbe ` or `scripts/`)."""
+    return [line.strip() for line in text.splitlines() if line.strip().startswith(("esqbe ", "scripts/"))
+            and not line.strip().startswith("esqbe index samples/")]  # (the measured command, quoted in prose)
+
+
+def test_the_help_examples_run_and_point_inside_the_project(tmp_path, monkeypatch):
+    """Each example of `esqbe adapt --help` run as written, bounded (`--sample 40`, short windows) on a small real
+    BibTeX library: the teacher script is the project's own (no path outside it), and since it downloads 420 MB from
+    PyPI, the directory it would make holds the default model as the stand-in teacher; the index example's options
+    exist (it named `--index-path`) and the index records the adapted model."""
+    import shlex
+
+    text = CliRunner().invoke(main, ["adapt", "--help"], terminal_width=200).output
+    assert "../" not in text and "--index-path" not in text
+    get, adapt_line, index_line = _help_examples(text)
+    script, dest = shlex.split(get.split("#")[0])
+    assert (REPO / script).is_file() and os.access(REPO / script, os.X_OK)
+    assert "all-mpnet-base-v2" in (REPO / script).read_text()  # what it writes: DEST/all-mpnet-base-v2
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / dest).mkdir()
+    (tmp_path / dest / "all-mpnet-base-v2").symlink_to(model_info(TEACHER).source, target_is_directory=True)
+    records = [json.loads(line) for line in SAMPLE.read_text().splitlines()[:8]]
+    (tmp_path / "my-papers.bib").write_text("".join(
+        f"@article{{paper{i},\n  title = {{Paper number {i} of the library}},\n  year = {{2020}},\n"
+        f"  abstract = {{{' '.join(r['sentences']).replace('%', '')}}}\n}}\n\n" for i, r in enumerate(records)))
+    bounded = ["--sample", "40", "--batch", "4", "--max-seq-length", "64", "--threads", "1"]
+    for line, extra in ((adapt_line, bounded), (index_line, [])):
+        args = shlex.split(line)
+        assert args[0] == "esqbe"
+        r = CliRunner().invoke(main, args[1:] + extra, catch_exceptions=False)
+        assert r.exit_code == 0, (line, r.output)
+    stats = json.loads(CliRunner().invoke(main, ["stats", "--path", "my-index", "--json"]).stdout)
+    assert stats["papers"] == 8 and stats["model_distilled"] == model_info("my-model").distilled
+    assert stats["encoder_runtime"] == "torch-fp32"  # what the help says `auto` runs it on
+
+
+def test_a_missing_teacher_offline_is_named_with_the_script_that_installs_it(papers_file, tmp_path, monkeypatch):
+    """The default teacher, not on this machine, with the hub off: refused before the sample is read, naming
+    `scripts/get-mpnet-model` (it was the hub's "couldn't connect")."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = CliRunner().invoke(main, ["adapt", str(papers_file), "--out", str(tmp_path / "m"), "--sample", "40"])
+    assert r.exit_code == 1, r.output
+    assert "the teacher 'sentence-transformers/all-mpnet-base-v2' is not on this machine" in r.output, r.output
+    assert "scripts/get-mpnet-model DIR" in r.output and "--teacher DIR/all-mpnet-base-v2" in r.output
+    assert "sample:" not in r.output and "couldn't connect" not in r.output and not (tmp_path / "m").exists()

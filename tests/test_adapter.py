@@ -1,4 +1,4 @@
-"""Encoder adapters (issue 25): `esqbe train-encoder` on a miniature citation pack (seeded: the same weights twice),
+"""Encoder adapters: `esqbe train-encoder` on a miniature citation pack (seeded: the same weights twice),
 the adapter merged at load with plain torch (vectors move, the model's identity carries it), an index built with
 one refuses the bare model, and the `adapter` setting never loads from a URL."""
 from __future__ import annotations
@@ -162,7 +162,7 @@ def test_onnx_runtime_exports_the_merged_weights(trained, tmp_path):
 
 
 def test_cached_lower_layers_train_the_same_adapter(tmp_path):
-    """Issue 25: with the frozen layers' output cached once per text, training runs only the top layers and must
+    """ with the frozen layers' output cached once per text, training runs only the top layers and must
     give the same losses and the same adapter as running the whole model every step (a cache of the wrong layer's
     output, or one fed to the wrong layer, changes both). Two epochs, so the second pass reads the cache again."""
     from safetensors.torch import load_file
@@ -192,7 +192,7 @@ def test_cached_lower_layers_train_the_same_adapter(tmp_path):
 
 
 def test_index_records_the_adapter_by_name_and_refuses_another_on_write(trained, tmp_path):
-    """Issue 25: the index's model identity names its adapter (IndexMeta.adapter, `esqbe stats`), and a write with
+    """ the index's model identity names its adapter (IndexMeta.adapter, `esqbe stats`), and a write with
     another adapter (or none) is refused as a different model would be, naming the index's adapter."""
     import shutil
 
@@ -222,7 +222,7 @@ def test_index_records_the_adapter_by_name_and_refuses_another_on_write(trained,
 
 
 def test_eval_clscisumm_names_the_adapter_in_its_command_and_run(trained, tmp_path):
-    """Issue 25: `esqbe eval clscisumm --adapter DIR` ranks with another encoder: its printed command, run name and
+    """ `esqbe eval clscisumm --adapter DIR` ranks with another encoder: its printed command, run name and
     default index path say so (they left the adapter out, so two runs looked like one)."""
     from esqbe.evaluation.clscisumm import default_index_path
     from esqbe.settings.config import Settings
@@ -262,7 +262,7 @@ def test_frozen_dropout_cannot_be_cached(tmp_path):
 
 
 def test_grouped_guidance_loss_is_the_unbatched_loss_of_each_slice(encoder):
-    """Issue 25, grouped citances: a batch holding two citing sentences per paper (each abstract encoded once) has the
+    """Grouped citances: a batch holding two citing sentences per paper (each abstract encoded once) has the
     loss of the unbatched recipe run on each slice of one citing sentence per paper, averaged: the same in-batch
     negatives (the other papers), the same hard negatives (the cited abstract's other sentences)."""
     import torch

@@ -1,4 +1,4 @@
-"""The writer's 4-bit PQ fast-scan IVF (issue 23, session 8) on real vectors: CSFCube dev abstracts encoded by the
+"""The writer's 4-bit PQ fast-scan IVF on real vectors: CSFCube dev abstracts encoded by the
 real default model, the ANN forced on (a low exact_threshold). Facets with enough rows get an IVF-PQ fast-scan whose
 calibration tunes nprobe and the papers re-scored exactly (refine) to the recall target, `check recall` agrees with
 an independent numpy computation, `stats` names the structure and its knobs; a facet entry as the writer stored it
@@ -78,7 +78,7 @@ def test_refine_is_what_holds_recall_on_pq(csfcube_pq):
 
 
 def test_an_ivf_sq8_entry_written_before_pq_still_queries(csfcube_pq, tmp_path):
-    """The manifest entry the writer stored before session 8 (IVF-SQ8 file, no "structure", no "refine"): read as an
+    """The manifest entry the writer stored before PQ fast-scan (IVF-SQ8 file, no "structure", no "refine"): read as an
     IVF-SQ8 re-scoring 2k papers, named as before by `check recall`, and its recall holds."""
     from esqbe.backends.embedded.backend import EmbeddedBackend
 
@@ -104,9 +104,9 @@ def test_an_ivf_sq8_entry_written_before_pq_still_queries(csfcube_pq, tmp_path):
 
 
 def test_exact_cap_bounds_the_papers_a_many_sentence_query_rescores(csfcube_pq, tmp_path):
-    """`exact_cap` (issue 23, session 9): a query of many sentences re-scores at most max(exact_cap, refine * k) of the
-    ANN's papers, each sentence's best candidates first (session 10); 0 re-scores the union of every sentence's
-    refine * k, as before session 9. The default (1,000) is past any union of this small index (700 papers)."""
+    """`exact_cap`: a query of many sentences re-scores at most max(exact_cap, refine * k) of the
+    ANN's papers, each sentence's best candidates first; 0 re-scores the union of every sentence's
+    refine * k, as without a cap. The default (1,000) is past any union of this small index (700 papers)."""
     from esqbe.backends.embedded.backend import EmbeddedBackend
 
     path = tmp_path / "capped"
@@ -189,8 +189,8 @@ def test_calibration_counts_what_the_first_stage_returns(csfcube_pq):
 
 
 def test_a_many_sentence_query_searches_the_ann_in_parts_with_the_same_hits(csfcube_pq, monkeypatch):
-    """A query of more than `ANN_SPLIT_SENTENCES` sentences has its ANN search split over the ANN threads (session 12:
-    the p99 queries left the other core idle); each query sentence is searched on its own, so the kNN is the same as
+    """A query of more than `ANN_SPLIT_SENTENCES` sentences has its ANN search split over the ANN threads (a
+    many-sentence query left the other core idle); each query sentence is searched on its own, so the kNN is the same as
     one search of all the sentences gives. Real vectors: the papers' own sentences, stacked into long queries."""
     from esqbe.backends.embedded import ann as ann_mod
     from esqbe.backends.embedded.backend import EmbeddedBackend

@@ -1,4 +1,4 @@
-"""/docs (Swagger UI) and /redoc (ReDoc) work with no network (issue 51, item 3): real headless Chromium whose every
+"""/docs (Swagger UI) and /redoc (ReDoc) work with no network: real headless Chromium whose every
 host name but loopback resolves to nothing and whose other traffic goes to a dead proxy opens them against a real
 server, the API's operations are drawn, and no request left the server's own address (FastAPI's default pages load
 their scripts from a CDN: they would stay blank here and the request list would name it)."""

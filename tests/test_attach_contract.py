@@ -330,7 +330,7 @@ def test_queries_on_an_attached_index(engine, version, encoder, settings):
     for h in result.hits:
         assert h.metadata["lang"] == "en" and h.metadata["doc_no"].startswith("N-")  # the user's fields with the hit
         assert h.matches and h.matches[0].candidate_sentence
-    # the first stage's _msearch (the one with kNN searches; issue 48's look-up of the query's best BM25 in the whole
+    # the first stage's _msearch (the one with kNN searches; the score's look-up of the query's best BM25 in the whole
     # index, unfiltered by design, comes after it)
     (sent,) = [r for r in canned.sent("_msearch") if any("knn" in json.dumps(b) for b in r["lines"][1::2])][-1:]
     old_os = engine == "opensearch" and version < "3.5"

@@ -1,4 +1,4 @@
-"""Issue 52 on an ATTACHED index (`esqbe attach`): with engine_facet_vectors the per-facet multi-vector fields are added
+"""Summax in the engine on an ATTACHED index (`esqbe attach`): with engine_facet_vectors the per-facet multi-vector fields are added
 under `esqbe` (the mapping update) and written with every document (the bulk partial updates), and a query has the
 engine score its window by MaxSim over them; without it nothing changes.
 

@@ -1,4 +1,4 @@
-"""`esqbe check speed` (issue 41): the real command on the real default model and the shipped abstracts, briefly. Its
+"""`esqbe check speed`: the real command on the real default model and the shipped abstracts, briefly. Its
 report's shape and arithmetic are checked, never its figures (they are the machine's); no temporary index is left
 behind, after a run or after Ctrl-C."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CLI's manners (issue 24, item 8): usage errors exit 2, `| head` ends quietly, help says true things,
+"""The CLI's manners: usage errors exit 2, `| head` ends quietly, help says true things,
 JSON hits carry no internals and name their facets."""
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_head_ends_quietly(predicted_ix):
 
 
 def test_index_help_lists_every_format_with_what_it_is():
-    """Issue 38, item 10: `index --help` named 5 of the formats it detects; it lists each `--format` choice, from
+    """ `index --help` named 5 of the formats it detects; it lists each `--format` choice, from
     the code's own list, each with a description."""
     from esqbe.cli.index_cmds import FORMAT_HELP
     from esqbe.settings.table import INDEX_FORMATS
@@ -95,10 +95,10 @@ def test_index_help_lists_every_format_with_what_it_is():
 
 
 def test_help_tells_true_things():
-    readme = (REPO / "README.md").read_text()
+    speed = " ".join((REPO / "docs" / "speed.md").read_text().split())
     r = run("index", "--help")
     assert "CSFCube dev NDCG%20 +0.15" in " ".join(r.output.split())
-    assert "62.01 against 61.86 (+0.15)" in readme
+    assert "62.01 against 61.86 (+0.15)" in speed
     tag_help = " ".join(run("tag", "--help").output.split())
     assert "the index's own model" not in tag_help and "for commands that open one" in tag_help
 
@@ -112,7 +112,7 @@ def test_the_score_column_is_called_a_score_and_the_position_is_said_to_be_one(p
     r = run("query", "--path", predicted_ix, "--paper", QID, "-k", "3", "--no-server")
     assert r.exit_code == 0, r.output
     assert "the query and the paper alone decide it" in r.output and "the number before each hit is its position" in r.output
-    # issue 48: the score leads each hit (what orders them), its parts (sim, bm25) on the line below
+    # the score leads each hit (what orders them), its parts (sim, bm25) on the line below
     rows = re.findall(r"^\s+(\d+)\. score (\S+)\s", r.output, flags=re.M)
     assert [int(n) for n, _ in rows] == [1, 2, 3] and " rank " not in r.output
     scores = [float(x) for _, x in rows]
@@ -123,7 +123,7 @@ def test_the_score_column_is_called_a_score_and_the_position_is_said_to_be_one(p
 @pytest.mark.parametrize("args", [["train-tagger", "--token-stride", "100000"], ["train-tagger", "--token-stride", "0"],
                                   ["train-encoder", "--group", "100000"], ["train-encoder", "--group", "0"]])
 def test_training_sizes_are_bounded_before_any_work(args):
-    # --token-stride and --group (session 8) are bounded integers: a usage error (exit 2), nothing loaded or trained
+    # --token-stride and --group are bounded integers: a usage error (exit 2), nothing loaded or trained
     from click.testing import CliRunner
 
     from cli import main

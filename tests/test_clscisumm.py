@@ -304,7 +304,7 @@ def test_cite_api_ranks_the_cited_sentence_first(mini_index, words_dir, encoder)
             assert [h.rank for h in result.hits] == [1, 2, 3]
             assert result.hits[0].sentence_id == "4", params
             assert result.hits[0].score >= result.hits[1].score
-        # the BM25 mix (issue 48): each sentence's score is the two parts on their own scales, weighed; not scaled
+        # the BM25 mix: each sentence's score is the two parts on their own scales, weighed; not scaled
         # by the other sentences' scores (so the top sentence is not pinned at 1)
         parts = {p["method"]: {h.sentence_id: h.score for h in index.cite("A", text, k=50, **p).hits}
                  for p in ({"words": str(words_dir), "method": "asym"}, {"words": str(words_dir), "method": "bm25"})}
@@ -389,7 +389,7 @@ def test_eval_trains_its_default_word_vectors_from_the_unlabelled_xml(tmp_path, 
 
 
 def test_cite_shows_words_not_wordpieces_and_says_what_its_numbers_are(mini_index):
-    """Issue 24: `cite` showed wordpieces (`classification~##ego`) and called every number a cosine."""
+    """ `cite` showed wordpieces (`classification~##ego`) and called every number a cosine."""
     from esqbe.query.cite import whole_word
 
     assert whole_word("##ego", "held in San Diego, CA") == "Diego"
@@ -407,7 +407,7 @@ def test_cite_shows_words_not_wordpieces_and_says_what_its_numbers_are(mini_inde
     assert "(1.00, w 0.00)" not in out
 
 
-# --- gold shapes the official script reads (issue 25): several annotators, NA rows, unparsable text ------------------
+# --- gold shapes the official script reads: several annotators, NA rows, unparsable text ------------------
 
 
 def _official_scores(tmp_path, gold: dict[str, list[dict]], run_files: dict[str, list[dict]]) -> dict[str, str]:
@@ -516,7 +516,7 @@ def test_eval_clscisumm_without_gold_writes_the_run_and_says_so(mini_data, mini_
 
 
 def test_eval_clscisumm_prints_a_command_that_reproduces_the_run(mini_data, tmp_path):
-    """Issue 25: the printed command (and run name) of `esqbe eval clscisumm` left out the runtime flags that made
+    """ the printed command (and run name) of `esqbe eval clscisumm` left out the runtime flags that made
     the run (--encoder-backend torch, --encoder-mode, --batch-size): run as printed, it ranked with another encoder
     runtime (onnx-int8 under `auto` on CPU) under the same name. The printed command, run again on a fresh index,
     gives the same name and the same figures."""

@@ -42,7 +42,7 @@ def test_compose_files_bind_localhost_with_security_off(path):
 
 
 # ------------------------------------------------------------------------------------------------
-# issue 10, item 2: the secured compose files (static checks; tests/test_engine_secured.py starts them)
+# the secured compose files (static checks; tests/test_engine_secured.py starts them)
 
 
 def test_secured_compose_files_exist_for_both_engines():

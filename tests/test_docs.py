@@ -3,12 +3,15 @@ the code, so a renamed flag, setting, endpoint, variable or module fails here in
 
 - every `esqbe <command> --flag` in a code block, and in an inline `esqbe ...` span, is a real command and
   option of that command; every `--flag` in an inline span is an option of some esqbe command;
-- the YAML keys of the README's settings block are exactly the fields of `Settings`;
-- the endpoints of the README's serving table (and the page, /docs, /openapi.json it names) are exactly the
+- the YAML keys of docs/settings.md's block are exactly the fields of `Settings`, with their defaults;
+- the endpoints of docs/serving.md's table (and the page, /docs, /openapi.json it names) are exactly the
   app's routes;
 - each ESQBE_* variable the docs name is read by the code;
-- the README's Python snippets compile and their imports (and `esqbe.X` attributes) resolve;
-- each `esqbe.module.name` and `esqbe/path` the docs name exists.
+- the Python snippets of the README and docs/ compile and their imports (and `esqbe.X` attributes) resolve;
+- each `esqbe.module.name` and `esqbe/path` the docs name exists;
+- every relative link of the README and docs/ reaches a file, and its #anchor a heading there;
+- the README is an entry (at most `README_MAX_LINES` lines), docs/README.md lists every page of docs/, and the
+  README's figures are docs/results.md's.
 """
 import ast
 import dataclasses
@@ -23,6 +26,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+SETTINGS_PAGE = ROOT / "docs" / "settings.md"
+SERVING_PAGE = ROOT / "docs" / "serving.md"
+RESULTS = ROOT / "docs" / "results.md"
+README_MAX_LINES = 300
+# pages that name the flags of scripts/ and benchmarks/ beside esqbe's own
+LAB_PAGES = {"docs/results.md", "docs/performance.md", "docs/tagger.md"}
 
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
 INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
@@ -139,13 +148,12 @@ def test_every_documented_command_and_flag_exists():
 OTHER_TOOLS_FLAGS = {"--fix", "--statistics", "--build", "--wait", "--data-binary", "--no-deps"}
 
 
-def test_every_inline_flag_in_the_readme_is_an_option_of_some_command():
-    # (docs/results.md and docs/performance.md also name the flags of scripts/ and benchmarks/)
+def test_every_inline_flag_in_the_docs_is_an_option_of_some_command():
     known = set().union(*(_options(c) for c in _commands().values()))
     bad = []
-    for path in [README]:
+    for path in [p for p in DOCS if _rel(p) not in LAB_PAGES]:
         for span in inline_spans(path):
-            if re.search(r"\.py\b|^python|^curl|^docker|^pip", span):
+            if re.search(r"\.py\b|^python|^pytest|^curl|^docker|^pip", span):
                 continue
             for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", span):
                 if flag not in known and flag not in OTHER_TOOLS_FLAGS:
@@ -156,10 +164,8 @@ def test_every_inline_flag_in_the_readme_is_an_option_of_some_command():
 # --- settings ---------------------------------------------------------------------------------------------
 
 def _settings_block() -> str:
-    text = README.read_text()
-    section = text[text.index("### Settings"):]
-    blocks = [b for lang, b in code_blocks_of(section) if lang == "yaml"]
-    assert blocks, "README's Settings section has no ```yaml block"
+    blocks = [b for lang, b in code_blocks_of(SETTINGS_PAGE.read_text()) if lang == "yaml"]
+    assert blocks, "docs/settings.md has no ```yaml block"
     return blocks[0]
 
 
@@ -167,19 +173,19 @@ def code_blocks_of(text: str) -> list[tuple[str, str]]:
     return [(m[1], m[2]) for m in FENCE.finditer(text)]
 
 
-def test_readme_settings_block_lists_exactly_the_settings_fields():
+def test_the_settings_block_lists_exactly_the_settings_fields():
     import yaml
 
     from esqbe.settings.config import Settings
 
     documented = yaml.safe_load(_settings_block())
     fields = {f.name: f for f in dataclasses.fields(Settings)}
-    assert not set(documented) - set(fields), f"README keys that are no Settings field: {set(documented) - set(fields)}"
+    assert not set(documented) - set(fields), f"docs/settings.md keys that are no Settings field: {set(documented) - set(fields)}"
     missing = set(fields) - set(documented)
-    assert not missing, f"Settings fields missing from the README's block: {sorted(missing)}"
+    assert not missing, f"Settings fields missing from docs/settings.md's block: {sorted(missing)}"
 
 
-def test_readme_settings_block_shows_the_defaults():
+def test_the_settings_block_shows_the_defaults():
     import yaml
 
     from esqbe.settings.config import Settings
@@ -187,7 +193,7 @@ def test_readme_settings_block_shows_the_defaults():
     documented = yaml.safe_load(_settings_block())
     defaults = Settings()
     wrong = {k: (v, getattr(defaults, k)) for k, v in documented.items() if v != getattr(defaults, k)}
-    assert not wrong, f"README default != Settings default: {wrong}"
+    assert not wrong, f"docs/settings.md default != Settings default: {wrong}"
 
 
 # --- serving ----------------------------------------------------------------------------------------------
@@ -198,16 +204,16 @@ def _path_shape(path: str) -> str:
 
 
 def _documented_endpoints() -> set[tuple[str, str]]:
-    text = README.read_text()
-    section = text[text.index("## Serving it"):text.index("### Who can do what")]
+    text = SERVING_PAGE.read_text()
+    section = text[text.index("## The page"):text.index("## Who can do what")]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
-    assert rows, "README's serving section has no endpoint table"
+    assert rows, "docs/serving.md has no endpoint table"
     found = set()
     for row in rows:
         for method, path in re.findall(r"`(GET|POST|PUT|DELETE|PATCH) (/[^`?\s]*)", row.split("|")[1]):
             found.add((method, _path_shape(path)))
-    # the page and the API's own docs, named in the bullets above the table
-    for path in re.findall(r"\(`(/[^`]*)`\)|at `(/[^`]*)`", section):
+    # the page and the API's own docs, named in the text above the table
+    for path in re.findall(r"\(the page is `(/[^`]*)`\)|at `(/[^`]*)`", section):
         for p in path:
             if p:
                 found.add(("GET", p))
@@ -238,12 +244,12 @@ def _app_routes() -> set[tuple[str, str]]:
 FRAMEWORK_ROUTES = {("GET", "/docs/oauth2-redirect"), ("GET", "/redoc")}
 
 
-def test_readme_endpoints_are_the_apps_routes():
+def test_the_documented_endpoints_are_the_apps_routes():
     documented = _documented_endpoints()
     routes = _app_routes() - FRAMEWORK_ROUTES
-    assert ("POST", "/query") in documented
-    assert not documented - routes, f"README endpoints the app does not have: {sorted(documented - routes)}"
-    assert not routes - documented, f"routes the README's serving section does not list: {sorted(routes - documented)}"
+    assert ("POST", "/query") in documented and ("GET", "/") in documented
+    assert not documented - routes, f"docs/serving.md endpoints the app does not have: {sorted(documented - routes)}"
+    assert not routes - documented, f"routes docs/serving.md does not list: {sorted(routes - documented)}"
 
 
 # --- environment variables --------------------------------------------------------------------------------
@@ -254,7 +260,7 @@ def test_every_documented_variable_is_read_by_the_code():
         named |= set(re.findall(r"\bESQBE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
     assert "ESQBE_TOKEN" in named
     code = "\n".join(p.read_text() for p in [ROOT / "cli.py", *(ROOT / "esqbe").rglob("*.py")])
-    # the test suite's own variables (README, "Run the tests" and the engines section) are read by tests/
+    # the test suite's own variables (docs/testing.md, docs/engines.md) are read by tests/
     tests = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("*.py"))
     unread = sorted(v for v in named if not re.search(rf"\b{v}\b", code) and not re.search(rf"\b{v}\b", tests))
     assert not unread, f"variables the docs name that nothing reads: {unread}"
@@ -262,23 +268,24 @@ def test_every_documented_variable_is_read_by_the_code():
 
 # --- Python snippets --------------------------------------------------------------------------------------
 
-def _python_snippets() -> list[str]:
-    return [b for lang, b in code_blocks(README, langs=("python",))]
+def _python_snippets() -> list[tuple[str, str]]:
+    return [(_rel(path), b) for path in DOCS for lang, b in code_blocks(path, langs=("python",))]
 
 
-def test_readme_has_the_python_snippets():
-    snippets = _python_snippets()
+def test_the_docs_have_the_python_snippets():
+    snippets = [s for _, s in _python_snippets()]
     assert any("esqbe.open_index" in s for s in snippets)
     assert any("from esqbe.server import" in s for s in snippets)
+    assert any("esqbe.open_index" in s for where, s in _python_snippets() if where == "README.md")
 
 
 @pytest.mark.parametrize("n", range(len(_python_snippets())))
-def test_readme_python_snippet_compiles_and_its_imports_resolve(n):
+def test_python_snippet_compiles_and_its_imports_resolve(n):
     import esqbe
 
-    source = _python_snippets()[n]
+    where, source = _python_snippets()[n]
     tree = ast.parse(source)
-    compile(tree, f"README.md python block {n}", "exec")
+    compile(tree, f"{where} python block", "exec")
     bad = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -341,3 +348,151 @@ def test_architecture_map_lists_every_module_and_only_real_ones():
             if p.name != "__init__.py"} | {"esqbe/__init__.py", "cli.py"}
     assert not real - mapped, f"modules missing from docs/architecture.md's tree: {sorted(real - mapped)}"
     assert not mapped - real, f"docs/architecture.md's tree names modules that do not exist: {sorted(mapped - real)}"
+
+
+# --- links ------------------------------------------------------------------------------------------------
+
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(path: Path) -> set[str]:
+    """The #anchors GitHub makes of a page's headings: lower case, punctuation but `-` and `_` dropped, spaces
+    to `-`, a repeated one numbered (`-1`, `-2`)."""
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", FENCE.sub("", path.read_text()), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower().replace("`", "")).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_every_relative_link_reaches_its_file_and_heading():
+    bad = []
+    for path in DOCS:
+        for groups in LINK.findall(prose(path)):
+            target = groups[0] or groups[1]
+            if re.match(r"[a-z]+:", target):
+                continue  # http(s), mailto: not ours to check here
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            if not dest.exists():
+                bad.append(f"{_rel(path)}: {target}: no such file")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                bad.append(f"{_rel(path)}: {target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_anchor_rule_is_githubs():
+    """(the rule the link check relies on, on headings shaped like this guide's)"""
+    page = ROOT / "docs" / "serving.md"
+    assert "a-warm-model-for---text-queries" in _anchors(page)
+    assert "inside-an-existing-fastapi-or-starlette-app" in _anchors(page)
+
+
+# --- the shape of the guide -------------------------------------------------------------------------------
+
+def test_the_readme_is_an_entry():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; at most {README_MAX_LINES}: move detail to docs/"
+
+
+def test_the_guide_index_lists_every_page():
+    index = ROOT / "docs" / "README.md"
+    linked = {(index.parent / target).resolve() for target, _ in LINK.findall(prose(index)) if target.endswith(".md")}
+    pages = {p.resolve() for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"}
+    assert not pages - linked, f"pages docs/README.md does not list: {sorted(p.name for p in pages - linked)}"
+
+
+def test_the_readme_test_command_is_cis():
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    command = ci.split(" && ", 1)[1] if ci.startswith("cd ") else ci
+    assert command in README.read_text(), "the README's test command is not .ci/run's"
+    assert command in (ROOT / "docs" / "testing.md").read_text(), "docs/testing.md's test command is not .ci/run's"
+
+
+def test_the_readmes_figures_are_the_results_pages():
+    """Every figure of the README's Quality section (a number with two decimals: NDCG%20) is one docs/results.md
+    states."""
+    results = RESULTS.read_text()
+    text = prose(README)
+    quality = text[text.index("## Quality"):].split("\n## ", 1)[0]
+    figures = re.findall(r"(?<![\d.])\d+\.\d\d(?![\d.])", quality)
+    assert len(figures) >= 4, figures
+    missing = [f for f in figures if not re.search(rf"(?<![\d.]){re.escape(f)}(?![\d.])", results)]
+    assert not missing, f"README figures docs/results.md does not state: {missing}"
+
+
+# --- the product speaks of itself -------------------------------------------------------------------------
+
+# how the product was made, which its docs, help, configs and comments never say: a work session or a tracker's
+# issue by number, the team's notes or their machines' paths
+HOW_IT_WAS_MADE = re.compile(r"\b(?:sessions? \d+|issues? #?\d+|lead's notes|(?:this|last|next|that) session\b"
+                             r"|the lead\b|the team\b)|/work/", re.I)
+SPEAKING = ["README.md", "cli.py", "Dockerfile", "docs", "configs", "esqbe", "tests", "benchmarks", "scripts", "docker",
+            "mappings", ".ci"]
+SPEAKING_SUFFIXES = {".md", ".py", ".yaml", ".yml", ".sh", ".c", ".js", ".html", ".css", ".cfg", ".toml", ""}
+
+
+def _speaking_files() -> list[Path]:
+    files = []
+    for name in SPEAKING:
+        top = ROOT / name
+        paths = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+        files += [p for p in paths if p.suffix in SPEAKING_SUFFIXES and "data" not in p.relative_to(ROOT).parts[1:2]
+                  and "__pycache__" not in p.parts and p != Path(__file__).resolve()]
+    return files
+
+
+def test_nothing_says_how_it_was_made():
+    """README, docs/, configs, help texts and every comment and docstring describe esqbe and its figures (machine
+    class, command, date), never how it was made."""
+    files = _speaking_files()
+    assert {_rel(p) for p in files} >= {"README.md", "docs/results.md", "configs/quality.yaml", "esqbe/cli/main.py"}
+    bad = [f"{_rel(p)}:{n}: {m.group(0)!r}: {line.strip()[:100]}"
+           for p in files for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+           for m in [HOW_IT_WAS_MADE.search(line)] if m]
+    assert not bad, "say what esqbe does, not how it was made:\n" + "\n".join(bad)
+
+
+def test_the_rule_of_how_it_was_made_catches_the_usual_words():
+    caught = ["(issue 22)", "Session 19: the default", "issues 36 and 37", "see the lead's notes", "/work/notes/x.py",
+              "measured this session", "as the lead ran it"]
+    kept = ["sessionStorage", "an ONNX Runtime session", "a test session's fixtures", "k-NN #2222", "issue a warning"]
+    assert all(HOW_IT_WAS_MADE.search(s) for s in caught)
+    assert not any(HOW_IT_WAS_MADE.search(s) for s in kept)
+
+
+# --- the lab ----------------------------------------------------------------------------------------------
+
+def test_every_benchmark_and_script_is_named_in_the_docs():
+    """benchmarks/ and scripts/ hold only what reproduces a figure the docs state (named beside it) or what the
+    product and its CI use; benchmarks/README.md says how to run them."""
+    docs = "\n".join(p.read_text() for p in DOCS)
+    lab = sorted(p for d in ("benchmarks", "scripts") for p in (ROOT / d).iterdir()
+                 if p.is_file() and p.name != "README.md")
+    assert len(lab) > 10
+    unnamed = [_rel(p) for p in lab if _rel(p) not in docs and f"{p.parent.name}/{p.name}" not in docs
+               and not re.search(rf"(?<![\w/-]){re.escape(p.name)}(?![\w-])", docs)]
+    assert not unnamed, f"name each beside the figure it reproduces (docs/), or remove it: {unnamed}"
+    lab_readme = (ROOT / "benchmarks" / "README.md").read_text()
+    assert not [_rel(p) for p in lab if _rel(p) not in lab_readme], "benchmarks/README.md lists every script"
+
+
+#: what a score was once said to be, before it became a function of the query and the paper alone
+OLD_SCORE_WORDS = ("scaled over this query's candidates", "only meaningful within one query", "this query's rank score",
+                   "where its similarity stands", "where a hit's similarity stands")
+
+
+def test_one_statement_of_what_a_score_is_everywhere():
+    """The docs, the code's docstrings and comments, and the page say one thing of a hit's score: the query and the
+    paper alone decide it (esqbe.query.combine computes it so); the bands place the score, not the similarity."""
+    places = [*DOCS, *(ROOT / "esqbe").rglob("*.py"), *(ROOT / "esqbe" / "server" / "static").glob("*.js")]
+    said = [f"{_rel(p)}: {w!r}" for p in places if p.name != "results.md" and p.name != "performance.md"
+            for w in OLD_SCORE_WORDS if w in " ".join(p.read_text().lower().split())]
+    assert not said, said
+    from esqbe.query.results import Hit, ScoreFormula
+
+    for text in (ScoreFormula.__doc__, Hit.__doc__, (ROOT / "docs" / "querying.md").read_text()):
+        assert "the query and th" in " ".join(str(text).split()) and "alone" in str(text)

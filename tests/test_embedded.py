@@ -111,7 +111,7 @@ def test_bm25_restrict_and_exclude(backend):
     assert hits and all(backend.get([p])[p].paper.abstract.lower().count("graph") or "Graph" in backend.get([p])[p].paper.title for p in hits)
     only = backend.bm25("graph", 20, restrict_to=frozenset({"p000", "p011"}))
     assert set(only) <= {"p000", "p011"}
-    # a paper's BM25 is the same restricted or not (issue 48: the id set is a filter, it adds nothing to the score)
+    # a paper's BM25 is the same restricted or not (the id set is a filter, it adds nothing to the score)
     assert only and all(abs(only[p] - hits[p]) < 1e-6 for p in only)
     assert "p000" not in backend.bm25("graph", 20, exclude=frozenset({"p000"}))
     assert backend.bm25("+-()[]{}:^~*!", 5) == {}  # query syntax never reaches the parser
@@ -268,7 +268,7 @@ def test_first_stage_fuses_and_carries_papers(backend):
 
 
 def test_first_stage_reads_the_knn_papers_while_bm25_runs(backend):
-    """While BM25 is still running, the first stage reads the kNN's best papers early (issue 23): the candidates, their
+    """While BM25 is still running, the first stage reads the kNN's best papers early: the candidates, their
     scores and the papers they carry are exactly those read after BM25, and the fused top k are all carried."""
     import time
 

@@ -102,7 +102,7 @@ def test_tagger_labels_survive_the_fast_backend(papers, fp32):
 
 
 def test_with_an_onnx_encoder_the_tagger_layers_run_on_onnx_runtime_too(papers, tmp_path, write_jsonl, sample_lines):
-    """Issue 22: on onnx-int8 the tagger's copied layers (fp32 PyTorch before) run int8 on ONNX Runtime, reading the
+    """ on onnx-int8 the tagger's copied layers (fp32 PyTorch before) run int8 on ONNX Runtime, reading the
     encoder's own hidden states; labels agree with the PyTorch layers' on >= 95% of the sentences (int8 rounding)
     and indexing stores exactly what standalone tagging gives."""
     from esqbe.tagger.layers_onnx import OnnxTaggerLayers
@@ -172,7 +172,7 @@ print(torch.backends.cpu.get_cpu_capability())
 
 
 def test_int8_vectors_hold_the_bound_on_this_cpu_and_on_its_avx2_kernels(tmp_path):
-    """Issue 41: dynamic int8 kernels differ between CPU classes (VNNI / AMX sum in 32 bits, AVX2 alone in saturating
+    """ dynamic int8 kernels differ between CPU classes (VNNI / AMX sum in 32 bits, AVX2 alone in saturating
     16-bit pairs), so the same papers' int8 vectors differ a little from one class to another. On the CPU that runs
     the tests, they agree with the exact fp32 vectors within the runtime's recorded bound (`VECTOR_BOUNDS`); where
     this CPU has VNNI or AMX and Linux can fault CPUID, they are encoded again with those hidden

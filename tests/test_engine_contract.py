@@ -180,7 +180,7 @@ def test_ensure_with_another_model_raises_model_mismatch(engine):
 
 @pytest.mark.parametrize("engine,version", ENGINE_VERSIONS)
 def test_the_encoder_runtime_is_kept_in_the_mapping_meta_and_checked_on_writes(engine, version):
-    # issue 22: the runtime (torch-fp32, onnx-int8, ...) is part of the model identity in _meta, as in the
+    # the runtime (torch-fp32, onnx-int8, ...) is part of the model identity in _meta, as in the
     # embedded index's meta; an index made before runtimes were recorded is taken as torch-fp32
     backend, canned = make_backend(engine, version)
     int8 = IndexMeta("test-encoder", DIM, "contextual", runtime="onnx-int8")
@@ -751,7 +751,7 @@ def test_missing_index_is_reported_not_created_by_bulk(engine):
 
 
 # ------------------------------------------------------------------------------------------------
-# issue 10, item 6: _mget on a missing index answers 200 with per-document index_not_found_exception
+# _mget on a missing index answers 200 with per-document index_not_found_exception
 
 
 @pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
@@ -780,7 +780,7 @@ def test_mget_other_per_document_errors_still_raise(engine):
 
 
 # ------------------------------------------------------------------------------------------------
-# issue 10, item 5: a stable `preference` on _msearch (scores must not depend on which copy answers)
+# a stable `preference` on _msearch (scores must not depend on which copy answers)
 
 
 @pytest.mark.parametrize("engine", ["elasticsearch", "opensearch"])
@@ -808,7 +808,7 @@ def test_msearch_sends_a_stable_preference_per_query(engine):
 
 
 # ------------------------------------------------------------------------------------------------
-# issue 10, item 3: BM25 within the clause limit (OpenSearch keeps max_clause_count at 1024)
+# BM25 within the clause limit (OpenSearch keeps max_clause_count at 1024)
 
 WORDS = [f"w{i}x{chr(97 + i % 26)}{chr(97 + i // 26 % 26)}" for i in range(2000)]
 
@@ -862,7 +862,7 @@ def test_short_queries_keep_the_plain_multi_match(engine):
 
 
 # ------------------------------------------------------------------------------------------------
-# issue 10, item 8: OpenSearch score conversion from the mapping's engine and the cluster version
+# OpenSearch score conversion from the mapping's engine and the cluster version
 
 COSINES = (-0.9, -0.3, 0.0, 0.42, 0.97, 1.0)
 
@@ -943,7 +943,7 @@ def test_opensearch_index_with_another_space_type_is_refused():
 
 
 # ------------------------------------------------------------------------------------------------
-# issue 10, item 4: OpenSearch gets the candidate factor (ef_search) where the version has it
+# OpenSearch gets the candidate factor (ef_search) where the version has it
 
 
 @pytest.mark.parametrize("version,expected", [
@@ -963,7 +963,7 @@ def test_opensearch_knn_searches_as_wide_as_elasticsearch(version, expected):
 
 
 # ------------------------------------------------------------------------------------------------
-# issue 10, item 7: documents without vectors_b64 (written by another tool) fall back to the indexed vectors
+# documents without vectors_b64 (written by another tool) fall back to the indexed vectors
 
 
 @pytest.mark.parametrize("engine,version", ENGINE_VERSIONS)
@@ -990,7 +990,7 @@ def test_get_falls_back_to_indexed_vectors_without_vectors_b64(engine, version):
 
 
 # ------------------------------------------------------------------------------------------------
-# issue 10, item 10: the long-token rule of the engines' analyzer (documented divergence from tantivy)
+# the long-token rule of the engines' analyzer (documented divergence from tantivy)
 
 
 def test_engine_length_filter_counts_utf16_units_and_differs_from_tantivy_on_non_ascii(tmp_path):
@@ -1022,7 +1022,7 @@ def test_engine_length_filter_counts_utf16_units_and_differs_from_tantivy_on_non
 
 @pytest.mark.parametrize("engine,version", [ENGINE_VERSIONS[0], ENGINE_VERSIONS[-1]])
 def test_a_query_of_several_examples_is_one_msearch_over_their_sentences(engine, version):
-    """Issue 36: the examples' sentences together go to the engine in one _msearch (a kNN search per sentence,
+    """ the examples' sentences together go to the engine in one _msearch (a kNN search per sentence,
     one BM25 search), every example and avoided paper excluded; the bodies pass the spec as any other."""
     from esqbe.index.api import Index
     from esqbe.settings.config import Settings

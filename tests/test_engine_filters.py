@@ -90,7 +90,7 @@ def filtering_engine(canned):
 
 FILTERS = [["year>=2015"], ["venue in (ACL, EMNLP)"], ["venue=ACL"], ["author!=A1"], ["external_ids.doi exists"],
            ["year not exists"], ["year<2013", "venue=NAACL"], ["author_id in (2, 3)"],
-           ["venue~=acl"], ["author^=a", "venue^=Em"]]  # issue 24: any case, prefix (term/prefix, case_insensitive)
+           ["venue~=acl"], ["author^=a", "venue^=Em"]]  # any case, prefix (term/prefix, case_insensitive)
 
 
 def _query(facet=None, restrict=None, flt=None):

@@ -42,7 +42,7 @@ def engine_server():
 
 
 # ------------------------------------------------------------------------------------------------
-# issue 10, item 9: an API key and a username at once are refused on both backends
+# an API key and a username at once are refused on both backends
 
 
 @pytest.mark.parametrize("cls", [ElasticsearchBackend, OpenSearchBackend])
@@ -67,7 +67,7 @@ def test_cli_reports_api_key_and_username_as_one_error_line(backend):
 
 
 # ------------------------------------------------------------------------------------------------
-# issue 10, item 1: credentials on every request (the version probe included), over a real socket
+# credentials on every request (the version probe included), over a real socket
 
 ES_KEY = base64.b64encode(b"esqbe-id:esqbe-secret").decode()
 AUTH_CASES = [

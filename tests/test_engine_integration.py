@@ -237,7 +237,7 @@ def test_rerun_is_idempotent(indexed):
     assert engine.stats()["papers"] == before["papers"]
 
 
-# --- issue 10: what a real engine answers to the cases the contract suite models ---------------------------
+# --- what a real engine answers to the cases the contract suite models ---------------------------
 
 
 def test_600_token_query_text_stays_within_the_clause_limit(indexed):
@@ -307,7 +307,7 @@ def test_identical_queries_give_identical_scores(indexed):
 
 def test_engine_calibrates_num_candidates_for_the_recall_target(indexed):
     """`esqbe index` on a live engine calibrated num_candidates per facet against exact script_score search and
-    stored it in the mapping's _meta (issue 23); `check recall` then measures at least the target on average."""
+    stored it in the mapping's _meta; `check recall` then measures at least the target on average."""
     from esqbe.index.recall import check_recall
 
     _, engine, _ = indexed
@@ -323,7 +323,7 @@ def test_engine_calibrates_num_candidates_for_the_recall_target(indexed):
 
 
 def test_alias_index_on_a_live_engine(cluster, tmp_path):
-    """Issue 49, items 3 and 4 on a live engine: a later run's record sharing a DOI merges into the paper an earlier
+    """On a live engine: a later run's record sharing a DOI merges into the paper an earlier
     run stored, a record of the same title, year and first author is reported as its likely duplicate, the DOI and
     the merged-away id find the paper, and deleting it removes every key naming it (tests/test_engine_aliases.py
     checks the same by contract)."""

@@ -1,4 +1,4 @@
-"""Issue 52 items 1-2, the request side (esqbe.backends.engines.maxsim): per-facet multi-vector fields and the
+"""Summax in the engine, the request side (esqbe.backends.engines.maxsim): per-facet multi-vector fields and the
 engine's own MaxSim rescoring. Contract tests: the mapping and search bodies against the engines' official
 specifications (tests/specs, strict), the Painless sources against the documented function signatures, and a
 Python emulation of the documented MaxSim semantics that must reproduce esqbe's summax on a real embedded index.
@@ -253,7 +253,7 @@ def test_the_setting_on_a_cluster_without_the_function_is_refused_naming_the_ver
         server.close()
 
 
-# --- the query path: summax scored in the engine (issue 52 item 2) ------------------------------------------------
+# --- the query path: summax scored in the engine ------------------------------------------------
 # `Index.query` on an engine backend (the canned engine: a mocked client that records what is sent and answers the
 # window search by running the documented MaxSim emulation over the documents it stores) against the same query
 # with the setting off, which rescores in Python on the candidates' fetched vectors: the same first stage, so the same
@@ -369,7 +369,7 @@ def test_a_query_is_scored_in_the_engine_as_python_scores_it(engine, version, fa
     (window,) = _window_requests(sent)
     (body,) = _window_bodies(window)
     # the query paper and the shown hits fetched (`_mget`); the first stage one `_msearch`, the window's MaxSim and
-    # the BM25 look-ups of issue 48's score (here the index-wide reference alone) another; no search of its own per part
+    # the BM25 look-ups of the score (here the index-wide reference alone) another; no search of its own per part
     assert [r["endpoint"] for r in sent if r["endpoint"] != "_mapping"] == ["_mget", "_msearch", "_msearch", "_mget"]
     (reference,) = _lookup_bodies(window)
     assert reference["size"] == 1 and "filter" not in reference["query"]["bool"]  # nothing restricted
@@ -397,7 +397,7 @@ def test_a_query_is_scored_in_the_engine_as_python_scores_it(engine, version, fa
 
 @pytest.mark.parametrize("engine,version", EDGE)
 def test_the_bm25_look_ups_ride_in_the_window_request(engine, version, unit_papers, real_meta):
-    """With a first stage whose BM25 reaches only its 3 best, the candidates the kNN alone brought get their BM25 by a
+    """With a first stage whose BM25 reaches only its 3 best (k no more than that, or the list would reach k), the candidates the kNN alone brought get their BM25 by a
     look-up restricted to their ids: it and the index-wide reference go in the window's `_msearch` (each with the
     shard-copy preference `first_stage` would give it), and the hits equal the Python path's, whose look-ups are
     first stages of their own."""
@@ -406,7 +406,7 @@ def test_the_bm25_look_ups_ride_in_the_window_request(engine, version, unit_pape
     index, canned = _engine_index(engine, version, unit_papers, real_meta, bm25_k=3)
     query = unit_papers[0].paper_id
     before = len(canned.requests)
-    engine_result, python_result = _both(index, paper_id=query, facet="method", k=6)
+    engine_result, python_result = _both(index, paper_id=query, facet="method", k=3)  # k past bm25_k would raise it
     sent = [r for r in canned.requests[before:] if r["endpoint"] != "_mapping"]
     (window,) = _window_requests(sent)
     reference, restricted = _lookup_bodies(window)

@@ -1,4 +1,4 @@
-"""Issue 53 item 4: engine object names (`engine install-reranker` / `uninstall-reranker --name`, `--index`) checked
+""" engine object names (`engine install-reranker` / `uninstall-reranker --name`, `--index`) checked
 against the engines' naming rules before any request, and every name percent-encoded as a URL path segment. Against
 the canned engine on a real loopback socket (tests/fakes/engines.py, the real clients): it records every request,
 so "nothing was sent" is checked on the wire. A contract test, NOT an integration test."""

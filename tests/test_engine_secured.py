@@ -1,7 +1,7 @@
-"""Integration tests against SECURED clusters (issue 10): TLS from a generated CA, a password, and on
+"""Integration tests against SECURED clusters: TLS from a generated CA, a password, and on
 Elasticsearch a least-privilege API key (no `monitor` privilege: GET / answers 403). index -> query -> rescore
 through the CLI with `--ca-certs`, by basic auth and by API key. These need a real engine and are skipped
-here with the reason (no docker engine on the team's machines).
+here with the reason (where no docker engine is).
 
 Where the cluster comes from, per engine:
 - an already running secured cluster: `ESQBE_ES_SECURED_URL` (https://HOST:9200) with `ESQBE_ES_PASSWORD`

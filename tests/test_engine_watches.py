@@ -1,4 +1,4 @@
-"""Watches on an Elasticsearch/OpenSearch index (issue 37: "for an engine index, a small document the index owns"),
+"""Watches on an Elasticsearch/OpenSearch index ("for an engine index, a small document the index owns"),
 by contract: no engine runs here. The real backend code and the real official clients (`elasticsearch`,
 `opensearch-py`) make every request; only the lowest layer is replaced by tests/fakes/engines.py's WatchingEngine,
 which keeps documents with `_seq_no`s and answers 409 to a stale `if_seq_no` or a second `op_type=create` as the

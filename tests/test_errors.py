@@ -1,4 +1,4 @@
-"""One error hierarchy (issue 21): every esqbe error declares its exit and HTTP status, README's table is
+"""One error hierarchy: every esqbe error declares its exit and HTTP status, docs/faults.md's table is
 generated from the classes, and only esqbe's own errors are reported as the user's: a plain ValueError out
 of the library is a bug (the CLI prints its traceback and exits 70, not 1; the server answers 500, not 400)."""
 from __future__ import annotations
@@ -20,12 +20,12 @@ from esqbe.errors import (
     ParameterError,
     StorageError,
     error_classes,
-    render_readme,
+    render_page,
 )
 from esqbe.index.api import Index
 from esqbe.query.results import PaperNotFoundError, QueryError
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+FAULTS = Path(__file__).resolve().parents[1] / "docs" / "faults.md"
 
 
 def _all_subclasses(cls):
@@ -69,9 +69,9 @@ def test_old_bases_kept_and_report_is_a_constructor_field():
     assert InputError("f.jsonl", 3, "title", "missing").report is None
 
 
-def test_readme_table_matches_the_classes():
-    text = README.read_text(encoding="utf-8")
-    assert render_readme(text) == text, "README's errors table is stale: run `python -m esqbe.errors README.md`"
+def test_the_faults_page_table_matches_the_classes():
+    text = FAULTS.read_text(encoding="utf-8")
+    assert render_page(text) == text, "docs/faults.md's errors table is stale: run `python -m esqbe.errors docs/faults.md`"
 
 
 # --- the CLI ------------------------------------------------------------------------------------------------

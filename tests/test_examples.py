@@ -1,4 +1,4 @@
-"""A query of several examples and papers to avoid (issue 36): `Index.query(examples=[...], avoid=[...])` on a real
+"""A query of several examples and papers to avoid: `Index.query(examples=[...], avoid=[...])` on a real
 embedded index with the real model; the single-paper query is the one-example query."""
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def test_one_first_stage_request_and_one_candidate_batch_per_query(small_index, 
     """The cost stays bounded: the examples' sentences go to the first stage in one request (their union), and the
     candidates are batched once per facet view, whatever the number of examples and avoided papers. The score's
     BM25 adds at most two BM25-only look-ups (the query text's best BM25 in the index; the candidates BM25's top k
-    missed), never a kNN (issue 48)."""
+    missed), never a kNN."""
     import esqbe.query.combine as combine
 
     requests, batches = [], []

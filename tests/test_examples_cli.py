@@ -1,4 +1,4 @@
-"""`esqbe query` with several examples and papers to avoid (issue 36): the forms, the output, the usage errors
+"""`esqbe query` with several examples and papers to avoid: the forms, the output, the usage errors
 (exit 2) and a missing paper (exit 1), on a real index through the real command."""
 from __future__ import annotations
 

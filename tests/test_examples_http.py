@@ -1,4 +1,4 @@
-"""POST /query with `examples` and `avoid` (issue 36) on a real server app over a real index: the same ranking as
+"""POST /query with `examples` and `avoid` on a real server app over a real index: the same ranking as
 the Python API, every refusal with its status, and every bound in the OpenAPI schema."""
 from __future__ import annotations
 

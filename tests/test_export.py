@@ -1,4 +1,4 @@
-"""Answers a researcher can act on (issue 24, item 6): hits exported as CSV, BibTeX and RIS from the CLI and
+"""Answers a researcher can act on: hits exported as CSV, BibTeX and RIS from the CLI and
 POST /query, parsed back with bibtexparser / rispy; `esqbe config` says where each setting came from."""
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_cli_bibtex_parses_back(ix):
     assert keys == [h["paper_id"].replace(" ", "_") for h in hits]  # the ids as keys (a space is no key's)
     for h, entry in zip(hits, library.entries):
         assert "note" not in entry.fields_dict  # esqbe's rank only with --with-scores
-        assert entry.fields_dict["title"].value == h["title"]  # braces and specials decode back exactly (issue 49)
+        assert entry.fields_dict["title"].value == h["title"]  # braces and specials decode back exactly
         meta = h["metadata"]
         assert entry.fields_dict["year"].value == str(meta["year"])
         if meta.get("authors"):

@@ -1,4 +1,4 @@
-"""Exports that round-trip (issue 38, item 1): a real index of a researcher's library (BibTeX, RIS, CSL-JSON, arXiv,
+"""Exports that round-trip: a real index of a researcher's library (BibTeX, RIS, CSL-JSON, arXiv,
 OpenAlex records) exported by `esqbe query --format` as BibTeX, RIS, CSL-JSON and CSV; bibtexparser, rispy and the
 citation-style-language JSON schema (tests/specs/csl-data.json) accept the files, and each of the three reference
 formats indexed again gives the same papers: ids (the citation keys they came with), titles, abstracts, authors,
@@ -128,7 +128,9 @@ def test_bibtex_keeps_booktitle_and_capitals_and_parses(library):
     entry = {e.key: e for e in parsed.entries}["garcia2021asr"]
     assert entry.entry_type == "inproceedings" and "journal" not in entry.fields_dict
     assert entry.fields_dict["booktitle"].value == "Proceedings of Interspeech"
-    assert "title = {Streaming {ASR} for Galícian with {BERT}-based Rescoring}" in text
+    assert "title = {Streaming {ASR} for Gal{\\'i}cian with {BERT}-based Rescoring}" in text  # as written
+    assert "author = {Garc{\\'i}a-Mateo, Carmen and van der Maaten, Laurens}" in text
+    assert "school = {University of Somewhere}" in text  # a field esqbe does not read goes back too
     assert "abstract = {We build a streaming speech recogniser" in text and "50\\% more text" in text
     assert "esqbe rank" not in text and "note =" not in text  # no scores unless asked
 
@@ -197,8 +199,8 @@ def test_http_query_exports_csl_json_with_abstracts(library, encoder):
         assert [x["notes"][0].split(",")[0] for x in rispy.loads(r.text)] == [f"esqbe rank {i}" for i in (1, 2, 3)]
 
 
-def test_the_readme_names_every_export_format():
-    readme = Path(REPO / "README.md").read_text()
+def test_the_docs_name_every_export_format():
+    readme = Path(REPO / "docs" / "library.md").read_text()
     from esqbe.query.export import EXPORT_FORMATS
 
     assert all(f"`{fmt}`" in readme for fmt in EXPORT_FORMATS) and "--with-scores" in readme

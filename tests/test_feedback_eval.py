@@ -1,4 +1,4 @@
-"""`esqbe eval csfcube --feedback P,N` (issue 36, item 3) on a miniature collection in the release layout: the
+"""`esqbe eval csfcube --feedback P,N` on a miniature collection in the release layout: the
 marked papers, the residual runs and judgments as files, and the figures scored from those files."""
 from __future__ import annotations
 

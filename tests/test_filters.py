@@ -72,6 +72,9 @@ def test_every_operator_has_a_grammar_example():
     ('venue="ACL" x', 13, "unexpected text after the value"),
     ("2019<=year", 1, "expected a metadata key"),
     ("doi exists now", 12, "'exists' takes no value"),
+    ("year>=20 15", 10, "unexpected '15' after the value '20' (a number is one word"),  # not the text "20 15"
+    ("year in (2019 2020)", 15, "unexpected '2020' after the value '2019'"),
+    ("venue > ACL 2019", 13, "unexpected '2019' after the value 'ACL' ('>' compares with one word"),
 ])
 def test_bad_filters_say_where_and_what(text, column, reason):
     with pytest.raises(FilterError) as e:
@@ -81,6 +84,12 @@ def test_bad_filters_say_where_and_what(text, column, reason):
     if column is not None:
         assert f"column {column}:" in msg
     assert "year>=2019" in msg  # every message teaches the syntax
+
+
+def test_a_bare_text_value_may_hold_spaces_where_it_can_only_be_text():
+    assert parse_filter("collection=Chapter 2: Methods").value == "Chapter 2: Methods"
+    assert parse_filter("venue in (ACL 2019, EMNLP)").value == ("ACL 2019", "EMNLP")
+    assert parse_filter('year>="20 15"').value == "20 15"  # quoted: the text, as asked
 
 
 @pytest.mark.parametrize("bad, reason", [

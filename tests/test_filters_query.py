@@ -81,7 +81,8 @@ def test_cli_filter_shows_metadata_and_json(meta_index):
     assert " · Author " in r.output  # year · venue · authors under each hit
     r = runner.invoke(main, ["query", "--path", ix, "--paper", QID, "--facet", "method", "-k", "40", "--json",
                              "--filter", "doi exists"], catch_exceptions=False)
-    data = json.loads(r.output)
+    data = json.loads(r.stdout)  # stderr says why fewer than 40 came back
+    assert "hit(s) of the 40 asked" in r.stderr
     assert data["hits"] and all("doi" in h["metadata"] for h in data["hits"])
     assert data["query"]["filters"] == [{"key": "doi", "op": "exists"}]
     r = runner.invoke(main, ["query", "--path", ix, "--paper", QID, "--facet", "method", "--filter", "venue in ACL"])
@@ -117,7 +118,7 @@ def test_s2orc_and_s2ag_metadata_come_back_with_hits(tmp_path, encoder):
     index.close()
 
 
-# --- filters that cannot match as written (issue 24, item 5) ---------------------------------------------
+# --- filters that cannot match as written ---------------------------------------------
 
 
 def test_unknown_key_is_an_error_listing_the_index_keys(meta_index):

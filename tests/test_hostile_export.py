@@ -1,4 +1,4 @@
-"""Issue 40, items 4 and 5: exports of hostile papers. No CSV cell is a formula a spreadsheet runs (OWASP), every
+""" exports of hostile papers. No CSV cell is a formula a spreadsheet runs (OWASP), every
 exported value is one line (a text year must not forge RIS records, a title must not close its BibTeX entry),
 from `esqbe query --format` and from POST /query's `format` (what the page's download asks for); and no reader
 lets a control character into a paper id. A real index of hostile records (tests/conftest.py), the real CLI,
@@ -178,14 +178,16 @@ _ABSTRACT = "We study things with a new method. It works well on two tasks."
                                                "https://openalex.org/W3")), 2),
 ])
 def test_every_reader_refuses_control_characters_in_ids(tmp_path, name, text, bad_line):
-    """Each bad id is its own error (file:line, paper_id, the character) and the good records around it are read."""
+    """Each bad id is its own error (file:line, the id's field as the format names it, the character) and the good
+    records around it are read."""
     path = tmp_path / name
     path.write_text(text)
     report = ReadReport()
     papers = list(read_papers(path, None, report=report))
     assert len(papers) == 2, [str(e) for e in report.errors]
     assert all(not _CONTROL.search(p.paper_id) for p in papers)
-    bad = [e for e in report.errors if e.field == "paper_id"]
+    field = {"ids.bib": "key", "ids.ris": "ID"}.get(name, "id")
+    bad = [e for e in report.errors if e.field == field]
     assert len(bad) == len(report.errors) == (5 if name == "ids.jsonl" else 1), [str(e) for e in report.errors]
     assert all("control character U+" in e.reason and e.source == str(path) for e in bad)
     if name == "ids.jsonl":

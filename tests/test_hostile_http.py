@@ -1,4 +1,4 @@
-"""`esqbe serve` attacked over real HTTP on 127.0.0.1, the way issue 20 did (bounded: a few requests each):
+"""`esqbe serve` attacked over real HTTP on 127.0.0.1, the way an attacker would (bounded: a few requests each):
 a page on another site writing, a DNS-rebinding Host, engine DSL from anyone, a weak token, reads of a
 private library, a body sent without the token, a writer lock held elsewhere, internal paths in answers,
 and an app factory that trusted a host it cannot see."""

@@ -1,4 +1,4 @@
-"""Issue 20, hostile input files and storage: a bad Parquet row never wedges the index, non-finite numbers
+"""Hostile input files and storage: a bad Parquet row never wedges the index, non-finite numbers
 are refused (and an index already holding one still answers), sizes are bounded, and a read-only index
 named by a relative path can be queried. Real files in tmp dirs, the real embedded index, the real CLI."""
 from __future__ import annotations

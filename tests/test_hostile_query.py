@@ -1,4 +1,4 @@
-"""What a query can make esqbe do, attacked the way issue 20 did: over HTTP (a real server on loopback and
+"""What a query can make esqbe do, attacked the way an attacker would: over HTTP (a real server on loopback and
 the app), through the Python API and the CLI. A client must not make the server load a file of its choosing
 (word vectors are a pickle), nor hold it with unbounded parameters or text, nor keep its reader busy past
 the request's deadline or after it went away; no pattern may take quadratic time on a hostile string.

@@ -1,4 +1,4 @@
-"""Issue 40, items 1, 2 and 8: hostile records in every reader and over POST /papers. Every bound in LIMITS holds
+""" hostile records in every reader and over POST /papers. Every bound in LIMITS holds
 for every format before its expensive step (LaTeX decoding, @string expansion, OpenAlex's inverted index, span
 copies, metadata recursion); hostile local files are per-record errors through the real `esqbe index`; and a
 real server on 127.0.0.1 reads a POST's records off its event loop, one JSON object a record."""

@@ -1,4 +1,4 @@
-"""Issue 40, item 6: hostile text never drives the terminal. `query`, `show`, `list`, `search` and `stats` print
+""" hostile text never drives the terminal. `query`, `show`, `list`, `search` and `stats` print
 titles, venues, authors, sentences and metadata keys holding a window-title OSC, a screen clear, a disguised OSC 8
 link and their 8-bit C1 forms; from the index and from a `--server`'s answer; and errors quoting them. Each
 command runs as a real subprocess (`python -m cli`) on a real pty, and what reaches the terminal is read back:

@@ -1,4 +1,4 @@
-"""Issue 53, item 3: one sentence count and one bound for every free text, before any tagging or encoding, whatever
+""" one sentence count and one bound for every free text, before any tagging or encoding, whatever
 sentences the request chooses: POST /query (a text, each example's), POST /watches, POST /rerank's query, the Python
 API and `esqbe query` / `esqbe watch add` `--text`/`--file`, on a real server (uvicorn on 127.0.0.1) over a real
 embedded index with the real model. Every write and watch route under the request deadline; the bounds in the

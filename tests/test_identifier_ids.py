@@ -1,4 +1,4 @@
-"""Every identifier is an id (issue 49, item 4): on a real index of real records, `show`, `query --paper`, `--not`
+"""Every identifier is an id: on a real index of real records, `show`, `query --paper`, `--not`
 and POST /query take a paper's DOI (any case, with its resolver address), arXiv id or PubMed id as they take its id,
 and `search` lists the paper once."""
 from __future__ import annotations

@@ -16,7 +16,7 @@ import esqbe
 from esqbe.errors import ModelMismatchError
 from esqbe.ingest.readers import InputError
 
-from .conftest import REPO, esqbe_cli, shared_path
+from .conftest import REPO, esqbe_cli, model_copy, shared_path
 
 
 def _records(sample_lines, n, start=0):
@@ -83,16 +83,11 @@ def test_strict_stops_at_first_bad_line_keeping_earlier_batches(tmp_path, encode
 
 
 def test_model_mismatch_is_a_clear_error(tmp_path, encoder, sample_lines, write_jsonl):
-    from esqbe.encode.identity import resolve_model
-
     src = write_jsonl("a.jsonl", _records(sample_lines, 2))
     path = str(tmp_path / "ix")
     esqbe.open_index(path, encoder=encoder).index_files([str(src)])
     # the same weights under another name are the same model: a model is identified by its fingerprint
-    other = tmp_path / "other-model"
-    other.mkdir()
-    for f in os.listdir(resolve_model(None)[0]):
-        os.symlink(os.path.join(resolve_model(None)[0], f), other / f)
+    other = model_copy(tmp_path / "other-model")
     assert esqbe.open_index(path, model=str(other)).query(json.loads(sample_lines[0])["paper_id"]).hits
     with pytest.raises(ModelMismatchError, match="independent"):
         esqbe.open_index(path, encoder=encoder, encoder_mode="independent").index_files([str(src)])

@@ -1,4 +1,4 @@
-"""Finding and inspecting papers from the CLI (issue 24, item 3: search, show, list) and `esqbe config`
+"""Finding and inspecting papers from the CLI (item 3: search, show, list) and `esqbe config`
 (item 6): real indexes on disk, the real model and tagger."""
 from __future__ import annotations
 

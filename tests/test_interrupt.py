@@ -1,4 +1,4 @@
-"""Interrupts tell the truth (issue 38, item 7): SIGINT and SIGTERM during a real `esqbe index` process finish or
+"""Interrupts tell the truth: SIGINT and SIGTERM during a real `esqbe index` process finish or
 drop the batch in hand, print the summary of what is committed (exit 130 / 143), and that summary is what the
 index holds, counted by opening it; the same command again indexes the rest, losing nothing.
 
@@ -105,7 +105,7 @@ def test_a_signal_before_the_first_batch_reads_nothing_and_says_so(tmp_path, enc
 
 
 def test_an_interrupt_mid_batch_writes_what_was_encoded(tmp_path):
-    """Issue 49, item 6 (a trial: Ctrl-C discarded 191 encoded papers, 0 committed): one commit batch of 300 papers,
+    """Ctrl-C keeps what was encoded (it once discarded 191 encoded papers, 0 committed): one commit batch of 300 papers,
     SIGINT once the progress shows more than a slice's papers encoded; the slices finished are
     written, the summary says how many are committed and how many read were left, and the index holds that."""
     from esqbe.index.ingest import _SLICE_BATCHES, _SLICE_MIN_PAPERS

@@ -1,4 +1,4 @@
-"""The exact re-score of the kNN's candidate papers (`KnnMixin._exact_best`, issue 23) on a real index: the best
+"""The exact re-score of the kNN's candidate papers (`KnnMixin._exact_best`) on a real index: the best
 cosine per (paper, query sentence) over the papers' rows of the facet, as numpy computes it from the stored vectors,
 reading only those rows from the vector file."""
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_exact_rescore_of_no_rows(small_index):
 
 
 def test_paper_ids_of_numbers_read_from_a_covering_index(index_dir_30, tmp_path):
-    """The kNN's hits are named from the index (pno, paper_id) alone, not the papers' rows (issue 23); an index
+    """The kNN's hits are named from the index (pno, paper_id) alone, not the papers' rows; an index
     written before that index gets it from its next writer."""
     import shutil
     import sqlite3

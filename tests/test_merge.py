@@ -1,4 +1,4 @@
-"""One paper per paper (issue 38, item 2), through the real CLI on a real embedded index: records naming the same
+"""One paper per paper, through the real CLI on a real embedded index: records naming the same
 work by DOI or arXiv id (written differently: a resolver address, upper case, `arXiv:` and a version) are one paper,
 the later record updating it; both ids find it, in this run and later ones (the alias table in the index's SQLite,
 filled for an index made before it); the summary names each merge; a shared title and year without a shared
@@ -69,13 +69,18 @@ def merged(tmp_path_factory):
 
 def test_records_of_one_work_are_one_paper_and_the_summary_says_so(merged):
     root, out = merged
-    assert (f"  merged 2: {root / 'dup.ris'}:1 = {root / 'zotero.bib'}:3 (doi 10.48550/arxiv.1706.03762); "
-            f"{root / 'arxiv.bib'}:1 = {root / 'arxiv-snapshot.jsonl'}:1 (arxiv 0704.0001)\n") in out, out
+    assert (f"  merged 2: {root / 'dup.ris'}:1 vaswani-ris into vaswani2017attention (read at {root / 'zotero.bib'}:3; "
+            f"same doi 10.48550/arxiv.1706.03762); {root / 'arxiv.bib'}:1 balazs2007 into 0704.0001 (read at "
+            f"{root / 'arxiv-snapshot.jsonl'}:1; same arxiv 0704.0001)\n") in out, out
     # the same title and year without a shared identifier: said, not merged
     assert (f"  likely duplicate, not merged (same title and year, no shared DOI, arXiv or PubMed id): "
-            f"{root / 'dup.ris'}:10 bert-again ~ {root / 'zotero-csl.json'}:2 ABCD2345\n") in out, out
+            f"{root / 'dup.ris'}:10 bert-again, read at {root / 'zotero-csl.json'}:2 as ABCD2345\n") in out, out
+    # a conflict in words, each value with its file; BibTeX `inproceedings` and RIS `CONF` are one type, no conflict
+    assert (f'  merge conflict, {root / "dup.ris"}:1 into vaswani2017attention: authors: kept "Ashish Vaswani; Noam '
+            f'Shazeer; Niki Parmar" ({root / "zotero.bib"}), not "Ashish Vaswani" ({root / "dup.ris"})\n') in out, out
+    assert "entry_type" not in out and "{'" not in out, out
     assert ids(root / "ix") == ["0704.0001", "ABCD2345", "bert-again", "vaswani2017attention"]
-    # both records are the library's: the first keeps its fields (issue 49, item 2), the later one is a source of
+    # both records are the library's: the first keeps its fields, the later one is a source of
     # it; either id finds it
     for pid in ("vaswani2017attention", "vaswani-ris"):
         shown = json.loads(run("show", "--path", root / "ix", pid, "--json").stdout)
@@ -99,8 +104,8 @@ def test_a_later_run_merges_into_the_paper_indexed_before_and_json_names_it(merg
     assert report["unchanged"] == 2 and report["indexed"] == 0
     assert ids(ix) == ["0704.0001", "ABCD2345", "bert-again", "vaswani2017attention"]
     text = run("index", "--path", ix, root / "dup.ris").stdout
-    assert (f"  merged 1: {root / 'dup.ris'}:1 = paper vaswani2017attention (already in the index) "
-            f"(doi 10.48550/arxiv.1706.03762)\n") in text, text
+    assert (f"  merged 1: {root / 'dup.ris'}:1 vaswani-ris into vaswani2017attention (already in the index; "
+            f"same doi 10.48550/arxiv.1706.03762)\n") in text, text
 
 
 def test_an_index_made_before_the_alias_table_gets_its_papers_identifiers(tmp_path):
@@ -111,7 +116,7 @@ def test_an_index_made_before_the_alias_table_gets_its_papers_identifiers(tmp_pa
         db.execute("DELETE FROM settings WHERE key = 'aliases_filled'")
     (tmp_path / "dup.ris").write_text(DUP_RIS)
     out = run("index", "--path", ix, tmp_path / "dup.ris").stdout
-    assert "merged 1: " in out and "= paper vaswani2017attention (already in the index)" in out, out
+    assert "merged 1: " in out and "vaswani-ris into vaswani2017attention (already in the index" in out, out
     assert ids(ix) == ["bert-again", "vaswani2017attention"]
 
 
@@ -198,3 +203,105 @@ def test_a_paper_lists_every_source_merged_into_it(merged, tmp_path):
         shown = json.loads(run("show", "--path", ix, "vaswani-ris", "--json").stdout)
         assert [s["file"] for s in shown["metadata"]["sources"]] == [str(root / "zotero.bib"),
                                                                       str(tmp_path / "copy.ris")], source
+
+
+SMITH_A = """@article{{smith2020,
+  title = {{Sentence Facets for Retrieval}},
+  author = {{Smith, John}},
+  year = {{2020}},
+  doi = {{10.5555/facets.a}},
+  abstract = {{{a}}}
+}}
+"""
+SMITH_B = """@inproceedings{{smith2020,
+  title = {{{title}}},
+  author = {{Smith, Jane}},
+  year = {{2021}},
+  doi = {{10.5555/facets.b}},
+  abstract = {{{b}}}
+}}
+"""
+SMITH_RIS = """TY  - JOUR
+ID  - smith2020
+TI  - Sentence facets for retrieval
+AU  - Smith, John
+PY  - 2020
+DO  - 10.5555/FACETS.A
+AB  - {a}
+ER  -
+"""
+
+
+def _abstract(i: int) -> str:
+    record = json.loads((REPO / "samples" / "csabstruct-sample.jsonl").read_text().splitlines()[i])
+    return " ".join(record["sentences"]).replace("%", "")
+
+
+def test_one_citation_key_for_two_works_in_two_files_indexes_both_and_a_rerun_changes_nothing(tmp_path):
+    """A citation key names a record within its file: two library files that use `smith2020` for two works (another
+    DOI and title) index two papers, the second under a derived id the run reports once; a third file's `smith2020`
+    of the first work (its DOI) is merged into it, not renamed; a dump sharing that DOI is merged too. Re-runs of the
+    unchanged files, in any order, report every paper unchanged (they said `replaced 2` every time); --json names the
+    ids replaced and merged."""
+    a, b = _abstract(1), _abstract(2)
+    (tmp_path / "a.bib").write_text(SMITH_A.format(a=a))
+    (tmp_path / "b.bib").write_text(SMITH_B.format(title="Facets of Another Kind", b=b))
+    (tmp_path / "c.ris").write_text(SMITH_RIS.format(a=a))
+    (tmp_path / "dump.jsonl").write_text(json.dumps({"paper_id": "s2-9", "title": "Sentence facets for retrieval",
+                                                     "abstract": a, "year": 2020, "venue": "Dump Venue",
+                                                     "doi": "10.5555/facets.a"}) + "\n")
+    files = [tmp_path / n for n in ("a.bib", "b.bib", "c.ris", "dump.jsonl")]
+    ix = tmp_path / "ix"
+    first = run("index", "--path", ix, *files)
+    said = [line for line in first.stdout.splitlines() if "renamed" in line]
+    assert said == [f"  renamed: {tmp_path / 'b.bib'}:1 smith2020 is indexed as smith2020@b: the key is "
+                    f"{tmp_path / 'a.bib'}:1's, another work (doi 10.5555/facets.b, not 10.5555/facets.a)"], first.stdout
+    assert ids(ix) == ["smith2020", "smith2020@b"]
+    shown = {pid: json.loads(run("show", "--path", ix, pid, "--json").stdout) for pid in ("smith2020", "smith2020@b")}
+    assert shown["smith2020"]["title"] == "Sentence Facets for Retrieval"
+    assert [s["format"] for s in shown["smith2020"]["metadata"]["sources"]] == ["bibtex", "ris", "s2orc"]
+    assert shown["smith2020"]["metadata"]["venue"] == "Dump Venue"  # filled by the dump
+    assert shown["smith2020@b"]["title"] == "Facets of Another Kind"
+    assert shown["smith2020@b"]["metadata"]["external_ids"]["doi"] == "10.5555/facets.b"
+    for order in (files, files[::-1], [files[2], files[0], files[3], files[1]]):
+        again = json.loads(run("index", "--path", ix, *order, "--json").stdout)
+        assert (again["indexed"], again["replaced"], again["unchanged"], again["tagged"]) == (0, 0, 4, 0), again
+        assert again["replaced_ids"] == [] and [r["id"] for r in again["renamed"]] == ["smith2020@b"]
+        assert {(m["id"], m["into"]) for m in again["merged"]} == {("smith2020", "smith2020"), ("s2-9", "smith2020")}
+    assert ids(ix) == ["smith2020", "smith2020@b"]
+    (tmp_path / "b.bib").write_text(SMITH_B.format(title="Facets of Another Kind, Revised", b=b))
+    changed = json.loads(run("index", "--path", ix, *files, "--json").stdout)
+    assert changed["replaced_ids"] == ["smith2020@b"] and changed["replaced"] == 1, changed
+    assert json.loads(run("show", "--path", ix, "smith2020@b", "--json").stdout)["title"] == \
+        "Facets of Another Kind, Revised"
+
+
+def test_every_jsonl_shape_keeps_title_year_authors_and_ids_and_the_summary_names_what_it_does_not(tmp_path):
+    """The pre-split `sentences` shape (CSAbstruct's) kept only the sentences and labels: a title and year given with
+    them were lost unsaid. Now they are kept as plain JSON Lines keeps them, and what no shape keeps (CSAbstruct's
+    per-sentence `confs`, S2ORC's citation lists) is named per file in the run's summary."""
+    record = json.loads((REPO / "samples" / "csabstruct-sample.jsonl").read_text().splitlines()[3])
+    (tmp_path / "split.jsonl").write_text(json.dumps({
+        "paper_id": "split-1", "title": "Pre-split Sentences Keep Their Title", "year": 2019,
+        "authors": ["Ada Lovelace"], "doi": "10.5555/split.1", "sentences": record["sentences"],
+        "labels": record["labels"], "confs": record["confs"]}) + "\n"
+        + json.dumps({"id": "split-2", "title": "Plain JSON Lines Ids", "year": 2018, "sentences": record["sentences"],
+                      "facets": record["labels"]}) + "\n")
+    (tmp_path / "s2.jsonl").write_text(json.dumps({
+        "paper_id": "s2-1", "title": "An S2ORC Record", "abstract": " ".join(record["sentences"]), "year": 2017,
+        "inbound_citations": ["x"], "has_pdf_parse": False}) + "\n")
+    ix = tmp_path / "ix"
+    report = json.loads(run("index", "--path", ix, tmp_path / "split.jsonl", tmp_path / "s2.jsonl", "--json").stdout)
+    assert report["indexed"] == 3, report
+    assert report["not_kept"] == {str(tmp_path / "split.jsonl"): {"confs": 1},
+                                  str(tmp_path / "s2.jsonl"): {"inbound_citations": 1, "has_pdf_parse": 1}}
+    one = json.loads(run("show", "--path", ix, "split-1", "--json").stdout)
+    assert one["title"] == "Pre-split Sentences Keep Their Title" and one["metadata"]["year"] == 2019
+    assert one["metadata"]["authors"] == [{"name": "Ada Lovelace"}] and one["metadata"]["doi"] == "10.5555/split.1"
+    assert [s["facet"] for s in one["sentences"]] == [lab if lab != "objective" else "background"
+                                                     for lab in record["labels"]]
+    two = json.loads(run("show", "--path", ix, "split-2", "--json").stdout)
+    assert two["title"] == "Plain JSON Lines Ids" and two["metadata"]["year"] == 2018
+    text = run("index", "--path", ix, tmp_path / "split.jsonl").stdout
+    assert f"  not kept from {tmp_path / 'split.jsonl'} (fields esqbe does not read): confs (2 records)" in text \
+        or f"  not kept from {tmp_path / 'split.jsonl'} (fields esqbe does not read): confs (1 record)" in text, text

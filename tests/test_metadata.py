@@ -1,14 +1,15 @@
 """Metadata the readers keep from each input format, on the real shared samples and on plain JSONL."""
 import gzip
 import json
-from pathlib import Path
 
 import pytest
 
 from esqbe.core.filters import matches, parse_filter
 from esqbe.ingest.readers import read_papers
 
-SHARED = Path("/work/shared/data")
+from .conftest import SHARED as SHARED_ROOT
+
+SHARED = SHARED_ROOT / "data"
 S2ORC = SHARED / "s2orc" / "metadata-sample.jsonl"
 S2AG = SHARED / "s2orc" / "s2ag-datasets-samples"
 needs_shared = pytest.mark.skipif(not SHARED.exists(), reason="shared sample data not available")
@@ -102,7 +103,7 @@ def test_s2ag_papers_shape_fields_are_kept(tmp_path):
 
 def test_s2_api_open_access_pdf_is_open_access_and_its_url_the_s2_page(tmp_path):
     """An S2 Graph API paper (`/graph/v1/paper/...?fields=...,url,openAccessPdf`): `openAccessPdf` says the paper is
-    open, so it is `open_access_url`; the record's `url` is its Semantic Scholar page (issue 38, item 8)."""
+    open, so it is `open_access_url`; the record's `url` is its Semantic Scholar page."""
     rec = {"paperId": "204e3073870fae3d05bcbc2f6a8e263d9b72e776", "corpusId": 13756489,
            "url": "https://www.semanticscholar.org/paper/204e3073870fae3d05bcbc2f6a8e263d9b72e776",
            "title": "Attention is All you Need", "abstract": "We propose the Transformer. It is fast.", "year": 2017,

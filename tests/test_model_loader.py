@@ -57,7 +57,7 @@ def test_index_query_cite_eval_and_tag_load_through_the_loader(tmp_path, spy, mi
 
     with esqbe.open_index(path, config=None, batch_size=8) as index:  # indexing
         assert index.index_files([str(src)], facets="keep").indexed == 6
-    assert spy and spy[-1] == ModelSpec(None, None, 8, "auto")  # the default runtime (issue 22)
+    assert spy and spy[-1] == ModelSpec(None, None, 8, "auto")  # the default runtime
 
     n = len(spy)
     with esqbe.open_index(path, config=None, batch_size=8) as index:  # a query by text encodes it

@@ -1,6 +1,6 @@
-"""The page in real headless Chromium (issue 38, item 10), against a real server over a real index with metadata:
+"""The page in real headless Chromium, against a real server over a real index with metadata:
 
-- every key of the README's address table round-trips: opened, the page's state shows it, and the address the
+- every key of the address table (docs/serving.md) round-trips: opened, the page's state shows it, and the address the
   page writes back after the query holds it again;
 - no download button before a query has hits;
 - the active filters are in the query summary;
@@ -41,7 +41,7 @@ def server(encoder, tmp_path_factory):
 
 
 def _documented_keys() -> list[str]:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "serving.md").read_text()
     table = text.split("The page's address is the query", 1)[1].split("\n\n", 2)[1]
     return re.findall(r"^\| `(\w+)` \|", table, flags=re.M)
 
@@ -60,7 +60,7 @@ def test_every_documented_address_key_round_trips(server, browser):
     from selenium.webdriver.common.by import By
 
     keys = _documented_keys()
-    assert set(keys) == {"paper", "text", "title", "facet", "sentences", "also", "not", "filters", "rescorer", "k"}
+    assert set(keys) == {"paper", "text", "title", "facet", "sentences", "also", "not", "filters", "rescorer", "k", "view"}
     app_js = (REPO / "esqbe" / "server" / "static" / "app.js").read_text()
     for key in keys:  # the page reads each, and reads no other
         assert f'params.get("{key}")' in app_js or f'params.getAll("{key}")' in app_js, key
@@ -69,7 +69,7 @@ def test_every_documented_address_key_round_trips(server, browser):
     addresses = [
         [("paper", P0), ("facet", "method"), ("also", P1), ("also", P2), ("not", RECORDS[3]["id"]),
          ("filters", "year>=2011; venue in (ACL, EMNLP, NeurIPS)"), ("rescorer", "ts"), ("k", "7")],
-        [("paper", P0), ("sentences", "0,2")],
+        [("paper", P0), ("sentences", "0,2"), ("view", "graph")],
         [("text", TEXT), ("title", "Low-resource MT"), ("facet", "result")],
         [("text", TEXT), ("sentences", "1,2"), ("k", "5")],
     ]
@@ -96,6 +96,9 @@ def test_every_documented_address_key_round_trips(server, browser):
         assert _value(browser, "filters") == given.get("filters", "")
         assert _value(browser, "rescorer") == given.get("rescorer", "summax")
         assert _value(browser, "k") == given.get("k", "10")
+        view = given.get("view", "list")  # the view the address names is the one pressed and shown
+        assert browser.find_element(By.CSS_SELECTOR, f'.view-btn[data-view="{view}"]').get_attribute("aria-pressed") == "true"
+        assert browser.find_element(By.ID, "graph-view").is_displayed() == (view == "graph")
         assert len(_hits(browser)) <= int(given.get("k", "10"))
         # and the address the page wrote back after running the query holds the same pairs
         assert sorted(_params(browser)) == sorted(params)
@@ -198,7 +201,7 @@ def _chips_follow_the_answer(browser, want: dict) -> None:
     from selenium.webdriver.common.by import By
 
     hits = want["hits"]
-    best = max(h["score"] for h in hits)  # issue 48: the band is placed on the score that orders the hits
+    best = max(h["score"] for h in hits)  # the band is placed on the score that orders the hits
     for element, hit in zip(_hits(browser), hits):
         assert element.get_attribute("data-paper-id") == hit["paper_id"]
         chip = element.find_element(By.CSS_SELECTOR, ".strength")
@@ -216,7 +219,7 @@ def test_a_weak_match_looks_weak(server, browser):
     scale, and the rescorer `none` (no similarity) none."""
     from selenium.webdriver.common.by import By
 
-    readme = " ".join((REPO / "README.md").read_text().split())
+    readme = " ".join((REPO / "docs" / "querying.md").read_text().split())
     assert "higher than 92% of this index's matches" in readme
     want = _placed(server, "summax", 29)
     assert want["scale"]["source"] == "index" and want["scale"]["papers"] == 30

@@ -1,4 +1,4 @@
-"""The page's query set in real Chromium (issue 36, item 1): two hits added as examples and one as "not like
+"""The page's query set in real Chromium: two hits added as examples and one as "not like
 this" in one click each; the new ranking is the server's for that set, the set is shown and editable, and the
 address holds it (opening it again gives the same ranking)."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A query of several examples and a paper to avoid on the page, in real Chromium at a desktop and a narrow width
-(issue 51, item 1): every matched pair names the example it is of (by short title), the avoided paper's matches show
+(item 1): every matched pair names the example it is of (by short title), the avoided paper's matches show
 as such, the set's chips show titles (the id in the tooltip), a hit shows its best two pairs with the rest one
 click away, ten hits fit in a few screens, the Watches panel sits above the hits (and is a header button away), the
 query paper's metadata shows labelled like a hit's. The screenshots are kept in test-artifacts/ (and the README's,

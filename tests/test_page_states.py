@@ -1,4 +1,4 @@
-"""The page's states in real headless Chromium (issue 24, items 1, 2 and 4), against a real server over a real index
+"""The page's states in real headless Chromium, against a real server over a real index
 whose labels the tagger predicted (so facet queries choose sentences by probability) and whose papers carry
 metadata (year, venue, authors, ids; one paper's metadata is hostile):
 
@@ -34,7 +34,7 @@ def _record(i: int, r: dict) -> dict:
            "abstract": " ".join(r["sentences"]), "year": 2010 + i % 12, "venue": VENUES[i % 3],
            "authors": [f"Ada Author{i}", f"Bo Writer{i}", "Cy Third", "Di Fourth"],
            "external_ids": {"doi": f"10.1000/esqbe.{i}", "arxiv": f"2101.{i:05d}", "corpus_id": str(1000 + i)}}
-    if i % 5 == 1:  # a reference manager's plain `url`: a link, never "open access" (issue 38, item 8)
+    if i % 5 == 1:  # a reference manager's plain `url`: a link, never "open access"
         rec["url"] = f"https://example.org/paper/{i}"
     elif i % 5 == 2:  # the record says it is open (S2, OpenAlex, arXiv)
         rec["open_access_url"] = f"https://example.org/oa/{i}.pdf"
@@ -239,7 +239,7 @@ def test_hits_show_metadata_and_safe_links_and_the_page_has_filters_text_queries
             assert links["DOI"] == "https://doi.org/10.1000/x%22%3E%3Cscript%3Ewindow.__pwned%3D1%3C/script%3E"  # "/" kept: it separates a DOI
             continue
         i = RECORDS.index(rec)
-        # each field labelled (issue 51)
+        # each field labelled
         assert meta.find_element(By.CSS_SELECTOR, ".year").text == f"Year: {rec['year']}"
         assert meta.find_element(By.CSS_SELECTOR, ".venue").text == f"Venue: {rec['venue']}"
         assert meta.find_element(By.CSS_SELECTOR, ".authors").text == f"Authors: Ada Author{i}, Bo Writer{i} et al."
@@ -301,7 +301,7 @@ def test_the_hits_download_as_csv_bibtex_and_ris(server, browser, tmp_path):
 
     fields = httpx.get(server + "/openapi.json", timeout=60).json()["components"]["schemas"]["QueryRequest"]["properties"]
     if "format" not in fields:
-        pytest.skip("this server has no POST /query \"format\" (the export of issue 24 item 6, branch h24b) yet")
+        pytest.skip("this server has no POST /query \"format\" (the export) yet")
     browser.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path)})
     browser.get(server + f"/#paper={P0}&facet=method")
     _wait(browser).until(lambda b: _hits(b))
@@ -327,7 +327,7 @@ def _reopen(browser, url):
 
 
 def test_the_address_reproduces_the_query_filters_and_text_included(server, browser):
-    """Issue 24 (noticed after item 4): a link to the page reproduces the query: the paper, its facet or sentences,
+    """A link to the page reproduces the query: the paper, its facet or sentences,
     the filters, the hit count, and a pasted text with its title."""
     from selenium.webdriver.common.by import By
 
@@ -377,7 +377,7 @@ def test_the_address_reproduces_the_query_filters_and_text_included(server, brow
 
 
 def test_a_text_query_without_facet_shows_the_tagger_labels_and_probabilities(server, browser):
-    """Issue 24 (noticed after item 2): a pasted text queried with every sentence shows what the tagger made of
+    """A pasted text queried with every sentence shows what the tagger made of
     each (label and probability, as for a paper), not "unlabeled"."""
     from selenium.webdriver.common.by import By
 

@@ -1,4 +1,4 @@
-"""Records without an abstract, with a PDF (issue 38, item 4): a BibTeX `file` (Zotero's and JabRef's forms) or an
+"""Records without an abstract, with a PDF: a BibTeX `file` (Zotero's and JabRef's forms) or an
 RIS `L1` names the PDF; its abstract (and title, if the record has none) is read from the PDF's first page and the
 paper is marked `abstract_source: pdf` and counted. The PDFs are real LaTeX output (one and two columns, IEEE-style
 inline headings; made from
@@ -74,7 +74,7 @@ def test_unreadable_pdfs_skip_their_record_with_the_reason(library):
     papers, report = _read(library)
     assert set(papers) == {"zotero", "jabref", "own"}
     reasons = {r["id"]: r["reason"] for r in report.skipped_records}
-    files = library.parent / "files"  # each record's reason names the PDF where it was looked for (issue 49)
+    files = library.parent / "files"  # each record's reason names the PDF where it was looked for
     assert reasons == {"scanned": f"{pdf.NO_TEXT}: {files / '14' / 'scanned.pdf'}",
                        "missing": f"{pdf.MISSING}: {files / '99' / 'gone.pdf'}",
                        "broken": f"{pdf.UNPARSABLE}: {files / '15' / 'broken.pdf'}",
@@ -154,7 +154,7 @@ def test_index_summary_counts_and_names(tmp_path, library):
     assert summary["skipped"][pdf.NO_TEXT] == 1
 
 
-# ---------------------------------------------------------------- issue 53 item 2, issue 49 item 5
+# ---------------------------------------------------------------- a PDF too costly to read
 
 def xobject_bomb(draws: int = 5000, ops: int = 20_000) -> bytes:
     """A valid one-page PDF of a few KB whose page draws one form XObject `draws` times (pypdf's cap is 5,000); the
@@ -186,7 +186,7 @@ def xobject_bomb(draws: int = 5000, ops: int = 20_000) -> bytes:
 
 
 def test_a_pdf_that_costs_hours_is_stopped_and_named_and_the_run_goes_on(tmp_path):
-    """Issue 53 item 2, through `esqbe index`: a .bib entry without an abstract whose `file` is a 3 KB PDF drawing
+    """Through `esqbe index`: a .bib entry without an abstract whose `file` is a 3 KB PDF drawing
     one form XObject 5,000 times is skipped at --pdf-timeout with that reason and its path; the PDF after it (a new
     child process) and the rest of the run are read."""
     import faulthandler
@@ -222,7 +222,7 @@ def test_a_pdf_that_costs_hours_is_stopped_and_named_and_the_run_goes_on(tmp_pat
 
 
 def test_a_pdf_given_to_index_says_how_pdfs_are_read(tmp_path):
-    """Issue 49 item 5: `esqbe index paper.pdf` is told how esqbe reads PDFs, not that the file is not UTF-8."""
+    """ `esqbe index paper.pdf` is told how esqbe reads PDFs, not that the file is not UTF-8."""
     from esqbe.ingest.readers import PDF_ON_ITS_OWN
 
     paper = tmp_path / "paper.pdf"
@@ -232,3 +232,92 @@ def test_a_pdf_given_to_index_says_how_pdfs_are_read(tmp_path):
     assert f"{paper}: file: {PDF_ON_ITS_OWN}" in r.output and "UTF-8" not in r.output, r.output
     _, report = _read(paper)
     assert [str(e) for e in report.errors] == [f"{paper}: file: {PDF_ON_ITS_OWN}"]
+
+
+# ---------------------------------------------------------------- the reader's child: its own clock, its parent's life
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _running(pid: int) -> tuple[bool, float]:
+    """(whether `pid` is a process that runs, not gone nor a zombie; the CPU seconds it used)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False, 0.0
+    return fields[0] != "Z", (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads the process table from /proc (Linux)")
+def test_the_pdf_reader_dies_with_a_killed_esqbe_index(tmp_path):
+    """`kill -9` of `esqbe index` while its PDF reader works on a PDF that costs hours: the reader is gone within
+    seconds (it kept a core busy past --pdf-timeout, for as long as the PDF took)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    bomb = tmp_path / "bomb.pdf"
+    bomb.write_bytes(xobject_bomb())
+    bib = tmp_path / "lib.bib"
+    bib.write_text("@article{bomb,\n title = {Drawn Five Thousand Times},\n file = {Full Text:bomb.pdf:application/pdf}}\n")
+    parent = subprocess.Popen([sys.executable, "-m", "cli", "index", "--path", str(tmp_path / "ix"), "--pdf-timeout",
+                               "3600", str(bib)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    child = None
+    try:
+        deadline = time.monotonic() + 120
+        while child is None or _running(child)[1] < 0.5:  # until the reader has worked on the PDF a while
+            assert time.monotonic() < deadline and parent.poll() is None, "no PDF reader started"
+            found = [c for c in _children(parent.pid) if b"pdf_child" in open(f"/proc/{c}/cmdline", "rb").read()]
+            child = found[0] if found else None
+            time.sleep(0.1)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        gone_by = time.monotonic() + 10
+        while _running(child)[0] and time.monotonic() < gone_by:
+            time.sleep(0.05)
+        assert not _running(child)[0], "the PDF reader outlived its killed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if child is not None and _running(child)[0]:
+            os.kill(child, signal.SIGKILL)
+
+
+def test_the_pdf_reader_keeps_its_own_clock(tmp_path):
+    """A reader whose parent lives but stops reading its answers still stops at the request's clock: SIGALRM ends
+    it, whatever pypdf was doing."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    bomb = tmp_path / "bomb.pdf"
+    bomb.write_bytes(xobject_bomb())
+    script = REPO / "esqbe" / "ingest" / "pdf_child.py"
+    child = subprocess.Popen([sys.executable, str(script), str(os.getpid())], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    started = time.monotonic()
+    try:
+        child.stdin.write(json.dumps({"path": str(bomb), "pages": 2, "max_bytes": pdf.MAX_PDF_BYTES,
+                                      "seconds": 1.5}).encode() + b"\n")
+        child.stdin.flush()
+        status = child.wait(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert status == -signal.SIGALRM and time.monotonic() - started < 60

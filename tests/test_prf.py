@@ -1,4 +1,4 @@
-"""Pseudo-relevance feedback on sentence vectors (issue 25): the Rocchio step itself, and through a real query."""
+"""Pseudo-relevance feedback on sentence vectors: the Rocchio step itself, and through a real query."""
 from __future__ import annotations
 
 import numpy as np

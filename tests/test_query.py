@@ -51,11 +51,14 @@ def test_ts_score_is_best_single_pair(small_index):
 
 
 def test_a_paper_finds_its_own_sentences_first(small_index):
-    """Definition 2 with a text query: a paper's own abstract, given as text, ranks that paper first."""
+    """Definition 2 with a text query: a paper's own abstract, given as text, scores that paper highest; it is the
+    text's likely version (esqbe.query.versions), listed after the 3 numbered hits."""
     other = small_index.backend.get(["csabstruct-train-0007"])["csabstruct-train-0007"]
     result = small_index.query(text=list(other.paper.sentences), k=3)
-    assert result.hits[0].paper_id == "csabstruct-train-0007"
-    assert result.hits[0].score > 0.95
+    best = max(result.hits, key=lambda h: h.score)
+    assert best.paper_id == "csabstruct-train-0007" and best.score > 0.95
+    assert (best.rank, best.likely_version_of) == (None, "(text)") and result.hits[-1] is best
+    assert [h.rank for h in result.hits[:3]] == [1, 2, 3]
 
 
 def test_same_facet_query_matches_candidate_sentences_of_that_facet(small_index):
@@ -290,3 +293,27 @@ def test_bm25_text_facet_scores_the_candidates_facet_sentences(small_index):
 
     with pytest.raises((QueryError, ConfigError), match="bm25_text"):  # settings are checked where given
         small_index.query(QID, facet="method", bm25_text="title")
+
+
+def test_k_past_the_first_stage_lists_reaches_k_and_fewer_hits_say_why(small_index, tmp_path):
+    """k past knn_k and bm25_k: each list reaches k, so k hits come back where the index holds them (the lists stopped
+    at their own depth and the query returned fewer, unsaid); fewer than k (a small index) is said, in the JSON's
+    notes and on stderr."""
+    from click.testing import CliRunner
+
+    from cli import main
+
+    shallow = small_index.query(QID, k=20, knn_k=3, bm25_k=3, candidate_facet="all")
+    assert len(shallow.hits) == 20 and not shallow.notes, (len(shallow.hits), shallow.notes)
+    deep = small_index.query(QID, k=20, candidate_facet="all")
+    assert {h.paper_id: h.score for h in shallow.hits} == pytest.approx({h.paper_id: h.score for h in deep.hits},
+                                                                        abs=1e-6)  # the same papers, the same scores
+    r = CliRunner().invoke(main, ["query", "--path", small_index.settings.path, "--paper", QID, "-k", "250", "--json",
+                                  "--no-server"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    answer = json.loads(r.stdout)
+    assert len(answer["hits"]) == 39
+    [note] = answer["notes"]
+    assert note.startswith("39 hit(s) of the 250 asked: the first stage found no more candidates (the index holds 40 "
+                           "paper(s); 1 excluded"), note
+    assert f"esqbe: note: {note}" in r.stderr

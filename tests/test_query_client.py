@@ -1,4 +1,4 @@
-"""`esqbe query --server URL` against hostile servers (issue 40, item 7): real tiny servers on 127.0.0.1 (a thread
+"""`esqbe query --server URL` against hostile servers: real tiny servers on 127.0.0.1 (a thread
 each, raw sockets, bounded in time and bytes) and the real CLI as a process. An answer past the cap is not read on,
 one deadline covers the whole exchange, an answer that is not the API's response model is the server's fault
 (exit 4, one line), a redirect is not followed (the token goes nowhere else), and a proxy from the environment

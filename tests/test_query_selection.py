@@ -1,4 +1,4 @@
-"""Which sentences form a query, and why (issue 24, item 2): the library's `QueryResult.selection`, the JSON
+"""Which sentences form a query, and why: the library's `QueryResult.selection`, the JSON
 shape (`esqbe query --json`, POST /query), the CLI's text, a text query choosing its sentences by index, and a
 text query whose facet the tagger does not find. A real index (given and predicted labels), the real model and
 tagger, the real CLI, a real HTTP server."""

@@ -1,4 +1,4 @@
-"""Distributed encoding on Ray Data (`esqbe ray-encode`, esqbe.distributed; issue 22, must-have 5): on a real
+"""Distributed encoding on Ray Data (`esqbe ray-encode`, esqbe.distributed): on a real
 local Ray cluster of 2 CPUs, its Parquet shards hold the vectors and labels `esqbe encode` writes for the
 same input, and `esqbe index` loads them into an index that answers queries. Ray stays out of `import esqbe`
 and of the CLI's start, and a machine without it is told which extra to install."""

@@ -115,7 +115,7 @@ def test_every_line_is_yielded_skipped_or_reported_never_an_exception(tmp_path, 
     assert report.read == len(non_blank)
     _accounted(report)
     assert len(papers) == report.yielded
-    if not non_blank:  # an input with no records says so (issue 24), as the one error about the source
+    if not non_blank:  # an input with no records says so, as the one error about the source
         assert [(e.line, e.field, e.reason) for e in report.errors] == [(None, "file", "no records: the input is empty")]
         return
     for error in report.errors:

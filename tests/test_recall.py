@@ -1,4 +1,4 @@
-"""Recall you can trust on real vectors (issue 23): CSFCube dev abstracts encoded by the real default model, indexed
+"""Recall you can trust on real vectors: CSFCube dev abstracts encoded by the real default model, indexed
 with the IVF forced on (a low exact_threshold); `esqbe check recall` against an independent numpy computation over
 the stored vectors, the writer's calibration against its target, and the settings that fix nprobe /
 exact_threshold reaching the backend."""

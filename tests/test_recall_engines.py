@@ -1,4 +1,4 @@
-"""`esqbe check recall` on Elasticsearch and OpenSearch, to contract (issue 23): the exact reference is a nested
+"""`esqbe check recall` on Elasticsearch and OpenSearch, to contract: the exact reference is a nested
 `script_score` over every document, each body passing the engine's own request schema, and its hits make the
 first stage's score model. No engine runs here (tests/fakes/engines.py); a live engine's integration test is
 tests/test_engine_integration.py, skipped where no engine can be reached."""

@@ -1,4 +1,4 @@
-"""POST /rerank (issue 39) through a real `esqbe serve` app on 127.0.0.1 over a real embedded index, called with the
+"""POST /rerank through a real `esqbe serve` app on 127.0.0.1 over a real embedded index, called with the
 exact bodies each engine builds from the templates `esqbe engine install-reranker` installs
 (esqbe.backends.engines.reranker), its answer read the way each engine's parser reads it: the scores equal esqbe's
 own rescoring of the same candidates; unknown ids score lowest and are counted; the perimeter and the grammar
@@ -285,7 +285,7 @@ def test_the_servers_stats_say_rerank_is_answered_and_its_bounds(server):
     assert isinstance(rerank.pop("fallbacks"), dict)  # counted: the fallback tests below
     from esqbe.core.limits import MAX_QUERY_SENTENCES
 
-    assert 1 <= rerank.pop("max_text_sentences") <= MAX_QUERY_SENTENCES  # the server's one count (issue 53)
+    assert 1 <= rerank.pop("max_text_sentences") <= MAX_QUERY_SENTENCES  # the server's one count
     assert rerank == {
         "enabled": True, "token_required": True, "request_timeout_s": stats["server"]["rerank"]["request_timeout_s"],
         "max_documents": MAX_RERANK_DOCUMENTS, "max_query_chars": MAX_RERANK_QUERY_CHARS,
@@ -293,7 +293,7 @@ def test_the_servers_stats_say_rerank_is_answered_and_its_bounds(server):
     assert stats["server"]["rerank"]["request_timeout_s"] > 0 and "reranker" not in stats
 
 
-# --- issue 52 item 3: a well-formed query is answered whatever the index holds --------------------------------------
+# --- a well-formed query is answered whatever the index holds --------------------------------------
 H = {"Authorization": f"Bearer {TOKEN}"}
 #: sentiment background and results, no method sentence by the tagger (the issue's "facet:method We separate
 #: subjective sentences ..." kind of text)

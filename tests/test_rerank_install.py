@@ -1,4 +1,4 @@
-"""`esqbe engine install-reranker` / `uninstall-reranker` (issue 39 item 2) against a canned engine on a real loopback
+"""`esqbe engine install-reranker` / `uninstall-reranker` against a canned engine on a real loopback
 socket (the real elasticsearch-py / opensearch-py clients put the requests on the wire): what is sent, in what order,
 with which credentials, validated against the request schemas cut from the engines' official API specifications
 (tests/specs/rerank-requests.strict.schema.json, scripts/cut_rerank_specs.py), and idempotent on a second run.
@@ -332,7 +332,7 @@ def test_the_connector_emulation_evaluates_only_the_installed_script():
             os_request_body(body, "q", ["p1"])
 
 
-# --- issue 52 item 4: install-reranker as an operator's tool ---------------------------------------------------------
+# --- install-reranker as an operator's tool ---------------------------------------------------------
 def _invoke(args, env=None):
     return CliRunner().invoke(main, args, env=env or {})
 

@@ -1,4 +1,4 @@
-"""Live: esqbe as a real cluster's reranker (issue 39). The cluster of tests/test_engine_integration.py (ESQBE_ES_URL /
+"""Live: esqbe as a real cluster's reranker. The cluster of tests/test_engine_integration.py (ESQBE_ES_URL /
 ESQBE_OS_URL, or the docker compose files) gets `install_reranker`; a real `esqbe serve` over the same papers
 (embedded) answers its calls; a search through the reranker (Elasticsearch: a `text_similarity_reranker` retriever over
 a `standard` BM25 query; OpenSearch: the search pipeline with `ext.rerank.query_context`) must rank its window as

@@ -1,4 +1,4 @@
-"""The encoder runtime is part of an index's model identity (issue 22): an index records how its vectors were
+"""The encoder runtime is part of an index's model identity: an index records how its vectors were
 computed (torch-fp32, onnx-int8, ...), `esqbe stats` shows it, a write in another runtime is refused with both
 named and the flag to use, `auto` (the default) on an existing index keeps its runtime, and an index from before
 runtimes were recorded is taken as torch-fp32. Real model, real index on disk; the CLI in-process."""
@@ -140,7 +140,7 @@ def test_onnx_export_is_keyed_by_the_model_identity(int8_encoder):
 
 
 def test_onnx_runtime_does_not_spin_between_runs(int8_encoder):
-    # spinning intra-op threads took the 2 cores from tokenising and pooling between two runs (issue 22)
+    # spinning intra-op threads took the 2 cores from tokenising and pooling between two runs
     opts = int8_encoder._runner.session.get_session_options()
     assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
@@ -163,7 +163,7 @@ def test_pooling_matches_the_mean_of_each_sentences_tokens():
 
 
 def test_onnx_rows_run_side_by_side_with_the_serial_loops_vectors_and_order(int8_encoder):
-    # indexing runs the int8 encoder's one-row batches `workers` at a time on one-thread sessions (issue 22): the
+    # indexing runs the int8 encoder's one-row batches `workers` at a time on one-thread sessions: the
     # vectors, the hidden states handed to listeners and their order must be the serial loop's
     papers = _sample_papers(12)
     runner = int8_encoder._runner
@@ -188,7 +188,7 @@ def test_onnx_rows_run_side_by_side_with_the_serial_loops_vectors_and_order(int8
 
 def test_listeners_run_on_their_own_thread_beside_the_rows_and_their_errors_reach_the_caller(int8_encoder):
     # the tagger's copied layers (the listener) held the thread that tokenises and pools for the encoder's rows, so
-    # the rows waited: tagging cost +4% CPU but +17% wall (issue 22). They run on a thread of their own, in order.
+    # the rows waited: tagging cost +4% CPU but +17% wall. They run on a thread of their own, in order.
     import threading
 
     papers = _sample_papers(12)
@@ -210,7 +210,7 @@ def test_listeners_run_on_their_own_thread_beside_the_rows_and_their_errors_reac
 
 def test_an_onnx_encoder_with_a_cached_export_starts_without_the_pytorch_weights(int8_encoder):
     # loading the PyTorch model (and transformers' modeling code) cost each `esqbe index` process a few seconds
-    # that an ONNX runtime does not use once its export is cached (issue 22)
+    # that an ONNX runtime does not use once its export is cached
     again = Encoder.load(backend="onnx-int8", device="cpu")  # int8_encoder made (or found) the export
     assert again._model is None and again._runner.path == int8_encoder._runner.path
     vectors = again.contextual_sentence_vectors(_sample_papers(3))
@@ -229,7 +229,7 @@ def _sample_papers(n):
 
 def test_an_onnx_encoder_tags_without_the_pytorch_weights_once_its_tagger_is_rebuilt(int8_encoder):
     # the shipped tagger stores its layers as differences from the encoder's own, which needed the PyTorch model
-    # in every tagging process; the rebuilt weights are kept beside the ONNX export instead (issue 22)
+    # in every tagging process; the rebuilt weights are kept beside the ONNX export instead
     import torch
 
     from esqbe.tagger.runtime import FacetTagger
@@ -246,8 +246,8 @@ def test_an_onnx_encoder_tags_without_the_pytorch_weights_once_its_tagger_is_reb
 
 
 def test_token_counts_reuse_the_contextual_calls_tokens_and_match_a_fresh_tokenisation(int8_encoder):
-    # indexing asks for each paper's wordpiece counts right after encoding it: the encoder's own tokens are reused
-    # (issue 22), and must give what tokenising the paper again gives; a paper changed since is tokenised again
+    # indexing asks for each paper's wordpiece counts right after encoding it: the encoder's own tokens are reused,
+    # and must give what tokenising the paper again gives; a paper changed since is tokenised again
     papers = _sample_papers(5)
     int8_encoder.contextual_sentence_vectors(papers)
     assert all(int8_encoder._recent[id(p)][0] is p for p in papers)
@@ -279,7 +279,7 @@ def test_a_listener_runs_the_tagger_head_once_for_labels_and_soft_labels(int8_en
 
 def test_torch_runs_one_thread_beside_the_onnx_rows_and_gets_its_threads_back(int8_encoder):
     # torch's small ops beside the encoder's rows (the tagger's BiLSTM: 4-10x slower on two threads) run on one
-    # thread while the rows keep the cores busy; the thread count comes back after, also when blocks nest (issue 22)
+    # thread while the rows keep the cores busy; the thread count comes back after, also when blocks nest
     import torch
 
     from esqbe.encode.encoder import torch_threads

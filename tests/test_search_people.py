@@ -1,4 +1,4 @@
-"""Finding papers by who wrote them and by identifier (issue 38, item 6), on a real embedded index: `esqbe search`
+"""Finding papers by who wrote them and by identifier, on a real embedded index: `esqbe search`
 finds an author's papers (case and accents folded) and puts the paper an exact DOI / arXiv id names first; `~=` and
 `^=` filters fold accents; a value no paper has is answered with values that are near it (folded, a prefix, a
 word, a few edits away), never the first ones in alphabetical order."""

@@ -32,3 +32,14 @@ def test_embedded_search_text_finds_a_paper_by_its_words(small_index):
     papers = small_index.search(target.sentences[0], k=3)
     assert papers[0][0].paper_id == "csabstruct-train-0011" and papers[0][0].sentences == target.sentences
     assert small_index.backend.search_text("zzzqqq", k=3) == []
+
+
+def test_index_get_takes_one_id_or_a_list(small_index):
+    """`open_index(p).get("some-id")` is that paper (it was read as the list of its characters: `{}`)."""
+    one = small_index.get("csabstruct-train-0011")
+    assert one is not None and one.paper_id == "csabstruct-train-0011" and one.sentences
+    assert small_index.get("no-such-paper") is None
+    many = small_index.get(["csabstruct-train-0011", "no-such-paper", "csabstruct-train-0012"])
+    assert sorted(many) == ["csabstruct-train-0011", "csabstruct-train-0012"]
+    assert many["csabstruct-train-0011"].sentences == one.sentences
+    assert small_index.get(p for p in ["csabstruct-train-0012"]).keys() == {"csabstruct-train-0012"}

@@ -20,7 +20,7 @@ from .conftest import LiveServer  # noqa: E402
 
 TOKEN = "fuzz-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-OPERATIONS = ["POST /query", "GET /papers/{paper_id}", "GET /search", "POST /papers", "DELETE /papers/{paper_id}",
+OPERATIONS = ["POST /query", "POST /graph", "GET /papers/{paper_id}", "GET /search", "POST /papers", "DELETE /papers/{paper_id}",
               "GET /stats", "GET /health", "POST /watches", "GET /watches", "GET /watches/{name}.atom",
               "POST /rerank"]
 EXAMPLES = 25
@@ -62,7 +62,8 @@ def test_every_operation_with_a_body_documents_413(server_url):
 
     doc = httpx.get(server_url + "/openapi.json", timeout=30).json()
     with_body = [(m.upper(), path) for path, ops in doc["paths"].items() for m, op in ops.items() if "requestBody" in op]
-    assert {f"{m} {p}" for m, p in with_body} == {"POST /query", "POST /papers", "POST /watches", "POST /rerank"}
+    assert {f"{m} {p}" for m, p in with_body} == {"POST /query", "POST /graph", "POST /papers", "POST /watches",
+                                                  "POST /rerank"}
     big = b'{"text": "' + b"a" * (300 * 1024) + b'"}'
     for method, path in with_body:
         assert "413" in doc["paths"][path][method.lower()]["responses"], (method, path)
@@ -78,8 +79,8 @@ def test_the_schema_lists_every_operation(api_schema):
 
 
 @pytest.mark.parametrize("label,mode", [(op, "positive") for op in OPERATIONS] +
-                         [(op, "negative") for op in ("POST /query", "GET /search", "POST /papers", "POST /watches",
-                                                                        "POST /rerank")])
+                         [(op, "negative") for op in ("POST /query", "POST /graph", "GET /search", "POST /papers",
+                                                                        "POST /watches", "POST /rerank")])
 def test_every_answer_is_documented(label, mode, api_schema, server_url):
     """positive: requests the schema allows; negative: requests it forbids (which must be refused with 4xx).
     (The other operations take nothing a request could get wrong but the path, which any string fits.)"""

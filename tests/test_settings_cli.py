@@ -1,4 +1,4 @@
-"""Settings and keys as a user meets them through the real CLI (issue 38, item 9): a config file's typo is named
+"""Settings and keys as a user meets them through the real CLI: a config file's typo is named
 with the setting it is nearest to; a config may set the facet `esqbe query` asks with; esqbe's internal metadata
 keys (the tagger's flag, the input hash, a name's family/given parts) are in no list a user reads (`esqbe stats`,
 the key list of a filter with a typo, from `esqbe query` and `esqbe list`), though they still filter when named.

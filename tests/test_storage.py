@@ -70,8 +70,8 @@ def test_parquet_roundtrip_loads_without_a_model(tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["indexed"] == 30
     index = esqbe.open_index(str(tmp_path / "ix"))
-    # a Parquet file without a recorded runtime is from before runtimes were recorded: its vectors are torch-fp32
-    # (issue 22), and the index says so from then on
+    # a Parquet file without a recorded runtime is from before runtimes were recorded: its vectors are torch-fp32,
+    # and the index says so from then on
     assert index.backend.meta() == dataclasses.replace(META, runtime="torch-fp32")
     got = index.backend.get(["p000003"])["p000003"]
     assert got.paper.sentences == papers[3].paper.sentences and got.paper.metadata == {"year": 2020}

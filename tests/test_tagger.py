@@ -18,7 +18,9 @@ from esqbe.tagger.runtime import FACET_CLASSES, FacetTagger
 from esqbe.tagger.train import train_tagger
 from esqbe.tagger.weights import DEFAULT_WEIGHTS
 
-CSABSTRUCT = Path("/work/shared/data/csabstruct")
+from .conftest import SHARED
+
+CSABSTRUCT = SHARED / "data" / "csabstruct"
 needs_data = pytest.mark.skipif(not CSABSTRUCT.exists(), reason="CSAbstruct not available")
 
 
@@ -125,7 +127,7 @@ def test_listener_misuse_is_refused(tagger, encoder, test_papers):
 
 
 def test_encoder_mismatch_is_refused(tagger, encoder):
-    class OtherEncoder:  # a model esqbe ships no tagger for (all-mpnet-base-v2 has its own since issue 22)
+    class OtherEncoder:  # a model esqbe ships no tagger for (all-mpnet-base-v2 has its own)
         name, dim, num_layers = "some-other-mpnet", 768, 12
 
     with pytest.raises(TaggerMismatchError, match="some-other-mpnet"):
@@ -221,7 +223,7 @@ def test_train_tagger_end_to_end_on_a_tiny_slice(encoder, tmp_path, test_papers)
     assert 0 <= metrics["dev"]["esqbe"]["macro_f1"] <= 100
     tiny = FacetTagger.load(out, encoder=encoder)
     assert tiny.meta["training"]["limit"] == 8 and tiny.encoder_name == encoder.name
-    # the temperature fitted on dev is recorded with its ECE, not applied (issue 42: `--calibrate` applies it)
+    # the temperature fitted on dev is recorded with its ECE, not applied (`--calibrate` applies it)
     cal = tiny.meta["calibration"]
     assert cal == metrics["calibration"] and 0.05 <= cal["temperature"] <= 20 and cal["nll_after"] <= cal["nll_before"]
     assert tiny.temperature == 1.0
@@ -278,7 +280,7 @@ def test_compact_weights_tag_like_the_originals(encoder, tmp_path, test_papers):
         compact_weights(small, tmp_path / "again.pt", encoder=encoder)
 
 
-# ================================================================ issue 22: one encoder pass, a tagger per model
+# ================================================================ one encoder pass, a tagger per model
 MPNET = Path(__file__).resolve().parents[1] / "models" / "all-mpnet-base-v2"
 
 
@@ -354,7 +356,7 @@ def test_train_tagger_cli_head_only_tagger_rides_on_the_encoder(tmp_path, test_p
 
 
 def test_numpy_sentence_pooling_beside_onnx_layers_equals_the_batched_product():
-    # beside an ONNX encoder the tagger pools in numpy (torch's batched product waited for a core: issue 22);
+    # beside an ONNX encoder the tagger pools in numpy (torch's batched product waited for a core);
     # it must pool as the product does, a sentence truncated away (span (0, 0)) included
     import torch
 
@@ -375,7 +377,7 @@ def test_numpy_sentence_pooling_beside_onnx_layers_equals_the_batched_product():
 
 def test_token_groups_shorten_rows_to_cls_sentence_groups_and_sep():
     # a tagger with stride S runs its copied layers over [CLS], each sentence's tokens averaged S at a time, and the
-    # row's last valid token ([SEP]); the title, separators and padding are dropped (issue 22: tagging's cost)
+    # row's last valid token ([SEP]); the title, separators and padding are dropped (tagging's cost)
     import torch
 
     from esqbe.tagger.net import TaggerNet, _group_tokens
@@ -428,7 +430,7 @@ def test_train_tagger_cli_token_stride_is_recorded_and_used(tmp_path, test_paper
 
 @needs_data
 def test_the_shipped_tagger_runs_its_layers_over_rows_a_fraction_as_long(tagger, encoder, test_papers):
-    """Issue 22: the default model's tagger averages each sentence's tokens in groups before its copied layers,
+    """ the default model's tagger averages each sentence's tokens in groups before its copied layers,
     so the layers (most of tagging's cost) see a fraction of the encoder's positions; labels come out per sentence."""
     assert tagger.net.stride >= 2 and tagger.meta["arch"]["stride"] == tagger.net.stride
     real = tagger._onnx_layers()

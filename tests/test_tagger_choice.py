@@ -1,8 +1,7 @@
-"""Issue 42: the tagger's probabilities calibrated (temperature, ECE), what tagging costs, and the rule that
+""" the tagger's probabilities calibrated (temperature, ECE), what tagging costs, and the rule that
 chooses a tagger by the ranking it gives."""
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +13,9 @@ from esqbe.evaluation.tagger_choice import MAX_COST, TIE, CandidateRow, choose, 
 from esqbe.tagger.calibrate import expected_calibration_error, fit_temperature, nll, softmax
 from esqbe.tagger.runtime import FacetTagger
 
-CSABSTRUCT = Path("/work/shared/data/csabstruct")
+from .conftest import SHARED
+
+CSABSTRUCT = SHARED / "data" / "csabstruct"
 needs_data = pytest.mark.skipif(not CSABSTRUCT.exists(), reason="CSAbstruct not available")
 
 

@@ -1,4 +1,4 @@
-"""Issue 53, item 5: a password in an engine URL (`http://elastic:S3CRET@host`) is used (the engine clients send it as
+""" a password in an engine URL (`http://elastic:S3CRET@host`) is used (the engine clients send it as
 basic auth) and never shown: `esqbe config` (which says the URL carried credentials), `esqbe stats`, error messages,
 the server's own start, each a real CLI process with nothing listening at the URL (an error path), and one helper
 (esqbe.core.redact) that masks them everywhere."""

@@ -1,8 +1,8 @@
-"""`esqbe query` answered by a running `esqbe serve` (issue 24, item 8: a warm model for CLI queries): a real
-`esqbe serve` process on 127.0.0.1 over a real index, and the real CLI as a process (the local runs its output is
-compared with run in this process). The server's answer prints exactly what a local run prints; records that must
-not be trusted (stale, another index, writable by others, other settings) are not used; `--server URL` names one; a
-server that fails leaves the query to the CLI."""
+"""`esqbe query` answered by a running `esqbe serve` (a warm model for CLI queries): a real `esqbe serve` process
+on 127.0.0.1 over a real index, and the real CLI as a process (the local runs its output is compared with run in this
+process). The server's answer prints exactly what a local run prints; records that must not be trusted (stale, another
+index, writable by others, other settings) are not used; `--server URL` names one; a server that fails leaves the
+query to the CLI."""
 from __future__ import annotations
 
 import http.server
@@ -152,7 +152,7 @@ def test_a_running_server_answers_text_queries(served):
 
 
 def test_a_configs_query_settings_go_to_the_server_with_the_query(served, tmp_path):
-    """Issue 38, item 9: a config's `k: 5` (any setting the HTTP API carries, a facet's own, the default facet) is
+    """ a config's `k: 5` (any setting the HTTP API carries, a facet's own, the default facet) is
     sent with the query, so the warm server answers it, as a local run would, instead of the model loading here."""
     config = tmp_path / "esqbe.yaml"
     config.write_text("k: 3\nfinal_bm25_weight: 0.3\nfusion: linear\ndefault_facet: method\n"
@@ -449,7 +449,7 @@ http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 
 def test_a_process_that_took_a_dead_servers_port_gets_no_query(index_dir_30, tmp_path):
-    """Issue 40, item 3: a real `esqbe serve` answers, is killed (SIGKILL: its record stays), and another process
+    """ a real `esqbe serve` answers, is killed (SIGKILL: its record stays), and another process
     binds its port, its pid being the record's (pids are recycled: the test writes the impostor's pid into the
     record instead of forking ~20 s until the pid comes round). The query's text never reaches it, its answer is
     not printed, the record is removed and the query is answered here, saying why on stderr."""

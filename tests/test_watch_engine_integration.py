@@ -1,4 +1,4 @@
-"""Live: watches on a real Elasticsearch / OpenSearch (issue 37). The cluster of tests/test_engine_integration.py
+"""Live: watches on a real Elasticsearch / OpenSearch. The cluster of tests/test_engine_integration.py
 (ESQBE_ES_URL / ESQBE_OS_URL, or the docker compose files; skipped with the reason otherwise) holds the same papers as
 an embedded index; a watch made on each, then ten more papers indexed into both: the engine's run reports what the
 embedded run reports (the same papers, the same similarities), the engine enforces the conditional write the watch

@@ -1,4 +1,4 @@
-"""Watches of several examples and papers to avoid (issue 37 item 1 on issue 36's query): `esqbe watch add` takes
+"""Watches of several examples and papers to avoid (on the query of several examples): `esqbe watch add` takes
 `esqbe query`'s --paper ID[:FACET|:sentences=I,J] (repeated) and --not; POST /watches takes `examples` and `avoid`;
 the watch keeps its own copy of every part's sentences and vectors; a run reports new papers by the combined
 similarity the query itself ranks with. The real commands (in this process; test_watches.py runs them as

@@ -1,4 +1,4 @@
-"""A watch's Atom feed (issue 37, item 3) from a real server on 127.0.0.1, parsed by a real feed parser (feedparser):
+"""A watch's Atom feed from a real server on 127.0.0.1, parsed by a real feed parser (feedparser):
 every field checked, whatever markup, control characters or XML-invalid characters the papers hold; on a private
 server the feed's secret URL works, is revocable, and never reaches the access log."""
 from __future__ import annotations

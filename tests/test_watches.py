@@ -1,4 +1,4 @@
-"""Watches (issue 37): saved queries on a real embedded index with the real default model; runs that report the
+"""Watches: saved queries on a real embedded index with the real default model; runs that report the
 papers indexed since the last one; bad input refused precisely; real `esqbe watch` processes killed mid-work."""
 from __future__ import annotations
 
@@ -226,11 +226,16 @@ def test_watch_commands_print_text_json_and_exports(tmp_path, index_dir_30):
     assert esqbe_cli("index", *base, _write(tmp_path / "new.jsonl", _records(30, 10))).returncode == 0
     bib = esqbe_cli("watch", "run", *base, "--dry-run", "--format", "bibtex")
     assert bib.returncode == 0 and bib.stdout.count("@") >= 1, bib.stderr
+    [planned] = json.loads(esqbe_cli("watch", "run", *base, "--dry-run", "--json").stdout)
     text = esqbe_cli("watch", "run", *base)
     out, err = text.stdout, text.stderr
     assert text.returncode == 0 and "watch w1: 10 new paper(s)" in out and "~ [" in out, (out, err)
-    found = int(re.search(r"(\d+) match\(es\)", out).group(1))
-    assert found >= 1
+    found = int(re.search(r"(\d+) match\(es\) with score >= 0\.1000", out).group(1))
+    assert found >= 1 and planned["threshold"] == 0.1 and len(planned["matches"]) == found
+    for m in planned["matches"]:  # the number it thresholds is the number printed, its parts as `query` prints them
+        assert re.search(rf"score {m['score']:.4f}  (\[\w+, p\d+\]  )?{m['paper_id']}", out) and m["score"] >= 0.1, out
+        assert f"(sim {m['similarity']:.4f}, bm25 {m['bm25']:.1f})" in out
+    assert not re.search(r"\d\. sim ", out)
     again = esqbe_cli("watch", "run", *base, "--format", "bibtex")  # nothing new since: said on stderr, exit 0
     out, err = again.stdout, again.stderr
     assert again.returncode == 0 and out == "" and "nothing new" in err and "0 new paper(s)" in err, (out, err)

@@ -1,4 +1,4 @@
-"""Issue 38 item 5: a Zotero library read from its own database, `esqbe index ~/Zotero/zotero.sqlite`.
+""" a Zotero library read from its own database, `esqbe index ~/Zotero/zotero.sqlite`.
 
 The database is made with Zotero's own schema SQL (tests/data/zotero-schema/, from the zotero/zotero repository)
 and filled the way Zotero fills it: item types, fields and creator types by name (ids as Zotero assigns them at
@@ -309,7 +309,7 @@ def test_indexed_through_the_cli_while_another_process_holds_the_write_lock(libr
     out = json.loads(r.stdout)
     assert r.exit_code == 0, r.output
     assert out["indexed"] == 4  # the paper committed while Zotero holds the lock is in; the one half written is not
-    # the summary says that Zotero was running and what was read instead of the locked file (issue 38)
+    # the summary says that Zotero was running and what was read instead of the locked file
     read = {"wal": "a temporary copy of it and its WAL (removed after)",
             "delete": "the file as it stands, without a lock"}[journal]
     note = (f"{path}: Zotero holds it locked (it is running), so esqbe read {read}; what Zotero had not committed "
@@ -356,7 +356,7 @@ def test_a_pipe_is_not_sniffed_away(tmp_path):
     assert list(papers) == ["p1"]
 
 
-# ---------------------------------------------------------------- issue 53 item 1, issue 49 item 5
+# ---------------------------------------------------------------- a hostile database
 
 PDFS = Path(__file__).parent / "data" / "pdf"
 ENDLESS = ("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) "
@@ -418,7 +418,7 @@ def with_pdfs(path: Path) -> tuple[Path, dict]:
 
 
 def test_zotero_pdfs_are_read_as_bibtex_ones_and_a_missing_one_is_named(tmp_path):
-    """Issue 49 item 5: an item without an abstract takes it from its PDF in storage/ next to the database (as the
+    """ an item without an abstract takes it from its PDF in storage/ next to the database (as the
     BibTeX export of the same library does), marked and counted; a missing or unresolvable attachment skips its item
     with the reason and the path."""
     from esqbe.ingest import pdf
@@ -444,7 +444,7 @@ def test_zotero_pdfs_are_read_as_bibtex_ones_and_a_missing_one_is_named(tmp_path
 
 
 def test_a_database_that_never_finishes_is_stopped_and_the_run_goes_on(tmp_path):
-    """Issue 53 item 1, through `esqbe index`: a zotero.sqlite whose creatorTypes is a view over an endless recursive
+    """Through `esqbe index`: a zotero.sqlite whose creatorTypes is a view over an endless recursive
     query is refused before any select from it (Zotero's schema makes it a table); one of tables only that takes
     minutes is stopped at --zotero-timeout with nothing of it indexed; the other files of the run are indexed."""
     import faulthandler
@@ -484,7 +484,7 @@ def test_a_database_that_never_finishes_is_stopped_and_the_run_goes_on(tmp_path)
     assert listed == {"ATTN2345", "PDFA2345", "NOTI2345", "p1"} and not listed & set(slow_keys)
 
 
-# ---------------------------------------------------------------- issue 53 item 6
+# ---------------------------------------------------------------- a locked database
 
 def test_a_server_answers_attachment_file_names_not_paths(library, tmp_path, encoder):
     """Attachment paths are the indexing user's own (`esqbe show` has them); a real `esqbe serve` answers GET

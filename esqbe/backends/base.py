@@ -109,8 +109,8 @@ class Backend(ABC):
         """Raise FilterError when a filter cannot match as written (a key no paper has, a value no paper has
         for its key), where the backend can tell cheaply; the embedded backend does (esqbe.core.filter_check)."""
 
-    #: whether the backend keeps a table of the identifiers (DOI, arXiv, PubMed) and merged-away ids naming each paper
-    #: (issue 38, item 2): without one, records of one work are merged within an index run only (esqbe.index.merge)
+    #: whether the backend keeps a table of the identifiers (DOI, arXiv, PubMed) and merged-away ids naming each paper;
+    #: without one, records of one work are merged within an index run only (esqbe.index.merge)
     keeps_aliases = False
 
     def work_aliases(self, keys: Iterable[str]) -> dict[str, str]:
@@ -138,7 +138,7 @@ class Backend(ABC):
         without vectors (`WindowScores`, one per part, in order). With them, in the same request, the `lookups`
         (first stages, answered as `first_stage` answers them): a query's window costs one round trip. None where
         this backend cannot (see `window_scoring`): the caller rescores in Python and runs the look-ups itself.
-        Optional (issue 52: the engines' MaxSim over per-facet multi-vector fields)."""
+        Optional (the engines' MaxSim over per-facet multi-vector fields)."""
         return None
 
     def paper_count(self) -> int:

@@ -1,6 +1,6 @@
 """Exit statuses, and esqbe's own errors as one line on stderr (no traceback); anything else is a bug.
 
-`handle_errors` maps an `EsqbeError` to its message and `exit_status` (README "Exit statuses", generated
+`handle_errors` maps an `EsqbeError` to its message and `exit_status` (docs/faults.md's table, generated
 from the classes); a missing file to 1 and the machine's storage failures (OSError, sqlite3.Error) to 3 as
 before. Any other exception is not the user's mistake: its traceback is printed and the command exits
 `EXIT_INTERNAL` (70), never 1, so a bug is not mistaken for bad input.

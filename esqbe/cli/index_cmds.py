@@ -333,7 +333,7 @@ def stats_cmd(as_json, **kw):
         stats = index.stats()
         from esqbe.index.rerank import engine_reranker_status
 
-        reranker = engine_reranker_status(index)  # issue 39: `esqbe engine install-reranker` in this cluster
+        reranker = engine_reranker_status(index)  # `esqbe engine install-reranker` in this cluster
         if reranker is not None:
             stats["reranker"] = reranker
     if as_json:

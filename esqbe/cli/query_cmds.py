@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -23,7 +25,7 @@ from .options import (
     query_text_or_file,
     text_or_file,
 )
-from .output import echo_json, say
+from .output import echo_json, hit_head, say
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -37,27 +39,113 @@ def _single_threaded_math():
             os.environ.setdefault(var, "1")
 
 
+#: the options that say what a query asks: its examples (a paper, several, a text), papers to avoid, the facet or
+#: sentences and the filters; `esqbe query` and `esqbe graph` take them alike (`query_input_options`, `QueryArgs`)
+_QUERY_INPUT = [
+    click.option("--paper", "paper_ids", multiple=True, metavar="ID[:FACET|:sentences=I,J]",
+                  help="Query paper id (must be in the index). Repeat it for a query of several examples, each with its own "
+                       "facet (ID:method) or sentences (ID:sentences=1,3), else --facet's."),
+    click.option("--not", "avoid", multiple=True, metavar="ID[:FACET]",
+                  help="A paper the hits should not resemble (repeatable; its --facet sentences, or ID:FACET's). It and "
+                       "the examples are never hits."),
+    click.option("--facet", type=LazyChoice((*FACET_CHOICES, "all")),
+                  help="Use the query paper's sentences labelled with this facet (all: every sentence; default: the "
+                       "setting default_facet, else every sentence)."),
+    click.option("--sentences", help="Use these sentences of the query paper or --text instead (0-based indices, e.g. 0,2)."),
+    click.option("--text", help="Query with this abstract text (a paper not in the index)."),
+    click.option("--file", "text_file", type=click.File("r"), help="Query with the abstract in this file (- for stdin)."),
+    click.option("--title", default="", help="Title of the --text/--file paper (helps contextual vectors)."),
+    click.option("--filter", "filters", multiple=True, metavar="COND",
+                  help="Only papers whose metadata satisfies COND, applied before ranking (repeatable, all must hold): "
+                       "'year>=2019', 'venue in (ACL, EMNLP)', 'author!=\"Jane Doe\"', 'external_ids.doi exists'. "
+                       "Operators = != < <= > >= in, not in, exists, not exists; for text ~= (any case: 'venue~=arxiv') "
+                       "and ^= (prefix, any case: 'author^=masashi'). An unknown key or a value no paper has is an "
+                       "error that names the index's keys or the near values."),
+    click.option("--engine-filter", metavar="JSON", help="Elasticsearch/OpenSearch only: a query DSL clause the papers must also match, e.g. '{\"term\": {\"lang\": \"en\"}}'."),
+]
+
+
+def query_input_options(command):
+    """`command` with the query's input options (`_QUERY_INPUT`), in their order."""
+    for option in reversed(_QUERY_INPUT):
+        command = option(command)
+    return command
+
+
+@dataclass
+class QueryArgs:
+    """What `query_input_options` and the settings flags ask, checked as usage before the index is opened or the model
+    loaded (a filter's grammar, the text's caps, the examples' rules): the arguments of `Index.query` (`Index.graph`)."""
+
+    paper_id: str | None
+    facet: str | None
+    chosen: list[int] | None
+    text: str | None
+    title: str
+    #: a query of several examples or with papers to avoid: (examples, avoid) as mappings; None: one paper or text
+    examples: tuple[list[dict], list[dict]] | None
+    flt: Any  # the filter (esqbe.core.filters.MetadataFilter), None without one
+    overrides: dict
+    settings: Any  # esqbe.settings.config.Settings, which opens the index
+
+    @classmethod
+    def read(cls, kw, paper_ids, avoid, facet, sentences, text, text_file, title, filters, engine_filter) -> QueryArgs:
+        """From the options (`kw`: the settings flags, popped), as `esqbe query` takes them."""
+        if kw.get("rescorer") is not None:  # a usage error (2), like --facet's choices, not a failed run
+            from esqbe.settings.config import check_value
+
+            reason = check_value("rescorer", kw["rescorer"])
+            if reason:
+                raise click.BadParameter(reason, param_hint="--rescorer")
+        from esqbe.core.filters import FilterError, parse_filter
+        from esqbe.index.api import make_filter
+
+        for cond in filters:
+            try:
+                parse_filter(cond)
+            except FilterError as e:
+                raise click.BadParameter(str(e), param_hint="--filter") from None
+        try:
+            flt = make_filter(list(filters), engine_filter)
+        except FilterError as e:
+            raise click.BadParameter(str(e), param_hint="--engine-filter") from None
+        text = query_text_or_file(text, text_file)  # refused past the caps before the index or the model is opened
+        examples = _examples(paper_ids, avoid, sentences, text, title)
+        paper_id = paper_ids[0] if paper_ids else None
+        if examples is not None:
+            paper_id = text = None
+        elif (paper_id is None) == (text is None):
+            raise click.UsageError("give --paper ID (a paper in the index) or --text/--file (a paper that is not), "
+                                   "not both" if paper_id is not None else
+                                   "give --paper ID (a paper in the index) or --text/--file (a paper that is not)")
+        if text is None and not (examples and any("text" in e for e in examples[0])):
+            _single_threaded_math()  # --paper: no encoder runs in this process
+        chosen = None
+        if sentences is not None:
+            try:
+                chosen = [int(x) for x in sentences.split(",") if x.strip()]
+            except ValueError:
+                raise click.BadParameter("expected comma-separated sentence indices, e.g. 0,2",
+                                         param_hint="--sentences") from None
+        overrides = overrides_from_click(kw, "query", ("query",))
+        settings = open_settings(kw, "query")
+        if facet == "all":
+            facet = None
+        elif facet is None and chosen is None:
+            facet = settings.default_facet  # a config's `default_facet: method`
+        return cls(paper_id, facet, chosen, text, title, examples, flt, overrides, settings)
+
+    def index_arguments(self) -> dict:
+        """The keyword arguments of `Index.query` (and `Index.graph`) for this query."""
+        flt, ex = self.flt, self.examples
+        return {"paper_id": self.paper_id, "facet": self.facet, "sentences": None if ex else self.chosen,
+                "text": self.text, "title": self.title, "examples": ex[0] if ex else None,
+                "avoid": ex[1] if ex else None, "filters": list(flt.conditions) if flt else None,
+                "engine_filter": flt.engine_query if flt else None, **self.overrides}
+
+
 @click.command("query")
-@click.option("--paper", "paper_ids", multiple=True, metavar="ID[:FACET|:sentences=I,J]",
-              help="Query paper id (must be in the index). Repeat it for a query of several examples, each with its own "
-                   "facet (ID:method) or sentences (ID:sentences=1,3), else --facet's.")
-@click.option("--not", "avoid", multiple=True, metavar="ID[:FACET]",
-              help="A paper the hits should not resemble (repeatable; its --facet sentences, or ID:FACET's). It and "
-                   "the examples are never hits.")
-@click.option("--facet", type=LazyChoice((*FACET_CHOICES, "all")),
-              help="Use the query paper's sentences labelled with this facet (all: every sentence; default: the "
-                   "setting default_facet, else every sentence).")
-@click.option("--sentences", help="Use these sentences of the query paper or --text instead (0-based indices, e.g. 0,2).")
-@click.option("--text", help="Query with this abstract text (a paper not in the index).")
-@click.option("--file", "text_file", type=click.File("r"), help="Query with the abstract in this file (- for stdin).")
-@click.option("--title", default="", help="Title of the --text/--file paper (helps contextual vectors).")
-@click.option("--filter", "filters", multiple=True, metavar="COND",
-              help="Only papers whose metadata satisfies COND, applied before ranking (repeatable, all must hold): "
-                   "'year>=2019', 'venue in (ACL, EMNLP)', 'author!=\"Jane Doe\"', 'external_ids.doi exists'. "
-                   "Operators = != < <= > >= in, not in, exists, not exists; for text ~= (any case: 'venue~=arxiv') "
-                   "and ^= (prefix, any case: 'author^=masashi'). An unknown key or a value no paper has is an "
-                   "error that names the index's keys or the near values.")
-@click.option("--engine-filter", metavar="JSON", help="Elasticsearch/OpenSearch only: a query DSL clause the papers must also match, e.g. '{\"term\": {\"lang\": \"en\"}}'.")
+@query_input_options
 @click.option("--json", "as_json", is_flag=True, help="Print hits as JSON.")
 @click.option("--format", "export_format", type=LazyChoice(tuple(EXPORT_FORMATS)),
               help="Print the hits as CSV, BibTeX, RIS or CSL-JSON (each with its abstract, authors, year, venue, DOI, "
@@ -99,69 +187,29 @@ def query_cmd(paper_ids, avoid, facet, sentences, text, text_file, title, filter
         raise click.UsageError("--with-scores goes with --format (the text and --json show the scores anyway)")
     if server_url is not None and no_server:
         raise click.UsageError("give --server URL or --no-server, not both")
-    if kw.get("rescorer") is not None:  # a usage error (2), like --facet's choices, not a failed run
-        from esqbe.settings.config import check_value
-
-        reason = check_value("rescorer", kw["rescorer"])
-        if reason:
-            raise click.BadParameter(reason, param_hint="--rescorer")
-    from esqbe.core.filters import FilterError, parse_filter
-    from esqbe.index.api import make_filter
-
-    for cond in filters:
-        try:
-            parse_filter(cond)
-        except FilterError as e:
-            raise click.BadParameter(str(e), param_hint="--filter") from None
-    try:
-        flt = make_filter(list(filters), engine_filter)
-    except FilterError as e:
-        raise click.BadParameter(str(e), param_hint="--engine-filter") from None
-    text = query_text_or_file(text, text_file)  # refused past the caps before the index or the model is opened
-    examples = _examples(paper_ids, avoid, sentences, text, title)
-    paper_id = paper_ids[0] if paper_ids else None
-    if examples is not None:
+    args = QueryArgs.read(kw, paper_ids, avoid, facet, sentences, text, text_file, title, filters, engine_filter)
+    if args.examples is not None:
         if server_url is not None:
             raise click.UsageError("--server: a query of several examples or with --not is answered here "
                                    "(leave out --server)")
         no_server = True
-        paper_id = text = None
-    elif (paper_id is None) == (text is None):
-        raise click.UsageError("give --paper ID (a paper in the index) or --text/--file (a paper that is not), "
-                               "not both" if paper_id is not None else
-                               "give --paper ID (a paper in the index) or --text/--file (a paper that is not)")
-    if text is None and not (examples and any("text" in e for e in examples[0])):
-        _single_threaded_math()  # --paper: no encoder runs in this process
-    chosen = None
-    if sentences is not None:
-        try:
-            chosen = [int(x) for x in sentences.split(",") if x.strip()]
-        except ValueError:
-            raise click.BadParameter("expected comma-separated sentence indices, e.g. 0,2",
-                                   param_hint="--sentences") from None
-    overrides = overrides_from_click(kw, "query", ("query",))
-    settings = open_settings(kw, "query")
-    if facet == "all":
-        facet = None
-    elif facet is None and chosen is None:
-        facet = settings.default_facet  # a config's `default_facet: method`
+    settings, flt = args.settings, args.flt
     result = None
     if not no_server:
-        result = _from_server(settings, server_url, server_timeout, quiet, paper_id=paper_id, facet=facet,
-                              sentences=chosen, text=text, title=title, filters=list(filters),
-                              engine_filter=flt.engine_query if flt else None, overrides=overrides)
+        result = _from_server(settings, server_url, server_timeout, quiet, paper_id=args.paper_id, facet=args.facet,
+                              sentences=args.chosen, text=args.text, title=title, filters=list(filters),
+                              engine_filter=flt.engine_query if flt else None, overrides=args.overrides)
     if result is None:
         import esqbe
 
         with esqbe.open_index(settings=settings, create=False) as index:
-            answer = index.query(paper_id, facet=facet, sentences=None if examples else chosen, text=text, title=title,
-                                 examples=examples[0] if examples else None, avoid=examples[1] if examples else None,
-                                 filters=list(flt.conditions) if flt else None,
-                                 engine_filter=flt.engine_query if flt else None, **overrides)
+            answer = index.query(**args.index_arguments())
             # an export carries each hit's abstract: its sentences
             result = answer.to_dict(index.get([h.paper_id for h in answer.hits]) if export_format else None)
     elif export_format:
         _abstracts_from_here(result, settings)
+    for note in result.get("notes") or []:  # e.g. fewer hits than asked: said on stderr, beside any output
+        say(f"esqbe: note: {printable(note)}", err=True)
     if as_json:
         echo_json(result)
         return
@@ -170,7 +218,7 @@ def query_cmd(paper_ids, avoid, facet, sentences, text, text_file, title, filter
 
         click.echo(export_hits(result, export_format, with_scores=with_scores), nl=False)
         return
-    _print_result(printable_tree(result), chosen=chosen is not None, filters=printable_tree(list(filters)),
+    _print_result(printable_tree(result), chosen=args.chosen is not None, filters=printable_tree(list(filters)),
                   engine_filter=printable(engine_filter) if engine_filter else None)
 
 
@@ -295,13 +343,14 @@ def _print_result(result: dict, *, chosen: bool, filters, engine_filter) -> None
         if scale.get("source") in ("index", "fixed"):
             say(f"[strong/fair/weak, pN]: where the score stands on {scale['description']}"
                 + ("; pN: higher than N% of them" if scale["source"] == "index" else ""))
+    versions = False
     for hit in hits:
-        sim = "-" if hit["similarity"] is None else f"{hit['similarity']:.4f}"
-        band = hit.get("band")
-        pct = hit.get("percentile")
-        place = f"[{band}{'' if pct is None else f', p{int(pct)}'}]  " if band else ""
-        say(f"\n{hit['rank']:>3}. score {hit['score']:.4f}  {place}{hit['paper_id']}  {hit['title']}")
-        say(f"       (sim {sim}, bm25 {hit['bm25']:.1f})")
+        if hit.get("rank") is None and not versions:
+            versions = True
+            say("\nlikely versions of the query or of a hit above (nearly the same sentences; not numbered):")
+        say("")
+        for line in hit_head(hit):
+            say(line)
         line = _metadata_line(hit["metadata"])
         if line:
             say(f"       {line}")

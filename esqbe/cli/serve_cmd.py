@@ -24,6 +24,27 @@ class _TokenOption(click.Option):
         return super().get_help_record(ctx)
 
 
+class Duration(click.ParamType):
+    """A duration: a number and a unit, s, m, h or d (`90s`, `30m`, `12h`, `1d`), or seconds alone; as seconds."""
+
+    name = "DURATION"
+    UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)):
+            return float(value)
+        text = str(value).strip().lower()
+        unit = text[-1:] if text[-1:] in self.UNITS else "s"
+        number = text[:-1] if text[-1:] in self.UNITS else text
+        try:
+            seconds = float(number) * self.UNITS[unit]
+        except ValueError:
+            self.fail(f"{value!r} is not a duration: a number and s, m, h or d (90s, 30m, 12h, 1d)", param, ctx)
+        if not 1 <= seconds <= 30 * 86_400:
+            self.fail(f"{value!r}: a duration from 1s to 30d", param, ctx)
+        return seconds
+
+
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. Anything but loopback needs a token (ESQBE_TOKEN or --token-file).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
@@ -40,7 +61,7 @@ class _TokenOption(click.Option):
 @click.option("--private", is_flag=True, help="Reads (queries, papers, search, stats) need the token too, not only writes.")
 @click.option("--allow-raw-engine-filter", is_flag=True, help="Requests with the token may send any engine_filter query DSL (default: term, terms, range, exists, match, prefix, bool only).")
 @click.option("--write-lock-timeout", type=click.FloatRange(0, 3600, min_open=True), help="Seconds a write waits for another writer's lock before answering 503 (default: 30).")
-@click.option("--show-paths", is_flag=True, help="Show the index path and engine URL in /stats and error messages (default: hidden from clients).")
+@click.option("--show-paths", is_flag=True, help="Show the index path, the model's directory and engine URL in /stats, papers' source files and error messages (default: hidden from clients: names only).")
 @click.option("--words", "words", multiple=True, metavar="NAME=DIR",
               help="Word vectors (`esqbe train-words --out DIR`) that queries may use as asym_token's words=NAME (repeatable); "
                    "a client never names a directory.")
@@ -49,17 +70,22 @@ class _TokenOption(click.Option):
 @click.option("--public-url", metavar="URL",
               help="Where readers reach this server's page, e.g. https://papers.example.org/ behind a proxy: feed entries "
                    "of papers with no DOI or URL link there (default: http://HOST:PORT/ on loopback).")
+@click.option("--follow-every", "follow_every", type=Duration(), metavar="DURATION",
+              help="Run `esqbe follow run` (every followed source, then every watch) on this schedule, e.g. 12h, 30m: "
+                   "the first run once the server is up, each next one this long after the last ended, on the "
+                   "writer's thread (writes queue behind it). Default: never.")
 @click_options("serve")
 @config_option
 @handle_errors
 def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_query_sentences, max_batch_records, no_warm,
               log_level, token_file, allowed_hosts, private, allow_raw_engine_filter, write_lock_timeout, show_paths,
-              words, request_timeout, public_url, **kw):
+              words, request_timeout, public_url, follow_every, **kw):
     """Serve the index over HTTP: a JSON API (docs at /docs) and a page at /.
 
     \b
     esqbe serve                                   # http://127.0.0.1:8000/ over ./esqbe-index
     esqbe serve --path lib-index --port 9000
+    esqbe serve --follow-every 12h                # new papers from `esqbe follow` sources, watches run, feeds fill
     ESQBE_TOKEN=$(openssl rand -hex 16) esqbe serve --host 0.0.0.0 --allowed-host papers.example.org
     The model and the index are opened once and kept warm; queries never wait for a write.
     """
@@ -74,7 +100,7 @@ def serve_cmd(host, port, token, readers, cors_origins, max_body_bytes, max_quer
                                allow_raw_engine_filter=allow_raw_engine_filter or None,
                                write_lock_timeout=write_lock_timeout, show_paths=show_paths or None,
                                words=_parse_words(words) or None, request_timeout=request_timeout,
-                               public_url=public_url, freeze_gc=True)
+                               public_url=public_url, follow_every=follow_every, freeze_gc=True)
     config = kw.pop("config", None)
     overrides = overrides_from_click(kw, "serve")
     settings = load_settings(config, **overrides)

@@ -20,7 +20,7 @@ from .options import (
     overrides_from_click,
     query_text_or_file,
 )
-from .output import echo_json, say
+from .output import echo_json, hit_head, say
 
 
 @click.group("watch")
@@ -294,10 +294,12 @@ def watch_run_cmd(names, dry_run, as_json, export_format, **kw):
         if r.refused:
             say(f"watch {r.name}: refused: {r.refused}")
             continue
-        say(f"watch {r.name}: {r.new_papers} new paper(s), {len(r.matches)} match(es)"
+        cut = f" with score >= {r.threshold:.4f}" if r.threshold is not None else ""
+        say(f"watch {r.name}: {r.new_papers} new paper(s), {len(r.matches)} match(es){cut}"
             + ("" if r.advanced else " (dry run: mark not moved)" if dry_run else ""))
         for hit in printable_tree(r.matches):
-            say(f"  {hit['rank']:>3}. sim {hit['similarity']:.4f}  {hit['paper_id']}  {hit['title']}")
+            for line in hit_head(hit):  # the score it thresholds, then its parts, as `esqbe query` prints them
+                say(f"  {line}")
             several = len(hit.get("example_similarities") or []) > 1  # which example each pair is of
             for m in hit["matches"][:2]:
                 of = f"example {int(m.get('example') or 0) + 1} " if several else ""

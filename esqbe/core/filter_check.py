@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from .filters import (
     KEY_ALIASES,
     TEXT_OPS,
+    UNFILTERED_METADATA_KEYS,
     Condition,
     FilterError,
     MetadataColumns,
@@ -20,23 +21,30 @@ from .filters import (
     _as_text,
     fold,
 )
+from .names import FLAGS, PARTS
 
 #: the operators whose value must match something (negations and ranges may rightly match nothing)
 _VALUE_OPS = ("=", "in", *TEXT_OPS)
 _MAX_SUGGESTIONS = 5
 _MAX_KEYS_LISTED = 40
+#: a value no paper has gets a near-value search: for the first this many values of a list (one search per filter:
+#: the first condition that cannot match is the error), over at most this many of the key's distinct values
+_NEAR_MAX_WANTED = 3
+_NEAR_MAX_STORED = 200_000
 
 
 #: metadata esqbe keeps for itself (the tagger's flag and soft labels, the hash of the input a paper was tagged from)
 INTERNAL_KEYS = frozenset({"facets_predicted", "facet_probs", "input_hash"})
 #: the parts of a split author name (and the organisation flag): kept to write a citation, searched as `author`
-_UNLISTED_PATHS = frozenset({"authors.family", "authors.given", "authors.literal"})
+_UNLISTED_PATHS = frozenset({f"authors.{part}" for part in (*PARTS, *FLAGS, "literal")})
 
 
 def listed_key(path: str) -> bool:
     """Whether a metadata key (a dotted path) is one to show a user in a list of keys (`esqbe stats`, a filter's
-    key list): esqbe's internal keys and a name's parts are not (they still filter when named)."""
-    return path.split(".", 1)[0] not in INTERNAL_KEYS and path not in _UNLISTED_PATHS
+    key list): esqbe's internal keys and a name's parts are not (they still filter when named), nor what no filter
+    reads (UNFILTERED_METADATA_KEYS)."""
+    top = path.split(".", 1)[0]
+    return top not in INTERNAL_KEYS and top not in UNFILTERED_METADATA_KEYS and path not in _UNLISTED_PATHS
 
 
 def did_you_mean(word: str, known: Sequence[str]) -> str | None:
@@ -89,15 +97,15 @@ def _unknown_key_message(c: Condition, paths: list[str]) -> str:
 
 
 def _no_value_message(c: Condition, columns: MetadataColumns) -> str:
+    """Why `c` matches nothing, with the stored values near what it asks for. The near-value search is one pass over
+    the key's distinct values (folded once per index generation, at most `_NEAR_MAX_STORED` of them) for the first
+    `_NEAR_MAX_WANTED` values of the condition: what a list of a thousand unknown names costs is what a few cost."""
     wanted = list(c.value) if isinstance(c.value, tuple) else [c.value]
-    texts = sorted(set(columns.kw[c.path][1].tolist())) if c.path in columns.kw else []
-    suggestions: list[str] = []
-    for w in wanted:
-        for s in near_values(_as_text(w), texts):
-            if s not in suggestions:
-                suggestions.append(s)
-    what = "values" if len(wanted) > 1 else "value"
-    msg = f"filter {c}: no paper has this {what} for {c.key}"
+    texts = columns.distinct_texts(c.path) if c.path in columns.kw else []
+    examined = texts[:_NEAR_MAX_STORED]
+    suggestions = _near_many([_as_text(w) for w in wanted[:_NEAR_MAX_WANTED]], examined)
+    what = "any of these values" if len(wanted) > 1 else "this value"
+    msg = f"filter {_short(c)}: no paper has {what} for {c.key}"
     if suggestions:
         shown = ", ".join(repr(s) for s in suggestions[:_MAX_SUGGESTIONS])
         msg += f"; near values in the index: {shown}"
@@ -110,24 +118,51 @@ def _no_value_message(c: Condition, columns: MetadataColumns) -> str:
         vals = columns.num[c.path][1]
         msg += f" (its values run from {_as_text(float(vals.min()))} to {_as_text(float(vals.max()))})"
     elif texts and len(texts) <= 2 * _MAX_SUGGESTIONS:  # a few values: all of them; many: none is near, say so
-        msg += f" (its values: {', '.join(repr(t) for t in texts)})"
+        msg += f" (its values: {', '.join(repr(t) for t, _ in sorted(texts))})"
     elif texts:
         msg += f" (none of its {len(texts)} values is near it)"
+    limited = ([f"for its first {_NEAR_MAX_WANTED} values (of {len(wanted)})"] if len(wanted) > _NEAR_MAX_WANTED
+               else []) + ([f"among {len(examined)} of the {len(texts)} stored values"] if len(texts) > len(examined)
+                           else [])
+    if limited:  # a limit applied is a limit said
+        msg += f"; near values were looked up {' '.join(limited)}"
     return msg
+
+
+def _short(c: Condition) -> str:
+    """The condition as the message shows it: a long value list cut to its first few values and how many more."""
+    if isinstance(c.value, tuple) and len(c.value) > _MAX_SUGGESTIONS:
+        head = Condition(c.key, c.op, c.value[:_MAX_SUGGESTIONS])
+        return str(head)[:-1] + f", ... {len(c.value) - _MAX_SUGGESTIONS} more)"
+    return str(c)
 
 
 def near_values(value: str, stored: Sequence[str]) -> list[str]:
     """Stored texts near `value`, nearest first: the same but for case and accents (`fold`), then those starting
     with it, then those with a word starting with it, then those a few edits away (a typo: `Garcia-Mato`); at most
     a few of each, never values merely first in alphabetical order."""
-    v = fold(value.strip())
+    return _near_many([value], [(s, fold(s)) for s in stored])
+
+
+def _near_many(values: Sequence[str], stored: Sequence[tuple[str, str]]) -> list[str]:
+    """`near_values` of each of `values` (in order, without repeats) over (text, folded text) pairs folded once."""
+    out: list[str] = []
+    for value in values:
+        for s in _near(fold(value.strip()), stored):
+            if s not in out:
+                out.append(s)
+    return out
+
+
+def _near(v: str, folded: Sequence[tuple[str, str]]) -> list[str]:
     if not v:
         return []
-    folded = [(s, fold(s)) for s in stored]
     same = [s for s, f in folded if f == v]
     prefix = [s for s, f in folded if f.startswith(v) and f != v]
     taken = set(same) | set(prefix)
-    word = [s for s, f in folded if s not in taken and any(part.startswith(v) for part in _WORDS.split(f))]
+    # a word of the stored text starts with it (words split at spaces and hyphens), found by one regular expression
+    starts_word = re.compile(r"(?:^|[\s\-])" + re.escape(v)) if not _WORDS.search(v) else None
+    word = ([s for s, f in folded if s not in taken and starts_word.search(f)] if starts_word else [])
     taken |= set(word)
     limit = max(1, min(3, len(v) // 4))  # edits allowed: 1 for a short value, up to 3 for a long one
     close = sorted((d, s) for s, f in folded if s not in taken and abs(len(f) - len(v)) <= limit

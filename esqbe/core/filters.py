@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
+from .limits import MAX_FILTER_BYTES, MAX_FILTER_VALUES
 
 OPERATORS = ("=", "!=", "<", "<=", ">", ">=", "in", "not in", "exists", "not exists", "~=", "^=")
 #: the text operators: `~=` equal ignoring case, `^=` starts with, ignoring case (text values only)
@@ -53,8 +54,9 @@ KEY_ALIASES = {"author": "authors.name", "author_id": "authors.id"}
 #: engine documents: every metadata leaf under one of these, split by type (see flatten_for_engine)
 ENGINE_KEYWORD_ROOT = "meta_kw"
 ENGINE_NUMBER_ROOT = "meta_num"
-#: metadata keys that are not filter fields (the tagger's soft labels: a matrix of floats per paper)
-UNFILTERED_METADATA_KEYS = frozenset({"facet_probs"})
+#: metadata keys that are not filter fields (the tagger's soft labels: a matrix of floats per paper; a BibTeX entry as
+#: written, its LaTeX and all, esqbe.ingest.library.AS_WRITTEN: its decoded fields are the ones to filter by)
+UNFILTERED_METADATA_KEYS = frozenset({"facet_probs", "bibtex"})
 
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 _KEY = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)*$")
@@ -87,9 +89,13 @@ class Condition:
             values = tuple(self.value)
             if not values:
                 raise FilterError(f"filter {self.key} {self.op} (): the list is empty")
+            if len(values) > MAX_FILTER_VALUES:  # counted before anything is done with the values
+                raise FilterError(f"filter {self.key} {self.op}: {len(values)} values; at most {MAX_FILTER_VALUES} "
+                                  "(filter_max_values)")
             for v in values:
                 _check_scalar(self.key, self.op, v)
             object.__setattr__(self, "value", values)
+            check_value_list(self)
         elif self.op in ("exists", "not exists"):
             if self.value is not None:
                 raise FilterError(f"filter {self.key} {self.op}: takes no value (got {self.value!r})")
@@ -142,6 +148,19 @@ class MetadataFilter:
 
     def matches(self, metadata: dict) -> bool:
         return matches(metadata, self.conditions)
+
+
+def check_value_list(c: Condition, max_values: int = MAX_FILTER_VALUES, max_bytes: int = MAX_FILTER_BYTES) -> None:
+    """FilterError where an `in` / `not in` list holds more than `max_values` values or more than `max_bytes` bytes
+    of text (UTF-8, all values together): what one filter may make a query examine (settings filter_max_values,
+    filter_max_bytes)."""
+    if not isinstance(c.value, tuple):
+        return
+    if len(c.value) > max_values:
+        raise FilterError(f"filter {c.key} {c.op}: {len(c.value)} values; at most {max_values} (filter_max_values)")
+    size = sum(len(_as_text(v).encode("utf-8", "surrogatepass")) for v in c.value)
+    if size > max_bytes:
+        raise FilterError(f"filter {c.key} {c.op}: {size} bytes of values; at most {max_bytes} (filter_max_bytes)")
 
 
 def _check_scalar(key: str, op: str, value) -> None:
@@ -243,9 +262,12 @@ def parse_filter(text: str) -> Condition:
         lex.skip()
         if lex.pos < len(text) and text[lex.pos] in "=<>!~^":
             raise lex.error(f"unexpected {text[lex.pos]!r} after operator {op!r}")
+        lex.skip()
+        start = lex.pos
         raw = lex.value()
         if not lex.at_end():
             raise lex.error("unexpected text after the value (quote values holding spaces or quotes)")
+        _one_word(lex, op, raw, start)
         return Condition(key, op, raw)
     word = lex.peek_word().lower()
     if word == "not":
@@ -267,7 +289,12 @@ def parse_filter(text: str) -> Condition:
     lex.pos += 1
     values = []
     while True:
+        lex.skip()
+        start = lex.pos
         values.append(lex.value(stop=",)"))
+        end = lex.pos
+        _one_word(lex, "=", values[-1], start)
+        lex.pos = end
         lex.skip()
         if lex.pos >= len(text):
             raise lex.error("missing ')'")
@@ -282,8 +309,25 @@ def parse_filter(text: str) -> Condition:
     return Condition(key, word, tuple(values))
 
 
-def coerce_filters(filters) -> tuple[Condition, ...]:
-    """The API's filter argument in any of its forms -> conditions.
+def _one_word(lex: _Lexer, op: str, raw: str, start: int) -> None:
+    """A bare value of several words is one text value (`collection=Chapter 2: Methods`), except where it cannot be:
+    after an order operator (`<` `<=` `>` `>=`) or when it begins with a number (`year>=20 15`), a second word is a
+    stray token, refused at its column."""
+    if lex.text[start] in "\"'":
+        return
+    words = raw.split()
+    if len(words) < 2 or (op not in RANGE_OPS and not _NUMBER.match(words[0])):
+        return
+    lex.pos = lex.text.index(words[1], start + len(words[0]))
+    why = "a number is one word" if _NUMBER.match(words[0]) else f"{op!r} compares with one word"
+    raise lex.error(f"unexpected {words[1]!r} after the value {words[0]!r} ({why}; a value that holds spaces is "
+                    f"quoted: \"{raw}\")")
+
+
+def coerce_filters(filters, *, max_values: int = MAX_FILTER_VALUES, max_bytes: int = MAX_FILTER_BYTES
+                   ) -> tuple[Condition, ...]:
+    """The API's filter argument in any of its forms -> conditions, each value list within `max_values` values
+    and `max_bytes` bytes (`check_value_list`).
 
     Accepts None, a grammar string, a `{"key", "op", "value"}` dict, a Condition, or a list of any
     of these (all must hold). JSON-friendly both ways: `[c.to_dict() for c in conditions]`.
@@ -307,6 +351,7 @@ def coerce_filters(filters) -> tuple[Condition, ...]:
             out.append(Condition.from_dict(item))
         else:
             raise FilterError(f"a filter is a string or a {{'key', 'op', 'value'}} object, got {item!r}")
+        check_value_list(out[-1], max_values, max_bytes)
     return tuple(out)
 
 
@@ -335,7 +380,10 @@ def _as_text(v) -> str:
 
 def leaf_values(metadata: dict, path: str, deep: bool = False) -> list:
     """The scalars at `path` (dotted; lists flattened at any level); None left out. With `deep`, also
-    every scalar inside objects found there (what `exists` counts, as the engines do for object fields)."""
+    every scalar inside objects found there (what `exists` counts, as the engines do for object fields). A key of
+    UNFILTERED_METADATA_KEYS has none, as it has no column or engine field."""
+    if path.split(".", 1)[0] in UNFILTERED_METADATA_KEYS:
+        return []
     current: list = [metadata]
     for part in path.split("."):
         nxt = []
@@ -438,6 +486,7 @@ class MetadataColumns:
         self._kw_index: dict[str, dict[str, np.ndarray]] = {}
         self._kw_sorted: dict[str, list[str]] = {}
         self._kw_folded: dict[str, list[tuple[str, np.ndarray]]] = {}
+        self._kw_distinct: dict[str, list[tuple[str, str]]] = {}
 
     def _folded(self, path: str) -> list[tuple[str, np.ndarray]]:
         """(a distinct text value at `path` folded, its rows), built once per path."""
@@ -445,6 +494,14 @@ class MetadataColumns:
             self._text_rows(path, "")  # builds the value index
             self._kw_folded[path] = [(fold(v), rows) for v, rows in self._kw_index[path].items()]
         return self._kw_folded[path]
+
+    def distinct_texts(self, path: str) -> list[tuple[str, str]]:
+        """(each distinct text value at `path`, folded), sorted by value, built once per path: what the near-value
+        search of a value no paper has reads (esqbe.core.filter_check)."""
+        if path not in self._kw_distinct:
+            folded = self._folded(path)
+            self._kw_distinct[path] = sorted(zip(self._kw_index[path], (f for f, _ in folded)))
+        return self._kw_distinct[path]
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -27,3 +27,8 @@ MAX_REQUEST_TIMEOUT_S = 3600.0
 MAX_EXAMPLES = 16
 MAX_AVOID = 16
 MAX_EXAMPLE_SENTENCES = 64
+
+#: a filter's value list (`venue in (...)`, `authors.name in [...]`): at most this many values, and this many bytes of
+#: text (UTF-8) all together; the settings filter_max_values and filter_max_bytes may lower them, not raise them
+MAX_FILTER_VALUES = 1000
+MAX_FILTER_BYTES = 64 * 1024

@@ -1,4 +1,4 @@
-"""Credentials kept out of what esqbe prints or logs, in one place (issue 53, item 5).
+"""Credentials kept out of what esqbe prints or logs, in one place.
 
 An engine URL may carry a user name and password (`http://elastic:S3CRET@host:9200`: the engine clients use them as
 basic auth), and the `api_key` and `password` settings are secrets outright. Whatever shows a setting, a backend's
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 MASK = "***"
 #: the settings whose values are secrets whole
-SECRET_SETTINGS = ("api_key", "password")
+SECRET_SETTINGS = ("api_key", "password", "openalex_api_key")
 #: a URL's scheme and whatever stands before its last `@` within one token of text (greedy: a password holding `@`,
 #: `/` or `#` unescaped is masked whole; a path with an `@` in it is masked too, which costs only what is shown)
 _USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)([^\s'\"<>]*)@", re.IGNORECASE)

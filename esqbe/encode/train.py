@@ -21,7 +21,7 @@ training, and every step runs only the top `layers` layers over it (~3x cheaper 
 tests/test_adapter.py checks). Deterministic on CPU for a seed and a thread count
 (`torch.use_deterministic_algorithms`).
 
-**Grouped citances** (`group` > 1, issue 25): a paper has 3-20 citing sentences in the pack (median 17), and the
+**Grouped citances** (`group` > 1): a paper has 3-20 citing sentences in the pack (median 17), and the
 abstract is the expensive text to encode. With `group` G, each paper's citing sentences are split (seeded) into
 groups of up to G, and a guidance batch holds `batch` groups of distinct papers: every abstract is encoded once per
 batch for up to G citances. Each citing sentence is contrasted with the batch's papers as before (its cited paper
@@ -319,7 +319,8 @@ def _train(citances_tar, out_dir, cfg: TrainConfig, exclude, encoder_source, bas
     import numpy as np
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModel, AutoTokenizer
+
+    from .modeldir import pretrained
 
     t0 = time.perf_counter()
     random.seed(cfg.seed)
@@ -334,8 +335,8 @@ def _train(citances_tar, out_dir, cfg: TrainConfig, exclude, encoder_source, bas
              for a, b in zip(cited, cited[1:])]
     log(f"{len(papers)} cited papers with abstracts, {len(sentences)} citing sentences ({len(guided)} sampled, "
         f"{sum(1 for c, _ in guided if c.span_sids)} with an automatic span), {len(pairs)} co-cited pairs")
-    tok = AutoTokenizer.from_pretrained(encoder_source, local_files_only=True)
-    model = AutoModel.from_pretrained(encoder_source, local_files_only=True)
+    tok = pretrained("tokenizer", encoder_source, offline=True)
+    model = pretrained("model", encoder_source, offline=True)
     targets = _targets(model, cfg.layers)
     model = get_peft_model(model, LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=0.0, target_modules=targets,
                                              bias="none"))

@@ -1,4 +1,4 @@
-"""Choosing the facet tagger by the ranking it gives (issue 42; `esqbe train-tagger --select-on DIR`).
+"""Choosing the facet tagger by the ranking it gives (`esqbe train-tagger --select-on DIR`).
 
 A user's library arrives without labels, so every paper's labels, the query's and the candidates', come from the
 tagger: the ranking users get is the ranking with predicted labels. Each candidate of a list fixed in advance
@@ -21,7 +21,7 @@ from ..settings.config import Settings
 #: the candidates (name -> `train_tagger` keyword arguments over the shipped recipe), fixed before any was scored
 CANDIDATES: dict[str, dict] = {
     "stride4": {},                                  # the shipped recipe: stride 4, mean pooling, 2 layers, 4 epochs
-    "stride1": {"stride": 1},                       # every token (the session 4 tagger)
+    "stride1": {"stride": 1},                       # every token (the tagger shipped before stride 4)
     "stride2": {"stride": 2},
     "attn": {"pool": "mean+attn", "epochs": 5},     # attention pooling beside the mean
     "seed1": {"seed": 1},                           # the shipped recipe, another seed: what a seed alone moves
@@ -56,7 +56,7 @@ class CandidateRow:
 
 
 def choose(rows: list[CandidateRow]) -> CandidateRow:
-    """The rule (docs/tagger.md, issue 42): among candidates whose tagging cost is at most MAX_COST, the highest
+    """The rule (docs/tagger.md): among candidates whose tagging cost is at most MAX_COST, the highest
     CSFCube dev NDCG%20 with predicted labels; candidates within TIE of it are tied, and among the tied the higher
     CSAbstruct dev macro-F1 wins, then the lower cost."""
     eligible = [r for r in rows if r.eligible and r.ranking]

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from ..backends.base import Backend
 from ..core import deadline
@@ -276,6 +276,46 @@ class Index(IngestMixin):
         together at most `esqbe.core.limits.MAX_QUERY_SENTENCES` sentences, each counted whole whichever are chosen
         (esqbe.query.search.query_texts; past it QueryTooLargeError).
         """
+        return self._query(paper_id, facet=facet, sentences=sentences, text=text, title=title, restrict_to=restrict_to,
+                           filters=filters, engine_filter=engine_filter, examples=examples, avoid=avoid,
+                           place_hits=place_hits, **overrides)[0]
+
+    def graph(self, paper_id: str | None = None, *, facet: str | None = None, sentences: Sequence[int] | None = None,
+              text: str | Sequence[str] | None = None, title: str = "", filters=None,
+              engine_filter: dict | str | None = None, examples: Sequence | None = None, avoid: Sequence | None = None,
+              **overrides):
+        """The query's hits as a graph (esqbe.query.graph.QueryGraph): the query `query` runs with the same arguments
+        (k at most esqbe.query.graph.MAX_GRAPH_HITS, refused before any work), its hits as nodes (same order, same
+        scores, same bands), edges between hits by the rescorer's similarity each way in the query's facet (kept at the
+        scale's fair band or above), groups where the hits split, and a seeded layout. The hits' vectors are fetched
+        once."""
+        from ..query.graph import MAX_GRAPH_HITS, build_graph
+        from ..rescore.batches import RescoreContext
+
+        t0 = time.perf_counter()
+        result, settings, scale = self._query(paper_id, facet=facet, sentences=sentences, text=text, title=title,
+                                              restrict_to=None, filters=filters, engine_filter=engine_filter,
+                                              examples=examples, avoid=avoid, place_hits=True, max_k=MAX_GRAPH_HITS,
+                                              **overrides)
+        t1 = time.perf_counter()
+        papers = self.backend.get([h.paper_id for h in result.hits])
+        directions = None
+        if settings.vector_centering != "none":
+            directions = centering.corpus_directions(self.backend, settings.vector_centering)
+        t2 = time.perf_counter()
+        assert scale is not None  # placed: place_hits
+        graph = build_graph(result, papers, settings, scale,
+                            context=RescoreContext(encoder=_LazyEncoder(self), backend=self.backend),
+                            directions=directions)
+        graph.timings = {"query": round(1000 * (t1 - t0), 2), "fetch": round(1000 * (t2 - t1), 2), **graph.timings,
+                         "total": round(1000 * (time.perf_counter() - t0), 2)}
+        return graph
+
+    def _query(self, paper_id: str | None, *, facet: str | None, sentences: Sequence[int] | None,
+               text: str | Sequence[str] | None, title: str, restrict_to: Sequence[str] | None, filters,
+               engine_filter: dict | str | None, examples: Sequence | None, avoid: Sequence | None, place_hits: bool,
+               max_k: int | None = None, **overrides):
+        """`query`, with what it ran with: (the result, its settings, the scale its hits were placed on or None)."""
         if examples is not None or avoid:
             if paper_id is not None or text is not None or sentences is not None:
                 raise QueryError("give the query as examples, or as one paper id or text, not both")
@@ -295,7 +335,9 @@ class Index(IngestMixin):
             specs[i] = replace(specs[i], text=tuple(sents))
         shared = {normalize_label(x.facet or facet) for x in specs if x.sentences is None and (x.facet or facet)}
         settings = settings_for_facet(self.settings, shared.pop() if len(shared) == 1 else None).replace(**overrides)
-        flt = make_filter(filters, engine_filter)
+        if max_k is not None and settings.k > max_k:
+            raise QueryError(f"k is {settings.k}; a graph has at most {max_k} hits (its pairs grow as k squared)")
+        flt = make_filter(filters, engine_filter, settings)  # value lists bounded before anything is fetched
         meta = self.backend.meta()
         if meta is None:
             raise EmptyIndexError("the index is empty: index some papers first (`esqbe index FILE`)")
@@ -334,9 +376,8 @@ class Index(IngestMixin):
             result.query_paper_id = None
         if encode_ms is not None:
             result.timings = {"encode": encode_ms, **result.timings}
-        if place_hits:
-            self._place(result, settings, meta, context)
-        return result
+        scale = self._place(result, settings, meta, context) if place_hits else None
+        return result, settings, scale
 
     def similarity_scale(self, rescorer: str | None = None, *, wait: bool | None = None, **overrides):
         """Where this index's matches stand for `rescorer` (default: the settings'), an
@@ -369,14 +410,15 @@ class Index(IngestMixin):
         except _STORAGE_ERRORS as e:
             raise StorageError(f"cannot read the index at {self._where()}: {_reason(e, self.settings.path)}") from e
 
-    def _place(self, result: QueryResult, settings: Settings, meta: IndexMeta, context) -> None:
-        """Each hit's percentile and band on the index's similarity scale (esqbe.index.scale)."""
+    def _place(self, result: QueryResult, settings: Settings, meta: IndexMeta, context):
+        """Each hit's percentile and band on the index's similarity scale (esqbe.index.scale); returns the scale."""
         t = time.perf_counter()
         scale = self._scale(settings, meta, context)
         for hit in result.hits:
             hit.percentile, hit.band = scale.place(hit.score)  # the score that orders the hits
         result.scale = scale.public()
         result.timings = {**result.timings, "scale": round(1000 * (time.perf_counter() - t), 2)}
+        return scale
 
     def _text_example(self, spec, facet: str | None, meta: IndexMeta, settings: Settings) -> tuple[IndexedPaper, float]:
         """A pasted text as an example: split (refused past the caps), labelled by the tagger, encoded."""
@@ -414,8 +456,18 @@ class Index(IngestMixin):
 
         return rerank(self, query, documents, **overrides)
 
-    def get(self, paper_ids: Sequence[str]) -> dict[str, Paper]:
-        """Stored papers by id (sentences, facet labels, metadata); missing ids are absent."""
+    @overload
+    def get(self, paper_ids: str) -> Paper | None: ...  # type: ignore[overload-overlap]  # a str first: one id
+    @overload
+    def get(self, paper_ids: Iterable[str]) -> dict[str, Paper]: ...
+
+    def get(self, paper_ids):
+        """Stored papers (sentences, facet labels, metadata): of one id (a str), its Paper or None where the index
+        holds none; of a list (any iterable) of ids, {id: Paper} with the missing ids absent."""
+        if isinstance(paper_ids, (str, bytes)):
+            one = paper_ids.decode() if isinstance(paper_ids, bytes) else paper_ids
+            found = self.backend.get([one])
+            return found[one].paper if one in found else None
         return {pid: ip.paper for pid, ip in self.backend.get([str(p) for p in paper_ids]).items()}
 
     def search(self, text: str, k: int = 10) -> list[tuple[Paper, float]]:

@@ -48,13 +48,17 @@ def author_names(metadata: dict | None) -> list[str]:
 
 def metadata_text(metadata: dict | None) -> list[tuple[str, str]]:
     """(key, value as one line of text) per metadata field, for `esqbe show`: authors by name joined with "; ",
-    a list of strings joined with ", ", other values as JSON (all of it is in `--json` as data)."""
+    a BibTeX entry as written by its type, key and field names, a list of strings joined with ", ", other values as
+    JSON (all of it is in `--json` as data)."""
     import json
 
     out = []
     for key, value in (metadata or {}).items():
         if key == "authors" and isinstance(value, list):
             text = "; ".join(author_names(metadata))
+        elif key == "bibtex" and isinstance(value, dict) and isinstance(value.get("fields"), dict):
+            # the entry as written (esqbe.ingest.library.AS_WRITTEN): what a BibTeX export writes back (--json: all)
+            text = f"@{value.get('type')}{{{value.get('key')}}} as written: {', '.join(map(str, value['fields']))}"
         elif isinstance(value, str):
             text = value
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):
@@ -97,7 +101,8 @@ def search_papers(index: Index, text: str, k: int = 10) -> list[dict]:
 
 def list_papers(index: Index, filters: Sequence | None = None, limit: int | None = None) -> tuple[list[dict], int]:
     """(papers in id order, `{"paper_id", "title", "year", "sentences"}`, at most `limit`; how many match in all)."""
-    conditions = coerce_filters(filters) if filters else ()
+    conditions = coerce_filters(filters, max_values=index.settings.filter_max_values,
+                                max_bytes=index.settings.filter_max_bytes) if filters else ()
     if conditions:  # a key no paper has (a typo) is said, with the index's keys, as a query says it
         index.backend.check_filter(MetadataFilter(tuple(conditions)))
     ids = sorted(index.backend.paper_ids())

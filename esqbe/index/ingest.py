@@ -46,7 +46,7 @@ class IngestMixin:
         def _written(self, papers: int) -> None: ...
         def _where(self) -> str: ...
     #: encode each batch in a worker thread while this thread writes the batch before it and reads the one
-    #: after (False: one batch at a time, in this thread; benchmarks/bench_encode.py measures both)
+    #: after (False: one batch at a time, in this thread)
     pipelined = True
 
     # --- writing --------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ class IngestMixin:
         `_SLICE_BATCHES` encoder batches (twice the parallel ONNX sessions, if more; `_SLICE_MIN_PAPERS` papers at
         least): once it is cancelled the slice being encoded is abandoned (the encoder checks the token between its
         batches) and the slices finished so far are returned, to be written: an interrupt loses at most one slice
-        of encoding work, never a whole committed batch (issue 49, item 6)."""
+        of encoding work, never a whole committed batch."""
         if stop is None:
             return (*self._encode(papers, facets, on_progress), 0)
         # a slice keeps every parallel ONNX session busy (their batches run `workers` at a time)
@@ -265,17 +265,46 @@ class IngestMixin:
         else:
             tagged_before = set()
         fresh, merged = [], {}
+        same_records = self._same_records([p for p in latest.values() if p.paper_id in stored and p.paper_id not in
+                                           tagged_before and stored[p.paper_id] != p.content_hash()], facets)
         for p in latest.values():
-            if p.paper_id in tagged_before or facets != "predict" and stored.get(p.paper_id) == p.content_hash():
+            if p.paper_id in same_records:  # every record of it already in the stored paper (a merged paper)
+                report.unchanged += 1
+            elif p.paper_id in tagged_before or facets != "predict" and stored.get(p.paper_id) == p.content_hash():
                 report.unchanged += 1  # (same input, labels already predicted: tagging again changes nothing)
                 sources = (p.metadata or {}).get("sources") or []
                 if len(sources) > 1:  # esqbe.index.merge combined it with the stored paper's own sources
                     merged[p.paper_id] = sources
             else:
                 fresh.append(p)
-        if merged:  # a record of another file merged in without changing the paper: its sources are written
-            self.backend.update_sources(merged)
+        if merged:  # a record of another file merged in without changing the paper: its sources are written, added
+            # to those the stored paper has (a file of an earlier run not read in this one stays among them)
+            from .merge import merged_sources
+
+            before = self.backend.get(sorted(merged))
+            self.backend.update_sources({pid: merged_sources(
+                (before[pid].paper.metadata or {}).get("sources") if pid in before else [], sources, later=sources)
+                for pid, sources in merged.items()})
+        report.replaced_ids.extend(p.paper_id for p in fresh if p.paper_id in stored)
         return fresh
+
+    def _same_records(self, papers: list[Paper], facets: str) -> set[str]:
+        """The ids of `papers` whose stored paper already holds each of their records, as read (esqbe.index.merge:
+        every source's file and record hash among the stored paper's sources): a re-run of the files a merged paper
+        was made of finds it unchanged, whichever of them it reads first."""
+        def records(p) -> set[tuple[str, str]] | None:
+            sources = [s for s in (p.metadata or {}).get("sources") or [] if isinstance(s, dict)]
+            if not sources or any(not s.get("record") for s in sources):
+                return None
+            return {(os.path.basename(str(s.get("file"))), str(s["record"])) for s in sources}
+
+        wanted = {p.paper_id: r for p in papers if (r := records(p)) is not None}
+        if not wanted:
+            return set()
+        found = self.backend.get(sorted(wanted))
+        return {pid for pid, need in wanted.items() if pid in found
+                and need <= (records(found[pid].paper) or set())
+                and (facets != "predict" or found[pid].paper.metadata.get("facets_predicted"))}
 
     def index_files(self, sources: Sequence[str], *, format: str | None = None, strict: bool = False,
                     facets: str | None = None, progress: bool = False, stop: Deadline | None = None) -> IndexReport:
@@ -315,12 +344,14 @@ class IngestMixin:
         return report
 
     def _read_timeouts(self) -> dict:
-        """The readers' wall clocks from the settings: one attached PDF's text, one Zotero database."""
-        return {"pdf_timeout": self.settings.pdf_timeout, "zotero_timeout": self.settings.zotero_timeout}
+        """The readers' bounds from the settings: the wall clocks of one attached PDF's text and of one Zotero
+        database, the bytes of one line."""
+        return {"pdf_timeout": self.settings.pdf_timeout, "zotero_timeout": self.settings.zotero_timeout,
+                "max_line_bytes": self.settings.max_line_bytes}
 
     def _calibrate_knn(self, report, *, progress: bool = False) -> None:
         """After an index run that found the index holding papers: the kNN is calibrated for knn_recall_target when
-        due (issue 23), even when no paper changed: a run with another target (or statistic) re-calibrates what was
+        due, even when no paper changed: a run with another target (or statistic) re-calibrates what was
         built for the old one (an engine's num_candidates, the embedded IVFs' nprobe); one with the same target finds
         nothing due. A run that read nothing touches no index (none is created)."""
         if report.indexed or report.replaced or report.unchanged:
@@ -367,13 +398,7 @@ class IngestMixin:
                 e.with_report(report)
                 raise
             finally:
-                report.read += reader_report.read
-                report.skipped.update(reader_report.skipped)
-                report.errors.extend(str(e) for e in reader_report.errors)
-                report.repeated.extend(reader_report.repeated)
-                report.abstracts_from_pdf += reader_report.abstracts_from_pdf
-                report.skipped_records.extend(reader_report.skipped_records)
-                report.notes.extend(reader_report.notes)
+                report.add_read(reader_report, str(source))
                 done_bytes += reader_report.position
                 if bar is not None:
                     bar.position = lambda d=done_bytes: d  # this source is done: counted once
@@ -414,6 +439,7 @@ class IngestMixin:
                 hashes = self.backend.content_hashes(p.paper_id for p in batch)
                 fresh = [p for p in batch if hashes.get(p.paper_id) != p.paper.content_hash()]
                 report.unchanged += len(batch) - len(fresh)
+                report.replaced_ids.extend(p.paper_id for p in fresh if p.paper_id in hashes)
                 if fresh:
                     result = self.backend.upsert(fresh)
                     self._written(result.added + result.replaced)
@@ -432,11 +458,7 @@ class IngestMixin:
                 bar.close()
             report.seconds += time.perf_counter() - start
             if own_reader_report:
-                report.read += reader_report.read
-                report.skipped.update(reader_report.skipped)
-                report.abstracts_from_pdf += reader_report.abstracts_from_pdf
-                report.skipped_records.extend(reader_report.skipped_records)
-                report.errors.extend(str(e) for e in reader_report.errors)
+                report.add_read(reader_report, str(source))
         return report
 
     def encode_files(self, sources: Sequence[str], out: str, *, shard: tuple[int, int] = (0, 1), format: str | None = None,

@@ -23,7 +23,8 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
             try:
                 return EmbeddedBackend(settings.path, create=create, exact_threshold=settings.exact_threshold,
                                        nprobe=settings.nprobe, recall_target=settings.knn_recall_target,
-                                       recall_statistic=settings.knn_recall_statistic)
+                                       recall_statistic=settings.knn_recall_statistic,
+                                       write_lock_wait=settings.write_lock_wait)
             except (sqlite3.Error, OSError) as e:
                 raise StorageError(f"cannot open the index at {settings.path}: {_reason(e, settings.path)}") from e
 
@@ -48,7 +49,7 @@ def open_backend(settings: Settings, *, create: bool = True) -> Backend:
             from ..backends.engines.opensearch import OpenSearchBackend
 
             backend = OpenSearchBackend(settings.url, settings.index, **kwargs)
-        backend.facet_vectors = bool(settings.engine_facet_vectors)  # issue 52: per-facet multi-vector fields
+        backend.facet_vectors = bool(settings.engine_facet_vectors)  # per-facet multi-vector fields
         return maybe_attached(backend)
     raise BackendError(f"unknown backend {settings.backend!r}; choose embedded, elasticsearch or opensearch")
 
@@ -79,12 +80,15 @@ class _DeferredBackend:
         return getattr(self._real, name)
 
 
-def make_filter(filters=None, engine_filter: dict | str | None = None) -> MetadataFilter | None:
-    """The API's `filters` / `engine_filter` arguments as one MetadataFilter (None when both are empty);
-    a FilterError (a ValueError) names what is wrong."""
+def make_filter(filters=None, engine_filter: dict | str | None = None, settings: Settings | None = None
+                ) -> MetadataFilter | None:
+    """The API's `filters` / `engine_filter` arguments as one MetadataFilter (None when both are empty), each value
+    list within the settings' filter_max_values and filter_max_bytes (when given; else the ceilings); a FilterError
+    (a ValueError) names what is wrong."""
     import json
 
-    conditions = coerce_filters(filters)
+    bounds = {"max_values": settings.filter_max_values, "max_bytes": settings.filter_max_bytes} if settings else {}
+    conditions = coerce_filters(filters, **bounds)
     if isinstance(engine_filter, str):
         try:
             engine_filter = json.loads(engine_filter)

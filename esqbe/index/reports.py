@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..core.textsafe import printable
+from ..ingest.readers import ReadReport
 
 
 def _reason(e: BaseException, path: str | None = None) -> str:
@@ -46,7 +47,7 @@ class IndexReport:
     #: the run was interrupted (its reason: "SIGINT", "SIGTERM"): what it counts is what was committed before
     interrupted: str | None = None
     #: an interrupted run: papers read but not encoded (the rest of the batch being encoded, the batch read after),
-    #: so not indexed; the papers it did encode were written (issue 49, item 6)
+    #: so not indexed; the papers it did encode were written
     left: int = 0
     #: one {"file", "line", "id", "title", "reason"} per skipped record, in the order read (see `skipped_lines`)
     skipped_records: list[dict] = field(default_factory=list)
@@ -55,9 +56,18 @@ class IndexReport:
     #: "like", "like_record", "title"}; whether the backend remembers the merged ids (its alias table)
     merged: list[dict] = field(default_factory=list)
     likely_duplicates: list[dict] = field(default_factory=list)
-    #: fields two merged records give differently (issue 49, item 2): {"record", "id", "field", "kept", "other"}
+    #: fields two merged records give differently: {"record", "id", "field", "kept", "kept_from", "other",
+    #: "other_from"}: each value in words (as `esqbe show` writes it), and the file it came from
     merge_conflicts: list[dict] = field(default_factory=list)
     aliases_kept: bool | None = None
+    #: library records whose citation key was another file's key for another work, indexed under a derived id
+    #: (esqbe.index.merge): {"file", "line", "key", "id", "other_record", "why"}
+    renamed: list[dict] = field(default_factory=list)
+    #: the ids of the papers this run replaced (stored before, written again: `replaced` counts them, and the records
+    #: an id repeated within one batch replaced)
+    replaced_ids: list[str] = field(default_factory=list)
+    #: per file, the fields of its records esqbe does not keep ({file: {field: records}}; ReadReport.not_kept)
+    not_kept: dict[str, dict[str, int]] = field(default_factory=dict)
     #: how a source was read where the user should know it (ReadReport.notes: a Zotero database read from a copy)
     notes: list[str] = field(default_factory=list)
 
@@ -119,28 +129,58 @@ class IndexReport:
             "abstracts_from_pdf": self.abstracts_from_pdf,
             "likely_duplicates": list(self.likely_duplicates),
             "merge_conflicts": list(self.merge_conflicts),
+            "renamed": list(self.renamed),
+            "replaced_ids": list(self.replaced_ids),
+            "not_kept": {f: dict(c) for f, c in self.not_kept.items()},
             "notes": list(self.notes),
         }
+
+    def add_read(self, read: ReadReport, source: str | None = None) -> None:
+        """What a reader counted while this run read one source, folded into the run's report (every indexing path:
+        files, pre-encoded Parquet, followed sources); its unkept fields listed under `source` (or the reader's)."""
+        self.read += read.read
+        self.skipped.update(read.skipped)
+        self.errors.extend(str(e) for e in read.errors)
+        self.repeated.extend(read.repeated)
+        self.abstracts_from_pdf += read.abstracts_from_pdf
+        self.skipped_records.extend(read.skipped_records)
+        self.notes.extend(read.notes)
+        if read.not_kept:
+            counts = self.not_kept.setdefault(source if source is not None else read.source, {})
+            for key, n in read.not_kept.items():
+                counts[key] = counts.get(key, 0) + n
 
     def merge_lines(self, first: int = 10) -> list[str]:
         """`merged N: file:line = file:line (doi ...); ...` and the likely duplicates, in words (the first `first`)."""
         out = []
         if self.merged:
-            shown = [f"{_where(m['file'], m['line'])} = {m['into_record'] or 'paper ' + m['into'] + ' (already in the index)'}"
-                     f" ({m['by']})" for m in self.merged[:first]]
+            shown = [f"{_where(m['file'], m['line'])} {m['id']} into {m['into']} ("
+                     + (f"read at {m['into_record']}" if m["into_record"] else "already in the index")
+                     + f"; same {m['by']})" for m in self.merged[:first]]
             more = f"; and {len(self.merged) - first} more (all: --json)" if len(self.merged) > first else ""
             out.append(printable(f"merged {len(self.merged)}: " + "; ".join(shown) + more))
             if self.aliases_kept is False:
                 out.append("  (this backend keeps no alias table: a merged record's own id does not find the paper, "
                            "and later runs merge only within themselves)")
+        for r in self.renamed[:first]:
+            out.append(printable(f"renamed: {_where(r['file'], r['line'])} {r['key']} is indexed as {r['id']}: the key "
+                                 f"is {r['other_record']}'s, another work ({r['why']})"))
+        if len(self.renamed) > first:
+            out.append(f"and {len(self.renamed) - first} more renamed (all: --json)")
+        for file, fields in self.not_kept.items():
+            out.append(printable(f"not kept from {file} (fields esqbe does not read): "
+                                 + ", ".join(f"{k} ({n} record{'s' if n != 1 else ''})" for k, n in fields.items())))
         for d in self.likely_duplicates[:first]:
+            like = f"read at {d['like_record']} as {d['like']}" if d["like_record"] else \
+                f"already in the index as {d['like']}"
             out.append(printable(f"likely duplicate, not merged (same title and year, no shared DOI, arXiv or PubMed "
-                                 f"id): {d['record']} {d['id']} ~ {d['like_record'] or d['like']} {d['like']}"))
+                                 f"id): {d['record']} {d['id']}, {like}"))
         if len(self.likely_duplicates) > first:
             out.append(f"and {len(self.likely_duplicates) - first} more likely duplicates (all: --json)")
         for c in self.merge_conflicts[:first]:
-            out.append(printable(f"merge conflict, the library's kept: {c['record']} {c['id']} {c['field']}: "
-                                 f"{c['kept']!r} kept, {c['other']!r} not"))
+            kept, other = (f" ({c[k]})" if c.get(k) else "" for k in ("kept_from", "other_from"))
+            out.append(printable(f"merge conflict, {c['record']} into {c['id']}: {c['field']}: kept "
+                                 f"\"{c['kept']}\"{kept}, not \"{c['other']}\"{other}"))
         if len(self.merge_conflicts) > first:
             out.append(f"and {len(self.merge_conflicts) - first} more merge conflicts (all: --json)")
         return out

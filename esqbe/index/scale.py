@@ -1,4 +1,4 @@
-"""Where a hit's score stands against the index's own matches (issue 38, item 10; issue 48): a weak match looks weak.
+"""Where a hit's score stands against the index's own matches: a weak match looks weak.
 
 A score means little alone (0.09 and 0.56 look alike): summax cosines of one model and corpus sit in a narrow band,
 another model's or corpus's elsewhere, and `ot` or `asym` have scales of their own. So each index measures its own:
@@ -99,6 +99,22 @@ class SimilarityScale:
             return None, "strong" if score >= strong else "fair" if score >= fair else "weak"
         return None, None
 
+    def bands(self, scores) -> list[str | None]:
+        """`place`'s band of each of `scores` (an array of any shape, flattened), all at once."""
+        x = np.asarray(scores, dtype=np.float64).ravel()
+        out: list[str | None] = [None] * len(x)
+        ok = np.isfinite(x)
+        if self.source == "index" and len(self.quantiles) == 101:
+            q = np.maximum.accumulate(np.asarray(self.quantiles, dtype=np.float64))
+            pct = np.interp(x, q, np.arange(101.0))
+            names = np.where(pct >= STRONG_FROM, "strong", np.where(pct < WEAK_BELOW, "weak", "fair"))
+        elif self.source == "fixed" and self.rescorer in FIXED:
+            fair, strong = FIXED[self.rescorer]
+            names = np.where(x >= strong, "strong", np.where(x >= fair, "fair", "weak"))
+        else:
+            return out
+        return [str(n) if good else None for n, good in zip(names, ok)]
+
     def strong_from(self) -> float | None:
         """The lowest score this scale calls strong (p75 of the index's matches, or the fixed scale's cut); None
         without a scale."""
@@ -172,7 +188,7 @@ def _unmeasured(rescorer: str, why: str, papers: int, key: str) -> SimilaritySca
 #: the settings a scale is measured for (the rest, e.g. a query's candidate depth, do not change what a match is)
 SCALE_SETTINGS = ("rescorer", "rescorer_params", "vector_centering", "candidate_facet", "facet_penalty",
                   "final_bm25_weight", "abstract_weight", "bm25_text")
-#: what a scale measures: the score (issue 48; a note keyed without it measured the similarity and is not reused)
+#: what a scale measures: the score (a note keyed without it measured the similarity and is not reused)
 MEASURES = "score"
 
 
@@ -214,7 +230,9 @@ def measure(backend: Backend, settings: Settings, *, context=None, sample: int =
                 break
             result = run_examples(backend, [Example(paper, indices, facet)], [], own, context=context)
             queries += 1
-            sims += [float(h.score) for h in result.hits if np.isfinite(h.score)]
+            # its TOP_K best scores (a likely version of the paper or of a hit, listed after the numbered hits, is a
+            # match by its score as it was before versions were told apart: the scale is of scores)
+            sims += sorted((float(h.score) for h in result.hits if np.isfinite(h.score)), reverse=True)[:TOP_K]
     if queries < MIN_QUERIES and time.monotonic() - start > budget_s:
         return _unmeasured(settings.rescorer, f"measuring this index's own took longer than {budget_s:g} s "
                            f"({queries} facet queries)", corpus, key)

@@ -219,15 +219,15 @@ def _write_jsonl(path: Path, items: list[tuple[str, str]]) -> None:
 def _forward_pass(abstracts, budget: float, cap: int, say: Callable[[str], None]) -> Rate:
     """The reference: fp32 PyTorch forward pass over `title [SEP] abstract` (no title here), sorted batches of 32."""
     import torch
-    from transformers import AutoModel, AutoTokenizer
 
     from ..encode.identity import resolve_model
+    from ..encode.modeldir import pretrained
 
     rate = Rate("fp32 forward pass (PyTorch, batches of 32)", None, "cpu")
     start = time.perf_counter()
     source, _ = resolve_model(None)
-    tok = AutoTokenizer.from_pretrained(source)
-    model = AutoModel.from_pretrained(source).eval()
+    tok = pretrained("tokenizer", source, offline=True)
+    model = pretrained("model", source, offline=True).eval()
     rate.load_seconds = round(time.perf_counter() - start, 3)
 
     def run(items) -> float:

@@ -1,4 +1,4 @@
-"""Watches: saved faceted queries that keep looking (issue 37; `esqbe watch`, GET /watches/NAME.atom).
+"""Watches: saved faceted queries that keep looking (`esqbe watch`, GET /watches/NAME.atom).
 
 A watch is a query as `Index.query` takes it (a paper and a facet, chosen sentences or a text, or several examples
 and papers to avoid; filters, rescorer, k and the other ranking settings) plus a threshold on the hits' one score
@@ -13,7 +13,9 @@ A run (`run_watches`) looks only at the papers indexed since the watch's mark (p
 a range of the paper-number index): the stored query is rescored against those papers alone; only when one of them
 passes the threshold is the query run against the whole index as it is now (one ordinary query), and a new paper is
 reported when it is among that query's k hits with its score at or over the threshold (a paper's score is the same
-in both: it depends on the query and the paper alone). Its cost grows with the new
+in both: it depends on the query and the paper alone); a likely version of one of its examples (esqbe.query.versions:
+nearly the example's sentences, under another id) or a likely duplicate of one (the same title, year and first author)
+is never reported. Its cost grows with the new
 papers (and the watches that any of them passes), not with the index. Each watch's matches and new mark are written
 in one transaction under the index's write lock (readers never wait: SQLite WAL); a paper a watch has reported is
 not reported again (re-indexed, it is a new number but the same id).
@@ -190,10 +192,13 @@ class WatchRun:
     mark_to: int = 0
     advanced: bool = False
     refused: str | None = None
+    #: the score a new paper had to reach in this run (its `min_score`, or the index's strong cut now)
+    threshold: float | None = None
 
     def to_dict(self) -> dict:
         return {"name": self.name, "new_papers": self.new_papers, "passed": self.passed, "matches": self.matches,
-                "mark_from": self.mark_from, "mark_to": self.mark_to, "advanced": self.advanced, "refused": self.refused}
+                "mark_from": self.mark_from, "mark_to": self.mark_to, "advanced": self.advanced, "refused": self.refused,
+                "threshold": self.threshold}
 
     def as_result(self) -> dict:
         """The matches in a query result's JSON shape (hits), what esqbe.query.export writes."""
@@ -221,7 +226,7 @@ def _watch(row: dict) -> Watch:
     spec = row["spec"]
     dim = int(spec["model"]["dim"])
     vectors = np.frombuffer(row["vectors"], dtype=np.float32).reshape(-1, dim) if dim else np.zeros((0, 0), np.float32)
-    given = spec.get("min_score", spec.get("min_sim"))  # `min_sim`: a watch kept before the one score (issue 48)
+    given = spec.get("min_score", spec.get("min_sim"))  # `min_sim`: a watch kept before the one score
     return Watch(row["name"], spec["query"], spec["settings"], spec["filters"], None if given is None else float(given),
                  spec["model"],
                  row["mark"], row["created"], row["last_run"], row["feed_key"], row["found"], vectors,
@@ -281,7 +286,7 @@ def add_watch(index, name: str, *, paper_id: str | None = None, facet: str | Non
         raise WatchError("a watch's threshold is on the hits' score: rescorer none gives an order, not a score; choose "
                          "a rescorer (e.g. summax)")
     try:
-        flt = make_filter(filters)
+        flt = make_filter(filters, settings=settings)
     except FilterError as e:
         raise WatchError(str(e)) from None
     conditions = [c.to_dict() for c in flt.conditions] if flt else []
@@ -393,9 +398,15 @@ class _Plan:
             raise QueryError(f"its filters no longer parse: {e}") from None
         self.examples, self.avoid = _examples_of(watch)
         #: each example's title and metadata (an indexed paper's as stored): a likely duplicate of one is never new
-        stored = index.get([e.paper.paper_id for e in self.examples if e.indexed])
+        full = index.backend.get([e.paper.paper_id for e in self.examples if e.indexed])
+        stored = {pid: ip.paper for pid, ip in full.items()}
         self.twins_of = [(stored[e.paper.paper_id].title, stored[e.paper.paper_id].metadata)
                          if e.paper.paper_id in stored else (e.paper.paper.title, {}) for e in self.examples]
+        #: what a likely version is told by (esqbe.query.versions): each example's whole stored paper (its every
+        #: sentence), else its own copy of the query sentences; a version of one is never new either
+        self.originals = [Example(full[e.paper.paper_id], list(range(len(full[e.paper.paper_id].paper.sentences))),
+                                  e.facet) if e.paper.paper_id in full else e for e in self.examples]
+        self.example_ids = {e.paper_id if e.indexed else "(text)" for e in self.examples}
         #: each part's own sentence numbers (in its paper or text), to report the matched pairs by
         self.original = [[int(i) for i, _ in p["sentences"]] for p in watch.parts()[0]], \
             [[int(i) for i, _ in p["sentences"]] for p in watch.avoid]
@@ -408,7 +419,8 @@ class _Plan:
         self.threshold: float = threshold
 
     def run(self, index, context, **kw) -> QueryResult:
-        return run_examples(index.backend, self.examples, self.avoid, self.settings, context=context, **kw)
+        return run_examples(index.backend, self.examples, self.avoid, self.settings, context=context,
+                            originals=self.originals, **kw)
 
 
 def _passing(index, plan: _Plan, new: list[tuple[int, str, dict]], context) -> set[str]:
@@ -422,12 +434,13 @@ def _passing(index, plan: _Plan, new: list[tuple[int, str, dict]], context) -> s
         return set()
     scored = plan.run(index, context, restrict_to=candidates)
     allowed = set(candidates)
-    return _not_twins(index, plan, {h.paper_id for h in scored.hits if h.paper_id in allowed and h.score >= plan.threshold})
+    return _not_twins(index, plan, {h.paper_id for h in scored.hits if h.paper_id in allowed and h.score >= plan.threshold
+                                    and h.likely_version_of not in plan.example_ids})  # (a version of an example: not new)
 
 
 def _not_twins(index, plan: _Plan, ids: set[str]) -> set[str]:
     """`ids` less the likely duplicates of the watch's examples (esqbe.core.workids.same_work: the same title, year and
-    first author wherever both give one): the example's own twin from another file is not a new find (issue 49)."""
+    first author wherever both give one): the example's own twin from another file is not a new find."""
     if not ids or not any(title for title, _ in plan.twins_of):
         return ids
     found = index.get(sorted(ids))
@@ -448,7 +461,7 @@ def _ranked(index, plan: _Plan, passing: set[str], context) -> list[dict]:
     out = []
     examples, avoided = plan.original
     for hit in full.hits:
-        if hit.paper_id in passing and hit.score >= plan.threshold:
+        if hit.paper_id in passing and hit.score >= plan.threshold and hit.likely_version_of not in plan.example_ids:
             if scale is not None:  # its band, as a query's hit has it
                 hit.percentile, hit.band = scale.place(hit.score)
             for m in hit.matches:  # the query sentences' own numbers in their example
@@ -521,6 +534,7 @@ def run_watches(index, names: Sequence[str] | None = None, *, dry_run: bool = Fa
         if runs[w.name].refused is None:
             try:
                 plans[w.name] = _Plan(index, w)
+                runs[w.name].threshold = plans[w.name].threshold
             except UserError as e:  # its filters or settings no longer valid
                 runs[w.name].refused = f"watch {w.name}: its query no longer runs: {e}"
     passing: dict[str, set[str]] = {name: set() for name in plans}

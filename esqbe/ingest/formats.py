@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..domain import FACET_LABELS, LIMITS, RAW_LABELS, Paper, normalize_label
+from ..core.names import FLAGS, PARTS, person
+from ..domain import FACET_LABELS, LIMITS, RAW_LABELS, Paper, id_problem, normalize_label
 from .sentences import split_sentences
 
 NO_ABSTRACT = "no abstract"
@@ -79,7 +80,17 @@ def _paper_id(record: dict, key: str) -> str:
         raise _Invalid(key, "missing")
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise _Invalid(key, f"expected a string or integer, got {_type_name(value)}")
-    return str(value).strip()
+    return _checked_id(str(value).strip(), key)
+
+
+def _checked_id(paper_id: str, key: str) -> str:
+    """An id as the record gave it, or the record refused under its own field name (`id`, `paper_id`, the BibTeX key):
+    no control, bidirectional or invisible character (esqbe.domain.id_problem; paper_problem checks it again for
+    every path that makes a Paper)."""
+    problem = id_problem(paper_id)
+    if problem:
+        raise _Invalid(key, problem)
+    return paper_id
 
 
 def _title(record: dict, key: str = "title") -> str:
@@ -153,7 +164,7 @@ def _metadata(fmt: str, year=None, **fields) -> dict:
     return meta
 
 
-#: the metadata keys readers fill, where the S2ORC / Semantic Scholar records give them (README, "Metadata")
+#: the metadata keys readers fill, where the S2ORC / Semantic Scholar records give them (docs/library.md, "Metadata")
 METADATA_KEYS = (
     "format", "year", "publication_date", "venue", "journal", "authors", "fields_of_study", "external_ids",
     "url", "open_access_url", "open_access_status", "license", "s2_url", "publisher",
@@ -199,17 +210,21 @@ def _external_ids(ids: dict | None, corpus_id=None) -> dict:
 
 
 def _s2orc_author(a) -> dict | None:
+    """S2ORC's {first, middle, last, suffix} as esqbe's author, its parts kept (given: first and middle names)."""
     if not isinstance(a, dict):
         return {"name": str(a)} if isinstance(a, str) else None
-    parts = [a.get("first")] + list(a.get("middle") or []) + [a.get("last"), a.get("suffix")]
-    name = " ".join(str(p) for p in parts if p)
-    return {"name": name} if name.strip() else None
+    middle = a.get("middle")
+    given = [a.get("first"), *(middle if isinstance(middle, list) else [])]
+    return person({"given": " ".join(str(p) for p in given if p), "family": str(a.get("last") or ""),
+                   "suffix": str(a.get("suffix") or "")})
 
 
 def _authors(value) -> list | None:
-    """Authors as [{"name", "id"?, "family"?, "given"?, "literal"?}]: S2AG's {authorId, name}, strings, or objects
-    given as such. Where the source splits a name, `family` and `given` keep the split (a family name of several
-    words stays whole); `literal: true` marks a name that is not a person's (an organisation), kept whole."""
+    """Authors as [{"name", "id"?, the name's parts?, "literal"?}] (esqbe.core.names): S2AG's {authorId, name},
+    strings, S2ORC's {first, middle, last, suffix}, or objects given as such. Where the source splits a name, its
+    parts are kept under CSL's keys (`family`, `given`, `non-dropping-particle`, `dropping-particle`, `suffix`; a
+    family name of several words stays whole), and a name not given is told from them (`Johan de Vries`);
+    `literal: true` (or CSL's `literal: "..."`) marks a name that is not a person's (an organisation), kept whole."""
     if not isinstance(value, list):
         return None
     out: list[dict] = []
@@ -218,14 +233,18 @@ def _authors(value) -> list | None:
             out.append({"name": a})
         elif isinstance(a, dict):
             a = {str(k).lower(): v for k, v in a.items()}
-            entry: dict = {"name": a.get("name")} if a.get("name") else _s2orc_author(a) or {}
-            ident = a.get("authorid", a.get("id"))
-            if ident not in (None, ""):
-                entry["id"] = str(ident)
+            parts = {k: a[k].strip() for k in PARTS if isinstance(a.get(k), str) and a[k].strip()}
+            literal = a["literal"].strip() if isinstance(a.get("literal"), str) else ""
+            entry: dict = ({"name": a["name"]} if isinstance(a.get("name"), str) and a["name"].strip() else
+                           {"name": literal} if literal else person(parts) or _s2orc_author(a) or {})
             if entry:
-                entry.update({k: a[k].strip() for k in ("family", "given") if isinstance(a.get(k), str) and a[k].strip()})
-                if a.get("literal") is True:
+                entry.update(parts)
+                entry.update({k: True for k in FLAGS if a.get(k) is True})
+                if a.get("literal") is True or literal:
                     entry["literal"] = True
+            ident = a.get("authorid", a.get("id"))
+            if entry and ident not in (None, ""):
+                entry["id"] = str(ident)
             if entry:
                 out.append(entry)
     return out or None
@@ -397,10 +416,19 @@ def _from_csfcube(record: dict, raw_labels: bool) -> Paper:
 
 
 def _from_csabstruct(record: dict, raw_labels: bool) -> Paper:
-    paper_id = _paper_id(record, "paper_id")
+    """A record of pre-split `sentences` (CSAbstruct's shape, or plain JSON Lines given so): its id (`paper_id`, else
+    `id`), labels (`labels`, else `facets`), title, and every other field but the per-sentence annotations
+    (`confs`) kept as metadata, as plain JSON Lines keeps them (year, authors, identifiers, ...)."""
+    paper_id = _paper_id(record, "paper_id" if "paper_id" in record or "id" not in record else "id")
     sentences = _sentence_list(record.get("sentences"), "sentences")
-    facets = _labels(record.get("labels"), len(sentences), "labels", raw_labels)
-    return Paper(paper_id, "", sentences, facets, metadata=_metadata("csabstruct"))
+    labels_key = "labels" if "labels" in record or "facets" not in record else "facets"
+    facets = _labels(record.get(labels_key), len(sentences), labels_key, raw_labels)
+    extra = {k: v for k, v in record.items() if k not in _CSABSTRUCT_OWN and k != labels_key}
+    return Paper(paper_id, _title(record), sentences, facets, metadata=_jsonl_metadata(extra, "csabstruct"))
+
+
+#: the csabstruct shape's own fields (the id under either name, the sentences, their annotators' confidences)
+_CSABSTRUCT_OWN = frozenset({"paper_id", "id", "title", "sentences", "confs"})
 
 
 def _from_jsonl(record: dict, raw_labels: bool) -> Paper:
@@ -424,7 +452,7 @@ def _from_jsonl(record: dict, raw_labels: bool) -> Paper:
 _JSONL_FIELDS = ("id", "title", "abstract", "facets")
 
 
-def _jsonl_metadata(record: dict) -> dict:
+def _jsonl_metadata(record: dict, fmt: str = "jsonl") -> dict:
     """Every key besides id/title/abstract/facets, plus the keys of a `metadata` object, kept as given
     (`authors` as a list of names becomes [{"name"}] so that `author=...` filters work everywhere)."""
     extra = {k: v for k, v in record.items() if k not in _JSONL_FIELDS and k != "metadata"}
@@ -436,7 +464,7 @@ def _jsonl_metadata(record: dict) -> dict:
     if "authors" in extra:
         extra["authors"] = _authors(extra["authors"]) if isinstance(extra["authors"], list) else extra["authors"]
     year = extra.pop("year", None)
-    meta = _metadata("jsonl", year, **extra)
+    meta = _metadata(fmt, year, **extra)
     if year is not None and "year" not in meta:
         meta["year"] = year  # kept as given (a string year still filters as text)
     return meta
@@ -448,20 +476,22 @@ def _from_arxiv(record: dict, raw_labels: bool) -> Paper:
     title = _title(record)
     sentences = _split_text_abstract(record.get("abstract"), "abstract")
     parsed = record.get("authors_parsed")
-    if isinstance(parsed, list) and all(isinstance(a, list) for a in parsed):
-        names = [" ".join(str(p) for p in (a[1:2] + a[:1] + a[2:3]) if p) for a in parsed]
+    names: list
+    if isinstance(parsed, list) and all(isinstance(a, list) for a in parsed):  # [last, first, suffix]: parts kept
+        names = [person(dict(zip(("family", "given", "suffix"), (str(p) if p else "" for p in a[:3])))) for a in parsed]
     elif isinstance(record.get("authors"), str):
         names = [n for n in _re_split(r",\s*|\s+and\s+", record["authors"]) if n.strip()]
     else:
         names = []
     versions = record.get("versions")
     created = versions[0].get("created") if isinstance(versions, list) and versions and isinstance(versions[0], dict) else None
-    date = _rfc2822_date(created)
+    date = _rfc2822_date(created) or _iso_date(record.get("created"))  # the snapshot's, or OAI-PMH's `<created>`
     categories = record.get("categories")
     meta = _metadata(
         "arxiv", int(date[:4]) if date else None, publication_date=date,
         venue=record.get("journal-ref") if isinstance(record.get("journal-ref"), str) else None,
-        authors=_authors(names), fields_of_study=categories.split() if isinstance(categories, str) else None,
+        authors=_authors([n for n in names if n]),
+        fields_of_study=categories.split() if isinstance(categories, str) else None,
         external_ids={"arxiv": paper_id, "doi": record.get("doi") if isinstance(record.get("doi"), str) else None},
         license=record.get("license") if isinstance(record.get("license"), str) else None,
         open_access_url=f"https://arxiv.org/pdf/{_quote(paper_id, safe='/.')}",  # every arXiv paper is free to read
@@ -490,6 +520,18 @@ def _rfc2822_date(value) -> str | None:
     try:
         return parsedate_to_datetime(value).date().isoformat()
     except (TypeError, ValueError):
+        return None
+
+
+def _iso_date(value) -> str | None:
+    """`2007-04-02` as it is, where it is a date (arXiv's OAI-PMH metadata gives its dates so)."""
+    if not isinstance(value, str):
+        return None
+    from datetime import date
+
+    try:
+        return date.fromisoformat(value.strip()[:10]).isoformat()
+    except ValueError:
         return None
 
 
@@ -555,6 +597,40 @@ def _from_openalex(record: dict, raw_labels: bool) -> Paper:
         open_access_status=oa.get("oa_status") if isinstance(oa.get("oa_status"), str) else None,
     )
     return Paper(paper_id, title, sentences, metadata=meta)
+
+
+#: the top-level fields each record format's parser reads (keys compared lower-cased); a record's other fields are
+#: not kept, and an index run names them per file (`unkept_fields`). Plain JSON Lines keeps every field but esqbe's
+#: own `format`; the csabstruct shape the same, less its per-sentence `confs`.
+_READ_FIELDS = {
+    "s2orc": frozenset({"paper_id", "title", "abstract", "year", "doi", "arxiv_id", "acl_id", "pubmed_id", "pmc_id",
+                        "mag_id", "venue", "journal", "authors", "mag_field_of_study", "s2fieldsofstudy",
+                        "fieldsofstudy", "s2_url"}),
+    "s2ag-abstracts": frozenset({"corpusid", "abstract", "title", "year", "publicationdate", "venue", "journal",
+                                 "authors", "s2fieldsofstudy", "fieldsofstudy", "externalids", "openaccessinfo",
+                                 "openaccesspdf", "url"}),
+    "s2ag-s2orc": frozenset({"corpusid", "content", "title", "year", "publicationdate", "venue", "journal", "authors",
+                             "s2fieldsofstudy", "fieldsofstudy", "externalids", "openaccessinfo", "openaccesspdf",
+                             "url"}),
+    "csfcube": frozenset({"paper_id", "title", "abstract", "pred_labels", "metadata"}),
+    "arxiv": frozenset({"id", "title", "abstract", "authors", "authors_parsed", "versions", "categories",
+                        "journal-ref", "doi", "license"}),
+    "openalex": frozenset({"id", "title", "display_name", "abstract_inverted_index", "authorships",
+                           "primary_location", "ids", "doi", "open_access", "concepts", "publication_year",
+                           "publication_date"}),
+}
+#: the fields the JSON Lines shapes read: all but these
+_NOT_READ = {"jsonl": frozenset({"format"}), "csabstruct": frozenset({"format", "confs"})}
+
+
+def unkept_fields(fmt: str, record: dict) -> list[str]:
+    """The top-level fields of `record` (of format `fmt`) that its parser does not keep, in the record's order."""
+    if fmt in _NOT_READ:
+        dropped = _NOT_READ[fmt]
+        inner = record["metadata"] if isinstance(record.get("metadata"), dict) else {}
+        return [k for k in record if k in dropped] + [f"metadata.{k}" for k in inner if k in dropped]
+    read = _READ_FIELDS.get(fmt)
+    return [] if read is None else [k for k in record if str(k).lower() not in read]
 
 
 _PARSERS = {

@@ -3,11 +3,11 @@
 Unlike the JSON Lines formats a record spans several lines, so a file is split into its records first,
 each with the line it starts on (`file:line: field: reason` points at it), then each record becomes a
 `Paper` with its metadata under esqbe's key names. A record without an abstract is skipped with the
-reason, as in every reader.
+reason, as in every reader. A BibTeX entry is also kept as written (`AS_WRITTEN`), so that a BibTeX export gives it
+back byte for byte; its names keep their parts (esqbe.core.names), as RIS's and CSL-JSON's do.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -15,9 +15,10 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..core.textsafe import one_line
+from ..core.names import FLAGS, PARTS, person, split_particles
 from ..domain import LIMITS, Paper
-from .formats import NO_ABSTRACT, _authors, _Invalid, _metadata, _Skip, _split_text_abstract, _type_name
+from .formats import NO_ABSTRACT, _authors, _checked_id, _Invalid, _metadata, _Skip, _split_text_abstract, _type_name
+from .latex import carried, concatenated, latex_decoder, strip_enclosing, written
 
 #: formats read as a whole file rather than line by line
 WHOLE_FILE_FORMATS = ("bibtex", "ris", "csl-json")
@@ -86,74 +87,21 @@ def _pdf_paths(fmt: str, record: dict) -> list[str]:
 # ---------------------------------------------------------------- BibTeX
 
 
-def carried(text) -> str:
-    """What every export carries of a text, and what every reader of these formats keeps: control characters and
-    line breaks (C0, DEL, C1, U+2028/9: no format's one-line value can hold them, `esqbe.core.textsafe.one_line`)
-    become spaces, and each run of whitespace (Unicode's, no-break spaces too) is one space, none at either end.
-    Everything else (braces, backslashes, `$...$`, accents, any other character) is carried exactly."""
-    return " ".join(one_line(text).split())
-
-
-#: the ASCII characters TeX gives a meaning; each is written as bibtexparser's LatexEncodingMiddleware (pylatexenc's
-#: latexencode) writes it: `{\\textbackslash}` (as Zotero does), `\\{`, `\\$`, `\\%`, `{\\textasciitilde}`, ...
-_TEX_SPECIALS = "\\{}$%&#_~^"
-#: a brace with no partner in the text: written as a macro, so that the field's braces stay balanced
-_UNMATCHED = {"{": "{\\textbraceleft}", "}": "{\\textbraceright}"}
-
-
-@functools.cache
-def _tex_escapes() -> dict[str, str]:
-    from pylatexenc.latexencode import unicode_to_latex  # type: ignore[import-untyped]
-
-    return {c: unicode_to_latex(c, non_ascii_only=False) for c in _TEX_SPECIALS}
-
-
-def bib_escape(text) -> str:
-    """`text` (as `carried`) as a BibTeX field value, what esqbe's reader (`_latex_decoder`) decodes back to exactly
-    that text: TeX's specials escaped (`_TEX_SPECIALS`), a brace with no partner as `{\\textbraceleft}` (braces
-    stay balanced), and what LaTeX would make a ligature or a quote kept apart: `-{}-` (not an en dash), `'{}'`,
-    `` {`} `` (not a curly quote or `¡`). Other characters (accents, any script, math symbols) are kept as UTF-8."""
-    text = carried(text)
-    escapes = _tex_escapes()
-    partners = _brace_partners(text)
-    out = []
-    for i, c in enumerate(text):
-        if c in "{}" and i not in partners:
-            out.append(_UNMATCHED[c])
-        elif c in escapes:
-            out.append(escapes[c])
-        elif c == "`":
-            out.append("{`}")
-        elif c in "-'" and text[i + 1:i + 2] == c:
-            out.append(c + "{}")
-        else:
-            out.append(c)
-    return "".join(out)
-
-
-def _brace_partners(text: str) -> set[int]:
-    """The positions of the braces of `text` that pair up."""
-    stack: list[int] = []
-    paired: set[int] = set()
-    for i, c in enumerate(text):
-        if c == "{":
-            stack.append(i)
-        elif c == "}" and stack:
-            paired.update((stack.pop(), i))
-    return paired
-
-
-
-#: the fields esqbe reads from an entry (`_from_bibtex`); no other field is expanded or decoded
+#: the fields esqbe reads (decodes) from an entry (`_from_bibtex`); every field is kept as written besides (`AS_WRITTEN`)
 _BIBTEX_FIELDS = frozenset({"title", "abstract", "author", "journal", "booktitle", "journaltitle", "year", "date", "doi",
                             "publisher", "url", "volume", "pages", "archiveprefix", "eprinttype", "eprint", "pmid"})
+#: the metadata key of a BibTeX entry as written: {"type": its entry type, "key": its citation key, "fields": {each
+#: field's name: its value as written (delimiters, braces, LaTeX; `@string` references resolved; runs of white space
+#: one space)}}: what a BibTeX export writes back byte for byte (esqbe.query.export), whatever esqbe decoded of it
+AS_WRITTEN = "bibtex"
 #: a field's LaTeX as written may be longer than its decoded text (`{\'e}` is `é`): the raw text may be this many
 #: times its bound in LIMITS before it is refused without decoding; the decoded text is then held to the bound itself
 _LATEX_SLACK = 2
-
-
 #: a `file` field (Zotero/JabRef attachments) longer than this is not read for PDF paths
 _FILE_FIELD_CHARS = 20_000
+#: `@string`s that refer to `@string`s: followed this deep, no deeper (a loop is a name left as written)
+_STRING_DEPTH = 8
+_ENTRY_TYPE = re.compile(r"\s*@\s*([^\s{(]+)")
 
 
 def _raw_bound(name: str) -> tuple[int, str]:
@@ -164,10 +112,11 @@ def _raw_bound(name: str) -> tuple[int, str]:
 
 def _bibtex_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
     """The entries of a BibTeX file. bibtexparser splits it (linear); esqbe then resolves `@string` references and
-    decodes the LaTeX of the fields it reads itself, each bounded BEFORE it is expanded or decoded: a field past
-    twice its LIMITS bound, an entry whose metadata fields together are, or `@string` expansions past twice the
-    file's size (a 90 KB string used by a thousand entries would be 90 MB of text to decode) are refused as that
-    entry's error. Each distinct expanded value is decoded once, however often it is used."""
+    `#` concatenations, keeps every field as written and decodes the LaTeX of the fields it reads itself, each
+    bounded BEFORE it is expanded or decoded: a field past twice its LIMITS bound, an entry whose other fields
+    together are, or `@string` expansions past twice the file's size (a 90 KB string used by a thousand entries would
+    be 90 MB of text to decode) are refused as that entry's error. Each distinct expanded value is decoded once,
+    however often it is used."""
     import bibtexparser
     from bibtexparser import model
 
@@ -177,10 +126,10 @@ def _bibtex_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
     except Exception as e:  # noqa: BLE001 (its splitter reports entries it cannot read as blocks; anything else)
         yield 1, _Invalid("file", f"not a BibTeX file bibtexparser can split: {' '.join(str(e).split())[:200]}")
         return
-    strings = {key.lower(): s.value for key, s in library.strings_dict.items() if isinstance(s.value, str)}
+    strings = {key.lower(): s.value.strip() for key, s in library.strings_dict.items() if isinstance(s.value, str)}
     budget = [2 * len(text) + 100_000]  # characters @string references may still expand to in this file
-    decode = _latex_decoder()
-    decoded_strings: dict[tuple[str, str], str] = {}  # an @string's value as decoded (once, however often used)
+    decode = latex_decoder()
+    decoded_strings: dict[tuple[str, str], object] = {}  # an expanded value as decoded (once, however often used)
     for block in library.blocks:
         line = (block.start_line or 0) + 1
         if isinstance(block, model.ParsingFailedBlock):
@@ -195,124 +144,106 @@ def _bibtex_entries(text: str) -> Iterator[tuple[int, dict | _Invalid]]:
 
 
 def _bibtex_record(entry, strings: dict[str, str], budget: list[int], decode, decoded_strings: dict) -> dict:
+    """One entry as a record: the fields esqbe reads decoded (`author` as its names), and the whole entry as written
+    under AS_WRITTEN."""
     record: dict = {}
-    metadata_chars = 0
+    fields: dict[str, str] = {}
+    other_chars = 0
     for field in entry.fields:
+        if not isinstance(field.value, str):
+            continue
         name = field.key.lower()
-        if name == "file" and isinstance(field.value, str):  # attached files: paths as written, never LaTeX-decoded
-            if len(field.value) <= _FILE_FIELD_CHARS:
-                record["file"] = _strip_enclosing(field.value)
-            continue
-        if name not in _BIBTEX_FIELDS or not isinstance(field.value, str):
-            continue
-        value = field.value.strip()
-        expanded = strings.get(value.lower()) if value and value[0] not in "{\"" and not value.isdigit() else None
-        if expanded is not None:  # a reference to an @string: its length is known before it is copied or decoded
-            value = expanded.strip()
+        value, expanded = _resolved(field.value.strip(), strings, 0)
         bound, key = _raw_bound(name)
         if len(value) > bound:
-            via = " (after @string expansion)" if expanded is not None else ""
+            via = " (after @string expansion)" if expanded else ""
             raise _Invalid(name, f"{len(value)} characters of LaTeX{via}; at most {bound} before decoding "
                                  f"(the decoded text at most {LIMITS[key]})")
         if key == "metadata_bytes":
-            metadata_chars += len(value)
-            if metadata_chars > bound:
-                raise _Invalid(name, f"the entry's metadata fields hold over {bound} characters of LaTeX; at most "
-                                     f"{bound} before decoding (as JSON at most {LIMITS[key]} bytes)")
-        if expanded is not None:
-            budget[0] -= len(value)
+            other_chars += len(value)
+            if other_chars > bound:
+                raise _Invalid(name, f"the entry's fields but title and abstract hold over {bound} characters of "
+                                     f"LaTeX; at most {bound} before decoding (as JSON at most {LIMITS[key]} bytes)")
+        if expanded:
+            budget[0] -= expanded
             if budget[0] < 0:
                 raise _Invalid(name, "@string references in this file expand to more than twice its size; "
                                      "write the text in the entries instead")
-        raw = _strip_enclosing(value)
-        cache_key = ("author" if name == "author" else "", raw)  # an author list is also split into names
+        value = fields[field.key] = written(value)
+        if name == "file":  # attached files: paths as written, never LaTeX-decoded
+            if len(value) <= _FILE_FIELD_CHARS:
+                record["file"] = strip_enclosing(value)
+            continue
+        if name not in _BIBTEX_FIELDS:
+            continue
+        raw = strip_enclosing(value)
+        cache_key = (name == "author", raw)  # an author list is split into names
         try:
-            if expanded is not None and cache_key in decoded_strings:
+            if expanded and cache_key in decoded_strings:
                 record[name] = decoded_strings[cache_key]
             else:
-                text = decode(raw)
-                record[name] = _BracedAuthors(text, raw, decode) if name == "author" else text
-                if expanded is not None:
+                record[name] = _bibtex_names(raw, decode) if name == "author" else decode(raw)
+                if expanded:
                     decoded_strings[cache_key] = record[name]
         except Exception as e:  # noqa: BLE001 (pylatexenc raises anything; a RecursionError on deep braces)
             reason = " ".join(str(e).split())[:200] or type(e).__name__
             raise _Invalid(name, f"cannot decode its LaTeX: {reason}") from None
+    found = _ENTRY_TYPE.match(entry.raw or "")
+    kind = found.group(1) if found else entry.entry_type  # as written (bibtexparser gives it lower-cased)
     record["ENTRYTYPE"], record["ID"] = entry.entry_type.lower(), entry.key
+    record[AS_WRITTEN] = {"type": kind, "key": entry.key, "fields": fields}
     return record
 
 
-def _strip_enclosing(value: str) -> str:
-    """A field's value without the braces or quotes around it: `{...}` whose first brace closes at its end (not
-    `{a} # {b}`), or `"..."` (bibtexparser's rule; escaped braces are not counted)."""
-    value = value.strip()
-    if len(value) >= 2 and value[0] == "{" and value[-1] == "}" and _first_brace_closes_at_end(value):
-        return value[1:-1]
-    if len(value) >= 2 and value[0] == value[-1] == '"' and _quote_encloses(value):
-        return value[1:-1]
-    return value
+def _resolved(value: str, strings: dict[str, str], depth: int) -> tuple[str, int]:
+    """(a value as BibTeX reads it, characters its `@string` references expanded to): a value without references as
+    written (`{...}`, `"..."`, a number); a reference to an `@string` as the string's value is written; pieces
+    joined by `#` as one `{...}` of their texts. A name no `@string` of the file defines (BibTeX's own `jan`, a
+    typo) stays as written, and so does a concatenation holding one."""
+    pieces = concatenated(value)
+    if len(pieces) == 1 and (depth >= _STRING_DEPTH or value.lower() not in strings):
+        return value, 0
+    texts, expanded = [], 0
+    for piece in pieces:
+        if piece.lower() in strings and depth < _STRING_DEPTH and not piece.isdigit():
+            found, more = _resolved(strings[piece.lower()], strings, depth + 1)
+            expanded += len(found) + more
+            if len(pieces) == 1:
+                return found, expanded
+            piece = found
+        if piece[:1] not in ('{', '"') and not piece.isdigit():
+            return value, expanded  # a name BibTeX defines itself (or nobody does): kept as written
+        texts.append(strip_enclosing(piece))
+    return "{" + "".join(texts) + "}", expanded
 
 
-_BRACE = re.compile(r"(?<!\\)[{}]")
+def _bibtex_names(raw: str, decode) -> list[dict]:
+    """An author list as written (`Last, First and First von Last and {Some Organisation} and others`) as esqbe's
+    authors (esqbe.core.names): split at ` and ` outside braces (by esqbe: bibtexparser's splitter loses the first
+    two characters of a name that begins with a backslash, `\\'Alvarez`), each name into BibTeX's parts (First, von,
+    Last, Jr) by bibtexparser; First's last words in lower case are its dropping particle (`La Fontaine, Jean de`),
+    von the non-dropping one (`de Vries, Johan`). A name braced whole (`{Google AI Language}`, not a lone
+    `{\\textmacro}`) is an organisation's (`literal`); `others` (et al.) is no author."""
+    from bibtexparser.middlewares.names import parse_single_name_into_parts
 
+    def text(words: list[str]) -> str:
+        return carried(decode(" ".join(words))) if words else ""
 
-def _first_brace_closes_at_end(value: str) -> bool:
-    depth = 0
-    for match in _BRACE.finditer(value):
-        depth += 1 if match.group() == "{" else -1
-        if depth <= 0:
-            return depth == 0 and match.start() == len(value) - 1
-    return False
-
-
-def _quote_encloses(value: str) -> bool:
-    """`"..."` with no quote outside braces in between (`"a" # "b"` is a concatenation, not one value)."""
-    depth = 0
-    for match in re.finditer(r'(?<!\\)[{}"]', value[1:-1]):
-        char = match.group()
-        depth = depth + 1 if char == "{" else max(depth - 1, 0) if char == "}" else depth
-        if char == '"' and depth == 0:
-            return False
-    return True
-
-
-def _latex_decoder():
-    """LaTeX to text, as bibtexparser's LatexDecodingMiddleware decodes (braces dropped, math kept, `\\url` bare)."""
-    import pylatexenc.latex2text  # type: ignore[import-untyped]
-    from pylatexenc.latex2text import LatexNodes2Text, MacroTextSpec
-
-    context = pylatexenc.latex2text.get_default_latex_context_db()
-    context.add_context_category("bibtexparse-default-context", prepend=True,
-                                 macros=[MacroTextSpec("url", simplify_repl="%s"),
-                                         # what `bib_escape` writes that pylatexenc reads otherwise (or not at all)
-                                         MacroTextSpec("textasciicircum", simplify_repl="^"),
-                                         MacroTextSpec("textbraceleft", simplify_repl="{"),
-                                         MacroTextSpec("textbraceright", simplify_repl="}")])
-    return LatexNodes2Text(latex_context=context, keep_braced_groups=False, math_mode="verbatim").latex_to_text
-
-
-class _BracedAuthors(str):
-    """A decoded BibTeX author list that keeps its names as written: split at ` and ` outside braces (`{Barnes and
-    Noble}` is one name), each name split at its first comma outside braces (family, given), each part decoded. A
-    name braced whole (`{Google AI Language}`, not a lone `{\\textmacro}`) is an organisation's (`literal`)."""
-
-    names: list[dict]
-
-    def __new__(cls, decoded: str, raw: str, decode):
-        self = super().__new__(cls, decoded)
-        self.names = []
-        for part in _and_split(raw):
-            if not part or part.lower() == "others":
-                continue
-            if len(part) > 2 and part[0] == "{" and part[1] != "\\" and _depth_zero_inside(part):
-                self.names.append({"name": carried(decode(part)), "literal": True})
-                continue
-            comma = _top_level_comma(part)
-            if comma is None:
-                self.names.append({"name": carried(decode(part))})
-                continue
-            family, given = carried(decode(part[:comma])), carried(decode(part[comma + 1:]))
-            self.names.append({"name": f"{given} {family}".strip(), "family": family, "given": given})
-        return self
+    names = []
+    for name in _and_split(raw):
+        if not name or name.lower() == "others":
+            continue
+        if len(name) > 2 and name[0] == "{" and name[1] != "\\" and _depth_zero_inside(name):
+            names.append({"name": carried(decode(name)), "literal": True})
+            continue
+        # a name ending in a comma has an empty First (`Brinch Hansen,`, `King, Jr.,`), which bibtexparser reads as
+        # no comma at all: it is given one, `{}`, that decodes to nothing
+        parts = parse_single_name_into_parts(f"{name} {{}}" if _top_level_comma(name, last=True) else name, strict=False)
+        found = person({**split_particles("", text(parts.first)), "non-dropping-particle": text(parts.von),
+                        "family": text(parts.last), "suffix": text(parts.jr)})
+        if found:
+            names.append(found)
+    return names
 
 
 #: a brace that counts: not `\{` or `\}` (an escaped one); `{\\textbackslash}` (a backslash) counts
@@ -340,16 +271,16 @@ def _and_split(text: str) -> list[str]:
     return [*parts, text[start:].strip()]
 
 
-def _top_level_comma(part: str) -> int | None:
-    """Where the first comma outside braces is (BibTeX's between family and given), or None."""
-    depth = 0
+def _top_level_comma(part: str, last: bool = False) -> bool:
+    """Whether `part` ends with a comma outside braces (`last`), or has one anywhere."""
+    depth, at = 0, None
     for m in re.finditer(r"\\.|[{},]", part, re.DOTALL):
         token = m.group()
         if token in "{}":
             depth += 1 if token == "{" else -1
         elif token == "," and depth == 0:
-            return m.start()
-    return None
+            at = m.start()
+    return at is not None and (not last or at == len(part.rstrip()) - 1)
 
 
 def _depth_zero_inside(part: str) -> bool:
@@ -362,35 +293,26 @@ def _depth_zero_inside(part: str) -> bool:
     return depth == 0
 
 
-def _bibtex_names(value) -> list[dict] | None:
-    """`Last, First and First Last and {Some Organisation} and others` as [{"name": "First Last", "family": "Last",
-    "given": "First"}, {"name": "First Last"}, {"name": "Some Organisation", "literal": true}]: a name braced whole
-    is BibTeX's way to keep it from being split."""
-    if not isinstance(value, str):
-        return None
-    if isinstance(value, _BracedAuthors):
-        names = value.names
-    else:
-        names = [{"name": p.strip().strip("{}")} for p in re.split(r"\s+and\s+", " ".join(value.split()))]
-    return _authors([n for n in names if n["name"] and n["name"].lower() != "others" or n.get("literal")])
-
-
 def _from_bibtex(record: dict) -> Paper:
     paper_id = (record.get("ID") or "").strip()
     if not paper_id:
         raise _Invalid("key", "missing (every entry needs a citation key)")
+    _checked_id(paper_id, "key")
     title = _plain(record.get("title"))
     sentences = _split_text_abstract(_plain(record.get("abstract")) or None, "abstract")
     venue = next((_plain(record.get(k)) for k in ("journal", "booktitle", "journaltitle") if record.get(k)), None)
+    names = record.get("author")
     meta = _metadata(
         "bibtex", _year(record.get("year") or record.get("date")),
-        venue=venue, journal=_plain(record.get("journal")), authors=_bibtex_names(record.get("author")),
+        venue=venue, journal=_plain(record.get("journal")), authors=_authors(names) if isinstance(names, list) else None,
         publisher=_plain(record.get("publisher")),
         external_ids={"doi": _doi(record.get("doi")), "arxiv": _arxiv_eprint(record),
                       "pubmed": _plain(record.get("pmid")) or _pubmed_eprint(record)},
         url=_plain(record.get("url")), entry_type=record.get("ENTRYTYPE"),
         volume=_plain(record.get("volume")), pages=_plain(record.get("pages")),
     )
+    if isinstance(record.get(AS_WRITTEN), dict):  # as written, not cleaned: `_metadata` would join its white space
+        meta[AS_WRITTEN] = record[AS_WRITTEN]
     return Paper(paper_id, title, sentences, metadata=meta)
 
 
@@ -440,7 +362,7 @@ def _from_ris(record: dict) -> Paper:
     title = _plain(record.get("title") or record.get("primary_title"))
     doi = _doi(record.get("doi"))
     ident = record.get("id")  # as written: an id with a control character is refused (domain.paper_problem), not mended
-    paper_id = (" ".join(ident.split()) if isinstance(ident, str) else "") or doi or \
+    paper_id = (_checked_id(" ".join(ident.split()), "ID") if isinstance(ident, str) else "") or doi or \
         _derived_id("ris", title, record.get("year"))
     abstract = record.get("abstract") or record.get("notes_abstract")
     if isinstance(abstract, str) and len(abstract) > _LATEX_SLACK * LIMITS["abstract_chars"]:  # before it is cleaned
@@ -448,10 +370,7 @@ def _from_ris(record: dict) -> Paper:
                              f" (the text at most {LIMITS['abstract_chars']})")
     sentences = _split_text_abstract(_plain(abstract) or None, "AB")
     authors = [*(record.get("authors") or []), *(record.get("first_authors") or [])]
-    # RIS writes `Last, First`; a name without a comma is taken as written (an organisation): kept whole
-    names = [{"name": f"{first.strip()} {last.strip()}".strip(), "family": last, "given": first} if "," in a else
-             {"name": a.strip(), "literal": True}
-             for a in authors if isinstance(a, str) and a.strip() for last, _, first in [a.partition(",")]]
+    names = [_ris_name(a) for a in authors if isinstance(a, str) and a.strip()]
     venue = _plain(record.get("secondary_title") or record.get("journal_name") or record.get("alternate_title3"))
     urls = record.get("urls")
     meta = _metadata(
@@ -463,6 +382,15 @@ def _from_ris(record: dict) -> Paper:
         volume=_plain(record.get("volume")), keywords=record.get("keywords"),
     )
     return Paper(paper_id, title, sentences, metadata=meta)
+
+
+def _ris_name(text: str) -> dict | None:
+    """An RIS name: `Family, Given, Suffix` (RIS's form), the particles told as BibTeX tells them (`de Vries, Johan`,
+    `La Fontaine, Jean de`: esqbe.core.names.split_particles); a name without a comma is an organisation's, whole."""
+    if "," not in text:
+        return {"name": text.strip(), "literal": True}
+    family, given, suffix = (*(p.strip() for p in text.split(",", 2)), "", "")[:3]
+    return person({**split_particles(family, given), "suffix": suffix})
 
 
 def _accession_ids(record: dict) -> dict:
@@ -570,7 +498,7 @@ def _from_csl(record: dict) -> Paper:
     ident = record.get("id")
     if ident is None or isinstance(ident, bool) or not isinstance(ident, (str, int)) or not str(ident).strip():
         raise _Invalid("id", "missing" if ident is None else f"expected a string or integer, got {_type_name(ident)}")
-    paper_id = str(ident).strip()
+    paper_id = _checked_id(str(ident).strip(), "id")
     if "://" in paper_id:  # Zotero: http://zotero.org/users/1/items/ABCD; an id such as a DOI keeps its slashes
         paper_id = paper_id.rstrip("/").rsplit("/", 1)[-1]
     title = _plain(record.get("title"))
@@ -584,9 +512,10 @@ def _from_csl(record: dict) -> Paper:
         if a.get("literal"):
             authors.append({"name": str(a["literal"]), "literal": True})  # an organisation: one name, never split
             continue
-        name = " ".join(str(a[k]) for k in ("given", "family") if a.get(k))
-        if name:
-            authors.append({"name": name, **{k: str(a[k]) for k in ("family", "given") if a.get(k)}})
+        found = person({**{k: str(a[k]) for k in PARTS if a.get(k) not in (None, "")},
+                        **{k: True for k in FLAGS if a.get(k) is True}})  # each part under its own key, as read
+        if found:
+            authors.append(found)
     issued = record.get("issued")
     parts = issued.get("date-parts") if isinstance(issued, dict) else None
     year = date = None

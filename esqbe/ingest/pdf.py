@@ -12,7 +12,9 @@ PDF's path), as a record without an abstract always is.
 The text is extracted in a child process (`esqbe.ingest.pdf_child`, one per source read, kept for its PDFs) under a
 wall clock per file (`pdf_timeout`) and a memory bound: a PDF that draws one form XObject thousands of times costs
 pypdf about a second a drawing, hours a file; past the clock the child is killed, the record is skipped with that
-reason, and the next PDF gets a new child.
+reason, and the next PDF gets a new child. The child keeps the same clock itself and dies with this process, so
+that a parent killed (`kill -9`) or stopped leaves no reader working on. (On Linux it dies when the thread that
+started it ends: a reader is used by the thread that reads its source.)
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import json
 import os
 import re
 import select
+import signal
 import stat
 import subprocess
 import sys
@@ -148,14 +151,15 @@ class TextReader:
     def _start(self) -> subprocess.Popen:
         if self._child is None or self._child.poll() is not None:
             script = Path(__file__).with_name("pdf_child.py")
-            self._child = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+            self._child = subprocess.Popen([sys.executable, str(script), str(os.getpid())], stdin=subprocess.PIPE,
                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
         return self._child
 
     def pages(self, path: Path) -> tuple[list[str], list[tuple[float, str]], str]:
         """(the text of the first MAX_PDF_PAGES pages, the first page's text runs with their font size, the PDF's
         own title); `_Skip` with the reason when the file cannot be read so, or not within the clock."""
-        request = json.dumps({"path": str(path), "pages": MAX_PDF_PAGES, "max_bytes": MAX_PDF_BYTES}) + "\n"
+        request = json.dumps({"path": str(path), "pages": MAX_PDF_PAGES, "max_bytes": MAX_PDF_BYTES,
+                              "seconds": self.timeout}) + "\n"  # the child keeps the clock too (pdf_child)
         child = self._start()
         assert child.stdin is not None and child.stdout is not None
         deadline = time.monotonic() + self.timeout
@@ -185,9 +189,13 @@ class TextReader:
                 self._kill()
                 raise _Skip(TOO_SLOW.format(seconds=self.timeout))
             chunk = os.read(fd, 1 << 16)
-            if not chunk:  # it died (the memory bound, a crash in a parser)
+            if not chunk:  # it died: its own clock (SIGALRM), the memory bound, a crash in a parser
+                try:
+                    slow = child.wait(timeout=5) == -signal.SIGALRM
+                except subprocess.TimeoutExpired:
+                    slow = False
                 self._kill()
-                raise _Skip(UNPARSABLE)
+                raise _Skip(TOO_SLOW.format(seconds=self.timeout) if slow else UNPARSABLE)
             parts.append(chunk)
             size += len(chunk)
             if chunk.endswith(b"\n"):

@@ -1,10 +1,14 @@
-"""The process that reads PDFs' text for `esqbe.ingest.pdf`: one request a line on stdin (`{"path"}`), one answer a
-line on stdout (`{"pages", "runs", "title"}` or `{"error"}`), until stdin closes.
+"""The process that reads PDFs' text for `esqbe.ingest.pdf`: one request a line on stdin (`{"path", "pages",
+"max_bytes", "seconds"}`), one answer a line on stdout (`{"pages", "runs", "title"}` or `{"error"}`), until stdin
+closes.
 
-It runs as a script (`python pdf_child.py`), importing nothing of esqbe, only pypdf, so that it starts quickly, and
-under a memory bound of its own (RLIMIT_AS): a hostile PDF may make pypdf work for hours (one form XObject drawn
-thousands of times) or ask for gigabytes, and the parent stops it past each file's wall clock (`pdf_timeout`) by
-killing this process, then starts another for the next PDF. The parent checks the file (a regular file, its size)
+It runs as a script (`python pdf_child.py PARENT_PID`), importing nothing of esqbe, only pypdf, so that it starts
+quickly, and under bounds of its own: memory (RLIMIT_AS), since a hostile PDF may ask for gigabytes; a clock per
+file, since one may make pypdf work for hours (one form XObject drawn thousands of times): past a request's
+`seconds` (`pdf_timeout`) SIGALRM ends the process whatever pypdf is doing (the parent, which keeps the same clock,
+says so and starts another for the next PDF); and its parent's life: on Linux the kernel kills it when the parent
+dies (PR_SET_PDEATHSIG; a parent already gone by then is seen by its pid), elsewhere a thread watches the parent's
+pid, so that a killed `esqbe index` leaves no reader behind. The parent checks the file (a regular file, its size)
 before it asks; the size is checked again here once the file is open.
 """
 from __future__ import annotations
@@ -13,8 +17,11 @@ import json
 import logging
 import math
 import os
+import signal
 import stat
 import sys
+import threading
+import time
 
 #: what the process may allocate (address space), bytes
 MEMORY_BYTES = 2 * 1024 ** 3
@@ -29,6 +36,30 @@ def _limit_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
     except (ImportError, ValueError, OSError):  # not on this system: the wall clock still bounds the work
         pass
+
+
+def _die_with(parent: int) -> None:
+    """This process ends when `parent` does: a parent-death signal (Linux), else a thread that watches its pid."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0:  # PR_SET_PDEATHSIG: SIGKILL when the parent exits
+                if os.getppid() != parent:  # it died before the signal was asked for
+                    os._exit(1)
+                return
+        except (OSError, AttributeError):  # no libc to ask: watched instead
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    if os.getppid() != parent:
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def read(path: str, pages: int, max_bytes: int) -> dict:
@@ -66,10 +97,16 @@ def read(path: str, pages: int, max_bytes: int) -> dict:
 
 
 def main() -> None:
+    if len(sys.argv) > 1:
+        _die_with(int(sys.argv[1]))
     _limit_memory()
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the clock's end ends the process, even inside a C call
     for line in sys.stdin:
         try:
             request = json.loads(line)
+            seconds = float(request.get("seconds") or 0)
+            if seconds > 0:
+                signal.setitimer(signal.ITIMER_REAL, seconds)
             answer = read(str(request["path"]), int(request["pages"]), int(request["max_bytes"]))
         except OSError:
             answer = {"error": "missing"}
@@ -77,6 +114,8 @@ def main() -> None:
             answer = {"error": "memory"}
         except Exception:  # noqa: BLE001  # a request this process cannot answer: the record's reason says so
             answer = {"error": "unparsable"}
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         sys.stdout.write(json.dumps(answer, ensure_ascii=True) + "\n")
         sys.stdout.flush()
 

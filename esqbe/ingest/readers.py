@@ -35,11 +35,17 @@ from .formats import (
     _Skip,
     _type_name,
     detect_format,
+    unkept_fields,
 )
 from .library import WHOLE_FILE_FORMATS, sniff_format
 from .pdf import TextReader
 
 _GZIP_MAGIC = b"\x1f\x8b"
+#: bytes one line of input may hold (`max_line_bytes`' default): a record within every LIMITS bound, written with
+#: JSON's longest escapes, stays well under it; a longer line is skipped unparsed, and never held whole
+MAX_LINE_BYTES = 16 << 20
+#: how much of a line past the bound is read at a time, to find where it ends (and dropped)
+_SKIP_CHUNK = 1 << 20
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
@@ -95,6 +101,8 @@ class ReadReport:
     line: int = 0
     #: how a source was read where the user should know it (a Zotero database read from a copy while Zotero ran)
     notes: list[str] = field(default_factory=list)
+    #: the fields of the records read that esqbe does not keep (`formats.unkept_fields`): field -> records
+    not_kept: collections.Counter = field(default_factory=collections.Counter)
 
     def summary(self) -> dict:
         summary = {
@@ -109,6 +117,8 @@ class ReadReport:
             summary["abstracts_from_pdf"] = self.abstracts_from_pdf
         if self.notes:
             summary["notes"] = list(self.notes)
+        if self.not_kept:
+            summary["not_kept"] = dict(self.not_kept)
         return summary
 
 
@@ -124,20 +134,58 @@ class ReadReport:
 # ---------------------------------------------------------------- sources
 
 
-def _open_source(source, stack: ExitStack) -> tuple[str, Iterator]:
-    """(name for messages, iterator of raw lines as bytes or str) for a path, `-` or a stream.
-    For a path, `_tell` is set to the bytes of the file consumed so far (compressed bytes for gzip)."""
+@dataclass(frozen=True)
+class LongLine:
+    """A line past the bound, in place of its text: read to its end a chunk at a time and dropped."""
+
+    size: int  # bytes it held (characters, from a text stream), its newline included
+    bound: int
+
+    def strip(self) -> LongLine:  # not a blank line
+        return self
+
+    def reason(self, whole_file: bool = False) -> str:
+        return (f"{self.size:,} bytes; a line holds at most {self.bound:,} (max_line_bytes)"
+                + ("; the rest of the file is not read" if whole_file else ": skipped without being parsed"))
+
+
+def bounded_lines(stream, bound: int = MAX_LINE_BYTES) -> Iterator:
+    """The lines of `stream` (bytes or text, as it reads), each read under `bound` bytes (characters, from a text
+    stream): a longer line comes as a `LongLine`, having been read on to its end in chunks and dropped, so that no
+    more than about `bound` is ever held, whatever the line."""
+    while True:
+        line = stream.readline(bound + 1)
+        if not line:
+            return
+        newline = b"\n" if isinstance(line, bytes) else "\n"
+        if len(line) <= bound or (len(line) == bound + 1 and line.endswith(newline)):
+            yield line
+            continue
+        size = len(line)
+        while not line.endswith(newline):
+            line = stream.readline(_SKIP_CHUNK)
+            if not line:
+                break
+            size += len(line)
+        yield LongLine(size, bound)
+
+
+def open_lines(source, stack: ExitStack, max_line_bytes: int | None = None) -> tuple[str, Iterator]:
+    """(name for messages, iterator of raw lines as bytes or str, each under `max_line_bytes`: see `bounded_lines`)
+    for a path, `-` or a stream; gzip is told by its content (a path's, stdin's). For a path, `stack.tell` is set
+    to the bytes of the file consumed so far (compressed bytes for gzip)."""
+    bound = int(max_line_bytes or MAX_LINE_BYTES)
     if isinstance(source, str) and source == "-":
         stream = getattr(sys.stdin, "buffer", None)
         if stream is None:  # a text stream put in place of stdin: already decoded, cannot be gzip
-            return "<stdin>", iter(sys.stdin)
+            return "<stdin>", bounded_lines(sys.stdin, bound)
         if not hasattr(stream, "peek"):
             stream = io.BufferedReader(stream)
         if stream.peek(2)[:2] == _GZIP_MAGIC:  # `cat x.jsonl.gz | esqbe index -`: sniffed as files are
             stream = stack.enter_context(gzip.open(stream, "rb"))
-        return "<stdin>", iter(stream)
+        return "<stdin>", bounded_lines(stream, bound)
     if hasattr(source, "read"):
-        return str(getattr(source, "name", "<stream>")), iter(source)
+        return str(getattr(source, "name", "<stream>")), bounded_lines(source, bound)
     name = str(source)
     raw = stack.enter_context(open(source, "rb"))
     if raw.seekable():  # a named pipe (`<(zcat x.gz)`) has no position: no progress by bytes, not a traceback
@@ -145,7 +193,7 @@ def _open_source(source, stack: ExitStack) -> tuple[str, Iterator]:
     f: io.BufferedIOBase = raw
     if raw.peek(2)[:2] == _GZIP_MAGIC:  # by content, so a `.gz` name is neither needed nor trusted
         f = stack.enter_context(gzip.open(raw, "rb"))
-    return name, iter(f)
+    return name, bounded_lines(f, bound)
 
 
 def _decode(raw, lineno: int) -> str:
@@ -189,6 +237,8 @@ def read_papers(
     whole_files: bool = True,
     pdf_timeout: float | None = None,
     zotero_timeout: float | None = None,
+    zotero_since: str | None = None,
+    max_line_bytes: int | None = None,
 ) -> Iterator[Paper]:
     """Yield the papers of one source, filling `report` with what was read, skipped or wrong.
 
@@ -198,14 +248,17 @@ def read_papers(
     `whole_files=False` reads JSON Lines only: a first line like BibTeX's `@...` or CSL-JSON's `[{...` is not
     taken for that format (POST /papers: one JSON object a record, whatever its text looks like).
     `pdf_timeout`: seconds of wall clock one attached PDF's text may take (esqbe.ingest.pdf); `zotero_timeout`: the
-    seconds reading one Zotero database may take (esqbe.ingest.zotero); None: their defaults.
+    seconds reading one Zotero database may take (esqbe.ingest.zotero); None: their defaults. `zotero_since`: only
+    the items of a Zotero database added or changed at or after this stamp of Zotero's (`esqbe follow`).
+    `max_line_bytes`: the bytes one line may hold (a longer one is an error of its line, read no further than that
+    bound; None: MAX_LINE_BYTES).
     """
     if format is not None and format not in FORMATS:
         raise ParameterError(f"unknown input format {format!r}; valid formats: {', '.join(FORMATS)}")
     if (format in WHOLE_FILE_FORMATS or format == "zotero") and not whole_files:
         raise ParameterError(f"{format} is read as a whole file, not a record at a time")
     return _read(source, format, strict, raw_labels, report if report is not None else ReadReport(), whole_files,
-                 (pdf_timeout, zotero_timeout))
+                 (pdf_timeout, zotero_timeout), zotero_since, max_line_bytes)
 
 
 #: how a PDF begins (`%PDF-1.7`): a file given to read on its own, not a file of papers
@@ -217,17 +270,18 @@ PDF_ON_ITS_OWN = ("a PDF is not a file of papers: esqbe reads a PDF only for a l
 
 
 def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadReport,
-          whole_files: bool = True, timeouts: tuple[float | None, float | None] = (None, None)) -> Iterator[Paper]:
+          whole_files: bool = True, timeouts: tuple[float | None, float | None] = (None, None),
+          zotero_since: str | None = None, max_line_bytes: int | None = None) -> Iterator[Paper]:
     if whole_files and (fmt == "zotero" or fmt is None and zotero.is_database(source)):
         state = _State(str(getattr(source, "name", source)), "zotero", strict, raw_labels, report, timeouts[0])
         try:
-            yield from _read_zotero(source, state, timeouts[1])
+            yield from _read_zotero(source, state, timeouts[1], zotero_since)
         finally:
             state.close()
         return
     with ExitStack() as stack:
         try:
-            name, lines = _open_source(source, stack)
+            name, lines = open_lines(source, stack, max_line_bytes)
         except OSError as e:  # missing, a directory, unreadable: the source as a whole is one error
             error = check_source(source) or InputError(str(source), None, "file", e.strerror or str(e))
             if strict:
@@ -236,15 +290,16 @@ def _read(source, fmt: str | None, strict: bool, raw_labels: bool, report: ReadR
             return
         tell = getattr(stack, "tell", None)
         first, lines = _first_line(lines)
-        if whole_files and first is not None and (first[:5] == _PDF_MAGIC if isinstance(first, bytes)
-                                                  else str(first).startswith(_PDF_MAGIC.decode())):
+        head = None if isinstance(first, LongLine) else first  # a line past the bound tells no format: JSON Lines
+        if whole_files and head is not None and (head[:5] == _PDF_MAGIC if isinstance(head, bytes)
+                                                 else str(head).startswith(_PDF_MAGIC.decode())):
             error = InputError(name, None, "file", PDF_ON_ITS_OWN)
             if strict:
                 raise error
             report.errors.append(error)
             return
-        if fmt is None and first is not None and whole_files:
-            fmt = sniff_format(first.decode("utf-8", "replace") if isinstance(first, bytes) else str(first))
+        if fmt is None and head is not None and whole_files:
+            fmt = sniff_format(head.decode("utf-8", "replace") if isinstance(head, bytes) else str(head))
         state = _State(name, fmt, strict, raw_labels, report, timeouts[0])
         stack.callback(state.close)  # the PDF reader's child process, if one was started
         if isinstance(source, (str, os.PathLike)) and str(source) != "-":  # a record's PDF paths are relative to it
@@ -274,6 +329,9 @@ def _read_lines(lines: Iterator, state: _State, tell) -> Iterator[Paper]:
         lineno += 1
         if tell is not None:
             report.position = tell()
+        if isinstance(raw, LongLine):  # an error of its line, as any bad line is; the run goes on
+            state.one(lineno, lambda: _Invalid("line", raw.reason()))  # noqa: B023 (called at once)
+            continue
         if not raw.strip():
             continue
         paper = state.one(lineno, lambda: _parse_json(_decode(raw, lineno)))  # noqa: B023 (called at once)
@@ -314,6 +372,9 @@ def _read_whole(lines: Iterator, state: _State, tell) -> Iterator[Paper]:
     try:
         for raw in lines:
             lineno += 1
+            if isinstance(raw, LongLine):  # the records cannot be delimited past a line not read
+                state.error(InputError(state.name, lineno, "line", raw.reason(whole_file=True)))
+                return
             parts.append(_decode(raw, lineno))
     except _Invalid as e:  # not UTF-8: the records cannot be delimited past this line
         state.error(InputError(state.name, lineno, "file", f"{e.reason}; the rest of the file is not read"))
@@ -338,7 +399,7 @@ def _read_whole(lines: Iterator, state: _State, tell) -> Iterator[Paper]:
         state.report.position = end
 
 
-def _read_zotero(source, state: _State, timeout: float | None = None) -> Iterator[Paper]:
+def _read_zotero(source, state: _State, timeout: float | None = None, since: str | None = None) -> Iterator[Paper]:
     """A Zotero database (`zotero.sqlite`), read whole under its clock (esqbe.ingest.zotero: past it, the file's
     error and no paper of it), then item by item (each at its itemID); a stored PDF is read for an item without an
     abstract."""
@@ -356,7 +417,7 @@ def _read_zotero(source, state: _State, timeout: float | None = None) -> Iterato
         state.error(InputError(state.name, None, e.field, e.reason))
         return
     try:
-        items = zotero.read_all(conn, source, clock)
+        items = zotero.read_all(conn, source, clock, since)
     except _Invalid as e:
         state.error(InputError(state.name, None, e.field, e.reason))
         return
@@ -374,8 +435,31 @@ def _read_zotero(source, state: _State, timeout: float | None = None) -> Iterato
         if paper is not None:
             yield paper
     state.report.position = size
-    if state.report.read == read_before and len(state.report.errors) == errors_before:
+    if state.report.read == read_before and len(state.report.errors) == errors_before and since is None:
         state.error(InputError(state.name, None, "file", "no items in this Zotero library"))
+
+
+def read_pdf_paper(path, paper_id: str, *, report: ReadReport, pdf_timeout: float | None = None) -> Iterator[Paper]:
+    """A PDF on its own (a followed folder's, esqbe.ingest.folder) as one paper `paper_id`: its title and abstract from
+    its first pages as a library record's attached PDF is read (`abstract_source: pdf`), counted in `report` as any
+    record is (skipped with the PDF's reason where it gives no abstract)."""
+    from .formats import _metadata, _split_text_abstract
+    from .pdf import read_pdf_abstract
+
+    state = _State(str(path), "pdf", False, False, report, pdf_timeout)
+
+    def parse(record: dict) -> Paper:
+        text = read_pdf_abstract([record["path"]], None, state.pdf_reader())
+        meta = _metadata("pdf", attachments=[record["path"]])
+        meta["abstract_source"] = "pdf"
+        return Paper(paper_id, text.title, _split_text_abstract(text.abstract, "abstract"), metadata=meta)
+
+    try:
+        paper = state.one(1, lambda: {"id": paper_id, "path": str(Path(path).resolve())}, parse)
+    finally:
+        state.close()
+    if paper is not None:
+        yield paper
 
 
 class _State:
@@ -427,6 +511,8 @@ class _State:
             problem = paper_problem(paper, _RAW_LABELS if self.raw_labels else FACET_LABELS)  # NaN metadata, LIMITS
             if problem:
                 raise _Invalid(*problem)
+            if parse is None:  # a JSON record: its fields the parser does not keep, counted for the run's summary
+                self.report.not_kept.update(unkept_fields(self.fmt, record))
         except _Invalid as e:
             self.error(InputError(self.name, lineno, e.field, self._reason(e, record)))
             return None

@@ -50,7 +50,9 @@ _LIMIT = {"abstractNote": LIMITS["abstract_chars"], "title": LIMITS["title_chars
 _TABLES = ("items", "itemData", "itemDataValues", "fields", "itemTypes", "itemCreators", "creators", "libraries")
 #: the other tables of Zotero's schema the reader uses where they are there; no other name is ever selected from
 _OPTIONAL_TABLES = ("itemTypesCombined", "fieldsCombined", "creatorTypes", "groups", "deletedItems", "collections",
-                    "collectionItems", "itemAttachments")
+                    "collectionItems", "itemAttachments", "syncDeleteLog", "syncObjectTypes")
+#: when an item last changed, as Zotero stamps it (UTC, `YYYY-MM-DD HH:MM:SS`: text order is time order)
+CHANGED = "max(i.dateAdded, i.dateModified, i.clientDateModified)"
 #: the default wall clock of one database's read (seconds of SQLite's and the reader's work, not of indexing)
 READ_SECONDS = 600.0
 #: characters of text one database's items may hold together: they are read whole before any is indexed
@@ -211,14 +213,16 @@ def _names(conn: sqlite3.Connection, tables: set[str], table: str, id_col: str, 
     return names
 
 
-def read_all(conn: sqlite3.Connection, path, clock: Clock) -> list[tuple[int, dict | _Invalid]]:
-    """Every item (`entries`) read whole under `clock`, before any is handed on; `_Invalid("file", ...)` when the
-    read outlasts the clock (nothing of the file is then indexed) or its text outgrows MAX_TEXT_CHARS."""
+def read_all(conn: sqlite3.Connection, path, clock: Clock,
+             since: str | None = None) -> list[tuple[int, dict | _Invalid]]:
+    """Every item (`entries`; with `since`, those added or changed at or after it) read whole under `clock`, before
+    any is handed on; `_Invalid("file", ...)` when the read outlasts the clock (nothing of the file is then indexed) or
+    its text outgrows MAX_TEXT_CHARS."""
     clock.start()
     items: list[tuple[int, dict | _Invalid]] = []
     chars = 0
     try:
-        for item_id, record in entries(conn, path):
+        for item_id, record in entries(conn, path, since):
             if isinstance(record, dict):
                 chars += sum(_chars(v) for v in record.values())
                 if chars > MAX_TEXT_CHARS:
@@ -242,9 +246,10 @@ def _chars(value) -> int:
     return 0
 
 
-def entries(conn: sqlite3.Connection, path) -> Iterator[tuple[int, dict | _Invalid]]:
+def entries(conn: sqlite3.Connection, path, since: str | None = None) -> Iterator[tuple[int, dict | _Invalid]]:
     """(itemID, the item as a dict or why it cannot be read) for each item that is not a note, attachment or
-    annotation, in itemID order. Only tables of Zotero's schema that are tables (`_tables`) are read."""
+    annotation (with `since`: added or changed at or after it, Zotero's UTC stamp), in itemID order. Only tables of
+    Zotero's schema that are tables (`_tables`) are read."""
     tables = _tables(conn)
     types = _names(conn, tables, "itemTypes", "itemTypeID", "typeName")
     fields = {n: i for i, n in _names(conn, tables, "fields", "fieldID", "fieldName").items() if n in _FIELDS}
@@ -254,9 +259,11 @@ def entries(conn: sqlite3.Connection, path) -> Iterator[tuple[int, dict | _Inval
     collections = _collection_names(conn) if "collectionItems" in tables and "collections" in tables else {}
     storage = Path(path).resolve().parent / "storage"
     marks = ",".join("?" * len(skip_types)) or "NULL"
+    changed = f" AND {CHANGED} >= ?" if since is not None else ""
     rows = conn.execute("SELECT itemID, itemTypeID, libraryID, "  # noqa: S608 (only ? marks)
-                        "CASE WHEN typeof(key) = 'text' THEN substr(key, 1, 65) END FROM items "
-                        f"WHERE itemTypeID NOT IN ({marks}) ORDER BY itemID", skip_types).fetchall()
+                        "CASE WHEN typeof(key) = 'text' THEN substr(key, 1, 65) END FROM items i "
+                        f"WHERE itemTypeID NOT IN ({marks}){changed} ORDER BY itemID",
+                        [*skip_types, *([since] if since is not None else [])]).fetchall()
     for item_id, type_id, library_id, key in rows:
         if library_id in feeds:
             continue
@@ -272,7 +279,7 @@ def _item(conn, item_id: int, type_name, group, key, fields: dict[str, int], tab
     if not isinstance(key, str) or not _KEY.fullmatch(key):
         shown = repr(key)[:80]
         raise _Invalid("key", f"{shown} is not a Zotero item key (letters and digits, at most 64)")
-    record: dict = {"id": f"g{group}-{key}" if group is not None else key, "key": key, "itemType": type_name}
+    record: dict = {"id": _paper_id(key, group), "key": key, "itemType": type_name}
     for name, value in _values(conn, item_id, fields):
         record[name] = value
     deleted = "deletedItems" in tables
@@ -310,6 +317,46 @@ def _values(conn, item_id: int, fields: dict[str, int]) -> Iterator[tuple[str, s
             raise _Invalid(name, f"{length} characters; at most {limit}")
         if isinstance(value, str):
             yield name, value
+
+
+def changes(path, since: str | None, clock: Clock | None = None) -> tuple[str | None, list[dict]]:
+    """(the newest change stamp of the library's items, where a run that reads from it on misses nothing; the items
+    removed at or after `since`: `{"id", "when", "how"}`, `how` "trashed" (in Zotero's trash) or "deleted" (gone,
+    Zotero's syncDeleteLog)), read as `connect` reads. `_Invalid` as `connect` raises it."""
+    conn, _how = connect(path, clock)
+    try:
+        tables = _tables(conn)
+        groups = dict(conn.execute("SELECT libraryID, groupID FROM groups")) if "groups" in tables else {}
+        feeds = {r[0] for r in conn.execute("SELECT libraryID FROM libraries WHERE type = 'feed'")}
+        (latest,) = conn.execute(f"SELECT max({CHANGED}) FROM items i").fetchone()  # noqa: S608
+        removed: list[dict] = []
+        if since is not None and "deletedItems" in tables:
+            for key, library, when in conn.execute(
+                    "SELECT substr(i.key, 1, 65), i.libraryID, substr(d.dateDeleted, 1, 40) FROM deletedItems d "
+                    "JOIN items i ON i.itemID = d.itemID WHERE d.dateDeleted >= ? LIMIT ?", (since, MAX_REMOVED)):
+                if isinstance(key, str) and _KEY.fullmatch(key) and library not in feeds:
+                    removed.append({"id": _paper_id(key, groups.get(library)), "when": str(when), "how": "trashed"})
+        if since is not None and {"syncDeleteLog", "syncObjectTypes"} <= tables:
+            for key, library, when in conn.execute(
+                    "SELECT substr(l.key, 1, 65), l.libraryID, substr(l.dateDeleted, 1, 40) FROM syncDeleteLog l "
+                    "JOIN syncObjectTypes t ON t.syncObjectTypeID = l.syncObjectTypeID WHERE t.name = 'item' "
+                    "AND l.dateDeleted >= ? LIMIT ?", (since, MAX_REMOVED)):
+                if isinstance(key, str) and _KEY.fullmatch(key) and library not in feeds:
+                    removed.append({"id": _paper_id(key, groups.get(library)), "when": str(when), "how": "deleted"})
+    except sqlite3.DatabaseError as e:
+        raise _Invalid("file", f"cannot read what changed: {e}") from None
+    finally:
+        conn.close()
+    return (latest if isinstance(latest, str) else None), removed
+
+
+#: items removed since a run that one look at the library names, at most
+MAX_REMOVED = 100_000
+
+
+def _paper_id(key: str, group) -> str:
+    """The paper id of an item: its key, prefixed by its group in a group library (`g123-ABCD2345`)."""
+    return f"g{group}-{key}" if group is not None else key
 
 
 def _collection_names(conn) -> dict[int, str]:

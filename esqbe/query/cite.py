@@ -249,7 +249,7 @@ class CitedTextMatcher:
         else:
             scores = asym_scores(q, self.query_weights(q, c_per), c, o.d, exact=o.exact_matching)
         if o.bm25_weight > 0:
-            # each part on its own fixed scale (issue 48): a sentence's score never depends on the paper's other
+            # each part on its own fixed scale: a sentence's score never depends on the paper's other
             # sentences' scores (asym's soft coverage and symm's cosine as they are, BM25 over its query's ceiling)
             scores = (1.0 - o.bm25_weight) * scores + o.bm25_weight * bm25
         return scores

@@ -15,7 +15,7 @@ example and nothing to avoid).
                   own): a function of the query and the paper alone (and the index's statistics), whatever else the
                   first stage found, so a rerank of any subset, a watch's new papers or a filtered page score a paper
                   as the query does
-                  (issue 48; chosen on CSFCube fold1_dev: docs/results.md)
+                  (chosen on CSFCube fold1_dev: docs/results.md)
 
 Each hit keeps, per example, its similarity and the sentence pairs that matched (`MatchedPair.example`), and per
 avoided paper its similarity, what it took off the score and the closest sentence pair (`AvoidedMatch`)."""
@@ -38,6 +38,7 @@ from ..settings.table import AVOID_RULES, BM25_TEXTS, CANDIDATE_FACET_MODES, EXA
 from .centering import corpus_directions
 from .results import AvoidedMatch, Example, Hit, MatchedPair, QueryError, QueryResult, ScoreFormula, ScoreParts
 from .search import _candidate_views, _final_weights, abstract_similarity, has_soft_labels
+from .versions import split_versions
 
 
 def aggregate(sims: np.ndarray, rule: str) -> np.ndarray:
@@ -224,8 +225,11 @@ def _rescoring_note(rescored: bool, in_backend: bool, how: str, n: int, in_pytho
 
 def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[Example], settings: Settings, *,
                  exclude: Sequence[str] = (), restrict_to: Sequence[str] | None = None,
-                 context: RescoreContext | None = None, filter: MetadataFilter | None = None) -> QueryResult:
-    """Rank papers by similarity to the `examples` (each its chosen sentences), less their similarity to `avoid`."""
+                 context: RescoreContext | None = None, filter: MetadataFilter | None = None,
+                 originals: Sequence[Example] | None = None) -> QueryResult:
+    """Rank papers by similarity to the `examples` (each its chosen sentences), less their similarity to `avoid`.
+    A hit that is a likely version of an example (of `originals`, where given: the whole papers the examples stand
+    for) or of a better-ranked hit is marked and listed after the numbered ones (esqbe.query.versions)."""
     if not examples:
         raise QueryError("a query needs at least one example")
     if settings.candidate_facet not in CANDIDATE_FACET_MODES:
@@ -250,8 +254,10 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
         vectors=q_vectors,
         facet=facet if (facet and settings.candidate_facet in ("same", "auto")) else None,
         k=depth,
-        knn_k=max(settings.knn_k, depth if restrict is not None else 0),
-        bm25_k=max(settings.bm25_k, depth if restrict is not None else 0),
+        # k past knn_k / bm25_k: each list reaches k, so that k papers can be found (a limit below k would cut the
+        # hits short unsaid); a re-rank of a pool: every member
+        knn_k=max(settings.knn_k, depth if restrict is not None else settings.k),
+        bm25_k=max(settings.bm25_k, depth if restrict is not None else settings.k),
         exclude=frozenset({*(e.paper_id for e in (*examples, *avoid)), *map(str, exclude)}),
         restrict_to=restrict,
         fusion=settings.fusion,
@@ -283,7 +289,7 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
     w, a = _final_weights(settings)
     lookups = bm25_lookups(request, candidates) if rescorer is not None and w and candidates else []
     looked_up = None  # the look-ups' answers, where they rode with the window's scoring
-    if rescorer is not None and candidates and in_backend:  # summax where the index lives (issue 52)
+    if rescorer is not None and candidates and in_backend:  # summax where the index lives
         candidates, per_example, avoided_sims, in_python, looked_up = _score_in_backend(
             backend, candidates, examples, avoid, settings, rescorer, lookups)
     n = len(candidates)
@@ -337,10 +343,16 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
     order = sorted(range(n), key=lambda i: (-scores[i], candidates[i].paper_id))
     hits = []
     limit = len(order) if restrict is not None else settings.k
-    if rescorer is not None and in_backend and order:  # the matched sentences of the hits shown: their vectors only
-        top = order[:limit]
-        full = backend.get([candidates[i].paper_id for i in top])
-        shown = [i for i in top if candidates[i].paper_id in full]
+    fetched: set[int] = set()
+
+    def fetch(window: Sequence[int]) -> None:
+        """The hits shown, scored where the index lives: their vectors, and from them their matched sentences."""
+        todo = [i for i in window if i not in fetched]
+        fetched.update(todo)
+        if not (rescorer is not None and in_backend and todo):
+            return
+        full = backend.get([candidates[i].paper_id for i in todo])
+        shown = [i for i in todo if candidates[i].paper_id in full]
         for i in shown:
             candidates[i] = dataclasses.replace(candidates[i], paper=full[candidates[i].paper_id])
         _, top_matches, _, top_pairs = _rescore_python([candidates[i] for i in shown], examples, avoid, settings,
@@ -349,8 +361,11 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
             matches[i] = top_matches[m]
             for j in range(len(avoid)):
                 avoided_pairs[j][i] = top_pairs[j][m]
+
+    numbered, versions = _numbered(order, limit, candidates, originals if originals is not None else examples, fetch)
     timings["rescore"] = round(1000 * (time.perf_counter() - t1), 2)
-    for rank, i in enumerate(order[:limit], start=1):
+    for rank, i in [*((r, i) for r, i in enumerate(numbered, start=1)), *((None, i) for i in sorted(
+            versions, key=order.index))]:  # the numbered ranking, then the likely versions in their order
         c = candidates[i]
         pairs = []
         for x, qi, ci, wt in matches[i]:
@@ -381,8 +396,12 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
                            float(abstract[i]) if np.isfinite(abstract[i]) else None)
         hits.append(Hit(rank, c.paper_id, c.paper.paper.title if c.paper else "", float(scores[i]), c.score, float(bm25[i]),
                         c.knn, pairs, dict(c.paper.paper.metadata) if c.paper else {}, similarity=sim,
-                        example_similarities=per, avoided=avoided, parts=parts))
+                        example_similarities=per, avoided=avoided, parts=parts,
+                        likely_version_of=versions[i][0] if i in versions else None,
+                        version_overlap=versions[i][1] if i in versions else None))
     head = examples[0]
+    notes = [] if restrict is not None or len(numbered) >= settings.k else \
+        [_short_of_k(backend, request, len(numbered), settings.k)]
     return QueryResult(head.paper_id, normalize_label(head.facet) if head.facet else None,
                        list(zip(head.indices, head.sentences)), hits, settings.rescorer or "none", timings,
                        [c.to_dict() for c in filter.conditions] if filter else [],
@@ -391,7 +410,41 @@ def run_examples(backend: Backend, examples: Sequence[Example], avoid: Sequence[
                        score=ScoreFormula(settings.rescorer or "none", 1 - w - a if rescorer is not None else 0.0,
                                           w if rescorer is not None else 0.0, a if rescorer is not None else 0.0,
                                           reference),
-                       rescoring=_rescoring_note(rescorer is not None, in_backend, how, n, in_python))
+                       rescoring=_rescoring_note(rescorer is not None, in_backend, how, n, in_python), notes=notes)
+
+
+def _numbered(order: list[int], limit: int, candidates: list[Candidate], originals: Sequence,
+              fetch) -> tuple[list[int], dict[int, tuple[str, float]]]:
+    """The candidates of the numbered ranking (the first `limit` in `order` that repeat no paper) and the likely
+    versions met before its end (esqbe.query.versions: of an example or of a better-ranked hit), each with the paper
+    it repeats and their overlap. `originals`: the examples (or the whole papers they stand for, a watch's); `fetch`
+    gives the candidates of a window their vectors where the backend scored them without."""
+    refs = [(ex.paper_id if ex.indexed else "(text)", ex.paper.vectors) for ex in originals]
+    window: list[int] = []
+    numbered: list[int] = []
+    versions: dict[int, tuple[str, float]] = {}
+    while len(window) < len(order) and len(numbered) < limit:
+        window = order[: len(window) + (limit - len(numbered)) + (5 if window else 0)]
+        fetch(window)
+        vectors = [c.paper.vectors if c.paper is not None and c.paper.vectors is not None else np.zeros((0, 1))
+                   for c in (candidates[i] for i in window)]
+        at, repeats = split_versions(vectors, [candidates[i].paper_id for i in window], refs, limit)
+        numbered, versions = [window[j] for j in at], {window[j]: v for j, v in repeats.items()}
+    return numbered, versions
+
+
+def _short_of_k(backend: Backend, request: FirstStageRequest, found: int, k: int) -> str:
+    """Why a query has fewer hits than the k asked, in words: what the first stage could find."""
+    try:
+        held = backend.paper_count()
+    except Exception:  # noqa: BLE001  # the note goes on without the total
+        held = None
+    why = [f"the index holds {held} paper(s)" if held is not None else "",
+           f"{len(request.exclude)} excluded (the query's examples, papers to avoid and --exclude)" if request.exclude
+           else "", "the filters allow only some" if request.filter is not None else "",
+           f"the kNN looks at {request.facet} sentences only" if request.facet else ""]
+    return (f"{found} hit(s) of the {k} asked: the first stage found no more candidates ("
+            + "; ".join(w for w in why if w) + f"; each list reached {min(request.knn_k, request.bm25_k)} deep)")
 
 
 def run_query(backend: Backend, query: IndexedPaper, indices: list[int], settings: Settings, *,

@@ -7,15 +7,21 @@ a hit's abstract is its `sentences` (the caller asks for the papers). Every expo
 readers (tests/test_export_roundtrip.py): the paper's id (the citation key it came with), title, abstract, authors,
 year, venue, DOI, and its entry type, kept as the source named it where the export is the source's format
 (`@inproceedings` stays one, with `booktitle`; RIS `CONF` stays `CONF`) and mapped through CSL's types otherwise.
-BibTeX titles keep their capitals (`{ASR}`).
+A paper read from BibTeX goes back to BibTeX as written (tests/test_bibtex_as_written.py): its entry type, citation
+key and every field it held (`esqbe.ingest.library.AS_WRITTEN`: LaTeX, braces, ties, `--`, math, `@string`s
+resolved), byte for byte but for runs of white space; a field merged in from another record is added where the entry
+has none. Any other paper's BibTeX is written from its text so that it decodes back to it
+(`esqbe.ingest.latex.bib_escape`): TeX's specials escaped, inline math (`$\\mu$`) kept as math, Unicode as UTF-8,
+titles' capitals braced (`{ASR}`).
 
-Text is carried exactly (issue 49, item 1; tests/test_export_exact.py): what a reader gets back is the text,
-LaTeX-like or not (`22 $\\mu$m`, `{a, b}`, a backslash), as `esqbe.ingest.library.carried` makes it (control
-characters and whitespace runs one space); BibTeX escapes TeX's specials as bibtexparser's LatexEncodingMiddleware
-does (`esqbe.ingest.library.bib_escape`), and esqbe's BibTeX reader decodes exactly that. The arXiv and PubMed ids
-travel too: BibTeX `eprint`/`pmid`, RIS `AN  - arXiv:...`/`AN  - PMID:...`, CSL-JSON `custom.arxiv`/`PMID`.
+Text is carried exactly (tests/test_export_exact.py): what a reader gets back is the text, LaTeX-like or not (`22
+$\\mu$m`, `{a, b}`, a backslash), as `esqbe.ingest.latex.carried` makes it (control characters and whitespace runs
+one space). Names keep their parts (`esqbe.core.names`, tests/test_name_parts.py): CSL-JSON every part under its own
+key, BibTeX `von Last, Jr, First`, RIS `Family, Given, Suffix`. The arXiv and PubMed ids travel too: BibTeX
+`eprint`/`pmid`, RIS `AN  - arXiv:...`/`AN  - PMID:...`, CSL-JSON `custom.arxiv`/`PMID`.
 
-esqbe's rank and scores are written only when asked (`with_scores`): a reference manager would keep them as notes.
+esqbe's rank and scores are written only when asked (`with_scores`): a reference manager would keep them as notes
+(BibTeX: `note`, or `annote` where the entry holds a `note` of its own).
 BibTeX is written by hand (a field per line, braces balanced), RIS by rispy (without its `1.` record numbers, which
 no RIS reader takes), CSL-JSON as the citation-style-language schema says (tests/specs/csl-data.json). Whatever a
 paper's metadata holds, every exported value is one line and no CSV cell is a formula (`esqbe.core.textsafe`:
@@ -28,9 +34,11 @@ import io
 import json
 import re
 
+from ..core.names import FLAGS, PARTS, is_particle, parts_of
 from ..core.textsafe import csv_cell, one_line
 from ..errors import ParameterError
-from ..ingest.library import RIS_LIST_TAGS, bib_escape, carried
+from ..ingest.latex import bib_escape, carried, entry_type_ok, strip_enclosing, writable
+from ..ingest.library import AS_WRITTEN, RIS_LIST_TAGS
 
 #: the export formats, each with its media type and file extension
 EXPORT_FORMATS = {
@@ -42,7 +50,7 @@ EXPORT_FORMATS = {
 
 #: CSV's columns; `SCORE_COLUMNS` come first with `with_scores`
 CSV_COLUMNS = ("paper_id", "type", "title", "abstract", "authors", "year", "venue", "publisher", "doi", "arxiv",
-               "pubmed", "url", "volume", "pages")
+               "pubmed", "url", "volume", "pages", "likely_version_of")
 SCORE_COLUMNS = ("rank", "score", "similarity")
 
 # ---------------------------------------------------------------- entry types: each format's, through CSL's
@@ -94,14 +102,20 @@ _IN_A_BOOK = frozenset({"inproceedings", "conference", "incollection", "inbook"}
 def csl_type(source_format: str, entry_type: str, venue: str) -> str:
     """A paper's CSL item type from the type its source named (BibTeX, RIS, CSL or Zotero vocabulary), else a journal
     article when it names a venue, a document when not."""
-    t = entry_type.strip()
-    found = {"bibtex": _BIB_TO_CSL.get(t.lower()), "ris": _RIS_TO_CSL.get(t.upper()),
-             "csl-json": t if t in CSL_TYPES else None, "zotero": _ZOTERO_TO_CSL.get(t)}.get(source_format)
+    found = vocabulary_type(source_format, entry_type)
     if found:
         return found
     if source_format == "arxiv" and not venue:
         return "article"  # CSL's preprint
     return "article-journal" if venue else "document"
+
+
+def vocabulary_type(source_format: str, entry_type: str) -> str | None:
+    """The CSL item type an entry type names in its format's vocabulary (BibTeX `article`, RIS `JOUR`, CSL
+    `article-journal`, Zotero `journalArticle`: all `article-journal`), None where the vocabulary has no such type."""
+    t = entry_type.strip()
+    return {"bibtex": _BIB_TO_CSL.get(t.lower()), "ris": _RIS_TO_CSL.get(t.upper()),
+            "csl-json": t if t in CSL_TYPES else None, "zotero": _ZOTERO_TO_CSL.get(t)}.get(source_format)
 
 
 def _entry_type(h: dict, fmt: str) -> str:
@@ -143,7 +157,7 @@ def _text(value) -> str:
 
 def _author(a) -> dict:
     a = a if isinstance(a, dict) else {"name": a}
-    return {**a, **{k: _text(a[k]) for k in ("name", "family", "given") if k in a}}
+    return {**a, **{k: _text(a[k]) for k in ("name", *PARTS) if k in a}}
 
 
 def _fields(hit: dict) -> dict:
@@ -168,8 +182,28 @@ def _fields(hit: dict) -> dict:
         "pages": _text(meta.get("pages")),
         "keywords": [str(k) for k in keywords if isinstance(k, (str, int))] if isinstance(keywords, list) else [],
         "format": source_format, "entry_type": entry_type, "type": csl_type(source_format, entry_type, venue),
+        # a likely version of another paper (esqbe.query.versions): said in every export, scores or not
+        "likely_version_of": _text(hit.get("likely_version_of")),
+        "as_written": _as_written(meta.get(AS_WRITTEN)),
     }
     return out
+
+
+def _notes(h: dict, with_scores: bool) -> list[str]:
+    """An entry's esqbe notes: its rank and scores (`with_scores`), and the paper it likely is a version of."""
+    out = [f"esqbe rank {h['rank'] if h['rank'] is not None else '-'}, score {_score(h['score'])}, similarity "
+           f"{_score(h['similarity']) or '-'}"] if with_scores else []
+    if h["likely_version_of"]:
+        out.append(f"esqbe: likely a version of {h['likely_version_of']} (nearly the same sentences)")
+    return out
+
+
+def _as_written(kept) -> dict | None:
+    """A BibTeX entry kept as written (esqbe.ingest.library.AS_WRITTEN), where the metadata holds one of its shape."""
+    if not isinstance(kept, dict) or not isinstance(kept.get("fields"), dict) or not kept["fields"]:
+        return None
+    return {"type": kept.get("type"), "key": kept.get("key"),
+            "fields": {k: v for k, v in kept["fields"].items() if isinstance(k, str) and isinstance(v, str)}}
 
 
 def _score(x) -> str:
@@ -186,7 +220,8 @@ def _csv(hits: list[dict], with_scores: bool) -> str:
     writer.writerow(columns)
     for h in hits:
         row = {**h, "authors": "; ".join(str(a["name"]) for a in h["authors"]),
-               "score": _score(h["score"]), "similarity": _score(h["similarity"])}
+               "score": _score(h["score"]), "similarity": _score(h["similarity"]),
+               "rank": "" if h["rank"] is None else h["rank"]}  # (a likely version has none)
         writer.writerow([csv_cell(row[c]) for c in columns])  # one line, no formula (esqbe.core.textsafe)
     return out.getvalue()
 
@@ -194,88 +229,115 @@ def _csv(hits: list[dict], with_scores: bool) -> str:
 # ---------------------------------------------------------------- names
 
 
-def _family_given(author: dict) -> tuple[str, str] | None:
-    """(family, given) of a person, from the split the source gave, else `Ashish Vaswani` split at its last space;
-    None for a name that is not a person's (`literal`: an organisation) or of one word."""
-    name = str(author["name"]).strip()
+def _parts(author: dict) -> dict | None:
+    """A person's name parts (esqbe.core.names: those the source gave, else told from the name by BibTeX's rules);
+    None for a name that is not a person's (`literal`: an organisation) or of one word given without parts: each is
+    written whole."""
     if author.get("literal"):
         return None
-    if author.get("family"):
-        return str(author["family"]).strip(), str(author.get("given") or "").strip()
-    if "," in name:
-        family, _, given = name.partition(",")
-        return family.strip(), given.strip()
-    if " " not in name:
+    if not any(author.get(k) for k in PARTS) and " " not in str(author["name"]).strip():
         return None
-    given, _, family = name.rpartition(" ")
-    return family, given
+    parts = parts_of(author)
+    return parts if parts and parts.get("family") else None
 
 
-def _last_first(author: dict) -> str:
-    """An author as `Family, Given`; a name not a person's (`Google AI Language`) or of one word as it is."""
-    split = _family_given(author)
-    if split is None:
+def _joined(*words) -> str:
+    return " ".join(w for w in (str(x or "").strip() for x in words) if w)
+
+
+def _ris_name(author: dict) -> str:
+    """An author as RIS writes one, `Family, Given, Suffix`: the non-dropping particle before the family name, the
+    dropping one after the given name (`de Vries, Johan`; `La Fontaine, Jean de`), as esqbe's RIS reader tells them
+    apart again; a family name alone keeps its comma (`Plato,`); a name that is not a person's as it is."""
+    parts = _parts(author)
+    if parts is None:
         return str(author["name"]).strip()
-    family, given = split
-    return f"{family}, {given}" if given else family
+    family = _joined(parts.get("non-dropping-particle"), parts.get("family"))
+    given, suffix = _joined(parts.get("given"), parts.get("dropping-particle")), _joined(parts.get("suffix"))
+    return f"{family}, {given}, {suffix}" if suffix else f"{family}, {given}" if given else f"{family},"
 
 
 # ---------------------------------------------------------------- BibTeX
 
 
 def _bib_author(author: dict) -> str:
-    """One BibTeX author: `Family, Given`, or an organisation braced whole (`{Google AI Language}`) so that no
-    BibTeX reader splits it into a first and a last name. Inside a person's name each ` and ` is braced (`Johnson
-    {and} Johnson`: one author, not two) and so is each comma (`{,}`: the first bare comma is BibTeX's own, between
-    family and given); a family name of several words with no given name keeps its comma (`de Souza,`)."""
-    if author.get("literal") or _family_given(author) is None:
+    """One BibTeX author in BibTeX's parts, `von Last, Jr, First` (`de Vries, Johan`, `King, Jr., Martin`), the
+    dropping particle after the given name (`La Fontaine, Jean de`), a particle that is not in lower case part of the
+    family name (BibTeX would not take it for one); or an organisation braced whole (`{Google AI Language}`) so that
+    no BibTeX reader splits it into a first and a last name. Inside a part each ` and ` is braced (`Johnson {and}
+    Johnson`: one author, not two) and so is each comma (`{,}`: the bare commas are BibTeX's own); an empty First
+    after a family name of several words or a suffix keeps its comma (`Brinch Hansen,`)."""
+    parts = _parts(author)
+    if parts is None:
         value = bib_escape(str(author["name"]))
-        return f"{{{value}}}" if author.get("literal") else _bib_name_part(value)
-    family, given = _family_given(author) or ("", "")
-    family, given = _bib_name_part(bib_escape(family)), _bib_name_part(bib_escape(given))
-    return f"{family}, {given}" if given else f"{family}," if " " in family else family
+        if not author.get("literal"):
+            return _bib_name_part(value)
+        # braced whole; an empty group first where it would begin `{\`, which a reader takes for one accented letter
+        return f"{{{'{}' if value.startswith(chr(92)) else ''}{value}}}"
+    von, last = (_joined(parts.get(k)) for k in ("non-dropping-particle", "family"))
+    if von and not is_particle(von.split()[-1]):
+        von, last = "", _joined(von, last)
+    given, suffix = _joined(parts.get("given"), parts.get("dropping-particle")), _joined(parts.get("suffix"))
+    von, last, given, suffix = (_bib_name_part(bib_escape(p)) for p in (von, last, given, suffix))
+    head = _joined(von, last)
+    if suffix:
+        return f"{head}, {suffix}, {given}".rstrip()
+    return f"{head}, {given}" if given else f"{head}," if " " in head else head
 
 
 _NAME_SEPARATOR = re.compile(r"(?<=\s)(and|others)(?=\s|$)|^(others)$|,", re.IGNORECASE)
 
 
 def _bib_name_part(escaped: str) -> str:
-    """Part of a name as BibTeX must see it: ` and ` (any case), a lone `others` and a comma braced."""
-    return _NAME_SEPARATOR.sub(lambda m: "{" + m.group() + "}", escaped)
-
-
-#: a word with a capital after its first letter (ASR, BERT, iPhone, LaTeX, 3D): styles that lower-case titles
-#: must leave it be, so it is braced
-_WORD = re.compile(r"[^\W_]+")
+    """Part of a name as BibTeX must see it: ` and ` (any case) and a comma braced, a lone `others` given a brace
+    that does not hold it whole (`{O}thers`: braced whole, a name is an organisation's)."""
+    return _NAME_SEPARATOR.sub(lambda m: "{" + m.group()[0] + "}" + m.group()[1:] if m.group(2) else
+                               "{" + m.group() + "}", escaped)
 
 
 def bib_value(text: str) -> str:
     """A field value safe inside `{...}` (`bib_escape`): what a BibTeX reader (esqbe's, bibtexparser with pylatexenc)
-    decodes back to `text` as every export carries it (`esqbe.ingest.library.carried`)."""
+    decodes back to `text` as every export carries it (`esqbe.ingest.latex.carried`), math kept as math."""
     return bib_escape(text)
 
 
 def _bib_title(text: str) -> str:
     """A title for BibTeX: safe as any value, and each word with a capital inside braced (`{ASR}`, `{BERT}-based`)."""
-    def brace(m: re.Match) -> str:
-        word = m.group()
-        return f"{{{word}}}" if any(c.isupper() for c in word[1:]) else word
-
-    return _WORD.sub(brace, bib_value(text))  # escapes are `\%` or `{\textmacro}`: no capital to brace
+    return bib_escape(text, protect_capitals=True)
 
 
 #: what a BibTeX key may not hold (whitespace, the entry's own delimiters, LaTeX's specials)
 _BAD_KEY = re.compile(r"[\s,{}()=\"'#%~\\]")
+#: what a citation key kept as written may not hold: what would end the key or the entry, or start a comment
+_BAD_KEY_AS_WRITTEN = re.compile(r"[\s,{}()%\\\"]")
 
 
-def _bib_key(paper_id: str, seen: set[str]) -> str:
-    """The paper's id as its citation key (the key it came with stays it); an id BibTeX cannot hold made into one."""
-    key = _BAD_KEY.sub("_", one_line(paper_id)) or "hit"
+def _bib_key(paper_id: str, seen: set[str], bad: re.Pattern = _BAD_KEY) -> str:
+    """The paper's id as its citation key (the key it came with stays it); an id BibTeX cannot hold made into one, an
+    id already written in this file given a number (`key_2`)."""
+    key = bad.sub("_", one_line(paper_id)) or "hit"
     base, n = key, 2
     while key in seen:
         key, n = f"{base}_{n}", n + 1
     seen.add(key)
     return key
+
+
+#: the fields of a BibTeX entry that carry each field esqbe writes: an entry kept as written (AS_WRITTEN) gets the
+#: field esqbe knows (merged in from another record, an abstract from its PDF) only where it has none of these
+_CARRIED_BY = {"title": ("title",), "author": ("author",), "year": ("year", "date"),
+               "journal": ("journal", "booktitle", "journaltitle"), "booktitle": ("journal", "booktitle", "journaltitle"),
+               "volume": ("volume",), "pages": ("pages",), "publisher": ("publisher",), "doi": ("doi",),
+               "eprint": ("eprint",), "archiveprefix": ("archiveprefix", "eprinttype"), "pmid": ("pmid",),
+               "url": ("url",), "keywords": ("keywords",), "abstract": ("abstract",)}
+
+
+def _kept_field(name: str, value: str) -> str:
+    """One field of an entry kept as written: as it is where it can be (`esqbe.ingest.latex.writable`), else (metadata
+    not read from a BibTeX file) its value as text, escaped, under its name made one BibTeX takes."""
+    if writable(name, value):
+        return f"  {name} = {value}"
+    return f"  {_BAD_KEY.sub('_', one_line(name)) or 'field'} = {{{bib_value(strip_enclosing(value))}}}"
 
 
 def _bibtex(hits: list[dict], with_scores: bool) -> str:
@@ -284,21 +346,32 @@ def _bibtex(hits: list[dict], with_scores: bool) -> str:
     for h in hits:
         kind = _entry_type(h, "bibtex")
         venue_field = "journal" if kind == "article" else "booktitle" if kind in _IN_A_BOOK or h["venue"] else ""
-        fields = [("year", h["year"]), (venue_field, h["venue"]), ("volume", h["volume"]), ("pages", h["pages"]),
-                  ("publisher", h["publisher"]), ("doi", h["doi"])]
-        if h["arxiv"]:
-            fields += [("eprint", h["arxiv"]), ("archiveprefix", "arXiv")]
-        fields.append(("pmid", h["pubmed"]))  # as Zotero's and Better BibTeX's exports name it
-        fields += [("url", h["url"]), ("keywords", ", ".join(h["keywords"])), ("abstract", h["abstract"])]
-        if with_scores:
-            fields.append(("note", f"esqbe rank {h['rank']}, score {_score(h['score'])}, similarity "
-                                   f"{_score(h['similarity']) or '-'}"))
-        lines = [f"  {name} = {{{bib_value(value)}}}" for name, value in fields if value and name]
-        head = [f"  title = {{{_bib_title(h['title'])}}}"] if h["title"] else []
-        if h["authors"]:  # each name made safe on its own: an organisation's braces must stay
-            head.append(f"  author = {{{' and '.join(_bib_author(a) for a in h['authors'])}}}")
-        body = ",\n".join(head + lines)
-        entries.append(f"@{kind}{{{_bib_key(h['paper_id'], seen)},\n{body}\n}}\n")
+        fields = [("title", _bib_title(h["title"]) if h["title"] else ""),
+                  # each name made safe on its own: an organisation's braces must stay
+                  ("author", " and ".join(_bib_author(a) for a in h["authors"]))]
+        fields += [(name, bib_value(value)) for name, value in (
+            ("year", h["year"]), (venue_field, h["venue"]), ("volume", h["volume"]), ("pages", h["pages"]),
+            ("publisher", h["publisher"]), ("doi", h["doi"]),
+            *((("eprint", h["arxiv"]), ("archiveprefix", "arXiv")) if h["arxiv"] else ()),
+            ("pmid", h["pubmed"]),  # as Zotero's and Better BibTeX's exports name it
+            ("url", h["url"]), ("keywords", ", ".join(h["keywords"])), ("abstract", h["abstract"]))]
+        lines: list[str] = []
+        key = _bib_key(h["paper_id"], seen) if h["as_written"] is None else None
+        kept = h["as_written"]
+        if kept is not None:  # the entry as the researcher wrote it, then what esqbe knows that it does not hold
+            kind = kept["type"] if entry_type_ok(kept["type"]) else kind
+            key = _bib_key(kept["key"], seen, _BAD_KEY_AS_WRITTEN) if isinstance(kept["key"], str) and \
+                kept["key"].strip() else _bib_key(h["paper_id"], seen)
+            lines = [_kept_field(name, value) for name, value in kept["fields"].items()]
+            held = {name.lower() for name in kept["fields"]}
+            fields = [(name, value) for name, value in fields if not held & set(_CARRIED_BY.get(name, (name,)))]
+        lines += [f"  {name} = {{{value}}}" for name, value in fields if value and name]
+        notes = _notes(h, with_scores)
+        if notes:  # in a field of its own: a `note` the entry holds is kept as it is
+            held = {line.split("=", 1)[0].strip().lower() for line in lines}
+            note = next(n for n in ("note", "annote", "esqbe") if n not in held)
+            lines.append(f"  {note} = {{{bib_value('; '.join(notes))}}}")
+        entries.append(f"@{kind}{{{key},\n" + ",\n".join(lines) + "\n}\n")
     return "\n".join(entries)
 
 
@@ -323,7 +396,7 @@ def _ris(hits: list[dict], with_scores: bool) -> str:
     for h in hits:
         record: dict = {"type_of_reference": _entry_type(h, "ris"), "id": h["paper_id"], "title": h["title"]}
         if h["authors"]:
-            record["authors"] = [_last_first(a) for a in h["authors"]]
+            record["authors"] = [_ris_name(a) for a in h["authors"]]
         first, _, last = h["pages"].replace("\u2013", "-").partition("-")  # 101--105, decoded as 101–105
         for key, value in (("year", h["year"]), ("secondary_title", h["venue"]), ("volume", h["volume"]),
                            ("start_page", first.strip()), ("end_page", last.strip("- ")),
@@ -337,9 +410,8 @@ def _ris(hits: list[dict], with_scores: bool) -> str:
             record["accession_number"] = accession
         if h["keywords"]:
             record["keywords"] = h["keywords"]
-        if with_scores:
-            record["notes"] = [f"esqbe rank {h['rank']}, score {_score(h['score'])}, "
-                               f"similarity {_score(h['similarity']) or '-'}"]
+        if _notes(h, with_scores):
+            record["notes"] = _notes(h, with_scores)
         records.append(record)
     return rispy.dumps([_one_line_values(r) for r in records], implementation=_ris_writer(),
                        list_tags=RIS_LIST_TAGS) if records else ""
@@ -366,10 +438,10 @@ def _csl(hits: list[dict], with_scores: bool) -> str:
     for h in hits:
         item: dict = {"id": h["paper_id"], "type": h["type"], "citation-key": h["paper_id"], "title": h["title"]}
         authors = []
-        for a in h["authors"]:
-            split = _family_given(a)
+        for a in h["authors"]:  # each name's parts under CSL's keys, as read
+            split = _parts(a)
             authors.append({"literal": str(a["name"])} if split is None else
-                           {"family": split[0], **({"given": split[1]} if split[1] else {})})
+                           {k: split[k] for k in (*PARTS, *FLAGS) if split.get(k)})
         if authors:
             item["author"] = authors
         parts = _date_parts(h)
@@ -380,10 +452,11 @@ def _csl(hits: list[dict], with_scores: bool) -> str:
                            ("keyword", ", ".join(h["keywords"])), ("abstract", h["abstract"])):
             if value:
                 item[key] = value
-        if h["arxiv"] or with_scores:  # CSL's place for data without a variable of its own (not `note`)
+        if h["arxiv"] or with_scores or h["likely_version_of"]:  # CSL's place for data without a variable of its own
             item["custom"] = {**({"arxiv": h["arxiv"]} if h["arxiv"] else {}),
                               **({"esqbe_rank": h["rank"], "esqbe_score": h["score"], "esqbe_similarity": h["similarity"]}
-                                 if with_scores else {})}
+                                 if with_scores else {}),
+                              **({"esqbe_likely_version_of": h["likely_version_of"]} if h["likely_version_of"] else {})}
         items.append(_one_line_tree(item))
     return json.dumps(items, ensure_ascii=False, indent=2) + "\n"
 

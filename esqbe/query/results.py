@@ -18,8 +18,9 @@ a non-finite number is null (a similarity) or 0.0 (the other scores), metadata g
      weight is), "scale" (what the hits' percentile and band are placed on: esqbe.index.scale; null from a bare
      run_query), "score" (how a hit's score is made: {formula (in words), rescorer, similarity_weight, bm25_weight,
      abstract_weight, bm25_reference}; null from an older answer),
-     "hits": [{"rank", "paper_id", "title", "score" (the one number: it orders the hits, and the percentile and
-               band place it), "similarity", "first_stage_score", "bm25", "knn",
+     "hits": [{"rank" (null: a likely version, listed after the numbered hits), "paper_id", "title", "score" (the one
+               number: it orders the hits, and the percentile and band place it), "similarity", "first_stage_score",
+               "bm25", "knn",
                "percentile" (of the score among the index's own matches; null on the fixed scale), "band" (strong,
                fair, weak or null), "parts" ({similarity, avoid_penalty, bm25, bm25_scaled, abstract_similarity}:
                what the score is made of),
@@ -28,9 +29,12 @@ a non-finite number is null (a similarity) or 0.0 (the other scores), metadata g
                "example_similarities" (per example, its similarity to the hit),
                "avoided": [{paper_id, similarity, penalty (taken off the score), avoid_index, avoid_sentence,
                             candidate_index, candidate_sentence}],
-               "metadata", "sentences" (null unless the papers are given)}],
+               "metadata", "sentences" (null unless the papers are given),
+               "likely_version_of" (the paper whose sentences the hit's nearly are: an example's id, "(text)" or a
+               better-ranked hit's; else null), "version_overlap" (their sentence overlap: esqbe.query.versions)}],
      "rescoring": {where (backend: the engine's own MaxSim with engine_facet_vectors; python; none), why,
                    in_backend, in_python} (null from an older answer),
+     "notes": [what to know of this answer, in words: e.g. why it has fewer hits than the k asked],
      "timings_ms": {stage: milliseconds}}
 
 `version` changes when a key is renamed or removed (not when one is added)."""
@@ -166,7 +170,8 @@ class Hit:
     with rescorer `none` or when the candidate has no sentence the rescorer may match.
     """
 
-    rank: int
+    #: its place in the numbered ranking (1 = best); None for a likely version of another paper, listed after them
+    rank: int | None
     paper_id: str
     title: str
     score: float
@@ -187,6 +192,10 @@ class Hit:
     band: str | None = None
     #: what the score is made of
     parts: ScoreParts | None = None
+    #: the paper (an example's id, "(text)", or a better-ranked hit's) whose sentences this hit's nearly are: a likely
+    #: version of it (esqbe.query.versions), out of the numbered ranking; and their sentence overlap
+    likely_version_of: str | None = None
+    version_overlap: float | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -252,8 +261,10 @@ class QueryResult:
     #: how the hits' score is made
     score: ScoreFormula | None = None
     #: where the similarity was computed: {"where": "backend" | "python" | "none", "why": in words, "in_backend": n,
-    #: "in_python": n} (esqbe.query.combine: summax in the engine with engine_facet_vectors, issue 52)
+    #: "in_python": n} (esqbe.query.combine: summax in the engine with engine_facet_vectors)
     rescoring: dict | None = None
+    #: what the user should know of this answer, in words (e.g. why it has fewer hits than the k asked)
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self, papers: Mapping[str, Paper] | None = None) -> dict:
         """The one JSON shape of a query result, `esqbe query --json`'s and HTTP POST /query's (esqbe.query.results);
@@ -367,8 +378,17 @@ SOFT_FACET_ORDER = ("background", "method", "result", "other")
 
 
 def public_metadata(metadata: dict | None) -> dict:
-    """A paper's metadata as a user reads it: esqbe's internals left out."""
-    return {k: v for k, v in (metadata or {}).items() if k not in HIDDEN_METADATA_KEYS}
+    """A paper's metadata as a user reads it: esqbe's internals left out (and each source's record hash, which
+    esqbe.index.merge keeps to find an unchanged re-run)."""
+    return without_record_hashes({k: v for k, v in (metadata or {}).items() if k not in HIDDEN_METADATA_KEYS})
+
+
+def without_record_hashes(metadata: dict) -> dict:
+    """`metadata` with its sources' record hashes left out (esqbe.index.merge keeps them for itself)."""
+    if not isinstance(metadata.get("sources"), list):
+        return metadata
+    return {**metadata, "sources": [{k: v for k, v in s.items() if k != "record"} if isinstance(s, dict) else s
+                                    for s in metadata["sources"]]}
 
 #: metadata keys whose values are paths on the machine that indexed the paper: Zotero's attachments (the indexer
 #: reads an attached PDF when the paper is read; the index keeps the paths for its own user: `esqbe show`), and the
@@ -382,8 +402,11 @@ def file_names_only(metadata: dict | None) -> dict:
     """`metadata` with each path under PATH_KEYS (an attachment, a source's `file`) cut to its file name, without
     directories (`/home/me/Zotero/storage/ABCD2345/x.pdf`, `C:\\Users\\me\\x.pdf`, `attachments:Papers/x.pdf` ->
     `x.pdf`): what a server shows a reader who is not its operator (`esqbe serve` without `--show-paths`). An
-    attachment that is not a path is left out."""
+    attachment that is not a path is left out, and so is the `file` field of a BibTeX entry kept as written."""
     out = dict(metadata or {})
+    kept = out.get("bibtex")  # an entry as written (esqbe.ingest.library.AS_WRITTEN): its `file` field holds paths
+    if isinstance(kept, dict) and isinstance(kept.get("fields"), dict):
+        out["bibtex"] = {**kept, "fields": {k: v for k, v in kept["fields"].items() if str(k).lower() != "file"}}
     if isinstance(out.get("sources"), list):  # the files a paper was read from: each file's name, its format kept
         out["sources"] = [{**s, "file": _file_name(s["file"])} if isinstance(s.get("file"), str) else s
                           for s in out["sources"] if isinstance(s, dict)]
@@ -460,6 +483,7 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
                       "abstract_similarity": finite(h.parts.abstract_similarity)} if h.parts else None,
             "metadata": jsonable(_source_names(public_metadata(h.metadata))),
             "sentences": sentences_json(papers[h.paper_id]) if papers and h.paper_id in papers else None,
+            "likely_version_of": h.likely_version_of, "version_overlap": finite(h.version_overlap),
         })
     facets = result.query_facets or ["unlabeled"] * len(result.query_sentences)
     why = {s.index: s for s in result.selection.sentences} if result.selection else {}
@@ -491,5 +515,6 @@ def result_json(result: QueryResult, papers: Mapping[str, Paper] | None = None) 
         "score": result.score.to_dict() if result.score is not None else None,
         "hits": hits,
         "rescoring": dict(result.rescoring) if result.rescoring is not None else None,
+        "notes": list(result.notes),
         "timings_ms": dict(result.timings),
     }

@@ -1,7 +1,7 @@
 """`esqbe serve`: the FastAPI app (`create_app`) and the server (`serve`).
 
 `from esqbe.server import ServeOptions, create_app` is the documented embedding entry
-(README, "Inside an existing FastAPI or Starlette app"): keep these names here. They load lazily, so that
+(docs/serving.md, "Inside an existing FastAPI or Starlette app"): keep these names here. They load lazily, so that
 `esqbe query` can read a running server's discovery record (esqbe.server.discovery) and talk to it
 (esqbe.server.client) without importing FastAPI."""
 from __future__ import annotations

@@ -24,7 +24,8 @@ interfaces would otherwise serve the write endpoints without a token.
 The package, one job a module: options.py (ServeOptions, the exposure rules), models.py (request and
 response models), errors.py (errors as JSON), middleware.py (the perimeter, the body limit), service.py
 (the writer and readers), work.py (what the handlers do on a reader's thread), routes.py (`make_router`),
-and this module (`create_app`, `serve`). The logger is "esqbe.server".
+connections.py (what one client connection may hold: the header timeout, the connection limit, the open-file
+limit), and this module (`create_app`, `serve`). The logger is "esqbe.server".
 
 The perimeter (`_Perimeter`, before any body byte is read): the Host header (loopback names only on a
 loopback connection, `allowed_hosts` otherwise), the Origin of writes (own origin or a CORS origin), the
@@ -40,6 +41,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from ..settings.config import ConfigError, Settings, load_settings
+from .connections import ConnectionGuard, connection_limit, guarded_protocol, open_file_limit
 from .discovery import loopback_url, new_secret, remove_record, write_record
 from .errors import install_error_handlers
 from .feeds import redact_access_log
@@ -52,6 +54,7 @@ from .options import (
     options_from_env,
 )
 from .routes import STATIC_DIR, make_router, write_endpoints
+from .schedule import FollowSchedule
 from .service import Service
 
 
@@ -78,12 +81,18 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
 
     from contextlib import asynccontextmanager
 
+    schedule = FollowSchedule(service, options.follow_every) if options.follow_every else None
+
     @asynccontextmanager
     async def lifespan(app):
         await asyncio.get_running_loop().run_in_executor(None, service.start)
+        if schedule is not None:
+            schedule.start()
         try:
             yield
         finally:
+            if schedule is not None:
+                await asyncio.get_running_loop().run_in_executor(None, schedule.stop)
             await asyncio.get_running_loop().run_in_executor(None, service.close)
 
     # the API docs (/docs: Swagger UI, /redoc: ReDoc) from the assets the fastapi-offline package ships, served
@@ -103,14 +112,15 @@ def create_app(path: str | None = None, *, settings: Settings | None = None, con
         lifespan=lifespan,
     )
     app.state.service = service
+    app.state.follow_schedule = schedule
     redact_access_log()  # a feed's secret URL is never written to the access log
 
     install_error_handlers(app)
-    app.include_router(make_router(service, options))
+    app.include_router(make_router(service, options, schedule))
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     # outermost last: CORS (its headers on every answer, refusals too), the perimeter, then the body limit
-    app.add_middleware(_BodyLimit, limit=options.max_body_bytes)
+    app.add_middleware(_BodyLimit, limit=options.max_body_bytes, stall=settings.header_timeout)
     app.add_middleware(_Perimeter, options=options)
     if options.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
@@ -142,9 +152,14 @@ def serve(settings: Settings, options: ServeOptions, *, log_level: str = "info")
     for line in exposure_notes(options):
         print(f"esqbe: {line}", file=sys.stderr, flush=True)
     app.state.service.start()  # open the index and load the model now: a failure is one clear error, not a traceback
+    files, _ = open_file_limit()  # the soft limit raised to the hard one: held connections must not exhaust it
+    guard = ConnectionGuard(settings.header_timeout, connection_limit(settings.max_connections, files), files)
+    print(f"esqbe: at most {guard.limit} connections at once (max_connections {settings.max_connections}, open-file "
+          f"limit {files}); each sends its request headers within {guard.header_timeout:g} s (header_timeout)",
+          file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=log_level, proxy_headers=False,
-                            server_header=False, timeout_graceful_shutdown=10)
-    server = _recorded_server(config, lambda: _record(settings, options, secret))
+                            server_header=False, timeout_graceful_shutdown=10, http=guarded_protocol(guard))
+    server = _recorded_server(config, lambda: _record(settings, options, secret), guard)
     try:
         server.run()
     except KeyboardInterrupt:  # as uvicorn.run: the signal that stopped a clean shutdown
@@ -156,15 +171,18 @@ def serve(settings: Settings, options: ServeOptions, *, log_level: str = "info")
         sys.exit(3)  # uvicorn's STARTUP_FAILURE: the port is taken, say
 
 
-def _recorded_server(config, make_record):
+def _recorded_server(config, make_record, guard: ConnectionGuard | None = None):
     """uvicorn's Server that, once it listens, leaves a discovery record (esqbe.server.discovery) for `esqbe query`
-    (`make_record()`: its path or None) and removes it as its shutdown begins (before a SIGTERM is passed on)."""
+    (`make_record()`: its path or None) and removes it as its shutdown begins (before a SIGTERM is passed on); with a
+    `guard`, a failed accept is one of its rate-limited notes, and what it counted is logged at shutdown."""
     import uvicorn
 
     class Recorded(uvicorn.Server):
         record = None
 
         async def startup(self, sockets=None):
+            if guard is not None:
+                asyncio.get_running_loop().set_exception_handler(guard.accept_failed)
             await super().startup(sockets)
             if self.started and not self.should_exit:
                 self.record = make_record()
@@ -173,6 +191,8 @@ def _recorded_server(config, make_record):
             if self.record is not None:
                 remove_record(self.record)
             await super().shutdown(sockets)
+            if guard is not None:
+                guard.flush()
 
     return Recorded(config)
 

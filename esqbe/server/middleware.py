@@ -2,6 +2,7 @@
 token and the body type (`_Perimeter`), the body size limit (`_BodyLimit`), and the page's security headers."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 import re
 
@@ -25,8 +26,8 @@ _FEED_PATH = re.compile(r"/watches/[^/]+\.atom")
 
 def is_write(method: str, path: str) -> bool:
     """Whether a request is a write (the token where the server has one): every method but GET/HEAD/OPTIONS, except
-    POST /query (a read sent as a body)."""
-    return method not in ("GET", "HEAD", "OPTIONS") and not (method == "POST" and path == "/query")
+    POST /query and POST /graph (reads sent as a body)."""
+    return method not in ("GET", "HEAD", "OPTIONS") and not (method == "POST" and path in ("/query", "/graph"))
 
 
 def _token_ok(authorization: str | None, token: str) -> bool:
@@ -132,10 +133,11 @@ def _type_message(ctype: str) -> str:
 
 
 class _BodyLimit:
-    """Pure ASGI middleware: refuse request bodies over `limit` bytes (413) before the app reads them."""
+    """Pure ASGI middleware: refuse request bodies over `limit` bytes (413) before the app reads them, and one whose
+    next bytes do not come within `stall` seconds (408: the client announced a body it does not send)."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, stall: float | None = None):
+        self.app, self.limit, self.stall = app, limit, stall
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -150,7 +152,11 @@ class _BodyLimit:
                 return await _error_response(400, "bad Content-Length header")(scope, receive, send)
         chunks, size, more = [], 0, True
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.stall)
+            except TimeoutError:
+                return await _error_response(408, f"the request body stalled: no bytes for {self.stall:g} s "
+                                                  "(header_timeout)", headers={"Connection": "close"})(scope, receive, send)
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")

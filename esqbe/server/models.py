@@ -10,11 +10,15 @@ from ..core.limits import (
     MAX_AVOID,
     MAX_EXAMPLE_SENTENCES,
     MAX_EXAMPLES,
+    MAX_FILTER_BYTES,
+    MAX_FILTER_VALUES,
     MAX_QUERY_CHARS,
     MAX_QUERY_SENTENCE_CHARS,
     MAX_QUERY_SENTENCES,
 )
 from ..index.rerank import MAX_PAPER_ID_CHARS, MAX_RERANK_DOCUMENTS, MAX_RERANK_QUERY_CHARS
+from ..query.graph import MAX_GRAPH_HITS
+from ..query.graph_formats import GRAPH_FORMATS
 from ..query.results import QueryError
 from ..rescore.rescorers import available_rescorers, rescorer_params
 from ..settings.generate import http_fields, overrides_from_http
@@ -48,8 +52,18 @@ class FilterCondition(BaseModel):
                      description="a dotted metadata key: year, venue, authors.name, external_ids.doi")
     op: Literal["=", "!=", "<", "<=", ">", ">=", "in", "not in", "exists", "not exists", "~=", "^="] = Field(
         ..., description="~= equals ignoring case, ^= starts with ignoring case (text values)")
-    value: str | float | int | list[str | float | int] = Field(
-        None, description="the value (a list for in / not in; absent for exists / not exists)")
+    value: str | float | int | Annotated[list[str | float | int], Field(max_length=MAX_FILTER_VALUES)] = Field(
+        None, description=f"the value (a list for in / not in, of at most {MAX_FILTER_VALUES} values and "
+                          f"{MAX_FILTER_BYTES} bytes of text together; absent for exists / not exists)")
+
+    @model_validator(mode="after")
+    def _bounded(self):
+        """A value list's bytes bounded here, before anything reads it (its count by the schema above)."""
+        if isinstance(self.value, list):
+            size = sum(len(v.encode("utf-8", "surrogatepass")) if isinstance(v, str) else len(str(v)) for v in self.value)
+            if size > MAX_FILTER_BYTES:
+                raise ValueError(f"{size} bytes of values; at most {MAX_FILTER_BYTES} (filter_max_bytes)")
+        return self
 
 
 def _rescorer_params_model() -> type[BaseModel]:
@@ -125,9 +139,10 @@ class AvoidRequest(BaseModel):
     facet: Literal["background", "method", "result"] = Field(None, description="compare with its sentences of this facet")
 
 
-class _QueryRequestBase(BaseModel):
-    """A query: a paper from the index (`paper_id`) or a text, and which of its sentences form the query
-    (a `facet`, chosen `sentences`, or all of them)."""
+class _QueryInputBase(BaseModel):
+    """What a query asks: a paper from the index (`paper_id`) or a text, and which of its sentences form the query
+    (a `facet`, chosen `sentences`, or all of them); or several `examples` and papers to `avoid`; the filters and
+    the rescorer's parameters (POST /query and POST /graph alike)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         # exactly one of paper_id / text; facet and sentences exclude each other
@@ -162,10 +177,6 @@ class _QueryRequestBase(BaseModel):
         None, description='rescorer parameters, e.g. {"tau": 0.5} for ot or {"d": 4} for asym')
     first_stage: FirstStageOptions = Field(None, description="first-stage options")
     with_sentences: bool = Field(False, description="include every sentence (and facet) of each hit")
-    format: Literal["json", "csv", "bibtex", "ris", "csl-json"] = Field(
-        "json", description="json (default): the result; csv, bibtex, ris or csl-json: the hits as a file to download "
-                            "(Content-Disposition: attachment), from their metadata and abstracts")
-    with_scores: bool = Field(False, description="an export (`format`) with each hit's rank, score and similarity")
     filters: list[Annotated[str, Field(min_length=1, max_length=1000)] | FilterCondition] = Field(
         None, max_length=64, description="metadata conditions the candidates must all satisfy, applied before ranking: "
                                          "grammar strings ('year>=2019', 'venue in (ACL, EMNLP)') or {key, op, value} objects")
@@ -204,10 +215,36 @@ class _QueryRequestBase(BaseModel):
         return {key: value for key, value in out.items() if value is not None}
 
 
+class _QueryRequestBase(_QueryInputBase):
+    """A query: a paper from the index (`paper_id`) or a text, and which of its sentences form the query
+    (a `facet`, chosen `sentences`, or all of them)."""
+
+    format: Literal["json", "csv", "bibtex", "ris", "csl-json"] = Field(
+        "json", description="json (default): the result; csv, bibtex, ris or csl-json: the hits as a file to download "
+                            "(Content-Disposition: attachment), from their metadata and abstracts")
+    with_scores: bool = Field(False, description="an export (`format`) with each hit's rank, score and similarity")
+
+
 #: the query: the hand-written fields above plus the settings a client may set (the table's HTTP fields:
 #: k, rescorer, bm25_weight, facet_penalty, ...), with the table's ranges and choices
 QueryRequest = create_model("QueryRequest", __base__=_QueryRequestBase, __module__=__name__,
                             __doc__=_QueryRequestBase.__doc__, **http_fields(""))
+
+
+class _GraphRequestBase(_QueryInputBase):
+    """A query's hits as a graph (esqbe.query.graph): what POST /query takes, at most MAX_GRAPH_HITS hits, as JSON,
+    GraphML or SVG."""
+
+    format: Literal[GRAPH_FORMATS] = Field(
+        "json", description="json (default): the graph (nodes, edges with their sentence pairs, groups, positions) and "
+                            "the query's result; graphml (Gephi, Cytoscape) or svg: a file to download")
+
+
+#: POST /graph: the query's fields, with k bounded by the graph's own limit (its pairs grow as k squared)
+GraphRequest = create_model(
+    "GraphRequest", __base__=_GraphRequestBase, __module__=__name__, __doc__=_GraphRequestBase.__doc__,
+    **{**http_fields(""), "k": (int, Field(http_fields("")["k"][1].default, ge=1, le=MAX_GRAPH_HITS, description=(
+        f"Number of hits: the graph's nodes, at most {MAX_GRAPH_HITS}")))})
 
 
 class Sentence(BaseModel):
@@ -255,7 +292,8 @@ class ScoreParts(BaseModel):
 
 
 class Hit(BaseModel):
-    rank: int
+    rank: int | None = Field(description="its place in the numbered ranking (1: the best); null for a likely version "
+                                         "of another paper (`likely_version_of`), listed after the numbered hits")
     paper_id: str
     title: str
     similarity: float | None = Field(description="the rescorer's own similarity: comparable across queries "
@@ -277,6 +315,11 @@ class Hit(BaseModel):
     band: Literal["strong", "fair", "weak"] | None = Field(None, description="the score's band on the response's "
                                                            "`scale` (null: no scale for this rescorer)")
     parts: ScoreParts | None = Field(None, description="what the score is made of")
+    likely_version_of: str | None = Field(None, description="the paper whose sentences this hit's nearly are (an "
+                                          "example's id, \"(text)\" or a better-ranked hit's): a likely version of it, "
+                                          "out of the numbered ranking; null otherwise")
+    version_overlap: float | None = Field(None, description="their sentence overlap (the smaller of each abstract's "
+                                          "mean best cosine with the other's sentences)")
     metadata: dict[str, Any] = Field(default_factory=dict,
                                      description="the paper's stored metadata (year, venue, authors, ids, ...)")
     sentences: list[LabelledSentence] | None = None
@@ -322,7 +365,7 @@ class QueryInfo(BaseModel):
 
 
 class SimilarityScale(BaseModel):
-    """Where a hit's similarity stands (esqbe.index.scale): this index's own matches, or the shipped fixed scale."""
+    """Where a hit's score stands (esqbe.index.scale): this index's own matches, or the shipped fixed scale."""
 
     source: Literal["index", "fixed", "none"] = Field(
         description="index: the similarities of the top-10 hits of facet queries by a sample of the index's own "
@@ -367,7 +410,99 @@ class QueryResponse(BaseModel):
                                              "(backend: the engine's own MaxSim with engine_facet_vectors; python; "
                                              "none), `why` in words, and how many candidates each scored "
                                              "(`in_backend`, `in_python`)")
+    notes: list[str] = Field(default_factory=list, description="what to know of this answer, in words: e.g. why it "
+                                                               "has fewer hits than the k asked")
     timings_ms: dict[str, float]
+
+
+class GraphPair(BaseModel):
+    source_index: int = Field(description="the source hit's sentence (index in its paper; -1: none)")
+    source_sentence: str | None
+    target_index: int = Field(description="the target hit's sentence (-1: none)")
+    target_sentence: str | None
+    cosine: float | None = Field(description="their cosine (with the soft-facet bias where the ranking has one)")
+
+
+class GraphNode(BaseModel):
+    """A hit of the query: its rank, score and band exactly as the list has them."""
+
+    id: str = Field(description="the hit's paper id")
+    rank: int
+    title: str
+    score: float
+    similarity: float | None
+    band: Literal["strong", "fair", "weak"] | None
+    percentile: float | None
+    year: int | None = Field(description="the paper's year, where its metadata has one")
+    group: int | None = Field(description="its group (an index into `groups`), null: in none")
+    x: float = Field(description="the seeded layout's position, 0..1")
+    y: float
+    degree: int = Field(description="how many edges it has in the graph")
+    sentences: list[int] = Field(description="how many of its sentences take part: as a query, as a candidate")
+    truncated: bool = Field(description="it has more sentences of the facet than a query may (64): the first took part")
+    metadata: dict[str, Any]
+
+
+class GraphEdge(BaseModel):
+    source: str
+    target: str
+    weight: float = Field(description="the rescorer's similarity each way, averaged: of the two papers alone")
+    band: Literal["strong", "fair", "weak"] | None = Field(description="where the weight stands on the index's scale")
+    forward: float = Field(description="the target's similarity to a query by the source's sentences")
+    backward: float = Field(description="the source's similarity to a query by the target's sentences")
+    pair: GraphPair = Field(description="the sentence pair that makes the edge: the one of highest cosine, either way")
+
+
+class GraphGroup(BaseModel):
+    id: int
+    size: int
+    members: list[str]
+    name: str = Field(description="the sentence its members share most (a member's, closest on average to the rest)")
+    name_paper: str
+    name_index: int
+
+
+class GraphAnchor(BaseModel):
+    """One of the query's examples or papers to avoid, marked in the drawing (not a hit)."""
+
+    id: str
+    role: Literal["example", "avoid"]
+    paper_id: str | None = Field(description="null: a pasted text")
+    title: str
+    facet: str | None
+    x: float
+    y: float
+
+
+class GraphAnchorLink(BaseModel):
+    anchor: str
+    target: str
+    weight: float = Field(description="the hit's own similarity to the example or paper to avoid (as the list has it)")
+    band: Literal["strong", "fair", "weak"] | None
+
+
+class GraphResponse(BaseModel):
+    """A query's hits as a graph (esqbe.query.graph), `esqbe graph --json`'s shape."""
+
+    version: int
+    query: QueryInfo
+    rescorer: str
+    similarity: str = Field(description="what an edge's forward and backward similarities are")
+    scale: SimilarityScale | None
+    edge_rule: dict[str, Any] = Field(description="which edges are kept, in words (`rule`) and figures")
+    nodes: list[GraphNode] = Field(description="exactly the query's numbered hits, in their order")
+    edges: list[GraphEdge]
+    groups: list[GraphGroup]
+    grouping: dict[str, Any] = Field(description="whether the hits split into groups (`status`: grouped, too_few, "
+                                                 "no_split), why in words (`note`), and the figures")
+    anchors: list[GraphAnchor]
+    anchor_links: list[GraphAnchorLink]
+    layout: dict[str, Any]
+    result: QueryResponse = Field(description="the query's result, in POST /query's shape")
+    timings_ms: dict[str, float]
+    versions: list[dict[str, Any]] = Field(default_factory=list, description="the hits that are likely versions of "
+                                           "an example or of a node (`id`, `likely_version_of`, `version_overlap`): "
+                                           "in `result`, not drawn")
 
 
 class FacetQuery(QuerySelection):

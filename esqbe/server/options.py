@@ -57,12 +57,15 @@ class ServeOptions(BaseModel):
     #: once warm, keep everything allocated so far (the model, the index's structures, the libraries) out of the garbage
     #: collector's walks (gc.freeze): a full collection then walks only what requests allocated since. At hard 1M
     #: a full walk of a warm server's ~270K objects took 120-131 ms, 3 times in 1,000 queries, holding every
-    #: thread (docs/performance.md, session 16). Process-wide, so `esqbe serve` sets it for its own process; an app
+    #: thread (docs/performance.md). Process-wide, so `esqbe serve` sets it for its own process; an app
     #: mounted in another one leaves that process's collector alone unless asked
     freeze_gc: bool = False
     #: where readers reach the server (its page), e.g. https://papers.example.org/esqbe/ behind a proxy: a feed entry
     #: of a paper with no DOI or URL links to the paper on this page. None: http://HOST:PORT/ on loopback
     public_url: str | None = Field(None, max_length=2000)
+    #: run `esqbe follow run` (every followed source, then every watch) every this many seconds, on the writer's thread
+    #: (esqbe.server.schedule); None: never (`esqbe follow run` from cron or a timer does it)
+    follow_every: float | None = Field(None, ge=1, le=30 * 86_400)
 
     @field_validator("public_url")
     @classmethod

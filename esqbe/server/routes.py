@@ -1,11 +1,11 @@
-"""The HTTP routes: `make_router(service, options)` answers `/`, `/health`, `/proof`, `/stats`, `/query`, `/papers/{id}`,
-`/search`, `POST /rerank`, `POST /papers` and `DELETE /papers/{id}` by handing the work (esqbe.server.work) to the service's
-threads; `create_app` includes the router."""
+"""The HTTP routes: `make_router(service, options)` answers `/`, `/health`, `/proof`, `/stats`, `/query`, `/graph`,
+`/papers/{id}`, `/search`, `POST /rerank`, `POST /papers` and `DELETE /papers/{id}` by handing the work
+(esqbe.server.work) to the service's threads; `create_app` includes the router."""
 from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 from urllib.parse import quote
 
@@ -18,6 +18,7 @@ from ..core.filters import FilterError
 from ..errors import EsqbeError
 from ..index.rerank import FALLBACKS, rerank_bounds
 from ..query.export import EXPORT_FORMATS, export_hits, file_name, media_type
+from ..query.graph_formats import MEDIA_TYPES as GRAPH_MEDIA
 from ..query.search import query_texts
 from .discovery import INDEX_HEADER, NONCE_PATTERN, PROOF_PATH, proof
 from .errors import ApiError, _errors, _public, api_error, log
@@ -26,6 +27,8 @@ from .middleware import _PAGE_HEADERS, JSON_LINES_TYPES, _token_ok, _type_messag
 from .models import (
     DeleteResponse,
     FacetMode,
+    GraphRequest,
+    GraphResponse,
     Health,
     InputFormat,
     Paper,
@@ -39,9 +42,11 @@ from .models import (
     WatchRequest,
 )
 from .options import ServeOptions, is_loopback
+from .schedule import FollowSchedule
 from .service import Service
 from .work import (
     _delete,
+    _graph,
     _health,
     _paper_page,
     _parse_papers,
@@ -51,12 +56,13 @@ from .work import (
     _stats,
     _write_papers,
     check_path_filters,
+    hide_source_paths,
 )
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
-def make_router(service: Service, options: ServeOptions) -> APIRouter:
+def make_router(service: Service, options: ServeOptions, schedule: FollowSchedule | None = None) -> APIRouter:
     #: POST /rerank answers given another way than asked, by FALLBACKS key (GET /stats: server.rerank.fallbacks)
     rerank_fallbacks: dict[str, int] = {}
     """The page and the API over `service`, under `options` (limits, words, engine_filter rules)."""
@@ -128,22 +134,28 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
     async def stats() -> dict[str, Any]:
         """Papers, sentences per facet, model and size of the index, and the server's own state."""
         out = await reads(_stats)
-        if not options.show_paths:  # the index's name, not where it lives
+        if not options.show_paths:  # the index's and the model's names, not where they live
             if "path" in out:
                 out["path"] = Path(str(out["path"])).name
+            if isinstance(out.get("model_source"), str):  # a directory the model was loaded from; a package, hub name kept
+                out["model_source"] = location_name(out["model_source"])
             out.pop("url", None)
             reranker = out.get("reranker")
             if isinstance(reranker, dict):  # where the cluster reaches this server; why the cluster would not say
                 reranker.pop("calls", None)
                 if "unknown" in reranker:
                     reranker["unknown"] = _public(200, reranker["unknown"])
+            for source in out.get("follow") or []:  # a library's or folder's name, not where it lives
+                hide_source_paths(source)
         out["server"] = {"readers": len(service.readers), "writes_queued": service.writer.pending if service.writer else 0,
                          "uptime_s": round(time.time() - service.started_at, 1), "ready": service.ready.is_set(),
-                         # POST /rerank (issue 39): always answered, behind the write perimeter; its bounds
+                         # POST /rerank: always answered, behind the write perimeter; its bounds
                          "rerank": {"enabled": True, "token_required": bool(options.token),
                                     "request_timeout_s": options.request_timeout, **rerank_bounds(),
                                     "fallbacks": dict(rerank_fallbacks),
-                                    "max_text_sentences": options.max_query_sentences}}
+                                    "max_text_sentences": options.max_query_sentences},
+                         # `--follow-every`: the schedule of `esqbe follow run` (each source's own state: `follow`)
+                         "follow": schedule.status() if schedule is not None else None}
         return out
 
     @router.post("/query", response_model=QueryResponse, tags=["search"],
@@ -170,7 +182,29 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         response.headers.update(which)
         return out
 
-    def checked_query(req: QueryRequest):
+    @router.post("/graph", response_model=GraphResponse, tags=["search"],
+                 responses={**_errors(400, 404, 409, 413, 422, 503, 504),
+                            200: {"content": {GRAPH_MEDIA[f]: {"schema": {"type": "string"}} for f in ("graphml", "svg")}}})
+    async def graph(req: GraphRequest, request: Request, response: Response):
+        """The hits of a query (what POST /query takes; k at most 100) as a graph: edges by the rescorer's similarity
+        between each two hits in the query's facet, groups where the hits split, a seeded layout; JSON, or GraphML
+        (Gephi, Cytoscape) or SVG as a file (`format`)."""
+        check_engine_filter(request, req.engine_filter)
+        if not options.show_paths:
+            check_path_filters(req.filters)
+        deadline = Deadline(options.request_timeout)
+        text, examples, overrides = checked_query(req)
+        try:
+            out = await service.read(_graph, req, examples if examples is not None else text, overrides,
+                                     options.show_paths, deadline=deadline, request=request)
+        except EsqbeError as e:
+            raise api_error(e) from None
+        if isinstance(out, str):
+            return Response(out, media_type=GRAPH_MEDIA[req.format], headers={
+                "Content-Disposition": f'attachment; filename="esqbe-graph.{req.format}"'})
+        return out
+
+    def checked_query(req):
         """A query's (or a watch's) free texts split and counted before any work, all together at most the server's
         `max_query_sentences`, each text whole whichever sentences it chooses (esqbe.query.search.query_texts; 413),
         the sentences chosen bounded too: (the text's sentences, the examples with theirs, the settings overrides).
@@ -333,6 +367,14 @@ def make_router(service: Service, options: ServeOptions) -> APIRouter:
         return {"results": out["results"], "unknown": out["unknown"]}
 
     return router
+
+
+def location_name(location: str) -> str:
+    """A model's location as a client of a server that hides paths sees it: a directory (absolute, on this system or
+    a Windows one) by its own name; an installed package's or a hub model's name as it is."""
+    if PurePosixPath(location).is_absolute() or PureWindowsPath(location).is_absolute():
+        return PureWindowsPath(location).name if "\\" in location else PurePosixPath(location).name
+    return location
 
 
 def write_endpoints() -> list[str]:

@@ -230,7 +230,19 @@ class Service:
         if self.writer.pending >= self.options.max_queued_writes:
             raise ApiError(503, f"the writer is busy ({self.writer.pending} writes queued); retry shortly",
                            headers={"Retry-After": "5"})
+        locked = self._locked(fn, deadline)
+        try:
+            if deadline is None:
+                return await asyncio.wrap_future(self.writer.submit(locked, *args))
+            return await self._wait(self.writer.submit(locked, *args), deadline, request, "the write")
+        except WriteLockBusy as e:
+            raise ApiError(503, f"another writer (pid {e.holder}) has held the index's write lock for over "
+                                f"{self.options.write_lock_timeout:g}s; retry later",
+                           headers={"Retry-After": str(max(1, round(self.options.write_lock_timeout)))}) from None
 
+    def _locked(self, fn: Callable, deadline: Deadline | None) -> Callable:
+        """`fn` as the writer's thread runs it: one write at a time, the backend's write lock taken (a bounded wait for
+        another writer's) and given back after, under `deadline` where there is one."""
         def locked(index, *a):
             with self.write_lock:
                 if deadline is not None:
@@ -244,15 +256,14 @@ class Service:
                     end = getattr(index.backend, "end_write", None)  # the embedded write lock is not held while idle
                     if end is not None:
                         end()
+        return locked
 
-        try:
-            if deadline is None:
-                return await asyncio.wrap_future(self.writer.submit(locked, *args))
-            return await self._wait(self.writer.submit(locked, *args), deadline, request, "the write")
-        except WriteLockBusy as e:
-            raise ApiError(503, f"another writer (pid {e.holder}) has held the index's write lock for over "
-                                f"{self.options.write_lock_timeout:g}s; retry later",
-                           headers={"Retry-After": str(max(1, round(self.options.write_lock_timeout)))}) from None
+    def submit_write(self, fn: Callable, *args) -> Future:
+        """`fn(index, *args)` on the writer's thread, one write at a time as `write` runs them, asked from a thread
+        that is not the event loop's (the follow schedule, esqbe.server.schedule): its Future."""
+        self.start()
+        assert self.writer is not None  # start() made it
+        return self.writer.submit(self._locked(fn, None), *args)
 
     def close(self) -> None:
         with self._lock:

@@ -15,7 +15,7 @@ from ..index.merge import Merger
 from ..index.reports import IndexReport
 from ..ingest.library import sniff_format
 from ..ingest.readers import ReadReport, read_papers
-from ..query.results import PATH_KEYS, file_names_only
+from ..query.results import PATH_KEYS, file_names_only, without_record_hashes
 from ..query.results import finite as _finite
 from ..query.results import jsonable as _jsonable
 from ..query.results import sentences_json as _sentences
@@ -27,7 +27,7 @@ from .models import PapersRequest, QueryRequest
 
 def _paper_out(paper, show_paths: bool = False) -> dict:
     """A paper as the server answers it: attachment paths as file names unless the operator shows paths."""
-    metadata = dict(paper.metadata) if show_paths else file_names_only(paper.metadata)
+    metadata = without_record_hashes(dict(paper.metadata) if show_paths else file_names_only(paper.metadata))
     predicted = bool(metadata.pop("facets_predicted", False))
     return {"paper_id": paper.paper_id, "title": paper.title, "sentences": _sentences(paper),
             "facets_predicted": predicted, "metadata": _jsonable(metadata)}
@@ -48,17 +48,7 @@ def _run_query(index: Index, req: QueryRequest, text, overrides: dict, show_path
     """The query's result in the one JSON shape (esqbe.query.results), as the client named its word vectors,
     with the total time; the hits' attachment paths as file names unless `show_paths`."""
     t0 = time.perf_counter()
-    filters = [f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in req.filters or []]
-    if req.examples is not None or req.avoid:  # a query of several examples (texts already split: `text`)
-        examples = text if req.examples is not None else [
-            {"paper_id": req.paper_id, "facet": req.facet, "sentences": req.sentences}
-            if req.paper_id is not None else {"text": text, "title": req.title, "facet": req.facet, "sentences": req.sentences}]
-        avoid = [a.model_dump(exclude_none=True) for a in req.avoid or []]
-        result = index.query(examples=[{k: v for k, v in e.items() if v is not None} for e in examples], avoid=avoid,
-                             facet=req.facet, filters=filters or None, engine_filter=req.engine_filter, **overrides)
-    else:
-        result = index.query(req.paper_id, facet=req.facet, sentences=req.sentences, text=text, title=req.title,
-                             filters=filters or None, engine_filter=req.engine_filter, **overrides)
+    result = index.query(**_query_arguments(req, text), **overrides)
     exporting = req.format != "json"  # an export carries each hit's abstract
     papers = index.get([h.paper_id for h in result.hits]) if req.with_sentences or exporting else None
     out = result.to_dict(papers)
@@ -68,6 +58,39 @@ def _run_query(index: Index, req: QueryRequest, text, overrides: dict, show_path
     out["rescorer_params"] = _named_words(out["rescorer_params"], req)
     out["timings_ms"]["total"] = round(1000 * (time.perf_counter() - t0), 2)
     return out
+
+
+def _query_arguments(req, text) -> dict:
+    """The arguments of `Index.query` (and `Index.graph`) for a POST /query (/graph, /watches) body; `text`: its text's
+    sentences, or its examples with their texts split (the route's `checked_query`)."""
+    filters = [f if isinstance(f, str) else f.model_dump(exclude_none=True) for f in req.filters or []]
+    if req.examples is not None or req.avoid:  # a query of several examples (texts already split: `text`)
+        examples = text if req.examples is not None else [
+            {"paper_id": req.paper_id, "facet": req.facet, "sentences": req.sentences}
+            if req.paper_id is not None else {"text": text, "title": req.title, "facet": req.facet, "sentences": req.sentences}]
+        return {"examples": [{k: v for k, v in e.items() if v is not None} for e in examples],
+                "avoid": [a.model_dump(exclude_none=True) for a in req.avoid or []], "facet": req.facet,
+                "filters": filters or None, "engine_filter": req.engine_filter}
+    return {"paper_id": req.paper_id, "facet": req.facet, "sentences": req.sentences, "text": text, "title": req.title,
+            "filters": filters or None, "engine_filter": req.engine_filter}
+
+
+def _graph(index: Index, req, text, overrides: dict, show_paths: bool = False) -> dict | str:
+    """POST /graph's answer: the query's hits as a graph (esqbe.query.graph), in its JSON shape, or as the GraphML or
+    SVG file `req.format` asks for (made here, off the event loop); paths as file names unless `show_paths`."""
+    from ..query.graph_formats import render
+
+    t0 = time.perf_counter()
+    graph = index.graph(**_query_arguments(req, text), **overrides)
+    papers = index.get([h.paper_id for h in graph.result.hits]) if req.with_sentences else None
+    out = graph.to_dict(papers)
+    if not show_paths:
+        for item in (*out["result"]["hits"], *out["nodes"]):
+            item["metadata"] = file_names_only(item["metadata"])
+    out["result"]["rescorer_params"] = _named_words(out["result"]["rescorer_params"], req)
+    out["result"]["timings_ms"]["total"] = out["timings_ms"]["query"]  # the query's own part, as POST /query says it
+    out["timings_ms"]["total"] = round(1000 * (time.perf_counter() - t0), 2)
+    return out if req.format == "json" else render(out, req.format)
 
 
 def check_path_filters(filters) -> None:
@@ -85,7 +108,7 @@ def check_path_filters(filters) -> None:
                                 "(`esqbe serve --show-paths` for an operator's own server)")
 
 
-def _named_words(params: dict, req: QueryRequest) -> dict:
+def _named_words(params: dict, req) -> dict:
     """The parameters as the client gave them: a `words` name, not the server's directory behind it."""
     given: dict = req.rescorer_params.model_dump(exclude_unset=True) if req.rescorer_params is not None else {}
     return {**params, "words": given["words"]} if "words" in given and "words" in params else params
@@ -234,7 +257,40 @@ def _stats(index: Index) -> dict:
     reranker = engine_reranker_status(index)
     if reranker is not None:
         out["reranker"] = reranker
+    out["follow"] = _followed(index)
     return out
+
+
+def _followed(index: Index) -> list[dict]:
+    """The followed sources (`esqbe follow`) with their mark and their last run's counts and error, as the index keeps
+    them (whoever ran them: this server's schedule, or `esqbe follow run`); [] where the backend keeps none."""
+    from ..errors import BackendError
+    from ..index.follow import FollowsUnsupportedError, list_sources
+
+    try:
+        sources = list_sources(index)
+    except FollowsUnsupportedError:
+        return []
+    except BackendError as e:  # the sources' store cannot be read now: said here, the index's counts still answered
+        return [{"error": f"the followed sources cannot be read: {e}"}]
+    return [_jsonable({k: v for k, v in s.to_dict().items() if k != "state"}) for s in sources]
+
+
+def hide_source_paths(source: dict) -> None:
+    """A followed source as a client of a server that hides paths sees it: a Zotero database's or a folder's name, not
+    where it lives; the last error without paths or URLs (esqbe.server.errors)."""
+    from pathlib import Path
+
+    from .errors import _redact
+
+    if source.get("kind") in ("zotero", "dir"):
+        source["target"] = Path(str(source.get("target") or "")).name
+        source["spec"] = f"{source['kind']}:{source['target']}"
+    last = source.get("last")
+    if isinstance(last, dict) and last.get("error"):
+        last["error"] = _redact(str(last["error"]))
+    if source.get("error"):
+        source["error"] = _redact(str(source["error"]))
 
 
 def _health(index: Index) -> str:

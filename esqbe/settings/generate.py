@@ -1,7 +1,8 @@
 """What the settings table (esqbe.settings.table) makes: the click options of each command, the overrides a
 command line or a POST /query body gives, the pydantic fields of the HTTP query model, the `esqbe eval csfcube`
-command line of a configuration, and the README's settings table (`python -m esqbe.settings.generate --markdown`,
-`--write README.md` to replace the table between its markers)."""
+command line of a configuration, and the settings reference in docs/settings.md: every key with its default as a
+config file holds it, and each setting's names on every skin (`python -m esqbe.settings.generate --markdown`;
+`--write docs/settings.md` replaces both between their markers)."""
 from __future__ import annotations
 
 import json
@@ -12,8 +13,10 @@ from typing import Any
 
 from .table import BY_NAME, SETTINGS, Setting
 
-README_START = "<!-- settings-table:start -->"
-README_END = "<!-- settings-table:end -->"
+#: the markers around the generated parts of docs/settings.md
+TABLE_START, TABLE_END = "<!-- settings-table:start -->", "<!-- settings-table:end -->"
+YAML_START, YAML_END = "<!-- settings-yaml:start -->", "<!-- settings-yaml:end -->"
+REFERENCE = "docs/settings.md"
 
 
 # ---------------------------------------------------------------------------------------------------- the CLI
@@ -269,15 +272,21 @@ def command_line(config: dict, data_dir: str = "../shared/data/csfcube-dev") -> 
 
 # ---------------------------------------------------------------------------------------------------- docs
 GROUP_TITLES = {"where": "Where the index lives", "encoding": "Encoding", "indexing": "Indexing",
-                "query": "Querying"}
+                "query": "Querying", "follow": "Following sources (`esqbe follow`)", "serving": "Serving (`esqbe serve`)"}
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _allowed(s: Setting) -> str:
+    if s.choices is not None:
+        return "registered rescorers" if callable(s.choices) else " | ".join(s.choices)
+    return _bounds(s)
+
+
 def markdown_table() -> str:
-    """The README's settings table: every setting with its config key, type, default, range or choices,
+    """The settings reference's table: every setting with its config key, type, default, range or choices,
     environment variable, CLI flag (and the commands that take it), HTTP field and help."""
     lines = []
     for group, title in GROUP_TITLES.items():
@@ -287,39 +296,61 @@ def markdown_table() -> str:
         for s in SETTINGS:
             if s.group != group:
                 continue
-            if s.choices is not None:
-                allowed = "registered rescorers" if callable(s.choices) else " | ".join(s.choices)
-            else:
-                allowed = _bounds(s)
             http = f"`{s.http}`" if s.http else ""
             if s.http and s.http_max is not None:
                 http += f" (≤ {s.http_max:g})"
             flag = f"`{s.flag}`" + (f" ({', '.join(sorted(s.commands))})" if s.commands else "") if s.flag else ""
             default = "" if s.default is None else f"`{json.dumps(s.default)}`" if s.type is dict else f"`{_show(s.default)}`"
             lines.append("| " + " | ".join(_cell(c) for c in (
-                f"`{s.name}`", s.type.__name__, default, allowed, f"`{s.env}`" if s.env else "", flag, http, s.help)) + " |")
+                f"`{s.name}`", s.type.__name__, default, _allowed(s), f"`{s.env}`" if s.env else "", flag, http,
+                s.help)) + " |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
 
-def readme_with_table(text: str) -> str:
-    """`text` (the README) with the generated table between its markers."""
-    start, end = text.index(README_START) + len(README_START), text.index(README_END)
-    return text[:start] + "\n" + markdown_table() + text[end:]
+def _yaml_value(value) -> str:
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, dict):
+        return json.dumps(value)  # JSON's flow mapping is YAML too
+    return str(value)
+
+
+def yaml_block() -> str:
+    """Every key with its default, as a config file holds it (a ```yaml block), its choices or range beside it."""
+    rows = [(f"{s.name}: {_yaml_value(s.default)}", " | ".join(s.choice_list() or ()) or _bounds(s)) for s in SETTINGS]
+    width = max(len(key) for key, _ in rows) + 2
+    body = "\n".join(f"{key:<{width}}# {allowed}" if allowed else key for key, allowed in rows)
+    return f"```yaml\n{body}\n```\n"
+
+
+def _between(text: str, start: str, end: str, content: str) -> str:
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{content}{end}{tail}"
+
+
+def with_reference(text: str) -> str:
+    """`text` (docs/settings.md) with the generated YAML block and table between their markers."""
+    return _between(_between(text, YAML_START, YAML_END, yaml_block()), TABLE_START, TABLE_END, markdown_table())
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--markdown"]:
-        sys.stdout.write(markdown_table())
+        sys.stdout.write(yaml_block() + "\n" + markdown_table())
         return 0
     if argv[:1] == ["--write"] and len(argv) == 2:
         with open(argv[1], encoding="utf-8") as f:
             text = f.read()
+        missing = [m for m in (YAML_START, YAML_END, TABLE_START, TABLE_END) if m not in text]
+        if missing:
+            sys.stderr.write(f"{argv[1]} lacks the markers {', '.join(missing)}: the reference is {REFERENCE}\n")
+            return 2
         with open(argv[1], "w", encoding="utf-8") as f:
-            f.write(readme_with_table(text))
+            f.write(with_reference(text))
         return 0
-    sys.stderr.write("usage: python -m esqbe.settings.generate --markdown | --write README.md\n")
+    sys.stderr.write(f"usage: python -m esqbe.settings.generate --markdown | --write {REFERENCE}\n")
     return 2
 
 
@@ -328,4 +359,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["BY_NAME", "click_options", "command_line", "http_fields", "markdown_table", "overrides_from_click",
-           "overrides_from_http"]
+           "overrides_from_http", "with_reference", "yaml_block"]

@@ -15,20 +15,6 @@ _ID_KEYS = {"s2orc": "paper_id", "csfcube": "paper_id", "csabstruct": "paper_id"
             "s2ag-abstracts": "corpusid", "s2ag-s2orc": "corpusid"}
 
 
-def _open_lines(source, stack):
-    """(name, iterator of raw lines) for a path (gzip detected by content), `-` (stdin) or a stream."""
-    import gzip
-
-    if isinstance(source, str) and source == "-":
-        return "<stdin>", iter(getattr(sys.stdin, "buffer", sys.stdin))
-    if hasattr(source, "read"):
-        return str(getattr(source, "name", "<stream>")), iter(source)
-    f = stack.enter_context(open(source, "rb"))
-    if f.peek(2)[:2] == b"\x1f\x8b":
-        f = stack.enter_context(gzip.open(f, "rb"))
-    return str(source), iter(f)
-
-
 def _record_id(raw, fmt: str | None):
     """Best-effort paper id of a line that yielded no paper, so its output line can still be matched up."""
     try:
@@ -53,12 +39,19 @@ def _records(lines, name: str, fmt: str | None, strict: bool, summary: dict):
     import io
 
     from ..ingest.formats import detect_format
-    from ..ingest.readers import InputError, ReadReport, read_papers
+    from ..ingest.readers import InputError, LongLine, ReadReport, read_papers
 
     for lineno, raw_line in enumerate(lines, start=1):
         if not raw_line.strip():
             continue
         summary["records"] += 1
+        if isinstance(raw_line, LongLine):  # past max_line_bytes: read no further than the bound, never parsed
+            error = InputError(name, lineno, "line", raw_line.reason())
+            if strict:
+                raise error
+            summary["errors"].append(str(error))
+            yield "other", {"paper_id": None, "sentences": [], "facets": [], "error": str(error)}
+            continue
         if fmt is None:  # detected once, from the first parseable record, as read_papers does
             try:
                 first = json.loads(raw_line)
@@ -89,18 +82,22 @@ def _records(lines, name: str, fmt: str | None, strict: bool, summary: dict):
 
 
 def tag_file(source, out, *, format: str | None = None, raw: bool = False, tagger: FacetTagger | None = None,
-             encoder=None, strict: bool = False, chunk_size: int = 256, progress: bool = False) -> dict:
+             encoder=None, strict: bool = False, chunk_size: int = 256, progress: bool = False,
+             max_line_bytes: int | None = None) -> dict:
     """Tag every abstract of `source` and write JSONL `{"paper_id","title","sentences","facets"}`.
 
     One output line per input record (non-blank line), in input order, so outputs line up with
     inputs: a record without an abstract gets `"sentences": [], "facets": [], "skipped": "no abstract"`,
     and (unless `strict`, which raises) a bad line gets `"error": "file:line: field: reason"`.
-    `source` is a path (gzip or not), `-` (stdin) or a stream; `out` a path, `-` (stdout) or a stream.
+    `source` is a path (gzip or not), `-` (stdin) or a stream, read a line at a time under `max_line_bytes` (a
+    longer line is a bad line; None: esqbe.ingest.readers.MAX_LINE_BYTES); `out` a path, `-` (stdout) or a stream.
     A path is written aside and renamed at the end, so a failed run leaves no half-written file.
     Returns a summary with counts per label.
     """
     import collections
     from contextlib import ExitStack
+
+    from ..ingest.readers import open_lines
 
     if tagger is None:
         tagger = FacetTagger.load(encoder=encoder)
@@ -127,7 +124,7 @@ def tag_file(source, out, *, format: str | None = None, raw: bool = False, tagge
     tmp = Path(str(out) + ".tmp") if to_path else None
     try:
         with ExitStack() as stack:
-            name, lines = _open_lines(source, stack)
+            name, lines = open_lines(source, stack, max_line_bytes)
             sink = (stack.enter_context(open(tmp, "w", encoding="utf-8")) if tmp is not None
                     else (sys.stdout if isinstance(out, str) else out))
             pending, n_papers = [], 0

@@ -1,4 +1,4 @@
-"""The tagger's own transformer layers on ONNX Runtime, for encoders that run there (issue 22).
+"""The tagger's own transformer layers on ONNX Runtime, for encoders that run there.
 
 Why: with an ONNX encoder (`onnx`, `onnx-int8`, the CPU default under `auto`) the encoder's int8 pass costs a
 fraction of PyTorch's, and the tagger's copied top layers, left in fp32 PyTorch, became the larger part of

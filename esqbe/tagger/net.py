@@ -158,7 +158,7 @@ def _group_tokens(hidden, valid, spans: Sequence[Sequence[tuple[int, int]]], str
     everything else (the title, separators, padding) is dropped, as `_hide_title` masks the title. Returns the
     grouped (B, T', d) states, their validity and each sentence's span in group positions ((0, 0) stays (0, 0)).
 
-    Why (issue 22): the copied layers' arithmetic grows with the row's length, and they were most of tagging's
+    Why: the copied layers' arithmetic grows with the row's length, and they were most of tagging's
     cost (two int8 layers over every token: ~12 ms CPU a paper against ~31 ms for the encoder's six); a
     sentence's label needs its gist, not each wordpiece. The lower states are frozen, so this is no part of
     what is trained, and the same function runs at training and at indexing time."""
@@ -198,7 +198,7 @@ def _mean_pool_numpy(x, spans: Sequence[Sequence[tuple[int, int]]]) -> list:
     """Each sentence's mean token vector, per row, in numpy on the calling thread: the same as `sentence_vectors`'
     batched product (to float rounding), without torch's BLAS threads. Beside an ONNX encoder whose rows run on
     both cores, that small product waited ~20 ms a row for a core for its second thread: it cost as much as the
-    tagger's layers (issue 22). (0, 0) spans (a sentence truncated away) pool to zeros, as there."""
+    tagger's layers. (0, 0) spans (a sentence truncated away) pool to zeros, as there."""
     torch = _torch()
     hidden = x.detach().cpu().float().numpy()
     out = []

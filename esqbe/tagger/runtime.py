@@ -98,7 +98,7 @@ class TagListener:
 
     def _probabilities(self, papers: Sequence[Paper]) -> list:
         """(n_sentences, 5) probabilities per paper; None for a paper without sentences. Computed once per
-        listener for the same papers: indexing asks for the labels, then the soft labels (issue 22)."""
+        listener for the same papers: indexing asks for the labels, then the soft labels."""
         key = [(p.paper_id, len(p.sentences)) for p in papers]
         if self._memo is not None and self._memo[0] == key:
             return self._memo[1]
@@ -188,7 +188,7 @@ class FacetTagger:
     @property
     def temperature(self) -> float:
         """The temperature its probabilities are computed at (fitted on held-out abstracts by `esqbe train-tagger`,
-        esqbe.tagger.calibrate; 1.0 for weights made before issue 42): softmax(logits / T)."""
+        esqbe.tagger.calibrate; 1.0 for weights that record none): softmax(logits / T)."""
         t = float(self.meta.get("temperature", 1.0))
         if not 0.01 <= t <= 100.0:  # a file's value, checked before it divides anything
             raise DataError(f"{self.path}: tagger temperature {t!r} is outside 0.01..100")

@@ -45,8 +45,8 @@ POOL = "mean"
 
 
 #: tokens averaged per group within a sentence before the copied layers (1: every token; `net._group_tokens`):
-#: 4 for the shipped MiniLM tagger (issue 22: dev macro-F1 69.35 against 68.84 with every token, at a quarter
-#: of the copied layers' arithmetic; docs/results.md, Session 8)
+#: 4 for the shipped MiniLM tagger (dev macro-F1 69.35 against 68.84 with every token, at a quarter
+#: of the copied layers' arithmetic; docs/results.md)
 STRIDE = 4
 
 
@@ -258,7 +258,7 @@ def train_tagger(
     meta = {
         "format": TAGGER_FORMAT,
         # the fitted temperature is recorded, not applied: ranking with the calibrated probabilities was measured no
-        # better (docs/tagger.md, issue 42); `esqbe train-tagger --calibrate FILE` applies it
+        # better (docs/tagger.md); `esqbe train-tagger --calibrate FILE` applies it
         "calibration": calibration,
         "encoder": info,
         "input_layer": input_layer,

@@ -95,7 +95,7 @@ def compact_weights(src, dst, encoder=None) -> dict:
 def _rebuilt_path(path, encoder) -> Path | None:
     """Where the weights rebuilt from `path` on `encoder` are kept: beside the encoder's ONNX export, keyed by the
     file's bytes and the encoder's fingerprint (which covers its weights); None for other runtimes, which load the
-    PyTorch model anyway. With it, an ONNX runtime tags without loading the PyTorch weights at all (issue 22)."""
+    PyTorch model anyway. With it, an ONNX runtime tags without loading the PyTorch weights at all."""
     import hashlib
 
     runner_path = getattr(getattr(encoder, "_runner", None), "path", None)

@@ -1,5 +1,5 @@
-"""A canned engine that also keeps esqbe's companion watch index the way an engine keeps documents (sequence numbers,
-`op_type=create`, optimistic concurrency), for the watch tests."""
+"""A canned engine that also keeps esqbe's companion watch and follow indexes the way an engine keeps documents
+(sequence numbers, `op_type=create`, optimistic concurrency), for the watch and follow tests."""
 from __future__ import annotations
 
 import json
@@ -21,13 +21,25 @@ class WatchingEngine(CannedEngine):
         super().__init__(engine, version)
         self.watch_docs: dict[str, tuple[dict, int]] = {}  # id -> (source, seq_no)
         self.watch_definition: dict | None = None
+        self.follow_docs: dict[str, tuple[dict, int]] = {}  # `<index>-esqbe-follows`, kept the same way
+        self.follow_definition: dict | None = None
         self.seq_no = 0
         self.before_write: dict[str, list] = defaultdict(list)
         self.after_write: dict[str, list] = defaultdict(list)
 
     @staticmethod
     def _is_watch(segs) -> bool:
-        return bool(segs) and segs[0].endswith("-esqbe-watches")
+        return bool(segs) and segs[0].endswith(("-esqbe-watches", "-esqbe-follows"))
+
+    @staticmethod
+    def _kind(segs) -> str:
+        return "follow" if segs[0].endswith("-esqbe-follows") else "watch"
+
+    def _docs(self, segs) -> dict[str, tuple[dict, int]]:
+        return self.follow_docs if self._kind(segs) == "follow" else self.watch_docs
+
+    def _definition(self, segs) -> dict | None:
+        return self.follow_definition if self._kind(segs) == "follow" else self.watch_definition
 
     def _conflict(self, reason: str):
         return 409, {"error": {"root_cause": [{"type": "version_conflict_engine_exception", "reason": reason}],
@@ -40,10 +52,10 @@ class WatchingEngine(CannedEngine):
         if not self._is_watch(segs):
             return super()._index(method, segs, record)
         if method == "PUT":
-            if self.watch_definition is not None:
+            if self._definition(segs) is not None:
                 reason = f"index [{segs[0]}/canned] already exists"
                 return 400, {"error": {"type": "resource_already_exists_exception", "reason": reason}, "status": 400}
-            self.watch_definition = record["lines"][0]
+            setattr(self, f"{self._kind(segs)}_definition", record["lines"][0])
             return 200, {"acknowledged": True, "shards_acknowledged": True, "index": segs[0]}
         return 405, {"error": "unexpected"}
 
@@ -61,10 +73,11 @@ class WatchingEngine(CannedEngine):
     def _doc(self, method, segs, record):
         if not self._is_watch(segs):
             return super()._doc(method, segs, record)
-        if self.watch_definition is None:
+        if self._definition(segs) is None:
             return self._missing(segs[0])
+        docs = self._docs(segs)
         name, params = segs[2], record["params"]
-        stored = self.watch_docs.get(name)
+        stored = docs.get(name)
         if method == "GET":
             if stored is None:
                 return 404, {"_index": segs[0], "_id": name, "found": False}
@@ -72,11 +85,11 @@ class WatchingEngine(CannedEngine):
                          "_primary_term": 1, "found": True, "_source": json.loads(json.dumps(stored[0]))}
         for hook in self.before_write.pop(name, []):
             hook()
-            stored = self.watch_docs.get(name)
+            stored = docs.get(name)
         if method == "DELETE":
             if stored is None:
                 return 404, {"_index": segs[0], "_id": name, "result": "not_found"}
-            del self.watch_docs[name]
+            del docs[name]
             return 200, {"_index": segs[0], "_id": name, "result": "deleted"}
         if params.get("op_type") == "create" and stored is not None:
             return self._conflict(f"[{name}]: version conflict, document already exists (current version [1])")
@@ -85,7 +98,7 @@ class WatchingEngine(CannedEngine):
                 return self._conflict(f"[{name}]: version conflict, required seqNo [{params['if_seq_no']}], primary "
                                       f"term [{params['if_primary_term']}]")
         self.seq_no += 1
-        self.watch_docs[name] = (record["lines"][0], self.seq_no)
+        docs[name] = (record["lines"][0], self.seq_no)
         for hook in self.after_write.pop(name, []):  # applied, not yet answered (a client may die meanwhile)
             hook()
         return (201 if stored is None else 200), {"_index": segs[0], "_id": name, "_seq_no": self.seq_no,
@@ -94,9 +107,9 @@ class WatchingEngine(CannedEngine):
     def _search(self, method, segs, record):
         body = record["lines"][0] if record["lines"] else {}
         if self._is_watch(segs):
-            if self.watch_definition is None:
+            if self._definition(segs) is None:
                 return self._missing(segs[0])
-            docs = sorted(self.watch_docs.items())
+            docs = sorted(self._docs(segs).items())
             excludes = set(((body.get("_source") or {}).get("excludes")) or [])
             hits = [{"_index": segs[0], "_id": n, "_source": {k: v for k, v in src.items() if k not in excludes}}
                     for n, (src, _) in docs]

@@ -1,4 +1,4 @@
-"""The embedded index's alias table (issue 38, item 2): each normalised identifier (`doi:...`, `arxiv:...`,
+"""The embedded index's alias table: each normalised identifier (`doi:...`, `arxiv:...`,
 `pubmed:...`, esqbe.core.workids) names the paper first stored with it, and `id:<id>` names the paper a record of that
 id was merged into, so that either id finds the paper. Written with the papers (in the upsert's transaction) and by
 an index run's merges; an index from before the table gets its papers' identifiers (and one from before title keys,
@@ -72,7 +72,7 @@ class AliasesMixin(EmbeddedHost):
 
     def _fill_aliases(self) -> None:
         """Once per index (a writer's migration): the identifiers of the papers stored before the table existed, and
-        the title keys (`title:...`) of those stored before titles were kept (an index of esqbe before issue 49)."""
+        the title keys (`title:...`) of those stored before titles were kept (an index made by an older esqbe)."""
         done = {k for (k,) in self._db.execute("SELECT key FROM settings WHERE key IN (?, ?)",
                                                (ALIASES_FILLED, TITLES_FILLED))}
         if len(done) == 2:

@@ -21,8 +21,8 @@ from .recall import REFINE_LADDER, calibrate_nprobe
 
 _POOL = None
 #: the IVF codes a writer builds (the manifest entry's "structure"; an entry without one is an IVF-SQ8, as every
-#: index built before session 8): 4-bit PQ fast-scan, two dimensions per sub-quantizer (dim / 2 bytes a row, against
-#: dim for SQ8), ~6x faster to scan per list on the hard corpus at equal recall (docs/performance.md, session 8),
+#: index built before this structure): 4-bit PQ fast-scan, two dimensions per sub-quantizer (dim / 2 bytes a row, against
+#: dim for SQ8), ~6x faster to scan per list on the hard corpus at equal recall (docs/performance.md),
 #: its coarser scores made up by re-scoring more papers exactly (the calibrated `refine`)
 ANN_PQ_FASTSCAN = "ivf-pq4fs"
 ANN_SQ8 = "ivf-sq8"
@@ -61,7 +61,7 @@ class AnnMixin(EmbeddedHost):
             manifest[label] = {"file": name, "rows": st.rows, "size": size, "trained_on": trained_on,
                                "structure": structure}
             # the nprobe (and, for PQ fast-scan, the papers re-scored) that hold the recall target on this IVF,
-            # measured on the facet's own rows (issue 23)
+            # measured on the facet's own rows
             manifest[label] = self._calibrated(st, label, code, index, manifest[label], self.recall_target,
                                                self.recall_statistic, progress)
             del index
@@ -267,8 +267,8 @@ os.register_at_fork(after_in_child=_forget_pool)
 #: a query of more sentences than this has its ANN search split over the ANN threads, into one part per this many
 #: sentences, one part per thread at most (the hits are the same: each query sentence is searched on its own). A
 #: query's BM25 ends long before the ANN search of a many-sentence query, which left the other core idle: at hard 1M
-#: the background queries of 8-12 sentences (the p99) spent 30-40 ms in faiss on one core (docs/performance.md,
-#: session 12)
+#: the background queries of 8-12 sentences (the p99) spent 30-40 ms in faiss on one core
+#: (docs/performance.md)
 ANN_SPLIT_SENTENCES = 4
 
 

@@ -23,13 +23,19 @@ Layout of an index directory (format 2; docs/performance.md says why each choice
 - `text/`: a tantivy index (BM25 over title + abstract, plus one field per facet), derived from
   SQLite: papers not yet in it are marked `text_indexed = 0` and synced by the next writer (`2`: a stored
   row it cannot take, reported once and left out of BM25, so that it never blocks a later write).
-- `similarity_scale.json`: a note derived from the papers (esqbe.index.scale: where a hit's similarity stands
+- `similarity_scale.json`: a note derived from the papers (esqbe.index.scale: where a hit's score stands
   among the index's own matches), replaced whole by whoever measured it, reader or writer; deleting it only
   makes the next query measure it again.
 
 Readers take no lock and write no paper: opening an index never repairs it (a writer does that when
 it takes the directory's write lock, `write.lock`), so queries run during a load and on a
-read-only directory. A second writer waits for the first, saying so on stderr.
+read-only directory. A second writer waits for the first, saying so on stderr (at most `write_lock_wait`
+seconds; past it the write stops with an error that names the bound).
+
+Creation is atomic: `papers.sqlite` is built whole under a temporary name and renamed into place by a writer holding
+the lock, so a creation killed at any point leaves either no index (the next run creates it) or a complete empty one.
+A `papers.sqlite` an older esqbe left half made (no tables, or some; no papers) is finished by the next writer and
+refused by readers with the command that finishes it.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from ...errors import BackendError, StorageError
 from ..base import Backend
 from .aliases import AliasesMixin
 from .ann import ANN_PQ_FASTSCAN, ANN_SQ8, AnnMixin, _calibration_due, _first_stage_pool
+from .followstore import FollowStoreMixin
 from .knn import KnnMixin
 from .layout import (
     _FACET_CODES,
@@ -73,7 +80,7 @@ from .layout import (
     _State,
     f16_to_f32,
 )
-from .lock import WriteLockMixin
+from .lock import WriteLockMixin, _Unfinished
 from .textindex import TextIndexMixin, _query_terms
 from .watchstore import WatchStoreMixin
 from .writes import WritesMixin
@@ -92,7 +99,7 @@ def _knn_param(name: str, value) -> int | float:
 
 
 class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AliasesMixin, AnnMixin, KnnMixin, WatchStoreMixin,
-                      Backend):
+                      FollowStoreMixin, Backend):
     """A local index directory (see module docstring)."""
 
     name = "embedded"
@@ -100,8 +107,10 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AliasesMixin,
 
     def __init__(self, path: str | os.PathLike, *, exact_threshold: int | None = None, create: bool = True,
                  merge_threshold: int | None = None, nprobe: int | None = None, recall_target: float = 0.95,
-                 recall_statistic: str = "mean"):
+                 recall_statistic: str = "mean", write_lock_wait: float | None = None):
         self.path = Path(path)
+        #: seconds a write waits for another writer's lock before WriteLockBusy (None: as long as it takes)
+        self.write_lock_wait = write_lock_wait
         #: kNN recall@100 a writer calibrates each IVF's nprobe for when it builds or merges it (esqbe.backends.embedded.recall)
         self.recall_target = float(recall_target)
         #: what the target bounds: the calibration sample's mean recall, or its 10th percentile ("p10")
@@ -124,18 +133,23 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AliasesMixin,
             if not create:
                 raise BackendError(f"no index at {self.path} (run `esqbe index` first)")
             try:
-                self.path.mkdir(parents=True)
+                self.path.mkdir(parents=True, exist_ok=True)  # exist_ok: another writer creating it meanwhile
             except OSError as e:
                 raise StorageError(f"cannot create the index directory {self.path}: {e.strerror}") from None
-        elif not self.path.is_dir():
+        if not self.path.is_dir():
             raise BackendError(f"{self.path} exists and is not an index directory")
         if not db.exists():
             if not create:
                 raise BackendError(f"{self.path} is not an esqbe index (no papers.sqlite); "
                                    f"run `esqbe index --path {self.path} FILE` to create one")
-            self._acquire_write()  # creates the schema
+            self._acquire_write()  # creates papers.sqlite whole, under the lock (another creator is waited for)
         else:
-            self._open_reader()
+            try:
+                self._open_reader()
+            except _Unfinished:
+                if not create:
+                    raise  # a reader changes nothing: the message names the command that finishes it
+                self._acquire_write()  # finishes what an older esqbe left half made (it holds no papers)
         version = self._setting("format_version", FORMAT_VERSION)
         if version != FORMAT_VERSION:
             raise BackendError(f"{self.path} is an esqbe index of format {version}; this esqbe reads format {FORMAT_VERSION}: "
@@ -166,7 +180,7 @@ class EmbeddedBackend(WriteLockMixin, TextIndexMixin, WritesMixin, AliasesMixin,
 
     def refine_for(self, facet: str, st: _State | None = None) -> int:
         """Papers re-scored exactly per query sentence, as a multiple of k: the value calibrated with the facet's IVF
-        (a PQ fast-scan IVF's), else 2 (an IVF-SQ8's, and every index built before session 8)."""
+        (a PQ fast-scan IVF's), else 2 (an IVF-SQ8's, and every index built before PQ fast-scan IVFs)."""
         entry = (st or self._state()).manifest.get(facet) or {}
         return int(entry.get("refine", 2))
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         path: Path
         _db: sqlite3.Connection  # None once closed; nothing reads it then
         _lock_fd: int | None
+        write_lock_wait: float | None
         _files: dict[str, int] | None
         _vec_fd: int | None
         _text_index: Any  # tantivy.Index | None

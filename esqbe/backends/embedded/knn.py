@@ -38,7 +38,7 @@ class KnnMixin(EmbeddedHost):
         runs = np.flatnonzero(np.r_[True, np.diff(rows) != 1])  # a paper's facet rows are one run or a few
         vectors = self._read_rows(st, rows[runs], np.diff(np.r_[runs, len(rows)]))
         # q.T made contiguous: OpenBLAS multiplies (rows, dim) by a contiguous (dim, m) ~3-10x faster than by a
-        # transposed view on this machine (docs/performance.md, session 9), with the same products
+        # transposed view on this machine (docs/performance.md), with the same products
         sims = f16_to_f32(vectors) @ np.ascontiguousarray(q.T)
         first = np.flatnonzero(np.r_[True, papers[1:] != papers[:-1]])
         return papers[first], np.maximum.reduceat(sims, first, axis=0)
@@ -126,7 +126,7 @@ class KnnMixin(EmbeddedHost):
         if ann_cand:
             # a many-sentence query re-scores at most `exact_cap` papers, each sentence's best candidates first
             # (capped_union): m sentences x refine * k papers made p99 grow with m. Calibration counts the cap; at hard
-            # 1M a cap of 1,000 held recall@100 0.966 against 0.969 uncapped (docs/performance.md, session 10)
+            # 1M a cap of 1,000 held recall@100 0.966 against 0.969 uncapped (docs/performance.md)
             cap = int(params["exact_cap"])
             cand.append(capped_union(ann_cand, max(cap, floor) if cap > 0 else 0,
                                      lambda p: ~st.dead[p] & ~np.isin(p, banned)))  # a retired or excluded paper takes no place

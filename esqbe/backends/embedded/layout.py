@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +25,11 @@ KNN_DEFAULTS = {
     "oversample": 4,  # ANN sentence hits asked per query sentence, as a multiple of k
     # papers from the ANN re-scored exactly per query, at most (0: all; never below refine * k), each sentence's best
     # candidates first: bounds a many-sentence query's re-score (12 sentences x 300 papers at refine 3); at hard 1M
-    # recall@100 0.966 against 0.969 uncapped, 0.947 for queries of 6+ sentences (docs/performance.md, session 10)
+    # recall@100 0.966 against 0.969 uncapped, 0.947 for queries of 6+ sentences (docs/performance.md)
     "exact_cap": 1_000,
     "bm25_max_df": 0.2,  # BM25 query terms in more than this fraction of the documents are dropped; see bm25()
     # BM25 keeps at most this many query terms, the most selective (0: all); see bm25(): BM25's p99 at hard 1M 36-43 ->
-    # 18 ms, CSFCube dev 62.01 / 42.68 -> 61.98 / 42.62 (64 terms: unchanged, p99 27 ms; docs/performance.md, session 10)
+    # 18 ms, CSFCube dev 62.01 / 42.68 -> 61.98 / 42.62 (64 terms: unchanged, p99 27 ms; docs/performance.md)
     "bm25_max_terms": 48,
 }
 #: the range each first-stage parameter may take (`EmbeddedBackend.configure` refuses others)
@@ -52,10 +55,81 @@ CREATE TABLE IF NOT EXISTS watch_matches (
     name TEXT NOT NULL, paper_id TEXT NOT NULL, found REAL NOT NULL, hit TEXT NOT NULL, PRIMARY KEY (name, paper_id));
 CREATE INDEX IF NOT EXISTS watch_matches_found ON watch_matches(name, found);
 CREATE TABLE IF NOT EXISTS aliases (key TEXT PRIMARY KEY, paper_id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS follows (name TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL, created REAL NOT NULL);
 """
 #: the saved queries (`esqbe watch`, esqbe.index.watches) and what they found: tables added by CREATE ... IF NOT EXISTS
 #: like the rest, so a writer adds them to an index made before them (same format); a reader of such an index sees
-#: no watches (esqbe.backends.embedded.watchstore); `aliases` likewise (esqbe.backends.embedded.aliases)
+#: no watches (esqbe.backends.embedded.watchstore); `aliases` likewise (esqbe.backends.embedded.aliases), and `follows`
+#: (the followed sources, esqbe.backends.embedded.followstore)
+
+#: the tables of esqbe's schema, and those every index has had since format 2 (a database with both was created whole)
+SCHEMA_TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _SCHEMA))
+CORE_TABLES = frozenset({"settings", "papers"})
+#: the name `papers.sqlite` is built under, in the index directory, before it is renamed into place
+CREATING = "papers.sqlite.creating"
+
+
+def create_database(path: Path) -> None:
+    """`path/papers.sqlite` made whole or not at all: its schema and format written in one transaction under a
+    temporary name (`CREATING`), synced, then renamed into place (and the directory synced), as Lucene and tantivy
+    commit: whoever sees `papers.sqlite` sees a complete index, whenever the creator was killed. The caller holds
+    the write lock, so a `CREATING` file is a killed creator's and is replaced."""
+    tmp = path / CREATING
+    for leftover in (tmp, path / f"{CREATING}-journal", path / f"{CREATING}-wal", path / f"{CREATING}-shm"):
+        leftover.unlink(missing_ok=True)
+    con = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        con.execute("PRAGMA synchronous = FULL")  # the rollback journal (WAL is set by the writer once in place)
+        finish_schema(con)
+    finally:
+        con.close()
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path / "papers.sqlite")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself on disk
+    finally:
+        os.close(fd)
+
+
+def finish_schema(con: sqlite3.Connection) -> None:
+    """The schema's missing tables and the format, in one transaction: a new database's whole schema, an index made
+    before a table (watches, aliases) its new tables, a creation an older esqbe left half done (`unfinished`) the
+    rest of it. SQLite's DDL is transactional, so a kill leaves all of it or none."""
+    fresh = not con.execute("SELECT 1 FROM sqlite_master WHERE name = 'settings'").fetchone()
+    version = (f"INSERT OR IGNORE INTO settings VALUES ('format_version', '{json.dumps(FORMAT_VERSION)}');"
+               if fresh else "")
+    try:
+        con.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}{version}COMMIT;")
+    except sqlite3.Error:
+        if con.in_transaction:
+            con.execute("ROLLBACK")
+        raise
+
+
+def unfinished(con: sqlite3.Connection, path: Path) -> tuple[bool, str] | None:
+    """None when the database holds an index (its core tables are there); else (whether a writer may finish it, what
+    to tell a user). A database without them and without papers is a creation an older esqbe did not finish (killed
+    between creating the file and its tables; or an empty file): a writer finishes it with `finish_schema`, losing
+    nothing (there are no papers). One with papers, or with tables esqbe does not make, is not an index."""
+    tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if CORE_TABLES <= tables:
+        return None
+    q = shlex.quote(str(path))
+    papers = con.execute("SELECT COUNT(*) FROM papers").fetchone()[0] if "papers" in tables else 0
+    foreign = sorted(tables - SCHEMA_TABLES)
+    if papers or foreign:
+        held = (f"holds {papers} papers but no settings table" if papers
+                else f"has tables esqbe does not make ({', '.join(foreign[:5])})")
+        return False, (f"{path} is not an esqbe index: its papers.sqlite {held}; move it aside (`mv {q} {q}.old`) "
+                       f"and run `esqbe index --path {q} FILE` to make a new one")
+    return True, (f"the creation of the index at {path} was interrupted (papers.sqlite has no papers and not all of "
+                  f"its tables); `esqbe index --path {q} FILE` finishes it")
+
 
 #: the `settings` key set once `aliases` holds the identifiers of every paper (an index from before the table gets
 #: them from its papers' metadata when a writer first opens it: esqbe.backends.embedded.aliases)
@@ -67,7 +141,7 @@ TITLES_FILLED = "title_keys_filled"
 
 def f16_to_f32(h: np.ndarray) -> np.ndarray:
     """Stored float16 rows as float32, bit for bit what `h.astype(np.float32)` gives for every finite value, in
-    ~0.9 ms for 4,800 x 384 against numpy's 3.1 ms (its half cast is scalar; docs/performance.md, session 10): the
+    ~0.9 ms for 4,800 x 384 against numpy's 3.1 ms (its half cast is scalar; docs/performance.md): the
     half's bits moved into a float32's (sign kept, exponent and mantissa shifted down three bits) and the float32
     scaled by 2^112, the difference of the two exponent biases; the scaling is exact, and it makes subnormal halves
     come out right too. An infinity or NaN would come out finite: the writer refuses non-finite vectors, so stored

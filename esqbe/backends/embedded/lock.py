@@ -1,10 +1,10 @@
 """The embedded index's connections and its write lock: readers open SQLite read-only and take no lock; a writer
-takes the directory's `write.lock` (flock; waiting for another writer, or `WriteLockBusy` after a timeout),
-repairs what a killed writer left, and gives the lock back at `end_write` / `close`."""
+takes the directory's `write.lock` (flock; waiting for another writer, or `WriteLockBusy` after a timeout: the
+handle's `write_lock_wait`, else the caller's), creates `papers.sqlite` whole if there is none (or finishes one an
+older esqbe left half made), repairs what a killed writer left, and gives the lock back at `end_write` / `close`."""
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import sqlite3
 import sys
@@ -12,10 +12,15 @@ import time
 
 import numpy as np
 
-from ...errors import StorageError
+from ...errors import BackendError, StorageError
 from ..base import WriteLockBusy
 from .host import EmbeddedHost
-from .layout import _SCHEMA, FORMAT_VERSION, VECTOR_DTYPE
+from .layout import VECTOR_DTYPE, create_database, finish_schema, unfinished
+
+
+class _Unfinished(BackendError):
+    """An index whose creation an older esqbe did not finish, holding no papers: a writer finishes it, a reader says
+    which command does."""
 
 
 def _flock_within(fd: int, timeout: float) -> bool:
@@ -45,9 +50,14 @@ class WriteLockMixin(EmbeddedHost):
         try:
             self._db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA busy_timeout = 10000")
-            self._db.execute("SELECT 1 FROM settings LIMIT 1").fetchall()
+            half = unfinished(self._db, self.path)
         except sqlite3.DatabaseError as e:
             raise StorageError(f"cannot read the index at {self.path}: {e}") from None
+        if half is not None:
+            self._db.close()
+            self._db = None  # type: ignore[assignment]  # not an index to read: the caller finishes it or stops
+            finishable, why = half
+            raise _Unfinished(why) if finishable else BackendError(why)
 
     @property
     def writable(self) -> bool:
@@ -74,34 +84,45 @@ class WriteLockMixin(EmbeddedHost):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            wait = self.write_lock_wait if timeout is None else timeout
             if timeout is None:
-                print(f"esqbe: another process (pid {holder}) is writing to {self.path}; waiting for it to finish...",
+                bound = "" if wait is None else f" (at most {wait:g}s: write_lock_wait)"
+                print(f"esqbe: another process (pid {holder}) is writing to {self.path}; waiting for it to finish{bound}...",
                       file=sys.stderr, flush=True)
+            if wait is None:
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            elif not _flock_within(fd, timeout):
+            elif not _flock_within(fd, wait):
                 os.close(fd)
+                how = ("" if timeout is not None else "; run again once it has finished, or wait longer with "
+                       "--lock-wait SECONDS (ESQBE_WRITE_LOCK_WAIT, write_lock_wait)")
                 raise WriteLockBusy(f"another writer (pid {holder}) has held the write lock of {self.path} for over "
-                                    f"{timeout:g}s", holder=holder) from None
+                                    f"{wait:g}s{how}", holder=holder) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._lock_fd = fd
         try:
             if self._db is not None:
                 self._db.close()
-            self._db = sqlite3.connect(self.path / "papers.sqlite", isolation_level=None, check_same_thread=False)
+            db = self.path / "papers.sqlite"
+            if not db.exists():
+                create_database(self.path)  # whole or not at all (a second writer waited for the lock above)
+            self._db = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA busy_timeout = 10000")
+            half = unfinished(self._db, self.path)
+            if half is not None and not half[0]:
+                raise BackendError(half[1])  # papers without an index's tables: not esqbe's to change
             if self._db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
-            fresh = not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'settings'").fetchone()
-            self._db.executescript(_SCHEMA)
-            if fresh:
-                self._db.execute("INSERT OR IGNORE INTO settings VALUES ('format_version', ?)", (json.dumps(FORMAT_VERSION),))
+            finish_schema(self._db)  # tables added since the index was made; a creation an older esqbe left half done
             self._recover()
             self._fill_aliases()  # an index from before the alias table: its papers' identifiers, once
         except sqlite3.OperationalError as e:
             self._release_write()
             raise StorageError(f"cannot write to the index at {self.path}: {e}") from None
+        except BaseException:
+            self._release_write()
+            raise
 
     def _release_write(self) -> None:
         if self._lock_fd is not None:

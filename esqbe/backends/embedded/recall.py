@@ -1,4 +1,4 @@
-"""Recall of the embedded index's IVF, measured on the index's own rows (issue 23): the exact top papers of a facet
+"""Recall of the embedded index's IVF, measured on the index's own rows: the exact top papers of a facet
 streamed over its rows (bounded memory at any size: one chunk of rows at a time, no copy of the facet), and the
 writer's calibration of `nprobe` for a recall target.
 
@@ -14,13 +14,14 @@ docs/performance.md measures what that costs). Cost: one exact pass over the fac
 sample shrinks for large facets so that the exact pass stays under ~4e11 multiply-adds (docs/performance.md gives
 the time at 1M papers).
 
-An IVF of 4-bit PQ fast-scan codes (the writer's structure since session 8, `ann.ANN_PQ_FASTSCAN`) has a second knob,
+An IVF of 4-bit PQ fast-scan codes (the writer's structure for a facet of 1,000 rows or more,
+`ann.ANN_PQ_FASTSCAN`) has a second knob,
 `refine`: per query sentence the ANN's hits are folded to the `refine * k` best papers (`2k` for an IVF-SQ8), asking it for
 `oversample * k * refine / 2 + 16` hits, all re-scored exactly from the stored vectors; its coarser scores need more
 than 2k papers to hold recall. Its calibration finds, for each refine of `REFINE_LADDER`, the fewest lists reaching
 the target, and keeps the pair the first stage does fastest by a cost model of the two (`SCAN_NS_PER_CODE`,
-`RESCORE_NS_PER_ROW`: lists x codes per list against papers x rows per paper). Until session 10 it kept the first
-refine reaching the target within an eighth of the lists."""
+`RESCORE_NS_PER_ROW`: lists x codes per list against papers x rows per paper), rather than the first refine reaching
+the target within an eighth of the lists."""
 from __future__ import annotations
 
 import time
@@ -41,7 +42,7 @@ _CHUNK_ROWS = 131_072
 REFINE_LADDER = (2, 3, 4, 6, 8)
 #: the first stage's cost per query sentence, for choosing between (nprobe, refine) pairs that both reach the target:
 #: faiss scanning one PQ fast-scan code, and re-scoring one stored row exactly (pread, float16 -> float32, product);
-#: measured in the warm query at hard 1M on the 2-core reference machine (docs/performance.md, session 10)
+#: measured in the warm query at hard 1M on the 2-core reference machine (docs/performance.md)
 SCAN_NS_PER_CODE = 5.8
 RESCORE_NS_PER_ROW = 2_800.0
 #: what the target bounds: the sample's mean recall, or its 10th percentile
@@ -125,9 +126,8 @@ def capped_union(candidates: list[tuple[np.ndarray, np.ndarray]], cap: int, live
     (0: no cap): each sentence's best candidates first, i.e. the papers whose best rank in any sentence's candidates
     (by approximate score) is highest, ties by their approximate score summed over the sentences. Every sentence
     keeps its own top candidates, so its k best of the re-scored are its true k best as far as the ANN found them;
-    until session 10 the cap kept the best summed scores, which favoured papers near many sentences and left a
-    sentence's own best out (at hard 1M a cap of 1,000 held recall@100 0.61 for queries of 6+ sentences against 0.95
-    this way; docs/performance.md)."""
+    a cap that kept the best summed scores instead favoured papers near many sentences and left a sentence's own
+    best out (at hard 1M a cap of 1,000 held recall@100 0.61 for queries of 6+ sentences against 0.95 this way)."""
     if not candidates:
         return np.zeros(0, dtype=np.int64)
     papers, inverse = np.unique(np.concatenate([c[0] for c in candidates]).astype(np.int64), return_inverse=True)
@@ -168,7 +168,7 @@ def calibrate_nprobe(st: _State, code: int, index, *, target: float, oversample:
     Recall is counted as `esqbe check recall` counts it, on what the first stage returns (`KnnMixin.knn`): per query
     sentence the ANN's hits folded to the `refine * k` best papers, their union (capped at `exact_cap`) re-scored
     exactly, each sentence's k best of those summed into the paper's score, the top k against the same score over
-    every row. Until session 10 calibration counted each sentence alone; a query of several sentences recovers from
+    every row. Counting each sentence alone would be too strict: a query of several sentences recovers from
     one sentence's miss, so that held recall@100 at ~0.98 for a 0.95 target at hard 1M (docs/performance.md)."""
     import faiss
 
@@ -307,5 +307,5 @@ def _lower_bound(per_query: np.ndarray) -> float:
 def _reaches(per_query: np.ndarray, statistic: str, target: float) -> bool:
     """Whether a rung holds the target: for the mean, its 90% lower bound (a sample of ~80 query papers estimates it
     to about +-0.01, and a setting whose sample mean just reaches 0.95 gave 0.944 on another 40 papers at hard 100K;
-    docs/performance.md, session 10); for the 10th percentile, the sample's."""
+    docs/performance.md); for the 10th percentile, the sample's."""
     return (_lower_bound(per_query) if statistic == "mean" else _statistic(per_query, statistic)) >= target

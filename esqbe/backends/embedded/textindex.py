@@ -182,7 +182,7 @@ class TextIndexMixin(EmbeddedHost):
             limit = k + len(exclude)
         else:
             clauses = [(tantivy.Occur.Must, query)]
-            if restrict_to is not None:  # a filter, scoring 0: a paper's BM25 is the same restricted or not (issue 48)
+            if restrict_to is not None:  # a filter, scoring 0: a paper's BM25 is the same restricted or not
                 clauses.append((tantivy.Occur.Must, tantivy.Query.const_score_query(
                     tantivy.Query.term_set_query(schema, "paper_id", sorted(restrict_to)), 0.0)))
             if exclude:

@@ -1,4 +1,4 @@
-"""The alias table of an Elasticsearch/OpenSearch index (issue 49, items 3 and 4), with the embedded table's meaning
+"""The alias table of an Elasticsearch/OpenSearch index, with the embedded table's meaning
 (esqbe.backends.embedded.aliases): each normalised identifier (`doi:...`, `arxiv:...`, `pubmed:...`,
 esqbe.core.workids) and title key (`title:<folded title (year)>`) names the paper first stored with it, and
 `id:<id>` names the paper a record of that id was merged into (esqbe.index.merge), so that either id, and a paper's

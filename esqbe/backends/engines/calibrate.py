@@ -1,4 +1,4 @@
-"""The engines' kNN calibrated for a recall target (issue 23): Elasticsearch's `num_candidates` and OpenSearch's
+"""The engines' kNN calibrated for a recall target: Elasticsearch's `num_candidates` and OpenSearch's
 `ef_search` (or k, before 2.16; see `OpenSearchBackend._knn_body`) are both `num_candidates_factor x k` in esqbe's
 bodies, so calibration chooses that factor per facet, as the embedded index chooses its IVF's nprobe.
 

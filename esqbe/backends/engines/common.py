@@ -32,6 +32,7 @@ from .client import (
     _reason,
 )
 from .documents import _merge_vectors, doc_to_paper, paper_to_doc
+from .followstore import EngineFollowStoreMixin
 from .mapping import (
     FACET_PATHS,
     LAYOUT,
@@ -61,7 +62,7 @@ log = guard_logger("esqbe.backends")  # URL credentials masked in what it logs (
 
 
 class EngineBackend(ClientMixin, CalibrationMixin, FirstStageMixin, EngineWatchStoreMixin, EngineAliasStoreMixin,
-                    Backend):
+                    EngineFollowStoreMixin, Backend):
     """Backend on a search engine; subclasses supply the client and the engine-specific bits."""
 
     engine: str = ""

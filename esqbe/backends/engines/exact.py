@@ -1,4 +1,4 @@
-"""Exact kNN on Elasticsearch and OpenSearch (issue 23): the reference `esqbe check recall` measures the engines'
+"""Exact kNN on Elasticsearch and OpenSearch: the reference `esqbe check recall` measures the engines'
 approximate kNN against. Per query sentence and facet path, a nested `script_score` over every document scores each
 paper by its best sentence's cosine (Elasticsearch: painless `cosineSimilarity(...) + 1.0`; OpenSearch: the k-NN
 plugin's `knn_score` script with `cosinesimil`, also 1 + cosine), so the score model is the first stage's: per query

@@ -1,4 +1,4 @@
-"""esqbe's summax scored inside the engine (issue 52 items 1-2, the request side): per-facet multi-vector fields and
+"""esqbe's summax scored inside the engine (the request side): per-facet multi-vector fields and
 the `rescore` that ranks the first stage's window by MaxSim, on every shard, with no vector shipped to Python.
 
 summax (esqbe.rescore.rescorers.rescore_summax) is, over unit vectors, MaxSim divided by the query's sentence

@@ -24,10 +24,11 @@ from ...errors import ParameterError
 MAX_INDEX_NAME_BYTES = 255
 MAX_INFERENCE_ID_CHARS = 64
 MAX_PIPELINE_NAME_BYTES = 255
-#: the companion indexes an esqbe index owns, named `<index><suffix>` (watchstore.py, aliasstore.py)
+#: the companion indexes an esqbe index owns, named `<index><suffix>` (watchstore.py, aliasstore.py, followstore.py)
 WATCH_INDEX_SUFFIX = "-esqbe-watches"
 ALIAS_INDEX_SUFFIX = "-esqbe-aliases"
-COMPANION_SUFFIXES = (WATCH_INDEX_SUFFIX, ALIAS_INDEX_SUFFIX)
+FOLLOW_INDEX_SUFFIX = "-esqbe-follows"
+COMPANION_SUFFIXES = (WATCH_INDEX_SUFFIX, ALIAS_INDEX_SUFFIX, FOLLOW_INDEX_SUFFIX)
 
 _INDEX_FORBIDDEN = set('\\/*?"<>|,# :')
 _INFERENCE_ID = re.compile(r"[a-z0-9](?:[a-z0-9_\-.]*[a-z0-9])?")

@@ -234,7 +234,7 @@ class FirstStageMixin(_Host):
                 knn[pid] = knn.get(pid, 0.0) + cos / m
         return bm25, knn
 
-    # --- the window scored in the engine (issue 52: engine_facet_vectors) ----------------------------
+    # --- the window scored in the engine (engine_facet_vectors) ----------------------------
 
     def window_scoring(self) -> tuple[bool, str]:
         """Scoring in the engine needs the setting on and the index's per-facet multi-vector fields; a cluster whose

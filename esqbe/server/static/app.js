@@ -5,8 +5,9 @@
 // One thing at a time: `gen` counts what the page was asked last (a paper loaded, a query run); an answer to an
 // older request is dropped, so hits of an old query never show under a new query paper.
 // `also` / `avoid`: papers added from the hits as more examples or as "not like this" (in the address as also= / not=).
+// `view`: the hits as a list or as a graph (graph.js; in the address as view=graph).
 const state = { paper: null, facet: null, chosen: new Set(), lastQuery: null, result: null, gen: 0, also: [], avoid: [],
-  titles: new Map() };  // titles: paper id -> title, for the chips of the set (from hits and answers)
+  titles: new Map(), view: "list", graph: null };  // titles: paper id -> title, for the chips of the set (from hits and answers)
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs = {}, ...children) {
@@ -65,6 +66,7 @@ function showError(message) {
 function clearResults(info = "No query yet.") {
   state.result = null;
   $("hits").replaceChildren();
+  clearGraph();
   $("results-info").textContent = info;
   $("export").hidden = true;
   linkQuerySentences([], false);
@@ -274,7 +276,7 @@ function filterConditions() {
 // The address of a query: opening it again (a bookmark, a link sent to a colleague) runs the same query: the
 // paper or the pasted text (and its title), the facet or the sentences, the filters, the rescorer and k.
 function queryHash({ paper = null, text = null, title = "", facet = null, sentences = [], filters = [], rescorer = null, k = 10,
-  also = [], avoid = [] }) {
+  also = [], avoid = [], view = "list" }) {
   const params = new URLSearchParams();
   if (text !== null) { params.set("text", text); if (title) params.set("title", title); } else params.set("paper", paper);
   if (facet) params.set("facet", facet); else if (sentences.length) params.set("sentences", sentences.join(","));
@@ -283,6 +285,7 @@ function queryHash({ paper = null, text = null, title = "", facet = null, senten
   if (filters.length) params.set("filters", filters.join("; "));
   if (rescorer && rescorer !== "summax") params.set("rescorer", rescorer);  // absent: the default, summax
   if (k !== 10) params.set("k", String(k));
+  if (view === "graph") params.set("view", "graph");  // absent: the list
   return params.toString();
 }
 
@@ -310,16 +313,19 @@ async function runQuery() {
   if (filters.length) body.filters = filters;
   state.lastQuery = body;
   const hash = queryHash({ paper: p.paper_id, text: p.isText ? p.text : null, title: p.title, facet: state.facet,
-    sentences: state.facet ? [] : indices, filters, rescorer, k, also: state.also, avoid: state.avoid });
+    sentences: state.facet ? [] : indices, filters, rescorer, k, also: state.also, avoid: state.avoid, view: state.view });
   if (location.hash.slice(1) !== hash) history.replaceState(null, "", `#${hash}`);
   renderSet();
   clearResults("Searching…");
   $("run-query").disabled = true;
   try {
-    const res = await api("query", { method: "POST", body: JSON.stringify(body) });
+    // the graph view asks POST /graph, whose answer holds the query's result too: the list and the graph of one query
+    const graph = state.view === "graph" ? await api("graph", { method: "POST", body: JSON.stringify(body) }) : null;
+    const res = graph ? graph.result : await api("query", { method: "POST", body: JSON.stringify(body) });
     if (gen !== state.gen) return;  // another paper or query since: this answer is stale
     if (p.isText) adoptTextSentences(res);
     renderHits(res);
+    if (graph) renderGraph(graph);
   } catch (e) {
     if (gen !== state.gen) return;
     clearResults("The query failed: see the message above.");
@@ -463,127 +469,163 @@ function renderHits(res) {
   // the filters this query ran with (what was sent), so that a short or empty list says why
   const filters = (state.lastQuery && state.lastQuery.filters) || [];
   const filtered = filters.length ? ` · filters: ${filters.join("; ")}` : "";
-  $("results-info").textContent = `${res.hits.length} papers${filtered} · rescorer ${res.rescorer} · similarity = ${res.similarity}` +
+  // likely versions of the query or of a hit above (hit.likely_version_of) are listed after the numbered hits
+  const numbered = res.hits.filter((h) => h.rank !== null && h.rank !== undefined).length;
+  const versionCount = res.hits.length - numbered;
+  const versionWords = versionCount ? ` (and ${versionCount} likely version${versionCount > 1 ? "s" : ""})` : "";
+  $("results-info").textContent = `${numbered} papers${versionWords}${filtered} · rescorer ${res.rescorer} · similarity = ${res.similarity}` +
     ` · pair weight = ${res.match_weight}${scaleWords(res.scale)} · ${fmt(t.total, 0)} ms`;
   const list = $("hits");
   list.replaceChildren();
-  const maxWeight = Math.max(1e-9, ...res.hits.flatMap((h) => h.matches.map((m) => Math.abs(m.weight))));
-  const examples = res.query.examples || [];
-  const avoidList = res.query.avoid || [];
-  const several = examples.length > 1;
-  for (const x of [...examples, ...avoidList]) if (x.paper_id && x.title) state.titles.set(x.paper_id, x.title);
+  for (const x of [...(res.query.examples || []), ...(res.query.avoid || [])]) if (x.paper_id && x.title) state.titles.set(x.paper_id, x.title);
   for (const h of res.hits) if (h.title) state.titles.set(h.paper_id, h.title);
   renderSet();
+  const ctx = hitContext(res);
+  let versionsShown = false;
   for (const hit of res.hits) {
-    const matchedQ = [...new Set(hit.matches.filter((m) => !m.example).map((m) => m.query_index))];  // the panel's paper's
-    const weightOf = new Map();
-    for (const m of hit.matches) weightOf.set(m.candidate_index, Math.max(weightOf.get(m.candidate_index) || -Infinity, m.weight));
-
-    // each pair names its example where the query has several (the query sentences of each are numbered in their own
-    // paper); the best SHOWN_PAIRS pairs show, the rest a click away
-    const byWeight = [...hit.matches].sort((a, b) => b.weight - a.weight);
-    const rows = byWeight.map((m, n) => {
-      const ex = examples[m.example || 0];
-      const own = m.example === 0 || m.example === undefined;  // the query paper in the panel
-      const row = el("tr", { class: n < SHOWN_PAIRS ? "pair" : "pair more", "data-query-index": m.query_index,
-        "data-candidate-index": m.candidate_index, "data-example": m.example || 0, hidden: n >= SHOWN_PAIRS },
-        el("td", { class: `q facet-${exampleFacet(ex, m.query_index)}` },
-          el("button", { type: "button", class: "pair-focus", "aria-label": several ?
-            `Show query sentence ${m.query_index} of example ${(m.example || 0) + 1}` : `Show query sentence ${m.query_index}`,
-            onfocus: () => { if (own && state.result === res) linkQuerySentences([m.query_index], true); }, onblur: () => linkQuerySentences([], false) },
-            el("span", { class: "stext", title: m.query_sentence },
-              several ? el("span", { class: "example-of", title: ex ? `example ${(m.example || 0) + 1}: ${ex.paper_id ? "id " + ex.paper_id + " · " : ""}${ex.title || ""}` : "",
-                text: `ex. ${(m.example || 0) + 1} “${ex ? shortTitle(ex.title, ex.paper_id, 32) : "?"}”` }) : null,
-              el("span", { class: "num", text: `[${m.query_index}] ` }), m.query_sentence))),
-        el("td", { class: "w", title: res.match_weight },
-          el("strong", { text: fmt(m.weight) }),
-          el("span", { class: "weight-bar", "aria-hidden": "true" },
-            el("span", { style: `width:${Math.round(100 * Math.abs(m.weight) / maxWeight)}%` }))),
-        el("td", { class: `c facet-${m.candidate_facet}` },
-          el("span", { class: "stext", title: m.candidate_sentence }, el("span", { class: "num", text: `[${m.candidate_index}] ` }),
-            el("span", { class: "tag", text: m.candidate_facet }), m.candidate_sentence)));
-      row.addEventListener("mouseenter", () => { if (own && state.result === res) linkQuerySentences([m.query_index], true); });
-      row.addEventListener("mouseleave", () => linkQuerySentences([], false));
-      return row;
-    });
-    const hiddenPairs = Math.max(0, rows.length - SHOWN_PAIRS);
-    let table = null;
-    const more = hiddenPairs ? el("button", { type: "button", class: "more-pairs", "aria-expanded": "false",
-      onclick: () => {
-        const open = more.getAttribute("aria-expanded") !== "true";
-        for (const r of rows.slice(SHOWN_PAIRS)) r.hidden = !open;
-        table.classList.toggle("open", open);  // open: every pair, each sentence whole
-        more.setAttribute("aria-expanded", open ? "true" : "false");
-        more.textContent = open ? "Fewer pairs" : `${hiddenPairs} more pair${hiddenPairs > 1 ? "s" : ""}`;
-      } }, `${hiddenPairs} more pair${hiddenPairs > 1 ? "s" : ""}`) : null;
-    table = el("table", { class: "pairs" },
-      el("thead", {}, el("tr", {}, el("th", { text: several ? "Query sentence (of which example)" : "Query sentence" }),
-        el("th", { text: "Weight" }), el("th", { text: "Matched sentence of this paper" }))),
-      el("tbody", {}, ...rows));
-    // the papers to avoid that this hit is like: shown as such, by title, with the pair that made it so
-    const pulled = (hit.avoided || []).filter((a) => a.penalty > 0);
-    const avoidedBox = pulled.length ? el("div", { class: "avoided" },
-      el("span", { class: "field", text: "Like a paper to avoid: " }),
-      ...pulled.map((a) => {
-        const t = state.titles.get(a.paper_id) || (avoidList.find((x) => x.paper_id === a.paper_id) || {}).title;
-        return el("span", { class: "avoided-pair", "data-paper-id": a.paper_id, title: `id: ${a.paper_id}; its [${a.avoid_index}] “${a.avoid_sentence || ""}”` },
-          `“${shortTitle(t, a.paper_id, 32)}” (score −${fmt(a.penalty)}): its [${a.avoid_index}] ~ this paper's [${a.candidate_index}] `,
-          el("q", { text: a.candidate_sentence || "" }));
-      })) : null;
-
-    const abstract = el("div", { class: "abstract-text" });
-    for (const s of hit.sentences || []) {
-      const text = `${s.text} `;
-      if (weightOf.has(s.index)) {
-        abstract.append(el("mark", { class: `matched`, "data-index": s.index, title: `${s.facet}, weight ${fmt(weightOf.get(s.index))}` },
-          text, el("sup", { text: fmt(weightOf.get(s.index), 2) })), " ");
-      } else {
-        abstract.append(el("span", { class: `facet-${s.facet}`, title: s.facet, text }), " ");
-      }
+    if (hit.likely_version_of && !versionsShown) {
+      versionsShown = true;
+      list.append(el("li", { class: "versions-head", text: "Likely versions of the query or of a paper above " +
+        "(nearly the same sentences; not numbered)" }));
     }
-    // query by this paper next: the same facet, or (chosen sentences) the sentences of it that matched
-    const matchedC = [...weightOf.keys()].sort((a, b) => a - b);
-    const asked = state.lastQuery || {};
-    const nextHash = queryHash({ paper: hit.paper_id, facet: res.query.facet, sentences: res.query.facet ? [] : matchedC,
-      filters: asked.filters || [], rescorer: asked.rescorer || null, k: asked.k || 10 });
-    const band = strength(hit, res);
-    const item = el("li", { class: band && band.classList.contains("strength-weak") ? "hit weak" : "hit", "data-paper-id": hit.paper_id, "data-query-paper": res.query.paper_id || "(text)" },
-      el("div", { class: "hit-head" }, el("span", { class: "hit-rank", text: `${hit.rank}.` }),
-        el("h3", { class: "hit-title", text: hit.title || (hit.sentences && hit.sentences[0] ? hit.sentences[0].text.slice(0, 100) + "…" : hit.paper_id) }),
-        el("span", { class: "pid" }, el("span", { class: "field", text: "id " }), hit.paper_id)),
-      el("div", { class: "scores" },
-        // the one number: it orders the hits and its band places it; the parts that make it follow, each explained
-        el("span", { class: "score-main", title: `score: ${(res.score || {}).formula || "what the hits are ordered by"}; ` +
-          "the query and this paper alone decide it, so it compares across pages, reranks and watches of this query" },
-          "score ", el("strong", { class: "score", text: fmt(hit.score) })),
-        band,
-        el("span", { class: "score-similarity", title: `similarity (part of the score): ${res.similarity}` }, "similarity ",
-          el("strong", { class: "similarity", text: fmt(hit.similarity) })),
-        el("span", { class: "score-bm25", title: "word match (BM25): how strongly the query's words occur in this paper's " +
-          "title and abstract (first stage; 0: no word in common; unbounded, compare only within this query)" },
-          "word match (bm25) ", el("strong", { text: fmt(hit.bm25, 1) })),
-        el("span", { class: "score-knn", title: "sentence kNN: for each query sentence the best cosine the first-stage " +
-          "nearest-neighbour search found among this paper's sentences, averaged (-1..1; 0: found by words only)" },
-          "sentence kNN ", el("strong", { text: fmt(hit.knn) })),
-),
-      hitMeta(hit.metadata || {}),
-      table, avoidedBox,
-      el("div", { class: "hit-actions" }, more,
-        el("button", { type: "button", class: "add-example", "data-paper-id": hit.paper_id,
-          onclick: () => addToSet("also", hit.paper_id, hit.title) }, "+ More like this"),
-        el("button", { type: "button", class: "add-avoid", "data-paper-id": hit.paper_id,
-          onclick: () => addToSet("avoid", hit.paper_id, hit.title) }, "Not like this"),
-        el("a", { href: `#${nextHash}`, class: "query-next" }, res.query.facet ? `Query by this paper's ${res.query.facet}` :
-          matchedC.length ? `Query by this paper's matched sentences [${matchedC.join(", ")}]` : "Query by this paper"),
-        hit.sentences ? el("details", { class: "abstract" }, el("summary", { text: "Abstract", title: "The whole abstract, matched sentences marked" }), abstract) : null));
-    item.addEventListener("mouseenter", () => { if (state.result === res) linkQuerySentences(matchedQ, true); });
-    item.addEventListener("mouseleave", () => linkQuerySentences([], false));
-    list.append(item);
+    list.append(hitItem(hit, res, ctx));
   }
   if (!res.hits.length) $("results-info").textContent = `No similar paper found${filters.length ? ` with filters: ${filters.join("; ")}` : ""}.`;
 }
 
-// Where a hit's similarity stands, so that a weak match looks weak: the band and percentile the server placed it at
+// The sentences of a hit that matched the query, in order.
+function matchedSentences(hit) {
+  return [...new Set(hit.matches.map((m) => m.candidate_index))].sort((a, b) => a - b);
+}
+
+// The address of the query by a hit next: the same facet, or (chosen sentences) the sentences of it that matched; the
+// same filters, rescorer, k and view.
+function nextQueryHash(hit, res) {
+  const asked = state.lastQuery || {};
+  return queryHash({ paper: hit.paper_id, facet: res.query.facet, sentences: res.query.facet ? [] : matchedSentences(hit),
+    filters: asked.filters || [], rescorer: asked.rescorer || null, k: asked.k || 10, view: state.view });
+}
+
+// What every hit of an answer is drawn with: the strongest pair's weight (the bars' scale), the examples, the papers
+// to avoid.
+function hitContext(res) {
+  const examples = res.query.examples || [];
+  return { maxWeight: Math.max(1e-9, ...res.hits.flatMap((h) => h.matches.map((m) => Math.abs(m.weight)))),
+    examples, avoidList: res.query.avoid || [], several: examples.length > 1 };
+}
+
+// One hit as the list shows it (and the graph's card of a clicked node): title, scores, metadata and links, the matched
+// pairs, the abstract, and what can be done with it (+ More like this, Not like this, query by it).
+function hitItem(hit, res, { maxWeight, examples, avoidList, several }) {
+  const matchedQ = [...new Set(hit.matches.filter((m) => !m.example).map((m) => m.query_index))];  // the panel's paper's
+  const weightOf = new Map();
+  for (const m of hit.matches) weightOf.set(m.candidate_index, Math.max(weightOf.get(m.candidate_index) || -Infinity, m.weight));
+
+  // each pair names its example where the query has several (the query sentences of each are numbered in their own
+  // paper); the best SHOWN_PAIRS pairs show, the rest a click away
+  const byWeight = [...hit.matches].sort((a, b) => b.weight - a.weight);
+  const rows = byWeight.map((m, n) => {
+    const ex = examples[m.example || 0];
+    const own = m.example === 0 || m.example === undefined;  // the query paper in the panel
+    const row = el("tr", { class: n < SHOWN_PAIRS ? "pair" : "pair more", "data-query-index": m.query_index,
+      "data-candidate-index": m.candidate_index, "data-example": m.example || 0, hidden: n >= SHOWN_PAIRS },
+      el("td", { class: `q facet-${exampleFacet(ex, m.query_index)}` },
+        el("button", { type: "button", class: "pair-focus", "aria-label": several ?
+          `Show query sentence ${m.query_index} of example ${(m.example || 0) + 1}` : `Show query sentence ${m.query_index}`,
+          onfocus: () => { if (own && state.result === res) linkQuerySentences([m.query_index], true); }, onblur: () => linkQuerySentences([], false) },
+          el("span", { class: "stext", title: m.query_sentence },
+            several ? el("span", { class: "example-of", title: ex ? `example ${(m.example || 0) + 1}: ${ex.paper_id ? "id " + ex.paper_id + " · " : ""}${ex.title || ""}` : "",
+              text: `ex. ${(m.example || 0) + 1} “${ex ? shortTitle(ex.title, ex.paper_id, 32) : "?"}”` }) : null,
+            el("span", { class: "num", text: `[${m.query_index}] ` }), m.query_sentence))),
+      el("td", { class: "w", title: res.match_weight },
+        el("strong", { text: fmt(m.weight) }),
+        el("span", { class: "weight-bar", "aria-hidden": "true" },
+          el("span", { style: `width:${Math.round(100 * Math.abs(m.weight) / maxWeight)}%` }))),
+      el("td", { class: `c facet-${m.candidate_facet}` },
+        el("span", { class: "stext", title: m.candidate_sentence }, el("span", { class: "num", text: `[${m.candidate_index}] ` }),
+          el("span", { class: "tag", text: m.candidate_facet }), m.candidate_sentence)));
+    row.addEventListener("mouseenter", () => { if (own && state.result === res) linkQuerySentences([m.query_index], true); });
+    row.addEventListener("mouseleave", () => linkQuerySentences([], false));
+    return row;
+  });
+  const hiddenPairs = Math.max(0, rows.length - SHOWN_PAIRS);
+  let table = null;
+  const more = hiddenPairs ? el("button", { type: "button", class: "more-pairs", "aria-expanded": "false",
+    onclick: () => {
+      const open = more.getAttribute("aria-expanded") !== "true";
+      for (const r of rows.slice(SHOWN_PAIRS)) r.hidden = !open;
+      table.classList.toggle("open", open);  // open: every pair, each sentence whole
+      more.setAttribute("aria-expanded", open ? "true" : "false");
+      more.textContent = open ? "Fewer pairs" : `${hiddenPairs} more pair${hiddenPairs > 1 ? "s" : ""}`;
+    } }, `${hiddenPairs} more pair${hiddenPairs > 1 ? "s" : ""}`) : null;
+  table = el("table", { class: "pairs" },
+    el("thead", {}, el("tr", {}, el("th", { text: several ? "Query sentence (of which example)" : "Query sentence" }),
+      el("th", { text: "Weight" }), el("th", { text: "Matched sentence of this paper" }))),
+    el("tbody", {}, ...rows));
+  // the papers to avoid that this hit is like: shown as such, by title, with the pair that made it so
+  const pulled = (hit.avoided || []).filter((a) => a.penalty > 0);
+  const avoidedBox = pulled.length ? el("div", { class: "avoided" },
+    el("span", { class: "field", text: "Like a paper to avoid: " }),
+    ...pulled.map((a) => {
+      const t = state.titles.get(a.paper_id) || (avoidList.find((x) => x.paper_id === a.paper_id) || {}).title;
+      return el("span", { class: "avoided-pair", "data-paper-id": a.paper_id, title: `id: ${a.paper_id}; its [${a.avoid_index}] “${a.avoid_sentence || ""}”` },
+        `“${shortTitle(t, a.paper_id, 32)}” (score −${fmt(a.penalty)}): its [${a.avoid_index}] ~ this paper's [${a.candidate_index}] `,
+        el("q", { text: a.candidate_sentence || "" }));
+    })) : null;
+
+  const abstract = el("div", { class: "abstract-text" });
+  for (const s of hit.sentences || []) {
+    const text = `${s.text} `;
+    if (weightOf.has(s.index)) {
+      abstract.append(el("mark", { class: `matched`, "data-index": s.index, title: `${s.facet}, weight ${fmt(weightOf.get(s.index))}` },
+        text, el("sup", { text: fmt(weightOf.get(s.index), 2) })), " ");
+    } else {
+      abstract.append(el("span", { class: `facet-${s.facet}`, title: s.facet, text }), " ");
+    }
+  }
+  const matchedC = matchedSentences(hit);
+  const nextHash = nextQueryHash(hit, res);
+  const band = strength(hit, res);
+  const version = hit.likely_version_of || null;  // a likely version of the query or of a hit above: not numbered
+  const item = el("li", { class: (band && band.classList.contains("strength-weak") ? "hit weak" : "hit") + (version ? " version" : ""), "data-paper-id": hit.paper_id, "data-query-paper": res.query.paper_id || "(text)" },
+    el("div", { class: "hit-head" }, el("span", { class: "hit-rank", text: version ? "–" : `${hit.rank}.` }),
+      el("h3", { class: "hit-title", text: hit.title || (hit.sentences && hit.sentences[0] ? hit.sentences[0].text.slice(0, 100) + "…" : hit.paper_id) }),
+      el("span", { class: "pid" }, el("span", { class: "field", text: "id " }), hit.paper_id),
+      version ? el("span", { class: "version-mark", "data-version-of": version,
+        title: `nearly the same sentences as ${version}` + (typeof hit.version_overlap === "number" ?
+          ` (sentence overlap ${fmt(hit.version_overlap, 3)})` : "") + ": likely another version of it, not numbered",
+        text: `likely a version of ${state.titles.get(version) ? `“${state.titles.get(version)}” (${version})` : version}` }) : null),
+    el("div", { class: "scores" },
+      // the one number: it orders the hits and its band places it; the parts that make it follow, each explained
+      el("span", { class: "score-main", title: `score: ${(res.score || {}).formula || "what the hits are ordered by"}; ` +
+        "the query and this paper alone decide it, so it compares across pages, reranks and watches of this query" },
+        "score ", el("strong", { class: "score", text: fmt(hit.score) })),
+      band,
+      el("span", { class: "score-similarity", title: `similarity (part of the score): ${res.similarity}` }, "similarity ",
+        el("strong", { class: "similarity", text: fmt(hit.similarity) })),
+      el("span", { class: "score-bm25", title: "word match (BM25): how strongly the query's words occur in this paper's " +
+        "title and abstract (first stage; 0: no word in common; unbounded, compare only within this query)" },
+        "word match (bm25) ", el("strong", { text: fmt(hit.bm25, 1) })),
+      el("span", { class: "score-knn", title: "sentence kNN: for each query sentence the best cosine the first-stage " +
+        "nearest-neighbour search found among this paper's sentences, averaged (-1..1; 0: found by words only)" },
+        "sentence kNN ", el("strong", { text: fmt(hit.knn) })),
+),
+    hitMeta(hit.metadata || {}),
+    table, avoidedBox,
+    el("div", { class: "hit-actions" }, more,
+      el("button", { type: "button", class: "add-example", "data-paper-id": hit.paper_id,
+        onclick: () => addToSet("also", hit.paper_id, hit.title) }, "+ More like this"),
+      el("button", { type: "button", class: "add-avoid", "data-paper-id": hit.paper_id,
+        onclick: () => addToSet("avoid", hit.paper_id, hit.title) }, "Not like this"),
+      el("a", { href: `#${nextHash}`, class: "query-next" }, res.query.facet ? `Query by this paper's ${res.query.facet}` :
+        matchedC.length ? `Query by this paper's matched sentences [${matchedC.join(", ")}]` : "Query by this paper"),
+      hit.sentences ? el("details", { class: "abstract" }, el("summary", { text: "Abstract", title: "The whole abstract, matched sentences marked" }), abstract) : null));
+  item.addEventListener("mouseenter", () => { if (state.result === res) linkQuerySentences(matchedQ, true); });
+  item.addEventListener("mouseleave", () => linkQuerySentences([], false));
+  return item;
+}
+
+// Where a hit's score stands, so that a weak match looks weak: the band and percentile the server placed it at
 // (hit.band, hit.percentile) on the response's scale (res.scale): this index's own matches, or the shipped fixed
 // scale where the index is too small for its own (or while it is being measured). No scale (rescorer none, or a
 // rescorer the fixed scale has no cuts for): no band.
@@ -636,6 +678,7 @@ function route() {
   $("rescorer").value = params.get("rescorer") || "summax";  // absent: the default, not the last query's
   $("k").value = params.get("k") || "10";  // what the address says, so that it reproduces the query
   $("filters").value = params.get("filters") || "";
+  showView(params.get("view") === "graph" ? "graph" : "list");
   state.also = params.getAll("also").filter(Boolean);
   state.avoid = params.getAll("not").filter(Boolean);
   const sentences = params.get("sentences");
@@ -660,9 +703,29 @@ async function showIndexInfo() {
     $("index-info").textContent = `${h.backend}: ${h.detail || h.status}`;
     const s = await api("stats");
     $("paper-count").textContent = `${Number(s.papers).toLocaleString("en")} papers in the index`;
+    showFollowed(s.follow);
   } catch (e) {
     $("index-info").textContent = `index: ${e.message}`;
   }
+}
+
+// The followed sources (GET /stats `follow`, `esqbe follow add`): each one's last run, its counts and its last error.
+function showFollowed(sources) {
+  const panel = $("follow-panel"), list = $("follow-list");
+  list.replaceChildren();
+  if (!Array.isArray(sources) || !sources.length) { panel.hidden = true; return; }
+  for (const src of sources) {
+    if (!src.name) { list.append(el("li", { class: "follow-error", text: src.error || "unreadable" })); continue; }
+    const last = src.last;
+    const ran = last ? `last run ${utcDate(last.at, 16)} UTC: ${last.fetched} fetched, ${last.indexed} indexed, `
+      + `${last.replaced} updated, ${last.unchanged} unchanged, ${last.deleted} gone at the source`
+      + (last.stopped ? ` (stopped: ${last.stopped})` : "") : "never run";
+    list.append(el("li", { class: "follow-source", "data-source": src.name },
+      el("span", { class: "watch-name", text: src.name }),
+      el("span", { class: "muted", text: ` ${src.spec} · ${ran}` }),
+      last && last.error ? el("span", { class: "follow-error", role: "status", text: ` · last error: ${last.error}` }) : null));
+  }
+  panel.hidden = false;
 }
 
 // "Watch this query": the last query saved as a watch (POST /watches, a write) under a name and a threshold the
@@ -761,6 +824,7 @@ document.addEventListener("DOMContentLoaded", () => {
   for (const b of document.querySelectorAll(".export-btn")) b.addEventListener("click", () => download(b.dataset.format));
   $("filters").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); runQuery(); } });
   $("rescorer").addEventListener("change", () => { if (state.lastQuery) runQuery(); });
+  for (const b of document.querySelectorAll(".view-btn")) b.addEventListener("click", () => switchView(b.dataset.view));
   document.addEventListener("keydown", (e) => {
     const typing = ["INPUT", "SELECT", "TEXTAREA"].includes(document.activeElement.tagName);
     if (e.key === "/" && !typing) { e.preventDefault(); $("find-input").focus(); }
