@@ -59,6 +59,19 @@ def test_index_killed_as_its_database_appears_is_created_by_the_next_run(tmp_pat
     assert caught, "no run was killed after its papers.sqlite appeared"
 
 
+def test_the_database_is_put_in_place_already_in_wal_mode(tmp_path):
+    """A database switched to WAL in place went through a rollback journal: a writer killed within the switch left
+    `papers.sqlite` beside a hot journal, and every read-only reader failed ("attempt to write a readonly database")
+    until a writer came. The creator switches it under its temporary name, so nothing but WAL is ever in place."""
+    from esqbe.backends.embedded.layout import create_database
+
+    create_database(tmp_path)
+    header = (tmp_path / "papers.sqlite").read_bytes()[:20]
+    assert header[18:20] == b"\x02\x02"  # the file format's read and write versions: 2 is WAL
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["papers.sqlite"]  # no journal, WAL or -shm left beside it
+    assert _papers_in(tmp_path) == 0
+
+
 def test_a_half_made_database_from_an_older_esqbe_is_finished_by_a_writer(tmp_path):
     """`mkdir new; touch new/papers.sqlite`, and a database with some of the tables but no settings and no papers:
     a reader refuses it naming the command that finishes it; `esqbe index` finishes it."""

@@ -79,8 +79,11 @@ def create_database(path: Path) -> None:
         leftover.unlink(missing_ok=True)
     con = sqlite3.connect(tmp, isolation_level=None)
     try:
-        con.execute("PRAGMA synchronous = FULL")  # the rollback journal (WAL is set by the writer once in place)
+        con.execute("PRAGMA synchronous = FULL")
         finish_schema(con)
+        # WAL set here, not once in place: switching a database in place to WAL goes through a rollback journal, and
+        # a writer killed within it left papers.sqlite with a hot journal that no read-only reader may roll back
+        con.execute("PRAGMA journal_mode = WAL")
     finally:
         con.close()
     fd = os.open(tmp, os.O_RDONLY)
