@@ -158,22 +158,27 @@ def make_router(service: Service, options: ServeOptions, schedule: FollowSchedul
                          "follow": schedule.status() if schedule is not None else None}
         return out
 
+    async def read_query(run, req: QueryRequest | GraphRequest, request: Request):
+        """What POST /query and POST /graph share: the request's filters checked, its query parts checked, then `run`
+        on a reader within the request's deadline (from now: a wait for a reader counts)."""
+        check_engine_filter(request, req.engine_filter)
+        if not options.show_paths:
+            check_path_filters(req.filters)
+        deadline = Deadline(options.request_timeout)
+        text, examples, overrides = checked_query(req)
+        try:
+            return await service.read(run, req, examples if examples is not None else text, overrides,
+                                      options.show_paths, deadline=deadline, request=request)
+        except EsqbeError as e:
+            raise api_error(e) from None
+
     @router.post("/query", response_model=QueryResponse, tags=["search"],
                  responses={**_errors(400, 404, 409, 413, 422, 503, 504),
                             200: {"content": {media_type(f).split(";")[0]: {"schema": {"type": "string"}}
                                               for f in EXPORT_FORMATS}}})
     async def query(req: QueryRequest, request: Request, response: Response):
         """Papers most similar to a paper's facet, to chosen sentences, or to a text, with the sentences that matched."""
-        check_engine_filter(request, req.engine_filter)
-        if not options.show_paths:
-            check_path_filters(req.filters)
-        deadline = Deadline(options.request_timeout)  # from now: a wait for a reader counts
-        text, examples, overrides = checked_query(req)
-        try:
-            out = await service.read(_run_query, req, examples if examples is not None else text, overrides,
-                                     options.show_paths, deadline=deadline, request=request)
-        except EsqbeError as e:
-            raise api_error(e) from None
+        out = await read_query(_run_query, req, request)
         # which index answered: `esqbe query` checks it against the index a discovery record promised
         which = {INDEX_HEADER: service.index_id} if service.index_id else {}
         if req.format in EXPORT_FORMATS:  # the hits as a file (the page's download button)
@@ -189,16 +194,7 @@ def make_router(service: Service, options: ServeOptions, schedule: FollowSchedul
         """The hits of a query (what POST /query takes; k at most 100) as a graph: edges by the rescorer's similarity
         between each two hits in the query's facet, groups where the hits split, a seeded layout; JSON, or GraphML
         (Gephi, Cytoscape) or SVG as a file (`format`)."""
-        check_engine_filter(request, req.engine_filter)
-        if not options.show_paths:
-            check_path_filters(req.filters)
-        deadline = Deadline(options.request_timeout)
-        text, examples, overrides = checked_query(req)
-        try:
-            out = await service.read(_graph, req, examples if examples is not None else text, overrides,
-                                     options.show_paths, deadline=deadline, request=request)
-        except EsqbeError as e:
-            raise api_error(e) from None
+        out = await read_query(_graph, req, request)
         if isinstance(out, str):
             return Response(out, media_type=GRAPH_MEDIA[req.format], headers={
                 "Content-Disposition": f'attachment; filename="esqbe-graph.{req.format}"'})
