@@ -272,7 +272,9 @@ def slow_seconds(direct):
 
 
 def test_a_slow_query_is_cut_at_its_deadline_and_the_next_client_is_answered(index_path, encoder, slow_seconds):
-    timeout = slow_seconds / 4
+    # half of SLOW's time: once it is cut, its reader is freed at its next check, up to one batch of token vectors
+    # later (here ~0.4 s of SLOW's ~2.1 s, quiet), and the cheap query must then still fit in what is left of its own
+    timeout = slow_seconds / 2
     app = create_app(str(index_path), config=None, encoder=encoder, options=ServeOptions(host="127.0.0.1", request_timeout=timeout))
     out = {}
 
@@ -296,6 +298,44 @@ def test_a_slow_query_is_cut_at_its_deadline_and_the_next_client_is_answered(ind
     assert cheap.status_code == 200, cheap.text
     assert cheap_done - started < slow_seconds  # answered before the slow query would have finished
     assert service.timed_out == 1
+
+
+def test_a_query_past_its_deadline_is_said_the_same_way_whichever_side_sees_it_first(index_path, encoder):
+    """The server's wait and the work's own check race at the deadline. Either way the client reads one message:
+    the server's request timeout. The loop is held past the deadline in the second run, so that the work's own
+    check (at 0.3 s) has failed before the server's wait looks."""
+    import asyncio
+
+    from esqbe.core import deadline as deadlines
+    from esqbe.core.deadline import Cancelled, Deadline
+
+    def past_it(index):
+        time.sleep(0.3)
+        deadlines.check()  # as the query's stages do between their steps
+        return "finished"
+
+    async def ask(hold_loop: float) -> Cancelled:
+        async def hold():
+            time.sleep(hold_loop)  # blocks the event loop: its timer cannot fire before the work has failed
+        holder = asyncio.ensure_future(hold())
+        try:
+            await service.read(past_it, deadline=Deadline(0.2))
+        except Cancelled as e:
+            await holder
+            return e
+        raise AssertionError("the read was not cut at its deadline")
+
+    app = create_app(str(index_path), config=None, encoder=encoder, options=ServeOptions(host="127.0.0.1"))
+    service = app.state.service
+    try:
+        by_the_server = asyncio.run(ask(0.0))
+        by_the_work = asyncio.run(ask(0.6))
+    finally:
+        service.close()
+    for e in (by_the_server, by_the_work):
+        assert e.timed_out and e.http_status == 504
+        assert str(e) == "the query took longer than this server's 0.2 s request timeout and was abandoned"
+    assert service.timed_out == 2
 
 
 def test_a_query_that_waited_past_its_deadline_is_not_started(index_path, encoder, slow_seconds):

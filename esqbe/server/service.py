@@ -177,12 +177,16 @@ class Service:
         finally:
             if watch is not None:
                 watch.cancel()
+        late = Cancelled(f"{what} took longer than this server's {deadline.seconds:g} s request timeout "
+                         "and was abandoned", timed_out=True)
         if waiting in done:
             try:
                 return waiting.result()
-            except Cancelled as e:  # the work itself saw its deadline pass (at one of its checks)
-                self.timed_out += e.timed_out
-                raise
+            except Cancelled as e:  # the work itself saw its deadline pass (at one of its checks): said the same way
+                if not e.timed_out:
+                    raise
+                self.timed_out += 1
+                raise late from None
         gone = watch is not None and watch in done
         deadline.cancel("the client went away" if gone else "past its deadline")
         work.cancel()  # still queued: it never starts; running: it stops at its next check
@@ -191,8 +195,7 @@ class Service:
             self.abandoned += 1
             raise Cancelled("the client went away", timed_out=False)
         self.timed_out += 1
-        raise Cancelled(f"{what} took longer than this server's {deadline.seconds:g} s request timeout "
-                        "and was abandoned", timed_out=True)
+        raise late
 
     async def parse(self, fn: Callable, *args, deadline: Deadline):
         """`fn(*args)` (no index: reading a request's records) on the parser's threads, never on the event loop, under
