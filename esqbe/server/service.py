@@ -177,8 +177,6 @@ class Service:
         finally:
             if watch is not None:
                 watch.cancel()
-        late = Cancelled(f"{what} took longer than this server's {deadline.seconds:g} s request timeout "
-                         "and was abandoned", timed_out=True)
         if waiting in done:
             try:
                 return waiting.result()
@@ -186,7 +184,7 @@ class Service:
                 if not e.timed_out:
                     raise
                 self.timed_out += 1
-                raise late from None
+                raise _past(what, deadline) from None
         gone = watch is not None and watch in done
         deadline.cancel("the client went away" if gone else "past its deadline")
         work.cancel()  # still queued: it never starts; running: it stops at its next check
@@ -195,7 +193,7 @@ class Service:
             self.abandoned += 1
             raise Cancelled("the client went away", timed_out=False)
         self.timed_out += 1
-        raise late
+        raise _past(what, deadline)
 
     async def parse(self, fn: Callable, *args, deadline: Deadline):
         """`fn(*args)` (no index: reading a request's records) on the parser's threads, never on the event loop, under
@@ -207,16 +205,14 @@ class Service:
         self.parsing += 1
         work = self._parser.submit(_parse_under, deadline, fn, *args)
         remaining = deadline.remaining()
-        late = Cancelled(f"reading the records took longer than this server's {deadline.seconds:g} s request "
-                         "timeout and was abandoned", timed_out=True)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(work), None if remaining is None else max(remaining, 0.0))
         except TimeoutError:
             deadline.cancel("past its deadline")  # running: it stops before its next record; queued: it never starts
-            raise late from None
+            raise _past("reading the records", deadline) from None
         except Cancelled as e:  # the work saw the deadline pass first (at a check between records)
             if e.timed_out:
-                raise late from None
+                raise _past("reading the records", deadline) from None
             raise
         except asyncio.CancelledError:  # the client went away, a shutdown
             deadline.cancel("the request was cancelled")
@@ -328,6 +324,13 @@ def _warm_writer(index: Index) -> None:
 def _parse_under(deadline: Deadline, fn: Callable, *args):
     with deadline:
         return fn(*args)
+
+
+def _past(what: str, deadline: Deadline) -> Cancelled:
+    """What a client is told of work given up at its deadline, whichever side saw the deadline pass first (the
+    server's wait, or the work at one of its checks): one wording."""
+    return Cancelled(f"{what} took longer than this server's {deadline.seconds:g} s request timeout and was abandoned",
+                     timed_out=True)
 
 
 def _under(index: Index, deadline: Deadline, fn: Callable, *args):
